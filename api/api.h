@@ -1,0 +1,165 @@
+/*
+ * api.h: the OpenAI schema, and the one header server/ includes from api/.
+ *
+ * api/ knows JSON and engine.h, not sockets and not kernels. It turns a
+ * request body into a struct engine_request (validating every parameter and
+ * naming the bad one), turns engine events into OpenAI objects and chunks
+ * (text_completion, chat.completion, chat.completion.chunk, usage, logprobs),
+ * renders chat messages with the model's template, and shapes every error as
+ * {"error":{"message","type","param","code"}}. Everything here is pure: no
+ * globals, no threads, no I/O, so it is unit-tested from synthetic structs.
+ *
+ * Strings returned as char * are malloc'd; the caller frees them with free().
+ */
+#ifndef SS_API_H
+#define SS_API_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine.h"
+
+enum api_endpoint {
+    API_COMPLETIONS = 0, /* POST /v1/completions */
+    API_CHAT,            /* POST /v1/chat/completions */
+};
+
+/* ---- errors (error.c) ---------------------------------------------------- */
+
+struct api_error {
+    int status;        /* HTTP status */
+    char type[40];     /* invalid_request_error, server_error, ... */
+    char param[64];    /* the offending parameter; "" is JSON null */
+    char code[48];     /* machine-readable code; "" is JSON null */
+    char message[256]; /* for humans */
+};
+
+/* Fills e; type follows from status (5xx server_error, 429 requests, else
+ * invalid_request_error). param and code may be NULL. */
+void api_error_set(struct api_error *e, int status, const char *param, const char *code,
+                   const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+/* {"error":{"message":..,"type":..,"param":..,"code":..}}, unformatted.
+ * Returns a malloc'd string (caller frees), or NULL when out of memory. */
+char *api_error_json(const struct api_error *e);
+/* The reason phrase of an HTTP status ("Too Many Requests"). */
+const char *api_status_text(int status);
+
+/* ---- chat templates (chat_template.c) ------------------------------------ */
+
+enum api_chat_format {
+    API_CHAT_CHATML = 0, /* <|im_start|>role\ncontent<|im_end|>\n (SmolLM2, Qwen, ...) */
+    API_CHAT_LLAMA3,     /* <|start_header_id|>role<|end_header_id|>\n\ncontent<|eot_id|> */
+    API_CHAT_LLAMA2,     /* [INST] <<SYS>>\n..\n<</SYS>>\n\nuser [/INST] assistant </s><s> */
+};
+
+struct api_chat_template {
+    enum api_chat_format format;
+    int recognized;           /* 0: unknown or missing template, fell back to ChatML */
+    char default_system[512]; /* system prompt the template adds when none is given */
+};
+
+/* Recognizes the format by its markers in tmpl (tokenizer.chat_template; may
+ * be NULL). An unrecognized template falls back to ChatML with recognized = 0,
+ * and the caller logs a warning. */
+void api_chat_template_init(struct api_chat_template *t, const char *tmpl);
+const char *api_chat_format_name(enum api_chat_format f);
+
+struct api_chat_message {
+    const char *role; /* system, developer (as system), user, assistant, tool */
+    const char *content;
+    size_t content_len;
+};
+
+/* Renders messages, then the assistant generation prompt. with_default_system
+ * adds the template's default system prompt when the first message is not a
+ * system one (off for session continuations: the client sends only new turns).
+ * Returns 0 and a malloc'd NUL-terminated *out, or -ENOMEM. */
+int api_chat_render(const struct api_chat_template *t, const struct api_chat_message *msgs,
+                    size_t n, int with_default_system, char **out, size_t *out_len);
+
+/* ---- requests (request.c) ------------------------------------------------ */
+
+/* What the loop thread knows when it parses a body. */
+struct api_parse_ctx {
+    const struct engine_model_info *model; /* n_vocab for token prompts */
+    const struct api_chat_template *chat;
+    const char *session_header; /* X-Session-Id, or NULL (the body's session_id wins) */
+    uint64_t id;                /* engine request id */
+    uint64_t default_seed;      /* seed when the body gives none */
+    int64_t max_stop_len;       /* longest stop string accepted (bytes) */
+};
+
+/* What the response side needs to remember about a request. */
+struct api_request {
+    enum api_endpoint endpoint;
+    int stream;        /* SSE */
+    int include_usage; /* stream_options.include_usage */
+    int logprobs;      /* report logprobs (completions: logprobs given; chat: logprobs true) */
+    int top_logprobs;  /* alternatives per token */
+};
+
+/* Parses a JSON body for endpoint ep into out (an engine request with id
+ * ctx->id) and meta. Unknown fields are ignored; a wrong type or an
+ * out-of-range value fails with a 400 that names the param. Returns 0, or
+ * -EINVAL with err filled and out left empty (nothing to free). On success
+ * the caller owns out (engine_request_free, or engine_submit). */
+int api_request_parse(const struct api_parse_ctx *ctx, enum api_endpoint ep, const char *body,
+                      size_t len, struct engine_request *out, struct api_request *meta,
+                      struct api_error *err);
+
+/* ---- responses (response.c) ---------------------------------------------- */
+
+/* Token text for logprobs (raw bytes; engine_token_text in the server). */
+struct api_token_text {
+    size_t (*fn)(void *arg, int32_t id, char *buf, size_t cap);
+    void *arg;
+};
+
+struct api_response {
+    struct api_request meta;
+    char id[48];     /* cmpl-... or chatcmpl-... */
+    int64_t created; /* unix seconds */
+    char model[128];
+    struct api_token_text tt;
+    /* non-streaming accumulation; bounded by text_max */
+    char *text;
+    size_t text_len, text_cap, text_max;
+    void *lp;           /* logprob entries so far (a cJSON array; internal) */
+    size_t text_offset; /* completions logprobs: offset of the next token's text */
+};
+
+/* Sets up r for one request. model is the served model's id. text_max bounds
+ * a non-streamed completion's text. Returns 0. */
+int api_response_init(struct api_response *r, const struct api_request *meta, const char *model,
+                      uint64_t id, int64_t created, size_t text_max,
+                      const struct api_token_text *tt);
+void api_response_free(struct api_response *r);
+
+/* Streaming. Each returns one chunk's JSON (for a `data:` frame), or NULL.
+ * role_chunk: the chat stream's first chunk, delta {"role":"assistant","content":""}
+ *             (NULL for completions).
+ * chunk: a TOKEN event; NULL when it carries neither text nor logprobs.
+ * final_chunk: the DONE event's finish_reason chunk.
+ * usage_chunk: with include_usage, the last chunk: choices [] and usage. */
+char *api_response_role_chunk(struct api_response *r);
+char *api_response_chunk(struct api_response *r, const struct engine_event *ev);
+char *api_response_final_chunk(struct api_response *r, const struct engine_event *ev);
+char *api_response_usage_chunk(struct api_response *r, const struct engine_event *ev);
+
+/* Non-streaming: add a TOKEN event. Returns 0, or -E2BIG once text_max is
+ * reached (the caller cancels and answers with finish_reason "length"). */
+int api_response_add(struct api_response *r, const struct engine_event *ev);
+/* Non-streaming: the whole text_completion / chat.completion for DONE. */
+char *api_response_body(struct api_response *r, const struct engine_event *ev);
+
+/* "stop", "length" (cancelled reports "stop"). */
+const char *api_finish_reason(enum engine_finish f);
+
+/* ---- models (response.c) ------------------------------------------------- */
+
+/* GET /v1/models: {"object":"list","data":[{"id","object":"model","created","owned_by"}]}. */
+char *api_models_json(const char *model_id, int64_t created);
+/* GET /v1/models/{id}: one model object. */
+char *api_model_json(const char *model_id, int64_t created);
+
+#endif

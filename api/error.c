@@ -1,0 +1,105 @@
+/*
+ * error.c: struct api_error -> OpenAI's error object and the HTTP status line
+ * text. Every error a client can cause leaves through here, so the shape is
+ * the same everywhere: {"error":{"message","type","param","code"}}, param and
+ * code a string or null.
+ */
+#include "api.h"
+
+#include <cjson/cJSON.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *type_for(int status)
+{
+    if (status >= 500)
+        return "server_error";
+    if (status == 429)
+        return "requests";
+    return "invalid_request_error";
+}
+
+void api_error_set(struct api_error *e, int status, const char *param, const char *code,
+                   const char *fmt, ...)
+{
+    va_list ap;
+    memset(e, 0, sizeof *e);
+    e->status = status;
+    snprintf(e->type, sizeof e->type, "%s", type_for(status));
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    snprintf(e->code, sizeof e->code, "%s", code ? code : "");
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+}
+
+static cJSON *string_or_null(const char *s)
+{
+    return s && s[0] ? cJSON_CreateString(s) : cJSON_CreateNull();
+}
+
+char *api_error_json(const struct api_error *e)
+{
+    cJSON *root = cJSON_CreateObject();
+    cJSON *err = cJSON_AddObjectToObject(root, "error");
+    char *out = NULL;
+    if (err) {
+        cJSON_AddStringToObject(err, "message", e->message);
+        cJSON_AddStringToObject(err, "type", e->type[0] ? e->type : type_for(e->status));
+        cJSON_AddItemToObject(err, "param", string_or_null(e->param));
+        cJSON_AddItemToObject(err, "code", string_or_null(e->code));
+        out = cJSON_PrintUnformatted(root);
+    }
+    cJSON_Delete(root);
+    return out;
+}
+
+const char *api_status_text(int status)
+{
+    switch (status) {
+    case 100:
+        return "Continue";
+    case 200:
+        return "OK";
+    case 204:
+        return "No Content";
+    case 400:
+        return "Bad Request";
+    case 401:
+        return "Unauthorized";
+    case 403:
+        return "Forbidden";
+    case 404:
+        return "Not Found";
+    case 405:
+        return "Method Not Allowed";
+    case 408:
+        return "Request Timeout";
+    case 409:
+        return "Conflict";
+    case 411:
+        return "Length Required";
+    case 413:
+        return "Content Too Large";
+    case 414:
+        return "URI Too Long";
+    case 415:
+        return "Unsupported Media Type";
+    case 429:
+        return "Too Many Requests";
+    case 431:
+        return "Request Header Fields Too Large";
+    case 500:
+        return "Internal Server Error";
+    case 501:
+        return "Not Implemented";
+    case 503:
+        return "Service Unavailable";
+    case 505:
+        return "HTTP Version Not Supported";
+    default:
+        return status < 400 ? "OK" : status < 500 ? "Bad Request" : "Internal Server Error";
+    }
+}

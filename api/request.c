@@ -1,0 +1,640 @@
+/*
+ * request.c: a JSON body -> struct engine_request, with OpenAI's validation.
+ *
+ * One cJSON tree per request, parsed with the length (the body is not NUL
+ * terminated) and freed on every path. Every parameter is checked for its
+ * type and range; the first bad one fails the request with a 400 naming it.
+ * Unknown fields are ignored, as OpenAI does. Fields we know but do not
+ * implement (n > 1, best_of > 1, echo, suffix, logit_bias, tools, JSON
+ * response formats) fail loudly rather than being silently dropped.
+ *
+ * Text prompts are passed as text (the engine thread tokenizes); special
+ * tokens in them are parsed, as `streamsink run` does, so a completions
+ * prompt and `streamsink run -p` of the same text give the same tokens.
+ */
+#include "api.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define OPENAI_MAX_STOP 4
+#define COMPLETIONS_MAX_LOGPROBS 5 /* OpenAI's bound for the legacy endpoint */
+
+/* ---- typed field access: each returns 1 if present, 0 if absent or null,
+ *      -1 after filling err ------------------------------------------------- */
+
+static const char *type_name(const cJSON *v)
+{
+    if (cJSON_IsString(v))
+        return "a string";
+    if (cJSON_IsNumber(v))
+        return "a number";
+    if (cJSON_IsBool(v))
+        return "a boolean";
+    if (cJSON_IsArray(v))
+        return "an array";
+    if (cJSON_IsObject(v))
+        return "an object";
+    return "null";
+}
+
+static int bad_type(struct api_error *err, const char *name, const char *want, const cJSON *v)
+{
+    api_error_set(err, 400, name, "invalid_type",
+                  "Invalid type for '%s': expected %s, but got %s instead.", name, want,
+                  type_name(v));
+    return -1;
+}
+
+static int get_number(const cJSON *o, const char *name, double lo, double hi, double *out,
+                      struct api_error *err)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
+    if (!v || cJSON_IsNull(v))
+        return 0;
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble))
+        return bad_type(err, name, "a number", v);
+    if (v->valuedouble < lo || v->valuedouble > hi) {
+        api_error_set(err, 400, name, "invalid_value",
+                      "Invalid value for '%s': %g is outside the range [%g, %g].", name,
+                      v->valuedouble, lo, hi);
+        return -1;
+    }
+    *out = v->valuedouble;
+    return 1;
+}
+
+static int get_int(const cJSON *o, const char *name, int64_t lo, int64_t hi, int64_t *out,
+                   struct api_error *err)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
+    if (!v || cJSON_IsNull(v))
+        return 0;
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) ||
+        v->valuedouble != floor(v->valuedouble) || fabs(v->valuedouble) > 9.0e18)
+        return bad_type(err, name, "an integer", v);
+    int64_t x = (int64_t)v->valuedouble;
+    if (x < lo || x > hi) {
+        api_error_set(err, 400, name, "invalid_value",
+                      "Invalid value for '%s': %lld is outside the range [%lld, %lld].", name,
+                      (long long)x, (long long)lo, (long long)hi);
+        return -1;
+    }
+    *out = x;
+    return 1;
+}
+
+static int get_bool(const cJSON *o, const char *name, int *out, struct api_error *err)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
+    if (!v || cJSON_IsNull(v))
+        return 0;
+    if (!cJSON_IsBool(v))
+        return bad_type(err, name, "a boolean", v);
+    *out = cJSON_IsTrue(v);
+    return 1;
+}
+
+static int get_string(const cJSON *o, const char *name, const char **out, struct api_error *err)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
+    if (!v || cJSON_IsNull(v))
+        return 0;
+    if (!cJSON_IsString(v))
+        return bad_type(err, name, "a string", v);
+    *out = v->valuestring;
+    return 1;
+}
+
+static int unsupported(struct api_error *err, const char *name, const char *what)
+{
+    api_error_set(err, 400, name, "unsupported_value", "'%s': %s is not supported.", name, what);
+    return -1;
+}
+
+/* ---- parameter groups ---------------------------------------------------- */
+
+/* A session id names a KV stream; printable ASCII keeps it safe in logs. */
+static int check_session(const char *s, const char *param, struct api_error *err)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n >= ENGINE_SESSION_ID_MAX) {
+        api_error_set(err, 400, param, "invalid_value",
+                      "Invalid value for '%s': expected 1 to %d characters.", param,
+                      ENGINE_SESSION_ID_MAX - 1);
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c < 0x21 || c > 0x7E) {
+            api_error_set(err, 400, param, "invalid_value",
+                          "Invalid value for '%s': only printable ASCII without spaces.", param);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int parse_stop(const cJSON *o, const struct api_parse_ctx *ctx, struct engine_request *r,
+                      struct api_error *err)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "stop");
+    const cJSON *items[OPENAI_MAX_STOP];
+    int n = 0;
+    if (!v || cJSON_IsNull(v))
+        return 0;
+    if (cJSON_IsString(v)) {
+        items[n++] = v;
+    } else if (cJSON_IsArray(v)) {
+        int count = cJSON_GetArraySize(v);
+        if (count > OPENAI_MAX_STOP || count > ENGINE_MAX_STOP) {
+            api_error_set(err, 400, "stop", "invalid_value",
+                          "Invalid value for 'stop': at most %d stop sequences.",
+                          OPENAI_MAX_STOP < ENGINE_MAX_STOP ? OPENAI_MAX_STOP : ENGINE_MAX_STOP);
+            return -1;
+        }
+        const cJSON *it;
+        cJSON_ArrayForEach(it, v)
+        {
+            if (!cJSON_IsString(it))
+                return bad_type(err, "stop", "a string or an array of strings", it);
+            items[n++] = it;
+        }
+    } else {
+        return bad_type(err, "stop", "a string or an array of strings", v);
+    }
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        const char *s = items[i]->valuestring;
+        size_t len = strlen(s);
+        if (len == 0)
+            continue; /* an empty stop string would stop before the first token */
+        if (ctx->max_stop_len > 0 && (int64_t)len > ctx->max_stop_len) {
+            api_error_set(err, 400, "stop", "invalid_value",
+                          "Invalid value for 'stop': each stop sequence is at most %lld bytes.",
+                          (long long)ctx->max_stop_len);
+            return -1;
+        }
+        r->stop[k] = strdup(s);
+        if (!r->stop[k]) {
+            api_error_set(err, 500, NULL, NULL, "out of memory");
+            return -1;
+        }
+        k++;
+    }
+    return 0;
+}
+
+static int parse_sampling(const cJSON *o, const struct api_parse_ctx *ctx,
+                          struct sampler_params *sp, struct api_error *err)
+{
+    double d;
+    int64_t i;
+    int rc;
+    *sp = sampler_default_params();
+    sp->seed = ctx->default_seed;
+    if ((rc = get_number(o, "temperature", 0, 2, &d, err)) < 0)
+        return -1;
+    if (rc)
+        sp->temperature = (float)d;
+    if ((rc = get_number(o, "top_p", 0, 1, &d, err)) < 0)
+        return -1;
+    if (rc && d == 0)
+        sp->temperature = 0; /* no mass kept but the top token: greedy */
+    else if (rc)
+        sp->top_p = (float)d;
+    if ((rc = get_int(o, "top_k", 0, (int64_t)1 << 31, &i, err)) < 0)
+        return -1;
+    if (rc)
+        sp->top_k = i;
+    if ((rc = get_number(o, "min_p", 0, 1, &d, err)) < 0)
+        return -1;
+    if (rc)
+        sp->min_p = (float)d;
+    if ((rc = get_number(o, "presence_penalty", -2, 2, &d, err)) < 0)
+        return -1;
+    if (rc)
+        sp->presence_penalty = (float)d;
+    if ((rc = get_number(o, "frequency_penalty", -2, 2, &d, err)) < 0)
+        return -1;
+    if (rc)
+        sp->frequency_penalty = (float)d;
+    if ((rc = get_int(o, "seed", INT64_MIN, INT64_MAX, &i, err)) < 0)
+        return -1;
+    if (rc)
+        sp->seed = (uint64_t)i;
+    return 0;
+}
+
+/* Fields both endpoints share, and the ones we refuse. */
+static int parse_common(const cJSON *o, const struct api_parse_ctx *ctx, enum api_endpoint ep,
+                        struct engine_request *r, struct api_request *meta, struct api_error *err)
+{
+    const char *s = NULL;
+    int64_t i;
+    int b = 0, rc;
+
+    if (get_string(o, "model", &s, err) < 0)
+        return -1;
+    if (get_string(o, "user", &s, err) < 0)
+        return -1;
+    if ((rc = get_int(o, "n", INT64_MIN, INT64_MAX, &i, err)) < 0)
+        return -1;
+    if (rc && i != 1) {
+        api_error_set(err, 400, "n", "invalid_value",
+                      "Invalid value for 'n': only n = 1 is supported.");
+        return -1;
+    }
+
+    /* max_tokens: absent or null runs until EOS, a stop, or the client leaves */
+    r->max_tokens = -1;
+    if ((rc = get_int(o, "max_tokens", 1, INT64_MAX, &i, err)) < 0)
+        return -1;
+    if (rc)
+        r->max_tokens = i;
+    if (ep == API_CHAT) {
+        if ((rc = get_int(o, "max_completion_tokens", 1, INT64_MAX, &i, err)) < 0)
+            return -1;
+        if (rc)
+            r->max_tokens = i;
+    }
+    if (parse_sampling(o, ctx, &r->sampling, err) < 0)
+        return -1;
+    if (parse_stop(o, ctx, r, err) < 0)
+        return -1;
+
+    if (get_bool(o, "stream", &meta->stream, err) < 0)
+        return -1;
+    const cJSON *so = cJSON_GetObjectItemCaseSensitive(o, "stream_options");
+    if (so && !cJSON_IsNull(so)) {
+        if (!cJSON_IsObject(so))
+            return bad_type(err, "stream_options", "an object", so);
+        if (!meta->stream) {
+            api_error_set(err, 400, "stream_options", "invalid_value",
+                          "The 'stream_options' parameter is only allowed when 'stream' is "
+                          "enabled.");
+            return -1;
+        }
+        if (get_bool(so, "include_usage", &meta->include_usage, err) < 0) {
+            snprintf(err->param, sizeof err->param, "stream_options.include_usage");
+            return -1;
+        }
+    }
+
+    /* extensions: session_id (body wins over the X-Session-Id header), kv_policy */
+    if ((rc = get_string(o, "session_id", &s, err)) < 0)
+        return -1;
+    if (rc) {
+        if (check_session(s, "session_id", err) < 0)
+            return -1;
+        snprintf(r->session_id, sizeof r->session_id, "%s", s);
+    } else if (ctx->session_header && ctx->session_header[0]) {
+        if (check_session(ctx->session_header, "X-Session-Id", err) < 0)
+            return -1;
+        snprintf(r->session_id, sizeof r->session_id, "%s", ctx->session_header);
+    }
+    if ((rc = get_string(o, "kv_policy", &s, err)) < 0)
+        return -1;
+    if (rc) {
+        if (kv_policy_parse(s, &r->policy) < 0) {
+            api_error_set(err, 400, "kv_policy", "invalid_value",
+                          "Invalid value for 'kv_policy': expected auto, window, sinks:N or "
+                          "dense.");
+            return -1;
+        }
+        r->has_policy = 1;
+    }
+
+    /* known, not implemented: refuse rather than ignore */
+    if (get_bool(o, "echo", &b, err) < 0)
+        return -1;
+    if (b)
+        return unsupported(err, "echo", "echo = true");
+    if ((rc = get_int(o, "best_of", INT64_MIN, INT64_MAX, &i, err)) < 0)
+        return -1;
+    if (rc && i != 1)
+        return unsupported(err, "best_of", "best_of other than 1");
+    if ((rc = get_string(o, "suffix", &s, err)) < 0)
+        return -1;
+    if (rc && s[0])
+        return unsupported(err, "suffix", "a suffix");
+    const cJSON *lb = cJSON_GetObjectItemCaseSensitive(o, "logit_bias");
+    if (lb && !cJSON_IsNull(lb)) {
+        if (!cJSON_IsObject(lb))
+            return bad_type(err, "logit_bias", "an object", lb);
+        if (lb->child)
+            return unsupported(err, "logit_bias", "logit_bias");
+    }
+    const cJSON *tools = cJSON_GetObjectItemCaseSensitive(o, "tools");
+    if (tools && !cJSON_IsNull(tools)) {
+        if (!cJSON_IsArray(tools))
+            return bad_type(err, "tools", "an array", tools);
+        if (cJSON_GetArraySize(tools) > 0)
+            return unsupported(err, "tools", "tool calling");
+    }
+    const cJSON *rf = cJSON_GetObjectItemCaseSensitive(o, "response_format");
+    if (rf && !cJSON_IsNull(rf)) {
+        const cJSON *t = cJSON_IsObject(rf) ? cJSON_GetObjectItemCaseSensitive(rf, "type") : NULL;
+        if (!cJSON_IsString(t))
+            return bad_type(err, "response_format", "an object with a string 'type'", rf);
+        if (strcmp(t->valuestring, "text") != 0)
+            return unsupported(err, "response_format", "a structured response format");
+    }
+    return 0;
+}
+
+/* ---- completions ----------------------------------------------------------- */
+
+static int take_ids(const cJSON *arr, const struct api_parse_ctx *ctx, struct engine_request *r,
+                    struct api_error *err)
+{
+    int n = cJSON_GetArraySize(arr);
+    int64_t n_vocab = ctx->model ? ctx->model->n_vocab : INT32_MAX;
+    r->prompt_ids = malloc((size_t)(n > 0 ? n : 1) * sizeof *r->prompt_ids);
+    if (!r->prompt_ids) {
+        api_error_set(err, 500, NULL, NULL, "out of memory");
+        return -1;
+    }
+    const cJSON *it;
+    int k = 0;
+    cJSON_ArrayForEach(it, arr)
+    {
+        double d = cJSON_IsNumber(it) ? it->valuedouble : -1;
+        if (!cJSON_IsNumber(it) || d != floor(d) || d < 0 || d >= (double)n_vocab) {
+            api_error_set(err, 400, "prompt", "invalid_value",
+                          "Invalid value for 'prompt': token %d is not an id in [0, %lld).", k,
+                          (long long)n_vocab);
+            return -1;
+        }
+        r->prompt_ids[k++] = (int32_t)d;
+    }
+    r->n_prompt_ids = k;
+    return 0;
+}
+
+static int take_text(const char *s, struct engine_request *r, struct api_error *err)
+{
+    r->prompt_len = strlen(s);
+    r->prompt = malloc(r->prompt_len + 1);
+    if (!r->prompt) {
+        api_error_set(err, 500, NULL, NULL, "out of memory");
+        return -1;
+    }
+    memcpy(r->prompt, s, r->prompt_len + 1);
+    return 0;
+}
+
+/* prompt: a string, an array of token ids, or a one-element array of either. */
+static int parse_prompt(const cJSON *o, const struct api_parse_ctx *ctx, struct engine_request *r,
+                        struct api_error *err)
+{
+    static const char *const want = "a string, an array of token ids, or a one-element array";
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "prompt");
+    if (!v || cJSON_IsNull(v)) {
+        api_error_set(err, 400, "prompt", "missing_required_parameter",
+                      "Missing required parameter: 'prompt'.");
+        return -1;
+    }
+    if (cJSON_IsString(v))
+        return take_text(v->valuestring, r, err);
+    if (!cJSON_IsArray(v))
+        return bad_type(err, "prompt", want, v);
+    int n = cJSON_GetArraySize(v);
+    if (n == 0) {
+        api_error_set(err, 400, "prompt", "invalid_value",
+                      "Invalid value for 'prompt': the array is empty.");
+        return -1;
+    }
+    if (cJSON_IsNumber(v->child))
+        return take_ids(v, ctx, r, err);
+    if (n > 1) {
+        api_error_set(err, 400, "prompt", "invalid_value",
+                      "Invalid value for 'prompt': one prompt per request is supported.");
+        return -1;
+    }
+    if (cJSON_IsString(v->child))
+        return take_text(v->child->valuestring, r, err);
+    if (cJSON_IsArray(v->child) && cJSON_GetArraySize(v->child) > 0)
+        return take_ids(v->child, ctx, r, err);
+    return bad_type(err, "prompt", want, v->child);
+}
+
+static int parse_completions(const cJSON *o, const struct api_parse_ctx *ctx,
+                             struct engine_request *r, struct api_request *meta,
+                             struct api_error *err)
+{
+    int64_t i;
+    int rc;
+    if (parse_prompt(o, ctx, r, err) < 0)
+        return -1;
+    /* legacy logprobs: an integer, the number of alternatives (0..5) */
+    if ((rc = get_int(o, "logprobs", 0, COMPLETIONS_MAX_LOGPROBS, &i, err)) < 0)
+        return -1;
+    if (rc) {
+        meta->logprobs = 1;
+        meta->top_logprobs = (int)i;
+    }
+    return 0;
+}
+
+/* ---- chat ------------------------------------------------------------------ */
+
+static int msg_error(struct api_error *err, int idx, const char *field, const char *msg)
+{
+    char param[64];
+    snprintf(param, sizeof param, "messages[%d]%s%s", idx, field[0] ? "." : "", field);
+    api_error_set(err, 400, param, "invalid_value", "Invalid value for '%s': %s", param, msg);
+    return -1;
+}
+
+/* content: a string, null (an assistant turn with tool calls), or an array
+ * of {"type":"text","text":...} parts, concatenated. Returns a malloc'd copy. */
+static int message_text(const cJSON *content, int idx, char **out, size_t *len,
+                        struct api_error *err)
+{
+    *out = NULL;
+    *len = 0;
+    if (!content || cJSON_IsNull(content)) {
+        *out = strdup("");
+        return *out ? 0 : -ENOMEM;
+    }
+    if (cJSON_IsString(content)) {
+        *len = strlen(content->valuestring);
+        *out = strdup(content->valuestring);
+        return *out ? 0 : -ENOMEM;
+    }
+    if (!cJSON_IsArray(content))
+        return msg_error(err, idx, "content", "expected a string or an array of text parts.");
+    size_t total = 0;
+    const cJSON *part;
+    cJSON_ArrayForEach(part, content)
+    {
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
+        const cJSON *text = cJSON_GetObjectItemCaseSensitive(part, "text");
+        if (!cJSON_IsObject(part) || !cJSON_IsString(type) ||
+            strcmp(type->valuestring, "text") != 0 || !cJSON_IsString(text))
+            return msg_error(err, idx, "content", "only text content parts are supported.");
+        total += strlen(text->valuestring);
+    }
+    char *buf = malloc(total + 1);
+    if (!buf)
+        return -ENOMEM;
+    size_t o = 0;
+    cJSON_ArrayForEach(part, content)
+    {
+        const char *t = cJSON_GetObjectItemCaseSensitive(part, "text")->valuestring;
+        size_t n = strlen(t);
+        memcpy(buf + o, t, n);
+        o += n;
+    }
+    buf[o] = 0;
+    *out = buf;
+    *len = o;
+    return 0;
+}
+
+static int known_role(const char *r)
+{
+    static const char *const roles[] = {"system",    "developer", "user",
+                                        "assistant", "tool",      "function"};
+    for (size_t i = 0; i < sizeof roles / sizeof roles[0]; i++)
+        if (strcmp(r, roles[i]) == 0)
+            return 1;
+    return 0;
+}
+
+static int parse_messages(const cJSON *o, const struct api_parse_ctx *ctx, struct engine_request *r,
+                          struct api_error *err)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "messages");
+    if (!v || cJSON_IsNull(v)) {
+        api_error_set(err, 400, "messages", "missing_required_parameter",
+                      "Missing required parameter: 'messages'.");
+        return -1;
+    }
+    if (!cJSON_IsArray(v))
+        return bad_type(err, "messages", "an array", v);
+    int n = cJSON_GetArraySize(v);
+    if (n == 0) {
+        api_error_set(err, 400, "messages", "invalid_value",
+                      "Invalid value for 'messages': expected at least one message.");
+        return -1;
+    }
+    struct api_chat_message *msgs = calloc((size_t)n, sizeof *msgs);
+    char **texts = calloc((size_t)n, sizeof *texts);
+    int rc = -1, k = 0;
+    if (!msgs || !texts) {
+        api_error_set(err, 500, NULL, NULL, "out of memory");
+        goto out;
+    }
+    const cJSON *m;
+    cJSON_ArrayForEach(m, v)
+    {
+        if (!cJSON_IsObject(m)) {
+            msg_error(err, k, "", "expected an object.");
+            goto out;
+        }
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
+        if (!cJSON_IsString(role) || !known_role(role->valuestring)) {
+            msg_error(err, k, "role", "expected one of system, developer, user, assistant, tool.");
+            goto out;
+        }
+        size_t len;
+        int trc =
+            message_text(cJSON_GetObjectItemCaseSensitive(m, "content"), k, &texts[k], &len, err);
+        if (trc == -ENOMEM)
+            api_error_set(err, 500, NULL, NULL, "out of memory");
+        if (trc < 0)
+            goto out;
+        msgs[k] = (struct api_chat_message){role->valuestring, texts[k], len};
+        k++;
+    }
+    if (api_chat_render(ctx->chat, msgs, (size_t)n, r->session_id[0] == 0, &r->prompt,
+                        &r->prompt_len) < 0) {
+        api_error_set(err, 500, NULL, NULL, "out of memory");
+        goto out;
+    }
+    rc = 0;
+out:
+    for (int i = 0; texts && i < n; i++)
+        free(texts[i]);
+    free(texts);
+    free(msgs);
+    return rc;
+}
+
+static int parse_chat(const cJSON *o, const struct api_parse_ctx *ctx, struct engine_request *r,
+                      struct api_request *meta, struct api_error *err)
+{
+    int lp = 0, rc;
+    int64_t i;
+    if (!ctx->chat) {
+        api_error_set(err, 500, NULL, NULL, "no chat template configured");
+        return -1;
+    }
+    if (parse_messages(o, ctx, r, err) < 0)
+        return -1;
+    if (get_bool(o, "logprobs", &lp, err) < 0)
+        return -1;
+    if ((rc = get_int(o, "top_logprobs", 0, ENGINE_MAX_TOP_LOGPROBS, &i, err)) < 0)
+        return -1;
+    if (rc && !lp) {
+        api_error_set(err, 400, "top_logprobs", "invalid_value",
+                      "Invalid value for 'top_logprobs': 'logprobs' must be true to use it.");
+        return -1;
+    }
+    meta->logprobs = lp;
+    meta->top_logprobs = rc ? (int)i : 0;
+    return 0;
+}
+
+/* ---- entry ----------------------------------------------------------------- */
+
+int api_request_parse(const struct api_parse_ctx *ctx, enum api_endpoint ep, const char *body,
+                      size_t len, struct engine_request *out, struct api_request *meta,
+                      struct api_error *err)
+{
+    memset(out, 0, sizeof *out);
+    memset(meta, 0, sizeof *meta);
+    memset(err, 0, sizeof *err);
+    meta->endpoint = ep;
+    out->id = ctx->id;
+    out->add_bos = 1;
+    out->parse_special = 1;
+
+    cJSON *root = body && len ? cJSON_ParseWithLengthOpts(body, len, NULL, 0) : NULL;
+    int rc = -1;
+    if (!root) {
+        api_error_set(err, 400, NULL, NULL,
+                      "We could not parse the JSON body of your request. The body must be a "
+                      "JSON object.");
+        goto out;
+    }
+    if (!cJSON_IsObject(root)) {
+        api_error_set(err, 400, NULL, NULL, "The request body must be a JSON object.");
+        goto out;
+    }
+    /* common first: the session decides how chat messages are rendered */
+    if (parse_common(root, ctx, ep, out, meta, err) < 0)
+        goto out;
+    rc = ep == API_CHAT ? parse_chat(root, ctx, out, meta, err)
+                        : parse_completions(root, ctx, out, meta, err);
+    if (rc < 0)
+        goto out;
+    out->logprobs = meta->logprobs;
+    out->top_logprobs = meta->top_logprobs;
+    rc = 0;
+out:
+    cJSON_Delete(root);
+    if (rc < 0) {
+        engine_request_free(out);
+        if (!err->status)
+            api_error_set(err, 400, NULL, NULL, "invalid request");
+        return -EINVAL;
+    }
+    return 0;
+}

@@ -1,0 +1,107 @@
+/*
+ * backend.h: the coarse operations forward.c is written against. A backend
+ * is a table of function pointers plus its context; it implements every op or
+ * it is not a backend (no optional ops, no partial offload). Activation
+ * pointers are the backend's own memory (host on the CPU, device on CUDA):
+ * forward.c passes them around and never dereferences them.
+ *
+ * One step processes a batch of T tokens from one or more sequences (decode
+ * tokens and prefill chunks together). begin_step hands the backend the
+ * batch's host-side metadata once; every op afterwards refers to it.
+ */
+#ifndef SS_BACKEND_H
+#define SS_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvcache.h"
+#include "model.h"
+
+#define BACKEND_PROBE_K 16
+
+struct fwd_batch {
+    int64_t T;                       /* tokens in this step */
+    const int32_t *tokens;           /* [T] */
+    const int64_t *pos;              /* [T] absolute positions */
+    const int64_t *slot;             /* [T] KV slot of the token's sequence */
+    const int64_t *cell;             /* [T] cell the token's K/V are stored in */
+    const struct kv_view *view;      /* [T] what each token's query sees */
+    const struct kv_seq *const *seq; /* [T] the token's sequence (for cell lookups) */
+    int64_t n_out;                   /* rows whose logits are wanted */
+    const int64_t *out_rows;         /* [n_out] token indices */
+};
+
+struct backend_acts { /* activation buffers, sized for max_tokens rows */
+    float *x;         /* (T, D) residual stream */
+    float *xb;        /* (T, D) normed input / attention output projection */
+    float *xb2;       /* (T, D) */
+    float *q;         /* (T, H*Dh) query rotated at its absolute position */
+    float *qc;        /* (T, H*Dh) query rotated at its in-cache position (sink keys) */
+    float *k;         /* (T, Hkv*Dh) */
+    float *v;         /* (T, Hkv*Dh) */
+    float *att;       /* (T, H*Dh) attention output */
+    float *hb;        /* (T, F) gate */
+    float *hb2;       /* (T, F) up */
+    float *xo;        /* (n_out, D) rows gathered for the output head */
+};
+
+struct backend;
+
+struct backend_ops {
+    const char *name;
+    /* Frees everything the backend owns. */
+    void (*free)(struct backend *b);
+    /* KV storage for a pool geometry; called once. */
+    int (*kv_alloc)(struct backend *b, const struct kv_geometry *g);
+    /* Copies the batch metadata for this step (positions, cells, views). */
+    int (*begin_step)(struct backend *b, const struct fwd_batch *batch);
+    /* x[t] = embedding row of tokens[t]                          x: (T, D) */
+    void (*embed)(struct backend *b, float *x);
+    /* out = x / rms(x) * w                                        (T, D) */
+    void (*rmsnorm)(struct backend *b, const float *x, const struct tensor *w, float *out,
+                    int64_t rows);
+    /* y = x W^T                                   x: (rows, W.ne0), y: (rows, W.ne1) */
+    void (*matmul)(struct backend *b, const struct tensor *W, const float *x, float *y,
+                   int64_t rows);
+    /* q -> q rotated at pos, qc rotated at view.pos_cache; k rotated at pos (in place) */
+    void (*rope)(struct backend *b, float *q, float *qc, float *k);
+    /* stores k, v of every token into its cell of layer l */
+    void (*kv_store)(struct backend *b, int layer, const float *k, const float *v);
+    /* att[t, h] = normalizer-weighted sum of V over the keys token t sees,
+     * sink keys scored with qc, window keys with q; sinks[h] the sink logit.
+     * probe: NULL, or (T, H, BACKEND_PROBE_K) host floats that get the weights
+     * token t's head h puts on its sequence's first BACKEND_PROBE_K positions
+     * (0 for positions no longer in the cache) */
+    void (*attention)(struct backend *b, int layer, const float *q, const float *qc,
+                      const float *sinks, enum model_normalizer norm, float *att, float *probe);
+    /* hb = silu(hb) * hb2                                          (T, F) */
+    void (*swiglu)(struct backend *b, float *hb, const float *hb2, int64_t rows);
+    /* x += y                                                       (rows, D) */
+    void (*add)(struct backend *b, float *x, const float *y, int64_t rows);
+    /* xo[i] = x[out_rows[i]]                                       (n_out, D) */
+    void (*gather)(struct backend *b, const float *x, float *xo);
+    /* host_logits (n_out, V) = xo W_out^T, copied to host memory */
+    void (*logits)(struct backend *b, const struct tensor *W, const float *xo, float *host_logits);
+    /* waits for the step; returns 0 or -EIO if anything in it failed */
+    int (*sync)(struct backend *b);
+};
+
+struct backend {
+    const struct backend_ops *ops;
+    void *ctx;
+    struct backend_acts acts;
+    const struct model *model;
+    int64_t max_tokens;
+};
+
+struct backend_cpu_config {
+    int n_threads;
+    int64_t max_tokens;   /* largest T of a step */
+    int reference_matmul; /* 1: f32 products with dequantized weights (slow; tests) */
+};
+/* Creates the CPU backend for model m. Returns 0 or -errno with a message. */
+int backend_cpu_init(struct backend *b, const struct model *m, const struct backend_cpu_config *c,
+                     char *err, size_t err_len);
+
+#endif

@@ -1,0 +1,158 @@
+/* cli.c: shared plumbing for the engine's command-line tools (cli.h). */
+#include "cli.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine.h"
+
+const char *cli_default_model(void)
+{
+    static char buf[4096];
+    const char *p = getenv("STREAMSINK_MODEL");
+    if (p && *p)
+        return p;
+    const char *cache = getenv("XDG_CACHE_HOME");
+    if (cache && *cache)
+        snprintf(buf, sizeof buf, "%s/streamsink/SmolLM2-135M-Instruct.Q4_1.gguf", cache);
+    else
+        snprintf(buf, sizeof buf, "%s/.cache/streamsink/SmolLM2-135M-Instruct.Q4_1.gguf",
+                 getenv("HOME") ? getenv("HOME") : ".");
+    return buf;
+}
+
+int cli_parse_i64(const char *flag, const char *s, int64_t lo, int64_t hi, int64_t *out)
+{
+    char *end = NULL;
+    errno = 0;
+    long long v = s ? strtoll(s, &end, 10) : 0;
+    if (!s || errno || end == s || *end || v < lo || v > hi) {
+        fprintf(stderr, "error: %s expects an integer in [%lld, %lld], got '%s'\n", flag,
+                (long long)lo, (long long)hi, s ? s : "(nothing)");
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+int cli_parse_f32(const char *flag, const char *s, float lo, float hi, float *out)
+{
+    char *end = NULL;
+    errno = 0;
+    double v = s ? strtod(s, &end) : 0;
+    if (!s || errno || end == s || *end || !(v >= lo && v <= hi)) {
+        fprintf(stderr, "error: %s expects a number in [%g, %g], got '%s'\n", flag, (double)lo,
+                (double)hi, s ? s : "(nothing)");
+        return -1;
+    }
+    *out = (float)v;
+    return 0;
+}
+
+int cli_flag(const char *a, const char *s, const char *l)
+{
+    return (s && strcmp(a, s) == 0) || strcmp(a, l) == 0;
+}
+
+double cli_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+char *cli_read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap + 1);
+    while (buf) {
+        size_t r = fread(buf + n, 1, cap - n, f);
+        n += r;
+        if (n < cap)
+            break;
+        char *nb = realloc(buf, cap * 2 + 1);
+        if (!nb) {
+            free(buf);
+            buf = NULL;
+            break;
+        }
+        buf = nb;
+        cap *= 2;
+    }
+    int bad = ferror(f);
+    fclose(f);
+    if (!buf || bad) {
+        free(buf);
+        return NULL;
+    }
+    buf[n] = 0;
+    *len = n;
+    return buf;
+}
+
+int cli_local_open(struct cli_local *c, const struct cli_local_config *cfg)
+{
+    char err[512] = "";
+    memset(c, 0, sizeof *c);
+    int rc = model_load(&c->model, cfg->model_path, err, sizeof err);
+    if (rc < 0) {
+        fprintf(stderr, "error: %s\n", err);
+        if (rc == -ENOENT && strcmp(cfg->model_path, cli_default_model()) == 0)
+            fprintf(stderr, "hint: run scripts/fetch-model.sh to fetch the default model\n");
+        return ENGINE_EXIT_MODEL;
+    }
+    rc = tok_load(&c->tok, &c->model.gguf, err, sizeof err);
+    if (rc < 0) {
+        fprintf(stderr, "error: %s: %s\n", cfg->model_path, err);
+        cli_local_close(c);
+        return ENGINE_EXIT_MODEL;
+    }
+    struct backend_cpu_config bc = {.n_threads = cfg->n_threads, .max_tokens = cfg->max_tokens};
+    rc = backend_cpu_init(&c->backend, &c->model, &bc, err, sizeof err);
+    if (rc < 0) {
+        fprintf(stderr, "error: %s\n", err);
+        cli_local_close(c);
+        return ENGINE_EXIT_RUNTIME;
+    }
+    c->have_backend = 1;
+    const struct model_hparams *hp = &c->model.hp;
+    int64_t window = cfg->window;
+    if (window <= 0 || window > hp->n_ctx_train)
+        window = hp->n_ctx_train; /* no window beyond what the model was trained on */
+    struct kv_geometry g = {
+        .n_layer = hp->n_layer,
+        .n_kv_head = hp->n_head_kv,
+        .head_dim = hp->head_dim,
+        .n_sinks = cfg->n_sinks,
+        .window = window,
+        .chunk = cfg->max_tokens,
+        .n_slots = cfg->n_slots,
+        .dtype = cfg->kv_dtype,
+    };
+    rc = fwd_init(&c->fwd, &c->model, &c->backend, &g, err, sizeof err);
+    if (rc < 0) {
+        fprintf(stderr, "error: %s\n", err);
+        cli_local_close(c);
+        return ENGINE_EXIT_RUNTIME;
+    }
+    c->have_fwd = 1;
+    return ENGINE_EXIT_OK;
+}
+
+void cli_local_close(struct cli_local *c)
+{
+    if (c->have_fwd)
+        fwd_free(&c->fwd);
+    if (c->have_backend)
+        c->backend.ops->free(&c->backend);
+    tok_free(c->tok);
+    model_free(&c->model);
+    memset(c, 0, sizeof *c);
+}

@@ -1,0 +1,53 @@
+/*
+ * cli.h: shared plumbing for the engine's command-line tools: flag parsing
+ * helpers and a loaded "local" decoder (model + tokenizer + CPU backend +
+ * forward state) used on the calling thread. Internal to engine/.
+ */
+#ifndef SS_CLI_H
+#define SS_CLI_H
+
+#include <stdint.h>
+
+#include "backend.h"
+#include "forward.h"
+#include "kvcache.h"
+#include "model.h"
+#include "tokenizer.h"
+
+struct cli_local {
+    struct model model;
+    struct tokenizer *tok;
+    struct backend backend;
+    struct fwd fwd;
+    int have_backend, have_fwd;
+};
+
+struct cli_local_config {
+    const char *model_path;
+    int n_threads;
+    int64_t max_tokens; /* largest chunk per step */
+    int64_t n_sinks;    /* sink cells per slot */
+    int64_t window;     /* window cells per slot */
+    int64_t n_slots;
+    enum kv_dtype kv_dtype;
+};
+
+/* Loads everything; on failure prints one message to stderr and returns an
+ * ENGINE_EXIT_* code (the model's errors give ENGINE_EXIT_MODEL). */
+int cli_local_open(struct cli_local *c, const struct cli_local_config *cfg);
+void cli_local_close(struct cli_local *c);
+
+/* Default model path: $STREAMSINK_MODEL or the cache path of scripts/fetch-model.sh. */
+const char *cli_default_model(void);
+
+/* Parses a flag value; print an error and return -1 when invalid. */
+int cli_parse_i64(const char *flag, const char *s, int64_t lo, int64_t hi, int64_t *out);
+int cli_parse_f32(const char *flag, const char *s, float lo, float hi, float *out);
+/* 1 if arg a is the short flag s (may be NULL) or the long flag l. */
+int cli_flag(const char *a, const char *s, const char *l);
+/* Monotonic seconds. */
+double cli_now(void);
+/* Reads a whole file into a NUL-terminated malloc'd buffer. */
+char *cli_read_file(const char *path, size_t *len);
+
+#endif

@@ -1,0 +1,259 @@
+/*
+ * cli_run.c: `streamsink run`: prompt in, streamed text out, one sequence on
+ * the calling thread. Prompt and decode speeds go to stderr.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "engine.h"
+#include "sampler.h"
+
+static void usage(FILE *f)
+{
+    fprintf(
+        f, "usage: streamsink run [-m FILE] -p PROMPT [-n N] [options]\n"
+           "\n"
+           "Runs one prompt through the model on the CPU and streams the text to stdout.\n"
+           "Prompt and decode speeds are printed to stderr.\n"
+           "\n"
+           "  -m, --model FILE          GGUF model (default: $STREAMSINK_MODEL or the model\n"
+           "                            fetched by scripts/fetch-model.sh)\n"
+           "  -p, --prompt TEXT         prompt text (special tokens like <|im_start|> are parsed)\n"
+           "  -f, --file FILE           read the prompt from FILE instead\n"
+           "  -n, --n-predict N         tokens to generate (default 128; stops early at EOS\n"
+           "                            unless --ignore-eos)\n"
+           "  -t, --threads N           CPU threads (default 2)\n"
+           "      --temp X              temperature; 0 is greedy (default 0)\n"
+           "      --top-k N             keep the N most likely tokens (default 0: off)\n"
+           "      --top-p X             nucleus sampling mass (default 1: off)\n"
+           "      --min-p X             drop tokens below X times the top probability (default 0)\n"
+           "      --repeat-penalty X    repetition penalty (default 1: off)\n"
+           "      --presence-penalty X  OpenAI presence penalty (default 0)\n"
+           "      --frequency-penalty X OpenAI frequency penalty (default 0)\n"
+           "      --penalty-last-n N    tokens the penalties look back over (default 64)\n"
+           "      --seed N              random seed (default 0)\n"
+           "      --chunk N             prompt tokens per forward step (default 256)\n"
+           "      --ctx N               KV window in tokens (default: prompt + n, at most the\n"
+           "                            model's context length)\n"
+           "      --kv-f32              keep the KV cache in f32 (default f16)\n"
+           "      --ignore-eos          keep generating past end-of-sequence tokens\n"
+           "      --no-bos              do not prepend BOS even if the model asks for it\n"
+           "  -h, --help                this text\n");
+}
+
+int engine_cmd_run(int argc, char **argv)
+{
+    const char *model = cli_default_model(), *prompt = NULL, *file = NULL;
+    int64_t n_predict = 128, threads = 2, chunk = 256, ctx = 0, keep = 0;
+    int ignore_eos = 0, no_bos = 0, kv_f32 = 0;
+    struct sampler_params sp = sampler_default_params();
+    sp.temperature = 0.0f;
+
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int64_t iv;
+        int ok = 0;
+        if (cli_flag(a, "-h", "--help")) {
+            usage(stdout);
+            return ENGINE_EXIT_OK;
+        } else if (cli_flag(a, "-m", "--model")) {
+            model = v, ok = v != NULL, i++;
+        } else if (cli_flag(a, "-p", "--prompt")) {
+            prompt = v, ok = v != NULL, i++;
+        } else if (cli_flag(a, "-f", "--file")) {
+            file = v, ok = v != NULL, i++;
+        } else if (cli_flag(a, "-n", "--n-predict")) {
+            ok = cli_parse_i64(a, v, 0, (int64_t)1 << 40, &n_predict) == 0, i++;
+        } else if (cli_flag(a, "-t", "--threads")) {
+            ok = cli_parse_i64(a, v, 1, 256, &threads) == 0, i++;
+        } else if (cli_flag(a, NULL, "--temp")) {
+            ok = cli_parse_f32(a, v, 0, 100, &sp.temperature) == 0, i++;
+        } else if (cli_flag(a, NULL, "--top-k")) {
+            ok = cli_parse_i64(a, v, 0, 1 << 30, &sp.top_k) == 0, i++;
+        } else if (cli_flag(a, NULL, "--top-p")) {
+            ok = cli_parse_f32(a, v, 1e-6f, 1, &sp.top_p) == 0, i++;
+        } else if (cli_flag(a, NULL, "--min-p")) {
+            ok = cli_parse_f32(a, v, 0, 1, &sp.min_p) == 0, i++;
+        } else if (cli_flag(a, NULL, "--repeat-penalty")) {
+            ok = cli_parse_f32(a, v, 1e-3f, 100, &sp.repeat_penalty) == 0, i++;
+        } else if (cli_flag(a, NULL, "--presence-penalty")) {
+            ok = cli_parse_f32(a, v, -2, 2, &sp.presence_penalty) == 0, i++;
+        } else if (cli_flag(a, NULL, "--frequency-penalty")) {
+            ok = cli_parse_f32(a, v, -2, 2, &sp.frequency_penalty) == 0, i++;
+        } else if (cli_flag(a, NULL, "--penalty-last-n")) {
+            ok = cli_parse_i64(a, v, 0, 1 << 20, &sp.penalty_last_n) == 0, i++;
+        } else if (cli_flag(a, NULL, "--seed")) {
+            ok = cli_parse_i64(a, v, 0, INT64_MAX, &iv) == 0, i++;
+            sp.seed = (uint64_t)iv;
+        } else if (cli_flag(a, NULL, "--chunk")) {
+            ok = cli_parse_i64(a, v, 1, 1 << 16, &chunk) == 0, i++;
+        } else if (cli_flag(a, NULL, "--prompt-tokens")) {
+            ok = cli_parse_i64(a, v, 1, (int64_t)1 << 40, &keep) == 0, i++;
+        } else if (cli_flag(a, NULL, "--ctx")) {
+            ok = cli_parse_i64(a, v, 1, (int64_t)1 << 32, &ctx) == 0, i++;
+        } else if (cli_flag(a, NULL, "--kv-f32")) {
+            kv_f32 = ok = 1;
+        } else if (cli_flag(a, NULL, "--ignore-eos")) {
+            ignore_eos = ok = 1;
+        } else if (cli_flag(a, NULL, "--no-bos")) {
+            no_bos = ok = 1;
+        } else {
+            fprintf(stderr, "error: unknown flag '%s' (see streamsink run --help)\n", a);
+            return ENGINE_EXIT_USAGE;
+        }
+        if (!ok) {
+            if (!v)
+                fprintf(stderr, "error: %s needs a value\n", a);
+            return ENGINE_EXIT_USAGE;
+        }
+    }
+    char *file_text = NULL;
+    size_t plen = 0;
+    if (file) {
+        file_text = cli_read_file(file, &plen);
+        if (!file_text) {
+            fprintf(stderr, "error: cannot read %s: %s\n", file, strerror(errno));
+            return ENGINE_EXIT_USAGE;
+        }
+        prompt = file_text;
+    } else if (!prompt) {
+        fprintf(stderr, "error: a prompt is required (-p TEXT or -f FILE)\n");
+        return ENGINE_EXIT_USAGE;
+    } else {
+        plen = strlen(prompt);
+    }
+
+    /* The window is sized before tokenizing from the byte length (a prompt has
+     * at most one token per byte, plus BOS); cli_local_open caps it at the
+     * model's context length. */
+    struct cli_local L;
+    int64_t window =
+        ctx > 0 ? ctx : (keep > 0 && keep < (int64_t)plen ? keep : (int64_t)plen) + 2 + n_predict;
+    struct cli_local_config cfg = {
+        .model_path = model,
+        .n_threads = (int)threads,
+        .max_tokens = chunk,
+        .n_sinks = 0,
+        .window = window,
+        .n_slots = 1,
+        .kv_dtype = kv_f32 ? KV_DTYPE_F32 : KV_DTYPE_F16,
+    };
+    int rc = cli_local_open(&L, &cfg);
+    if (rc != ENGINE_EXIT_OK) {
+        free(file_text);
+        return rc;
+    }
+    int exit_code = ENGINE_EXIT_OK;
+    int32_t *ids = NULL;
+    struct sampler smp;
+    int have_sampler = 0;
+    int64_t cap = (int64_t)plen + 2;
+    ids = malloc((size_t)cap * sizeof *ids);
+    int64_t n_prompt =
+        ids ? tok_encode(L.tok, prompt, plen, !no_bos && tok_add_bos(L.tok), 1, ids, cap) : -ENOMEM;
+    if (n_prompt < 0 || n_prompt > cap) {
+        fprintf(stderr, "error: tokenizing the prompt failed (%lld)\n", (long long)n_prompt);
+        exit_code = ENGINE_EXIT_RUNTIME;
+        goto out;
+    }
+    if (keep > 0 && n_prompt > keep)
+        n_prompt = keep;
+    if (n_prompt == 0) {
+        fprintf(stderr, "error: the prompt is empty and the model has no BOS token\n");
+        exit_code = ENGINE_EXIT_USAGE;
+        goto out;
+    }
+    if (ctx > 0 && n_prompt + n_predict > ctx) {
+        fprintf(stderr, "error: prompt (%lld tokens) + n (%lld) exceeds --ctx %lld\n",
+                (long long)n_prompt, (long long)n_predict, (long long)ctx);
+        exit_code = ENGINE_EXIT_USAGE;
+        goto out;
+    }
+    if (sampler_init(&smp, &sp, L.model.hp.n_vocab) < 0) {
+        fprintf(stderr, "error: bad sampling parameters\n");
+        exit_code = ENGINE_EXIT_USAGE;
+        goto out;
+    }
+    have_sampler = 1;
+
+    struct kv_seq seq;
+    int64_t slot;
+    kv_pool_acquire(&L.fwd.pool, &slot);
+    window = L.fwd.pool.geo.window;
+    kv_seq_init(&seq, &L.fwd.pool.geo, slot, (struct kv_policy){KV_POLICY_DENSE, 0}, window, 0);
+    if (n_prompt > window) {
+        fprintf(stderr, "error: the prompt (%lld tokens) exceeds the context (%lld)\n",
+                (long long)n_prompt, (long long)window);
+        exit_code = ENGINE_EXIT_USAGE;
+        goto out;
+    }
+
+    double t0 = cli_now();
+    for (int64_t i = 0; i < n_prompt; i += chunk) {
+        int64_t n = n_prompt - i < chunk ? n_prompt - i : chunk;
+        struct fwd_input in = {&seq, ids + i, n,
+                               i + n == n_prompt ? FWD_LOGITS_LAST : FWD_LOGITS_NONE};
+        int64_t r = fwd_step(&L.fwd, &in, 1);
+        if (r < 0) {
+            fprintf(stderr, "error: forward step failed (%lld)\n", (long long)r);
+            exit_code = ENGINE_EXIT_RUNTIME;
+            goto out;
+        }
+    }
+    for (int64_t i = 0; i < n_prompt; i++)
+        sampler_accept(&smp, ids[i]);
+    double t1 = cli_now();
+
+    struct tok_stream ts = {{0}, 0};
+    char piece[1024];
+    int64_t n_gen = 0;
+    for (; n_gen < n_predict; n_gen++) {
+        int32_t next = sampler_sample(&smp, L.fwd.logits, NULL);
+        sampler_accept(&smp, next);
+        if (!ignore_eos && tok_is_eog(L.tok, next)) {
+            n_gen++;
+            break;
+        }
+        int64_t w = tok_stream_push(L.tok, &ts, next, piece, sizeof piece);
+        if (w > 0) {
+            fwrite(piece, 1, (size_t)w, stdout);
+            fflush(stdout);
+        }
+        if (n_gen + 1 == n_predict)
+            break;
+        struct fwd_input in = {&seq, &next, 1, FWD_LOGITS_LAST};
+        int64_t r = fwd_step(&L.fwd, &in, 1);
+        if (r == -ENOSPC) {
+            fprintf(stderr, "\n[context full: %lld tokens]\n", (long long)window);
+            n_gen++;
+            break;
+        }
+        if (r < 0) {
+            fprintf(stderr, "\nerror: forward step failed (%lld)\n", (long long)r);
+            exit_code = ENGINE_EXIT_RUNTIME;
+            goto out;
+        }
+    }
+    int64_t w = tok_stream_flush(&ts, piece, sizeof piece);
+    if (w > 0)
+        fwrite(piece, 1, (size_t)w, stdout);
+    printf("\n");
+    double t2 = cli_now();
+    /* n_gen tokens sampled, n_gen - 1 decode steps after the prompt */
+    int64_t steps = n_gen > 0 ? n_gen - 1 : 0;
+    fprintf(stderr, "prompt: %lld tokens in %.3f s (%.1f tokens/s)\n", (long long)n_prompt, t1 - t0,
+            (double)n_prompt / (t1 - t0));
+    fprintf(stderr, "decode: %lld tokens in %.3f s (%.1f tokens/s)\n", (long long)steps, t2 - t1,
+            steps > 0 ? (double)steps / (t2 - t1) : 0.0);
+out:
+    if (have_sampler)
+        sampler_free(&smp);
+    free(ids);
+    free(file_text);
+    cli_local_close(&L);
+    return exit_code;
+}

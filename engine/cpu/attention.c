@@ -1,0 +1,138 @@
+/*
+ * attention.c: one query row against the keys it sees, with every normalizer
+ * of DESIGN.md through one online pass (attention.h).
+ *
+ *   softmax / softmax1 / sink:  m = s_h, l = 1 (vanilla: m = -inf, l = 0)
+ *     for each key: z = q.k * scale; m' = max(m, z);
+ *                   acc = acc e^(m-m') + e^(z-m') v;  l = l e^(m-m') + e^(z-m')
+ *     out = acc / l           (l == 0 only when there are no keys: out = 0)
+ *   softpick: m the running max of z over the keys; numerator weights
+ *     relu(e^(z-m) - e^(-m)) and denominator Σ |e^(z-m) - e^(-m)|, both
+ *     rescaled by e^(m-m') when the max moves (e^(z-m') - e^(-m') =
+ *     e^(m-m') (e^(z-m) - e^(-m))); out = acc / (den + eps).
+ */
+#include "attention.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "../quant.h"
+
+static float dot_scalar(const float *q, const void *k, int n, int f16)
+{
+    float s = 0;
+    if (f16) {
+        const uint16_t *kh = k;
+        for (int i = 0; i < n; i++)
+            s += q[i] * quant_f16_to_f32(kh[i]);
+    } else {
+        const float *kf = k;
+        for (int i = 0; i < n; i++)
+            s += q[i] * kf[i];
+    }
+    return s;
+}
+
+static void axpy_scalar(float *acc, float a, const void *v, int n, int f16)
+{
+    if (f16) {
+        const uint16_t *vh = v;
+        for (int i = 0; i < n; i++)
+            acc[i] += a * quant_f16_to_f32(vh[i]);
+    } else {
+        const float *vf = v;
+        for (int i = 0; i < n; i++)
+            acc[i] += a * vf[i];
+    }
+}
+
+static void scale_scalar(float *acc, float a, int n)
+{
+    for (int i = 0; i < n; i++)
+        acc[i] *= a;
+}
+
+void cpu_attention_kernels(struct attn_kernels *out, int use_avx2)
+{
+    if (use_avx2) {
+        out->dot = cpu__attn_dot_avx2;
+        out->axpy = cpu__attn_axpy_avx2;
+        out->scale = cpu__attn_scale_avx2;
+    } else {
+        out->dot = dot_scalar;
+        out->axpy = axpy_scalar;
+        out->scale = scale_scalar;
+    }
+}
+
+#define SOFTPICK_EPS 1e-6f
+
+void cpu_attention_row(const struct attn_kernels *kr, const float *q, const float *qc,
+                       const struct attn_keys *keys, float scale, enum model_normalizer norm,
+                       float sink, float *out)
+{
+    const int n = keys->head_dim;
+    const size_t esz = keys->f16 ? 2 : 4;
+    const int softpick = norm == MODEL_NORM_SOFTPICK;
+    float m, l;
+
+    float zs[ATTN_PROBE_K];
+    int64_t visited = 0;
+    const int64_t probe_n =
+        keys->probe ? (keys->probe_n < ATTN_PROBE_K ? keys->probe_n : ATTN_PROBE_K) : 0;
+
+    memset(out, 0, (size_t)n * sizeof(float));
+    if (softpick || norm == MODEL_NORM_SOFTMAX) {
+        m = -INFINITY;
+        l = 0.0f;
+    } else {
+        m = norm == MODEL_NORM_SOFTMAX1 ? 0.0f : sink;
+        l = 1.0f; /* the virtual key: e^(s_h - m) with m = s_h, zero value */
+    }
+    for (int r = 0; r < 3; r++) {
+        const float *qq = keys->run_uses_qc[r] ? qc : q;
+        for (int64_t c = keys->run_start[r]; c < keys->run_start[r] + keys->run_len[r]; c++) {
+            const char *kp = (const char *)keys->k + (size_t)c * (size_t)n * esz;
+            const char *vp = (const char *)keys->v + (size_t)c * (size_t)n * esz;
+            float z = kr->dot(qq, kp, n, keys->f16) * scale;
+            if (visited < probe_n)
+                zs[visited] = z;
+            visited++;
+            if (z > m) {
+                float corr = expf(m - z); /* 0 when m = -inf */
+                l *= corr;
+                kr->scale(out, corr, n);
+                m = z;
+            }
+            if (softpick) {
+                float e = expf(z - m), e0 = expf(-m);
+                float d = e - e0;
+                l += fabsf(d);
+                if (d > 0)
+                    kr->axpy(out, d, vp, n, keys->f16);
+            } else {
+                float w = expf(z - m);
+                l += w;
+                kr->axpy(out, w, vp, n, keys->f16);
+            }
+        }
+    }
+    for (int64_t i = 0; i < probe_n; i++) { /* final weights of the probed keys */
+        float w;
+        if (softpick) {
+            float d = expf(zs[i] - m) - expf(-m);
+            w = d > 0 ? d / (l + SOFTPICK_EPS) : 0.0f;
+        } else {
+            w = l > 0 ? expf(zs[i] - m) / l : 0.0f;
+        }
+        keys->probe[i] = w;
+    }
+    if (softpick) {
+        /* DESIGN.md's formula adds eps to the max-shifted denominator: l */
+        float denom = l + SOFTPICK_EPS;
+        kr->scale(out, 1.0f / denom, n);
+        return;
+    }
+    if (l > 0)
+        kr->scale(out, 1.0f / l, n);
+}

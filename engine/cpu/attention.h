@@ -1,0 +1,54 @@
+/*
+ * attention.h: the CPU attention op for one (token, head): online softmax with
+ * the per-head sink scalar over the sink keys and the window keys a query
+ * sees, plus the rectified softpick path. Internal to engine/cpu.
+ *
+ * Normalizers (DESIGN.md): the running max starts at s_h and the running sum
+ * at 1 (the virtual key with logit s_h and a zero value); vanilla softmax
+ * starts at -inf and 0; softmax1 is s_h = 0. A row with no keys and no sink
+ * term returns zeros, never NaN.
+ */
+#ifndef SS_CPU_ATTENTION_H
+#define SS_CPU_ATTENTION_H
+
+#include <stdint.h>
+
+#include "../model.h"
+
+/* K/V rows of one kv head, Dh values each, either f16 or f32. */
+struct attn_keys {
+    const void *k; /* first cell of the head */
+    const void *v;
+    int f16; /* element type */
+    int head_dim;
+    /* cells to visit, as up to three contiguous runs [start, start + len) */
+    int64_t run_start[3];
+    int64_t run_len[3];
+    int run_uses_qc[3]; /* 1: score with the in-cache query (sink keys) */
+    /* sink probe (optional): the final weights of the first probe_n keys in
+     * visit order (at most ATTN_PROBE_K) are written to probe */
+    float *probe;
+    int64_t probe_n;
+};
+#define ATTN_PROBE_K 16
+
+struct attn_kernels { /* row kernels chosen at run time (F16C+FMA or scalar) */
+    float (*dot)(const float *q, const void *k, int n, int f16);
+    void (*axpy)(float *acc, float a, const void *v, int n, int f16);
+    void (*scale)(float *acc, float a, int n);
+};
+void cpu_attention_kernels(struct attn_kernels *out, int use_avx2);
+
+/* out (Dh) = attention of query q (and qc for sink runs) over keys. scale is
+ * 1/sqrt(Dh). norm picks the normalizer; sink is s_h (ignored for softmax and
+ * softpick). acc is Dh floats of scratch. */
+void cpu_attention_row(const struct attn_kernels *kr, const float *q, const float *qc,
+                       const struct attn_keys *keys, float scale, enum model_normalizer norm,
+                       float sink, float *out);
+
+/* AVX2 row kernels (attention_avx2.c; call only when the CPU has AVX2+FMA+F16C). */
+float cpu__attn_dot_avx2(const float *q, const void *k, int n, int f16);
+void cpu__attn_axpy_avx2(float *acc, float a, const void *v, int n, int f16);
+void cpu__attn_scale_avx2(float *acc, float a, int n);
+
+#endif

@@ -1,0 +1,429 @@
+/*
+ * backend_cpu.c: the CPU backend (backend.h). Matrix products and attention
+ * are split across a thread pool; kernels come from matmul.c (AVX-512, AVX2
+ * or scalar, chosen at run time) and attention.c. KV storage is one host
+ * allocation laid out by kv_geometry_offset.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../backend.h"
+#include "../quant.h"
+#include "../rope.h"
+#include "attention.h"
+#include "matmul.h"
+#include "threadpool.h"
+
+#define MATMUL_ROW_BLOCK 16 /* weight rows per work item */
+#define MATMUL_T_TILE 64    /* activation rows per pass over a weight block */
+
+struct cpu_ctx {
+    struct threadpool *tp;
+    enum cpu_isa isa;
+    int reference_matmul; /* f32 dot products with dequantized weights */
+    struct attn_kernels akr;
+    const struct fwd_batch *batch;
+    float *cs_abs;   /* (T, rope_dim) cos/sin at absolute positions */
+    float *cs_cache; /* (T, rope_dim) cos/sin at in-cache positions */
+    void *act;       /* prepared activation rows */
+    size_t act_cap;
+    struct kv_geometry geo;
+    void *kmem, *vmem; /* KV storage */
+    int kv_f16;
+};
+
+static void *xalloc(size_t n)
+{
+    /* 64-byte aligned, zeroed */
+    void *p = NULL;
+    if (posix_memalign(&p, 64, n ? n : 64) != 0)
+        return NULL;
+    memset(p, 0, n);
+    return p;
+}
+
+static void cpu_free(struct backend *b)
+{
+    struct cpu_ctx *c = b->ctx;
+    if (c) {
+        threadpool_free(c->tp);
+        free(c->cs_abs);
+        free(c->cs_cache);
+        free(c->act);
+        free(c->kmem);
+        free(c->vmem);
+        free(c);
+    }
+    struct backend_acts *a = &b->acts;
+    float **bufs[] = {&a->x, &a->xb,  &a->xb2, &a->q,   &a->qc, &a->k,
+                      &a->v, &a->att, &a->hb,  &a->hb2, &a->xo};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
+        free(*bufs[i]);
+        *bufs[i] = NULL;
+    }
+    b->ctx = NULL;
+}
+
+static int cpu_kv_alloc(struct backend *b, const struct kv_geometry *g)
+{
+    struct cpu_ctx *c = b->ctx;
+    size_t bytes = kv_geometry_slot_bytes(g) * (size_t)g->n_slots;
+    c->kmem = xalloc(bytes);
+    c->vmem = xalloc(bytes);
+    if (!c->kmem || !c->vmem)
+        return -ENOMEM;
+    c->geo = *g;
+    c->kv_f16 = g->dtype == KV_DTYPE_F16;
+    return 0;
+}
+
+static int cpu_begin_step(struct backend *b, const struct fwd_batch *batch)
+{
+    struct cpu_ctx *c = b->ctx;
+    const struct model_hparams *hp = &b->model->hp;
+    if (batch->T > b->max_tokens || batch->n_out > batch->T)
+        return -EINVAL;
+    c->batch = batch;
+    for (int64_t t = 0; t < batch->T; t++) {
+        rope_cos_sin(batch->pos[t], hp->rope_base, hp->rope_dim, c->cs_abs + t * hp->rope_dim);
+        rope_cos_sin(batch->view[t].pos_cache, hp->rope_base, hp->rope_dim,
+                     c->cs_cache + t * hp->rope_dim);
+    }
+    return 0;
+}
+
+static void cpu_embed(struct backend *b, float *x)
+{
+    struct cpu_ctx *c = b->ctx;
+    const struct tensor *e = &b->model->w.tok_embd;
+    for (int64_t t = 0; t < c->batch->T; t++) {
+        const char *row = (const char *)e->data + (size_t)c->batch->tokens[t] * e->row_bytes;
+        quant_dequant_row(e->type, row, x + t * e->ne0, e->ne0);
+    }
+}
+
+static void cpu_rmsnorm(struct backend *b, const float *x, const struct tensor *w, float *out,
+                        int64_t rows)
+{
+    const int64_t D = w->ne0;
+    const float *g = w->data;
+    const float eps = b->model->hp.norm_eps;
+    for (int64_t t = 0; t < rows; t++) {
+        const float *xr = x + t * D;
+        float *o = out + t * D;
+        double ss = 0;
+        for (int64_t i = 0; i < D; i++)
+            ss += (double)xr[i] * xr[i];
+        float inv = (float)(1.0 / sqrt(ss / (double)D + eps));
+        for (int64_t i = 0; i < D; i++)
+            o[i] = xr[i] * inv * g[i];
+    }
+}
+
+struct matmul_job {
+    struct cpu_ctx *c;
+    const struct tensor *W;
+    const float *x;
+    float *y;
+    int64_t rows;
+    size_t act_bytes;
+};
+
+static void matmul_prepare_task(void *arg, int ith, int nth)
+{
+    struct matmul_job *j = arg;
+    for (int64_t t = ith; t < j->rows; t += nth)
+        cpu_prepare_act(j->c->isa, j->W->type, j->x + t * j->W->ne0, j->W->ne0,
+                        (char *)j->c->act + (size_t)t * j->act_bytes);
+}
+
+static void matmul_rows_task(void *arg, int ith, int nth)
+{
+    struct matmul_job *j = arg;
+    const int64_t N = j->W->ne1;
+    int64_t blocks = (N + MATMUL_ROW_BLOCK - 1) / MATMUL_ROW_BLOCK;
+    int64_t b0 = blocks * ith / nth, b1 = blocks * (ith + 1) / nth;
+    for (int64_t blk = b0; blk < b1; blk++) {
+        int64_t n0 = blk * MATMUL_ROW_BLOCK;
+        int64_t n1 = n0 + MATMUL_ROW_BLOCK < N ? n0 + MATMUL_ROW_BLOCK : N;
+        for (int64_t t0 = 0; t0 < j->rows; t0 += MATMUL_T_TILE) {
+            int64_t tn = j->rows - t0 < MATMUL_T_TILE ? j->rows - t0 : MATMUL_T_TILE;
+            cpu_matmul_rows(j->c->isa, j->W->type, j->W->data, j->W->ne0, n0, n1,
+                            (const char *)j->c->act + (size_t)t0 * j->act_bytes, tn, j->y + t0 * N,
+                            N);
+        }
+    }
+}
+
+/* The reference product: each weight row dequantized to f32, dotted in double
+ * with the f32 activations. No activation quantization, so the only error
+ * left against an f32 implementation is summation order. Slow; for tests. */
+static void matmul_reference_task(void *arg, int ith, int nth)
+{
+    struct matmul_job *j = arg;
+    const int64_t N = j->W->ne1, K = j->W->ne0;
+    float *wr = (float *)j->c->act + (size_t)ith * (size_t)K;
+    for (int64_t n = N * ith / nth; n < N * (ith + 1) / nth; n++) {
+        quant_dequant_row(j->W->type, (const char *)j->W->data + (size_t)n * j->W->row_bytes, wr,
+                          K);
+        for (int64_t t = 0; t < j->rows; t++) {
+            const float *xr = j->x + t * K;
+            double s = 0;
+            for (int64_t k = 0; k < K; k++)
+                s += (double)wr[k] * (double)xr[k];
+            j->y[t * N + n] = (float)s;
+        }
+    }
+}
+
+static void cpu_matmul(struct backend *b, const struct tensor *W, const float *x, float *y,
+                       int64_t rows)
+{
+    struct cpu_ctx *c = b->ctx;
+    struct matmul_job j = {c, W, x, y, rows, quant_act_bytes(W->type, W->ne0)};
+    if (c->reference_matmul) {
+        threadpool_run(c->tp, matmul_reference_task, &j);
+        return;
+    }
+    if (rows == 1)
+        matmul_prepare_task(&j, 0, 1);
+    else
+        threadpool_run(c->tp, matmul_prepare_task, &j);
+    threadpool_run(c->tp, matmul_rows_task, &j);
+}
+
+static void cpu_rope(struct backend *b, float *q, float *qc, float *k)
+{
+    struct cpu_ctx *c = b->ctx;
+    const struct model_hparams *hp = &b->model->hp;
+    const int64_t dq = (int64_t)hp->n_head * hp->head_dim;
+    const int64_t dk = (int64_t)hp->n_head_kv * hp->head_dim;
+    for (int64_t t = 0; t < c->batch->T; t++) {
+        memcpy(qc + t * dq, q + t * dq, (size_t)dq * sizeof(float));
+        rope_apply(q + t * dq, hp->n_head, hp->head_dim, hp->rope_dim,
+                   c->cs_abs + t * hp->rope_dim);
+        rope_apply(qc + t * dq, hp->n_head, hp->head_dim, hp->rope_dim,
+                   c->cs_cache + t * hp->rope_dim);
+        rope_apply(k + t * dk, hp->n_head_kv, hp->head_dim, hp->rope_dim,
+                   c->cs_abs + t * hp->rope_dim);
+    }
+}
+
+static void store_row(void *dst, const float *src, int n, int f16)
+{
+    if (f16) {
+        uint16_t *d = dst;
+        for (int i = 0; i < n; i++)
+            d[i] = quant_f32_to_f16(src[i]);
+    } else {
+        memcpy(dst, src, (size_t)n * sizeof(float));
+    }
+}
+
+static void cpu_kv_store(struct backend *b, int layer, const float *k, const float *v)
+{
+    struct cpu_ctx *c = b->ctx;
+    const struct model_hparams *hp = &b->model->hp;
+    const size_t esz = c->kv_f16 ? 2 : 4;
+    const int Dh = hp->head_dim;
+    for (int64_t t = 0; t < c->batch->T; t++) {
+        for (int g = 0; g < hp->n_head_kv; g++) {
+            size_t off =
+                kv_geometry_offset(&c->geo, c->batch->slot[t], layer, g, c->batch->cell[t]) * esz;
+            const int64_t src = t * (int64_t)hp->n_head_kv * Dh + (int64_t)g * Dh;
+            store_row((char *)c->kmem + off, k + src, Dh, c->kv_f16);
+            store_row((char *)c->vmem + off, v + src, Dh, c->kv_f16);
+        }
+    }
+}
+
+struct attn_job {
+    struct backend *b;
+    int layer;
+    const float *q, *qc, *sinks;
+    enum model_normalizer norm;
+    float *att;
+    float *probe;
+};
+
+static void attention_task(void *arg, int ith, int nth)
+{
+    struct attn_job *j = arg;
+    struct cpu_ctx *c = j->b->ctx;
+    const struct model_hparams *hp = &j->b->model->hp;
+    const struct fwd_batch *bt = c->batch;
+    const int H = hp->n_head, Dh = hp->head_dim, group = hp->n_head / hp->n_head_kv;
+    const size_t esz = c->kv_f16 ? 2 : 4;
+    const float scale = 1.0f / sqrtf((float)Dh);
+    int64_t n_tasks = bt->T * H;
+    int64_t i0 = n_tasks * ith / nth, i1 = n_tasks * (ith + 1) / nth;
+    for (int64_t i = i0; i < i1; i++) {
+        int64_t t = i / H;
+        int h = (int)(i % H), g = h / group;
+        const struct kv_view *vw = &bt->view[t];
+        const struct kv_seq *seq = bt->seq[t];
+        size_t base = kv_geometry_offset(&c->geo, bt->slot[t], j->layer, g, 0) * esz;
+        struct attn_keys keys = {
+            .k = (const char *)c->kmem + base,
+            .v = (const char *)c->vmem + base,
+            .f16 = c->kv_f16,
+            .head_dim = Dh,
+        };
+        keys.run_start[0] = 0;
+        keys.run_len[0] = vw->n_sinks;
+        keys.run_uses_qc[0] = 1;
+        int64_t c0 = vw->win_start % seq->ring;
+        int64_t len1 = vw->win_len < seq->ring - c0 ? vw->win_len : seq->ring - c0;
+        keys.run_start[1] = seq->sink_base + c0;
+        keys.run_len[1] = len1;
+        keys.run_start[2] = seq->sink_base;
+        keys.run_len[2] = vw->win_len - len1;
+        float visit_w[ATTN_PROBE_K];
+        int64_t lim = seq->pos_first + BACKEND_PROBE_K;
+        if (j->probe) {
+            /* keys are visited in position order (sinks, then the window), so
+             * the sequence's first positions still in the cache come first */
+            keys.probe = visit_w;
+            keys.probe_n = vw->n_sinks;
+            if (vw->win_len > 0 && vw->win_start < lim)
+                keys.probe_n +=
+                    lim - vw->win_start < vw->win_len ? lim - vw->win_start : vw->win_len;
+        }
+        const int64_t off = t * (int64_t)H * Dh + (int64_t)h * Dh;
+        cpu_attention_row(&c->akr, j->q + off, j->qc + off, &keys, scale, j->norm, j->sinks[h],
+                          j->att + off);
+        if (j->probe) { /* visit index -> position relative to the sequence start */
+            float *pr = j->probe + (t * H + h) * BACKEND_PROBE_K;
+            memset(pr, 0, BACKEND_PROBE_K * sizeof(float));
+            for (int64_t v = 0; v < keys.probe_n && v < ATTN_PROBE_K; v++) {
+                int64_t rel =
+                    v < vw->n_sinks ? v : vw->win_start - seq->pos_first + v - vw->n_sinks;
+                if (rel < BACKEND_PROBE_K)
+                    pr[rel] = visit_w[v];
+            }
+        }
+    }
+}
+
+static void cpu_attention(struct backend *b, int layer, const float *q, const float *qc,
+                          const float *sinks, enum model_normalizer norm, float *att, float *probe)
+{
+    struct cpu_ctx *c = b->ctx;
+    struct attn_job j = {b, layer, q, qc, sinks, norm, att, probe};
+    threadpool_run(c->tp, attention_task, &j);
+}
+
+static void cpu_swiglu(struct backend *b, float *hb, const float *hb2, int64_t rows)
+{
+    const int64_t n = rows * b->model->hp.n_ff;
+    for (int64_t i = 0; i < n; i++) {
+        float g = hb[i];
+        hb[i] = g / (1.0f + expf(-g)) * hb2[i];
+    }
+}
+
+static void cpu_add(struct backend *b, float *x, const float *y, int64_t rows)
+{
+    const int64_t n = rows * b->model->hp.n_embd;
+    for (int64_t i = 0; i < n; i++)
+        x[i] += y[i];
+}
+
+static void cpu_gather(struct backend *b, const float *x, float *xo)
+{
+    struct cpu_ctx *c = b->ctx;
+    const int64_t D = b->model->hp.n_embd;
+    for (int64_t i = 0; i < c->batch->n_out; i++)
+        memcpy(xo + i * D, x + c->batch->out_rows[i] * D, (size_t)D * sizeof(float));
+}
+
+static void cpu_logits(struct backend *b, const struct tensor *W, const float *xo,
+                       float *host_logits)
+{
+    struct cpu_ctx *c = b->ctx;
+    cpu_matmul(b, W, xo, host_logits, c->batch->n_out);
+}
+
+static int cpu_sync(struct backend *b)
+{
+    (void)b;
+    return 0;
+}
+
+static const struct backend_ops cpu_ops = {
+    .name = "cpu",
+    .free = cpu_free,
+    .kv_alloc = cpu_kv_alloc,
+    .begin_step = cpu_begin_step,
+    .embed = cpu_embed,
+    .rmsnorm = cpu_rmsnorm,
+    .matmul = cpu_matmul,
+    .rope = cpu_rope,
+    .kv_store = cpu_kv_store,
+    .attention = cpu_attention,
+    .swiglu = cpu_swiglu,
+    .add = cpu_add,
+    .gather = cpu_gather,
+    .logits = cpu_logits,
+    .sync = cpu_sync,
+};
+
+int backend_cpu_init(struct backend *b, const struct model *m, const struct backend_cpu_config *cfg,
+                     char *err, size_t err_len)
+{
+    const struct model_hparams *hp = &m->hp;
+    memset(b, 0, sizeof *b);
+    b->ops = &cpu_ops;
+    b->model = m;
+    b->max_tokens = cfg->max_tokens > 0 ? cfg->max_tokens : 1;
+    struct cpu_ctx *c = calloc(1, sizeof *c);
+    if (!c)
+        goto oom;
+    b->ctx = c;
+    int rc = threadpool_init(&c->tp, cfg->n_threads);
+    if (rc < 0) {
+        snprintf(err, err_len, "cpu backend: cannot start %d threads", cfg->n_threads);
+        cpu_free(b);
+        return rc;
+    }
+    c->isa = cpu_isa_best();
+    c->reference_matmul = cfg->reference_matmul;
+    cpu_attention_kernels(&c->akr, c->isa >= CPU_ISA_AVX2);
+
+    const size_t T = (size_t)b->max_tokens;
+    const size_t D = (size_t)hp->n_embd, F = (size_t)hp->n_ff;
+    const size_t DQ = (size_t)hp->n_head * (size_t)hp->head_dim;
+    const size_t DKV = (size_t)hp->n_head_kv * (size_t)hp->head_dim;
+    struct backend_acts *a = &b->acts;
+    a->x = xalloc(T * D * 4);
+    a->xb = xalloc(T * D * 4);
+    a->xb2 = xalloc(T * D * 4);
+    a->q = xalloc(T * DQ * 4);
+    a->qc = xalloc(T * DQ * 4);
+    a->k = xalloc(T * DKV * 4);
+    a->v = xalloc(T * DKV * 4);
+    a->att = xalloc(T * DQ * 4);
+    a->hb = xalloc(T * F * 4);
+    a->hb2 = xalloc(T * F * 4);
+    a->xo = xalloc(T * D * 4);
+    c->cs_abs = xalloc(T * (size_t)hp->rope_dim * 4);
+    c->cs_cache = xalloc(T * (size_t)hp->rope_dim * 4);
+    size_t kmax = D > F ? D : F;
+    if (DQ > kmax)
+        kmax = DQ;
+    /* f32 activations are the largest prepared form; the reference product
+     * needs one dequantized row per thread */
+    c->act_cap = (T > (size_t)cfg->n_threads ? T : (size_t)cfg->n_threads) * kmax * 4;
+    c->act = xalloc(c->act_cap);
+    if (!a->x || !a->xb || !a->xb2 || !a->q || !a->qc || !a->k || !a->v || !a->att || !a->hb ||
+        !a->hb2 || !a->xo || !c->cs_abs || !c->cs_cache || !c->act)
+        goto oom;
+    return 0;
+oom:
+    snprintf(err, err_len, "cpu backend: out of memory");
+    cpu_free(b);
+    return -ENOMEM;
+}

@@ -1,0 +1,128 @@
+/*
+ * matmul.c: run-time ISA choice and dispatch for the CPU matrix products
+ * (API in matmul.h). The kernels live in matmul_avx2.c and matmul_avx512.c,
+ * which are compiled with their ISA enabled; nothing here calls into them
+ * unless CPUID (and the OS, which __builtin_cpu_supports also checks through
+ * XGETBV) says the instructions exist. The scalar ISA is the reference in
+ * quant.c, looped: slow, and what everything else is tested against.
+ */
+#include "matmul.h"
+#include "matmul_impl.h"
+
+#include <assert.h>
+#include <cpuid.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+static pthread_once_t detect_once = PTHREAD_ONCE_INIT;
+static enum cpu_isa detected_isa;
+static int detected_vnni;
+
+static int has_f16c(void)
+{
+    unsigned int a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d))
+        return 0;
+    return (c & bit_F16C) != 0;
+}
+
+/* Runs once. STREAMSINK_ISA can only lower the choice: asking for an ISA the
+ * CPU lacks must not crash. */
+static void detect(void)
+{
+    enum cpu_isa best = CPU_ISA_SCALAR;
+
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c()) {
+        best = CPU_ISA_AVX2;
+        /* DQ too: matmul_avx512.c is compiled with -mavx512dq, and every CPU
+         * with BW and VL has it. */
+        if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+            best = CPU_ISA_AVX512;
+    }
+    detected_vnni = best == CPU_ISA_AVX512 && __builtin_cpu_supports("avx512vnni");
+
+    const char *cap = getenv("STREAMSINK_ISA");
+    if (cap) {
+        if (strcmp(cap, "scalar") == 0)
+            best = CPU_ISA_SCALAR;
+        else if (strcmp(cap, "avx2") == 0 && best > CPU_ISA_AVX2)
+            best = CPU_ISA_AVX2;
+    }
+    detected_isa = best;
+}
+
+enum cpu_isa cpu_isa_best(void)
+{
+    pthread_once(&detect_once, detect);
+    return detected_isa;
+}
+
+int cpu__has_vnni(void)
+{
+    pthread_once(&detect_once, detect);
+    return detected_vnni;
+}
+
+const char *cpu_isa_name(enum cpu_isa isa)
+{
+    switch (isa) {
+    case CPU_ISA_SCALAR:
+        return "scalar";
+    case CPU_ISA_AVX2:
+        return "avx2";
+    case CPU_ISA_AVX512:
+        return "avx512";
+    }
+    return "unknown";
+}
+
+static int is_quantized(enum qtype t)
+{
+    return t == QTYPE_Q8_0 || t == QTYPE_Q4_0 || t == QTYPE_Q4_1;
+}
+
+void cpu_prepare_act(enum cpu_isa isa, enum qtype t, const float *restrict x, int64_t k,
+                     void *restrict dst)
+{
+    assert(qtype_supported(t) && (!is_quantized(t) || k % QK == 0));
+    switch (isa) {
+    case CPU_ISA_AVX512:
+        cpu__prepare_act_avx512(t, x, k, dst);
+        break;
+    case CPU_ISA_AVX2:
+        cpu__prepare_act_avx2(t, x, k, dst);
+        break;
+    case CPU_ISA_SCALAR:
+        quant_prepare_act_ref(t, x, k, dst);
+        break;
+    }
+}
+
+void cpu_matmul_rows(enum cpu_isa isa, enum qtype t, const void *restrict w, int64_t k,
+                     int64_t n0, int64_t n1, const void *restrict act, int64_t T,
+                     float *restrict y, int64_t ldy)
+{
+    assert(qtype_supported(t) && (!is_quantized(t) || k % QK == 0));
+    assert(0 <= n0 && n0 <= n1 && (T <= 1 || ldy >= n1));
+    switch (isa) {
+    case CPU_ISA_AVX512:
+        cpu__matmul_rows_avx512(t, w, k, n0, n1, act, T, y, ldy, cpu__has_vnni());
+        break;
+    case CPU_ISA_AVX2:
+        cpu__matmul_rows_avx2(t, w, k, n0, n1, act, T, y, ldy);
+        break;
+    case CPU_ISA_SCALAR: {
+        size_t row_bytes = qtype_row_bytes(t, k);
+        size_t act_bytes = quant_act_bytes(t, k);
+        for (int64_t tt = 0; tt < T; tt++) {
+            const char *a = (const char *)act + (size_t)tt * act_bytes;
+            for (int64_t n = n0; n < n1; n++)
+                y[tt * ldy + n] = quant_dot_ref(t, (const char *)w + (size_t)n * row_bytes, a, k);
+        }
+        break;
+    }
+    }
+}

@@ -1,0 +1,1017 @@
+/*
+ * engine.c: the engine thread, the scheduler (engine.h).
+ *
+ * Each turn of the loop: take commands from the inbox (submits, cancels,
+ * pauses), admit waiting requests into free KV slots (tokenizing their
+ * prompts here, not on the loop thread), run ONE batched forward step for
+ * every runnable sequence (continuous batching: decode tokens first, then
+ * prefill chunks in the remaining token budget, so a new long prompt never
+ * stalls running streams), then sample, emit events and retire finished
+ * requests. Sequences are found by request id; nothing here knows HTTP.
+ *
+ * Sessions: a request with a session_id continues that session's stream in
+ * the same KV slot: its prompt is appended after everything the session has
+ * seen (including the last generated token). An idle session keeps its slot
+ * until it expires or its slot is needed by a new sequence (least recently
+ * used first).
+ */
+#include "engine.h"
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend.h"
+#include "forward.h"
+#include "model.h"
+#include "queue.h"
+#include "tokenizer.h"
+
+#define HOLD_MAX 256 /* bytes of text held back while it may start a stop string */
+#define CMD_BATCH 64
+
+enum seq_state {
+    SEQ_FREE = 0, /* slot unused */
+    SEQ_RUNNING,  /* serving a request: prefilling or decoding */
+    SEQ_IDLE,     /* a session between requests: keeps its KV */
+};
+
+struct seq {
+    enum seq_state state;
+    uint64_t id; /* request id while RUNNING */
+    struct engine_request req;
+    struct kv_seq kv;
+    int32_t *prompt; /* tokens still to feed: [pending session token] + prompt */
+    int64_t n_prompt, n_fed;
+    int32_t next_tok; /* sampled, emitted, not yet fed */
+    int has_next;
+    struct sampler smp;
+    int has_smp;
+    struct tok_stream ts;
+    char hold[HOLD_MAX];
+    size_t n_hold;
+    int64_t n_gen, usage_prompt;
+    int paused;
+    char session[ENGINE_SESSION_ID_MAX];
+    double last_used;
+};
+
+struct engine {
+    struct engine_config cfg;
+    struct engine_model_info info;
+    struct model model;
+    struct tokenizer *tok;
+    struct backend backend;
+    struct fwd fwd;
+    int have_backend, have_fwd;
+    struct kv_policy default_policy;
+    struct queue q;
+    void (*wake)(void *);
+    void *wake_arg;
+    pthread_t thread;
+    /* start handshake */
+    pthread_mutex_t start_mu;
+    pthread_cond_t start_cv;
+    int started, start_rc;
+    char start_err[256];
+    /* engine-thread state */
+    struct seq *seqs;               /* [max_seqs], index == KV slot */
+    struct engine_request *waiting; /* FIFO of admitted-but-slotless requests */
+    int64_t n_waiting;
+    struct fwd_input *inputs;
+    int *input_seq;
+    float *scratch;          /* V floats for logprobs */
+    int64_t *evicted_before; /* [max_seqs] per step input */
+    struct engine_stats stats;
+    int pushed; /* events pushed since the last wake */
+};
+
+struct engine_config engine_default_config(void)
+{
+    return (struct engine_config){
+        .model_path = NULL,
+        .n_threads = 2,
+        .max_seqs = 8,
+        .max_queue = 16,
+        .window = 4096,
+        .max_sinks = 16,
+        .policy = {KV_POLICY_AUTO, 0},
+        .chunk = 256,
+        .max_step_tokens = 512,
+        .kv_dtype = KV_DTYPE_F16,
+        .max_prompt_tokens = 0,
+        .session_idle_s = 3600,
+    };
+}
+
+void engine_request_free(struct engine_request *req)
+{
+    free(req->prompt);
+    free(req->prompt_ids);
+    for (int i = 0; i < ENGINE_MAX_STOP; i++)
+        free(req->stop[i]);
+    memset(req, 0, sizeof *req);
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* ---- events ------------------------------------------------------------- */
+
+static void emit(struct engine *e, const struct engine_event *ev)
+{
+    e->pushed = 1;
+    while (queue_push_event(&e->q, ev) < 0) {
+        if (queue_closed(&e->q))
+            return;
+        e->wake(e->wake_arg); /* the loop drains on wake, making room */
+        queue_wait_room(&e->q, 1);
+    }
+}
+
+static void emit_error(struct engine *e, uint64_t id, int status, const char *msg)
+{
+    struct engine_event ev;
+    memset(&ev, 0, sizeof ev);
+    ev.id = id;
+    ev.kind = ENGINE_EV_ERROR;
+    ev.status = status;
+    snprintf(ev.message, sizeof ev.message, "%s", msg);
+    emit(e, &ev);
+}
+
+/* Emits text as TOKEN events of at most ENGINE_TEXT_MAX - 1 bytes, cut at
+ * UTF-8 boundaries. The first event carries the token and its logprobs. */
+static void emit_text(struct engine *e, const struct engine_event *proto, const char *text,
+                      size_t len)
+{
+    struct engine_event ev = *proto;
+    int first = 1;
+    do {
+        size_t n = len < ENGINE_TEXT_MAX - 1 ? len : ENGINE_TEXT_MAX - 1;
+        while (n < len && n > 0 && ((unsigned char)text[n] & 0xC0) == 0x80)
+            n--; /* do not split a character */
+        memcpy(ev.text, text, n);
+        ev.text[n] = 0;
+        ev.text_len = (uint32_t)n;
+        if (!first) {
+            ev.token = -1;
+            ev.n_top = 0;
+        }
+        emit(e, &ev);
+        first = 0;
+        text += n;
+        len -= n;
+    } while (len > 0);
+}
+
+/* ---- stop strings ------------------------------------------------------- */
+
+/* Appends text to the hold buffer, then releases what can no longer be part
+ * of a stop string. Returns 1 if a stop string matched (out gets the text
+ * before it), else 0. *out_len bytes of out are safe to emit. */
+static int stop_filter(struct seq *s, const char *text, size_t len, char *out, size_t *out_len)
+{
+    size_t o = 0;
+    /* the hold is bounded: flush its head when text would overflow it */
+    while (s->n_hold + len > HOLD_MAX) {
+        size_t k = s->n_hold + len - HOLD_MAX;
+        if (k > s->n_hold)
+            k = s->n_hold;
+        memcpy(out + o, s->hold, k);
+        o += k;
+        memmove(s->hold, s->hold + k, s->n_hold - k);
+        s->n_hold -= k;
+        if (s->n_hold == 0 && len > HOLD_MAX) { /* a single huge piece */
+            memcpy(out + o, text, len - HOLD_MAX);
+            o += len - HOLD_MAX;
+            text += len - HOLD_MAX;
+            len = HOLD_MAX;
+        }
+    }
+    memcpy(s->hold + s->n_hold, text, len);
+    s->n_hold += len;
+
+    /* a complete stop string anywhere in the hold ends the request */
+    size_t best = SIZE_MAX;
+    for (int i = 0; i < ENGINE_MAX_STOP && s->req.stop[i]; i++) {
+        size_t sl = strlen(s->req.stop[i]);
+        if (sl == 0 || sl > s->n_hold)
+            continue;
+        for (size_t p = 0; p + sl <= s->n_hold; p++) {
+            if (memcmp(s->hold + p, s->req.stop[i], sl) == 0) {
+                if (p < best)
+                    best = p;
+                break;
+            }
+        }
+    }
+    if (best != SIZE_MAX) {
+        memcpy(out + o, s->hold, best);
+        o += best;
+        s->n_hold = 0;
+        *out_len = o;
+        return 1;
+    }
+    /* keep the longest suffix that is a prefix of some stop string */
+    size_t keep = 0;
+    for (int i = 0; i < ENGINE_MAX_STOP && s->req.stop[i]; i++) {
+        size_t sl = strlen(s->req.stop[i]);
+        for (size_t k = sl - 1 < s->n_hold ? sl - 1 : s->n_hold; k > keep; k--) {
+            if (memcmp(s->hold + s->n_hold - k, s->req.stop[i], k) == 0) {
+                keep = k;
+                break;
+            }
+        }
+    }
+    /* never split a UTF-8 character between emitted and held text */
+    while (keep < s->n_hold && ((unsigned char)s->hold[s->n_hold - keep] & 0xC0) == 0x80)
+        keep++;
+    size_t rel = s->n_hold - keep;
+    memcpy(out + o, s->hold, rel);
+    o += rel;
+    memmove(s->hold, s->hold + rel, keep);
+    s->n_hold = keep;
+    *out_len = o;
+    return 0;
+}
+
+/* ---- sequence lifecycle ------------------------------------------------- */
+
+static void seq_clear_request(struct seq *s)
+{
+    engine_request_free(&s->req);
+    free(s->prompt);
+    s->prompt = NULL;
+    s->n_prompt = s->n_fed = 0;
+    if (s->has_smp)
+        sampler_free(&s->smp);
+    s->has_smp = 0;
+    s->n_hold = 0;
+    s->paused = 0;
+    s->id = 0;
+}
+
+static void seq_release(struct engine *e, struct seq *s)
+{
+    seq_clear_request(s);
+    kv_pool_release(&e->fwd.pool, s->kv.slot);
+    s->state = SEQ_FREE;
+    s->session[0] = 0;
+    s->has_next = 0;
+}
+
+/* Ends the request running in s: flushes held text, emits DONE, and either
+ * keeps the slot as an idle session or frees it. */
+static void seq_finish(struct engine *e, struct seq *s, enum engine_finish why, int flush)
+{
+    struct engine_event ev;
+    memset(&ev, 0, sizeof ev);
+    ev.id = s->id;
+    ev.token = -1;
+    if (flush) {
+        char tail[HOLD_MAX + 16];
+        size_t n = s->n_hold;
+        memcpy(tail, s->hold, n);
+        int64_t w = tok_stream_flush(&s->ts, tail + n, sizeof tail - n);
+        if (w > 0)
+            n += (size_t)w;
+        if (n > 0) {
+            ev.kind = ENGINE_EV_TOKEN;
+            emit_text(e, &ev, tail, n);
+        }
+    }
+    ev.kind = ENGINE_EV_DONE;
+    ev.finish = why;
+    ev.prompt_tokens = s->usage_prompt;
+    ev.completion_tokens = s->n_gen;
+    ev.text_len = 0;
+    ev.text[0] = 0;
+    emit(e, &ev);
+    queue_request_done(&e->q);
+    if (s->session[0]) {
+        seq_clear_request(s);
+        s->state = SEQ_IDLE;
+        s->last_used = now_s();
+    } else {
+        seq_release(e, s);
+    }
+}
+
+static struct seq *find_running(struct engine *e, uint64_t id)
+{
+    for (int64_t i = 0; i < e->cfg.max_seqs; i++)
+        if (e->seqs[i].state == SEQ_RUNNING && e->seqs[i].id == id)
+            return &e->seqs[i];
+    return NULL;
+}
+
+static struct seq *find_session(struct engine *e, const char *sid)
+{
+    for (int64_t i = 0; i < e->cfg.max_seqs; i++)
+        if (e->seqs[i].state != SEQ_FREE && strcmp(e->seqs[i].session, sid) == 0)
+            return &e->seqs[i];
+    return NULL;
+}
+
+/* A free slot, or the least recently used idle session's slot; NULL if none. */
+static struct seq *take_slot(struct engine *e)
+{
+    struct seq *lru = NULL;
+    for (int64_t i = 0; i < e->cfg.max_seqs; i++) {
+        struct seq *s = &e->seqs[i];
+        if (s->state == SEQ_FREE) {
+            int64_t slot;
+            if (kv_pool_acquire(&e->fwd.pool, &slot) < 0)
+                return NULL;
+            s->kv.slot = slot;
+            return s;
+        }
+        if (s->state == SEQ_IDLE && (!lru || s->last_used < lru->last_used))
+            lru = s;
+    }
+    if (lru) {
+        seq_release(e, lru);
+        int64_t slot;
+        if (kv_pool_acquire(&e->fwd.pool, &slot) < 0)
+            return NULL;
+        lru->kv.slot = slot;
+        return lru;
+    }
+    return NULL;
+}
+
+/* Tokenizes a request's prompt. Returns the count or -1 after emitting an error. */
+static int64_t tokenize(struct engine *e, struct engine_request *r, int32_t **out)
+{
+    if (!r->prompt) {
+        for (int64_t i = 0; i < r->n_prompt_ids; i++) {
+            if (r->prompt_ids[i] < 0 || r->prompt_ids[i] >= e->info.n_vocab) {
+                char msg[128];
+                snprintf(msg, sizeof msg,
+                         "prompt token %lld is %d, outside the vocabulary [0, %lld)", (long long)i,
+                         r->prompt_ids[i], (long long)e->info.n_vocab);
+                emit_error(e, r->id, 400, msg);
+                return -1;
+            }
+        }
+        *out = r->prompt_ids;
+        r->prompt_ids = NULL;
+        return r->n_prompt_ids;
+    }
+    int add_bos = r->add_bos && tok_add_bos(e->tok);
+    int64_t cap = (int64_t)r->prompt_len + 2;
+    int32_t *ids = malloc((size_t)cap * sizeof *ids);
+    int64_t n =
+        ids ? tok_encode(e->tok, r->prompt, r->prompt_len, add_bos, r->parse_special, ids, cap)
+            : -ENOMEM;
+    if (n < 0 || n > cap) {
+        free(ids);
+        emit_error(e, r->id, 500, "tokenizing the prompt failed");
+        return -1;
+    }
+    *out = ids;
+    return n;
+}
+
+/* Admits a request into seq s (a fresh slot, or its idle session). Returns 0,
+ * or -1 after emitting an error (s is then unchanged / released). */
+static int admit_into(struct engine *e, struct seq *s, struct engine_request *r, int fresh)
+{
+    int32_t *ids = NULL;
+    int64_t n = tokenize(e, r, &ids);
+    if (n < 0)
+        return -1;
+    if (e->cfg.max_prompt_tokens > 0 && n > e->cfg.max_prompt_tokens) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "the prompt has %lld tokens; this server accepts at most %lld",
+                 (long long)n, (long long)e->cfg.max_prompt_tokens);
+        free(ids);
+        emit_error(e, r->id, 400, msg);
+        return -1;
+    }
+    if (fresh) {
+        struct kv_policy pol = kv_policy_resolve(r->has_policy ? r->policy : e->default_policy,
+                                                 e->model.hp.normalizer == MODEL_NORM_SOFTMAX);
+        const struct kv_geometry *g = &e->fwd.pool.geo;
+        char msg[160] = "";
+        if (pol.kind == KV_POLICY_RECOMPUTE)
+            snprintf(msg, sizeof msg,
+                     "kv_policy recompute is for evaluation only "
+                     "(streamsink perplexity), not for serving");
+        else if (kv_policy_sinks(&pol) > g->n_sinks)
+            snprintf(msg, sizeof msg,
+                     "kv_policy asks for %lld sinks; this server keeps at most %lld",
+                     (long long)kv_policy_sinks(&pol), (long long)g->n_sinks);
+        else if (kv_seq_init(&s->kv, g, s->kv.slot, pol, g->window, 0) < 0)
+            snprintf(msg, sizeof msg, "kv_policy is not usable on this server");
+        if (msg[0]) {
+            free(ids);
+            emit_error(e, r->id, 400, msg);
+            return -1;
+        }
+        s->has_next = 0;
+    }
+    int64_t pending = s->has_next ? 1 : 0;
+    if (n + pending == 0) {
+        free(ids);
+        emit_error(e, r->id, 400, "the prompt is empty");
+        return -1;
+    }
+    if (s->kv.policy.kind == KV_POLICY_DENSE &&
+        s->kv.pos_next - s->kv.pos_first + n + pending >= s->kv.window) {
+        char msg[160];
+        snprintf(msg, sizeof msg,
+                 "the prompt (%lld tokens) does not fit the dense context of %lld tokens",
+                 (long long)(n + pending + s->kv.pos_next - s->kv.pos_first),
+                 (long long)s->kv.window);
+        free(ids);
+        emit_error(e, r->id, 400, msg);
+        return -1;
+    }
+    struct sampler_params sp = r->sampling;
+    if (sampler_init(&s->smp, &sp, e->info.n_vocab) < 0) {
+        free(ids);
+        emit_error(e, r->id, 400, "invalid sampling parameters");
+        return -1;
+    }
+    s->has_smp = 1;
+    s->prompt = malloc((size_t)(n + pending) * sizeof(int32_t));
+    if (!s->prompt) {
+        free(ids);
+        sampler_free(&s->smp);
+        s->has_smp = 0;
+        emit_error(e, r->id, 500, "out of memory");
+        return -1;
+    }
+    if (pending)
+        s->prompt[0] = s->next_tok;
+    memcpy(s->prompt + pending, ids, (size_t)n * sizeof(int32_t));
+    free(ids);
+    s->n_prompt = n + pending;
+    s->n_fed = 0;
+    s->has_next = 0;
+    for (int64_t i = 0; i < s->n_prompt; i++)
+        sampler_accept(&s->smp, s->prompt[i]);
+    s->id = r->id;
+    s->req = *r;
+    memset(r, 0, sizeof *r);
+    s->state = SEQ_RUNNING;
+    s->n_gen = 0;
+    s->usage_prompt = n;
+    s->n_hold = 0;
+    s->paused = 0;
+    memset(&s->ts, 0, sizeof s->ts);
+    snprintf(s->session, sizeof s->session, "%s", s->req.session_id);
+    s->last_used = now_s();
+    return 0;
+}
+
+/* Tries to place a request. Returns 1 if done with it (admitted or failed),
+ * 0 if it must wait for a slot. */
+static int try_admit(struct engine *e, struct engine_request *r)
+{
+    if (r->session_id[0]) {
+        struct seq *s = find_session(e, r->session_id);
+        if (s && s->state == SEQ_RUNNING) {
+            emit_error(e, r->id, 409, "this session is busy with another request");
+            queue_request_done(&e->q);
+            engine_request_free(r);
+            return 1;
+        }
+        if (s) {
+            if (admit_into(e, s, r, 0) < 0) {
+                queue_request_done(&e->q);
+                engine_request_free(r);
+            }
+            return 1;
+        }
+    }
+    struct seq *s = take_slot(e);
+    if (!s)
+        return 0;
+    if (admit_into(e, s, r, 1) < 0) {
+        kv_pool_release(&e->fwd.pool, s->kv.slot);
+        s->state = SEQ_FREE;
+        s->session[0] = 0;
+        queue_request_done(&e->q);
+        engine_request_free(r);
+    }
+    return 1;
+}
+
+static void handle_commands(struct engine *e, int wait_ms)
+{
+    struct queue_cmd cmds[CMD_BATCH];
+    size_t n;
+    int first = 1;
+    while ((n = queue_take(&e->q, cmds, CMD_BATCH, first ? wait_ms : 0)) > 0) {
+        first = 0;
+        for (size_t i = 0; i < n; i++) {
+            struct queue_cmd *c = &cmds[i];
+            switch (c->kind) {
+            case QUEUE_CMD_SUBMIT:
+                if (e->n_waiting < e->cfg.max_seqs + e->cfg.max_queue) {
+                    e->waiting[e->n_waiting++] = c->req;
+                } else { /* cannot happen: queue_submit bounds requests in flight */
+                    emit_error(e, c->id, 429, "the server is at capacity");
+                    queue_request_done(&e->q);
+                    engine_request_free(&c->req);
+                }
+                break;
+            case QUEUE_CMD_CANCEL: {
+                struct seq *s = find_running(e, c->id);
+                if (s) {
+                    seq_finish(e, s, ENGINE_FINISH_CANCELLED, 0);
+                    break;
+                }
+                for (int64_t j = 0; j < e->n_waiting; j++) {
+                    if (e->waiting[j].id == c->id) {
+                        engine_request_free(&e->waiting[j]);
+                        memmove(&e->waiting[j], &e->waiting[j + 1],
+                                (size_t)(e->n_waiting - j - 1) * sizeof *e->waiting);
+                        e->n_waiting--;
+                        queue_request_done(&e->q);
+                        break;
+                    }
+                }
+                break;
+            }
+            case QUEUE_CMD_PAUSE:
+            case QUEUE_CMD_RESUME: {
+                struct seq *s = find_running(e, c->id);
+                if (s)
+                    s->paused = c->kind == QUEUE_CMD_PAUSE;
+                break;
+            }
+            }
+        }
+    }
+}
+
+static void admit_waiting(struct engine *e)
+{
+    int64_t j = 0;
+    for (int64_t i = 0; i < e->n_waiting; i++) {
+        if (!try_admit(e, &e->waiting[i]))
+            e->waiting[j++] = e->waiting[i]; /* keep FIFO order */
+    }
+    e->n_waiting = j;
+}
+
+static void expire_sessions(struct engine *e)
+{
+    double t = now_s();
+    for (int64_t i = 0; i < e->cfg.max_seqs; i++) {
+        struct seq *s = &e->seqs[i];
+        if (s->state == SEQ_IDLE && t - s->last_used > (double)e->cfg.session_idle_s)
+            seq_release(e, s);
+    }
+}
+
+/* ---- one step ----------------------------------------------------------- */
+
+static void top_logprobs(const float *lg, int64_t V, int n, float lse, struct engine_event *ev)
+{
+    ev->n_top = 0;
+    for (int64_t v = 0; v < V; v++) {
+        float lp = lg[v] - lse;
+        int k = ev->n_top;
+        if (k == n && lp <= ev->top_logprob[n - 1])
+            continue;
+        if (k < n)
+            ev->n_top++;
+        else
+            k = n - 1;
+        while (k > 0 && ev->top_logprob[k - 1] < lp) {
+            ev->top_logprob[k] = ev->top_logprob[k - 1];
+            ev->top_id[k] = ev->top_id[k - 1];
+            k--;
+        }
+        ev->top_logprob[k] = lp;
+        ev->top_id[k] = (int32_t)v;
+    }
+}
+
+/* Samples the next token of s from its logits row, emits it, and finishes
+ * the request when it is done. */
+static void after_logits(struct engine *e, struct seq *s, float *lg)
+{
+    const int64_t V = e->info.n_vocab;
+    struct engine_event ev;
+    memset(&ev, 0, sizeof ev);
+    ev.id = s->id;
+    ev.kind = ENGINE_EV_TOKEN;
+    float lse = 0;
+    if (s->req.logprobs || s->req.top_logprobs > 0) {
+        float mx = lg[0];
+        for (int64_t v = 1; v < V; v++)
+            mx = lg[v] > mx ? lg[v] : mx;
+        double sum = 0;
+        for (int64_t v = 0; v < V; v++)
+            sum += exp((double)(lg[v] - mx));
+        lse = mx + (float)log(sum);
+        memcpy(e->scratch, lg, (size_t)V * sizeof(float));
+        if (s->req.top_logprobs > 0)
+            top_logprobs(lg, V, s->req.top_logprobs, lse, &ev);
+    }
+    int32_t tok = sampler_sample(&s->smp, lg, NULL);
+    sampler_accept(&s->smp, tok);
+    s->n_gen++;
+    s->next_tok = tok;
+    s->has_next = 1; /* fed next step, or kept for the session */
+    ev.token = tok;
+    if (s->req.logprobs || s->req.top_logprobs > 0)
+        ev.logprob = e->scratch[tok] - lse;
+    e->stats.gen_tokens_total++;
+
+    if (tok_is_eog(e->tok, tok)) {
+        seq_finish(e, s, ENGINE_FINISH_STOP, 1);
+        return;
+    }
+    char piece[512], out[HOLD_MAX + 600];
+    int64_t w = tok_stream_push(e->tok, &s->ts, tok, piece, sizeof piece);
+    size_t out_len = 0;
+    int stopped = 0;
+    if (w > 0 && s->req.stop[0]) {
+        stopped = stop_filter(s, piece, (size_t)w, out, &out_len);
+    } else if (w > 0) {
+        memcpy(out, piece, (size_t)w);
+        out_len = (size_t)w;
+    }
+    emit_text(e, &ev, out, out_len); /* always one event per token, maybe empty text */
+    if (stopped) {
+        seq_finish(e, s, ENGINE_FINISH_STOP, 0);
+        return;
+    }
+    if (s->req.max_tokens >= 0 && s->n_gen >= s->req.max_tokens) {
+        seq_finish(e, s, ENGINE_FINISH_LENGTH, 1);
+        return;
+    }
+    if (kv_seq_can_append(&s->kv, &e->fwd.pool.geo, 1) < 0) { /* dense window full */
+        seq_finish(e, s, ENGINE_FINISH_LENGTH, 1);
+        return;
+    }
+}
+
+static void fail_all_running(struct engine *e, const char *msg)
+{
+    for (int64_t i = 0; i < e->cfg.max_seqs; i++) {
+        struct seq *s = &e->seqs[i];
+        if (s->state == SEQ_RUNNING) {
+            emit_error(e, s->id, 500, msg);
+            queue_request_done(&e->q);
+            s->session[0] = 0;
+            seq_release(e, s);
+        }
+    }
+}
+
+/* Runs one batched step. Returns 1 if it ran, 0 if nothing was runnable. */
+static int step(struct engine *e)
+{
+    int n_in = 0;
+    int64_t budget = e->cfg.max_step_tokens;
+    /* decode tokens first: running streams never wait behind a prefill */
+    for (int64_t i = 0; i < e->cfg.max_seqs && budget > 0; i++) {
+        struct seq *s = &e->seqs[i];
+        if (s->state != SEQ_RUNNING || s->paused || !s->has_next || s->n_fed < s->n_prompt)
+            continue;
+        e->inputs[n_in] = (struct fwd_input){&s->kv, &s->next_tok, 1, FWD_LOGITS_LAST};
+        e->evicted_before[n_in] = s->kv.n_evicted;
+        e->input_seq[n_in++] = (int)i;
+        budget--;
+    }
+    for (int64_t i = 0; i < e->cfg.max_seqs && budget > 0; i++) {
+        struct seq *s = &e->seqs[i];
+        if (s->state != SEQ_RUNNING || s->paused || s->n_fed >= s->n_prompt)
+            continue;
+        int64_t n = s->n_prompt - s->n_fed;
+        if (n > e->cfg.chunk)
+            n = e->cfg.chunk;
+        if (n > budget)
+            n = budget;
+        int last = s->n_fed + n == s->n_prompt;
+        e->inputs[n_in] = (struct fwd_input){&s->kv, s->prompt + s->n_fed, n,
+                                             last ? FWD_LOGITS_LAST : FWD_LOGITS_NONE};
+        e->evicted_before[n_in] = s->kv.n_evicted;
+        e->input_seq[n_in++] = (int)i;
+        budget -= n;
+    }
+    if (n_in == 0)
+        return 0;
+    int64_t rows = fwd_step(&e->fwd, e->inputs, n_in);
+    if (rows < 0) {
+        e->stats.healthy = rows != -EIO;
+        fail_all_running(e, "the model step failed");
+        return 1;
+    }
+    e->stats.steps_total++;
+    int64_t row = 0;
+    for (int k = 0; k < n_in; k++) {
+        struct seq *s = &e->seqs[e->input_seq[k]];
+        struct fwd_input *in = &e->inputs[k];
+        e->stats.evicted_tokens_total += s->kv.n_evicted - e->evicted_before[k];
+        if (in->tokens != &s->next_tok) { /* a prefill chunk */
+            s->n_fed += in->n;
+            e->stats.prompt_tokens_total += in->n;
+        } else {
+            s->has_next = 0;
+        }
+        if (in->logits == FWD_LOGITS_NONE)
+            continue;
+        float *lg = e->fwd.logits + row * e->info.n_vocab;
+        row++;
+        if (s->state == SEQ_RUNNING)
+            after_logits(e, s, lg);
+    }
+    return 1;
+}
+
+static void publish_stats(struct engine *e)
+{
+    struct engine_stats *st = &e->stats;
+    st->active_seqs = st->paused_seqs = st->sessions = 0;
+    for (int64_t i = 0; i < e->cfg.max_seqs; i++) {
+        struct seq *s = &e->seqs[i];
+        if (s->state == SEQ_RUNNING) {
+            st->active_seqs++;
+            st->paused_seqs += s->paused;
+        }
+        if (s->state != SEQ_FREE && s->session[0])
+            st->sessions++;
+    }
+    st->queued = e->n_waiting;
+    st->slots_total = e->cfg.max_seqs;
+    st->slots_free = e->fwd.pool.n_free;
+    queue_set_stats(&e->q, st);
+}
+
+/* ---- thread and lifecycle ----------------------------------------------- */
+
+static int load(struct engine *e)
+{
+    char *err = e->start_err;
+    size_t el = sizeof e->start_err;
+    int rc = model_load(&e->model, e->cfg.model_path, err, el);
+    if (rc < 0)
+        return rc;
+    rc = tok_load(&e->tok, &e->model.gguf, err, el);
+    if (rc < 0)
+        return rc;
+    const struct model_hparams *hp = &e->model.hp;
+    if (e->cfg.window <= 0 || e->cfg.window > hp->n_ctx_train)
+        e->cfg.window = hp->n_ctx_train;
+    struct backend_cpu_config bc = {.n_threads = e->cfg.n_threads,
+                                    .max_tokens = e->cfg.max_step_tokens};
+    rc = backend_cpu_init(&e->backend, &e->model, &bc, err, el);
+    if (rc < 0)
+        return rc;
+    e->have_backend = 1;
+    struct kv_geometry g = {
+        .n_layer = hp->n_layer,
+        .n_kv_head = hp->n_head_kv,
+        .head_dim = hp->head_dim,
+        .n_sinks = e->cfg.max_sinks,
+        .window = e->cfg.window,
+        .chunk = e->cfg.chunk,
+        .n_slots = e->cfg.max_seqs,
+        .dtype = e->cfg.kv_dtype,
+    };
+    rc = fwd_init(&e->fwd, &e->model, &e->backend, &g, err, el);
+    if (rc < 0)
+        return rc;
+    e->have_fwd = 1;
+    e->seqs = calloc((size_t)e->cfg.max_seqs, sizeof *e->seqs);
+    e->waiting = calloc((size_t)(e->cfg.max_seqs + e->cfg.max_queue), sizeof *e->waiting);
+    e->inputs = calloc((size_t)e->cfg.max_seqs, sizeof *e->inputs);
+    e->input_seq = calloc((size_t)e->cfg.max_seqs, sizeof *e->input_seq);
+    e->evicted_before = calloc((size_t)e->cfg.max_seqs, sizeof *e->evicted_before);
+    e->scratch = calloc((size_t)hp->n_vocab, sizeof(float));
+    if (!e->seqs || !e->waiting || !e->inputs || !e->input_seq || !e->scratch ||
+        !e->evicted_before) {
+        snprintf(err, el, "engine: out of memory");
+        return -ENOMEM;
+    }
+
+    struct engine_model_info *in = &e->info;
+    snprintf(in->name, sizeof in->name, "%s", hp->name);
+    snprintf(in->arch, sizeof in->arch, "%s", hp->arch);
+    snprintf(in->normalizer, sizeof in->normalizer, "%s", model_normalizer_name(hp->normalizer));
+    e->default_policy = kv_policy_resolve(e->cfg.policy, hp->normalizer == MODEL_NORM_SOFTMAX);
+    if (kv_policy_sinks(&e->default_policy) > e->cfg.max_sinks) {
+        snprintf(err, el, "engine: policy needs %lld sinks, more than --max-sinks %lld",
+                 (long long)kv_policy_sinks(&e->default_policy), (long long)e->cfg.max_sinks);
+        return -EINVAL;
+    }
+    if (e->default_policy.kind == KV_POLICY_RECOMPUTE) {
+        snprintf(err, el, "engine: recompute is an evaluation policy (streamsink perplexity)");
+        return -EINVAL;
+    }
+    kv_policy_name(&e->default_policy, in->default_policy, sizeof in->default_policy);
+    in->n_ctx_train = hp->n_ctx_train;
+    in->n_vocab = hp->n_vocab;
+    in->window = e->cfg.window;
+    in->max_seqs = e->cfg.max_seqs;
+    const struct gguf_kv *kv = gguf_find_kv(&e->model.gguf, "tokenizer.chat_template");
+    if (kv && kv->type == GGUF_TYPE_STRING) {
+        struct gguf_str str;
+        if (gguf_get_str(&e->model.gguf, "tokenizer.chat_template", &str) == 0) {
+            char *t = malloc(str.len + 1);
+            if (t) {
+                memcpy(t, str.ptr, str.len);
+                t[str.len] = 0;
+            }
+            in->chat_template = t;
+        }
+    }
+    in->bos = tok_bos(e->tok);
+    in->eos = tok_eos(e->tok);
+    e->stats.healthy = 1;
+    e->stats.kv_bytes = (int64_t)(2 * kv_geometry_slot_bytes(&g) * (size_t)g.n_slots);
+    return 0;
+}
+
+static void *engine_main(void *arg)
+{
+    struct engine *e = arg;
+    int rc = load(e);
+    pthread_mutex_lock(&e->start_mu);
+    e->started = 1;
+    e->start_rc = rc;
+    pthread_cond_signal(&e->start_cv);
+    pthread_mutex_unlock(&e->start_mu);
+    if (rc < 0)
+        return NULL;
+
+    double last_expire = now_s();
+    publish_stats(e);
+    while (!queue_closed(&e->q)) {
+        int busy = 0;
+        for (int64_t i = 0; i < e->cfg.max_seqs; i++)
+            busy |= e->seqs[i].state == SEQ_RUNNING && !e->seqs[i].paused;
+        handle_commands(e, busy ? 0 : 1000);
+        admit_waiting(e);
+        queue_wait_room(&e->q, (size_t)(3 * e->cfg.max_seqs + 4));
+        int ran = step(e);
+        publish_stats(e);
+        if (e->pushed) {
+            e->pushed = 0;
+            e->wake(e->wake_arg);
+        }
+        if (!ran && now_s() - last_expire > 1.0) {
+            expire_sessions(e);
+            last_expire = now_s();
+        }
+    }
+    /* closing: everything still running or waiting is cancelled */
+    for (int64_t i = 0; i < e->cfg.max_seqs; i++) {
+        if (e->seqs[i].state == SEQ_RUNNING)
+            seq_finish(e, &e->seqs[i], ENGINE_FINISH_CANCELLED, 0);
+    }
+    for (int64_t i = 0; i < e->n_waiting; i++)
+        engine_request_free(&e->waiting[i]);
+    e->n_waiting = 0;
+    e->wake(e->wake_arg);
+    return NULL;
+}
+
+static void engine_free(struct engine *e)
+{
+    if (e->seqs) {
+        for (int64_t i = 0; i < e->cfg.max_seqs; i++)
+            seq_clear_request(&e->seqs[i]);
+    }
+    free(e->seqs);
+    free(e->waiting);
+    free(e->inputs);
+    free(e->input_seq);
+    free(e->evicted_before);
+    free(e->scratch);
+    free((void *)e->info.chat_template);
+    if (e->have_fwd)
+        fwd_free(&e->fwd);
+    if (e->have_backend)
+        e->backend.ops->free(&e->backend);
+    tok_free(e->tok);
+    model_free(&e->model);
+    if (e->q.impl)
+        queue_free(&e->q);
+    pthread_mutex_destroy(&e->start_mu);
+    pthread_cond_destroy(&e->start_cv);
+    free(e);
+}
+
+int engine_start(struct engine **out, const struct engine_config *cfg, void (*wake)(void *arg),
+                 void *wake_arg, char *err, size_t err_len)
+{
+    *out = NULL;
+    if (!cfg->model_path || cfg->max_seqs <= 0 || cfg->max_queue < 0 || cfg->chunk <= 0 ||
+        cfg->max_step_tokens < cfg->max_seqs || cfg->n_threads <= 0 || cfg->max_sinks < 0 ||
+        cfg->max_sinks > KV_MAX_SINKS) {
+        snprintf(err, err_len, "engine: invalid configuration");
+        return -EINVAL;
+    }
+    struct engine *e = calloc(1, sizeof *e);
+    if (!e) {
+        snprintf(err, err_len, "engine: out of memory");
+        return -ENOMEM;
+    }
+    e->cfg = *cfg;
+    if (e->cfg.chunk > e->cfg.max_step_tokens)
+        e->cfg.chunk = e->cfg.max_step_tokens;
+    e->wake = wake;
+    e->wake_arg = wake_arg;
+    pthread_mutex_init(&e->start_mu, NULL);
+    pthread_cond_init(&e->start_cv, NULL);
+    size_t inflight = (size_t)(cfg->max_seqs + cfg->max_queue);
+    int rc = queue_init(&e->q, inflight, 8 * inflight + 4096, 4 * (size_t)cfg->max_seqs + 64);
+    if (rc < 0) {
+        snprintf(err, err_len, "engine: out of memory");
+        engine_free(e);
+        return rc;
+    }
+    if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {
+        snprintf(err, err_len, "engine: cannot start its thread");
+        engine_free(e);
+        return -EAGAIN;
+    }
+    pthread_mutex_lock(&e->start_mu);
+    while (!e->started)
+        pthread_cond_wait(&e->start_cv, &e->start_mu);
+    pthread_mutex_unlock(&e->start_mu);
+    if (e->start_rc < 0) {
+        rc = e->start_rc;
+        snprintf(err, err_len, "%s", e->start_err);
+        pthread_join(e->thread, NULL);
+        engine_free(e);
+        return rc;
+    }
+    *out = e;
+    return 0;
+}
+
+const struct engine_model_info *engine_model_info(const struct engine *e)
+{
+    return &e->info;
+}
+
+int engine_submit(struct engine *e, struct engine_request *req)
+{
+    return queue_submit(&e->q, req);
+}
+
+void engine_cancel(struct engine *e, uint64_t id)
+{
+    queue_control(&e->q, QUEUE_CMD_CANCEL, id);
+}
+
+void engine_pause(struct engine *e, uint64_t id)
+{
+    queue_control(&e->q, QUEUE_CMD_PAUSE, id);
+}
+
+void engine_resume(struct engine *e, uint64_t id)
+{
+    queue_control(&e->q, QUEUE_CMD_RESUME, id);
+}
+
+size_t engine_drain(struct engine *e, struct engine_event *ev, size_t max)
+{
+    return queue_drain(&e->q, ev, max);
+}
+
+size_t engine_token_text(const struct engine *e, int32_t id, char *buf, size_t cap)
+{
+    size_t len = 0;
+    const char *p = tok_piece(e->tok, id, &len);
+    if (!p || cap == 0)
+        return 0;
+    if (len > cap - 1)
+        len = cap - 1;
+    memcpy(buf, p, len);
+    buf[len] = 0;
+    return len;
+}
+
+void engine_get_stats(const struct engine *e, struct engine_stats *out)
+{
+    queue_get_stats((struct queue *)&e->q, out);
+}
+
+void engine_stop(struct engine *e)
+{
+    if (!e)
+        return;
+    queue_close(&e->q);
+    pthread_join(e->thread, NULL);
+    engine_free(e);
+}

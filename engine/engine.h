@@ -1,0 +1,163 @@
+/*
+ * engine.h: the engine module's public header. Everything server/ and api/
+ * may know about the model and the decoder is here; nothing here mentions
+ * tensors, HTTP or JSON.
+ *
+ * Command-line tools that run the decoder synchronously on the calling
+ * thread (run, perplexity, probe) are engine entry points too: main.c only
+ * dispatches to them. Each returns a process exit code (ENGINE_EXIT_*).
+ */
+#ifndef SS_ENGINE_H
+#define SS_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Process exit codes (documented in the README). */
+#define ENGINE_EXIT_OK 0
+#define ENGINE_EXIT_RUNTIME 1 /* a failure while running */
+#define ENGINE_EXIT_USAGE 2   /* bad command-line flags */
+#define ENGINE_EXIT_MODEL 3   /* model file missing, truncated, corrupt or unsupported */
+
+/* streamsink run -m FILE -p PROMPT -n N [sampling flags] */
+int engine_cmd_run(int argc, char **argv);
+
+/* ---- The engine thread (used by the server) ---------------------------------
+ *
+ * One engine thread owns the model, the KV pool and the backend. It admits
+ * requests, runs one batched step for all active sequences (continuous
+ * batching; long prompts prefilled in chunks between decode steps), emits
+ * events and retires finished sequences. The loop thread and the engine share
+ * only two queues of plain structs (queue.c): requests, cancels, pauses in;
+ * events out, by value. Connections are found by id.
+ */
+
+#include "kvcache.h"
+#include "sampler.h"
+
+struct engine; /* opaque */
+
+struct engine_config {
+    const char *model_path;
+    int n_threads;           /* CPU backend threads */
+    int64_t max_seqs;        /* KV slots: sequences (and sessions) resident at once */
+    int64_t max_queue;       /* requests waiting for a slot before 429 (0: none wait) */
+    int64_t window;          /* W: window tokens per sequence (0: model context) */
+    int64_t max_sinks;       /* S_max: sink cells per slot (>= any sinks:N policy used) */
+    struct kv_policy policy; /* default policy (auto resolves by normalizer) */
+    int64_t chunk;           /* prompt tokens one sequence may prefill per step */
+    int64_t max_step_tokens; /* tokens in one batched step (decode + prefill) */
+    enum kv_dtype kv_dtype;
+    int64_t max_prompt_tokens; /* longest prompt accepted (0: no limit besides dense's window) */
+    int64_t session_idle_s;    /* an idle session frees its slot after this many seconds */
+};
+/* Defaults for every field (threads 2, max_seqs 8, window 4096, chunk 256, ...). */
+struct engine_config engine_default_config(void);
+
+struct engine_model_info {
+    char name[128];
+    char arch[32];
+    char normalizer[16];     /* softmax | softmax1 | sink | softpick */
+    char default_policy[32]; /* resolved default policy, e.g. "sinks:4" */
+    int64_t n_ctx_train;
+    int64_t n_vocab;
+    int64_t window;
+    int64_t max_seqs;
+    const char *chat_template; /* tokenizer.chat_template or NULL; valid until engine_stop */
+    int32_t bos, eos;
+};
+
+#define ENGINE_MAX_STOP 4
+#define ENGINE_MAX_TOP_LOGPROBS 20
+#define ENGINE_SESSION_ID_MAX 128
+
+struct engine_request {
+    uint64_t id;  /* chosen by the caller, unique among live requests */
+    char *prompt; /* UTF-8 text (malloc'd; owned by the request), or NULL */
+    size_t prompt_len;
+    int32_t *prompt_ids; /* token ids (malloc'd; owned), used when prompt is NULL */
+    int64_t n_prompt_ids;
+    int add_bos;        /* prepend BOS if the model wants one */
+    int parse_special;  /* recognize <|im_start|> etc. in the text */
+    int64_t max_tokens; /* < 0: until EOS, a stop, or the client leaves */
+    struct sampler_params sampling;
+    char *stop[ENGINE_MAX_STOP]; /* stop strings (malloc'd; owned), NULL-terminated list */
+    int logprobs;                /* emit the chosen token's logprob */
+    int top_logprobs;            /* 0..ENGINE_MAX_TOP_LOGPROBS alternatives per token */
+    char session_id[ENGINE_SESSION_ID_MAX]; /* "" for none; else continue that session */
+    int has_policy;
+    struct kv_policy policy; /* per-request policy (a new session only) */
+};
+/* Frees what a request owns (not req itself). */
+void engine_request_free(struct engine_request *req);
+
+enum engine_event_kind {
+    ENGINE_EV_TOKEN = 0, /* a token and the text it completes */
+    ENGINE_EV_DONE,      /* the request finished: finish reason and usage */
+    ENGINE_EV_ERROR,     /* the request failed: status and message */
+};
+
+enum engine_finish {
+    ENGINE_FINISH_NONE = 0,
+    ENGINE_FINISH_STOP,   /* EOS or a stop string */
+    ENGINE_FINISH_LENGTH, /* max_tokens, or a dense window full */
+    ENGINE_FINISH_CANCELLED,
+};
+
+#define ENGINE_TEXT_MAX 256
+
+struct engine_event { /* copied by value across the queue */
+    uint64_t id;
+    enum engine_event_kind kind;
+    int32_t token;
+    char text[ENGINE_TEXT_MAX]; /* UTF-8, never a broken sequence; may be empty */
+    uint32_t text_len;
+    float logprob;
+    int n_top;
+    int32_t top_id[ENGINE_MAX_TOP_LOGPROBS];
+    float top_logprob[ENGINE_MAX_TOP_LOGPROBS];
+    enum engine_finish finish;
+    int64_t prompt_tokens; /* usage, on DONE */
+    int64_t completion_tokens;
+    int status;        /* HTTP status for ERROR (400, 429, 500, 503) */
+    char message[160]; /* for ERROR */
+};
+
+/* Loads the model and starts the engine thread. wake(arg) is called from the
+ * engine thread when events are ready (the server passes a function that calls
+ * uv_async_send). Returns 0, or an ENGINE_EXIT_* style negative errno with a
+ * message in err. */
+int engine_start(struct engine **out, const struct engine_config *cfg, void (*wake)(void *arg),
+                 void *wake_arg, char *err, size_t err_len);
+/* Valid until engine_stop. Any thread. */
+const struct engine_model_info *engine_model_info(const struct engine *e);
+
+/* Any thread. Never blocks. Takes ownership of req on success only; on -EBUSY
+ * (no slot and the wait queue is full) the caller still owns req (answer 429). */
+int engine_submit(struct engine *e, struct engine_request *req);
+void engine_cancel(struct engine *e, uint64_t id); /* any thread; idempotent */
+void engine_pause(struct engine *e, uint64_t id);  /* backpressure: skip in steps */
+void engine_resume(struct engine *e, uint64_t id);
+
+/* Loop thread. Copies up to max events out; call until it returns 0. */
+size_t engine_drain(struct engine *e, struct engine_event *ev, size_t max);
+
+/* Text of a token for logprobs (raw bytes, may be a partial UTF-8 sequence).
+ * Any thread (the tokenizer is read-only). Returns bytes written (< cap). */
+size_t engine_token_text(const struct engine *e, int32_t id, char *buf, size_t cap);
+
+/* Counters for /metrics and /health. Any thread. */
+struct engine_stats {
+    int64_t active_seqs, paused_seqs, queued, sessions;
+    int64_t slots_total, slots_free;
+    int64_t prompt_tokens_total, gen_tokens_total, steps_total;
+    int64_t evicted_tokens_total;
+    int64_t kv_bytes;
+    int healthy; /* 0 after a backend failure */
+};
+void engine_get_stats(const struct engine *e, struct engine_stats *out);
+
+/* Stops accepting, finishes or cancels everything, joins the thread, frees all. */
+void engine_stop(struct engine *e);
+
+#endif

@@ -1,0 +1,170 @@
+/*
+ * forward.c: the Llama decoder, one batched step, against backend.h.
+ *
+ * Letters: L layers, D model dim, H query heads, Hkv kv heads, Dh head dim,
+ * F ffn dim, V vocab; T tokens in this step, S sinks, W window.
+ *
+ * For each layer (Touvron et al. 2023, "LLaMA"):
+ *     h = x + Wo · Attn(RoPE(Wq · norm(x)), RoPE(Wk · norm(x)), Wv · norm(x))
+ *     x = h + W2 · (silu(W1 · norm(h)) * (W3 · norm(h)))
+ * then logits = Wout · norm(x). Attention runs over the keys kvcache.h says a
+ * token sees (pinned sinks + its window), with the model's normalizer.
+ */
+#include "forward.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int fwd_init(struct fwd *f, const struct model *m, struct backend *b, const struct kv_geometry *g,
+             char *err, size_t err_len)
+{
+    memset(f, 0, sizeof *f);
+    f->m = m;
+    f->b = b;
+    f->max_tokens = b->max_tokens;
+    int rc = kv_pool_init(&f->pool, g, err, err_len);
+    if (rc < 0)
+        return rc;
+    rc = b->ops->kv_alloc(b, g);
+    if (rc < 0) {
+        snprintf(err, err_len, "kv cache: cannot allocate %zu bytes",
+                 2 * kv_geometry_slot_bytes(g) * (size_t)g->n_slots);
+        fwd_free(f);
+        return rc;
+    }
+    size_t T = (size_t)f->max_tokens;
+    f->tokens = calloc(T, sizeof *f->tokens);
+    f->pos = calloc(T, sizeof *f->pos);
+    f->slot = calloc(T, sizeof *f->slot);
+    f->cell = calloc(T, sizeof *f->cell);
+    f->out_rows = calloc(T, sizeof *f->out_rows);
+    f->view = calloc(T, sizeof *f->view);
+    f->seq = calloc(T, sizeof *f->seq);
+    f->logits = calloc(T * (size_t)m->hp.n_vocab, sizeof(float));
+    if (!f->tokens || !f->pos || !f->slot || !f->cell || !f->out_rows || !f->view || !f->seq ||
+        !f->logits) {
+        snprintf(err, err_len, "forward: out of memory");
+        fwd_free(f);
+        return -ENOMEM;
+    }
+    return 0;
+}
+
+void fwd_free(struct fwd *f)
+{
+    kv_pool_free(&f->pool);
+    free(f->tokens);
+    free(f->pos);
+    free(f->slot);
+    free(f->cell);
+    free(f->out_rows);
+    free(f->view);
+    free(f->seq);
+    free(f->logits);
+    free(f->probe);
+    memset(f, 0, sizeof *f);
+}
+
+int fwd_probe_enable(struct fwd *f)
+{
+    if (f->probe)
+        return 0;
+    f->probe = calloc((size_t)f->m->hp.n_layer * (size_t)f->max_tokens * (size_t)f->m->hp.n_head *
+                          BACKEND_PROBE_K,
+                      sizeof(float));
+    return f->probe ? 0 : -ENOMEM;
+}
+
+/* Lays the inputs out as one batch of T tokens. */
+static int64_t build_batch(struct fwd *f, const struct fwd_input *in, int n_in,
+                           struct fwd_batch *bt)
+{
+    int64_t T = 0, n_out = 0;
+    for (int i = 0; i < n_in; i++) {
+        const struct fwd_input *s = &in[i];
+        if (s->n <= 0 || T + s->n > f->max_tokens)
+            return -EINVAL;
+        if (kv_seq_can_append(s->seq, &f->pool.geo, s->n) < 0)
+            return -ENOSPC;
+        for (int64_t j = 0; j < s->n; j++) {
+            if (s->tokens[j] < 0 || s->tokens[j] >= f->m->hp.n_vocab)
+                return -EINVAL;
+            int64_t p = s->seq->pos_next + j;
+            f->tokens[T] = s->tokens[j];
+            f->pos[T] = p;
+            f->slot[T] = s->seq->slot;
+            f->cell[T] = kv_seq_cell(s->seq, p);
+            f->view[T] = kv_seq_view(s->seq, p);
+            f->seq[T] = s->seq;
+            if (s->logits == FWD_LOGITS_ALL || (s->logits == FWD_LOGITS_LAST && j == s->n - 1))
+                f->out_rows[n_out++] = T;
+            T++;
+        }
+    }
+    *bt = (struct fwd_batch){
+        .T = T,
+        .tokens = f->tokens,
+        .pos = f->pos,
+        .slot = f->slot,
+        .cell = f->cell,
+        .view = f->view,
+        .seq = f->seq,
+        .n_out = n_out,
+        .out_rows = f->out_rows,
+    };
+    return T;
+}
+
+int64_t fwd_step(struct fwd *f, const struct fwd_input *in, int n_in)
+{
+    const struct model_hparams *hp = &f->m->hp;
+    const struct model_weights *w = &f->m->w;
+    const struct backend_ops *op = f->b->ops;
+    struct backend *b = f->b;
+    struct backend_acts *a = &b->acts;
+    struct fwd_batch bt;
+
+    int64_t T = build_batch(f, in, n_in, &bt);
+    if (T < 0)
+        return T;
+    if (op->begin_step(b, &bt) < 0)
+        return -EINVAL;
+
+    op->embed(b, a->x); /* x (T, D) */
+    for (int l = 0; l < hp->n_layer; l++) {
+        const struct model_layer *ly = &w->layers[l];
+
+        /* attention block: pre-norm, projections, RoPE, cache, attend, project back */
+        op->rmsnorm(b, a->x, &ly->attn_norm, a->xb, T); /* xb (T, D) */
+        op->matmul(b, &ly->wq, a->xb, a->q, T);         /* q (T, H*Dh) */
+        op->matmul(b, &ly->wk, a->xb, a->k, T);         /* k (T, Hkv*Dh) */
+        op->matmul(b, &ly->wv, a->xb, a->v, T);         /* v (T, Hkv*Dh) */
+        op->rope(b, a->q, a->qc, a->k);                 /* q, qc, k rotated */
+        op->kv_store(b, l, a->k, a->v);                 /* into each token's cell */
+        op->attention(b, l, a->q, a->qc, ly->attn_sinks, hp->normalizer, a->att,
+                      f->probe ? f->probe + (size_t)l * (size_t)T * hp->n_head * BACKEND_PROBE_K
+                               : NULL);
+        op->matmul(b, &ly->wo, a->att, a->xb2, T); /* xb2 (T, D) */
+        op->add(b, a->x, a->xb2, T);               /* residual */
+
+        /* feed-forward block: pre-norm, SwiGLU, project back */
+        op->rmsnorm(b, a->x, &ly->ffn_norm, a->xb, T);
+        op->matmul(b, &ly->w_gate, a->xb, a->hb, T);  /* hb (T, F) */
+        op->matmul(b, &ly->w_up, a->xb, a->hb2, T);   /* hb2 (T, F) */
+        op->swiglu(b, a->hb, a->hb2, T);              /* hb = silu(hb) * hb2 */
+        op->matmul(b, &ly->w_down, a->hb, a->xb2, T); /* xb2 (T, D) */
+        op->add(b, a->x, a->xb2, T);                  /* residual */
+    }
+    if (bt.n_out > 0) {
+        op->gather(b, a->x, a->xo); /* xo (n_out, D) */
+        op->rmsnorm(b, a->xo, &w->output_norm, a->xo, bt.n_out);
+        op->logits(b, &w->output, a->xo, f->logits); /* logits (n_out, V) */
+    }
+    if (op->sync(b) < 0)
+        return -EIO;
+    for (int i = 0; i < n_in; i++)
+        kv_seq_advance(in[i].seq, in[i].n);
+    return bt.n_out;
+}

@@ -1,0 +1,336 @@
+/*
+ * model.c: maps a GGUF file, reads the Llama hyperparameters and binds every
+ * weight as a view into the map, checking type and shape. The normalizer
+ * follows the README's convention: <arch>.attention.normalizer if present,
+ * else "sink" when blk.N.attn_sinks tensors exist, else "softmax".
+ */
+#include "model.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "quant.h"
+
+const char *model_normalizer_name(enum model_normalizer n)
+{
+    switch (n) {
+    case MODEL_NORM_SOFTMAX:
+        return "softmax";
+    case MODEL_NORM_SOFTMAX1:
+        return "softmax1";
+    case MODEL_NORM_SINK:
+        return "sink";
+    case MODEL_NORM_SOFTPICK:
+        return "softpick";
+    }
+    return "?";
+}
+
+static int map_file(const char *path, void **map, size_t *len, int *fd, char *err, size_t err_len)
+{
+    struct stat st;
+    *fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (*fd < 0) {
+        int e = errno;
+        snprintf(err, err_len, "%s: %s", path, strerror(e));
+        return -e;
+    }
+    if (fstat(*fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+        snprintf(err, err_len, "%s: not a regular file", path);
+        return -EINVAL;
+    }
+    if (st.st_size == 0) {
+        snprintf(err, err_len, "%s: empty file", path);
+        return -EINVAL;
+    }
+    *len = (size_t)st.st_size;
+    *map = mmap(NULL, *len, PROT_READ, MAP_PRIVATE, *fd, 0);
+    if (*map == MAP_FAILED) {
+        int e = errno;
+        *map = NULL;
+        snprintf(err, err_len, "%s: mmap: %s", path, strerror(e));
+        return -e;
+    }
+    return 0;
+}
+
+/* Reads an integer hyperparameter "<arch>.<key>" within [lo, hi]. */
+static int get_hp(const struct model *m, const char *key, int64_t lo, int64_t hi, int64_t dflt,
+                  int required, int64_t *out, char *err, size_t err_len)
+{
+    char full[160];
+    snprintf(full, sizeof full, "%s.%s", m->hp.arch, key);
+    int rc = gguf_get_i64(&m->gguf, full, out);
+    if (rc == -ENOENT && !required) {
+        *out = dflt;
+        return 0;
+    }
+    if (rc < 0) {
+        snprintf(err, err_len, "model: %s %s", full, rc == -ENOENT ? "missing" : "has a bad type");
+        return -EINVAL;
+    }
+    if (*out < lo || *out > hi) {
+        snprintf(err, err_len, "model: %s = %lld out of range [%lld, %lld]", full, (long long)*out,
+                 (long long)lo, (long long)hi);
+        return -EINVAL;
+    }
+    return 0;
+}
+
+/* Binds a 2-D (or 1-D when ne1 == 1) tensor with the expected shape. */
+static int bind(const struct model *m, struct tensor *t, const char *name, int64_t ne0, int64_t ne1,
+                int float_only, char *err, size_t err_len)
+{
+    const struct gguf_tensor *g = gguf_find_tensor(&m->gguf, name);
+    if (!g) {
+        snprintf(err, err_len, "model: tensor '%s' missing", name);
+        return -EINVAL;
+    }
+    if (g->ne[0] != ne0 || g->ne[1] * g->ne[2] * g->ne[3] != ne1) {
+        snprintf(err, err_len, "model: tensor '%s' has shape [%lld, %lld], expected [%lld, %lld]",
+                 name, (long long)g->ne[0], (long long)g->ne[1], (long long)ne0, (long long)ne1);
+        return -EINVAL;
+    }
+    if (!qtype_supported(g->type) || (float_only && g->type != QTYPE_F32)) {
+        snprintf(err, err_len, "model: tensor '%s' has type %s, which is not supported here", name,
+                 qtype_name(g->type));
+        return -EINVAL;
+    }
+    t->data = g->data;
+    t->type = g->type;
+    t->ne0 = ne0;
+    t->ne1 = ne1;
+    t->row_bytes = qtype_row_bytes(g->type, ne0);
+    if (t->row_bytes == 0) {
+        snprintf(err, err_len, "model: tensor '%s' row of %lld values is not whole %s blocks", name,
+                 (long long)ne0, qtype_name(g->type));
+        return -EINVAL;
+    }
+    return 0;
+}
+
+static int read_hparams(struct model *m, char *err, size_t err_len)
+{
+    struct model_hparams *hp = &m->hp;
+    int64_t v;
+    int rc;
+    if (gguf_get_cstr(&m->gguf, "general.architecture", hp->arch, sizeof hp->arch) < 0) {
+        snprintf(err, err_len, "model: general.architecture missing");
+        return -EINVAL;
+    }
+    if (strcmp(hp->arch, "llama") != 0) {
+        snprintf(err, err_len, "model: architecture '%s' is not supported (llama only)", hp->arch);
+        return -ENOTSUP;
+    }
+    if (gguf_get_cstr(&m->gguf, "general.name", hp->name, sizeof hp->name) < 0)
+        snprintf(hp->name, sizeof hp->name, "%s", "model");
+    if ((rc = get_hp(m, "block_count", 1, 1024, 0, 1, &v, err, err_len)) < 0)
+        return rc;
+    hp->n_layer = (int)v;
+    if ((rc = get_hp(m, "embedding_length", 1, 65536, 0, 1, &v, err, err_len)) < 0)
+        return rc;
+    hp->n_embd = (int)v;
+    if ((rc = get_hp(m, "feed_forward_length", 1, 1 << 20, 0, 1, &v, err, err_len)) < 0)
+        return rc;
+    hp->n_ff = (int)v;
+    if ((rc = get_hp(m, "attention.head_count", 1, 1024, 0, 1, &v, err, err_len)) < 0)
+        return rc;
+    hp->n_head = (int)v;
+    if ((rc = get_hp(m, "attention.head_count_kv", 1, hp->n_head, hp->n_head, 0, &v, err,
+                     err_len)) < 0)
+        return rc;
+    hp->n_head_kv = (int)v;
+    if (hp->n_head % hp->n_head_kv != 0 || hp->n_embd % hp->n_head != 0) {
+        snprintf(err, err_len, "model: %d heads, %d kv heads, dim %d do not divide", hp->n_head,
+                 hp->n_head_kv, hp->n_embd);
+        return -EINVAL;
+    }
+    if ((rc = get_hp(m, "attention.key_length", 2, 1024, hp->n_embd / hp->n_head, 0, &v, err,
+                     err_len)) < 0)
+        return rc;
+    hp->head_dim = (int)v;
+    if (hp->head_dim % 2 != 0 || hp->head_dim * hp->n_head != hp->n_embd) {
+        snprintf(err, err_len, "model: head dim %d x %d heads != embedding %d", hp->head_dim,
+                 hp->n_head, hp->n_embd);
+        return -EINVAL;
+    }
+    if ((rc = get_hp(m, "rope.dimension_count", 2, hp->head_dim, hp->head_dim, 0, &v, err,
+                     err_len)) < 0)
+        return rc;
+    hp->rope_dim = (int)v;
+    if ((rc = get_hp(m, "context_length", 1, (int64_t)1 << 40, 2048, 0, &v, err, err_len)) < 0)
+        return rc;
+    hp->n_ctx_train = v;
+
+    double d;
+    char key[160];
+    snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", hp->arch);
+    hp->norm_eps = gguf_get_f64(&m->gguf, key, &d) == 0 ? (float)d : 1e-5f;
+    snprintf(key, sizeof key, "%s.rope.freq_base", hp->arch);
+    hp->rope_base = gguf_get_f64(&m->gguf, key, &d) == 0 ? d : 10000.0;
+    if (!(hp->norm_eps > 0) || !(hp->rope_base > 1)) {
+        snprintf(err, err_len, "model: bad rms epsilon or rope base");
+        return -EINVAL;
+    }
+    snprintf(key, sizeof key, "%s.rope.scaling.type", hp->arch);
+    char scaling[32] = "";
+    gguf_get_cstr(&m->gguf, key, scaling, sizeof scaling);
+    if ((scaling[0] && strcmp(scaling, "none") != 0) ||
+        gguf_find_tensor(&m->gguf, "rope_freqs.weight")) {
+        snprintf(err, err_len, "model: RoPE scaling (%s) is not supported yet",
+                 scaling[0] ? scaling : "rope_freqs");
+        return -ENOTSUP;
+    }
+    if (gguf_get_i64(&m->gguf, "general.file_type", &v) == 0)
+        hp->file_type = (int)v;
+
+    const struct gguf_tensor *emb = gguf_find_tensor(&m->gguf, "token_embd.weight");
+    if (!emb) {
+        snprintf(err, err_len, "model: tensor 'token_embd.weight' missing");
+        return -EINVAL;
+    }
+    hp->n_vocab = emb->ne[1];
+    if (hp->n_vocab < 2 || hp->n_vocab > ((int64_t)1 << 31) - 1) {
+        snprintf(err, err_len, "model: vocabulary of %lld tokens", (long long)hp->n_vocab);
+        return -EINVAL;
+    }
+
+    /* Normalizer: our convention (README "GGUF normalizer convention"). */
+    char norm[32] = "";
+    snprintf(key, sizeof key, "%s.attention.normalizer", hp->arch);
+    int has_norm_key = gguf_get_cstr(&m->gguf, key, norm, sizeof norm) == 0;
+    int has_sinks = gguf_find_tensor(&m->gguf, "blk.0.attn_sinks") != NULL ||
+                    gguf_find_tensor(&m->gguf, "blk.0.attn_sinks.weight") != NULL;
+    if (!has_norm_key)
+        hp->normalizer = has_sinks ? MODEL_NORM_SINK : MODEL_NORM_SOFTMAX;
+    else if (strcmp(norm, "softmax") == 0)
+        hp->normalizer = MODEL_NORM_SOFTMAX;
+    else if (strcmp(norm, "softmax1") == 0)
+        hp->normalizer = MODEL_NORM_SOFTMAX1;
+    else if (strcmp(norm, "sink") == 0)
+        hp->normalizer = MODEL_NORM_SINK;
+    else if (strcmp(norm, "softpick") == 0)
+        hp->normalizer = MODEL_NORM_SOFTPICK;
+    else {
+        snprintf(err, err_len, "model: %s = '%s' (expected softmax, softmax1, sink or softpick)",
+                 key, norm);
+        return -EINVAL;
+    }
+    if (hp->normalizer == MODEL_NORM_SINK && !has_sinks) {
+        snprintf(err, err_len, "model: normalizer 'sink' needs blk.N.attn_sinks tensors");
+        return -EINVAL;
+    }
+    if (has_sinks && hp->normalizer != MODEL_NORM_SINK) {
+        snprintf(err, err_len, "model: attn_sinks tensors present but normalizer is '%s'", norm);
+        return -EINVAL;
+    }
+    return 0;
+}
+
+static int bind_weights(struct model *m, char *err, size_t err_len)
+{
+    const struct model_hparams *hp = &m->hp;
+    struct model_weights *w = &m->w;
+    int64_t D = hp->n_embd, F = hp->n_ff, V = hp->n_vocab;
+    int64_t Dq = (int64_t)hp->n_head * hp->head_dim, Dkv = (int64_t)hp->n_head_kv * hp->head_dim;
+    int rc;
+    char name[96];
+
+    if ((rc = bind(m, &w->tok_embd, "token_embd.weight", D, V, 0, err, err_len)) < 0)
+        return rc;
+    if ((rc = bind(m, &w->output_norm, "output_norm.weight", D, 1, 1, err, err_len)) < 0)
+        return rc;
+    if (gguf_find_tensor(&m->gguf, "output.weight")) {
+        if ((rc = bind(m, &w->output, "output.weight", D, V, 0, err, err_len)) < 0)
+            return rc;
+    } else {
+        w->output = w->tok_embd; /* tied embeddings */
+    }
+    w->layers = calloc((size_t)hp->n_layer, sizeof *w->layers);
+    m->sinks_mem = calloc((size_t)hp->n_layer * (size_t)hp->n_head, sizeof(float));
+    if (!w->layers || !m->sinks_mem) {
+        snprintf(err, err_len, "model: out of memory");
+        return -ENOMEM;
+    }
+    for (int l = 0; l < hp->n_layer; l++) {
+        struct model_layer *ly = &w->layers[l];
+        struct {
+            struct tensor *t;
+            const char *suffix;
+            int64_t ne0, ne1;
+            int f32;
+        } tab[] = {
+            {&ly->attn_norm, "attn_norm", D, 1, 1}, {&ly->wq, "attn_q", D, Dq, 0},
+            {&ly->wk, "attn_k", D, Dkv, 0},         {&ly->wv, "attn_v", D, Dkv, 0},
+            {&ly->wo, "attn_output", Dq, D, 0},     {&ly->ffn_norm, "ffn_norm", D, 1, 1},
+            {&ly->w_gate, "ffn_gate", D, F, 0},     {&ly->w_up, "ffn_up", D, F, 0},
+            {&ly->w_down, "ffn_down", F, D, 0},
+        };
+        for (size_t i = 0; i < sizeof tab / sizeof tab[0]; i++) {
+            snprintf(name, sizeof name, "blk.%d.%s.weight", l, tab[i].suffix);
+            if ((rc = bind(m, tab[i].t, name, tab[i].ne0, tab[i].ne1, tab[i].f32, err, err_len)) <
+                0)
+                return rc;
+        }
+        float *sinks = m->sinks_mem + (size_t)l * (size_t)hp->n_head;
+        ly->attn_sinks = sinks; /* zeros: softmax1 is sink with s_h = 0 */
+        if (hp->normalizer == MODEL_NORM_SINK) {
+            struct tensor t;
+            snprintf(name, sizeof name, "blk.%d.attn_sinks", l);
+            if (!gguf_find_tensor(&m->gguf, name))
+                snprintf(name, sizeof name, "blk.%d.attn_sinks.weight", l);
+            if ((rc = bind(m, &t, name, hp->n_head, 1, 1, err, err_len)) < 0)
+                return rc;
+            memcpy(sinks, t.data, (size_t)hp->n_head * sizeof(float));
+            for (int h = 0; h < hp->n_head; h++) {
+                if (!(sinks[h] > -1e30f && sinks[h] < 1e30f)) {
+                    snprintf(err, err_len, "model: %s[%d] is not a finite number", name, h);
+                    return -EINVAL;
+                }
+            }
+        }
+    }
+    return 0;
+}
+
+int model_load(struct model *m, const char *path, char *err, size_t err_len)
+{
+    int rc;
+    memset(m, 0, sizeof *m);
+    m->fd = -1;
+    rc = map_file(path, &m->map, &m->map_len, &m->fd, err, err_len);
+    if (rc < 0)
+        goto fail;
+    rc = gguf_parse(&m->gguf, m->map, m->map_len, err, err_len);
+    if (rc < 0)
+        goto fail;
+    rc = read_hparams(m, err, err_len);
+    if (rc < 0)
+        goto fail;
+    rc = bind_weights(m, err, err_len);
+    if (rc < 0)
+        goto fail;
+    return 0;
+fail:
+    model_free(m);
+    return rc;
+}
+
+void model_free(struct model *m)
+{
+    gguf_free(&m->gguf);
+    free(m->w.layers);
+    free(m->sinks_mem);
+    if (m->map)
+        munmap(m->map, m->map_len);
+    if (m->fd >= 0)
+        close(m->fd);
+    memset(m, 0, sizeof *m);
+    m->fd = -1;
+}

@@ -1,0 +1,85 @@
+/*
+ * model.h: a Llama-architecture model loaded from a GGUF file: hyperparameters
+ * (the blueprint, never changes) and weights (views into the read-only mmap).
+ * Internal to engine/. Every tensor's type and shape is checked at load, so
+ * the forward pass can trust them.
+ */
+#ifndef SS_MODEL_H
+#define SS_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gguf.h"
+
+enum model_normalizer {
+    MODEL_NORM_SOFTMAX = 0, /* vanilla: e^z / Σ e^z */
+    MODEL_NORM_SOFTMAX1,    /* off-by-one: e^z / (1 + Σ e^z) */
+    MODEL_NORM_SINK,        /* learned per-head logit s_h: e^z / (e^s_h + Σ e^z) */
+    MODEL_NORM_SOFTPICK,    /* rectified: relu(e^z - 1) / (Σ |e^z - 1| + eps) */
+};
+const char *model_normalizer_name(enum model_normalizer n);
+
+struct tensor { /* a view of a 2-D weight: ne1 rows of ne0 values */
+    const void *data;
+    int type;    /* enum qtype */
+    int64_t ne0; /* values per row (the contiguous dimension) */
+    int64_t ne1; /* rows */
+    size_t row_bytes;
+};
+
+struct model_hparams {
+    char arch[32];
+    char name[128];
+    int n_layer;         /* L */
+    int n_embd;          /* D */
+    int n_head;          /* H */
+    int n_head_kv;       /* Hkv */
+    int head_dim;        /* Dh */
+    int n_ff;            /* F */
+    int64_t n_vocab;     /* V */
+    int64_t n_ctx_train; /* context length the model was trained with */
+    float norm_eps;
+    double rope_base;
+    int rope_dim; /* rotated dims per head (== Dh for llama) */
+    enum model_normalizer normalizer;
+    int file_type; /* dominant weight type, for messages */
+};
+
+struct model_layer {
+    struct tensor attn_norm; /* (D) f32 */
+    struct tensor wq;        /* (H*Dh, D) */
+    struct tensor wk;        /* (Hkv*Dh, D) */
+    struct tensor wv;        /* (Hkv*Dh, D) */
+    struct tensor wo;        /* (D, H*Dh) */
+    struct tensor ffn_norm;  /* (D) f32 */
+    struct tensor w_gate;    /* (F, D) */
+    struct tensor w_up;      /* (F, D) */
+    struct tensor w_down;    /* (D, F) */
+    const float *attn_sinks; /* (H) per-head sink logits, NULL if none (copied, aligned) */
+};
+
+struct model_weights {
+    struct tensor tok_embd;     /* (V, D) */
+    struct tensor output_norm;  /* (D) f32 */
+    struct tensor output;       /* (V, D); == tok_embd when tied */
+    struct model_layer *layers; /* [L] */
+};
+
+struct model {
+    struct model_hparams hp;
+    struct model_weights w;
+    struct gguf_file gguf;
+    float *sinks_mem; /* [L*H] attn_sinks copies (or all zeros for softmax1) */
+    void *map;
+    size_t map_len;
+    int fd;
+};
+
+/* Loads the model at path. On failure returns a negative errno, fills err with
+ * one line and leaves m freed. */
+int model_load(struct model *m, const char *path, char *err, size_t err_len);
+/* Safe on a zeroed or half-built model. Does not free m itself. */
+void model_free(struct model *m);
+
+#endif

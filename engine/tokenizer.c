@@ -1,0 +1,1204 @@
+/*
+ * tokenizer.c: GPT-2 byte-level BPE from a GGUF file's tokenizer.ggml.*
+ * metadata, exact against Hugging Face `tokenizers` (tests/unit/test_tokenizer.c
+ * checks every case of tests/fixtures/tokenizer_ids.txt, which
+ * tools/make_tokenizer_fixture.py makes with HF).
+ *
+ * Encoding does what HF does, in three steps:
+ *   1. added tokens: the text is cut at the strings of CONTROL tokens (only
+ *      with parse_special) and USER_DEFINED tokens (always, as HF matches
+ *      non-special added tokens always); leftmost match first, the longest at
+ *      that place;
+ *   2. pre-tokenizer, on each stretch between those: "smollm" first isolates
+ *      every \p{N} code point (HF Digits(individual_digits=true)), then GPT-2's
+ *      pattern cuts each remaining stretch into words:
+ *        's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+ *      split_gpt2() is a hand-written matcher equivalent to that regex, with
+ *      Unicode categories from utf8proc;
+ *   3. BPE on each word: one symbol per byte (its byte-level token), then the
+ *      adjacent pair with the lowest merge rank merges, leftmost on ties, until
+ *      no pair has a rank. A heap of candidate pairs makes a word O(n log n);
+ *      stale entries are skipped with the same test HF uses, so even merges
+ *      that give the same token from different pairs agree with HF.
+ *
+ * Decoding maps each character of a token back to its byte (GPT-2's
+ * bytes_to_unicode); a token with a character outside that alphabet gives its
+ * raw text, as HF's ByteLevel decoder does. That includes special tokens.
+ *
+ * Where this differs from HF, on purpose:
+ *   - HF only takes valid UTF-8. Here an invalid byte is one "other" character
+ *     for the pattern and becomes its byte's token, so such text round trips.
+ *   - tokenizer.ggml.pre values other than "smollm", "gpt2", "gpt-2" and
+ *     "default" use GPT-2's pattern and set tok_warning().
+ * And not on purpose: categories follow utf8proc's Unicode version (15.0 for
+ * Debian's 2.8), HF's regex and Digits a newer one (16.0), so a code point
+ * first assigned after 15.0 (e.g. U+13460.., Egyptian Hieroglyphs Ext-A) is
+ * "other" here and a letter there. 150k random assigned code points agree.
+ * Like HF, a byte with no single-byte token (SmolLM2 lacks 21, e.g. 0x04) is
+ * dropped, and a merge whose parts or result are not in the vocab is ignored
+ * (HF refuses to load those).
+ *
+ * After tok_load nothing is written: one tokenizer may encode on several
+ * threads at once. Each tok_encode allocates its own scratch.
+ */
+#include "tokenizer.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <utf8proc.h>
+
+#include "gguf.h"
+
+/* GGUF token_type values (llama.cpp's llama_token_type). */
+enum tok_type {
+    TOK_TYPE_NORMAL = 1,
+    TOK_TYPE_UNKNOWN = 2,
+    TOK_TYPE_CONTROL = 3,
+    TOK_TYPE_USER_DEFINED = 4,
+    TOK_TYPE_UNUSED = 5,
+    TOK_TYPE_BYTE = 6,
+};
+
+/* Character classes of the GPT-2 pattern. */
+enum char_class {
+    CC_OTHER,  /* [^\s\p{L}\p{N}], and invalid UTF-8 bytes */
+    CC_LETTER, /* \p{L} */
+    CC_NUMBER, /* \p{N} */
+    CC_SPACE,  /* \s as Oniguruma has it: White_Space */
+};
+
+#define CP_INVALID        0xFFFFFFFFu
+#define BYTE_ALPHABET_END 324 /* bytes_to_unicode maps into [0, 324) */
+
+struct merge_slot { /* open addressing; id < 0 marks an empty slot */
+    uint64_t key;   /* left id << 32 | right id */
+    int32_t rank;   /* index in tokenizer.ggml.merges */
+    int32_t id;     /* the merged token */
+};
+
+struct special { /* a CONTROL or USER_DEFINED token, matched as a whole string */
+    size_t off;  /* its text in tokenizer.special_text */
+    size_t len;
+    uint8_t first; /* its first byte */
+    int32_t id;
+    int control; /* matched only with parse_special */
+};
+
+struct tokenizer {
+    size_t n_vocab;    /* 1 .. INT32_MAX */
+    char *pieces;      /* decoded bytes of every token, back to back */
+    size_t *piece_off; /* [n_vocab + 1]: token i is pieces[piece_off[i] .. piece_off[i+1]) */
+    uint8_t *eog;      /* [n_vocab]: 1 if the token ends generation */
+
+    struct merge_slot *merges; /* [merge_mask + 1] */
+    size_t merge_mask;
+    int32_t byte_tok[256]; /* token of each single byte, -1 if the vocab has none */
+
+    struct special *specials; /* sorted by first byte, then longest first */
+    int32_t n_special;
+    int32_t special_first[257]; /* specials starting with byte b: [first[b], first[b+1]) */
+    char *special_text;
+
+    uint8_t ascii_class[128]; /* enum char_class of each ASCII code point */
+    int split_digits;         /* pre = smollm */
+
+    int32_t bos, eos, eot, eom, pad, unk; /* -1 if absent */
+    int add_bos;
+    char warning[200];
+};
+
+/* ---- UTF-8 and character classes ---- */
+
+/* Decodes the code point at s[0..n), n >= 1. Returns its length; a byte that
+ * does not start a valid, complete sequence gives CP_INVALID and length 1. */
+static size_t utf8_next(const uint8_t *s, size_t n, uint32_t *cp)
+{
+    uint8_t c = s[0];
+    uint8_t lo = 0x80;
+    uint8_t hi = 0xBF;
+    size_t need;
+    uint32_t v;
+
+    if (c < 0x80) {
+        *cp = c;
+        return 1;
+    }
+    if (c >= 0xC2 && c <= 0xDF) {
+        need = 1;
+        v = c & 0x1F;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+        need = 2;
+        v = c & 0x0F;
+        lo = c == 0xE0 ? 0xA0 : 0x80; /* no overlongs */
+        hi = c == 0xED ? 0x9F : 0xBF; /* no surrogates */
+    } else if (c >= 0xF0 && c <= 0xF4) {
+        need = 3;
+        v = c & 0x07;
+        lo = c == 0xF0 ? 0x90 : 0x80;
+        hi = c == 0xF4 ? 0x8F : 0xBF; /* nothing past U+10FFFF */
+    } else {
+        *cp = CP_INVALID;
+        return 1;
+    }
+    for (size_t k = 1; k <= need; k++) {
+        if (k >= n || s[k] < lo || s[k] > hi) {
+            *cp = CP_INVALID;
+            return 1;
+        }
+        v = v << 6 | (s[k] & 0x3Fu);
+        lo = 0x80;
+        hi = 0xBF;
+    }
+    *cp = v;
+    return need + 1;
+}
+
+static size_t utf8_put(uint32_t cp, char *out)
+{
+    if (cp < 0x80) {
+        out[0] = (char)cp;
+        return 1;
+    }
+    if (cp < 0x800) {
+        out[0] = (char)(0xC0 | cp >> 6);
+        out[1] = (char)(0x80 | (cp & 0x3F));
+        return 2;
+    }
+    if (cp < 0x10000) {
+        out[0] = (char)(0xE0 | cp >> 12);
+        out[1] = (char)(0x80 | (cp >> 6 & 0x3F));
+        out[2] = (char)(0x80 | (cp & 0x3F));
+        return 3;
+    }
+    out[0] = (char)(0xF0 | cp >> 18);
+    out[1] = (char)(0x80 | (cp >> 12 & 0x3F));
+    out[2] = (char)(0x80 | (cp >> 6 & 0x3F));
+    out[3] = (char)(0x80 | (cp & 0x3F));
+    return 4;
+}
+
+static enum char_class classify(uint32_t cp)
+{
+    if (cp == CP_INVALID)
+        return CC_OTHER;
+    /* Oniguruma's \s is Unicode White_Space: TAB..CR, NEL and Z*. */
+    if ((cp >= 0x09 && cp <= 0x0D) || cp == 0x85)
+        return CC_SPACE;
+    switch (utf8proc_category((utf8proc_int32_t)cp)) {
+    case UTF8PROC_CATEGORY_LU:
+    case UTF8PROC_CATEGORY_LL:
+    case UTF8PROC_CATEGORY_LT:
+    case UTF8PROC_CATEGORY_LM:
+    case UTF8PROC_CATEGORY_LO:
+        return CC_LETTER;
+    case UTF8PROC_CATEGORY_ND:
+    case UTF8PROC_CATEGORY_NL:
+    case UTF8PROC_CATEGORY_NO:
+        return CC_NUMBER;
+    case UTF8PROC_CATEGORY_ZS:
+    case UTF8PROC_CATEGORY_ZL:
+    case UTF8PROC_CATEGORY_ZP:
+        return CC_SPACE;
+    default:
+        return CC_OTHER;
+    }
+}
+
+/* Class of the code point at s[0..n); *len gets its length. */
+static enum char_class class_at(const struct tokenizer *t, const uint8_t *s, size_t n, size_t *len)
+{
+    uint32_t cp;
+
+    if (s[0] < 0x80) {
+        *len = 1;
+        return (enum char_class)t->ascii_class[s[0]];
+    }
+    *len = utf8_next(s, n, &cp);
+    return classify(cp);
+}
+
+/* GPT-2's bytes_to_unicode: printable Latin-1 bytes map to themselves, the
+ * others to 256, 257, ... in byte order. */
+static void byte_alphabet(uint32_t byte_cp[256])
+{
+    uint32_t next = 256;
+
+    for (uint32_t b = 0; b < 256; b++) {
+        int printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
+        byte_cp[b] = printable ? b : next++;
+    }
+}
+
+/* ---- hash tables ---- */
+
+static uint64_t hash_bytes(const char *s, size_t n)
+{
+    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a */
+
+    for (size_t i = 0; i < n; i++) {
+        h ^= (uint8_t)s[i];
+        h *= 0x100000001b3ull;
+    }
+    return h ^ h >> 29;
+}
+
+static uint64_t hash_pair(uint64_t key)
+{
+    key *= 0x9E3779B97F4A7C15ull;
+    return key ^ key >> 31;
+}
+
+static size_t table_size(uint64_t n)
+{
+    size_t size = 16;
+
+    while (size < 2 * n)
+        size *= 2;
+    return size;
+}
+
+/* The vocab as text -> id, used only while loading. */
+struct vocab_index {
+    const struct gguf_str *tokens;
+    int32_t *slots; /* token id, -1 = empty */
+    size_t mask;
+};
+
+static int vocab_index_init(struct vocab_index *v, const struct gguf_str *tokens, size_t n)
+{
+    v->tokens = tokens;
+    v->mask = table_size(n) - 1;
+    v->slots = malloc((v->mask + 1) * sizeof *v->slots);
+    if (!v->slots)
+        return -ENOMEM;
+    memset(v->slots, 0xff, (v->mask + 1) * sizeof *v->slots);
+    for (size_t i = 0; i < n; i++) {
+        size_t h = hash_bytes(tokens[i].ptr, tokens[i].len) & v->mask;
+
+        /* A later duplicate replaces an earlier one, as in HF's vocab map. */
+        while (v->slots[h] >= 0) {
+            const struct gguf_str *o = &tokens[v->slots[h]];
+            if (o->len == tokens[i].len && memcmp(o->ptr, tokens[i].ptr, o->len) == 0)
+                break;
+            h = (h + 1) & v->mask;
+        }
+        v->slots[h] = (int32_t)i;
+    }
+    return 0;
+}
+
+static int32_t vocab_index_find(const struct vocab_index *v, const char *s, size_t n)
+{
+    size_t h = hash_bytes(s, n) & v->mask;
+
+    while (v->slots[h] >= 0) {
+        const struct gguf_str *o = &v->tokens[v->slots[h]];
+        if (o->len == n && memcmp(o->ptr, s, n) == 0)
+            return v->slots[h];
+        h = (h + 1) & v->mask;
+    }
+    return -1;
+}
+
+static const struct merge_slot *merge_find(const struct tokenizer *t, int32_t a, int32_t b)
+{
+    uint64_t key = (uint64_t)(uint32_t)a << 32 | (uint32_t)b;
+    size_t h = hash_pair(key) & t->merge_mask;
+
+    while (t->merges[h].id >= 0) {
+        if (t->merges[h].key == key)
+            return &t->merges[h];
+        h = (h + 1) & t->merge_mask;
+    }
+    return NULL;
+}
+
+static void merge_insert(struct tokenizer *t, int32_t a, int32_t b, int32_t rank, int32_t id)
+{
+    uint64_t key = (uint64_t)(uint32_t)a << 32 | (uint32_t)b;
+    size_t h = hash_pair(key) & t->merge_mask;
+
+    /* A later duplicate replaces an earlier one, as in HF's merge map. */
+    while (t->merges[h].id >= 0 && t->merges[h].key != key)
+        h = (h + 1) & t->merge_mask;
+    t->merges[h] = (struct merge_slot){.key = key, .rank = rank, .id = id};
+}
+
+/* ---- loading ---- */
+
+void tok_free(struct tokenizer *t)
+{
+    if (!t)
+        return;
+    free(t->pieces);
+    free(t->piece_off);
+    free(t->eog);
+    free(t->merges);
+    free(t->specials);
+    free(t->special_text);
+    free(t);
+}
+
+/* Reads an optional token id key into *id (-1 when absent). */
+static int load_id(struct tokenizer *t, const struct gguf_file *g, const char *key, int32_t *id,
+                   char *err, size_t err_len)
+{
+    int64_t v;
+    int rc = gguf_get_i64(g, key, &v);
+
+    *id = -1;
+    if (rc == -ENOENT)
+        return 0;
+    if (rc < 0) {
+        snprintf(err, err_len, "%s: not an integer", key);
+        return -EINVAL;
+    }
+    if (v < 0 || v >= (int64_t)t->n_vocab) {
+        snprintf(err, err_len, "%s = %lld: out of range (vocab %lld)", key, (long long)v,
+                 (long long)t->n_vocab);
+        return -EINVAL;
+    }
+    *id = (int32_t)v;
+    return 0;
+}
+
+/* The special token ids; -1 for absent keys. */
+static int load_ids(struct tokenizer *t, const struct gguf_file *g, char *err, size_t err_len)
+{
+    const struct {
+        const char *key;
+        int32_t *id;
+    } ids[] = {
+        {"tokenizer.ggml.bos_token_id", &t->bos},     {"tokenizer.ggml.eos_token_id", &t->eos},
+        {"tokenizer.ggml.eot_token_id", &t->eot},     {"tokenizer.ggml.eom_token_id", &t->eom},
+        {"tokenizer.ggml.padding_token_id", &t->pad}, {"tokenizer.ggml.unknown_token_id", &t->unk},
+    };
+
+    for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++) {
+        int rc = load_id(t, g, ids[i].key, ids[i].id, err, err_len);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+/* The bytes a token decodes to, as HF's ByteLevel decoder: every character
+ * mapped back to its byte, or the raw text if one is outside the alphabet. */
+static size_t decode_token(const int16_t *cp_byte, struct gguf_str s, char *out)
+{
+    const uint8_t *p = (const uint8_t *)s.ptr;
+    size_t n = 0;
+
+    for (size_t i = 0; i < s.len;) {
+        uint32_t cp;
+        size_t l = utf8_next(p + i, s.len - i, &cp);
+
+        if (cp == CP_INVALID || cp >= BYTE_ALPHABET_END || cp_byte[cp] < 0) {
+            memcpy(out, s.ptr, s.len);
+            return s.len;
+        }
+        out[n++] = (char)cp_byte[cp];
+        i += l;
+    }
+    return n;
+}
+
+static int build_pieces(struct tokenizer *t, const struct gguf_str *tokens,
+                        const uint32_t byte_cp[256])
+{
+    int16_t cp_byte[BYTE_ALPHABET_END];
+    size_t total = 0;
+
+    for (int i = 0; i < BYTE_ALPHABET_END; i++)
+        cp_byte[i] = -1;
+    for (int b = 0; b < 256; b++)
+        cp_byte[byte_cp[b]] = (int16_t)b;
+    for (size_t i = 0; i < t->n_vocab; i++)
+        total += tokens[i].len;
+    t->pieces = malloc(total ? total : 1);
+    t->piece_off = malloc((t->n_vocab + 1) * sizeof *t->piece_off);
+    if (!t->pieces || !t->piece_off)
+        return -ENOMEM;
+    t->piece_off[0] = 0;
+    for (size_t i = 0; i < t->n_vocab; i++) {
+        size_t n = decode_token(cp_byte, tokens[i], t->pieces + t->piece_off[i]);
+        t->piece_off[i + 1] = t->piece_off[i] + n;
+    }
+    return 0;
+}
+
+static int build_merges(struct tokenizer *t, const struct gguf_file *g,
+                        const struct vocab_index *vocab, char *err, size_t err_len)
+{
+    struct gguf_str *merges = NULL;
+    uint64_t n = 0;
+    char *buf = NULL;
+    size_t buf_cap = 0;
+    int rc = gguf_get_arr_str(g, "tokenizer.ggml.merges", &merges, &n);
+
+    if (rc < 0) {
+        snprintf(err, err_len, "tokenizer.ggml.merges: %s",
+                 rc == -ENOENT ? "missing (a gpt2 tokenizer needs merges)" : "not a string array");
+        return rc == -ENOMEM ? rc : -EINVAL;
+    }
+    if (n > INT32_MAX) {
+        snprintf(err, err_len, "tokenizer.ggml.merges: %llu merges", (unsigned long long)n);
+        rc = -EINVAL;
+        goto out;
+    }
+    t->merge_mask = table_size(n) - 1;
+    t->merges = malloc((t->merge_mask + 1) * sizeof *t->merges);
+    if (!t->merges) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    for (size_t i = 0; i <= t->merge_mask; i++)
+        t->merges[i].id = -1;
+    for (uint64_t r = 0; r < n; r++) {
+        struct gguf_str m = merges[r];
+        size_t sp = 1;
+        int32_t a, b, ab;
+
+        /* "left right"; search from 1 so a left part " " would still split. */
+        while (sp < m.len && m.ptr[sp] != ' ')
+            sp++;
+        if (sp >= m.len)
+            continue;
+        if (m.len > buf_cap) {
+            char *nb = realloc(buf, m.len);
+            if (!nb) {
+                rc = -ENOMEM;
+                goto out;
+            }
+            buf = nb;
+            buf_cap = m.len;
+        }
+        memcpy(buf, m.ptr, sp);
+        memcpy(buf + sp, m.ptr + sp + 1, m.len - sp - 1);
+        a = vocab_index_find(vocab, m.ptr, sp);
+        b = vocab_index_find(vocab, m.ptr + sp + 1, m.len - sp - 1);
+        ab = vocab_index_find(vocab, buf, m.len - 1);
+        if (a < 0 || b < 0 || ab < 0)
+            continue; /* HF refuses these; skipping keeps the other ranks' order */
+        merge_insert(t, a, b, (int32_t)r, ab);
+    }
+    rc = 0;
+out:
+    free(buf);
+    free(merges);
+    return rc;
+}
+
+static int special_cmp(const void *pa, const void *pb)
+{
+    const struct special *a = pa;
+    const struct special *b = pb;
+
+    if (a->first != b->first)
+        return a->first < b->first ? -1 : 1;
+    if (a->len != b->len)
+        return a->len > b->len ? -1 : 1; /* longest first */
+    return a->id < b->id ? -1 : a->id > b->id;
+}
+
+static int build_specials(struct tokenizer *t, const struct gguf_str *tokens, const int32_t *types)
+{
+    size_t total = 0;
+    int32_t n = 0;
+
+    if (!types)
+        return 0;
+    for (size_t i = 0; i < t->n_vocab; i++) {
+        if ((types[i] == TOK_TYPE_CONTROL || types[i] == TOK_TYPE_USER_DEFINED) &&
+            tokens[i].len > 0) {
+            n++;
+            total += tokens[i].len;
+        }
+    }
+    t->specials = malloc((size_t)(n ? n : 1) * sizeof *t->specials);
+    t->special_text = malloc(total ? total : 1);
+    if (!t->specials || !t->special_text)
+        return -ENOMEM;
+    total = 0;
+    for (size_t i = 0; i < t->n_vocab; i++) {
+        if ((types[i] == TOK_TYPE_CONTROL || types[i] == TOK_TYPE_USER_DEFINED) &&
+            tokens[i].len > 0) {
+            struct special *sp = &t->specials[t->n_special++];
+            sp->off = total;
+            sp->len = tokens[i].len;
+            sp->first = (uint8_t)tokens[i].ptr[0];
+            sp->id = (int32_t)i;
+            sp->control = types[i] == TOK_TYPE_CONTROL;
+            memcpy(t->special_text + total, tokens[i].ptr, tokens[i].len);
+            total += tokens[i].len;
+        }
+    }
+    qsort(t->specials, (size_t)t->n_special, sizeof *t->specials, special_cmp);
+    for (int b = 0, k = 0; b <= 256; b++) {
+        while (k < t->n_special && t->specials[k].first < b)
+            k++;
+        t->special_first[b] = k;
+    }
+    return 0;
+}
+
+static int build_eog(struct tokenizer *t, const struct gguf_str *tokens)
+{
+    static const char *const names[] = {"<|im_end|>",    "<|eot_id|>", "<|end_of_text|>",
+                                        "<|endoftext|>", "</s>",       "<end_of_turn>"};
+
+    t->eog = calloc(t->n_vocab, sizeof *t->eog);
+    if (!t->eog)
+        return -ENOMEM;
+    for (size_t i = 0; i < t->n_vocab; i++) {
+        for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
+            if (gguf_str_eq(tokens[i], names[k]))
+                t->eog[i] = 1;
+        }
+    }
+    if (t->eos >= 0)
+        t->eog[t->eos] = 1;
+    if (t->eot >= 0)
+        t->eog[t->eot] = 1;
+    if (t->eom >= 0)
+        t->eog[t->eom] = 1;
+    return 0;
+}
+
+/* s as a short printable C string, for messages. */
+static const char *printable(struct gguf_str s, char *buf, size_t cap)
+{
+    size_t n = 0;
+
+    for (uint64_t i = 0; i < s.len && n + 4 < cap; i++) {
+        char c = s.ptr[i];
+        buf[n++] = c >= 0x20 && c < 0x7f ? c : '?';
+    }
+    if (s.len > n) {
+        memcpy(buf + n, "...", 3);
+        n += 3;
+    }
+    buf[n] = '\0';
+    return buf;
+}
+
+static void load_pre(struct tokenizer *t, const struct gguf_file *g)
+{
+    struct gguf_str pre;
+    char buf[48];
+    int rc = gguf_get_str(g, "tokenizer.ggml.pre", &pre);
+
+    if (rc == -ENOENT)
+        return; /* GPT-2 */
+    if (rc == 0 && gguf_str_eq(pre, "smollm")) {
+        t->split_digits = 1;
+        return;
+    }
+    if (rc == 0 &&
+        (gguf_str_eq(pre, "gpt2") || gguf_str_eq(pre, "gpt-2") || gguf_str_eq(pre, "default")))
+        return;
+    snprintf(t->warning, sizeof t->warning,
+             "tokenizer.ggml.pre '%s' is not supported: using GPT-2's pattern, so token ids "
+             "may differ from the model's own tokenizer",
+             rc == 0 ? printable(pre, buf, sizeof buf) : "(not a string)");
+}
+
+int tok_load(struct tokenizer **out, const struct gguf_file *g, char *err, size_t err_len)
+{
+    struct tokenizer *t;
+    struct gguf_str *tokens = NULL;
+    int32_t *types = NULL;
+    uint64_t n_tokens = 0;
+    uint64_t n_types = 0;
+    struct vocab_index vocab = {0};
+    uint32_t byte_cp[256];
+    struct gguf_str model;
+    char buf[48];
+    int rc;
+
+    *out = NULL;
+    t = calloc(1, sizeof *t);
+    if (!t) {
+        snprintf(err, err_len, "tokenizer: out of memory");
+        return -ENOMEM;
+    }
+
+    rc = gguf_get_str(g, "tokenizer.ggml.model", &model);
+    if (rc < 0) {
+        snprintf(err, err_len, "tokenizer.ggml.model: %s",
+                 rc == -ENOENT ? "missing" : "not a string");
+        rc = -EINVAL;
+        goto fail;
+    }
+    if (!gguf_str_eq(model, "gpt2")) {
+        snprintf(err, err_len,
+                 "tokenizer.ggml.model is '%s': only 'gpt2' (byte-level BPE) is supported",
+                 printable(model, buf, sizeof buf));
+        rc = -EINVAL;
+        goto fail;
+    }
+
+    rc = gguf_get_arr_str(g, "tokenizer.ggml.tokens", &tokens, &n_tokens);
+    if (rc == -ENOMEM)
+        goto oom;
+    if (rc < 0) {
+        snprintf(err, err_len, "tokenizer.ggml.tokens: %s",
+                 rc == -ENOENT ? "missing" : "not a string array");
+        rc = -EINVAL;
+        goto fail;
+    }
+    if (n_tokens == 0 || n_tokens > INT32_MAX) {
+        snprintf(err, err_len, "tokenizer.ggml.tokens: %llu tokens", (unsigned long long)n_tokens);
+        rc = -EINVAL;
+        goto fail;
+    }
+    t->n_vocab = (size_t)n_tokens;
+
+    rc = gguf_get_arr_i32(g, "tokenizer.ggml.token_type", &types, &n_types);
+    if (rc == -ENOMEM)
+        goto oom;
+    if (rc == -ENOENT) {
+        types = NULL; /* all normal */
+    } else if (rc < 0 || n_types != n_tokens) {
+        snprintf(err, err_len, "tokenizer.ggml.token_type: %s",
+                 rc < 0 ? "not an integer array" : "count differs from tokenizer.ggml.tokens");
+        rc = -EINVAL;
+        goto fail;
+    }
+
+    rc = load_ids(t, g, err, err_len);
+    if (rc < 0)
+        goto fail;
+    rc = gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &t->add_bos);
+    if (rc == -ENOENT) {
+        t->add_bos = 0;
+    } else if (rc < 0) {
+        snprintf(err, err_len, "tokenizer.ggml.add_bos_token: not a bool");
+        rc = -EINVAL;
+        goto fail;
+    }
+    load_pre(t, g);
+
+    rc = vocab_index_init(&vocab, tokens, t->n_vocab);
+    if (rc < 0)
+        goto oom;
+    byte_alphabet(byte_cp);
+    for (int b = 0; b < 256; b++) {
+        char s[4];
+        t->byte_tok[b] = vocab_index_find(&vocab, s, utf8_put(byte_cp[b], s));
+    }
+    rc = build_merges(t, g, &vocab, err, err_len);
+    if (rc == -ENOMEM)
+        goto oom;
+    if (rc < 0)
+        goto fail;
+    if ((rc = build_pieces(t, tokens, byte_cp)) < 0 ||
+        (rc = build_specials(t, tokens, types)) < 0 || (rc = build_eog(t, tokens)) < 0)
+        goto oom;
+    for (uint32_t c = 0; c < 128; c++)
+        t->ascii_class[c] = (uint8_t)classify(c);
+
+    free(vocab.slots);
+    free(types);
+    free(tokens);
+    *out = t;
+    return 0;
+oom:
+    snprintf(err, err_len, "tokenizer: out of memory");
+    rc = -ENOMEM;
+fail:
+    free(vocab.slots);
+    free(types);
+    free(tokens);
+    tok_free(t);
+    return rc;
+}
+
+/* ---- queries ---- */
+
+int64_t tok_n_vocab(const struct tokenizer *t)
+{
+    return (int64_t)t->n_vocab;
+}
+
+int32_t tok_bos(const struct tokenizer *t)
+{
+    return t->bos;
+}
+
+int32_t tok_eos(const struct tokenizer *t)
+{
+    return t->eos;
+}
+
+int tok_add_bos(const struct tokenizer *t)
+{
+    return t->add_bos;
+}
+
+int tok_is_eog(const struct tokenizer *t, int32_t id)
+{
+    return id >= 0 && (size_t)id < t->n_vocab && t->eog[id];
+}
+
+const char *tok_warning(const struct tokenizer *t)
+{
+    return t->warning[0] ? t->warning : NULL;
+}
+
+const char *tok_piece(const struct tokenizer *t, int32_t id, size_t *len)
+{
+    if (id < 0 || (size_t)id >= t->n_vocab)
+        return NULL;
+    if (len)
+        *len = t->piece_off[id + 1] - t->piece_off[id];
+    return t->pieces + t->piece_off[id];
+}
+
+/* ---- encoding ---- */
+
+struct bpe_item { /* a candidate merge of symbol pos with its right neighbour */
+    int32_t rank;
+    int32_t pos;
+    int32_t id;
+};
+
+struct encoder { /* one tok_encode call */
+    const struct tokenizer *t;
+    int32_t *out;
+    int64_t cap;
+    int64_t n;
+    /* BPE scratch, grown to the longest word */
+    int32_t *sym;  /* token of each symbol; -1 once merged into its left neighbour */
+    int32_t *prev; /* linked list of live symbols */
+    int32_t *next;
+    struct bpe_item *heap;
+    size_t scratch_cap; /* symbols */
+    int err;
+};
+
+static void emit(struct encoder *e, int32_t id)
+{
+    if (e->n < e->cap)
+        e->out[e->n] = id;
+    e->n++;
+}
+
+static int item_less(const struct bpe_item *a, const struct bpe_item *b)
+{
+    return a->rank != b->rank ? a->rank < b->rank : a->pos < b->pos;
+}
+
+static void heap_push(struct bpe_item *h, size_t *n, struct bpe_item it)
+{
+    size_t i = (*n)++;
+
+    while (i > 0 && item_less(&it, &h[(i - 1) / 2])) {
+        h[i] = h[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    h[i] = it;
+}
+
+static struct bpe_item heap_pop(struct bpe_item *h, size_t *n)
+{
+    struct bpe_item top = h[0];
+    struct bpe_item last = h[--*n];
+    size_t i = 0;
+
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= *n)
+            break;
+        if (c + 1 < *n && item_less(&h[c + 1], &h[c]))
+            c++;
+        if (!item_less(&h[c], &last))
+            break;
+        h[i] = h[c];
+        i = c;
+    }
+    if (*n > 0)
+        h[i] = last;
+    return top;
+}
+
+static int reserve_scratch(struct encoder *e, size_t n)
+{
+    size_t cap = e->scratch_cap ? e->scratch_cap : 64;
+    void *p;
+
+    if (n <= e->scratch_cap)
+        return 0;
+    if (n > INT32_MAX / 4)
+        return -E2BIG; /* one word of over 500M bytes */
+    while (cap < n)
+        cap *= 2;
+    if (!(p = realloc(e->sym, cap * sizeof *e->sym)))
+        return -ENOMEM;
+    e->sym = p;
+    if (!(p = realloc(e->prev, cap * sizeof *e->prev)))
+        return -ENOMEM;
+    e->prev = p;
+    if (!(p = realloc(e->next, cap * sizeof *e->next)))
+        return -ENOMEM;
+    e->next = p;
+    /* at most n - 1 initial pairs plus two per merge */
+    if (!(p = realloc(e->heap, 3 * cap * sizeof *e->heap)))
+        return -ENOMEM;
+    e->heap = p;
+    e->scratch_cap = cap;
+    return 0;
+}
+
+static void push_pair(struct encoder *e, size_t *nh, int32_t pos)
+{
+    const struct merge_slot *m = merge_find(e->t, e->sym[pos], e->sym[e->next[pos]]);
+
+    if (m)
+        heap_push(e->heap, nh, (struct bpe_item){.rank = m->rank, .pos = pos, .id = m->id});
+}
+
+/* BPE on one word (bytes w[0..n)), as HF's BPE::merge_word: lowest rank
+ * first, leftmost on ties; an entry is stale when its left symbol is gone, has
+ * no right neighbour, or the pair there no longer merges into entry.id. */
+static void bpe_word(struct encoder *e, const uint8_t *w, size_t n)
+{
+    const struct tokenizer *t = e->t;
+    int32_t ns = 0;
+    size_t nh = 0;
+    int rc = reserve_scratch(e, n);
+
+    if (rc < 0) {
+        e->err = rc;
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        int32_t id = t->byte_tok[w[i]];
+        if (id < 0)
+            continue; /* no token for this byte: HF drops it (no unk token) */
+        e->sym[ns] = id;
+        e->prev[ns] = ns - 1;
+        e->next[ns] = ns + 1;
+        ns++;
+    }
+    if (ns == 0)
+        return;
+    e->next[ns - 1] = -1;
+    for (int32_t i = 0; i + 1 < ns; i++)
+        push_pair(e, &nh, i);
+    while (nh > 0) {
+        struct bpe_item top = heap_pop(e->heap, &nh);
+        int32_t right = e->next[top.pos];
+        const struct merge_slot *m;
+
+        if (e->sym[top.pos] < 0 || right < 0)
+            continue;
+        m = merge_find(t, e->sym[top.pos], e->sym[right]);
+        if (!m || m->id != top.id)
+            continue;
+        e->sym[top.pos] = top.id;
+        e->sym[right] = -1;
+        e->next[top.pos] = e->next[right];
+        if (e->next[right] >= 0)
+            e->prev[e->next[right]] = top.pos;
+        if (e->prev[top.pos] >= 0)
+            push_pair(e, &nh, e->prev[top.pos]);
+        if (e->next[top.pos] >= 0)
+            push_pair(e, &nh, top.pos);
+    }
+    for (int32_t i = 0; i >= 0; i = e->next[i])
+        emit(e, e->sym[i]);
+}
+
+/* End of the run of characters of class c that starts at s[i]. */
+static size_t run_end(const struct tokenizer *t, const uint8_t *s, size_t n, size_t i,
+                      enum char_class c)
+{
+    while (i < n) {
+        size_t l;
+        if (class_at(t, s + i, n - i, &l) != c)
+            break;
+        i += l;
+    }
+    return i;
+}
+
+/* Length of a contraction ('s 't 're 've 'm 'll 'd, case-sensitive) at s[i], or 0. */
+static size_t contraction(const uint8_t *s, size_t n, size_t i)
+{
+    if (s[i] != '\'' || i + 1 >= n)
+        return 0;
+    switch (s[i + 1]) {
+    case 's':
+    case 't':
+    case 'm':
+    case 'd':
+        return 2;
+    case 'r':
+    case 'v':
+        return i + 2 < n && s[i + 2] == 'e' ? 3 : 0;
+    case 'l':
+        return i + 2 < n && s[i + 2] == 'l' ? 3 : 0;
+    default:
+        return 0;
+    }
+}
+
+/* End of the match of \s+(?!\S)|\s+ at s[i]: the whole run of white space if
+ * it ends the text, else all of it but its last character (which then leads
+ * the next word, as in " word"), or that one character if the run has no other. */
+static size_t space_end(const struct tokenizer *t, const uint8_t *s, size_t n, size_t i)
+{
+    size_t last = i;
+    size_t j = i;
+
+    while (j < n) {
+        size_t l;
+        if (class_at(t, s + j, n - j, &l) != CC_SPACE)
+            break;
+        last = j;
+        j += l;
+    }
+    return j < n && last > i ? last : j;
+}
+
+/* GPT-2's pattern over s[0..n), each match to bpe_word. The alternatives are
+ * tried in the regex's order; the letter, number and other alternatives start
+ * at disjoint classes, so the class of the first character (or of the one
+ * after a leading space) picks the branch. */
+static void split_gpt2(struct encoder *e, const uint8_t *s, size_t n)
+{
+    const struct tokenizer *t = e->t;
+    size_t i = 0;
+
+    while (i < n && !e->err) {
+        size_t l;
+        size_t end;
+        enum char_class c = class_at(t, s + i, n - i, &l);
+
+        end = i + contraction(s, n, i);
+        if (end > i) {
+            bpe_word(e, s + i, end - i);
+            i = end;
+            continue;
+        }
+        if (s[i] == ' ' && i + 1 < n) { /* " ?" then \p{L}+, \p{N}+ or other+ */
+            size_t l2;
+            enum char_class c2 = class_at(t, s + i + 1, n - i - 1, &l2);
+            if (c2 != CC_SPACE) {
+                end = run_end(t, s, n, i + 1, c2);
+                bpe_word(e, s + i, end - i);
+                i = end;
+                continue;
+            }
+        }
+        if (c != CC_SPACE) {
+            end = run_end(t, s, n, i, c);
+            bpe_word(e, s + i, end - i);
+            i = end;
+            continue;
+        }
+        end = space_end(t, s, n, i);
+        bpe_word(e, s + i, end - i);
+        i = end;
+    }
+}
+
+/* The pre-tokenizer over one stretch of text between added tokens. */
+static void encode_stretch(struct encoder *e, const uint8_t *s, size_t n)
+{
+    const struct tokenizer *t = e->t;
+    size_t i = 0;
+
+    if (!t->split_digits) {
+        split_gpt2(e, s, n);
+        return;
+    }
+    /* smollm: every \p{N} character is a word of its own; GPT-2's pattern
+     * runs on each stretch between them. */
+    while (i < n && !e->err) {
+        size_t j = i;
+        size_t l = 0;
+        while (j < n && class_at(t, s + j, n - j, &l) != CC_NUMBER)
+            j += l;
+        split_gpt2(e, s + i, j - i);
+        if (j < n) {
+            bpe_word(e, s + j, l);
+            j += l;
+        }
+        i = j;
+    }
+}
+
+/* The leftmost added token in s[from..n) (the longest there); *at gets its
+ * offset. NULL if none. */
+static const struct special *find_special(const struct tokenizer *t, const uint8_t *s, size_t n,
+                                          size_t from, int parse_special, size_t *at)
+{
+    for (size_t i = from; i < n; i++) {
+        int32_t k0 = t->special_first[s[i]];
+        int32_t k1 = t->special_first[s[i] + 1];
+        for (int32_t k = k0; k < k1; k++) {
+            const struct special *sp = &t->specials[k];
+            if (sp->control && !parse_special)
+                continue;
+            if (sp->len <= n - i && memcmp(t->special_text + sp->off, s + i, sp->len) == 0) {
+                *at = i;
+                return sp;
+            }
+        }
+    }
+    return NULL;
+}
+
+int64_t tok_encode(const struct tokenizer *t, const char *text, size_t len, int add_bos,
+                   int parse_special, int32_t *out, int64_t cap)
+{
+    const uint8_t *s = (const uint8_t *)text;
+    struct encoder e = {.t = t, .out = out, .cap = out ? cap : 0};
+    size_t i = 0;
+
+    if (!t || (!text && len > 0) || cap < 0)
+        return -EINVAL;
+    if (add_bos && t->bos >= 0)
+        emit(&e, t->bos);
+    while (i < len && !e.err) {
+        size_t at = len;
+        const struct special *sp =
+            t->n_special ? find_special(t, s, len, i, parse_special, &at) : NULL;
+
+        encode_stretch(&e, s + i, at - i);
+        if (!sp)
+            break;
+        emit(&e, sp->id);
+        i = at + sp->len;
+    }
+    free(e.sym);
+    free(e.prev);
+    free(e.next);
+    free(e.heap);
+    return e.err ? e.err : e.n;
+}
+
+/* ---- streaming detokenizer ---- */
+
+/* Bytes in the UTF-8 sequence that lead byte c starts; 0 if c cannot start one. */
+static int utf8_seq_len(uint8_t c)
+{
+    if (c < 0x80)
+        return 1;
+    if (c >= 0xC2 && c <= 0xDF)
+        return 2;
+    if (c >= 0xE0 && c <= 0xEF)
+        return 3;
+    if (c >= 0xF0 && c <= 0xF4)
+        return 4;
+    return 0;
+}
+
+/* 1 if b may follow the n >= 1 bytes of an incomplete sequence p. */
+static int utf8_continues(const uint8_t *p, int n, uint8_t b)
+{
+    uint8_t lo = 0x80;
+    uint8_t hi = 0xBF;
+
+    if (n == 1) {
+        if (p[0] == 0xE0)
+            lo = 0xA0;
+        else if (p[0] == 0xED)
+            hi = 0x9F;
+        else if (p[0] == 0xF0)
+            lo = 0x90;
+        else if (p[0] == 0xF4)
+            hi = 0x8F;
+    }
+    return b >= lo && b <= hi;
+}
+
+struct sink { /* bounded output */
+    char *out;
+    size_t cap;
+    size_t n;
+    int full;
+};
+
+static void put(struct sink *o, const void *p, size_t n)
+{
+    if (o->n + n > o->cap) {
+        o->full = 1;
+        return;
+    }
+    memcpy(o->out + o->n, p, n);
+    o->n += n;
+}
+
+static void put_replacement(struct sink *o)
+{
+    put(o, "\xEF\xBF\xBD", 3);
+}
+
+/* Feeds one byte through the held-back state; an invalid maximal subpart
+ * becomes one U+FFFD (the Unicode "maximal subpart" practice, which is what
+ * Rust's from_utf8_lossy and Python's decode(errors="replace") do). */
+static void stream_byte(struct tok_stream *s, struct sink *o, uint8_t b)
+{
+    if (s->n_pend > 0) {
+        if (utf8_continues(s->pend, s->n_pend, b)) {
+            s->pend[s->n_pend++] = b;
+            if (s->n_pend == utf8_seq_len(s->pend[0])) {
+                put(o, s->pend, (size_t)s->n_pend);
+                s->n_pend = 0;
+            }
+            return;
+        }
+        put_replacement(o);
+        s->n_pend = 0;
+    }
+    switch (utf8_seq_len(b)) {
+    case 1:
+        put(o, &b, 1);
+        break;
+    case 0:
+        put_replacement(o);
+        break;
+    default:
+        s->pend[0] = b;
+        s->n_pend = 1;
+        break;
+    }
+}
+
+int64_t tok_stream_push(const struct tokenizer *t, struct tok_stream *s, int32_t id, char *out,
+                        size_t cap)
+{
+    struct tok_stream st = *s;
+    struct sink o = {.out = out, .cap = cap};
+    size_t len;
+    const char *p = tok_piece(t, id, &len);
+
+    if (!p || s->n_pend < 0 || s->n_pend > 3)
+        return -EINVAL;
+    for (size_t i = 0; i < len && !o.full; i++)
+        stream_byte(&st, &o, (uint8_t)p[i]);
+    if (o.full)
+        return -ENOSPC; /* *s unchanged: call again with more room */
+    *s = st;
+    return (int64_t)o.n;
+}
+
+int64_t tok_stream_flush(struct tok_stream *s, char *out, size_t cap)
+{
+    struct sink o = {.out = out, .cap = cap};
+
+    if (s->n_pend < 0 || s->n_pend > 3)
+        return -EINVAL;
+    if (s->n_pend > 0)
+        put_replacement(&o);
+    if (o.full)
+        return -ENOSPC;
+    s->n_pend = 0;
+    return (int64_t)o.n;
+}

@@ -1,0 +1,136 @@
+/*
+ * kvcache.h: per-sequence KV memory bookkeeping. Knows nothing above it: no
+ * tensors, no model, no threads. The storage itself belongs to the backend
+ * (host memory on the CPU, device memory on CUDA); this module decides which
+ * cell a token's key and value live in and which cells a query may see.
+ *
+ * One sequence owns one slot of the pool. A slot has S_max pinned sink cells
+ * followed by a ring of R = W_max + C_max cells (W_max the largest window, C_max
+ * the largest prefill chunk):
+ *
+ *     cell:  0 .. S-1          S_max .. S_max+R-1
+ *           [ sinks (pinned) ][ ring: token at position p -> cell S_max + p mod R ]
+ *
+ * A query at absolute position p of a sequence that started at position p0
+ * sees (StreamingLLM, "rolling KV cache with attention sinks"):
+ *   - the sinks: the first S tokens of the sequence, positions p0 .. p0+S-1
+ *     (only those <= p);
+ *   - the window: positions max(p0+S, p-W+1) .. p, the last W tokens with p
+ *     itself, a contiguous run.
+ * So at most S+W keys, whatever p is. The ring holds W+C cells so that
+ * storing a chunk of C new tokens never overwrites a key that the chunk's own
+ * first query still needs.
+ *
+ * Positions (DESIGN.md, "Attention, positions and the window"): every key is
+ * stored rotated at its absolute position and never re-rotated. Window keys are
+ * scored with the query rotated at its absolute position p (true distances;
+ * the window is contiguous). Sink keys are scored with the query rotated at
+ * p0 + its position inside the cache, qc = n_sinks_visible + (p - win_start),
+ * so a sink is never farther than S+W from the query, as StreamingLLM
+ * measures distances inside the cache.
+ *
+ * All sizes, offsets and positions are 64-bit.
+ */
+#ifndef SS_KVCACHE_H
+#define SS_KVCACHE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum kv_policy_kind {
+    KV_POLICY_AUTO = 0,  /* by the model's normalizer: softmax -> sinks:4, else window */
+    KV_POLICY_WINDOW,    /* pin nothing: pure sliding window */
+    KV_POLICY_SINKS,     /* pin the first n_sinks tokens, slide the rest */
+    KV_POLICY_DENSE,     /* no eviction: refuse past the window (the context length) */
+    KV_POLICY_RECOMPUTE, /* evaluation oracle: re-run the window from scratch every token */
+};
+
+struct kv_policy {
+    enum kv_policy_kind kind;
+    int64_t n_sinks; /* for KV_POLICY_SINKS */
+};
+
+#define KV_DEFAULT_SINKS 4 /* StreamingLLM's four attention sinks */
+#define KV_MAX_SINKS 64
+
+/* Parses "auto", "window", "sinks:N", "dense", "recompute". Returns 0 or -EINVAL. */
+int kv_policy_parse(const char *s, struct kv_policy *out);
+/* Writes the canonical name ("sinks:4") into buf. */
+void kv_policy_name(const struct kv_policy *p, char *buf, size_t cap);
+/* Resolves auto for a model: vanilla softmax (needs_sinks = 1) pins
+ * KV_DEFAULT_SINKS; softmax1 / sink / softpick (needs_sinks = 0) evict freely. */
+struct kv_policy kv_policy_resolve(struct kv_policy p, int needs_sinks);
+/* Number of pinned sinks the resolved policy keeps. */
+int64_t kv_policy_sinks(const struct kv_policy *p);
+
+enum kv_dtype { KV_DTYPE_F16 = 0, KV_DTYPE_F32 = 1 };
+
+struct kv_geometry {
+    int n_layer;     /* L */
+    int n_kv_head;   /* Hkv */
+    int head_dim;    /* Dh */
+    int64_t n_sinks; /* S_max: pinned cells per slot */
+    int64_t window;  /* W_max */
+    int64_t chunk;   /* C_max: most tokens one step may add to a sequence */
+    int64_t n_slots; /* sequences that can be resident at once */
+    enum kv_dtype dtype;
+};
+
+/* Cells per slot: S_max + W_max + C_max. */
+int64_t kv_geometry_cells(const struct kv_geometry *g);
+/* Bytes of K (or of V) for one slot, all layers. */
+size_t kv_geometry_slot_bytes(const struct kv_geometry *g);
+/* Element offset of (slot, layer, kv head, cell) in a K or V buffer laid out
+ * [slot][layer][kv_head][cell][Dh]: one head's keys are contiguous. */
+size_t kv_geometry_offset(const struct kv_geometry *g, int64_t slot, int layer, int head,
+                          int64_t cell);
+
+struct kv_pool {
+    struct kv_geometry geo;
+    uint8_t *in_use; /* [n_slots] */
+    int64_t n_free;
+};
+
+/* Validates g (every count positive and the total byte size representable) and
+ * allocates the slot table once. Returns 0 or -EINVAL/-ENOMEM with a message. */
+int kv_pool_init(struct kv_pool *pool, const struct kv_geometry *g, char *err, size_t err_len);
+void kv_pool_free(struct kv_pool *pool);
+/* Takes a free slot: 0 and *slot, or -EBUSY when all are in use. */
+int kv_pool_acquire(struct kv_pool *pool, int64_t *slot);
+void kv_pool_release(struct kv_pool *pool, int64_t slot);
+
+struct kv_seq {
+    int64_t slot;
+    struct kv_policy policy; /* resolved: never AUTO */
+    int64_t n_sinks;         /* S for this sequence (<= geo.n_sinks) */
+    int64_t window;          /* W for this sequence (<= geo.window) */
+    int64_t ring;            /* R = geo.window + geo.chunk */
+    int64_t sink_base;       /* first cell of the ring (geo.n_sinks) */
+    int64_t pos_first;       /* p0: absolute position of the sequence's first token */
+    int64_t pos_next;        /* absolute position of the next token */
+    int64_t n_evicted;       /* tokens that have left the window for good */
+};
+
+/* Sets up seq in slot with a resolved policy. window <= geo.window; for dense,
+ * window is the most tokens the sequence may ever hold. Returns 0 or -EINVAL. */
+int kv_seq_init(struct kv_seq *seq, const struct kv_geometry *g, int64_t slot,
+                struct kv_policy policy, int64_t window, int64_t pos_first);
+/* Can n more tokens be added in one step? 0, or -ENOSPC (dense past its window,
+ * or n above the chunk room). */
+int kv_seq_can_append(const struct kv_seq *seq, const struct kv_geometry *g, int64_t n);
+/* Cell holding the token at absolute position pos (which must be stored). */
+int64_t kv_seq_cell(const struct kv_seq *seq, int64_t pos);
+
+/* What a query at absolute position pos sees (pos already stored). */
+struct kv_view {
+    int64_t n_sinks;   /* sink cells 0 .. n_sinks-1 (positions p0 .. p0+n_sinks-1) */
+    int64_t win_start; /* first window position */
+    int64_t win_len;   /* window positions win_start .. win_start+win_len-1 */
+    int64_t
+        pos_cache; /* position to rotate the query at for sink keys: p0 + n_sinks + win_len - 1 */
+};
+struct kv_view kv_seq_view(const struct kv_seq *seq, int64_t pos);
+/* Records that n tokens were stored; updates pos_next and n_evicted. */
+void kv_seq_advance(struct kv_seq *seq, int64_t n);
+
+#endif

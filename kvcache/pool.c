@@ -1,0 +1,90 @@
+/* pool.c: the fixed pool of KV slots, sized once at start (kvcache.h). */
+#include "kvcache.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int64_t kv_geometry_cells(const struct kv_geometry *g)
+{
+    return g->n_sinks + g->window + g->chunk;
+}
+
+static size_t elem_bytes(enum kv_dtype t)
+{
+    return t == KV_DTYPE_F32 ? 4 : 2;
+}
+
+size_t kv_geometry_slot_bytes(const struct kv_geometry *g)
+{
+    return (size_t)g->n_layer * (size_t)g->n_kv_head * (size_t)kv_geometry_cells(g) *
+           (size_t)g->head_dim * elem_bytes(g->dtype);
+}
+
+size_t kv_geometry_offset(const struct kv_geometry *g, int64_t slot, int layer, int head,
+                          int64_t cell)
+{
+    size_t cells = (size_t)kv_geometry_cells(g);
+    size_t per_head = cells * (size_t)g->head_dim;
+    size_t per_layer = per_head * (size_t)g->n_kv_head;
+    size_t per_slot = per_layer * (size_t)g->n_layer;
+    return (size_t)slot * per_slot + (size_t)layer * per_layer + (size_t)head * per_head +
+           (size_t)cell * (size_t)g->head_dim;
+}
+
+int kv_pool_init(struct kv_pool *pool, const struct kv_geometry *g, char *err, size_t err_len)
+{
+    memset(pool, 0, sizeof *pool);
+    if (g->n_layer <= 0 || g->n_kv_head <= 0 || g->head_dim <= 0 || g->n_sinks < 0 ||
+        g->n_sinks > KV_MAX_SINKS || g->window <= 0 || g->chunk <= 0 || g->n_slots <= 0) {
+        snprintf(err, err_len,
+                 "kv pool: invalid geometry (layers %d, kv heads %d, head dim %d, "
+                 "sinks %lld, window %lld, chunk %lld, slots %lld)",
+                 g->n_layer, g->n_kv_head, g->head_dim, (long long)g->n_sinks, (long long)g->window,
+                 (long long)g->chunk, (long long)g->n_slots);
+        return -EINVAL;
+    }
+    /* the whole pool (K and V) must be addressable with size_t */
+    double total = 2.0 * (double)g->n_slots * (double)g->n_layer * (double)g->n_kv_head *
+                   (double)kv_geometry_cells(g) * (double)g->head_dim * 4.0;
+    if (total > 9.0e18 || g->window > ((int64_t)1 << 40) || g->chunk > ((int64_t)1 << 30)) {
+        snprintf(err, err_len, "kv pool: geometry too large");
+        return -EINVAL;
+    }
+    pool->in_use = calloc((size_t)g->n_slots, 1);
+    if (!pool->in_use) {
+        snprintf(err, err_len, "kv pool: out of memory");
+        return -ENOMEM;
+    }
+    pool->geo = *g;
+    pool->n_free = g->n_slots;
+    return 0;
+}
+
+void kv_pool_free(struct kv_pool *pool)
+{
+    free(pool->in_use);
+    memset(pool, 0, sizeof *pool);
+}
+
+int kv_pool_acquire(struct kv_pool *pool, int64_t *slot)
+{
+    for (int64_t i = 0; i < pool->geo.n_slots; i++) {
+        if (!pool->in_use[i]) {
+            pool->in_use[i] = 1;
+            pool->n_free--;
+            *slot = i;
+            return 0;
+        }
+    }
+    return -EBUSY;
+}
+
+void kv_pool_release(struct kv_pool *pool, int64_t slot)
+{
+    if (slot >= 0 && slot < pool->geo.n_slots && pool->in_use[slot]) {
+        pool->in_use[slot] = 0;
+        pool->n_free++;
+    }
+}

@@ -1,0 +1,68 @@
+/* seq.c: one sequence's sinks + ring: cells, views and eviction (kvcache.h). */
+#include "kvcache.h"
+
+#include <assert.h>
+#include <errno.h>
+
+int kv_seq_init(struct kv_seq *seq, const struct kv_geometry *g, int64_t slot,
+                struct kv_policy policy, int64_t window, int64_t pos_first)
+{
+    if (policy.kind == KV_POLICY_AUTO || slot < 0 || slot >= g->n_slots || window <= 0 ||
+        window > g->window || pos_first < 0)
+        return -EINVAL;
+    int64_t s = kv_policy_sinks(&policy);
+    if (s > g->n_sinks)
+        return -EINVAL;
+    seq->slot = slot;
+    seq->policy = policy;
+    seq->n_sinks = s;
+    seq->window = window;
+    seq->ring = g->window + g->chunk;
+    seq->sink_base = g->n_sinks;
+    seq->pos_first = pos_first;
+    seq->pos_next = pos_first;
+    seq->n_evicted = 0;
+    return 0;
+}
+
+int kv_seq_can_append(const struct kv_seq *seq, const struct kv_geometry *g, int64_t n)
+{
+    if (n < 0 || n > g->chunk)
+        return -ENOSPC;
+    if (seq->policy.kind == KV_POLICY_DENSE && seq->pos_next - seq->pos_first + n > seq->window)
+        return -ENOSPC;
+    return 0;
+}
+
+int64_t kv_seq_cell(const struct kv_seq *seq, int64_t pos)
+{
+    int64_t rel = pos - seq->pos_first;
+    assert(rel >= 0);
+    if (rel < seq->n_sinks)
+        return rel;
+    return seq->sink_base + pos % seq->ring;
+}
+
+struct kv_view kv_seq_view(const struct kv_seq *seq, int64_t pos)
+{
+    struct kv_view v;
+    int64_t rel = pos - seq->pos_first;
+    assert(rel >= 0);
+    int64_t first_win = seq->pos_first + seq->n_sinks; /* sinks never enter the window */
+    v.win_start = pos - seq->window + 1;
+    if (v.win_start < first_win)
+        v.win_start = first_win;
+    v.n_sinks = rel + 1 < seq->n_sinks ? rel + 1 : seq->n_sinks;
+    v.win_len = pos >= v.win_start ? pos - v.win_start + 1 : 0;
+    v.pos_cache = seq->pos_first + v.n_sinks + v.win_len - 1;
+    return v;
+}
+
+void kv_seq_advance(struct kv_seq *seq, int64_t n)
+{
+    seq->pos_next += n;
+    /* tokens outside sinks and outside the window of the newest token */
+    int64_t stored = seq->pos_next - seq->pos_first;
+    int64_t kept = seq->n_sinks + seq->window;
+    seq->n_evicted = stored > kept ? stored - kept : 0;
+}

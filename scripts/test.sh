@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Runs every test from a fresh clone: installs dependencies, fetches the
+# default model, checks formatting, builds with warnings as errors, runs the
+# unit, invariant and reference tests, then the unit tests again under
+# AddressSanitizer + UndefinedBehaviorSanitizer.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install-deps.sh
+export STREAMSINK_MODEL="$(STREAMSINK_VENV=.venv bash scripts/fetch-model.sh)"
+
+echo "== clang-format"
+files=$(git ls-files '*.c' '*.h' '*.cu' '*.cuh')
+clang-format --dry-run --Werror $files
+
+echo "== build (warnings are errors)"
+BUILD_DIR=build-ci bash scripts/build.sh -DSTREAMSINK_WERROR=ON
+
+echo "== tests"
+(cd build-ci && ctest --output-on-failure --timeout 900 -j1)
+
+echo "== unit tests under AddressSanitizer + UndefinedBehaviorSanitizer"
+BUILD_DIR=build-asan bash scripts/build.sh -DSTREAMSINK_WERROR=ON -DSTREAMSINK_CUDA=OFF \
+  -DSTREAMSINK_SANITIZE=address,undefined -DCMAKE_BUILD_TYPE=Debug
+(cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -L unit -j1)

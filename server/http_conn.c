@@ -1,0 +1,779 @@
+/*
+ * http_conn.c: one HTTP/1.1 connection (see http_conn.h for its life).
+ *
+ * Invariants:
+ *   - every callback checks c->state first; only set_state() changes it, and
+ *     set_state() arms the one timer for the new state;
+ *   - the struct is freed only in the last of the two close callbacks (TCP
+ *     handle and timer), never inside a read or write callback;
+ *   - every buffer a client fills is bounded: the URL and the headers we keep
+ *     are fixed arrays, the body is at most max_body, pipelined bytes wait in
+ *     the fixed read buffer (reading stops while it is full);
+ *   - bytes we queue are bounded by the producer pausing at high_water.
+ */
+#include "http_conn.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "api.h"
+#include "log.h"
+
+#define LINGER_MS 2000 /* after an error response: wait this long for the client's FIN */
+
+enum header_which { HDR_NONE = 0, HDR_AUTH, HDR_SESSION, HDR_EXPECT };
+
+struct wreq {
+    uv_write_t w;
+    struct http_conn *c;
+    size_t len;
+    char data[]; /* the bytes, inline */
+};
+
+static void set_state(struct http_conn *c, enum http_conn_state s);
+static void conn_parse(struct http_conn *c);
+static void on_timeout(uv_timer_t *t);
+static void start_reading(struct http_conn *c);
+
+const char *http_conn_state_name(enum http_conn_state s)
+{
+    switch (s) {
+    case HTTP_CONN_READING:
+        return "reading";
+    case HTTP_CONN_WAITING:
+        return "waiting";
+    case HTTP_CONN_STREAMING:
+        return "streaming";
+    case HTTP_CONN_DRAINING:
+        return "draining";
+    case HTTP_CONN_CLOSING:
+        return "closing";
+    }
+    return "?";
+}
+
+size_t http_conn_write_queue(const struct http_conn *c)
+{
+    return uv_stream_get_write_queue_size((const uv_stream_t *)&c->tcp);
+}
+
+int http_conn_idle(const struct http_conn *c)
+{
+    return c->state == HTTP_CONN_READING && !c->msg_begun;
+}
+
+/* ---- timer ------------------------------------------------------------------ */
+
+static void arm(struct http_conn *c, uint64_t ms, uint64_t repeat)
+{
+    uv_timer_stop(&c->timer);
+    if (ms > 0)
+        uv_timer_start(&c->timer, on_timeout, ms, repeat);
+}
+
+/* The one place that knows which deadline applies in which state. */
+static void arm_for_state(struct http_conn *c)
+{
+    const struct http_limits *l = c->lim;
+    switch (c->state) {
+    case HTTP_CONN_READING:
+        arm(c, c->msg_begun ? l->read_timeout_ms : l->keepalive_timeout_ms, 0);
+        break;
+    case HTTP_CONN_WAITING:
+        arm(c, c->stream_held ? l->sse_keepalive_ms : 0, l->sse_keepalive_ms);
+        break;
+    case HTTP_CONN_STREAMING:
+        if (c->paused)
+            arm(c, l->write_stall_timeout_ms, 0);
+        else
+            arm(c, l->sse_keepalive_ms, l->sse_keepalive_ms);
+        break;
+    case HTTP_CONN_DRAINING:
+        arm(c, c->shutdown_sent ? LINGER_MS : l->write_stall_timeout_ms, 0);
+        break;
+    case HTTP_CONN_CLOSING:
+        uv_timer_stop(&c->timer);
+        break;
+    }
+}
+
+static void set_state(struct http_conn *c, enum http_conn_state s)
+{
+    if (c->state == HTTP_CONN_CLOSING)
+        return; /* closing is final */
+    c->state = s;
+    arm_for_state(c);
+}
+
+/* ---- close -------------------------------------------------------------------- */
+
+static void on_handle_close(uv_handle_t *h)
+{
+    struct http_conn *c = h->data;
+    if (--c->n_handles_open > 0)
+        return;
+    if (c->ops->on_free)
+        c->ops->on_free(c, c->ops->arg);
+    free(c->req.body);
+    free(c);
+}
+
+void http_conn_close(struct http_conn *c)
+{
+    if (c->state == HTTP_CONN_CLOSING)
+        return;
+    c->closed_in = c->state;
+    c->state = HTTP_CONN_CLOSING;
+    c->ops->on_close(c, c->ops->arg);
+    uv_timer_stop(&c->timer);
+    uv_close((uv_handle_t *)&c->tcp, on_handle_close);
+    uv_close((uv_handle_t *)&c->timer, on_handle_close);
+}
+
+/* ---- writing ------------------------------------------------------------------ */
+
+static void after_flush(struct http_conn *c);
+
+static void on_write(uv_write_t *w, int status)
+{
+    struct wreq *r = (struct wreq *)w;
+    struct http_conn *c = r->c;
+    free(r);
+    if (c->state == HTTP_CONN_CLOSING)
+        return; /* cancelled by uv_close, or a late completion */
+    if (status < 0) {
+        log_msg(LOG_DEBUG, "write failed: %s", uv_strerror(status));
+        http_conn_close(c);
+        return;
+    }
+    size_t q = http_conn_write_queue(c);
+    if (c->paused && q <= c->lim->low_water) {
+        c->paused = 0;
+        if (c->ops->on_resume)
+            c->ops->on_resume(c, c->ops->arg);
+        if (c->state != HTTP_CONN_CLOSING)
+            arm_for_state(c);
+    } else if (c->paused) {
+        arm_for_state(c); /* progress: the stall deadline starts over */
+    }
+    if (c->state == HTTP_CONN_DRAINING)
+        after_flush(c);
+}
+
+/* Queues the concatenation of n pieces as one write. */
+static int write_parts(struct http_conn *c, const char *const *parts, const size_t *lens, int n)
+{
+    if (c->state == HTTP_CONN_CLOSING)
+        return -ECONNRESET;
+    size_t total = 0;
+    for (int i = 0; i < n; i++)
+        total += lens[i];
+    struct wreq *r = malloc(sizeof *r + total);
+    if (!r) {
+        http_conn_close(c);
+        return -ENOMEM;
+    }
+    r->c = c;
+    r->len = total;
+    size_t o = 0;
+    for (int i = 0; i < n; i++) {
+        memcpy(r->data + o, parts[i], lens[i]);
+        o += lens[i];
+    }
+    uv_buf_t b = uv_buf_init(r->data, (unsigned int)total);
+    int rc = uv_write(&r->w, (uv_stream_t *)&c->tcp, &b, 1, on_write);
+    if (rc < 0) {
+        free(r); /* libuv: on error the callback never runs */
+        http_conn_close(c);
+        return rc;
+    }
+    if (!c->paused && http_conn_write_queue(c) > c->lim->high_water) {
+        c->paused = 1;
+        if (c->ops->on_pause)
+            c->ops->on_pause(c, c->ops->arg);
+        if (c->state == HTTP_CONN_STREAMING)
+            arm_for_state(c);
+    }
+    return 0;
+}
+
+static int write_raw(struct http_conn *c, const char *data, size_t len)
+{
+    const char *parts[1] = {data};
+    size_t lens[1] = {len};
+    return write_parts(c, parts, lens, 1);
+}
+
+static int keep_alive(const struct http_conn *c)
+{
+    return c->req.keep_alive && !c->close_after && !c->no_keepalive;
+}
+
+/* Status line and headers into buf. */
+static size_t format_head(struct http_conn *c, char *buf, size_t cap, int status,
+                          const char *content_type, const char *extra, int has_len, size_t len)
+{
+    char ct[160] = "", cl[64] = "";
+    if (content_type)
+        snprintf(ct, sizeof ct, "Content-Type: %s\r\n", content_type);
+    if (has_len)
+        snprintf(cl, sizeof cl, "Content-Length: %zu\r\n", len);
+    else if (c->chunked)
+        snprintf(cl, sizeof cl, "Transfer-Encoding: chunked\r\n");
+    int n = snprintf(buf, cap, "HTTP/1.1 %d %s\r\n%s%s%s%sConnection: %s\r\n\r\n", status,
+                     api_status_text(status), ct, cl, extra ? extra : "",
+                     c->lim->extra_headers ? c->lim->extra_headers : "",
+                     keep_alive(c) ? "keep-alive" : "close");
+    return n < 0 ? 0 : (size_t)n < cap ? (size_t)n : cap - 1;
+}
+
+/* The response is complete: next request, or close once flushed. */
+static void finish_response(struct http_conn *c)
+{
+    if (c->state == HTTP_CONN_CLOSING)
+        return;
+    if (!keep_alive(c))
+        c->close_after = 1;
+    free(c->req.body);
+    c->req.body = NULL;
+    c->req.body_len = c->req.body_cap = 0;
+    c->stream_held = 0;
+    set_state(c, HTTP_CONN_DRAINING);
+    after_flush(c);
+}
+
+/* In DRAINING: once the queue is low (keep-alive) or empty (close), move on. */
+static void after_flush(struct http_conn *c)
+{
+    size_t q = http_conn_write_queue(c);
+    if (c->close_after) {
+        if (q > 0 || c->shutdown_sent)
+            return;
+        c->shutdown_sent = 1;
+        if (uv_shutdown(&c->shutdown_req, (uv_stream_t *)&c->tcp, NULL) < 0) {
+            http_conn_close(c);
+            return;
+        }
+        arm_for_state(c); /* linger for the client's FIN, then close */
+        return;
+    }
+    if (q > c->lim->low_water)
+        return;
+    /* next request: the parser resumes where it paused */
+    c->msg_begun = 0;
+    c->status = 0;
+    llhttp_resume(&c->parser);
+    set_state(c, HTTP_CONN_READING);
+    if (c->rpos < c->rlen)
+        conn_parse(c);
+    if (c->read_stopped && c->state != HTTP_CONN_CLOSING)
+        start_reading(c);
+}
+
+int http_conn_respond(struct http_conn *c, int status, const char *content_type,
+                      const char *extra_headers, const char *body, size_t len)
+{
+    if (c->state != HTTP_CONN_WAITING)
+        return -EINVAL;
+    char head[2048];
+    c->chunked = 0;
+    c->status = status;
+    size_t hl = format_head(c, head, sizeof head, status, content_type, extra_headers, 1, len);
+    const char *parts[2] = {head, body ? body : ""};
+    size_t lens[2] = {hl, body ? len : 0};
+    int rc = write_parts(c, parts, lens, 2);
+    if (rc < 0)
+        return rc;
+    finish_response(c);
+    return 0;
+}
+
+int http_conn_respond_error(struct http_conn *c, int status, const char *param, const char *code,
+                            const char *extra_headers, const char *message)
+{
+    struct api_error e;
+    api_error_set(&e, status, param, code, "%s", message);
+    char *json = api_error_json(&e);
+    static const char fallback[] =
+        "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"param\":null,"
+        "\"code\":null}}";
+    int rc = http_conn_respond(c, status, "application/json", extra_headers, json ? json : fallback,
+                               json ? strlen(json) : sizeof fallback - 1);
+    free(json);
+    return rc;
+}
+
+int http_conn_stream_begin(struct http_conn *c, int status, const char *content_type,
+                           const char *extra_headers)
+{
+    if (c->state != HTTP_CONN_WAITING)
+        return -EINVAL;
+    char head[2048];
+    c->status = status;
+    /* HTTP/1.0 has no chunked coding: the body ends when the connection does */
+    c->chunked = c->req.http_major == 1 && c->req.http_minor >= 1;
+    if (!c->chunked)
+        c->close_after = 1;
+    c->stream_held = 0;
+    size_t hl = format_head(c, head, sizeof head, status, content_type, extra_headers, 0, 0);
+    int rc = write_raw(c, head, hl);
+    if (rc < 0)
+        return rc;
+    set_state(c, HTTP_CONN_STREAMING);
+    return 0;
+}
+
+int http_conn_stream_write(struct http_conn *c, const char *data, size_t len)
+{
+    if (c->state != HTTP_CONN_STREAMING)
+        return -EINVAL;
+    if (len == 0)
+        return 0; /* a zero-length chunk would end the body */
+    if (!c->chunked)
+        return write_raw(c, data, len);
+    char pre[24];
+    int pl = snprintf(pre, sizeof pre, "%zx\r\n", len);
+    const char *parts[3] = {pre, data, "\r\n"};
+    size_t lens[3] = {(size_t)pl, len, 2};
+    return write_parts(c, parts, lens, 3);
+}
+
+int http_conn_stream_end(struct http_conn *c)
+{
+    if (c->state != HTTP_CONN_STREAMING)
+        return -EINVAL;
+    if (c->chunked) {
+        int rc = write_raw(c, "0\r\n\r\n", 5);
+        if (rc < 0)
+            return rc;
+    }
+    finish_response(c);
+    return 0;
+}
+
+void http_conn_hold_stream(struct http_conn *c)
+{
+    if (c->state != HTTP_CONN_WAITING)
+        return;
+    c->stream_held = 1;
+    arm_for_state(c);
+}
+
+void http_conn_finish_and_close(struct http_conn *c)
+{
+    c->no_keepalive = 1;
+    if (http_conn_idle(c))
+        http_conn_close(c);
+    else if (c->state == HTTP_CONN_DRAINING && !c->close_after) {
+        c->close_after = 1;
+        after_flush(c);
+    }
+}
+
+/* An error found while reading: answer it and close. */
+static void reject(struct http_conn *c, int status, const char *message)
+{
+    c->close_after = 1;
+    if (c->state != HTTP_CONN_READING && c->state != HTTP_CONN_WAITING)
+        return;
+    set_state(c, HTTP_CONN_WAITING);
+    http_conn_respond_error(c, status, NULL, NULL, NULL, message);
+}
+
+/* ---- timer callback ------------------------------------------------------------- */
+
+static void on_timeout(uv_timer_t *t)
+{
+    struct http_conn *c = t->data;
+    static const char ka[] = ": keep-alive\n\n";
+    switch (c->state) {
+    case HTTP_CONN_READING:
+        if (c->msg_begun)
+            reject(c, 408, "the request did not arrive within the read timeout");
+        else
+            http_conn_close(c); /* idle keep-alive connection */
+        break;
+    case HTTP_CONN_WAITING:
+        if (c->stream_held && c->ops->on_stream_commit)
+            c->ops->on_stream_commit(c, c->ops->arg);
+        if (c->state == HTTP_CONN_STREAMING)
+            http_conn_stream_write(c, ka, sizeof ka - 1);
+        break;
+    case HTTP_CONN_STREAMING:
+        if (c->paused) {
+            log_msg(LOG_INFO, "closing a connection that stopped reading (%zu bytes queued)",
+                    http_conn_write_queue(c));
+            c->stalled = 1;
+            http_conn_close(c);
+        } else {
+            http_conn_stream_write(c, ka, sizeof ka - 1);
+        }
+        break;
+    case HTTP_CONN_DRAINING:
+        http_conn_close(c);
+        break;
+    case HTTP_CONN_CLOSING:
+        break;
+    }
+}
+
+/* ---- llhttp callbacks ----------------------------------------------------------- */
+
+static struct http_conn *conn_of(llhttp_t *p)
+{
+    return p->data;
+}
+
+static int over_header_limit(struct http_conn *c, size_t add)
+{
+    c->header_bytes += add;
+    if (c->header_bytes > c->lim->max_header_bytes) {
+        c->err_status = 431;
+        return 1;
+    }
+    return 0;
+}
+
+static int on_message_begin(llhttp_t *p)
+{
+    struct http_conn *c = conn_of(p);
+    char *body = c->req.body;
+    memset(&c->req, 0, sizeof c->req);
+    c->req.body = body; /* reused allocation is freed at finish; here it is NULL */
+    c->msg_begun = 1;
+    c->header_bytes = 0;
+    c->err_status = 0;
+    c->field_len = 0;
+    c->field_which = HDR_NONE;
+    arm_for_state(c); /* the read deadline starts at the first byte of the request */
+    return 0;
+}
+
+static int on_url(llhttp_t *p, const char *at, size_t len)
+{
+    struct http_conn *c = conn_of(p);
+    if (over_header_limit(c, len))
+        return HPE_USER;
+    if (c->req.url_len + len >= HTTP_URL_MAX) {
+        c->err_status = 414;
+        return HPE_USER;
+    }
+    memcpy(c->req.url + c->req.url_len, at, len);
+    c->req.url_len += len;
+    c->req.url[c->req.url_len] = 0;
+    return 0;
+}
+
+static int on_header_field(llhttp_t *p, const char *at, size_t len)
+{
+    struct http_conn *c = conn_of(p);
+    if (over_header_limit(c, len))
+        return HPE_USER;
+    size_t room = HTTP_FIELD_MAX - 1 - c->field_len;
+    size_t n = len < room ? len : room;
+    memcpy(c->field + c->field_len, at, n);
+    c->field_len += n;
+    c->field[c->field_len] = 0;
+    if (n < len)
+        c->field_len = HTTP_FIELD_MAX - 1; /* too long to be one we keep */
+    return 0;
+}
+
+static int on_header_field_complete(llhttp_t *p)
+{
+    struct http_conn *c = conn_of(p);
+    c->field_which = HDR_NONE;
+    if (strcasecmp(c->field, "authorization") == 0)
+        c->field_which = HDR_AUTH;
+    else if (strcasecmp(c->field, "x-session-id") == 0)
+        c->field_which = HDR_SESSION;
+    else if (strcasecmp(c->field, "expect") == 0)
+        c->field_which = HDR_EXPECT;
+    c->value_overflow = 0;
+    return 0;
+}
+
+static void append_value(struct http_conn *c, char *dst, size_t cap, const char *at, size_t len)
+{
+    size_t have = strlen(dst);
+    if (have + len >= cap) {
+        c->value_overflow = 1;
+        return;
+    }
+    memcpy(dst + have, at, len);
+    dst[have + len] = 0;
+}
+
+static int on_header_value(llhttp_t *p, const char *at, size_t len)
+{
+    struct http_conn *c = conn_of(p);
+    if (over_header_limit(c, len))
+        return HPE_USER;
+    switch (c->field_which) {
+    case HDR_AUTH:
+        append_value(c, c->req.authorization, sizeof c->req.authorization, at, len);
+        break;
+    case HDR_SESSION:
+        append_value(c, c->req.session_id, sizeof c->req.session_id, at, len);
+        break;
+    case HDR_EXPECT:
+        if (len >= 12 && strncasecmp(at, "100-continue", 12) == 0)
+            c->req.expect_continue = 1;
+        break;
+    default:
+        break;
+    }
+    return 0;
+}
+
+static int on_header_value_complete(llhttp_t *p)
+{
+    struct http_conn *c = conn_of(p);
+    if (c->value_overflow) {
+        c->err_status = 431; /* a header we keep is longer than we keep */
+        return HPE_USER;
+    }
+    c->field_len = 0;
+    c->field[0] = 0;
+    c->field_which = HDR_NONE;
+    return 0;
+}
+
+static int on_headers_complete(llhttp_t *p)
+{
+    struct http_conn *c = conn_of(p);
+    size_t cap = 0;
+    if (p->flags & F_CONTENT_LENGTH) {
+        if (p->content_length > c->lim->max_body) {
+            c->err_status = 413;
+            return -1;
+        }
+        cap = (size_t)p->content_length + 1;
+    } else if (p->flags & F_CHUNKED) {
+        cap = 4096 < c->lim->max_body + 1 ? 4096 : c->lim->max_body + 1;
+    }
+    if (cap > 0) {
+        c->req.body = malloc(cap);
+        if (!c->req.body) {
+            c->err_status = 503;
+            return -1;
+        }
+        c->req.body_cap = cap;
+    }
+    if (c->req.expect_continue && cap > 1) {
+        static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
+        write_raw(c, cont, sizeof cont - 1);
+    }
+    return 0;
+}
+
+static int on_body(llhttp_t *p, const char *at, size_t len)
+{
+    struct http_conn *c = conn_of(p);
+    struct http_request *r = &c->req;
+    if (r->body_len + len > c->lim->max_body) {
+        c->err_status = 413;
+        return HPE_USER;
+    }
+    if (r->body_len + len + 1 > r->body_cap) { /* chunked: grow, bounded by max_body */
+        size_t cap = r->body_cap ? r->body_cap : 4096;
+        while (cap < r->body_len + len + 1)
+            cap *= 2;
+        if (cap > c->lim->max_body + 1)
+            cap = c->lim->max_body + 1;
+        char *nb = realloc(r->body, cap);
+        if (!nb) {
+            c->err_status = 503;
+            return HPE_USER;
+        }
+        r->body = nb;
+        r->body_cap = cap;
+    }
+    memcpy(r->body + r->body_len, at, len);
+    r->body_len += len;
+    return 0;
+}
+
+static int on_message_complete(llhttp_t *p)
+{
+    struct http_conn *c = conn_of(p);
+    c->req.method = p->method;
+    c->req.http_major = p->http_major;
+    c->req.http_minor = p->http_minor;
+    c->req.keep_alive = llhttp_should_keep_alive(p);
+    if (c->req.body)
+        c->req.body[c->req.body_len] = 0;
+    return HPE_PAUSED; /* one request at a time: resume when the response is done */
+}
+
+static const llhttp_settings_t *settings(void)
+{
+    static llhttp_settings_t s;
+    static int init;
+    if (!init) {
+        llhttp_settings_init(&s);
+        s.on_message_begin = on_message_begin;
+        s.on_url = on_url;
+        s.on_header_field = on_header_field;
+        s.on_header_field_complete = on_header_field_complete;
+        s.on_header_value = on_header_value;
+        s.on_header_value_complete = on_header_value_complete;
+        s.on_headers_complete = on_headers_complete;
+        s.on_body = on_body;
+        s.on_message_complete = on_message_complete;
+        init = 1; /* loop thread only */
+    }
+    return &s;
+}
+
+/* ---- reading -------------------------------------------------------------------- */
+
+static void dispatch(struct http_conn *c)
+{
+    set_state(c, HTTP_CONN_WAITING);
+    c->ops->on_request(c, c->ops->arg);
+}
+
+static void parse_error(struct http_conn *c, llhttp_errno_t e)
+{
+    if (c->err_status == 413)
+        reject(c, 413, "the request body is larger than this server accepts");
+    else if (c->err_status == 414)
+        reject(c, 414, "the request URL is too long");
+    else if (c->err_status == 431)
+        reject(c, 431, "the request headers are larger than this server accepts");
+    else if (c->err_status)
+        reject(c, c->err_status, "the server could not take this request");
+    else {
+        char msg[200];
+        snprintf(msg, sizeof msg, "malformed HTTP request: %s", llhttp_errno_name(e));
+        reject(c, e == HPE_INVALID_VERSION ? 505 : 400, msg);
+    }
+}
+
+/* Feeds the buffered bytes to llhttp while READING. Re-entrant calls (a
+ * handler that answers at once) return; the outer loop goes on. */
+static void conn_parse(struct http_conn *c)
+{
+    if (c->in_parse)
+        return;
+    c->in_parse = 1;
+    while (c->state == HTTP_CONN_READING && c->rpos < c->rlen) {
+        const char *start = c->rbuf + c->rpos;
+        llhttp_errno_t e = llhttp_execute(&c->parser, start, c->rlen - c->rpos);
+        if (e == HPE_OK) {
+            c->rpos = c->rlen;
+        } else if (e == HPE_PAUSED || e == HPE_PAUSED_UPGRADE) {
+            c->rpos = (size_t)(llhttp_get_error_pos(&c->parser) - c->rbuf);
+            if (e == HPE_PAUSED_UPGRADE)
+                c->close_after = 1; /* no upgrades: answer, then close */
+            dispatch(c);
+        } else {
+            parse_error(c, e);
+            break;
+        }
+    }
+    if (c->rpos == c->rlen) {
+        c->rpos = c->rlen = 0;
+    } else if (c->rpos > 0 && c->state != HTTP_CONN_CLOSING) {
+        memmove(c->rbuf, c->rbuf + c->rpos, c->rlen - c->rpos);
+        c->rlen -= c->rpos;
+        c->rpos = 0;
+    }
+    c->in_parse = 0;
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    struct http_conn *c = h->data;
+    (void)suggested;
+    if (c->close_after && c->state == HTTP_CONN_DRAINING)
+        c->rpos = c->rlen = 0; /* lingering: what arrives is discarded */
+    *buf = uv_buf_init(c->rbuf + c->rlen, (unsigned int)(sizeof c->rbuf - c->rlen));
+}
+
+static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
+{
+    struct http_conn *c = s->data;
+    (void)buf;
+    if (c->state == HTTP_CONN_CLOSING)
+        return;
+    if (nread == UV_ENOBUFS) { /* buffer full of pipelined requests: wait */
+        uv_read_stop(s);
+        c->read_stopped = 1;
+        return;
+    }
+    if (nread < 0) {
+        if (c->state == HTTP_CONN_READING && c->msg_begun && nread == UV_EOF) {
+            llhttp_errno_t e = llhttp_finish(&c->parser);
+            if (e != HPE_OK && e != HPE_PAUSED) {
+                http_conn_close(c); /* the client gave up mid-request */
+                return;
+            }
+        }
+        /* EOF or error: whatever is running is for nobody now */
+        http_conn_close(c);
+        return;
+    }
+    if (nread == 0)
+        return;
+    if (c->close_after && c->state == HTTP_CONN_DRAINING)
+        return; /* lingering after an error: discard */
+    c->rlen += (size_t)nread;
+    if (c->state == HTTP_CONN_READING)
+        conn_parse(c);
+    if (c->state != HTTP_CONN_CLOSING && c->rlen == sizeof c->rbuf) {
+        uv_read_stop(s); /* pipelined bytes fill the buffer: stop until they are parsed */
+        c->read_stopped = 1;
+    }
+}
+
+static void start_reading(struct http_conn *c)
+{
+    if (c->rlen < sizeof c->rbuf && uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) == 0)
+        c->read_stopped = 0;
+}
+
+int http_conn_accept(uv_stream_t *server, const struct http_limits *lim,
+                     const struct http_conn_ops *ops, struct http_conn **out)
+{
+    struct http_conn *c = calloc(1, sizeof *c);
+    if (!c)
+        return -ENOMEM;
+    c->lim = lim;
+    c->ops = ops;
+    int rc = uv_tcp_init(server->loop, &c->tcp);
+    if (rc < 0) {
+        free(c);
+        return rc;
+    }
+    c->tcp.data = c;
+    c->n_handles_open = 1;
+    rc = uv_timer_init(server->loop, &c->timer);
+    if (rc == 0) {
+        c->timer.data = c;
+        c->n_handles_open = 2;
+        rc = uv_accept(server, (uv_stream_t *)&c->tcp);
+    }
+    if (rc == 0) {
+        uv_tcp_nodelay(&c->tcp, 1); /* tokens go out as they come */
+        rc = uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
+    }
+    if (rc < 0) {
+        /* not registered anywhere yet: close without calling ops->on_close */
+        c->state = HTTP_CONN_CLOSING;
+        uv_close((uv_handle_t *)&c->tcp, on_handle_close);
+        if (c->n_handles_open == 2)
+            uv_close((uv_handle_t *)&c->timer, on_handle_close);
+        return rc;
+    }
+    llhttp_init(&c->parser, HTTP_REQUEST, settings());
+    c->parser.data = c;
+    c->state = HTTP_CONN_READING;
+    arm_for_state(c);
+    *out = c;
+    return 0;
+}

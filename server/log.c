@@ -1,0 +1,32 @@
+/* log.c: see log.h. Lines are written with one fprintf so threads do not interleave. */
+#include "log.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <time.h>
+
+static enum log_level min_level = LOG_INFO;
+
+void log_set_level(enum log_level lv)
+{
+    min_level = lv;
+}
+
+void log_msg(enum log_level lv, const char *fmt, ...)
+{
+    static const char *const names[] = {"debug", "info", "warn", "error"};
+    if (lv < min_level)
+        return;
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    struct tm tm;
+    gmtime_r(&ts.tv_sec, &tm);
+    fprintf(stderr, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ %-5s %s\n", tm.tm_year + 1900,
+            tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000,
+            names[lv], msg);
+}

@@ -1,0 +1,43 @@
+/*
+ * main.c: the streamsink program. One binary, subcommands:
+ *   run         one prompt on the CPU, streamed to stdout      (engine)
+ *   serve       the OpenAI-compatible HTTP server               (server)
+ * Exit codes: 0 ok, 1 runtime failure, 2 usage, 3 bad model file.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "engine.h"
+#include "server.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: streamsink <command> [options]\n"
+               "\n"
+               "commands:\n"
+               "  run         run one prompt and stream the text to stdout\n"
+               "  serve       serve the OpenAI API over HTTP (streaming, sessions, metrics)\n"
+               "\n"
+               "`streamsink <command> --help` describes each command's options.\n"
+               "exit codes: 0 ok, 1 runtime failure, 2 bad usage, 3 bad or missing model file\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return ENGINE_EXIT_USAGE;
+    }
+    const char *cmd = argv[1];
+    if (strcmp(cmd, "run") == 0)
+        return engine_cmd_run(argc - 1, argv + 1);
+    if (strcmp(cmd, "serve") == 0)
+        return server_cmd_serve(argc - 1, argv + 1);
+    if (strcmp(cmd, "-h") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "help") == 0) {
+        usage(stdout);
+        return ENGINE_EXIT_OK;
+    }
+    fprintf(stderr, "error: unknown command '%s'\n", cmd);
+    usage(stderr);
+    return ENGINE_EXIT_USAGE;
+}

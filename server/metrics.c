@@ -1,0 +1,234 @@
+/* metrics.c: see metrics.h. */
+#include "metrics.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+static const int statuses[METRICS_N_STATUS - 1] = {200, 400, 401, 404, 405, 408, 409, 413,
+                                                   414, 429, 431, 500, 503, 505, 501};
+
+static const double ttft_le[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                                 1,     2.5,  5,     10,   30,  60,   120};
+static const double itl_le[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                0.25,  0.5,    1,     2.5,  5,     10};
+
+void metrics_hist_init(struct metrics_hist *h, const double *le, int n_le)
+{
+    memset(h, 0, sizeof *h);
+    h->n_le = n_le < METRICS_MAX_BUCKETS ? n_le : METRICS_MAX_BUCKETS;
+    memcpy(h->le, le, (size_t)h->n_le * sizeof *le);
+}
+
+void metrics_init(struct metrics *m)
+{
+    memset(m, 0, sizeof *m);
+    metrics_hist_init(&m->ttft, ttft_le, (int)(sizeof ttft_le / sizeof ttft_le[0]));
+    metrics_hist_init(&m->itl, itl_le, (int)(sizeof itl_le / sizeof itl_le[0]));
+}
+
+void metrics_hist_observe(struct metrics_hist *h, double v)
+{
+    int i = 0;
+    while (i < h->n_le && v > h->le[i])
+        i++;
+    h->counts[i]++;
+    h->sum += v;
+    h->count++;
+}
+
+static int status_slot(int status)
+{
+    for (int i = 0; i < METRICS_N_STATUS - 1; i++)
+        if (statuses[i] == status)
+            return i;
+    return METRICS_N_STATUS - 1;
+}
+
+void metrics_count_request(struct metrics *m, enum metrics_endpoint ep, int status)
+{
+    if ((int)ep < 0 || ep >= METRICS_EP_COUNT)
+        ep = METRICS_EP_OTHER;
+    m->requests[ep][status_slot(status)]++;
+}
+
+const char *metrics_endpoint_name(enum metrics_endpoint ep)
+{
+    switch (ep) {
+    case METRICS_EP_COMPLETIONS:
+        return "/v1/completions";
+    case METRICS_EP_CHAT:
+        return "/v1/chat/completions";
+    case METRICS_EP_MODELS:
+        return "/v1/models";
+    case METRICS_EP_HEALTH:
+        return "/health";
+    case METRICS_EP_METRICS:
+        return "/metrics";
+    default:
+        return "other";
+    }
+}
+
+/* A bounded appender: counts what it would need once it runs out. */
+struct out {
+    char *buf;
+    size_t cap, len;
+};
+
+static void put(struct out *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void put(struct out *o, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    size_t room = o->len < o->cap ? o->cap - o->len : 0;
+    int n = vsnprintf(room ? o->buf + o->len : NULL, room, fmt, ap);
+    va_end(ap);
+    if (n > 0)
+        o->len += (size_t)n;
+}
+
+/* A label value with ", \ and newlines escaped, as the format requires. */
+static const char *label(char *buf, size_t cap, const char *s)
+{
+    size_t o = 0;
+    for (; *s && o + 3 < cap; s++) {
+        if (*s == '"' || *s == '\\') {
+            buf[o++] = '\\';
+            buf[o++] = *s;
+        } else if (*s == '\n') {
+            buf[o++] = '\\';
+            buf[o++] = 'n';
+        } else {
+            buf[o++] = *s;
+        }
+    }
+    buf[o] = 0;
+    return buf;
+}
+
+static void head(struct out *o, const char *name, const char *type, const char *help)
+{
+    put(o, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static void gauge(struct out *o, const char *name, const char *help, double v)
+{
+    head(o, name, "gauge", help);
+    put(o, "%s %.17g\n", name, v);
+}
+
+static void counter(struct out *o, const char *name, const char *help, double v)
+{
+    head(o, name, "counter", help);
+    put(o, "%s %.17g\n", name, v);
+}
+
+static void hist(struct out *o, const char *name, const char *help, const struct metrics_hist *h)
+{
+    uint64_t cum = 0;
+    head(o, name, "histogram", help);
+    for (int i = 0; i < h->n_le; i++) {
+        cum += h->counts[i];
+        put(o, "%s_bucket{le=\"%g\"} %llu\n", name, h->le[i], (unsigned long long)cum);
+    }
+    cum += h->counts[h->n_le];
+    put(o, "%s_bucket{le=\"+Inf\"} %llu\n", name, (unsigned long long)cum);
+    put(o, "%s_sum %.17g\n", name, h->sum);
+    put(o, "%s_count %llu\n", name, (unsigned long long)h->count);
+}
+
+size_t metrics_render(const struct metrics *m, const struct metrics_live *live,
+                      const struct engine_stats *es, const struct engine_model_info *mi, char *buf,
+                      size_t cap)
+{
+    struct out o = {buf, cap, 0};
+
+    head(&o, "streamsink_requests_total", "counter",
+         "HTTP requests answered, by endpoint and status");
+    for (int e = 0; e < METRICS_EP_COUNT; e++) {
+        for (int s = 0; s < METRICS_N_STATUS; s++) {
+            if (!m->requests[e][s])
+                continue;
+            if (s < METRICS_N_STATUS - 1)
+                put(&o, "streamsink_requests_total{endpoint=\"%s\",status=\"%d\"} %llu\n",
+                    metrics_endpoint_name((enum metrics_endpoint)e), statuses[s],
+                    (unsigned long long)m->requests[e][s]);
+            else
+                put(&o, "streamsink_requests_total{endpoint=\"%s\",status=\"other\"} %llu\n",
+                    metrics_endpoint_name((enum metrics_endpoint)e),
+                    (unsigned long long)m->requests[e][s]);
+        }
+    }
+    hist(&o, "streamsink_time_to_first_token_seconds",
+         "Time from submit to the first token event, measured on the loop thread", &m->ttft);
+    hist(&o, "streamsink_inter_token_latency_seconds",
+         "Time between consecutive token events of one request", &m->itl);
+    counter(&o, "streamsink_streamed_tokens_total", "Token events delivered to clients",
+            (double)m->streamed_tokens);
+    counter(&o, "streamsink_connections_accepted_total", "Connections accepted",
+            (double)m->conns_accepted);
+    counter(&o, "streamsink_connections_rejected_total", "Connections refused over --max-conns",
+            (double)m->conns_rejected);
+    counter(&o, "streamsink_write_stall_closes_total",
+            "Connections closed because the client stopped reading", (double)m->write_stall_closes);
+    counter(&o, "streamsink_client_disconnects_total",
+            "Connections closed by the client while a request was running",
+            (double)m->client_disconnects);
+
+    if (live) {
+        gauge(&o, "streamsink_connections_open", "Open connections", (double)live->conns_open);
+        gauge(&o, "streamsink_connections_paused",
+              "Connections whose write queue is above the high-water mark",
+              (double)live->conns_paused);
+        gauge(&o, "streamsink_requests_inflight", "Requests submitted to the engine, not finished",
+              (double)live->requests_inflight);
+        gauge(&o, "streamsink_write_queue_bytes", "Bytes queued for clients, all connections",
+              (double)live->write_queue_bytes);
+        gauge(&o, "streamsink_write_queue_max_bytes",
+              "The largest write queue of a single connection", (double)live->write_queue_max);
+        gauge(&o, "streamsink_write_queue_high_water_bytes",
+              "Write queue size that pauses a sequence", (double)live->high_water);
+        gauge(&o, "streamsink_write_queue_low_water_bytes",
+              "Write queue size that resumes a paused sequence", (double)live->low_water);
+        gauge(&o, "streamsink_draining", "1 while shutting down", (double)live->draining);
+    }
+    if (es) {
+        gauge(&o, "streamsink_active_sequences", "Sequences running in the engine",
+              (double)es->active_seqs);
+        gauge(&o, "streamsink_paused_sequences", "Sequences paused by backpressure",
+              (double)es->paused_seqs);
+        gauge(&o, "streamsink_queued_requests", "Requests waiting for a KV slot",
+              (double)es->queued);
+        gauge(&o, "streamsink_sessions", "Sessions holding a KV slot", (double)es->sessions);
+        gauge(&o, "streamsink_kv_slots_total", "KV slots in the pool", (double)es->slots_total);
+        gauge(&o, "streamsink_kv_slots_free", "KV slots free", (double)es->slots_free);
+        gauge(&o, "streamsink_kv_slots_used", "KV slots in use",
+              (double)(es->slots_total - es->slots_free));
+        gauge(&o, "streamsink_kv_bytes", "Bytes of KV cache allocated", (double)es->kv_bytes);
+        counter(&o, "streamsink_prompt_tokens_total", "Prompt tokens processed",
+                (double)es->prompt_tokens_total);
+        counter(&o, "streamsink_generated_tokens_total", "Tokens generated",
+                (double)es->gen_tokens_total);
+        counter(&o, "streamsink_engine_steps_total", "Batched engine steps",
+                (double)es->steps_total);
+        head(&o, "streamsink_kv_evicted_tokens_total", "counter",
+             "Tokens evicted from KV windows (labelled with the server's default policy)");
+        char pl[80];
+        put(&o, "streamsink_kv_evicted_tokens_total{policy=\"%s\"} %lld\n",
+            label(pl, sizeof pl, mi && mi->default_policy[0] ? mi->default_policy : "unknown"),
+            (long long)es->evicted_tokens_total);
+        gauge(&o, "streamsink_engine_healthy", "0 after a backend failure", (double)es->healthy);
+    }
+    if (mi) {
+        char l1[300], l2[80], l3[40], l4[80];
+        head(&o, "streamsink_model_info", "gauge", "The loaded model");
+        put(&o,
+            "streamsink_model_info{name=\"%s\",arch=\"%s\",normalizer=\"%s\","
+            "default_policy=\"%s\"} 1\n",
+            label(l1, sizeof l1, mi->name), label(l2, sizeof l2, mi->arch),
+            label(l3, sizeof l3, mi->normalizer), label(l4, sizeof l4, mi->default_policy));
+        gauge(&o, "streamsink_kv_window_tokens", "Window tokens per sequence", (double)mi->window);
+    }
+    return o.len;
+}

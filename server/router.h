@@ -1,0 +1,82 @@
+/*
+ * router.h: what server.c (the loop, listener, engine wake-up, shutdown) and
+ * router.c (method + path -> handler, requests -> engine, events -> HTTP)
+ * share. Internal to server/.
+ *
+ * One libuv loop thread owns every socket; the engine thread owns the model.
+ * They share only engine.h's queues. The server keeps a slot table of
+ * connections: a request id is (sequence number * max_conns + slot), so an
+ * engine event finds its connection in O(1), and a late event for a closed
+ * connection (or for an earlier request on a reused slot) finds nothing and
+ * is dropped.
+ */
+#ifndef SS_ROUTER_H
+#define SS_ROUTER_H
+
+#include <stdint.h>
+#include <uv.h>
+
+#include "api.h"
+#include "config.h"
+#include "http_conn.h"
+#include "metrics.h"
+
+struct server {
+    uv_loop_t *loop;
+    uv_tcp_t listener;
+    uv_async_t wake; /* the engine thread's "events are ready" */
+    uv_signal_t sigterm, sigint;
+    uv_timer_t drain_timer;
+    struct server_config cfg;
+    struct http_limits lim;
+    struct http_conn_ops ops;
+
+    struct engine *engine;
+    const struct engine_model_info *info;
+    struct api_chat_template chat;
+    char model_id[128]; /* the model's file name without .gguf */
+    char headers[512];  /* sent with every response: X-Streamsink-Replica */
+    int64_t started_at; /* unix seconds */
+
+    struct http_conn **conns; /* [max_conns]: slot -> connection */
+    int64_t *free_slots;      /* stack of free slot indices */
+    int64_t n_free;
+    uint64_t next_seq;
+    int64_t inflight; /* requests submitted and not finished */
+
+    struct metrics metrics;
+    int listening;
+    int draining; /* SIGTERM/SIGINT: no new work, finish what runs */
+    double drain_deadline;
+    int stopped;
+};
+
+/* One API request between submit and its last event; c->user points here. */
+struct srv_req {
+    uint64_t id;
+    enum metrics_endpoint ep;
+    struct api_response resp;
+    int stream;
+    int started;  /* stream: headers and the first chunk are out */
+    int overflow; /* non-streamed text reached --max-response: cancelled */
+    int paused;   /* engine_pause sent */
+    double t_submit, t_last;
+    int64_t n_tokens;
+};
+
+/* http_conn_ops callbacks (arg is the struct server). */
+void router_on_request(struct http_conn *c, void *arg);
+void router_on_stream_commit(struct http_conn *c, void *arg);
+void router_on_pause(struct http_conn *c, void *arg);
+void router_on_resume(struct http_conn *c, void *arg);
+/* An engine event for the request running on c. */
+void router_on_event(struct server *s, struct http_conn *c, const struct engine_event *ev);
+/* c is closing: cancels and frees its request, if any. Returns 1 if one was
+ * running. */
+int router_forget(struct server *s, struct http_conn *c);
+
+/* server.c: called by the router when a request finishes (drain bookkeeping). */
+void server_request_done(struct server *s);
+double server_now(void);
+
+#endif

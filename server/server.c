@@ -1,0 +1,433 @@
+/*
+ * server.c: `streamsink serve`: argv -> config, start the engine, listen, run
+ * the loop, drain on SIGTERM/SIGINT.
+ *
+ * The loop thread owns the listener, every connection and the slot table.
+ * The engine thread calls wake() (uv_async_send, which coalesces), and
+ * on_wake drains events until engine_drain returns 0, routing each by id.
+ *
+ * Shutdown: the first SIGTERM or SIGINT closes the listener, closes idle
+ * connections and lets running requests finish (their connections close
+ * after the response); when none are left, or after --drain-timeout, the
+ * rest are cancelled, the engine is stopped (its thread joined) and the loop
+ * ends: exit 0. A second signal skips the grace period.
+ */
+#include "server.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "router.h"
+
+#define EVENT_BATCH 64
+
+double server_now(void)
+{
+    return (double)uv_hrtime() * 1e-9;
+}
+
+/* ---- the slot table --------------------------------------------------------------- */
+
+static struct http_conn *lookup(struct server *s, uint64_t id)
+{
+    uint64_t slot = id % (uint64_t)s->cfg.max_conns;
+    struct http_conn *c = s->conns[slot];
+    if (!c || !c->user)
+        return NULL;
+    struct srv_req *r = c->user;
+    return r->id == id ? c : NULL;
+}
+
+/* ---- shutdown ---------------------------------------------------------------------- */
+
+static void stop(struct server *s)
+{
+    if (s->stopped)
+        return;
+    s->stopped = 1;
+    log_msg(LOG_INFO, "stopping");
+    for (int64_t i = 0; i < s->cfg.max_conns; i++)
+        if (s->conns[i])
+            http_conn_close(s->conns[i]); /* cancels what still runs */
+    /* join the engine thread before closing the async handle it signals */
+    engine_stop(s->engine);
+    s->engine = NULL;
+    if (s->listening) {
+        uv_close((uv_handle_t *)&s->listener, NULL);
+        s->listening = 0;
+    }
+    uv_close((uv_handle_t *)&s->wake, NULL);
+    uv_close((uv_handle_t *)&s->sigterm, NULL);
+    uv_close((uv_handle_t *)&s->sigint, NULL);
+    uv_close((uv_handle_t *)&s->drain_timer, NULL);
+}
+
+static void on_drained(uv_timer_t *t);
+
+void server_request_done(struct server *s)
+{
+    s->inflight--;
+    if (s->draining && s->inflight == 0 && !s->stopped) {
+        log_msg(LOG_INFO, "drained: every request finished");
+        /* let the last responses flush before the connections close */
+        uv_timer_start(&s->drain_timer, on_drained, 0, 0);
+    }
+}
+
+static void on_drain_timeout(uv_timer_t *t)
+{
+    struct server *s = t->data;
+    if (s->inflight > 0)
+        log_msg(LOG_WARN, "drain timeout: cancelling %lld running request(s)",
+                (long long)s->inflight);
+    stop(s);
+}
+
+static void on_drained(uv_timer_t *t)
+{
+    struct server *s = t->data;
+    int64_t queued = 0;
+    for (int64_t i = 0; i < s->cfg.max_conns; i++)
+        if (s->conns[i])
+            queued += (int64_t)http_conn_write_queue(s->conns[i]);
+    if (queued > 0 && server_now() < s->drain_deadline) {
+        uv_timer_start(t, on_drained, 20, 0); /* still flushing */
+        return;
+    }
+    stop(s);
+}
+
+static void on_signal(uv_signal_t *h, int signum)
+{
+    struct server *s = h->data;
+    if (s->draining) {
+        log_msg(LOG_WARN, "second signal: stopping now");
+        stop(s);
+        return;
+    }
+    s->draining = 1;
+    s->drain_deadline = server_now() + s->cfg.drain_timeout;
+    log_msg(LOG_INFO, "%s: draining %lld running request(s) for up to %gs",
+            signum == SIGTERM ? "SIGTERM" : "SIGINT", (long long)s->inflight, s->cfg.drain_timeout);
+    if (s->listening) {
+        uv_close((uv_handle_t *)&s->listener, NULL);
+        s->listening = 0;
+    }
+    for (int64_t i = 0; i < s->cfg.max_conns; i++)
+        if (s->conns[i])
+            http_conn_finish_and_close(s->conns[i]);
+    if (s->inflight == 0)
+        uv_timer_start(&s->drain_timer, on_drained, 0, 0);
+    else
+        uv_timer_start(&s->drain_timer, on_drain_timeout, (uint64_t)(s->cfg.drain_timeout * 1e3),
+                       0);
+}
+
+/* ---- connections ------------------------------------------------------------------- */
+
+static void on_conn_close(struct http_conn *c, void *arg)
+{
+    struct server *s = arg;
+    if (router_forget(s, c)) {
+        if (c->stalled)
+            s->metrics.write_stall_closes++;
+        else
+            s->metrics.client_disconnects++;
+    }
+    int64_t slot = (int64_t)c->user_id;
+    if (s->conns[slot] == c) {
+        s->conns[slot] = NULL;
+        s->free_slots[s->n_free++] = slot;
+    }
+}
+
+static void on_reject_close(uv_handle_t *h)
+{
+    free(h);
+}
+
+/* Over --max-conns: a canned 503 and close, without an http_conn. */
+static void reject_connection(struct server *s)
+{
+    static const char body[] =
+        "{\"error\":{\"message\":\"too many connections; retry shortly\",\"type\":"
+        "\"server_error\",\"param\":null,\"code\":\"too_many_connections\"}}";
+    char resp[512];
+    int n = snprintf(resp, sizeof resp,
+                     "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                     "Content-Length: %zu\r\nRetry-After: 1\r\n%sConnection: close\r\n\r\n%s",
+                     sizeof body - 1, s->headers, body);
+    uv_tcp_t *t = malloc(sizeof *t);
+    if (!t)
+        return;
+    uv_tcp_init(s->loop, t);
+    if (uv_accept((uv_stream_t *)&s->listener, (uv_stream_t *)t) == 0) {
+        uv_buf_t b = uv_buf_init(resp, (unsigned int)n);
+        uv_try_write((uv_stream_t *)t, &b, 1); /* best effort: a fresh socket has room */
+    }
+    s->metrics.conns_rejected++;
+    uv_close((uv_handle_t *)t, on_reject_close);
+}
+
+static void on_connection(uv_stream_t *l, int status)
+{
+    struct server *s = l->data;
+    if (status < 0) {
+        log_msg(LOG_WARN, "accept: %s", uv_strerror(status));
+        return;
+    }
+    if (s->n_free == 0) {
+        reject_connection(s);
+        return;
+    }
+    struct http_conn *c;
+    int rc = http_conn_accept(l, &s->lim, &s->ops, &c);
+    if (rc < 0) {
+        log_msg(LOG_WARN, "accept: %s", uv_strerror(rc));
+        return;
+    }
+    int64_t slot = s->free_slots[--s->n_free];
+    c->user_id = (uint64_t)slot;
+    s->conns[slot] = c;
+    s->metrics.conns_accepted++;
+}
+
+/* ---- engine events -------------------------------------------------------------------- */
+
+static void wake(void *arg) /* engine thread */
+{
+    uv_async_send(arg);
+}
+
+static void on_wake(uv_async_t *a)
+{
+    struct server *s = a->data;
+    struct engine_event ev[EVENT_BATCH];
+    size_t n;
+    if (!s->engine)
+        return;
+    /* uv_async_send coalesces: drain until empty, never one event per wake */
+    while ((n = engine_drain(s->engine, ev, EVENT_BATCH)) > 0) {
+        for (size_t i = 0; i < n; i++) {
+            struct http_conn *c = lookup(s, ev[i].id);
+            if (c)
+                router_on_event(s, c, &ev[i]);
+        }
+    }
+}
+
+/* ---- startup ------------------------------------------------------------------------------ */
+
+static void model_id_from_path(char *dst, size_t cap, const char *path)
+{
+    const char *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    snprintf(dst, cap, "%s", base);
+    size_t n = strlen(dst);
+    if (n > 5 && strcmp(dst + n - 5, ".gguf") == 0)
+        dst[n - 5] = 0;
+}
+
+static int listen_on(struct server *s, int *port_out)
+{
+    struct sockaddr_storage addr;
+    int rc = strchr(s->cfg.host, ':')
+                 ? uv_ip6_addr(s->cfg.host, (int)s->cfg.port, (struct sockaddr_in6 *)&addr)
+                 : uv_ip4_addr(s->cfg.host, (int)s->cfg.port, (struct sockaddr_in *)&addr);
+    if (rc < 0) {
+        log_msg(LOG_ERROR, "--host %s: not an IP address", s->cfg.host);
+        return rc;
+    }
+    uv_tcp_init(s->loop, &s->listener);
+    s->listener.data = s;
+    s->listening = 1;
+    rc = uv_tcp_bind(&s->listener, (const struct sockaddr *)&addr, 0);
+    if (rc == 0)
+        rc = uv_listen((uv_stream_t *)&s->listener, 511, on_connection);
+    if (rc < 0) {
+        log_msg(LOG_ERROR, "cannot listen on %s:%lld: %s", s->cfg.host, (long long)s->cfg.port,
+                uv_strerror(rc));
+        return rc;
+    }
+    struct sockaddr_storage got;
+    int len = sizeof got;
+    uv_tcp_getsockname(&s->listener, (struct sockaddr *)&got, &len);
+    *port_out = got.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&got)->sin6_port)
+                                          : ntohs(((struct sockaddr_in *)&got)->sin_port);
+    return 0;
+}
+
+static enum log_level level_of(const char *s)
+{
+    return strcmp(s, "debug") == 0   ? LOG_DEBUG
+           : strcmp(s, "warn") == 0  ? LOG_WARN
+           : strcmp(s, "error") == 0 ? LOG_ERROR
+                                     : LOG_INFO;
+}
+
+static int engine_config_from(const struct server_config *cfg, struct engine_config *ec)
+{
+    *ec = engine_default_config();
+    ec->model_path = cfg->model;
+    ec->n_threads = (int)cfg->threads;
+    ec->max_seqs = cfg->max_seqs;
+    ec->max_queue = cfg->max_queue;
+    ec->window = cfg->window;
+    ec->max_sinks = cfg->sinks;
+    ec->chunk = cfg->chunk;
+    ec->max_step_tokens =
+        cfg->max_step_tokens > cfg->max_seqs ? cfg->max_step_tokens : cfg->max_seqs;
+    ec->max_prompt_tokens = cfg->max_prompt;
+    ec->session_idle_s = (int64_t)cfg->session_idle;
+    if (kv_policy_parse(cfg->kv_policy, &ec->policy) < 0) {
+        fprintf(stderr, "error: --kv-policy expects auto, window, sinks:N or dense, got '%s'\n",
+                cfg->kv_policy);
+        return -EINVAL;
+    }
+    return 0;
+}
+
+/* Model problems exit 3, the rest 1 (engine_start returns a negative errno). */
+static int exit_code_for_start(int rc, const char *path)
+{
+    if (access(path, R_OK) != 0)
+        return ENGINE_EXIT_MODEL;
+    return rc == -ENOMEM || rc == -EAGAIN ? ENGINE_EXIT_RUNTIME : ENGINE_EXIT_MODEL;
+}
+
+int server_cmd_serve(int argc, char **argv)
+{
+    struct server *s = calloc(1, sizeof *s);
+    char err[512];
+    int code = ENGINE_EXIT_RUNTIME;
+    if (!s) {
+        fprintf(stderr, "error: out of memory\n");
+        return ENGINE_EXIT_RUNTIME;
+    }
+    int rc = server_config_parse(&s->cfg, argc, argv, err, sizeof err);
+    if (rc != 0) {
+        if (rc < 0)
+            fprintf(stderr, "error: %s\n", err);
+        free(s);
+        return rc > 0 ? ENGINE_EXIT_OK : ENGINE_EXIT_USAGE;
+    }
+    log_set_level(level_of(s->cfg.log_level));
+    struct engine_config ec;
+    if (engine_config_from(&s->cfg, &ec) < 0) {
+        free(s);
+        return ENGINE_EXIT_USAGE;
+    }
+    if (access(s->cfg.model, R_OK) != 0) {
+        fprintf(stderr, "error: %s: %s\n", s->cfg.model, strerror(errno));
+        fprintf(stderr, "hint: run scripts/fetch-model.sh to fetch the default model, "
+                        "or pass -m FILE\n");
+        free(s);
+        return ENGINE_EXIT_MODEL;
+    }
+    signal(SIGPIPE, SIG_IGN); /* a peer that vanished is a write error, not a death */
+
+    s->loop = uv_default_loop();
+    s->conns = calloc((size_t)s->cfg.max_conns, sizeof *s->conns);
+    s->free_slots = calloc((size_t)s->cfg.max_conns, sizeof *s->free_slots);
+    if (!s->conns || !s->free_slots) {
+        fprintf(stderr, "error: out of memory\n");
+        goto out_free;
+    }
+    for (int64_t i = 0; i < s->cfg.max_conns; i++)
+        s->free_slots[i] = s->cfg.max_conns - 1 - i;
+    s->n_free = s->cfg.max_conns;
+    metrics_init(&s->metrics);
+    s->started_at = (int64_t)time(NULL);
+    s->next_seq = 1;
+
+    uv_async_init(s->loop, &s->wake, on_wake);
+    s->wake.data = s;
+    uv_signal_init(s->loop, &s->sigterm);
+    uv_signal_init(s->loop, &s->sigint);
+    uv_timer_init(s->loop, &s->drain_timer);
+    s->sigterm.data = s->sigint.data = s->drain_timer.data = s;
+
+    log_msg(LOG_INFO, "loading %s", s->cfg.model);
+    rc = engine_start(&s->engine, &ec, wake, &s->wake, err, sizeof err);
+    if (rc < 0) {
+        fprintf(stderr, "error: %s\n", err);
+        code = exit_code_for_start(rc, s->cfg.model);
+        s->engine = NULL;
+        goto out_close;
+    }
+    s->info = engine_model_info(s->engine);
+    model_id_from_path(s->model_id, sizeof s->model_id, s->cfg.model);
+    api_chat_template_init(&s->chat, s->info->chat_template);
+    if (!s->chat.recognized)
+        log_msg(LOG_WARN,
+                "the model's chat template is %s; chat messages are rendered as ChatML "
+                "(<|im_start|>role\\ncontent<|im_end|>)",
+                s->info->chat_template ? "not one we recognize" : "missing");
+
+    int port = 0;
+    if (listen_on(s, &port) < 0)
+        goto out_close;
+    char host[256] = "localhost";
+    gethostname(host, sizeof host - 1);
+    if (s->cfg.name && s->cfg.name[0])
+        snprintf(s->headers, sizeof s->headers, "X-Streamsink-Replica: %.200s\r\n", s->cfg.name);
+    else
+        snprintf(s->headers, sizeof s->headers, "X-Streamsink-Replica: %.200s:%d\r\n", host, port);
+
+    s->lim = (struct http_limits){
+        .max_header_bytes = (size_t)s->cfg.max_header,
+        .max_body = (size_t)s->cfg.max_body,
+        .high_water = (size_t)s->cfg.high_water,
+        .low_water = (size_t)s->cfg.low_water,
+        .read_timeout_ms = (uint64_t)(s->cfg.read_timeout * 1e3),
+        .keepalive_timeout_ms = (uint64_t)(s->cfg.keepalive_timeout * 1e3),
+        .write_stall_timeout_ms = (uint64_t)(s->cfg.write_stall_timeout * 1e3),
+        .sse_keepalive_ms = (uint64_t)(s->cfg.sse_keepalive * 1e3),
+        .extra_headers = s->headers,
+    };
+    s->ops = (struct http_conn_ops){
+        .on_request = router_on_request,
+        .on_stream_commit = router_on_stream_commit,
+        .on_pause = router_on_pause,
+        .on_resume = router_on_resume,
+        .on_close = on_conn_close,
+        .arg = s,
+    };
+    uv_signal_start(&s->sigterm, on_signal, SIGTERM);
+    uv_signal_start(&s->sigint, on_signal, SIGINT);
+    log_msg(LOG_INFO,
+            "listening on http://%s:%d (model %s, %s, policy %s, window %lld, %lld slots, "
+            "chat %s)",
+            s->cfg.host, port, s->model_id, s->info->normalizer, s->info->default_policy,
+            (long long)s->info->window, (long long)s->info->max_seqs,
+            api_chat_format_name(s->chat.format));
+
+    uv_run(s->loop, UV_RUN_DEFAULT);
+    code = ENGINE_EXIT_OK;
+    log_msg(LOG_INFO, "bye");
+    goto out_free;
+
+out_close:
+    engine_stop(s->engine);
+    s->engine = NULL;
+    if (s->listening)
+        uv_close((uv_handle_t *)&s->listener, NULL);
+    uv_close((uv_handle_t *)&s->wake, NULL);
+    uv_close((uv_handle_t *)&s->sigterm, NULL);
+    uv_close((uv_handle_t *)&s->sigint, NULL);
+    uv_close((uv_handle_t *)&s->drain_timer, NULL);
+    uv_run(s->loop, UV_RUN_DEFAULT);
+out_free:
+    if (s->loop)
+        uv_loop_close(s->loop);
+    free(s->conns);
+    free(s->free_slots);
+    free(s);
+    return code;
+}

@@ -1,0 +1,654 @@
+/*
+ * test_http_conn.c: server/http_conn.c on a real libuv loop, no engine.
+ *
+ * Each test listens on 127.0.0.1:0 with a small test handler, runs the loop
+ * on this thread and drives it from a client thread that uses plain blocking
+ * sockets (so the client can do what real clients do: pipeline, stall, stop
+ * reading, hang up). When the client is done it wakes the loop with a
+ * uv_async, the loop closes every handle and returns, and the test checks the
+ * bytes the client saw and the callback counters the server kept (as libuv's
+ * test-tcp-close.c does). Counters are read only after the client thread is
+ * joined and the loop has stopped.
+ */
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include "server/http_conn.h"
+#include "test.h"
+
+/* ---- the server side ------------------------------------------------------- */
+
+#define MAX_CONNS 32
+
+struct srv {
+    uv_loop_t loop;
+    uv_tcp_t listener;
+    uv_async_t done;
+    uv_timer_t later; /* answers /slow requests after a delay */
+    struct http_limits lim;
+    struct http_conn_ops ops;
+    int port;
+    struct http_conn *conns[MAX_CONNS];
+    struct http_conn *slow[8]; /* pending /slow requests, answered in arrival order */
+    int n_slow;
+    /* counters (loop thread) */
+    int accepted, requests, closes, frees, pauses, resumes, stalls;
+    int closed_waiting, closed_streaming;
+    int free_before_close; /* a free for a conn whose on_close had not run */
+    size_t max_queue;
+    size_t flood_total, flood_target;
+    struct http_conn *flooder;
+    char order[64]; /* one letter per event: c close, f free */
+    int n_order;
+};
+
+static struct srv S;
+
+static void rec(char ev)
+{
+    if (S.n_order < (int)sizeof S.order - 1)
+        S.order[S.n_order++] = ev;
+}
+
+static void flood_more(struct http_conn *c)
+{
+    static char piece[16384];
+    memset(piece, 'x', sizeof piece);
+    while (!c->paused && S.flood_total < S.flood_target && c->state == HTTP_CONN_STREAMING) {
+        http_conn_stream_write(c, piece, sizeof piece);
+        S.flood_total += sizeof piece;
+        size_t q = http_conn_write_queue(c);
+        if (q > S.max_queue)
+            S.max_queue = q;
+    }
+    if (S.flood_total >= S.flood_target && c->state == HTTP_CONN_STREAMING)
+        http_conn_stream_end(c);
+}
+
+static void on_request(struct http_conn *c, void *arg)
+{
+    (void)arg;
+    S.requests++;
+    const char *url = c->req.url;
+    char body[256];
+    if (strncmp(url, "/slow", 5) == 0 && S.n_slow < 8) {
+        S.slow[S.n_slow++] = c; /* answered by on_later */
+        return;
+    }
+    if (strncmp(url, "/hang", 5) == 0)
+        return; /* never answered: the client hangs up */
+    if (strncmp(url, "/stream", 7) == 0) {
+        http_conn_stream_begin(c, 200, "text/event-stream", NULL);
+        http_conn_stream_write(c, "hello", 5);
+        http_conn_stream_write(c, " world", 6);
+        http_conn_stream_end(c);
+        return;
+    }
+    if (strncmp(url, "/flood", 6) == 0) {
+        http_conn_stream_begin(c, 200, "application/octet-stream", NULL);
+        S.flooder = c;
+        flood_more(c);
+        return;
+    }
+    int n = snprintf(body, sizeof body, "%s %zu", url, c->req.body_len);
+    http_conn_respond(c, 200, "text/plain", NULL, body, (size_t)n);
+}
+
+static void on_later(uv_timer_t *t)
+{
+    (void)t;
+    for (int i = 0; i < S.n_slow; i++) {
+        struct http_conn *c = S.slow[i];
+        char body[256];
+        int n = snprintf(body, sizeof body, "%s %zu", c->req.url, c->req.body_len);
+        if (c->state == HTTP_CONN_WAITING)
+            http_conn_respond(c, 200, "text/plain", NULL, body, (size_t)n);
+    }
+    S.n_slow = 0;
+}
+
+static void on_pause(struct http_conn *c, void *arg)
+{
+    (void)c;
+    (void)arg;
+    S.pauses++;
+}
+
+static void on_resume(struct http_conn *c, void *arg)
+{
+    (void)arg;
+    S.resumes++;
+    if (c == S.flooder)
+        flood_more(c);
+}
+
+static void on_close(struct http_conn *c, void *arg)
+{
+    (void)arg;
+    S.closes++;
+    rec('c');
+    if (c->stalled)
+        S.stalls++;
+    if (c->closed_in == HTTP_CONN_WAITING)
+        S.closed_waiting++;
+    if (c->closed_in == HTTP_CONN_STREAMING)
+        S.closed_streaming++;
+    if (c == S.flooder)
+        S.flooder = NULL;
+    for (int i = 0; i < S.n_slow; i++)
+        if (S.slow[i] == c)
+            S.slow[i] = S.slow[--S.n_slow];
+    for (int i = 0; i < MAX_CONNS; i++)
+        if (S.conns[i] == c)
+            S.conns[i] = NULL;
+    c->user = (void *)1; /* marks on_close done */
+}
+
+static void on_free(struct http_conn *c, void *arg)
+{
+    (void)arg;
+    S.frees++;
+    rec('f');
+    if (c->user != (void *)1)
+        S.free_before_close++;
+}
+
+static void on_connection(uv_stream_t *l, int status)
+{
+    struct http_conn *c;
+    if (status < 0 || http_conn_accept(l, &S.lim, &S.ops, &c) < 0)
+        return;
+    S.accepted++;
+    for (int i = 0; i < MAX_CONNS; i++) {
+        if (!S.conns[i]) {
+            S.conns[i] = c;
+            break;
+        }
+    }
+}
+
+static void on_done(uv_async_t *a)
+{
+    (void)a;
+    for (int i = 0; i < MAX_CONNS; i++)
+        if (S.conns[i])
+            http_conn_close(S.conns[i]); /* clears S.conns[i] */
+    uv_close((uv_handle_t *)&S.listener, NULL);
+    uv_close((uv_handle_t *)&S.later, NULL);
+    uv_close((uv_handle_t *)&S.done, NULL);
+}
+
+static struct http_limits default_limits(void)
+{
+    return (struct http_limits){
+        .max_header_bytes = 8192,
+        .max_body = 1024,
+        .high_water = 65536,
+        .low_water = 16384,
+        .read_timeout_ms = 3000,
+        .keepalive_timeout_ms = 3000,
+        .write_stall_timeout_ms = 3000,
+        .sse_keepalive_ms = 0,
+        .extra_headers = "X-Test: 1\r\n",
+    };
+}
+
+static void srv_start(const struct http_limits *lim)
+{
+    memset(&S, 0, sizeof S);
+    S.lim = *lim;
+    S.ops = (struct http_conn_ops){.on_request = on_request,
+                                   .on_pause = on_pause,
+                                   .on_resume = on_resume,
+                                   .on_close = on_close,
+                                   .on_free = on_free};
+    uv_loop_init(&S.loop);
+    uv_tcp_init(&S.loop, &S.listener);
+    uv_async_init(&S.loop, &S.done, on_done);
+    uv_timer_init(&S.loop, &S.later);
+    struct sockaddr_in a;
+    uv_ip4_addr("127.0.0.1", 0, &a);
+    uv_tcp_bind(&S.listener, (const struct sockaddr *)&a, 0);
+    uv_listen((uv_stream_t *)&S.listener, 64, on_connection);
+    struct sockaddr_in got;
+    int len = sizeof got;
+    uv_tcp_getsockname(&S.listener, (struct sockaddr *)&got, &len);
+    S.port = ntohs(got.sin_port);
+}
+
+struct client {
+    void (*fn)(struct client *);
+    int port;
+    char buf[1 << 16];
+    size_t len;
+    int eof;
+    int n;
+};
+
+static void *client_main(void *arg)
+{
+    struct client *cl = arg;
+    cl->fn(cl);
+    uv_async_send(&S.done);
+    return NULL;
+}
+
+/* Runs the loop until the client thread is done, then closes everything. */
+static void run_with_client(struct client *cl)
+{
+    pthread_t th;
+    cl->port = S.port;
+    pthread_create(&th, NULL, client_main, cl);
+    uv_run(&S.loop, UV_RUN_DEFAULT);
+    pthread_join(th, NULL);
+    uv_loop_close(&S.loop);
+}
+
+/* ---- the client side (client thread) ----------------------------------------- */
+
+static int cl_connect(int port, int rcvbuf)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (rcvbuf > 0)
+        setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) < 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static void cl_send(int fd, const char *s, size_t n)
+{
+    while (n > 0) {
+        ssize_t w = send(fd, s, n, MSG_NOSIGNAL);
+        if (w <= 0)
+            return;
+        s += w;
+        n -= (size_t)w;
+    }
+}
+
+static void cl_sends(int fd, const char *s)
+{
+    cl_send(fd, s, strlen(s));
+}
+
+/* Reads into cl->buf until needle has appeared count times, EOF, or timeout. */
+static void cl_read_until(struct client *cl, int fd, const char *needle, int count, int timeout_ms)
+{
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        int seen = 0;
+        const char *p = cl->buf;
+        cl->buf[cl->len] = 0;
+        while (needle && (p = strstr(p, needle)) != NULL) {
+            seen++;
+            p++;
+        }
+        if (needle && seen >= count)
+            return;
+        struct timespec t;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        long el = (t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000;
+        if (el >= timeout_ms)
+            return;
+        struct pollfd pfd = {.fd = fd, .events = POLLIN};
+        if (poll(&pfd, 1, (int)(timeout_ms - el)) <= 0)
+            return;
+        ssize_t r = recv(fd, cl->buf + cl->len, sizeof cl->buf - 1 - cl->len, 0);
+        if (r <= 0) {
+            cl->eof = 1;
+            return;
+        }
+        cl->len += (size_t)r;
+    }
+}
+
+static void ms_sleep(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* ---- tests --------------------------------------------------------------------- */
+
+static void cl_pipeline(struct client *cl)
+{
+    int fd = cl_connect(cl->port, 0);
+    /* three requests in one write; the first is answered last in time (50 ms
+     * later) but must still come first on the wire */
+    cl_sends(fd, "GET /slow/1 HTTP/1.1\r\nHost: x\r\n\r\n"
+                 "POST /fast/2 HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc"
+                 "GET /slow/3 HTTP/1.1\r\nHost: x\r\n\r\n");
+    cl_read_until(cl, fd, "HTTP/1.1 200", 3, 3000);
+    close(fd);
+}
+
+TEST(http_conn_answers_pipelined_requests_in_order)
+{
+    struct http_limits lim = default_limits();
+    srv_start(&lim);
+    struct client *cl = calloc(1, sizeof *cl);
+    cl->fn = cl_pipeline;
+    /* /slow requests are answered by a timer every 50 ms */
+    uv_timer_start(&S.later, on_later, 50, 50);
+    run_with_client(cl);
+    const char *a = strstr(cl->buf, "/slow/1 0");
+    const char *b = strstr(cl->buf, "/fast/2 3");
+    const char *c = strstr(cl->buf, "/slow/3 0");
+    ASSERT(a && b && c);
+    ASSERT(a < b && b < c);
+    ASSERT(strstr(cl->buf, "X-Test: 1\r\n") != NULL);
+    ASSERT(strstr(cl->buf, "Connection: keep-alive\r\n") != NULL);
+    ASSERT_EQ(S.requests, 3);
+    free(cl);
+}
+
+static void cl_big_body(struct client *cl)
+{
+    int fd = cl_connect(cl->port, 0);
+    cl_sends(fd, "POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\nabcdef");
+    cl_read_until(cl, fd, NULL, 0, 3000);
+    close(fd);
+}
+
+TEST(http_conn_answers_413_for_a_body_over_the_limit)
+{
+    struct http_limits lim = default_limits();
+    srv_start(&lim);
+    struct client *cl = calloc(1, sizeof *cl);
+    cl->fn = cl_big_body;
+    run_with_client(cl);
+    ASSERT(strncmp(cl->buf, "HTTP/1.1 413 ", 13) == 0);
+    ASSERT(strstr(cl->buf, "Connection: close\r\n") != NULL);
+    ASSERT(strstr(cl->buf, "\"type\":\"invalid_request_error\"") != NULL);
+    ASSERT(cl->eof);
+    ASSERT_EQ(S.requests, 0);
+    free(cl);
+}
+
+static void cl_chunked_big_body(struct client *cl)
+{
+    int fd = cl_connect(cl->port, 0);
+    cl_sends(fd, "POST /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n");
+    char chunk[600];
+    memset(chunk, 'a', sizeof chunk);
+    for (int i = 0; i < 3; i++) {
+        cl_sends(fd, "258\r\n");
+        cl_send(fd, chunk, sizeof chunk);
+        cl_sends(fd, "\r\n");
+    }
+    cl_read_until(cl, fd, NULL, 0, 3000);
+    close(fd);
+}
+
+TEST(http_conn_answers_413_for_a_chunked_body_over_the_limit)
+{
+    struct http_limits lim = default_limits();
+    srv_start(&lim);
+    struct client *cl = calloc(1, sizeof *cl);
+    cl->fn = cl_chunked_big_body;
+    run_with_client(cl);
+    ASSERT(strncmp(cl->buf, "HTTP/1.1 413 ", 13) == 0);
+    free(cl);
+}
+
+static void cl_big_headers(struct client *cl)
+{
+    int fd = cl_connect(cl->port, 0);
+    cl_sends(fd, "GET / HTTP/1.1\r\nHost: x\r\n");
+    char line[1100];
+    memset(line, 'v', sizeof line);
+    memcpy(line, "X-Big: ", 7);
+    line[sizeof line - 2] = '\r';
+    line[sizeof line - 1] = '\n';
+    for (int i = 0; i < 10; i++)
+        cl_send(fd, line, sizeof line);
+    cl_sends(fd, "\r\n");
+    cl_read_until(cl, fd, NULL, 0, 3000);
+    close(fd);
+}
+
+TEST(http_conn_answers_431_for_headers_over_the_limit)
+{
+    struct http_limits lim = default_limits();
+    srv_start(&lim);
+    struct client *cl = calloc(1, sizeof *cl);
+    cl->fn = cl_big_headers;
+    run_with_client(cl);
+    ASSERT(strncmp(cl->buf, "HTTP/1.1 431 ", 13) == 0);
+    ASSERT_EQ(S.requests, 0);
+    free(cl);
+}
+
+static void cl_slowloris(struct client *cl)
+{
+    int fd = cl_connect(cl->port, 0);
+    cl_sends(fd, "GET / HTTP/1.1\r\nHo");
+    for (int i = 0; i < 10 && !cl->eof; i++) {
+        cl_sends(fd, "s"); /* a byte at a time does not extend the deadline */
+        cl_read_until(cl, fd, "\r\n\r\n", 1, 60);
+    }
+    cl_read_until(cl, fd, NULL, 0, 2000);
+    close(fd);
+}
+
+TEST(http_conn_answers_408_when_a_request_outlives_the_read_timeout)
+{
+    struct http_limits lim = default_limits();
+    lim.read_timeout_ms = 200;
+    srv_start(&lim);
+    struct client *cl = calloc(1, sizeof *cl);
+    cl->fn = cl_slowloris;
+    run_with_client(cl);
+    ASSERT(strncmp(cl->buf, "HTTP/1.1 408 ", 13) == 0);
+    ASSERT(cl->eof);
+    ASSERT_EQ(S.requests, 0);
+    free(cl);
+}
+
+static void cl_keepalive(struct client *cl)
+{
+    int fd = cl_connect(cl->port, 0);
+    cl_sends(fd, "GET /one HTTP/1.1\r\nHost: x\r\n\r\n");
+    cl_read_until(cl, fd, "/one 0", 1, 2000);
+    cl_sends(fd, "GET /two HTTP/1.1\r\nHost: x\r\n\r\n");
+    cl_read_until(cl, fd, "/two 0", 1, 2000);
+    cl->n = cl->eof;                      /* still open after two requests */
+    cl_read_until(cl, fd, NULL, 0, 3000); /* then idle: the server closes */
+    close(fd);
+}
+
+TEST(http_conn_keeps_alive_then_closes_when_idle)
+{
+    struct http_limits lim = default_limits();
+    lim.keepalive_timeout_ms = 300;
+    srv_start(&lim);
+    struct client *cl = calloc(1, sizeof *cl);
+    cl->fn = cl_keepalive;
+    run_with_client(cl);
+    ASSERT_EQ(cl->n, 0);
+    ASSERT(cl->eof);
+    ASSERT_EQ(S.requests, 2);
+    ASSERT_EQ(S.accepted, 1);
+    ASSERT_EQ(S.closes, 1);
+    ASSERT_EQ(S.frees, 1);
+    free(cl);
+}
+
+static void cl_connection_close(struct client *cl)
+{
+    int fd = cl_connect(cl->port, 0);
+    cl_sends(fd, "GET /bye HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+                 "GET /never HTTP/1.1\r\nHost: x\r\n\r\n");
+    cl_read_until(cl, fd, NULL, 0, 3000);
+    close(fd);
+}
+
+TEST(http_conn_closes_after_connection_close)
+{
+    struct http_limits lim = default_limits();
+    srv_start(&lim);
+    struct client *cl = calloc(1, sizeof *cl);
+    cl->fn = cl_connection_close;
+    run_with_client(cl);
+    ASSERT(strstr(cl->buf, "/bye 0") != NULL);
+    ASSERT(strstr(cl->buf, "Connection: close\r\n") != NULL);
+    ASSERT(strstr(cl->buf, "/never") == NULL);
+    ASSERT(cl->eof);
+    ASSERT_EQ(S.requests, 1);
+    free(cl);
+}
+
+static void cl_stream(struct client *cl)
+{
+    int fd = cl_connect(cl->port, 0);
+    cl_sends(fd, "GET /stream HTTP/1.1\r\nHost: x\r\n\r\n");
+    cl_read_until(cl, fd, "0\r\n\r\n", 1, 2000);
+    cl_sends(fd, "GET /stream HTTP/1.0\r\n\r\n");
+    cl->n = (int)cl->len;
+    cl_read_until(cl, fd, NULL, 0, 2000);
+    close(fd);
+}
+
+TEST(http_conn_streams_chunked_on_1_1_and_raw_until_close_on_1_0)
+{
+    struct http_limits lim = default_limits();
+    srv_start(&lim);
+    struct client *cl = calloc(1, sizeof *cl);
+    cl->fn = cl_stream;
+    run_with_client(cl);
+    const char *want11 = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                         "Transfer-Encoding: chunked\r\nX-Test: 1\r\nConnection: keep-alive\r\n\r\n"
+                         "5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n";
+    ASSERT_EQ(cl->n, strlen(want11));
+    ASSERT(memcmp(cl->buf, want11, strlen(want11)) == 0);
+    const char *want10 = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                         "X-Test: 1\r\nConnection: close\r\n\r\nhello world";
+    ASSERT_STREQ(cl->buf + cl->n, want10);
+    ASSERT(cl->eof);
+    free(cl);
+}
+
+static void cl_malformed(struct client *cl)
+{
+    int fd = cl_connect(cl->port, 0);
+    cl_sends(fd, "GET / HTTP/1.1\r\nBad Header Line\r\n\r\n");
+    cl_read_until(cl, fd, NULL, 0, 2000);
+    close(fd);
+}
+
+TEST(http_conn_answers_400_to_a_malformed_request)
+{
+    struct http_limits lim = default_limits();
+    srv_start(&lim);
+    struct client *cl = calloc(1, sizeof *cl);
+    cl->fn = cl_malformed;
+    run_with_client(cl);
+    ASSERT(strncmp(cl->buf, "HTTP/1.1 400 ", 13) == 0);
+    ASSERT(strstr(cl->buf, "{\"error\":{\"message\":") != NULL);
+    ASSERT(cl->eof);
+    free(cl);
+}
+
+static void cl_hangup(struct client *cl)
+{
+    int fd = cl_connect(cl->port, 0);
+    cl_sends(fd, "GET /hang HTTP/1.1\r\nHost: x\r\n\r\n");
+    ms_sleep(100);
+    close(fd); /* mid-request */
+    ms_sleep(200);
+}
+
+TEST(http_conn_closes_once_and_frees_after_close_when_the_client_hangs_up)
+{
+    struct http_limits lim = default_limits();
+    srv_start(&lim);
+    struct client *cl = calloc(1, sizeof *cl);
+    cl->fn = cl_hangup;
+    run_with_client(cl);
+    ASSERT_EQ(S.requests, 1);
+    ASSERT_EQ(S.closed_waiting, 1);
+    ASSERT_EQ(S.closes, 1);
+    ASSERT_EQ(S.frees, 1);
+    ASSERT_EQ(S.free_before_close, 0);
+    ASSERT_STREQ(S.order, "cf");
+    free(cl);
+}
+
+static void cl_slow_reader(struct client *cl)
+{
+    int fd = cl_connect(cl->port, 4096);
+    cl_sends(fd, "GET /flood HTTP/1.1\r\nHost: x\r\n\r\n");
+    ms_sleep(500); /* not reading: the server's queue fills and it pauses */
+    size_t total = 0;
+    char buf[65536];
+    for (;;) {
+        struct pollfd pfd = {.fd = fd, .events = POLLIN};
+        if (poll(&pfd, 1, 3000) <= 0)
+            break;
+        ssize_t r = recv(fd, buf, sizeof buf, 0);
+        if (r <= 0)
+            break;
+        total += (size_t)r;
+        if (total >= 4u * 1024 * 1024 && memmem(buf, (size_t)r, "0\r\n\r\n", 5))
+            break;
+    }
+    cl->n = (int)(total / 1024);
+    close(fd);
+}
+
+TEST(http_conn_pauses_at_high_water_and_resumes_at_low_water)
+{
+    struct http_limits lim = default_limits();
+    srv_start(&lim);
+    S.flood_target = 4u * 1024 * 1024;
+    struct client *cl = calloc(1, sizeof *cl);
+    cl->fn = cl_slow_reader;
+    run_with_client(cl);
+    ASSERT(S.pauses >= 1);
+    ASSERT(S.resumes >= 1);
+    ASSERT(S.max_queue <= lim.high_water + 16384 + 64);
+    ASSERT(cl->n >= 4096); /* every byte arrived */
+    ASSERT_EQ(S.stalls, 0);
+    free(cl);
+}
+
+static void cl_stalled_reader(struct client *cl)
+{
+    int fd = cl_connect(cl->port, 4096);
+    cl_sends(fd, "GET /flood HTTP/1.1\r\nHost: x\r\n\r\n");
+    ms_sleep(1200); /* never reads: closed by the write-stall timeout */
+    close(fd);
+}
+
+TEST(http_conn_closes_a_client_that_stops_reading_after_the_stall_timeout)
+{
+    struct http_limits lim = default_limits();
+    lim.write_stall_timeout_ms = 300;
+    srv_start(&lim);
+    S.flood_target = 64u * 1024 * 1024;
+    struct client *cl = calloc(1, sizeof *cl);
+    cl->fn = cl_stalled_reader;
+    run_with_client(cl);
+    ASSERT_EQ(S.stalls, 1);
+    ASSERT_EQ(S.closed_streaming, 1);
+    ASSERT(S.flood_total < 16u * 1024 * 1024); /* bounded by the pause, not the target */
+    ASSERT_EQ(S.free_before_close, 0);
+    free(cl);
+}
+
+TEST_MAIN()

@@ -1,0 +1,446 @@
+/*
+ * test_matmul.c: every CPU matmul kernel against the scalar reference
+ * (quant_prepare_act_ref + quant_dot_ref), for all six weight types, on odd
+ * shapes: K in {32, 64, 576, 1536} (and K not a multiple of the vector width
+ * for float weights), weight row ranges that do not start at 0, T activation
+ * rows from 1 to 16, ldy > N. Kernels the CPU lacks are skipped, by name.
+ *
+ * The AVX-512 file is also compiled a second time into this test against
+ * SIMDe's portable AVX-512 (when libsimde-dev is installed), so its logic is
+ * checked on machines without AVX-512 too.
+ */
+#include "test.h"
+
+#include <float.h>
+#include <stdint.h>
+
+#include "engine/cpu/matmul.h"
+#include "engine/cpu/matmul_impl.h"
+
+/* ---- AVX-512 under emulation ------------------------------------------- */
+
+#if defined(__has_include)
+#if __has_include(<simde/x86/avx512.h>) && __has_include(<simde/x86/f16c.h>)
+#define SS_EMULATE_AVX512 1
+#endif
+#endif
+
+#ifdef SS_EMULATE_AVX512
+#define SIMDE_ENABLE_NATIVE_ALIASES
+#include <simde/x86/avx512.h>
+#include <simde/x86/f16c.h>
+
+/* Conversions SIMDe 0.7 lacks, from its 256-bit ones. */
+static inline simde__m512 emu_cvtepi32_ps(simde__m512i v)
+{
+    simde__m256 lo = simde_mm256_cvtepi32_ps(simde_mm512_castsi512_si256(v));
+    simde__m256 hi = simde_mm256_cvtepi32_ps(simde_mm512_extracti64x4_epi64(v, 1));
+    return simde_mm512_insertf32x8(simde_mm512_castps256_ps512(lo), hi, 1);
+}
+
+static inline simde__m512i emu_cvtps_epi32(simde__m512 v)
+{
+    simde__m256i lo = simde_mm256_cvtps_epi32(simde_mm512_castps512_ps256(v));
+    simde__m256i hi = simde_mm256_cvtps_epi32(
+        simde_mm256_castpd_ps(simde_mm512_extractf64x4_pd(simde_mm512_castps_pd(v), 1)));
+    return simde_mm512_inserti64x4(simde_mm512_castsi256_si512(lo), hi, 1);
+}
+
+static inline simde__m512i emu_cvtepu16_epi32(simde__m256i v)
+{
+    simde__m256i lo = simde_mm256_cvtepu16_epi32(simde_mm256_castsi256_si128(v));
+    simde__m256i hi = simde_mm256_cvtepu16_epi32(simde_mm256_extracti128_si256(v, 1));
+    return simde_mm512_inserti64x4(simde_mm512_castsi256_si512(lo), hi, 1);
+}
+
+static inline simde__m512 emu_cvtph_ps(simde__m256i v)
+{
+    simde__m256 lo = simde_mm256_cvtph_ps(simde_mm256_castsi256_si128(v));
+    simde__m256 hi = simde_mm256_cvtph_ps(simde_mm256_extracti128_si256(v, 1));
+    return simde_mm512_insertf32x8(simde_mm512_castps256_ps512(lo), hi, 1);
+}
+
+#define _mm512_cvtepi32_ps      emu_cvtepi32_ps
+#define _mm512_cvtps_epi32      emu_cvtps_epi32
+#define _mm512_cvtepu16_epi32   emu_cvtepu16_epi32
+#define _mm512_cvtph_ps         emu_cvtph_ps
+#define AVX512_DPBUSD           simde_mm512_dpbusd_epi32
+#define cpu__prepare_act_avx512 emu_prepare_act_avx512
+#define cpu__matmul_rows_avx512 emu_matmul_rows_avx512
+void emu_prepare_act_avx512(enum qtype t, const float *restrict x, int64_t k, void *restrict dst);
+void emu_matmul_rows_avx512(enum qtype t, const void *restrict w, int64_t k, int64_t n0,
+                            int64_t n1, const void *restrict act, int64_t T, float *restrict y,
+                            int64_t ldy, int vnni);
+#include "engine/cpu/matmul_avx512.c"
+#undef cpu__prepare_act_avx512
+#undef cpu__matmul_rows_avx512
+#endif
+
+/* ---- the kernels under test ---------------------------------------------- */
+
+enum path {
+    PATH_DISPATCH,    /* cpu_prepare_act / cpu_matmul_rows with an ISA */
+    PATH_AVX512_BASE, /* cpu__matmul_rows_avx512 with vnni = 0 on a VNNI CPU */
+    PATH_EMU_BASE,    /* SIMDe-emulated AVX-512, vnni = 0 */
+    PATH_EMU_VNNI,    /* SIMDe-emulated AVX-512, vnni = 1 */
+};
+
+struct kernel {
+    const char *name;
+    enum path path;
+    enum cpu_isa isa;
+};
+
+static void kernel_prepare(const struct kernel *kn, enum qtype t, const float *x, int64_t k,
+                           void *dst)
+{
+    switch (kn->path) {
+    case PATH_DISPATCH:
+    case PATH_AVX512_BASE:
+        cpu_prepare_act(kn->isa, t, x, k, dst);
+        break;
+    case PATH_EMU_BASE:
+    case PATH_EMU_VNNI:
+#ifdef SS_EMULATE_AVX512
+        emu_prepare_act_avx512(t, x, k, dst);
+#endif
+        break;
+    }
+}
+
+static void kernel_matmul(const struct kernel *kn, enum qtype t, const void *w, int64_t k,
+                          int64_t n0, int64_t n1, const void *act, int64_t T, float *y,
+                          int64_t ldy)
+{
+    switch (kn->path) {
+    case PATH_DISPATCH:
+        cpu_matmul_rows(kn->isa, t, w, k, n0, n1, act, T, y, ldy);
+        break;
+    case PATH_AVX512_BASE:
+        cpu__matmul_rows_avx512(t, w, k, n0, n1, act, T, y, ldy, 0);
+        break;
+    case PATH_EMU_BASE:
+    case PATH_EMU_VNNI:
+#ifdef SS_EMULATE_AVX512
+        emu_matmul_rows_avx512(t, w, k, n0, n1, act, T, y, ldy, kn->path == PATH_EMU_VNNI);
+#endif
+        break;
+    }
+}
+
+/* The kernels this machine can run; prints the ones it skips. */
+static int list_kernels(struct kernel *out)
+{
+    static int printed;
+    enum cpu_isa best = cpu_isa_best();
+    int n = 0;
+
+    out[n++] = (struct kernel){"scalar", PATH_DISPATCH, CPU_ISA_SCALAR};
+    if (best >= CPU_ISA_AVX2)
+        out[n++] = (struct kernel){"avx2", PATH_DISPATCH, CPU_ISA_AVX2};
+    else if (!printed)
+        printf("skip avx2: not available (or capped by STREAMSINK_ISA)\n");
+    if (best >= CPU_ISA_AVX512) {
+        out[n++] = (struct kernel){cpu__has_vnni() ? "avx512-vnni" : "avx512", PATH_DISPATCH,
+                                   CPU_ISA_AVX512};
+        if (cpu__has_vnni())
+            out[n++] = (struct kernel){"avx512 without vnni", PATH_AVX512_BASE, CPU_ISA_AVX512};
+        else if (!printed)
+            printf("skip avx512-vnni: this CPU has AVX-512 without VNNI\n");
+    } else if (!printed) {
+        printf("skip avx512: not available (or capped by STREAMSINK_ISA)\n");
+    }
+#ifdef SS_EMULATE_AVX512
+    out[n++] = (struct kernel){"avx512 (SIMDe emulation)", PATH_EMU_BASE, CPU_ISA_AVX512};
+    out[n++] = (struct kernel){"avx512-vnni (SIMDe emulation)", PATH_EMU_VNNI, CPU_ISA_AVX512};
+#else
+    if (!printed)
+        printf("skip avx512 emulation: SIMDe headers not installed (libsimde-dev)\n");
+#endif
+    printed = 1;
+    return n;
+}
+
+/* ---- inputs ------------------------------------------------------------- */
+
+#define K_MAX 1536
+#define N_MAX 40
+#define T_MAX 16
+
+static const enum qtype all_types[] = {QTYPE_F32,  QTYPE_F16,  QTYPE_BF16,
+                                       QTYPE_Q8_0, QTYPE_Q4_0, QTYPE_Q4_1};
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+
+static float rand_unit(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (float)(rng >> 40) * 0x1p-23f - 1.0f;
+}
+
+/* Random values with a different scale per 32-block, an occasional outlier,
+ * and some all-zero blocks. */
+static void fill(float *x, int64_t k)
+{
+    for (int64_t i = 0; i < k; i++) {
+        int64_t b = i / 32;
+        float scale = (float)pow(10.0, (double)(b % 5) - 2.0);
+        x[i] = b % 11 == 10 ? 0.0f : rand_unit() * scale;
+        if (i % 97 == 13)
+            x[i] *= 40.0f;
+    }
+}
+
+/* rows weight rows of k values of type t. Q8_0 rows get some -128 bytes: our
+ * quantizer never writes them, but a file may hold them. */
+static void make_weights(enum qtype t, int64_t rows, int64_t k, uint8_t *w)
+{
+    static float x[K_MAX];
+    size_t rb = qtype_row_bytes(t, k);
+    for (int64_t r = 0; r < rows; r++) {
+        fill(x, k);
+        quant_quantize_row(t, x, w + (size_t)r * rb, k);
+        if (t == QTYPE_Q8_0 && r % 3 == 1) {
+            struct block_q8_0 *blk = (struct block_q8_0 *)(w + (size_t)r * rb);
+            blk[0].qs[5] = -128;
+            blk[k / 32 - 1].qs[31] = -128;
+        }
+    }
+}
+
+/* Sum of the magnitudes of the terms quant_dot_ref adds up, and how many
+ * there are: what any summation order's rounding error is proportional to. */
+static double dot_magnitude(enum qtype t, const uint8_t *w, const uint8_t *a, int64_t k,
+                            int *nterms)
+{
+    double sum = 0.0;
+    if (qtype_block_values(t) == 1) {
+        static float wf[K_MAX + 64];
+        const float *x = (const float *)a;
+        quant_dequant_row(t, w, wf, k);
+        for (int64_t i = 0; i < k; i++)
+            sum += fabs((double)wf[i] * x[i]);
+        *nterms = (int)k;
+        return sum;
+    }
+    const struct block_q8_act *ab = (const struct block_q8_act *)a;
+    static float wf[K_MAX];
+    quant_dequant_row(t, w, wf, k);
+    for (int64_t b = 0; b < k / 32; b++) {
+        double blk = 0.0;
+        for (int j = 0; j < 32; j++)
+            blk += (double)wf[b * 32 + j] * ((double)ab[b].d * ab[b].qs[j]);
+        sum += fabs(blk);
+        if (t == QTYPE_Q4_1) {
+            const struct block_q4_1 *wb = (const struct block_q4_1 *)w + b;
+            sum += 2.0 * fabs((double)quant_f16_to_f32(wb->m) * ab[b].s); /* term and its share */
+        }
+    }
+    *nterms = (int)(t == QTYPE_Q4_1 ? 2 * (k / 32) : k / 32);
+    return sum;
+}
+
+/* ---- tests ----------------------------------------------------------------- */
+
+TEST(isa_names_and_detection_are_consistent)
+{
+    enum cpu_isa best = cpu_isa_best();
+    ASSERT(best >= CPU_ISA_SCALAR && best <= CPU_ISA_AVX512);
+    ASSERT_EQ(cpu_isa_best(), best);
+    ASSERT_STREQ(cpu_isa_name(CPU_ISA_SCALAR), "scalar");
+    ASSERT_STREQ(cpu_isa_name(CPU_ISA_AVX2), "avx2");
+    ASSERT_STREQ(cpu_isa_name(CPU_ISA_AVX512), "avx512");
+    ASSERT(!cpu__has_vnni() || best == CPU_ISA_AVX512 || getenv("STREAMSINK_ISA"));
+    printf("  best isa here: %s%s\n", cpu_isa_name(best), cpu__has_vnni() ? " (vnni)" : "");
+}
+
+/* The SIMD quantizers do the same float operations as the reference (amax,
+ * d = amax / 127, 1/d, x * (1/d), round half to even), so the bytes must be
+ * equal, not merely within one quantum. */
+TEST(prepare_act_is_byte_identical_to_the_reference_on_every_isa)
+{
+    static float x[K_MAX];
+    static uint8_t want[K_MAX * 4], got[K_MAX * 4];
+    struct kernel kernels[8];
+    int nk = list_kernels(kernels);
+
+    for (int rep = 0; rep < 6; rep++) {
+        fill(x, K_MAX);
+        if (rep == 1) {
+            /* exact halves after scaling: amax 127 makes d = 1 */
+            for (int i = 0; i < K_MAX; i++)
+                x[i] = i % 32 == 0 ? 127.0f : (float)((i % 64) - 32) + 0.5f;
+        }
+        if (rep == 2) {
+            for (int i = 0; i < K_MAX; i++)
+                x[i] = i % 7 == 0 ? 1e-30f : (i % 5 == 0 ? -3e20f : 0.0f);
+        }
+        for (size_t ti = 0; ti < sizeof all_types / sizeof all_types[0]; ti++) {
+            enum qtype t = all_types[ti];
+            size_t bytes = quant_act_bytes(t, K_MAX);
+            quant_prepare_act_ref(t, x, K_MAX, want);
+            for (int ki = 0; ki < nk; ki++) {
+                memset(got, 0x5a, bytes);
+                kernel_prepare(&kernels[ki], t, x, K_MAX, got);
+                if (memcmp(got, want, bytes) != 0) {
+                    size_t i = 0;
+                    while (got[i] == want[i])
+                        i++;
+                    FAIL_AT("%s %s rep %d: first differing byte %zu (block %zu): %d vs %d",
+                            kernels[ki].name, qtype_name(t), rep, i,
+                            i / sizeof(struct block_q8_act), got[i], want[i]);
+                }
+            }
+        }
+    }
+}
+
+/* Every kernel against quant_dot_ref on the same prepared activations. The
+ * integer parts are exact, so the results differ only by float rounding: the
+ * order in which block terms (or products, for float weights) are summed and
+ * whether a multiply-add is fused. Summing n terms in any order errs by at
+ * most (n - 1) * 2^-24 * sum |terms|; each term's own roundings add a few
+ * 2^-24 |term|, and the reference's double sum is rounded once to float. So
+ * |y - ref| <= (n + 4) * 2^-24 * sum |terms|: the tolerance below. */
+TEST(matmul_rows_matches_the_scalar_reference_for_every_type_shape_and_isa)
+{
+    static const int64_t ks[] = {32, 64, 576, 1536, 7, 37};
+    static const int64_t ts[] = {1, 2, 3, 4, 5, 7, 16};
+    static const int64_t ns[][2] = {{0, 1}, {3, 4}, {1, 6}, {5, 18}, {2, 39}};
+    static float x[T_MAX][K_MAX];
+    static uint8_t w[N_MAX * K_MAX * 4];
+    static uint8_t act[T_MAX * K_MAX * 4];
+    static float y[T_MAX * (N_MAX + 3)], want[T_MAX * (N_MAX + 3)];
+    static double mag[T_MAX * (N_MAX + 3)];
+    static int nterms[T_MAX * (N_MAX + 3)];
+    const float sentinel = -12345.0f;
+    const int64_t ldy = N_MAX + 3;
+    struct kernel kernels[8];
+    int nk = list_kernels(kernels);
+    long long checked = 0;
+
+    for (size_t ti = 0; ti < sizeof all_types / sizeof all_types[0]; ti++) {
+        enum qtype t = all_types[ti];
+        for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++) {
+            int64_t k = ks[ki];
+            if (qtype_row_bytes(t, k) == 0)
+                continue; /* quantized types need whole blocks */
+            size_t rb = qtype_row_bytes(t, k);
+            size_t ab = quant_act_bytes(t, k);
+            make_weights(t, N_MAX, k, w);
+            for (int64_t tt = 0; tt < T_MAX; tt++) {
+                fill(x[tt], k);
+                quant_prepare_act_ref(t, x[tt], k, act + (size_t)tt * ab);
+            }
+            for (int64_t tt = 0; tt < T_MAX; tt++) {
+                for (int64_t n = 0; n < N_MAX; n++) {
+                    const uint8_t *wr = w + (size_t)n * rb;
+                    const uint8_t *ar = act + (size_t)tt * ab;
+                    want[tt * ldy + n] = quant_dot_ref(t, wr, ar, k);
+                    mag[tt * ldy + n] = dot_magnitude(t, wr, ar, k, &nterms[tt * ldy + n]);
+                }
+            }
+            for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
+                int64_t n0 = ns[ni][0], n1 = ns[ni][1];
+                for (size_t tj = 0; tj < sizeof ts / sizeof ts[0]; tj++) {
+                    int64_t T = ts[tj];
+                    for (int kk = 0; kk < nk; kk++) {
+                        const struct kernel *kn = &kernels[kk];
+                        /* emulation is slow: the big shapes once per type */
+                        if (kn->path >= PATH_EMU_BASE && k == 1536 && T != 5)
+                            continue;
+                        for (size_t i = 0; i < sizeof y / sizeof y[0]; i++)
+                            y[i] = sentinel;
+                        kernel_matmul(kn, t, w, k, n0, n1, act, T, y, ldy);
+
+                        int shown = 0;
+                        double max_err = 0.0;
+                        for (int64_t tt = 0; tt < T_MAX; tt++) {
+                            for (int64_t n = 0; n < ldy; n++) {
+                                float got = y[tt * ldy + n];
+                                if (tt >= T || n < n0 || n >= n1) {
+                                    if (got != sentinel)
+                                        FAIL_AT("%s %s: wrote y[%lld][%lld] outside its range",
+                                                kn->name, qtype_name(t), (long long)tt,
+                                                (long long)n);
+                                    continue;
+                                }
+                                double ref = want[tt * ldy + n];
+                                double tol = (nterms[tt * ldy + n] + 4) * 0x1p-24 *
+                                                 mag[tt * ldy + n] +
+                                             FLT_MIN;
+                                double err = fabs(got - ref);
+                                max_err = fmax(max_err, err / (tol > 0 ? tol : 1));
+                                if (!(err <= tol) && shown++ < 4)
+                                    fprintf(stderr,
+                                            "  %s %s K=%lld T=%lld rows [%lld,%lld): y[%lld][%lld]"
+                                            " = %.9g, reference %.9g (tolerance %.3g)\n",
+                                            kn->name, qtype_name(t), (long long)k, (long long)T,
+                                            (long long)n0, (long long)n1, (long long)tt,
+                                            (long long)n, got, ref, tol);
+                                checked++;
+                            }
+                        }
+                        if (shown)
+                            FAIL_AT("%s %s K=%lld T=%lld: %d values off, max error %.3g x "
+                                    "tolerance",
+                                    kn->name, qtype_name(t), (long long)k, (long long)T, shown,
+                                    max_err);
+                    }
+                }
+            }
+        }
+    }
+    printf("  %lld outputs checked across %d kernels\n", checked, nk);
+}
+
+/* The kernels are the decoder's hot path: also check them on the model's own
+ * shapes, against the reference, for one weight row range per call as a
+ * thread would get it. */
+TEST(matmul_rows_matches_the_reference_on_smollm2_shapes)
+{
+    static const struct {
+        enum qtype t;
+        int64_t n;
+        int64_t k;
+    } shapes[] = {{QTYPE_Q4_1, 40, 576}, {QTYPE_Q4_1, 40, 1536}, {QTYPE_Q8_0, 40, 576}};
+    static float x[4][K_MAX];
+    static uint8_t w[N_MAX * K_MAX * 4];
+    static uint8_t act[4 * K_MAX * 4];
+    static float y[4 * N_MAX];
+    struct kernel kernels[8];
+    int nk = list_kernels(kernels);
+
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        enum qtype t = shapes[si].t;
+        int64_t n = shapes[si].n, k = shapes[si].k;
+        size_t rb = qtype_row_bytes(t, k), ab = quant_act_bytes(t, k);
+        make_weights(t, n, k, w);
+        for (int kk = 0; kk < nk; kk++) {
+            for (int tt = 0; tt < 4; tt++) {
+                fill(x[tt], k);
+                kernel_prepare(&kernels[kk], t, x[tt], k, act + (size_t)tt * ab);
+            }
+            kernel_matmul(&kernels[kk], t, w, k, 8, n, act, 4, y, N_MAX);
+            for (int tt = 0; tt < 4; tt++) {
+                for (int64_t r = 8; r < n; r++) {
+                    const uint8_t *wr = w + (size_t)r * rb;
+                    const uint8_t *ar = act + (size_t)tt * ab;
+                    int nt;
+                    double tol = 0.0;
+                    double mag = dot_magnitude(t, wr, ar, k, &nt);
+                    tol = (nt + 4) * 0x1p-24 * mag + FLT_MIN;
+                    float ref = quant_dot_ref(t, wr, ar, k);
+                    if (!(fabs(y[tt * N_MAX + r] - ref) <= tol))
+                        FAIL_AT("%s %s %lldx%lld: y[%d][%lld] = %.9g vs %.9g", kernels[kk].name,
+                                qtype_name(t), (long long)n, (long long)k, tt, (long long)r,
+                                y[tt * N_MAX + r], ref);
+                }
+            }
+        }
+    }
+}
+
+TEST_MAIN()

@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "engine.h"
+#include "probe.h"
 
 const char *cli_default_model(void)
 {
@@ -155,4 +156,26 @@ void cli_local_close(struct cli_local *c)
     tok_free(c->tok);
     model_free(&c->model);
     memset(c, 0, sizeof *c);
+}
+
+void cli_local_warn_sinks(struct cli_local *c)
+{
+    enum model_normalizer nz = c->model.hp.normalizer;
+    if (nz != MODEL_NORM_SOFTMAX1 && nz != MODEL_NORM_SINK)
+        return;
+    int32_t ids[1024];
+    int64_t n = tok_encode(c->tok, probe_builtin_text, strlen(probe_builtin_text),
+                           tok_add_bos(c->tok), 0, ids, 1024);
+    struct probe_result pr;
+    if (n <= 0 || n > 1024 || probe_run(&c->fwd, ids, n, &pr) < 0) {
+        fprintf(stderr, "note: sink probe skipped (the window is too small for it)\n");
+        return;
+    }
+    if (pr.sink_rate > PROBE_WARN_RATE)
+        fprintf(stderr,
+                "warning: this model is declared %s (evicts freely) but %.0f%% of its heads put "
+                "more than %.0f%% of their attention on the first token: window-only eviction "
+                "may hurt it (streamsink probe shows the details)\n",
+                model_normalizer_name(nz), 100.0 * pr.sink_rate, 100.0 * PROBE_SINK_MASS);
+    probe_free(&pr);
 }

@@ -36,6 +36,11 @@ struct cli_local_config {
  * ENGINE_EXIT_* code (the model's errors give ENGINE_EXIT_MODEL). */
 int cli_local_open(struct cli_local *c, const struct cli_local_config *cfg);
 void cli_local_close(struct cli_local *c);
+/* For a model declared softmax1 or sink: runs the sink probe on a built-in
+ * text and warns on stderr when its sink rate is above PROBE_WARN_RATE
+ * (window-only eviction may then hurt it). Needs a free slot and a window of
+ * a few hundred tokens; otherwise it says it skipped. */
+void cli_local_warn_sinks(struct cli_local *c);
 
 /* Default model path: $STREAMSINK_MODEL or the cache path of scripts/fetch-model.sh. */
 const char *cli_default_model(void);

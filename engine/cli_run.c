@@ -48,6 +48,7 @@ int engine_cmd_run(int argc, char **argv)
 {
     const char *model = cli_default_model(), *prompt = NULL, *file = NULL;
     int64_t n_predict = 128, threads = 2, chunk = 256, ctx = 0, keep = 0;
+    struct kv_policy policy = {KV_POLICY_DENSE, 0};
     int ignore_eos = 0, no_bos = 0, kv_f32 = 0;
     struct sampler_params sp = sampler_default_params();
     sp.temperature = 0.0f;
@@ -93,6 +94,11 @@ int engine_cmd_run(int argc, char **argv)
             ok = cli_parse_i64(a, v, 1, 1 << 16, &chunk) == 0, i++;
         } else if (cli_flag(a, NULL, "--prompt-tokens")) {
             ok = cli_parse_i64(a, v, 1, (int64_t)1 << 40, &keep) == 0, i++;
+        } else if (cli_flag(a, NULL, "--kv-policy")) {
+            ok = v && kv_policy_parse(v, &policy) == 0 && policy.kind != KV_POLICY_RECOMPUTE;
+            if (v && !ok)
+                fprintf(stderr, "error: --kv-policy '%s' (dense, window, sinks:N or auto)\n", v);
+            i++;
         } else if (cli_flag(a, NULL, "--ctx")) {
             ok = cli_parse_i64(a, v, 1, (int64_t)1 << 32, &ctx) == 0, i++;
         } else if (cli_flag(a, NULL, "--kv-f32")) {
@@ -137,7 +143,8 @@ int engine_cmd_run(int argc, char **argv)
         .model_path = model,
         .n_threads = (int)threads,
         .max_tokens = chunk,
-        .n_sinks = 0,
+        .n_sinks = kv_policy_sinks(&policy) > KV_DEFAULT_SINKS ? kv_policy_sinks(&policy)
+                                                               : KV_DEFAULT_SINKS,
         .window = window,
         .n_slots = 1,
         .kv_dtype = kv_f32 ? KV_DTYPE_F32 : KV_DTYPE_F16,
@@ -167,7 +174,7 @@ int engine_cmd_run(int argc, char **argv)
         exit_code = ENGINE_EXIT_USAGE;
         goto out;
     }
-    if (ctx > 0 && n_prompt + n_predict > ctx) {
+    if (ctx > 0 && policy.kind == KV_POLICY_DENSE && n_prompt + n_predict > ctx) {
         fprintf(stderr, "error: prompt (%lld tokens) + n (%lld) exceeds --ctx %lld\n",
                 (long long)n_prompt, (long long)n_predict, (long long)ctx);
         exit_code = ENGINE_EXIT_USAGE;
@@ -184,8 +191,9 @@ int engine_cmd_run(int argc, char **argv)
     int64_t slot;
     kv_pool_acquire(&L.fwd.pool, &slot);
     window = L.fwd.pool.geo.window;
-    kv_seq_init(&seq, &L.fwd.pool.geo, slot, (struct kv_policy){KV_POLICY_DENSE, 0}, window, 0);
-    if (n_prompt > window) {
+    policy = kv_policy_resolve(policy, L.model.hp.normalizer == MODEL_NORM_SOFTMAX);
+    kv_seq_init(&seq, &L.fwd.pool.geo, slot, policy, window, 0);
+    if (policy.kind == KV_POLICY_DENSE && n_prompt > window) {
         fprintf(stderr, "error: the prompt (%lld tokens) exceeds the context (%lld)\n",
                 (long long)n_prompt, (long long)window);
         exit_code = ENGINE_EXIT_USAGE;

@@ -21,6 +21,10 @@
 
 /* streamsink run -m FILE -p PROMPT -n N [sampling flags] */
 int engine_cmd_run(int argc, char **argv);
+/* streamsink perplexity -m FILE --text FILE --policy P --window W [--sinks N] */
+int engine_cmd_perplexity(int argc, char **argv);
+/* streamsink probe -m FILE [--text FILE] */
+int engine_cmd_probe(int argc, char **argv);
 
 /* ---- The engine thread (used by the server) ---------------------------------
  *

@@ -414,8 +414,12 @@ static int read_alignment(struct gguf_file *g, char *err, size_t err_len)
     if (!kv)
         return 0;
     if (gguf_get_i64(g, "general.alignment", &a) < 0) {
-        set_err(err, err_len, "gguf: general.alignment has type %s, expected an integer",
-                type_name(kv->type));
+        if (scalar_size(kv->type) == 0 || kv->type == GGUF_TYPE_BOOL ||
+            kv->type == GGUF_TYPE_FLOAT32 || kv->type == GGUF_TYPE_FLOAT64)
+            set_err(err, err_len, "gguf: general.alignment has type %s, expected an integer",
+                    type_name(kv->type));
+        else
+            set_err(err, err_len, "gguf: general.alignment is too large");
         return -EINVAL;
     }
     if (a <= 0 || (a & (a - 1)) != 0) {

@@ -61,9 +61,9 @@ struct gguf_kv {
 struct gguf_tensor {
     struct gguf_str name;
     uint32_t n_dims;
-    int64_t ne[4];    /* unused dims are 1 */
-    int type;         /* ggml type id (enum qtype for the ones we support) */
-    uint64_t offset;  /* relative to the data section */
+    int64_t ne[4];   /* unused dims are 1 */
+    int type;        /* ggml type id (enum qtype for the ones we support) */
+    uint64_t offset; /* relative to the data section */
     size_t nbytes;
     const void *data; /* view into the span */
 };

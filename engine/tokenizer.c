@@ -70,7 +70,7 @@ enum char_class {
     CC_SPACE,  /* \s as Oniguruma has it: White_Space */
 };
 
-#define CP_INVALID        0xFFFFFFFFu
+#define CP_INVALID 0xFFFFFFFFu
 #define BYTE_ALPHABET_END 324 /* bytes_to_unicode maps into [0, 324) */
 
 struct merge_slot { /* open addressing; id < 0 marks an empty slot */

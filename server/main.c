@@ -2,6 +2,8 @@
  * main.c: the streamsink program. One binary, subcommands:
  *   run         one prompt on the CPU, streamed to stdout      (engine)
  *   serve       the OpenAI-compatible HTTP server               (server)
+ *   perplexity  StreamingLLM's perplexity-under-eviction eval  (engine)
+ *   probe       attention-sink probe per layer and head        (engine)
  * Exit codes: 0 ok, 1 runtime failure, 2 usage, 3 bad model file.
  */
 #include <stdio.h>
@@ -17,6 +19,8 @@ static void usage(FILE *f)
                "commands:\n"
                "  run         run one prompt and stream the text to stdout\n"
                "  serve       serve the OpenAI API over HTTP (streaming, sessions, metrics)\n"
+               "  perplexity  score a long text under a KV eviction policy\n"
+               "  probe       measure attention sinks per layer and head\n"
                "\n"
                "`streamsink <command> --help` describes each command's options.\n"
                "exit codes: 0 ok, 1 runtime failure, 2 bad usage, 3 bad or missing model file\n");
@@ -33,6 +37,10 @@ int main(int argc, char **argv)
         return engine_cmd_run(argc - 1, argv + 1);
     if (strcmp(cmd, "serve") == 0)
         return server_cmd_serve(argc - 1, argv + 1);
+    if (strcmp(cmd, "perplexity") == 0)
+        return engine_cmd_perplexity(argc - 1, argv + 1);
+    if (strcmp(cmd, "probe") == 0)
+        return engine_cmd_probe(argc - 1, argv + 1);
     if (strcmp(cmd, "-h") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "help") == 0) {
         usage(stdout);
         return ENGINE_EXIT_OK;

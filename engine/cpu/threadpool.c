@@ -10,7 +10,11 @@
 #include <sched.h>
 #include <stdlib.h>
 
-#define SPIN_ROUNDS 200000
+/* Spin this many pause rounds (a few tens of microseconds) before yielding
+ * the CPU; on an oversubscribed machine a spinning waiter would otherwise
+ * burn the time slice the thread it waits for needs. */
+#define SPIN_ROUNDS 20000
+#define YIELD_ROUNDS 200
 
 struct worker {
     struct threadpool *tp;
@@ -49,6 +53,10 @@ static void *worker_main(void *p)
                !__atomic_load_n(&tp->stop, __ATOMIC_ACQUIRE)) {
             if (++spins < SPIN_ROUNDS) {
                 cpu_relax();
+                continue;
+            }
+            if (spins < SPIN_ROUNDS + YIELD_ROUNDS) {
+                sched_yield();
                 continue;
             }
             pthread_mutex_lock(&tp->mu);
@@ -128,6 +136,11 @@ void threadpool_run(struct threadpool *tp, void (*fn)(void *arg, int ith, int nt
     pthread_cond_broadcast(&tp->cv);
     pthread_mutex_unlock(&tp->mu);
     fn(arg, 0, tp->n);
-    while (__atomic_load_n(&tp->pending, __ATOMIC_ACQUIRE) > 0)
-        cpu_relax();
+    int spins = 0;
+    while (__atomic_load_n(&tp->pending, __ATOMIC_ACQUIRE) > 0) {
+        if (++spins < SPIN_ROUNDS)
+            cpu_relax();
+        else
+            sched_yield(); /* the worker may be waiting for a CPU */
+    }
 }

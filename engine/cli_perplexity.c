@@ -1,0 +1,258 @@
+/*
+ * cli_perplexity.c: `streamsink perplexity`, StreamingLLM's evaluation
+ * protocol: feed the text one token at a time, score the next token, let the
+ * policy evict. Prints overall and per-bin perplexity, KV bytes and speed;
+ * --json also writes every token's negative log-likelihood for plotting.
+ *
+ * recompute (StreamingLLM's "sliding window with re-computation" baseline)
+ * re-runs the last W tokens from scratch, at positions 0..W-1, for every
+ * scored token: O(W) work per token, so it is for short stretches.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "engine.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: streamsink perplexity [-m FILE] --text FILE [--policy P] [--window W] "
+               "[--sinks N] [options]\n"
+               "\n"
+               "Scores a text one token at a time under a KV eviction policy (StreamingLLM's\n"
+               "protocol) and prints perplexity overall and per bin, KV bytes and tokens/s.\n"
+               "\n"
+               "  -m, --model FILE     GGUF model (default: the fetched SmolLM2-135M)\n"
+               "      --text FILE      UTF-8 text to score\n"
+               "      --policy P       auto | window | sinks:N | dense | recompute (default auto)\n"
+               "      --window W       window tokens (default 1024; dense: the model's context)\n"
+               "      --sinks N        shorthand for --policy sinks:N\n"
+               "      --max-tokens N   score at most N tokens (default: the whole text)\n"
+               "      --bin N          tokens per reported bin (default 512)\n"
+               "      --json FILE      write the results and every token's NLL as JSON\n"
+               "  -t, --threads N      CPU threads (default 2)\n"
+               "      --kv-f32         f32 KV cache (default f16)\n"
+               "      --no-progress    no progress bar even on a terminal\n"
+               "  -h, --help           this text\n");
+}
+
+static void progress(int64_t done, int64_t total, double nll_sum, double t0)
+{
+    double el = cli_now() - t0;
+    int width = 30, filled = total > 0 ? (int)((double)width * (double)done / (double)total) : 0;
+    char bar[64];
+    for (int i = 0; i < width; i++)
+        bar[i] = i < filled ? '=' : (i == filled ? '>' : ' ');
+    bar[width] = 0;
+    fprintf(stderr, "\r[%s] %lld/%lld  ppl %.3f  %.1f tok/s ", bar, (long long)done,
+            (long long)total, done > 0 ? exp(nll_sum / (double)done) : 0.0,
+            el > 0 ? (double)done / el : 0.0);
+}
+
+int engine_cmd_perplexity(int argc, char **argv)
+{
+    const char *model = cli_default_model(), *text_path = NULL, *json = NULL;
+    const char *policy_s = "auto";
+    char policy_buf[32];
+    int64_t window = 1024, max_tokens = 0, bin = 512, threads = 2, sinks = -1;
+    int kv_f32 = 0, no_progress = 0, window_set = 0;
+
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int ok = 0;
+        if (cli_flag(a, "-h", "--help")) {
+            usage(stdout);
+            return ENGINE_EXIT_OK;
+        } else if (cli_flag(a, "-m", "--model")) {
+            model = v, ok = v != NULL, i++;
+        } else if (cli_flag(a, NULL, "--text")) {
+            text_path = v, ok = v != NULL, i++;
+        } else if (cli_flag(a, NULL, "--policy")) {
+            policy_s = v, ok = v != NULL, i++;
+        } else if (cli_flag(a, NULL, "--json")) {
+            json = v, ok = v != NULL, i++;
+        } else if (cli_flag(a, NULL, "--window")) {
+            ok = cli_parse_i64(a, v, 1, (int64_t)1 << 32, &window) == 0, i++;
+            window_set = 1;
+        } else if (cli_flag(a, NULL, "--sinks")) {
+            ok = cli_parse_i64(a, v, 0, KV_MAX_SINKS, &sinks) == 0, i++;
+        } else if (cli_flag(a, NULL, "--max-tokens")) {
+            ok = cli_parse_i64(a, v, 1, (int64_t)1 << 40, &max_tokens) == 0, i++;
+        } else if (cli_flag(a, NULL, "--bin")) {
+            ok = cli_parse_i64(a, v, 1, (int64_t)1 << 30, &bin) == 0, i++;
+        } else if (cli_flag(a, "-t", "--threads")) {
+            ok = cli_parse_i64(a, v, 1, 256, &threads) == 0, i++;
+        } else if (cli_flag(a, NULL, "--kv-f32")) {
+            kv_f32 = ok = 1;
+        } else if (cli_flag(a, NULL, "--no-progress")) {
+            no_progress = ok = 1;
+        } else {
+            fprintf(stderr, "error: unknown flag '%s' (see streamsink perplexity --help)\n", a);
+            return ENGINE_EXIT_USAGE;
+        }
+        if (!ok) {
+            if (!v)
+                fprintf(stderr, "error: %s needs a value\n", a);
+            return ENGINE_EXIT_USAGE;
+        }
+    }
+    if (!text_path) {
+        fprintf(stderr, "error: --text FILE is required\n");
+        return ENGINE_EXIT_USAGE;
+    }
+    if (sinks >= 0) {
+        snprintf(policy_buf, sizeof policy_buf, "sinks:%lld", (long long)sinks);
+        policy_s = policy_buf;
+    }
+    struct kv_policy pol;
+    if (kv_policy_parse(policy_s, &pol) < 0) {
+        fprintf(stderr, "error: --policy '%s' (auto, window, sinks:N, dense or recompute)\n",
+                policy_s);
+        return ENGINE_EXIT_USAGE;
+    }
+    size_t text_len = 0;
+    char *text = cli_read_file(text_path, &text_len);
+    if (!text) {
+        fprintf(stderr, "error: cannot read %s: %s\n", text_path, strerror(errno));
+        return ENGINE_EXIT_USAGE;
+    }
+
+    /* Open once with the largest window any policy here may need; the
+     * sequence itself gets the policy's window. */
+    int is_dense = pol.kind == KV_POLICY_DENSE, is_rec = pol.kind == KV_POLICY_RECOMPUTE;
+    struct cli_local L;
+    struct cli_local_config cfg = {
+        .model_path = model,
+        .n_threads = (int)threads,
+        .max_tokens = is_rec ? window : 1,
+        .n_sinks =
+            kv_policy_sinks(&pol) > KV_DEFAULT_SINKS ? kv_policy_sinks(&pol) : KV_DEFAULT_SINKS,
+        .window = is_dense && !window_set ? 0 : window,
+        .n_slots = 1,
+        .kv_dtype = kv_f32 ? KV_DTYPE_F32 : KV_DTYPE_F16,
+    };
+    int rc = cli_local_open(&L, &cfg);
+    if (rc != ENGINE_EXIT_OK) {
+        free(text);
+        return rc;
+    }
+    cli_local_warn_sinks(&L);
+    const struct kv_geometry *g = &L.fwd.pool.geo;
+    window = g->window;
+    pol = kv_policy_resolve(pol, L.model.hp.normalizer == MODEL_NORM_SOFTMAX);
+    char pname[32];
+    kv_policy_name(&pol, pname, sizeof pname);
+
+    int exit_code = ENGINE_EXIT_OK;
+    int64_t cap = (int64_t)text_len + 2;
+    int32_t *ids = malloc((size_t)cap * sizeof *ids);
+    double *nll = NULL;
+    int64_t n = ids ? tok_encode(L.tok, text, text_len, tok_add_bos(L.tok), 0, ids, cap) : -ENOMEM;
+    if (n < 2 || n > cap) {
+        fprintf(stderr, "error: the text gives %lld tokens; at least 2 are needed\n", (long long)n);
+        exit_code = ENGINE_EXIT_USAGE;
+        goto out;
+    }
+    int64_t n_score = n - 1; /* token t predicts t + 1 */
+    if (max_tokens > 0 && n_score > max_tokens)
+        n_score = max_tokens;
+    if (is_dense && n_score > window - 1) {
+        fprintf(stderr, "note: dense stops at the model's context: scoring %lld of %lld tokens\n",
+                (long long)(window - 1), (long long)n_score);
+        n_score = window - 1;
+    }
+    nll = malloc((size_t)n_score * sizeof *nll);
+    if (!nll) {
+        exit_code = ENGINE_EXIT_RUNTIME;
+        goto out;
+    }
+    struct kv_seq seq;
+    int64_t slot;
+    kv_pool_acquire(&L.fwd.pool, &slot);
+    struct kv_policy run_pol = is_rec ? (struct kv_policy){KV_POLICY_DENSE, 0} : pol;
+    kv_seq_init(&seq, g, slot, run_pol, window, 0);
+
+    const int64_t V = L.model.hp.n_vocab;
+    const int show = !no_progress && isatty(2);
+    double t0 = cli_now(), nll_sum = 0;
+    for (int64_t t = 0; t < n_score; t++) {
+        int64_t r;
+        if (is_rec) { /* rebuild the window from scratch at positions 0.. */
+            int64_t s0 = t + 1 > window ? t + 1 - window : 0;
+            kv_seq_init(&seq, g, slot, run_pol, window, 0);
+            struct fwd_input in = {&seq, ids + s0, t + 1 - s0, FWD_LOGITS_LAST};
+            r = fwd_step(&L.fwd, &in, 1);
+        } else {
+            struct fwd_input in = {&seq, ids + t, 1, FWD_LOGITS_LAST};
+            r = fwd_step(&L.fwd, &in, 1);
+        }
+        if (r < 0) {
+            fprintf(stderr, "\nerror: forward step failed at token %lld (%lld)\n", (long long)t,
+                    (long long)r);
+            exit_code = ENGINE_EXIT_RUNTIME;
+            goto out;
+        }
+        const float *lg = L.fwd.logits;
+        float mx = lg[0];
+        for (int64_t v = 1; v < V; v++)
+            mx = lg[v] > mx ? lg[v] : mx;
+        double sum = 0;
+        for (int64_t v = 0; v < V; v++)
+            sum += exp((double)(lg[v] - mx));
+        nll[t] = (double)mx + log(sum) - (double)lg[ids[t + 1]];
+        nll_sum += nll[t];
+        if (show && (t % 64 == 0 || t + 1 == n_score))
+            progress(t + 1, n_score, nll_sum, t0);
+    }
+    double el = cli_now() - t0;
+    if (show)
+        fprintf(stderr, "\n");
+    size_t kv_bytes = 2 * kv_geometry_slot_bytes(g);
+    double ppl = exp(nll_sum / (double)n_score);
+    printf("model       %s\n", L.model.hp.name);
+    printf("normalizer  %s\n", model_normalizer_name(L.model.hp.normalizer));
+    printf("policy      %s\n", pname);
+    printf("window      %lld\n", (long long)window);
+    printf("tokens      %lld scored\n", (long long)n_score);
+    printf("perplexity  %.4f\n", ppl);
+    printf("kv bytes    %zu (%s)\n", kv_bytes, kv_f32 ? "f32" : "f16");
+    printf("tokens/s    %.1f\n", (double)n_score / el);
+    printf("bins        start  end  perplexity\n");
+    for (int64_t b0 = 0; b0 < n_score; b0 += bin) {
+        int64_t b1 = b0 + bin < n_score ? b0 + bin : n_score;
+        double s = 0;
+        for (int64_t t = b0; t < b1; t++)
+            s += nll[t];
+        printf("            %lld %lld %.4f\n", (long long)b0, (long long)b1,
+               exp(s / (double)(b1 - b0)));
+    }
+    if (json) {
+        FILE *jf = fopen(json, "w");
+        if (!jf) {
+            fprintf(stderr, "error: cannot write %s: %s\n", json, strerror(errno));
+            exit_code = ENGINE_EXIT_RUNTIME;
+            goto out;
+        }
+        fprintf(jf,
+                "{\"model\": \"%s\", \"normalizer\": \"%s\", \"policy\": \"%s\", \"window\": %lld, "
+                "\"tokens\": %lld, \"perplexity\": %.6f, \"kv_bytes\": %zu, "
+                "\"tokens_per_s\": %.2f, \"nll\": [",
+                L.model.hp.name, model_normalizer_name(L.model.hp.normalizer), pname,
+                (long long)window, (long long)n_score, ppl, kv_bytes, (double)n_score / el);
+        for (int64_t t = 0; t < n_score; t++)
+            fprintf(jf, "%s%.5f", t ? "," : "", nll[t]);
+        fprintf(jf, "]}\n");
+        fclose(jf);
+    }
+out:
+    free(nll);
+    free(ids);
+    free(text);
+    cli_local_close(&L);
+    return exit_code;
+}

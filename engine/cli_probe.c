@@ -1,0 +1,153 @@
+/*
+ * cli_probe.c: `streamsink probe`: where does attention go? Per layer and
+ * head, the mean attention mass on the first 1, 4 and 16 positions for
+ * queries at context >= 64, and the sink rate (share of heads whose mean
+ * first-position mass exceeds 0.3).
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "engine.h"
+#include "probe.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: streamsink probe [-m FILE] [--text FILE] [--tokens N] [--json FILE]\n"
+            "\n"
+            "Measures attention sinks: per layer and head, the mean attention mass that\n"
+            "queries at context >= %d put on the first 1, 4 and 16 tokens, and the sink\n"
+            "rate: the share of heads whose first-token mass exceeds %.1f.\n"
+            "\n"
+            "  -m, --model FILE   GGUF model (default: the fetched SmolLM2-135M)\n"
+            "      --text FILE    text to run (default: a built-in paragraph)\n"
+            "      --tokens N     use the first N tokens of the text (default 1024)\n"
+            "      --json FILE    also write the table as JSON\n"
+            "  -t, --threads N    CPU threads (default 2)\n"
+            "  -h, --help         this text\n",
+            PROBE_MIN_CTX, (double)PROBE_SINK_MASS);
+}
+
+int engine_cmd_probe(int argc, char **argv)
+{
+    const char *model = cli_default_model(), *text_path = NULL, *json = NULL;
+    int64_t max_tok = 1024, threads = 2;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int ok = 0;
+        if (cli_flag(a, "-h", "--help")) {
+            usage(stdout);
+            return ENGINE_EXIT_OK;
+        } else if (cli_flag(a, "-m", "--model")) {
+            model = v, ok = v != NULL, i++;
+        } else if (cli_flag(a, NULL, "--text")) {
+            text_path = v, ok = v != NULL, i++;
+        } else if (cli_flag(a, NULL, "--json")) {
+            json = v, ok = v != NULL, i++;
+        } else if (cli_flag(a, NULL, "--tokens")) {
+            ok = cli_parse_i64(a, v, PROBE_MIN_CTX + 1, 1 << 20, &max_tok) == 0, i++;
+        } else if (cli_flag(a, "-t", "--threads")) {
+            ok = cli_parse_i64(a, v, 1, 256, &threads) == 0, i++;
+        } else {
+            fprintf(stderr, "error: unknown flag '%s' (see streamsink probe --help)\n", a);
+            return ENGINE_EXIT_USAGE;
+        }
+        if (!ok) {
+            if (!v)
+                fprintf(stderr, "error: %s needs a value\n", a);
+            return ENGINE_EXIT_USAGE;
+        }
+    }
+    char *text = NULL;
+    size_t len;
+    if (text_path) {
+        text = cli_read_file(text_path, &len);
+        if (!text) {
+            fprintf(stderr, "error: cannot read %s: %s\n", text_path, strerror(errno));
+            return ENGINE_EXIT_USAGE;
+        }
+    } else {
+        len = strlen(probe_builtin_text);
+        text = malloc(len + 1);
+        if (!text)
+            return ENGINE_EXIT_RUNTIME;
+        memcpy(text, probe_builtin_text, len + 1);
+    }
+    struct cli_local L;
+    struct cli_local_config cfg = {.model_path = model,
+                                   .n_threads = (int)threads,
+                                   .max_tokens = 256,
+                                   .n_sinks = 0,
+                                   .window = max_tok,
+                                   .n_slots = 1,
+                                   .kv_dtype = KV_DTYPE_F16};
+    int rc = cli_local_open(&L, &cfg);
+    if (rc != ENGINE_EXIT_OK) {
+        free(text);
+        return rc;
+    }
+    int exit_code = ENGINE_EXIT_OK;
+    int64_t cap = (int64_t)len + 2;
+    int32_t *ids = malloc((size_t)cap * sizeof *ids);
+    int64_t n = ids ? tok_encode(L.tok, text, len, tok_add_bos(L.tok), 0, ids, cap) : -ENOMEM;
+    if (n > L.fwd.pool.geo.window)
+        n = L.fwd.pool.geo.window;
+    struct probe_result pr;
+    if (n <= PROBE_MIN_CTX || probe_run(&L.fwd, ids, n, &pr) < 0) {
+        fprintf(stderr, "error: the probe needs more than %d tokens of text (got %lld)\n",
+                PROBE_MIN_CTX, (long long)n);
+        exit_code = ENGINE_EXIT_USAGE;
+        goto out;
+    }
+    printf("model %s, normalizer %s, %lld tokens, %lld queries per head\n", L.model.hp.name,
+           model_normalizer_name(L.model.hp.normalizer), (long long)n, (long long)pr.n_queries);
+    printf("layer  head  first1  first4  first16\n");
+    for (int l = 0; l < pr.n_layer; l++)
+        for (int h = 0; h < pr.n_head; h++) {
+            int i = l * pr.n_head + h;
+            printf("%5d  %4d  %6.3f  %6.3f  %7.3f%s\n", l, h, (double)pr.mass1[i],
+                   (double)pr.mass4[i], (double)pr.mass16[i],
+                   pr.mass1[i] > PROBE_SINK_MASS ? "  sink" : "");
+        }
+    printf("layer means:\n");
+    for (int l = 0; l < pr.n_layer; l++) {
+        double a = 0, b = 0, c = 0;
+        for (int h = 0; h < pr.n_head; h++) {
+            a += pr.mass1[l * pr.n_head + h];
+            b += pr.mass4[l * pr.n_head + h];
+            c += pr.mass16[l * pr.n_head + h];
+        }
+        printf("%5d        %6.3f  %6.3f  %7.3f\n", l, a / pr.n_head, b / pr.n_head, c / pr.n_head);
+    }
+    printf("sink rate %.3f (%d of %d heads put more than %.1f on the first token)\n",
+           (double)pr.sink_rate, (int)(pr.sink_rate * (float)(pr.n_layer * pr.n_head) + 0.5f),
+           pr.n_layer * pr.n_head, (double)PROBE_SINK_MASS);
+    if (json) {
+        FILE *jf = fopen(json, "w");
+        if (jf) {
+            fprintf(jf, "{\"tokens\": %lld, \"sink_rate\": %.5f, \"heads\": [", (long long)n,
+                    (double)pr.sink_rate);
+            for (int i = 0; i < pr.n_layer * pr.n_head; i++)
+                fprintf(jf,
+                        "%s{\"layer\": %d, \"head\": %d, \"first1\": %.5f, \"first4\": %.5f, "
+                        "\"first16\": %.5f}",
+                        i ? "," : "", i / pr.n_head, i % pr.n_head, (double)pr.mass1[i],
+                        (double)pr.mass4[i], (double)pr.mass16[i]);
+            fprintf(jf, "]}\n");
+            fclose(jf);
+        } else {
+            fprintf(stderr, "error: cannot write %s\n", json);
+            exit_code = ENGINE_EXIT_RUNTIME;
+        }
+    }
+    probe_free(&pr);
+out:
+    free(ids);
+    free(text);
+    cli_local_close(&L);
+    return exit_code;
+}

@@ -33,6 +33,7 @@ static void usage(FILE *f)
                "      --sinks N        shorthand for --policy sinks:N\n"
                "      --max-tokens N   score at most N tokens (default: the whole text)\n"
                "      --bin N          tokens per reported bin (default 512)\n"
+               "      --stride K       recompute only: score every K-th token (default 1)\n"
                "      --json FILE      write the results and every token's NLL as JSON\n"
                "  -t, --threads N      CPU threads (default 2)\n"
                "      --kv-f32         f32 KV cache (default f16)\n"
@@ -58,7 +59,7 @@ int engine_cmd_perplexity(int argc, char **argv)
     const char *model = cli_default_model(), *text_path = NULL, *json = NULL;
     const char *policy_s = "auto";
     char policy_buf[32];
-    int64_t window = 1024, max_tokens = 0, bin = 512, threads = 2, sinks = -1;
+    int64_t window = 1024, max_tokens = 0, bin = 512, threads = 2, sinks = -1, stride = 1;
     int kv_f32 = 0, no_progress = 0, window_set = 0;
 
     for (int i = 1; i < argc; i++) {
@@ -83,6 +84,8 @@ int engine_cmd_perplexity(int argc, char **argv)
             ok = cli_parse_i64(a, v, 0, KV_MAX_SINKS, &sinks) == 0, i++;
         } else if (cli_flag(a, NULL, "--max-tokens")) {
             ok = cli_parse_i64(a, v, 1, (int64_t)1 << 40, &max_tokens) == 0, i++;
+        } else if (cli_flag(a, NULL, "--stride")) {
+            ok = cli_parse_i64(a, v, 1, 1 << 20, &stride) == 0, i++;
         } else if (cli_flag(a, NULL, "--bin")) {
             ok = cli_parse_i64(a, v, 1, (int64_t)1 << 30, &bin) == 0, i++;
         } else if (cli_flag(a, "-t", "--threads")) {
@@ -113,6 +116,11 @@ int engine_cmd_perplexity(int argc, char **argv)
     if (kv_policy_parse(policy_s, &pol) < 0) {
         fprintf(stderr, "error: --policy '%s' (auto, window, sinks:N, dense or recompute)\n",
                 policy_s);
+        return ENGINE_EXIT_USAGE;
+    }
+    if (stride > 1 && pol.kind != KV_POLICY_RECOMPUTE) {
+        fprintf(stderr, "error: --stride is for --policy recompute (the others must feed every "
+                        "token anyway)\n");
         return ENGINE_EXIT_USAGE;
     }
     size_t text_len = 0;
@@ -152,6 +160,7 @@ int engine_cmd_perplexity(int argc, char **argv)
     int64_t cap = (int64_t)text_len + 2;
     int32_t *ids = malloc((size_t)cap * sizeof *ids);
     double *nll = NULL;
+    int64_t *pos = NULL, n_done = 0;
     int64_t n = ids ? tok_encode(L.tok, text, text_len, tok_add_bos(L.tok), 0, ids, cap) : -ENOMEM;
     if (n < 2 || n > cap) {
         fprintf(stderr, "error: the text gives %lld tokens; at least 2 are needed\n", (long long)n);
@@ -167,7 +176,8 @@ int engine_cmd_perplexity(int argc, char **argv)
         n_score = window - 1;
     }
     nll = malloc((size_t)n_score * sizeof *nll);
-    if (!nll) {
+    pos = malloc((size_t)n_score * sizeof *pos);
+    if (!nll || !pos) {
         exit_code = ENGINE_EXIT_RUNTIME;
         goto out;
     }
@@ -182,6 +192,8 @@ int engine_cmd_perplexity(int argc, char **argv)
     double t0 = cli_now(), nll_sum = 0;
     for (int64_t t = 0; t < n_score; t++) {
         int64_t r;
+        if (is_rec && t % stride != 0)
+            continue;
         if (is_rec) { /* rebuild the window from scratch at positions 0.. */
             int64_t s0 = t + 1 > window ? t + 1 - window : 0;
             kv_seq_init(&seq, g, slot, run_pol, window, 0);
@@ -204,32 +216,35 @@ int engine_cmd_perplexity(int argc, char **argv)
         double sum = 0;
         for (int64_t v = 0; v < V; v++)
             sum += exp((double)(lg[v] - mx));
-        nll[t] = (double)mx + log(sum) - (double)lg[ids[t + 1]];
-        nll_sum += nll[t];
-        if (show && (t % 64 == 0 || t + 1 == n_score))
-            progress(t + 1, n_score, nll_sum, t0);
+        nll[n_done] = (double)mx + log(sum) - (double)lg[ids[t + 1]];
+        pos[n_done] = t;
+        nll_sum += nll[n_done++];
+        if (show && (n_done % 64 == 1 || t + stride >= n_score))
+            progress(t + 1, n_score, nll_sum / (double)n_done * (double)(t + 1), t0);
     }
     double el = cli_now() - t0;
     if (show)
         fprintf(stderr, "\n");
     size_t kv_bytes = 2 * kv_geometry_slot_bytes(g);
-    double ppl = exp(nll_sum / (double)n_score);
+    double ppl = exp(nll_sum / (double)n_done);
     printf("model       %s\n", L.model.hp.name);
     printf("normalizer  %s\n", model_normalizer_name(L.model.hp.normalizer));
     printf("policy      %s\n", pname);
     printf("window      %lld\n", (long long)window);
-    printf("tokens      %lld scored\n", (long long)n_score);
+    printf("tokens      %lld scored%s\n", (long long)n_done,
+           stride > 1 ? " (every stride-th)" : "");
     printf("perplexity  %.4f\n", ppl);
     printf("kv bytes    %zu (%s)\n", kv_bytes, kv_f32 ? "f32" : "f16");
-    printf("tokens/s    %.1f\n", (double)n_score / el);
+    printf("tokens/s    %.1f (scored tokens per second)\n", (double)n_done / el);
     printf("bins        start  end  perplexity\n");
-    for (int64_t b0 = 0; b0 < n_score; b0 += bin) {
-        int64_t b1 = b0 + bin < n_score ? b0 + bin : n_score;
+    for (int64_t b0 = 0, i = 0; b0 < n_score; b0 += bin) {
+        int64_t b1 = b0 + bin < n_score ? b0 + bin : n_score, cnt = 0;
         double s = 0;
-        for (int64_t t = b0; t < b1; t++)
-            s += nll[t];
-        printf("            %lld %lld %.4f\n", (long long)b0, (long long)b1,
-               exp(s / (double)(b1 - b0)));
+        for (; i < n_done && pos[i] < b1; i++, cnt++)
+            s += nll[i];
+        if (cnt > 0)
+            printf("            %lld %lld %.4f\n", (long long)b0, (long long)b1,
+                   exp(s / (double)cnt));
     }
     if (json) {
         FILE *jf = fopen(json, "w");
@@ -243,14 +258,18 @@ int engine_cmd_perplexity(int argc, char **argv)
                 "\"tokens\": %lld, \"perplexity\": %.6f, \"kv_bytes\": %zu, "
                 "\"tokens_per_s\": %.2f, \"nll\": [",
                 L.model.hp.name, model_normalizer_name(L.model.hp.normalizer), pname,
-                (long long)window, (long long)n_score, ppl, kv_bytes, (double)n_score / el);
-        for (int64_t t = 0; t < n_score; t++)
+                (long long)window, (long long)n_done, ppl, kv_bytes, (double)n_done / el);
+        for (int64_t t = 0; t < n_done; t++)
             fprintf(jf, "%s%.5f", t ? "," : "", nll[t]);
+        fprintf(jf, "], \"scored\": [");
+        for (int64_t t = 0; t < n_done; t++)
+            fprintf(jf, "%s%lld", t ? "," : "", (long long)pos[t]);
         fprintf(jf, "]}\n");
         fclose(jf);
     }
 out:
     free(nll);
+    free(pos);
     free(ids);
     free(text);
     cli_local_close(&L);

@@ -136,3 +136,81 @@ void cpu_attention_row(const struct attn_kernels *kr, const float *q, const floa
     if (l > 0)
         kr->scale(out, 1.0f / l, n);
 }
+
+void cpu_attention_span(const struct attn_kernels *kr, int nq, const float *q, const float *qc,
+                        const struct attn_keys *keys, int64_t v0, int64_t v1, float scale,
+                        int softpick, float *m, float *l, float *acc)
+{
+    const int n = keys->head_dim;
+    const size_t esz = keys->f16 ? 2 : 4;
+    for (int h = 0; h < nq; h++) {
+        m[h] = -INFINITY;
+        l[h] = 0.0f;
+    }
+    memset(acc, 0, (size_t)nq * (size_t)n * sizeof(float));
+    int64_t base = 0; /* visit index of the current run's first key */
+    for (int r = 0; r < 3; r++) {
+        int64_t lo = v0 > base ? v0 - base : 0;
+        int64_t hi = v1 - base < keys->run_len[r] ? v1 - base : keys->run_len[r];
+        const float *qq = keys->run_uses_qc[r] ? qc : q;
+        for (int64_t i = lo; i < hi; i++) {
+            int64_t c = keys->run_start[r] + i;
+            const char *kp = (const char *)keys->k + (size_t)c * (size_t)n * esz;
+            const char *vp = (const char *)keys->v + (size_t)c * (size_t)n * esz;
+            for (int h = 0; h < nq; h++) {
+                float z = kr->dot(qq + h * n, kp, n, keys->f16) * scale;
+                float *a = acc + h * n;
+                if (z > m[h]) {
+                    float corr = expf(m[h] - z);
+                    l[h] *= corr;
+                    kr->scale(a, corr, n);
+                    m[h] = z;
+                }
+                if (softpick) {
+                    float d = expf(z - m[h]) - expf(-m[h]);
+                    l[h] += fabsf(d);
+                    if (d > 0)
+                        kr->axpy(a, d, vp, n, keys->f16);
+                } else {
+                    float w = expf(z - m[h]);
+                    l[h] += w;
+                    kr->axpy(a, w, vp, n, keys->f16);
+                }
+            }
+        }
+        base += keys->run_len[r];
+    }
+}
+
+void cpu_attention_merge(const struct attn_kernels *kr, int n, const float *m, const float *l,
+                         const float *acc, int64_t acc_stride, int head_dim,
+                         enum model_normalizer norm, float sink, float *out)
+{
+    const int softpick = norm == MODEL_NORM_SOFTPICK;
+    /* the sink term is one more partial state: (m, l) = (s_h, 1), acc = 0 */
+    float M = -INFINITY;
+    if (norm == MODEL_NORM_SOFTMAX1)
+        M = 0.0f;
+    else if (norm == MODEL_NORM_SINK)
+        M = sink;
+    const float m_sink = M;
+    for (int i = 0; i < n; i++)
+        M = m[i] > M ? m[i] : M;
+    float L = 0.0f;
+    if (m_sink > -INFINITY)
+        L = expf(m_sink - M);
+    memset(out, 0, (size_t)head_dim * sizeof(float));
+    for (int i = 0; i < n; i++) {
+        if (!(m[i] > -INFINITY))
+            continue; /* an empty span */
+        float c = expf(m[i] - M);
+        L += l[i] * c;
+        kr->axpy(out, c, acc + i * acc_stride, head_dim, 0);
+    }
+    if (softpick) {
+        kr->scale(out, 1.0f / (L + SOFTPICK_EPS), head_dim);
+        return;
+    }
+    if (L > 0)
+        kr->scale(out, 1.0f / L, head_dim);
+}

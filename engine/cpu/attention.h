@@ -46,6 +46,24 @@ void cpu_attention_row(const struct attn_kernels *kr, const float *q, const floa
                        const struct attn_keys *keys, float scale, enum model_normalizer norm,
                        float sink, float *out);
 
+/*
+ * The split form used by the backend (grouped-query aware, flash-decoding):
+ * nq query heads that share one kv head are scored against the keys with
+ * visit index in [v0, v1) (visit order: the runs of keys, in order), each key
+ * row read once for all of them. The partial state per head is (m, l, acc):
+ * running max, sum and unnormalized output, started at m = -inf, l = 0 (no
+ * sink term: cpu_attention_merge adds it exactly once). acc is nq * Dh.
+ */
+#define ATTN_MAX_GROUP 16
+void cpu_attention_span(const struct attn_kernels *kr, int nq, const float *q, const float *qc,
+                        const struct attn_keys *keys, int64_t v0, int64_t v1, float scale,
+                        int softpick, float *m, float *l, float *acc);
+/* Merges n partial states of one head (m[i], l[i], acc + i * acc_stride) with
+ * the sink term of the normalizer and writes the normalized output (Dh). */
+void cpu_attention_merge(const struct attn_kernels *kr, int n, const float *m, const float *l,
+                         const float *acc, int64_t acc_stride, int head_dim,
+                         enum model_normalizer norm, float sink, float *out);
+
 /* AVX2 row kernels (attention_avx2.c; call only when the CPU has AVX2+FMA+F16C). */
 float cpu__attn_dot_avx2(const float *q, const void *k, int n, int f16);
 void cpu__attn_axpy_avx2(float *acc, float a, const void *v, int n, int f16);

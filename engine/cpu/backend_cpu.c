@@ -19,6 +19,7 @@
 
 #define MATMUL_ROW_BLOCK 16 /* weight rows per work item */
 #define MATMUL_T_TILE 64    /* activation rows per pass over a weight block */
+#define ATTN_SPLITS_MAX 16  /* most key splits per (token, kv head) */
 
 struct cpu_ctx {
     struct threadpool *tp;
@@ -32,6 +33,7 @@ struct cpu_ctx {
     size_t act_cap;
     struct kv_geometry geo;
     void *kmem, *vmem; /* KV storage */
+    float *attn_part;  /* partial attention states, one per task */
     int kv_f16;
 };
 
@@ -54,6 +56,7 @@ static void cpu_free(struct backend *b)
         free(c->cs_cache);
         free(c->act);
         free(c->kmem);
+        free(c->attn_part);
         free(c->vmem);
         free(c);
     }
@@ -247,64 +250,100 @@ struct attn_job {
     enum model_normalizer norm;
     float *att;
     float *probe;
+    int64_t splits; /* key splits per (token, kv head) */
 };
 
-static void attention_task(void *arg, int ith, int nth)
+/* The keys token t's query sees in kv head g, as runs of cells in visit
+ * order: sinks (scored with qc), then the window ring, possibly wrapping. */
+static struct attn_keys keys_for(const struct cpu_ctx *c, int64_t t, int layer, int g, int Dh)
+{
+    const struct fwd_batch *bt = c->batch;
+    const struct kv_view *vw = &bt->view[t];
+    const struct kv_seq *seq = bt->seq[t];
+    const size_t esz = c->kv_f16 ? 2 : 4;
+    size_t base = kv_geometry_offset(&c->geo, bt->slot[t], layer, g, 0) * esz;
+    struct attn_keys keys = {
+        .k = (const char *)c->kmem + base,
+        .v = (const char *)c->vmem + base,
+        .f16 = c->kv_f16,
+        .head_dim = Dh,
+    };
+    keys.run_start[0] = 0;
+    keys.run_len[0] = vw->n_sinks;
+    keys.run_uses_qc[0] = 1;
+    int64_t c0 = vw->win_start % seq->ring;
+    int64_t len1 = vw->win_len < seq->ring - c0 ? vw->win_len : seq->ring - c0;
+    keys.run_start[1] = seq->sink_base + c0;
+    keys.run_len[1] = len1;
+    keys.run_start[2] = seq->sink_base;
+    keys.run_len[2] = vw->win_len - len1;
+    return keys;
+}
+
+/* Probe path: one (token, head) at a time, recording the weights on the
+ * sequence's first positions. Used only by the sink probe. */
+static void attention_probe_task(void *arg, int ith, int nth)
 {
     struct attn_job *j = arg;
     struct cpu_ctx *c = j->b->ctx;
     const struct model_hparams *hp = &j->b->model->hp;
     const struct fwd_batch *bt = c->batch;
     const int H = hp->n_head, Dh = hp->head_dim, group = hp->n_head / hp->n_head_kv;
-    const size_t esz = c->kv_f16 ? 2 : 4;
     const float scale = 1.0f / sqrtf((float)Dh);
     int64_t n_tasks = bt->T * H;
-    int64_t i0 = n_tasks * ith / nth, i1 = n_tasks * (ith + 1) / nth;
-    for (int64_t i = i0; i < i1; i++) {
+    for (int64_t i = n_tasks * ith / nth; i < n_tasks * (ith + 1) / nth; i++) {
         int64_t t = i / H;
-        int h = (int)(i % H), g = h / group;
+        int h = (int)(i % H);
         const struct kv_view *vw = &bt->view[t];
         const struct kv_seq *seq = bt->seq[t];
-        size_t base = kv_geometry_offset(&c->geo, bt->slot[t], j->layer, g, 0) * esz;
-        struct attn_keys keys = {
-            .k = (const char *)c->kmem + base,
-            .v = (const char *)c->vmem + base,
-            .f16 = c->kv_f16,
-            .head_dim = Dh,
-        };
-        keys.run_start[0] = 0;
-        keys.run_len[0] = vw->n_sinks;
-        keys.run_uses_qc[0] = 1;
-        int64_t c0 = vw->win_start % seq->ring;
-        int64_t len1 = vw->win_len < seq->ring - c0 ? vw->win_len : seq->ring - c0;
-        keys.run_start[1] = seq->sink_base + c0;
-        keys.run_len[1] = len1;
-        keys.run_start[2] = seq->sink_base;
-        keys.run_len[2] = vw->win_len - len1;
+        struct attn_keys keys = keys_for(c, t, j->layer, h / group, Dh);
         float visit_w[ATTN_PROBE_K];
         int64_t lim = seq->pos_first + BACKEND_PROBE_K;
-        if (j->probe) {
-            /* keys are visited in position order (sinks, then the window), so
-             * the sequence's first positions still in the cache come first */
-            keys.probe = visit_w;
-            keys.probe_n = vw->n_sinks;
-            if (vw->win_len > 0 && vw->win_start < lim)
-                keys.probe_n +=
-                    lim - vw->win_start < vw->win_len ? lim - vw->win_start : vw->win_len;
-        }
+        /* keys are visited in position order (sinks, then the window), so the
+         * sequence's first positions still in the cache come first */
+        keys.probe = visit_w;
+        keys.probe_n = vw->n_sinks;
+        if (vw->win_len > 0 && vw->win_start < lim)
+            keys.probe_n += lim - vw->win_start < vw->win_len ? lim - vw->win_start : vw->win_len;
         const int64_t off = t * (int64_t)H * Dh + (int64_t)h * Dh;
         cpu_attention_row(&c->akr, j->q + off, j->qc + off, &keys, scale, j->norm, j->sinks[h],
                           j->att + off);
-        if (j->probe) { /* visit index -> position relative to the sequence start */
-            float *pr = j->probe + (t * H + h) * BACKEND_PROBE_K;
-            memset(pr, 0, BACKEND_PROBE_K * sizeof(float));
-            for (int64_t v = 0; v < keys.probe_n && v < ATTN_PROBE_K; v++) {
-                int64_t rel =
-                    v < vw->n_sinks ? v : vw->win_start - seq->pos_first + v - vw->n_sinks;
-                if (rel < BACKEND_PROBE_K)
-                    pr[rel] = visit_w[v];
-            }
+        float *pr = j->probe + (t * H + h) * BACKEND_PROBE_K;
+        memset(pr, 0, BACKEND_PROBE_K * sizeof(float));
+        for (int64_t v = 0; v < keys.probe_n && v < ATTN_PROBE_K; v++) {
+            /* visit index -> position relative to the sequence start */
+            int64_t rel = v < vw->n_sinks ? v : vw->win_start - seq->pos_first + v - vw->n_sinks;
+            if (rel < BACKEND_PROBE_K)
+                pr[rel] = visit_w[v];
         }
+    }
+}
+
+/* Hot path: one task per (token, kv head, split of the keys). All query heads
+ * of the group are scored together, so each K/V row is read once per group;
+ * splitting the keys (flash-decoding) keeps every thread busy when a step has
+ * few tokens. Partial states are merged by cpu_attention_merge. */
+static void attention_task(void *arg, int ith, int nth)
+{
+    struct attn_job *j = arg;
+    struct cpu_ctx *c = j->b->ctx;
+    const struct model_hparams *hp = &j->b->model->hp;
+    const struct fwd_batch *bt = c->batch;
+    const int H = hp->n_head, Hkv = hp->n_head_kv, Dh = hp->head_dim, G = H / Hkv;
+    const float scale = 1.0f / sqrtf((float)Dh);
+    const int64_t S = j->splits, n_tasks = bt->T * Hkv * S;
+    const int64_t part = (int64_t)G * (Dh + 2); /* floats of one task's partial state */
+    for (int64_t i = n_tasks * ith / nth; i < n_tasks * (ith + 1) / nth; i++) {
+        int64_t t = i / (Hkv * S);
+        int g = (int)(i / S % Hkv);
+        int64_t sp = i % S;
+        struct attn_keys keys = keys_for(c, t, j->layer, g, Dh);
+        int64_t nk = keys.run_len[0] + keys.run_len[1] + keys.run_len[2];
+        float *st = c->attn_part + i * part; /* m[G], l[G], acc[G * Dh] */
+        const int64_t off = t * (int64_t)H * Dh + (int64_t)g * G * Dh;
+        cpu_attention_span(&c->akr, G, j->q + off, j->qc + off, &keys, nk * sp / S,
+                           nk * (sp + 1) / S, scale, j->norm == MODEL_NORM_SOFTPICK, st, st + G,
+                           st + 2 * G);
     }
 }
 
@@ -312,8 +351,37 @@ static void cpu_attention(struct backend *b, int layer, const float *q, const fl
                           const float *sinks, enum model_normalizer norm, float *att, float *probe)
 {
     struct cpu_ctx *c = b->ctx;
-    struct attn_job j = {b, layer, q, qc, sinks, norm, att, probe};
+    const struct model_hparams *hp = &b->model->hp;
+    const int H = hp->n_head, Hkv = hp->n_head_kv, Dh = hp->head_dim, G = H / Hkv;
+    const int nth = threadpool_size(c->tp);
+    const int64_t T = c->batch->T;
+    struct attn_job j = {b, layer, q, qc, sinks, norm, att, probe, 1};
+    if (probe) {
+        threadpool_run(c->tp, attention_probe_task, &j);
+        return;
+    }
+    /* split the keys only when there are too few (token, kv head) tasks to
+     * occupy every thread; ATTN_SPLITS_MAX bounds the scratch */
+    if (T * Hkv < 2 * nth) {
+        j.splits = (4 * nth + T * Hkv - 1) / (T * Hkv);
+        if (j.splits > ATTN_SPLITS_MAX)
+            j.splits = ATTN_SPLITS_MAX;
+    }
     threadpool_run(c->tp, attention_task, &j);
+    const int64_t part = (int64_t)G * (Dh + 2);
+    float m[ATTN_SPLITS_MAX], l[ATTN_SPLITS_MAX];
+    for (int64_t t = 0; t < T; t++) {
+        for (int h = 0; h < H; h++) {
+            int g = h / G, k = h % G;
+            const float *st0 = c->attn_part + ((t * Hkv + g) * j.splits) * part;
+            for (int64_t sp = 0; sp < j.splits; sp++) {
+                m[sp] = st0[sp * part + k];
+                l[sp] = st0[sp * part + G + k];
+            }
+            cpu_attention_merge(&c->akr, (int)j.splits, m, l, st0 + 2 * G + (int64_t)k * Dh, part,
+                                Dh, norm, sinks[h], att + (t * H + h) * Dh);
+        }
+    }
 }
 
 static void cpu_swiglu(struct backend *b, float *hb, const float *hb2, int64_t rows)
@@ -418,8 +486,14 @@ int backend_cpu_init(struct backend *b, const struct model *m, const struct back
      * needs one dequantized row per thread */
     c->act_cap = (T > (size_t)cfg->n_threads ? T : (size_t)cfg->n_threads) * kmax * 4;
     c->act = xalloc(c->act_cap);
+    /* tasks: T * Hkv without splits; with splits T * Hkv < 2 * threads, so at
+     * most 2 * threads * ATTN_SPLITS_MAX */
+    size_t tasks = T * (size_t)hp->n_head_kv;
+    if (tasks < 2 * (size_t)cfg->n_threads * ATTN_SPLITS_MAX)
+        tasks = 2 * (size_t)cfg->n_threads * ATTN_SPLITS_MAX;
+    c->attn_part = xalloc(tasks * (size_t)hp->n_head * ((size_t)hp->head_dim + 2) * 4);
     if (!a->x || !a->xb || !a->xb2 || !a->q || !a->qc || !a->k || !a->v || !a->att || !a->hb ||
-        !a->hb2 || !a->xo || !c->cs_abs || !c->cs_cache || !c->act)
+        !a->hb2 || !a->xo || !c->cs_abs || !c->cs_cache || !c->act || !c->attn_part)
         goto oom;
     return 0;
 oom:

@@ -1,0 +1,164 @@
+/*
+ * test_kvcache.c: the sinks + ring bookkeeping of kvcache/ against a
+ * brute-force model of what a query at position p may see: the first S
+ * positions of the sequence and the last W positions up to p.
+ */
+#include "kvcache/kvcache.h"
+#include "test.h"
+
+#include <errno.h>
+
+static struct kv_geometry geo(int64_t s, int64_t w, int64_t c, int64_t slots)
+{
+    return (struct kv_geometry){2, 2, 8, s, w, c, slots, KV_DTYPE_F16};
+}
+
+TEST(policy_names_parse_and_round_trip)
+{
+    const char *names[] = {"auto", "window", "sinks:4", "sinks:1", "dense", "recompute"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        struct kv_policy p;
+        char buf[32];
+        ASSERT_OK(kv_policy_parse(names[i], &p));
+        kv_policy_name(&p, buf, sizeof buf);
+        ASSERT_STREQ(buf, names[i]);
+    }
+    struct kv_policy p;
+    ASSERT_EQ(kv_policy_parse("sinks:0", &p), 0);
+    ASSERT_EQ(p.kind, KV_POLICY_WINDOW);
+    ASSERT_EQ(kv_policy_parse("sinks:", &p), -EINVAL);
+    ASSERT_EQ(kv_policy_parse("sinks:-1", &p), -EINVAL);
+    ASSERT_EQ(kv_policy_parse("sinks:65", &p), -EINVAL);
+    ASSERT_EQ(kv_policy_parse("sinks:4x", &p), -EINVAL);
+    ASSERT_EQ(kv_policy_parse("Window", &p), -EINVAL);
+    ASSERT_EQ(kv_policy_parse("", &p), -EINVAL);
+}
+
+TEST(auto_pins_four_sinks_for_softmax_and_nothing_otherwise)
+{
+    struct kv_policy a = {KV_POLICY_AUTO, 0};
+    struct kv_policy v = kv_policy_resolve(a, 1), f = kv_policy_resolve(a, 0);
+    ASSERT_EQ(v.kind, KV_POLICY_SINKS);
+    ASSERT_EQ(kv_policy_sinks(&v), 4);
+    ASSERT_EQ(f.kind, KV_POLICY_WINDOW);
+    ASSERT_EQ(kv_policy_sinks(&f), 0);
+}
+
+TEST(pool_hands_out_every_slot_once_then_refuses)
+{
+    struct kv_pool pool;
+    struct kv_geometry g = geo(4, 16, 8, 3);
+    char err[128];
+    ASSERT_OK(kv_pool_init(&pool, &g, err, sizeof err));
+    int64_t s[3], extra;
+    for (int i = 0; i < 3; i++)
+        ASSERT_OK(kv_pool_acquire(&pool, &s[i]));
+    ASSERT(s[0] != s[1] && s[1] != s[2] && s[0] != s[2]);
+    ASSERT_EQ(kv_pool_acquire(&pool, &extra), -EBUSY);
+    kv_pool_release(&pool, s[1]);
+    kv_pool_release(&pool, s[1]); /* idempotent */
+    ASSERT_EQ(pool.n_free, 1);
+    ASSERT_OK(kv_pool_acquire(&pool, &extra));
+    ASSERT_EQ(extra, s[1]);
+    kv_pool_free(&pool);
+}
+
+TEST(pool_rejects_bad_geometry_with_a_message)
+{
+    struct kv_pool pool;
+    char err[128] = "";
+    struct kv_geometry g = geo(4, 0, 8, 3);
+    ASSERT_EQ(kv_pool_init(&pool, &g, err, sizeof err), -EINVAL);
+    ASSERT(strstr(err, "window") != NULL);
+    g = geo(65, 16, 8, 3);
+    ASSERT_EQ(kv_pool_init(&pool, &g, err, sizeof err), -EINVAL);
+    g = geo(4, (int64_t)1 << 41, 8, 3);
+    ASSERT_EQ(kv_pool_init(&pool, &g, err, sizeof err), -EINVAL);
+}
+
+/* For every position of a long stream, for several S, W and start offsets,
+ * the view equals the brute-force visible set, every visible position maps to
+ * a distinct cell, and no stored-but-visible cell was overwritten by a later
+ * position of the same chunk. */
+TEST(views_match_brute_force_and_cells_never_collide)
+{
+    int64_t sinks[] = {0, 1, 4};
+    int64_t windows[] = {1, 5, 16};
+    int64_t starts[] = {0, 7, 1000000000};
+    const int64_t C = 6;
+    for (int a = 0; a < 3; a++)
+        for (int b = 0; b < 3; b++)
+            for (int c = 0; c < 3; c++) {
+                int64_t S = sinks[a], W = windows[b], p0 = starts[c];
+                struct kv_geometry g = geo(8, 16, C, 1);
+                struct kv_seq seq;
+                struct kv_policy pol = {S ? KV_POLICY_SINKS : KV_POLICY_WINDOW, S};
+                ASSERT_OK(kv_seq_init(&seq, &g, 0, pol, W, p0));
+                int64_t owner[64];
+                for (int i = 0; i < 64; i++)
+                    owner[i] = -1;
+                for (int64_t p = p0; p < p0 + 100; p += C) {
+                    /* store a chunk of C positions, then check every query in it */
+                    for (int64_t q = p; q < p + C; q++)
+                        owner[kv_seq_cell(&seq, q)] = q;
+                    for (int64_t q = p; q < p + C; q++) {
+                        struct kv_view v = kv_seq_view(&seq, q);
+                        int64_t rel = q - p0;
+                        int64_t ns = rel + 1 < S ? rel + 1 : S;
+                        int64_t ws = q - W + 1 > p0 + S ? q - W + 1 : p0 + S;
+                        int64_t wl = q >= ws ? q - ws + 1 : 0;
+                        ASSERT_EQ(v.n_sinks, ns);
+                        ASSERT_EQ(v.win_len, wl);
+                        if (wl > 0)
+                            ASSERT_EQ(v.win_start, ws);
+                        ASSERT_EQ(v.pos_cache, p0 + ns + wl - 1);
+                        ASSERT(v.pos_cache - p0 <= S + W - 1);
+                        for (int64_t k = 0; k < ns; k++)
+                            ASSERT_EQ(owner[kv_seq_cell(&seq, p0 + k)], p0 + k);
+                        for (int64_t k = ws; k < ws + wl; k++)
+                            ASSERT_EQ(owner[kv_seq_cell(&seq, k)], k);
+                    }
+                    kv_seq_advance(&seq, C);
+                }
+                int64_t stored = 100 + (C - 100 % C) % C;
+                ASSERT_EQ(seq.n_evicted, stored > S + W ? stored - S - W : 0);
+            }
+}
+
+TEST(dense_refuses_past_its_window_and_chunks_above_the_room)
+{
+    struct kv_geometry g = geo(4, 16, 8, 1);
+    struct kv_seq seq;
+    ASSERT_OK(kv_seq_init(&seq, &g, 0, (struct kv_policy){KV_POLICY_DENSE, 0}, 16, 0));
+    ASSERT_OK(kv_seq_can_append(&seq, &g, 8));
+    ASSERT_EQ(kv_seq_can_append(&seq, &g, 9), -ENOSPC);
+    kv_seq_advance(&seq, 8);
+    kv_seq_advance(&seq, 8);
+    ASSERT_EQ(kv_seq_can_append(&seq, &g, 1), -ENOSPC);
+    ASSERT_EQ(seq.n_evicted, 0);
+    ASSERT_OK(kv_seq_init(&seq, &g, 0, (struct kv_policy){KV_POLICY_WINDOW, 0}, 16, 0));
+    kv_seq_advance(&seq, 1000);
+    ASSERT_OK(kv_seq_can_append(&seq, &g, 8));
+    ASSERT_EQ(seq.n_evicted, 1000 - 16);
+}
+
+TEST(seq_init_rejects_auto_and_too_many_sinks)
+{
+    struct kv_geometry g = geo(4, 16, 8, 2);
+    struct kv_seq seq;
+    ASSERT_EQ(kv_seq_init(&seq, &g, 0, (struct kv_policy){KV_POLICY_AUTO, 0}, 16, 0), -EINVAL);
+    ASSERT_EQ(kv_seq_init(&seq, &g, 0, (struct kv_policy){KV_POLICY_SINKS, 5}, 16, 0), -EINVAL);
+    ASSERT_EQ(kv_seq_init(&seq, &g, 2, (struct kv_policy){KV_POLICY_WINDOW, 0}, 16, 0), -EINVAL);
+    ASSERT_EQ(kv_seq_init(&seq, &g, 0, (struct kv_policy){KV_POLICY_WINDOW, 0}, 17, 0), -EINVAL);
+}
+
+TEST(offsets_are_64_bit_for_large_pools)
+{
+    /* 30 layers x 8 heads x (4 + 2^20 + 512) cells x 128 dims x 64 slots > 2^32 */
+    struct kv_geometry g = {30, 8, 128, 4, (int64_t)1 << 20, 512, 64, KV_DTYPE_F16};
+    size_t off = kv_geometry_offset(&g, 63, 29, 7, kv_geometry_cells(&g) - 1);
+    ASSERT(off > ((size_t)1 << 32));
+    ASSERT_EQ(off + 128, kv_geometry_slot_bytes(&g) / 2 * 64);
+}
+
+TEST_MAIN()

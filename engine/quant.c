@@ -331,10 +331,11 @@ void quant_prepare_act_ref(enum qtype t, const float *restrict x, int64_t k, voi
     }
 }
 
-/* Each block's term is formed in float exactly as the SIMD kernels form it
- * (integer dot, then times the float product of the two scales); the sum over
- * blocks, and over values for float weights, is taken in double, so the
- * reference adds no summation error of its own. */
+/* Each block's term is the exact integer dot times the float product of the
+ * two scales (Q4_1 adds m_w * s_a), formed in float as the SIMD kernels form
+ * it; they split it across vector lanes and fuse multiply-adds, so they match
+ * this to rounding. The sum over blocks, and over values for float weights,
+ * is taken in double, so the reference adds no summation error of its own. */
 float quant_dot_ref(enum qtype t, const void *restrict w, const void *restrict a, int64_t k)
 {
     const float *af = a;

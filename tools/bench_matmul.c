@@ -8,6 +8,10 @@
  * other processes on a shared machine cost us less precision than wall time
  * would (they still share the memory bus).
  *
+ * Standalone build (CMake: link it against ss_engine):
+ *   gcc -std=c11 -D_GNU_SOURCE -O2 -Iengine -c engine/cpu/matmul_avx2.c -mavx2 -mfma -mf16c
+ *   gcc -std=c11 -D_GNU_SOURCE -O2 -Iengine -c engine/cpu/matmul_avx512.c -mavx512f \
+ *       -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c -mavx2
  *   gcc -std=c11 -D_GNU_SOURCE -O2 -Iengine tools/bench_matmul.c engine/quant.c \
  *       engine/cpu/matmul.c matmul_avx2.o matmul_avx512.o -lm -lpthread
  *   ./a.out [isa]      (isa: scalar, avx2 or avx512; default: best available)
@@ -120,8 +124,8 @@ int main(int argc, char **argv)
         double flop = 2.0 * (double)s->n * (double)s->k;
         printf("%s  T=1: %6.1f GB/s (%6.1f GB/s cache-hot, %7.1f us)  T=64: %6.1f GFLOP/s "
                "(%7.1f us)\n",
-               s->name, (double)mat_bytes / t1 * 1e-9, (double)mat_bytes / t1_hot * 1e-9,
-               t1 * 1e6, flop * (double)tmax / t64 * 1e-9, t64 * 1e6);
+               s->name, (double)mat_bytes / t1 * 1e-9, (double)mat_bytes / t1_hot * 1e-9, t1 * 1e6,
+               flop * (double)tmax / t64 * 1e-9, t64 * 1e6);
 
         for (int i = 0; i < nw; i++)
             free(w[i]);

@@ -101,9 +101,9 @@ void cpu_prepare_act(enum cpu_isa isa, enum qtype t, const float *restrict x, in
     }
 }
 
-void cpu_matmul_rows(enum cpu_isa isa, enum qtype t, const void *restrict w, int64_t k,
-                     int64_t n0, int64_t n1, const void *restrict act, int64_t T,
-                     float *restrict y, int64_t ldy)
+void cpu_matmul_rows(enum cpu_isa isa, enum qtype t, const void *restrict w, int64_t k, int64_t n0,
+                     int64_t n1, const void *restrict act, int64_t T, float *restrict y,
+                     int64_t ldy)
 {
     assert(qtype_supported(t) && (!is_quantized(t) || k % QK == 0));
     assert(0 <= n0 && n0 <= n1 && (T <= 1 || ldy >= n1));

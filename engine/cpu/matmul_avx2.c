@@ -27,8 +27,8 @@
 #include <immintrin.h>
 #include <string.h>
 
-#define TILE_T      4     /* activation rows per tile */
-#define TILE_N      2     /* weight rows per tile */
+#define TILE_T 4          /* activation rows per tile */
+#define TILE_N 2          /* weight rows per tile */
 #define CHUNK_BYTES 16384 /* weight bytes per cache block: half of a 32 KiB L1D */
 
 #define INLINE static inline __attribute__((always_inline))
@@ -74,8 +74,8 @@ INLINE int hsum_i32(__m256i v)
 }
 
 /* y[t * ldy + r] = lane sum of acc[t][r], plus lane t of extra[r] if given. */
-INLINE void store_tile(const int nt, const int nr, __m256 acc[TILE_T][TILE_N],
-                       const __m128 *extra, const struct tile *p)
+INLINE void store_tile(const int nt, const int nr, __m256 acc[TILE_T][TILE_N], const __m128 *extra,
+                       const struct tile *p)
 {
     const __m256 z = _mm256_setzero_ps();
 #pragma GCC unroll 4
@@ -153,8 +153,8 @@ void cpu__prepare_act_avx2(enum qtype t, const float *restrict x, int64_t k, voi
 
 /* Block b of a weight row as 32 bytes ready for VPMADDUBSW's unsigned operand
  * (|w| for signed types, with the sign in *sign), and its scale d_w. */
-INLINE __m256i load_weight_block(const enum qtype type, const char *row, int64_t b,
-                                 __m256i *sign, __m256 *d)
+INLINE __m256i load_weight_block(const enum qtype type, const char *row, int64_t b, __m256i *sign,
+                                 __m256 *d)
 {
     if (type == QTYPE_Q4_1) {
         const struct block_q4_1 *wb = (const struct block_q4_1 *)row + b;
@@ -186,14 +186,14 @@ INLINE void q4_1_offsets(const int nt, const int nr, const struct tile *p, __m12
     for (int64_t b = 0; b < p->k / QK; b++) {
         const struct block_q8_act *a0 = (const struct block_q8_act *)p->a + b;
         const struct block_q4_1 *w0 = (const struct block_q4_1 *)p->w + b;
-        const struct block_q4_1 *w1 = (const struct block_q4_1 *)(p->w + p->w_stride) + b;
         /* nt and nr are constants: loads and inserts, no stores */
-#define S_AT(t) (nt > (t) ? ((const struct block_q8_act *)((const char *)a0 + (t) * as))->s : 0.0f)
+#define S_AT(t) (nt > (t) ? ((const struct block_q8_act *)((const char *)a0 + (t)*as))->s : 0.0f)
         __m128 s = _mm_setr_ps(S_AT(0), S_AT(1), S_AT(2), S_AT(3));
 #undef S_AT
         __m128i m16 = _mm_set1_epi16((short)w0->m);
         if (nr > 1)
-            m16 = _mm_insert_epi16(m16, w1->m, 4);
+            m16 =
+                _mm_insert_epi16(m16, ((const struct block_q4_1 *)(p->w + p->w_stride) + b)->m, 4);
         __m256 m = _mm256_cvtph_ps(_mm_shufflelo_epi16(_mm_shufflehi_epi16(m16, 0), 0));
         acc = _mm256_fmadd_ps(m, _mm256_set_m128(s, s), acc);
     }
@@ -223,11 +223,14 @@ INLINE void tile_q4_1_t1(const int nr, const struct tile *p)
             const struct block_q4_1 *wb = (const struct block_q4_1 *)(p->w + r * p->w_stride) + b;
             int32_t dm_bits;
             memcpy(&dm_bits, wb, sizeof dm_bits); /* d and m: adjacent f16 */
-            __m128 prod = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(dm_bits)), ds);
+            __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128(dm_bits));
+            __m128 prod = _mm_mul_ps(dm, ds);
             __m256i i = _mm256_madd_epi16(_mm256_maddubs_epi16(unpack_nibbles(wb->qs), qa), ones);
             acc[0][r] =
                 _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_broadcastss_ps(prod), acc[0][r]);
-            accm[r] = _mm_add_ps(accm[r], prod);
+            /* fused like q4_1_offsets, so one row gives bit-identical results
+             * whether it is decoded alone or in a batch */
+            accm[r] = _mm_fmadd_ps(dm, ds, accm[r]);
         }
     }
 #pragma GCC unroll 4
@@ -360,39 +363,39 @@ INLINE void tile_float(const enum qtype type, const int nt, const int nr, const 
 /* ---- dispatch ------------------------------------------------------------ */
 
 /* Calls fn(type, nt, nr, p) with nt and nr as constants. */
-#define TILE_CASES(fn, type, nt, nr, p)                                                    \
-    do {                                                                                     \
-        if ((nr) == 2) {                                                                     \
-            switch (nt) {                                                                    \
-            case 4:                                                                          \
-                fn(type, 4, 2, p);                                                         \
-                break;                                                                       \
-            case 3:                                                                          \
-                fn(type, 3, 2, p);                                                         \
-                break;                                                                       \
-            case 2:                                                                          \
-                fn(type, 2, 2, p);                                                         \
-                break;                                                                       \
-            default:                                                                         \
-                fn(type, 1, 2, p);                                                         \
-                break;                                                                       \
-            }                                                                                \
-        } else {                                                                             \
-            switch (nt) {                                                                    \
-            case 4:                                                                          \
-                fn(type, 4, 1, p);                                                         \
-                break;                                                                       \
-            case 3:                                                                          \
-                fn(type, 3, 1, p);                                                         \
-                break;                                                                       \
-            case 2:                                                                          \
-                fn(type, 2, 1, p);                                                         \
-                break;                                                                       \
-            default:                                                                         \
-                fn(type, 1, 1, p);                                                         \
-                break;                                                                       \
-            }                                                                                \
-        }                                                                                    \
+#define TILE_CASES(fn, type, nt, nr, p)                                                            \
+    do {                                                                                           \
+        if ((nr) == 2) {                                                                           \
+            switch (nt) {                                                                          \
+            case 4:                                                                                \
+                fn(type, 4, 2, p);                                                                 \
+                break;                                                                             \
+            case 3:                                                                                \
+                fn(type, 3, 2, p);                                                                 \
+                break;                                                                             \
+            case 2:                                                                                \
+                fn(type, 2, 2, p);                                                                 \
+                break;                                                                             \
+            default:                                                                               \
+                fn(type, 1, 2, p);                                                                 \
+                break;                                                                             \
+            }                                                                                      \
+        } else {                                                                                   \
+            switch (nt) {                                                                          \
+            case 4:                                                                                \
+                fn(type, 4, 1, p);                                                                 \
+                break;                                                                             \
+            case 3:                                                                                \
+                fn(type, 3, 1, p);                                                                 \
+                break;                                                                             \
+            case 2:                                                                                \
+                fn(type, 2, 1, p);                                                                 \
+                break;                                                                             \
+            default:                                                                               \
+                fn(type, 1, 1, p);                                                                 \
+                break;                                                                             \
+            }                                                                                      \
+        }                                                                                          \
     } while (0)
 
 static void run_q4_1(int nt, int nr, const struct tile *p)

@@ -17,8 +17,8 @@
 #include <immintrin.h>
 #include <string.h>
 
-#define TILE_T      4     /* activation rows per tile */
-#define TILE_N      2     /* weight rows per tile */
+#define TILE_T 4          /* activation rows per tile */
+#define TILE_N 2          /* weight rows per tile */
 #define CHUNK_BYTES 16384 /* weight bytes per cache block: half of a 32 KiB L1D */
 
 #define INLINE static inline __attribute__((always_inline))
@@ -72,8 +72,8 @@ INLINE __m128 hsum4(__m512 v0, __m512 v1, __m512 v2, __m512 v3)
 }
 
 /* y[t * ldy + r] = lane sum of acc[t][r], plus lane t of extra[r] if given. */
-INLINE void store_tile(const int nt, const int nr, __m512 acc[TILE_T][TILE_N],
-                       const __m128 *extra, const struct tile *p)
+INLINE void store_tile(const int nt, const int nr, __m512 acc[TILE_T][TILE_N], const __m128 *extra,
+                       const struct tile *p)
 {
     const __m512 z = _mm512_setzero_ps();
 #pragma GCC unroll 4
@@ -125,8 +125,8 @@ static void prepare_q8(const float *x, int64_t k, struct block_q8_act *out)
         __m512i i0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, vid));
         __m512i i1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, vid));
         __m512i s16 = _mm512_add_epi32(i0, i1);
-        __m256i s8 = _mm256_add_epi32(_mm512_castsi512_si256(s16),
-                                      _mm512_extracti64x4_epi64(s16, 1));
+        __m256i s8 =
+            _mm256_add_epi32(_mm512_castsi512_si256(s16), _mm512_extracti64x4_epi64(s16, 1));
         __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
         s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(1, 0, 3, 2)));
         s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(2, 3, 0, 1)));
@@ -137,8 +137,7 @@ static void prepare_q8(const float *x, int64_t k, struct block_q8_act *out)
     }
 }
 
-void cpu__prepare_act_avx512(enum qtype t, const float *restrict x, int64_t k,
-                             void *restrict dst)
+void cpu__prepare_act_avx512(enum qtype t, const float *restrict x, int64_t k, void *restrict dst)
 {
     if (t == QTYPE_Q8_0 || t == QTYPE_Q4_0 || t == QTYPE_Q4_1)
         prepare_q8(x, k, dst);
@@ -218,8 +217,7 @@ INLINE __m512i dot_u8s8(const int vnni, __m512i u, __m512i s)
 
 /* One step of the main loop: blocks b and b+1 (b alone when !two). */
 INLINE void quant_step(const enum qtype type, const int vnni, const int nt, const int nr,
-                       const struct tile *p, int64_t b, const int two,
-                       __m512 acc[TILE_T][TILE_N])
+                       const struct tile *p, int64_t b, const int two, __m512 acc[TILE_T][TILE_N])
 {
     __m512i wq[TILE_N];
     __mmask64 neg[TILE_N];
@@ -253,13 +251,13 @@ INLINE void q4_1_offsets(const int nt, const int nr, const struct tile *p, __m12
     for (int64_t b = 0; b < p->k / QK; b++) {
         const struct block_q8_act *a0 = (const struct block_q8_act *)p->a + b;
         const struct block_q4_1 *w0 = (const struct block_q4_1 *)p->w + b;
-        const struct block_q4_1 *w1 = (const struct block_q4_1 *)(p->w + p->w_stride) + b;
-#define S_AT(t) (nt > (t) ? ((const struct block_q8_act *)((const char *)a0 + (t) * as))->s : 0.0f)
+#define S_AT(t) (nt > (t) ? ((const struct block_q8_act *)((const char *)a0 + (t)*as))->s : 0.0f)
         __m128 s = _mm_setr_ps(S_AT(0), S_AT(1), S_AT(2), S_AT(3));
 #undef S_AT
         __m128i m16 = _mm_set1_epi16((short)w0->m);
         if (nr > 1)
-            m16 = _mm_insert_epi16(m16, w1->m, 4);
+            m16 =
+                _mm_insert_epi16(m16, ((const struct block_q4_1 *)(p->w + p->w_stride) + b)->m, 4);
         __m256 m = _mm256_cvtph_ps(_mm_shufflelo_epi16(_mm_shufflehi_epi16(m16, 0), 0));
         acc = _mm256_fmadd_ps(m, _mm256_set_m128(s, s), acc);
     }
@@ -362,45 +360,45 @@ INLINE void tile_float(const enum qtype type, const int vnni, const int nt, cons
 /* ---- dispatch ------------------------------------------------------------ */
 
 /* Calls fn(type, vnni, nt, nr, p) with nt and nr as constants. */
-#define TILE_CASES(fn, type, vnni, nt, nr, p)                                              \
-    do {                                                                                     \
-        if ((nr) == 2) {                                                                     \
-            switch (nt) {                                                                    \
-            case 4:                                                                          \
-                fn(type, vnni, 4, 2, p);                                                   \
-                break;                                                                       \
-            case 3:                                                                          \
-                fn(type, vnni, 3, 2, p);                                                   \
-                break;                                                                       \
-            case 2:                                                                          \
-                fn(type, vnni, 2, 2, p);                                                   \
-                break;                                                                       \
-            default:                                                                         \
-                fn(type, vnni, 1, 2, p);                                                   \
-                break;                                                                       \
-            }                                                                                \
-        } else {                                                                             \
-            switch (nt) {                                                                    \
-            case 4:                                                                          \
-                fn(type, vnni, 4, 1, p);                                                   \
-                break;                                                                       \
-            case 3:                                                                          \
-                fn(type, vnni, 3, 1, p);                                                   \
-                break;                                                                       \
-            case 2:                                                                          \
-                fn(type, vnni, 2, 1, p);                                                   \
-                break;                                                                       \
-            default:                                                                         \
-                fn(type, vnni, 1, 1, p);                                                   \
-                break;                                                                       \
-            }                                                                                \
-        }                                                                                    \
+#define TILE_CASES(fn, type, vnni, nt, nr, p)                                                      \
+    do {                                                                                           \
+        if ((nr) == 2) {                                                                           \
+            switch (nt) {                                                                          \
+            case 4:                                                                                \
+                fn(type, vnni, 4, 2, p);                                                           \
+                break;                                                                             \
+            case 3:                                                                                \
+                fn(type, vnni, 3, 2, p);                                                           \
+                break;                                                                             \
+            case 2:                                                                                \
+                fn(type, vnni, 2, 2, p);                                                           \
+                break;                                                                             \
+            default:                                                                               \
+                fn(type, vnni, 1, 2, p);                                                           \
+                break;                                                                             \
+            }                                                                                      \
+        } else {                                                                                   \
+            switch (nt) {                                                                          \
+            case 4:                                                                                \
+                fn(type, vnni, 4, 1, p);                                                           \
+                break;                                                                             \
+            case 3:                                                                                \
+                fn(type, vnni, 3, 1, p);                                                           \
+                break;                                                                             \
+            case 2:                                                                                \
+                fn(type, vnni, 2, 1, p);                                                           \
+                break;                                                                             \
+            default:                                                                               \
+                fn(type, vnni, 1, 1, p);                                                           \
+                break;                                                                             \
+            }                                                                                      \
+        }                                                                                          \
     } while (0)
 
-#define DEFINE_RUN(name, fn, type, vnni)                                                   \
-    static void name(int nt, int nr, const struct tile *p)                                  \
-    {                                                                                        \
-        TILE_CASES(fn, type, vnni, nt, nr, p);                                               \
+#define DEFINE_RUN(name, fn, type, vnni)                                                           \
+    static void name(int nt, int nr, const struct tile *p)                                         \
+    {                                                                                              \
+        TILE_CASES(fn, type, vnni, nt, nr, p);                                                     \
     }
 
 DEFINE_RUN(run_q4_1, tile_quant, QTYPE_Q4_1, 0)

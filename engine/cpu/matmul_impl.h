@@ -19,8 +19,7 @@ void cpu__matmul_rows_avx2(enum qtype t, const void *restrict w, int64_t k, int6
 
 /* AVX-512 F + BW + VL + DQ. vnni != 0 selects the VPDPBUSD kernels, which need
  * the avx512vnni CPUID bit as well. */
-void cpu__prepare_act_avx512(enum qtype t, const float *restrict x, int64_t k,
-                             void *restrict dst);
+void cpu__prepare_act_avx512(enum qtype t, const float *restrict x, int64_t k, void *restrict dst);
 void cpu__matmul_rows_avx512(enum qtype t, const void *restrict w, int64_t k, int64_t n0,
                              int64_t n1, const void *restrict act, int64_t T, float *restrict y,
                              int64_t ldy, int vnni);

@@ -19,14 +19,26 @@
 
 /* ---- AVX-512 under emulation ------------------------------------------- */
 
-#if defined(__has_include)
+/* GCC only (it uses GCC's target and optimize pragmas); about 15 s of compile
+ * time, which -DSS_NO_AVX512_EMULATION saves. */
+#if defined(__has_include) && defined(__GNUC__) && !defined(__clang__) &&                          \
+    !defined(SS_NO_AVX512_EMULATION)
 #if __has_include(<simde/x86/avx512.h>) && __has_include(<simde/x86/f16c.h>)
 #define SS_EMULATE_AVX512 1
 #endif
 #endif
 
 #ifdef SS_EMULATE_AVX512
+/* SIMDe runs its 256-bit halves on AVX2 (so this part needs an AVX2 CPU);
+ * unoptimized and not inlined, since speed does not matter here and the
+ * compile time would. */
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#pragma GCC optimize("O0")
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi"
 #define SIMDE_ENABLE_NATIVE_ALIASES
+#define SIMDE_NO_INLINE
 #include <simde/x86/avx512.h>
 #include <simde/x86/f16c.h>
 
@@ -60,20 +72,30 @@ static inline simde__m512 emu_cvtph_ps(simde__m256i v)
     return simde_mm512_insertf32x8(simde_mm512_castps256_ps512(lo), hi, 1);
 }
 
-#define _mm512_cvtepi32_ps      emu_cvtepi32_ps
-#define _mm512_cvtps_epi32      emu_cvtps_epi32
-#define _mm512_cvtepu16_epi32   emu_cvtepu16_epi32
-#define _mm512_cvtph_ps         emu_cvtph_ps
-#define AVX512_DPBUSD           simde_mm512_dpbusd_epi32
+/* ... and two aliases it gets wrong or leaves out */
+#undef _mm512_madd_epi16
+#define _mm512_madd_epi16(a, b) simde_mm512_madd_epi16(a, b)
+#define __mmask64 simde__mmask64
+#define _mm512_cvtepi32_ps emu_cvtepi32_ps
+#define _mm512_cvtps_epi32 emu_cvtps_epi32
+#define _mm512_cvtepu16_epi32 emu_cvtepu16_epi32
+#define _mm512_cvtph_ps emu_cvtph_ps
+#define AVX512_DPBUSD simde_mm512_dpbusd_epi32
 #define cpu__prepare_act_avx512 emu_prepare_act_avx512
 #define cpu__matmul_rows_avx512 emu_matmul_rows_avx512
 void emu_prepare_act_avx512(enum qtype t, const float *restrict x, int64_t k, void *restrict dst);
-void emu_matmul_rows_avx512(enum qtype t, const void *restrict w, int64_t k, int64_t n0,
-                            int64_t n1, const void *restrict act, int64_t T, float *restrict y,
-                            int64_t ldy, int vnni);
+void emu_matmul_rows_avx512(enum qtype t, const void *restrict w, int64_t k, int64_t n0, int64_t n1,
+                            const void *restrict act, int64_t T, float *restrict y, int64_t ldy,
+                            int vnni);
+/* SIMDe provides everything immintrin.h would: skip the real header (GCC's and
+ * clang's include guards), whose declarations the aliases above would rename. */
+#define _IMMINTRIN_H_INCLUDED
+#define __IMMINTRIN_H
 #include "engine/cpu/matmul_avx512.c"
 #undef cpu__prepare_act_avx512
 #undef cpu__matmul_rows_avx512
+#pragma GCC diagnostic pop
+#pragma GCC pop_options
 #endif
 
 /* ---- the kernels under test ---------------------------------------------- */
@@ -109,8 +131,7 @@ static void kernel_prepare(const struct kernel *kn, enum qtype t, const float *x
 }
 
 static void kernel_matmul(const struct kernel *kn, enum qtype t, const void *w, int64_t k,
-                          int64_t n0, int64_t n1, const void *act, int64_t T, float *y,
-                          int64_t ldy)
+                          int64_t n0, int64_t n1, const void *act, int64_t T, float *y, int64_t ldy)
 {
     switch (kn->path) {
     case PATH_DISPATCH:
@@ -151,8 +172,12 @@ static int list_kernels(struct kernel *out)
         printf("skip avx512: not available (or capped by STREAMSINK_ISA)\n");
     }
 #ifdef SS_EMULATE_AVX512
-    out[n++] = (struct kernel){"avx512 (SIMDe emulation)", PATH_EMU_BASE, CPU_ISA_AVX512};
-    out[n++] = (struct kernel){"avx512-vnni (SIMDe emulation)", PATH_EMU_VNNI, CPU_ISA_AVX512};
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+        out[n++] = (struct kernel){"avx512 (SIMDe emulation)", PATH_EMU_BASE, CPU_ISA_AVX512};
+        out[n++] = (struct kernel){"avx512-vnni (SIMDe emulation)", PATH_EMU_VNNI, CPU_ISA_AVX512};
+    } else if (!printed) {
+        printf("skip avx512 emulation: it runs on AVX2, which this CPU lacks\n");
+    }
 #else
     if (!printed)
         printf("skip avx512 emulation: SIMDe headers not installed (libsimde-dev)\n");
@@ -210,35 +235,38 @@ static void make_weights(enum qtype t, int64_t rows, int64_t k, uint8_t *w)
     }
 }
 
-/* Sum of the magnitudes of the terms quant_dot_ref adds up, and how many
- * there are: what any summation order's rounding error is proportional to. */
+/* The sum of the magnitudes of everything a kernel may add up in float, and
+ * how many such terms there are: what any summation order's rounding error is
+ * proportional to. A SIMD kernel splits each block's integer dot across
+ * vector lanes and scales each lane's partial sum separately, so for
+ * quantized weights the terms are d_w * d_a * |w_j q_j| over every value (an
+ * upper bound on the lane partials, which may cancel within a block), at most
+ * 8 lanes per block, plus Q4_1's m_w * s_a per block. */
 static double dot_magnitude(enum qtype t, const uint8_t *w, const uint8_t *a, int64_t k,
                             int *nterms)
 {
+    static float wf[K_MAX + 64];
     double sum = 0.0;
+
+    quant_dequant_row(t, w, wf, k);
     if (qtype_block_values(t) == 1) {
-        static float wf[K_MAX + 64];
         const float *x = (const float *)a;
-        quant_dequant_row(t, w, wf, k);
         for (int64_t i = 0; i < k; i++)
             sum += fabs((double)wf[i] * x[i]);
         *nterms = (int)k;
         return sum;
     }
     const struct block_q8_act *ab = (const struct block_q8_act *)a;
-    static float wf[K_MAX];
-    quant_dequant_row(t, w, wf, k);
     for (int64_t b = 0; b < k / 32; b++) {
-        double blk = 0.0;
         for (int j = 0; j < 32; j++)
-            blk += (double)wf[b * 32 + j] * ((double)ab[b].d * ab[b].qs[j]);
-        sum += fabs(blk);
+            sum += fabs((double)wf[b * 32 + j] * ((double)ab[b].d * ab[b].qs[j]));
         if (t == QTYPE_Q4_1) {
             const struct block_q4_1 *wb = (const struct block_q4_1 *)w + b;
-            sum += 2.0 * fabs((double)quant_f16_to_f32(wb->m) * ab[b].s); /* term and its share */
+            /* the offset term, and its share of d * nib + m in wf above */
+            sum += 2.0 * fabs((double)quant_f16_to_f32(wb->m) * ab[b].s);
         }
     }
-    *nterms = (int)(t == QTYPE_Q4_1 ? 2 * (k / 32) : k / 32);
+    *nterms = (int)((t == QTYPE_Q4_1 ? 9 : 8) * (k / 32));
     return sum;
 }
 
@@ -262,7 +290,7 @@ TEST(isa_names_and_detection_are_consistent)
 TEST(prepare_act_is_byte_identical_to_the_reference_on_every_isa)
 {
     static float x[K_MAX];
-    static uint8_t want[K_MAX * 4], got[K_MAX * 4];
+    _Alignas(64) static uint8_t want[K_MAX * 4], got[K_MAX * 4];
     struct kernel kernels[8];
     int nk = list_kernels(kernels);
 
@@ -299,19 +327,21 @@ TEST(prepare_act_is_byte_identical_to_the_reference_on_every_isa)
 
 /* Every kernel against quant_dot_ref on the same prepared activations. The
  * integer parts are exact, so the results differ only by float rounding: the
- * order in which block terms (or products, for float weights) are summed and
- * whether a multiply-add is fused. Summing n terms in any order errs by at
- * most (n - 1) * 2^-24 * sum |terms|; each term's own roundings add a few
+ * order in which the terms (see dot_magnitude) are summed and whether a
+ * multiply-add is fused. Summing n terms in any order errs by at most
+ * (n - 1) * 2^-24 * sum |terms|; each term's own roundings add a few
  * 2^-24 |term|, and the reference's double sum is rounded once to float. So
- * |y - ref| <= (n + 4) * 2^-24 * sum |terms|: the tolerance below. */
+ * |y - ref| <= (n + 4) * 2^-24 * sum |terms|: the tolerance below, about
+ * 1e-5 of sum |terms| at K = 1536 and far below the activation quantization
+ * error the model sees. */
 TEST(matmul_rows_matches_the_scalar_reference_for_every_type_shape_and_isa)
 {
     static const int64_t ks[] = {32, 64, 576, 1536, 7, 37};
     static const int64_t ts[] = {1, 2, 3, 4, 5, 7, 16};
     static const int64_t ns[][2] = {{0, 1}, {3, 4}, {1, 6}, {5, 18}, {2, 39}};
     static float x[T_MAX][K_MAX];
-    static uint8_t w[N_MAX * K_MAX * 4];
-    static uint8_t act[T_MAX * K_MAX * 4];
+    _Alignas(64) static uint8_t w[N_MAX * K_MAX * 4];
+    _Alignas(64) static uint8_t act[T_MAX * K_MAX * 4];
     static float y[T_MAX * (N_MAX + 3)], want[T_MAX * (N_MAX + 3)];
     static double mag[T_MAX * (N_MAX + 3)];
     static int nterms[T_MAX * (N_MAX + 3)];
@@ -368,9 +398,9 @@ TEST(matmul_rows_matches_the_scalar_reference_for_every_type_shape_and_isa)
                                     continue;
                                 }
                                 double ref = want[tt * ldy + n];
-                                double tol = (nterms[tt * ldy + n] + 4) * 0x1p-24 *
-                                                 mag[tt * ldy + n] +
-                                             FLT_MIN;
+                                double tol =
+                                    (nterms[tt * ldy + n] + 4) * 0x1p-24 * mag[tt * ldy + n] +
+                                    FLT_MIN;
                                 double err = fabs(got - ref);
                                 max_err = fmax(max_err, err / (tol > 0 ? tol : 1));
                                 if (!(err <= tol) && shown++ < 4)
@@ -407,8 +437,8 @@ TEST(matmul_rows_matches_the_reference_on_smollm2_shapes)
         int64_t k;
     } shapes[] = {{QTYPE_Q4_1, 40, 576}, {QTYPE_Q4_1, 40, 1536}, {QTYPE_Q8_0, 40, 576}};
     static float x[4][K_MAX];
-    static uint8_t w[N_MAX * K_MAX * 4];
-    static uint8_t act[4 * K_MAX * 4];
+    _Alignas(64) static uint8_t w[N_MAX * K_MAX * 4];
+    _Alignas(64) static uint8_t act[4 * K_MAX * 4];
     static float y[4 * N_MAX];
     struct kernel kernels[8];
     int nk = list_kernels(kernels);

@@ -272,10 +272,10 @@ static double f16_err(double v)
 
 TEST(quantize_then_dequantize_stays_within_each_formats_bound)
 {
-    static const enum qtype types[] = {QTYPE_F32, QTYPE_F16,  QTYPE_BF16,
+    static const enum qtype types[] = {QTYPE_F32,  QTYPE_F16,  QTYPE_BF16,
                                        QTYPE_Q8_0, QTYPE_Q4_0, QTYPE_Q4_1};
     static float x[K_MAX], back[K_MAX];
-    static uint8_t packed[K_MAX * 4];
+    _Alignas(64) static uint8_t packed[K_MAX * 4];
 
     for (int variant = 0; variant < 12; variant++) {
         fill_blocks(x, K_MAX, variant);
@@ -369,8 +369,7 @@ TEST(prepare_act_ref_scales_by_amax_and_rounds_half_to_even)
         for (int j = 0; j < 32; j++) {
             ASSERT(ar[b].qs[j] >= -127 && ar[b].qs[j] <= 127);
             /* |x - d q| <= d/2, up to float rounding of x / d */
-            ASSERT(fabs(xr[b * 32 + j] - (double)ar[b].d * ar[b].qs[j]) <=
-                   ar[b].d * (0.5 + 1e-5));
+            ASSERT(fabs(xr[b * 32 + j] - (double)ar[b].d * ar[b].qs[j]) <= ar[b].d * (0.5 + 1e-5));
             sum += ar[b].qs[j];
         }
         ASSERT(ar[b].s == ar[b].d * (float)sum);
@@ -398,12 +397,12 @@ TEST(prepare_act_ref_scales_by_amax_and_rounds_half_to_even)
  *     for every input, so the test can use it as is. */
 TEST(dot_ref_matches_double_precision_within_derived_bounds)
 {
-    static const enum qtype types[] = {QTYPE_F32, QTYPE_F16,  QTYPE_BF16,
+    static const enum qtype types[] = {QTYPE_F32,  QTYPE_F16,  QTYPE_BF16,
                                        QTYPE_Q8_0, QTYPE_Q4_0, QTYPE_Q4_1};
     static const int64_t ks[] = {32, 64, 576, 1536};
     static float xw[K_MAX], xa[K_MAX], wdq[K_MAX];
-    static uint8_t w[K_MAX * 4];
-    static uint8_t a[K_MAX * 4];
+    _Alignas(64) static uint8_t w[K_MAX * 4];
+    _Alignas(64) static uint8_t a[K_MAX * 4];
 
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         enum qtype t = types[ti];

@@ -387,6 +387,8 @@ static int64_t tokenize(struct engine *e, struct engine_request *r, int32_t **ou
 static int admit_into(struct engine *e, struct seq *s, struct engine_request *r, int fresh)
 {
     int32_t *ids = NULL;
+    if (!fresh)
+        r->add_bos = 0; /* a session's prompt continues its stream: no second BOS */
     int64_t n = tokenize(e, r, &ids);
     if (n < 0)
         return -1;

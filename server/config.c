@@ -68,6 +68,8 @@ static const struct opt opts[] = {
      "write queue bytes that pause a stream's sequence"},
     {"--low-water", NULL, OPT_I64, OFF(low_water), "16384", 0, GiB, "BYTES",
      "write queue bytes that resume it"},
+    {"--sndbuf", NULL, OPT_I64, OFF(sndbuf), "0", 0, GiB, "BYTES",
+     "kernel send buffer per connection (0: the kernel's autotuning)"},
     {"--read-timeout", NULL, OPT_SEC, OFF(read_timeout), "30", 0.001, 1e6, "S",
      "a request must arrive within S seconds of its first byte (408)"},
     {"--keepalive-timeout", NULL, OPT_SEC, OFF(keepalive_timeout), "60", 0.001, 1e6, "S",

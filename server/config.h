@@ -35,6 +35,7 @@ struct server_config {
     int64_t max_response; /* bytes of text in one non-streamed answer */
     int64_t high_water;
     int64_t low_water;
+    int64_t sndbuf;
     double read_timeout;
     double keepalive_timeout;
     double write_stall_timeout;

@@ -69,6 +69,8 @@ int http_conn_idle(const struct http_conn *c)
 
 static void arm(struct http_conn *c, uint64_t ms, uint64_t repeat)
 {
+    if (c->broken)
+        return; /* a close is already due on the next tick */
     uv_timer_stop(&c->timer);
     if (ms > 0)
         uv_timer_start(&c->timer, on_timeout, ms, repeat);
@@ -163,17 +165,28 @@ static void on_write(uv_write_t *w, int status)
         after_flush(c);
 }
 
+/* A write failed while the application may be in the middle of using c and
+ * its c->user: close on the next loop tick, not inside this call. */
+static void close_soon(struct http_conn *c)
+{
+    if (c->broken || c->state == HTTP_CONN_CLOSING)
+        return;
+    uv_timer_stop(&c->timer);
+    c->broken = 1;
+    uv_timer_start(&c->timer, on_timeout, 0, 0);
+}
+
 /* Queues the concatenation of n pieces as one write. */
 static int write_parts(struct http_conn *c, const char *const *parts, const size_t *lens, int n)
 {
-    if (c->state == HTTP_CONN_CLOSING)
+    if (c->state == HTTP_CONN_CLOSING || c->broken)
         return -ECONNRESET;
     size_t total = 0;
     for (int i = 0; i < n; i++)
         total += lens[i];
     struct wreq *r = malloc(sizeof *r + total);
     if (!r) {
-        http_conn_close(c);
+        close_soon(c);
         return -ENOMEM;
     }
     r->c = c;
@@ -187,7 +200,7 @@ static int write_parts(struct http_conn *c, const char *const *parts, const size
     int rc = uv_write(&r->w, (uv_stream_t *)&c->tcp, &b, 1, on_write);
     if (rc < 0) {
         free(r); /* libuv: on error the callback never runs */
-        http_conn_close(c);
+        close_soon(c);
         return rc;
     }
     if (!c->paused && http_conn_write_queue(c) > c->lim->high_water) {
@@ -254,7 +267,7 @@ static void after_flush(struct http_conn *c)
             return;
         c->shutdown_sent = 1;
         if (uv_shutdown(&c->shutdown_req, (uv_stream_t *)&c->tcp, NULL) < 0) {
-            http_conn_close(c);
+            close_soon(c);
             return;
         }
         arm_for_state(c); /* linger for the client's FIN, then close */
@@ -332,13 +345,19 @@ int http_conn_stream_write(struct http_conn *c, const char *data, size_t len)
         return -EINVAL;
     if (len == 0)
         return 0; /* a zero-length chunk would end the body */
-    if (!c->chunked)
-        return write_raw(c, data, len);
-    char pre[24];
-    int pl = snprintf(pre, sizeof pre, "%zx\r\n", len);
-    const char *parts[3] = {pre, data, "\r\n"};
-    size_t lens[3] = {(size_t)pl, len, 2};
-    return write_parts(c, parts, lens, 3);
+    int rc;
+    if (!c->chunked) {
+        rc = write_raw(c, data, len);
+    } else {
+        char pre[24];
+        int pl = snprintf(pre, sizeof pre, "%zx\r\n", len);
+        const char *parts[3] = {pre, data, "\r\n"};
+        size_t lens[3] = {(size_t)pl, len, 2};
+        rc = write_parts(c, parts, lens, 3);
+    }
+    if (rc == 0 && !c->paused)
+        arm_for_state(c); /* SSE keep-alive comments only on an idle stream */
+    return rc;
 }
 
 int http_conn_stream_end(struct http_conn *c)
@@ -389,6 +408,10 @@ static void on_timeout(uv_timer_t *t)
 {
     struct http_conn *c = t->data;
     static const char ka[] = ": keep-alive\n\n";
+    if (c->broken) {
+        http_conn_close(c);
+        return;
+    }
     switch (c->state) {
     case HTTP_CONN_READING:
         if (c->msg_begun)
@@ -760,6 +783,10 @@ int http_conn_accept(uv_stream_t *server, const struct http_limits *lim,
     }
     if (rc == 0) {
         uv_tcp_nodelay(&c->tcp, 1); /* tokens go out as they come */
+        if (lim->sndbuf > 0) {
+            int v = lim->sndbuf;
+            uv_send_buffer_size((uv_handle_t *)&c->tcp, &v);
+        }
         rc = uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
     }
     if (rc < 0) {

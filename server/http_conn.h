@@ -59,6 +59,7 @@ struct http_limits {
     uint64_t keepalive_timeout_ms;   /* idle between requests */
     uint64_t write_stall_timeout_ms; /* paused without progress: close */
     uint64_t sse_keepalive_ms;       /* ': keep-alive' comment interval while streaming; 0 off */
+    int sndbuf;                      /* SO_SNDBUF for accepted sockets; 0: kernel autotuning */
     const char *extra_headers;       /* sent with every response, each line ending \r\n */
 };
 
@@ -125,6 +126,7 @@ struct http_conn {
     int paused;       /* write queue above high water; ops->on_pause ran */
     int stream_held;  /* a stream is coming: keep-alive ticks call on_stream_commit */
     int shutdown_sent;
+    int broken; /* a write failed: closing on the next loop tick */
     int n_handles_open;
     int status;                     /* status of the current response, once sent */
     int stalled;                    /* closed by the write-stall timeout */

@@ -234,16 +234,19 @@ static void model_id_from_path(char *dst, size_t cap, const char *path)
         dst[n - 5] = 0;
 }
 
+static int parse_host(const struct server_config *cfg, struct sockaddr_storage *addr)
+{
+    return strchr(cfg->host, ':')
+               ? uv_ip6_addr(cfg->host, (int)cfg->port, (struct sockaddr_in6 *)addr)
+               : uv_ip4_addr(cfg->host, (int)cfg->port, (struct sockaddr_in *)addr);
+}
+
 static int listen_on(struct server *s, int *port_out)
 {
     struct sockaddr_storage addr;
-    int rc = strchr(s->cfg.host, ':')
-                 ? uv_ip6_addr(s->cfg.host, (int)s->cfg.port, (struct sockaddr_in6 *)&addr)
-                 : uv_ip4_addr(s->cfg.host, (int)s->cfg.port, (struct sockaddr_in *)&addr);
-    if (rc < 0) {
-        log_msg(LOG_ERROR, "--host %s: not an IP address", s->cfg.host);
-        return rc;
-    }
+    int rc = parse_host(&s->cfg, &addr);
+    if (rc < 0)
+        return rc; /* checked before the model was loaded */
     uv_tcp_init(s->loop, &s->listener);
     s->listener.data = s;
     s->listening = 1;
@@ -319,7 +322,13 @@ int server_cmd_serve(int argc, char **argv)
     }
     log_set_level(level_of(s->cfg.log_level));
     struct engine_config ec;
+    struct sockaddr_storage addr;
     if (engine_config_from(&s->cfg, &ec) < 0) {
+        free(s);
+        return ENGINE_EXIT_USAGE;
+    }
+    if (parse_host(&s->cfg, &addr) < 0) {
+        fprintf(stderr, "error: --host expects an IPv4 or IPv6 address, got '%s'\n", s->cfg.host);
         free(s);
         return ENGINE_EXIT_USAGE;
     }
@@ -352,6 +361,9 @@ int server_cmd_serve(int argc, char **argv)
     uv_signal_init(s->loop, &s->sigint);
     uv_timer_init(s->loop, &s->drain_timer);
     s->sigterm.data = s->sigint.data = s->drain_timer.data = s;
+    /* a signal while the model loads is handled once the loop runs: exit 0 */
+    uv_signal_start(&s->sigterm, on_signal, SIGTERM);
+    uv_signal_start(&s->sigint, on_signal, SIGINT);
 
     log_msg(LOG_INFO, "loading %s", s->cfg.model);
     rc = engine_start(&s->engine, &ec, wake, &s->wake, err, sizeof err);
@@ -389,6 +401,7 @@ int server_cmd_serve(int argc, char **argv)
         .keepalive_timeout_ms = (uint64_t)(s->cfg.keepalive_timeout * 1e3),
         .write_stall_timeout_ms = (uint64_t)(s->cfg.write_stall_timeout * 1e3),
         .sse_keepalive_ms = (uint64_t)(s->cfg.sse_keepalive * 1e3),
+        .sndbuf = (int)s->cfg.sndbuf,
         .extra_headers = s->headers,
     };
     s->ops = (struct http_conn_ops){
@@ -399,8 +412,6 @@ int server_cmd_serve(int argc, char **argv)
         .on_close = on_conn_close,
         .arg = s,
     };
-    uv_signal_start(&s->sigterm, on_signal, SIGTERM);
-    uv_signal_start(&s->sigint, on_signal, SIGINT);
     log_msg(LOG_INFO,
             "listening on http://%s:%d (model %s, %s, policy %s, window %lld, %lld slots, "
             "chat %s)",

@@ -19,7 +19,7 @@
 
 #define MATMUL_ROW_BLOCK 16 /* weight rows per work item */
 #define MATMUL_T_TILE 64    /* activation rows per pass over a weight block */
-#define ATTN_SPLITS_MAX 16  /* most key splits per (token, kv head) */
+#define ATTN_KEY_BLOCK 256  /* keys per attention task (fixed: batch-invariant) */
 
 struct cpu_ctx {
     struct threadpool *tp;
@@ -32,8 +32,9 @@ struct cpu_ctx {
     void *act;       /* prepared activation rows */
     size_t act_cap;
     struct kv_geometry geo;
-    void *kmem, *vmem; /* KV storage */
-    float *attn_part;  /* partial attention states, one per task */
+    void *kmem, *vmem;   /* KV storage */
+    float *attn_part;    /* partial attention states, one per task */
+    int64_t attn_blocks; /* key blocks per (token, kv head): ceil((S + W) / ATTN_KEY_BLOCK) */
     int kv_f16;
 };
 
@@ -80,6 +81,15 @@ static int cpu_kv_alloc(struct backend *b, const struct kv_geometry *g)
         return -ENOMEM;
     c->geo = *g;
     c->kv_f16 = g->dtype == KV_DTYPE_F16;
+    /* a query sees at most S + W keys */
+    c->attn_blocks = (g->n_sinks + g->window + ATTN_KEY_BLOCK - 1) / ATTN_KEY_BLOCK;
+    if (c->attn_blocks > ATTN_MAX_BLOCKS)
+        return -EINVAL;
+    const struct model_hparams *hp = &b->model->hp;
+    c->attn_part = xalloc((size_t)b->max_tokens * (size_t)c->attn_blocks * (size_t)hp->n_head *
+                          ((size_t)hp->head_dim + 2) * sizeof(float));
+    if (!c->attn_part)
+        return -ENOMEM;
     return 0;
 }
 
@@ -250,7 +260,6 @@ struct attn_job {
     enum model_normalizer norm;
     float *att;
     float *probe;
-    int64_t splits; /* key splits per (token, kv head) */
 };
 
 /* The keys token t's query sees in kv head g, as runs of cells in visit
@@ -319,10 +328,13 @@ static void attention_probe_task(void *arg, int ith, int nth)
     }
 }
 
-/* Hot path: one task per (token, kv head, split of the keys). All query heads
- * of the group are scored together, so each K/V row is read once per group;
- * splitting the keys (flash-decoding) keeps every thread busy when a step has
- * few tokens. Partial states are merged by cpu_attention_merge. */
+/* Hot path: one task per (token, kv head, block of ATTN_KEY_BLOCK keys in
+ * visit order). All query heads of the group are scored together, so each K/V
+ * row is read once per group, and the blocks spread a decode step's long
+ * window over every thread (flash-decoding). The blocks are fixed by key
+ * index alone, never by batch size or thread count, so a token's attention
+ * is bit-identical whether it is decoded alone or prefilled in a chunk.
+ * Partial states are merged in block order by cpu_attention_merge. */
 static void attention_task(void *arg, int ith, int nth)
 {
     struct attn_job *j = arg;
@@ -331,19 +343,24 @@ static void attention_task(void *arg, int ith, int nth)
     const struct fwd_batch *bt = c->batch;
     const int H = hp->n_head, Hkv = hp->n_head_kv, Dh = hp->head_dim, G = H / Hkv;
     const float scale = 1.0f / sqrtf((float)Dh);
-    const int64_t S = j->splits, n_tasks = bt->T * Hkv * S;
+    const int64_t NB = c->attn_blocks, n_tasks = bt->T * Hkv * NB;
     const int64_t part = (int64_t)G * (Dh + 2); /* floats of one task's partial state */
     for (int64_t i = n_tasks * ith / nth; i < n_tasks * (ith + 1) / nth; i++) {
-        int64_t t = i / (Hkv * S);
-        int g = (int)(i / S % Hkv);
-        int64_t sp = i % S;
+        int64_t t = i / (Hkv * NB);
+        int g = (int)(i / NB % Hkv);
+        int64_t blk = i % NB;
+        float *st = c->attn_part + i * part; /* m[G], l[G], acc[G * Dh] */
         struct attn_keys keys = keys_for(c, t, j->layer, g, Dh);
         int64_t nk = keys.run_len[0] + keys.run_len[1] + keys.run_len[2];
-        float *st = c->attn_part + i * part; /* m[G], l[G], acc[G * Dh] */
+        int64_t v0 = blk * ATTN_KEY_BLOCK, v1 = v0 + ATTN_KEY_BLOCK < nk ? v0 + ATTN_KEY_BLOCK : nk;
+        if (v0 >= nk) {
+            for (int k = 0; k < G; k++)
+                st[k] = -INFINITY; /* an empty block: merge skips it */
+            continue;
+        }
         const int64_t off = t * (int64_t)H * Dh + (int64_t)g * G * Dh;
-        cpu_attention_span(&c->akr, G, j->q + off, j->qc + off, &keys, nk * sp / S,
-                           nk * (sp + 1) / S, scale, j->norm == MODEL_NORM_SOFTPICK, st, st + G,
-                           st + 2 * G);
+        cpu_attention_span(&c->akr, G, j->q + off, j->qc + off, &keys, v0, v1, scale,
+                           j->norm == MODEL_NORM_SOFTPICK, st, st + G, st + 2 * G);
     }
 }
 
@@ -353,33 +370,25 @@ static void cpu_attention(struct backend *b, int layer, const float *q, const fl
     struct cpu_ctx *c = b->ctx;
     const struct model_hparams *hp = &b->model->hp;
     const int H = hp->n_head, Hkv = hp->n_head_kv, Dh = hp->head_dim, G = H / Hkv;
-    const int nth = threadpool_size(c->tp);
-    const int64_t T = c->batch->T;
-    struct attn_job j = {b, layer, q, qc, sinks, norm, att, probe, 1};
+    const int64_t T = c->batch->T, NB = c->attn_blocks;
+    struct attn_job j = {b, layer, q, qc, sinks, norm, att, probe};
     if (probe) {
         threadpool_run(c->tp, attention_probe_task, &j);
         return;
     }
-    /* split the keys only when there are too few (token, kv head) tasks to
-     * occupy every thread; ATTN_SPLITS_MAX bounds the scratch */
-    if (T * Hkv < 2 * nth) {
-        j.splits = (4 * nth + T * Hkv - 1) / (T * Hkv);
-        if (j.splits > ATTN_SPLITS_MAX)
-            j.splits = ATTN_SPLITS_MAX;
-    }
     threadpool_run(c->tp, attention_task, &j);
     const int64_t part = (int64_t)G * (Dh + 2);
-    float m[ATTN_SPLITS_MAX], l[ATTN_SPLITS_MAX];
+    float m[ATTN_MAX_BLOCKS], l[ATTN_MAX_BLOCKS];
     for (int64_t t = 0; t < T; t++) {
         for (int h = 0; h < H; h++) {
             int g = h / G, k = h % G;
-            const float *st0 = c->attn_part + ((t * Hkv + g) * j.splits) * part;
-            for (int64_t sp = 0; sp < j.splits; sp++) {
-                m[sp] = st0[sp * part + k];
-                l[sp] = st0[sp * part + G + k];
+            const float *st0 = c->attn_part + ((t * Hkv + g) * NB) * part;
+            for (int64_t blk = 0; blk < NB; blk++) {
+                m[blk] = st0[blk * part + k];
+                l[blk] = st0[blk * part + G + k];
             }
-            cpu_attention_merge(&c->akr, (int)j.splits, m, l, st0 + 2 * G + (int64_t)k * Dh, part,
-                                Dh, norm, sinks[h], att + (t * H + h) * Dh);
+            cpu_attention_merge(&c->akr, (int)NB, m, l, st0 + 2 * G + (int64_t)k * Dh, part, Dh,
+                                norm, sinks[h], att + (t * H + h) * Dh);
         }
     }
 }
@@ -486,14 +495,8 @@ int backend_cpu_init(struct backend *b, const struct model *m, const struct back
      * needs one dequantized row per thread */
     c->act_cap = (T > (size_t)cfg->n_threads ? T : (size_t)cfg->n_threads) * kmax * 4;
     c->act = xalloc(c->act_cap);
-    /* tasks: T * Hkv without splits; with splits T * Hkv < 2 * threads, so at
-     * most 2 * threads * ATTN_SPLITS_MAX */
-    size_t tasks = T * (size_t)hp->n_head_kv;
-    if (tasks < 2 * (size_t)cfg->n_threads * ATTN_SPLITS_MAX)
-        tasks = 2 * (size_t)cfg->n_threads * ATTN_SPLITS_MAX;
-    c->attn_part = xalloc(tasks * (size_t)hp->n_head * ((size_t)hp->head_dim + 2) * 4);
     if (!a->x || !a->xb || !a->xb2 || !a->q || !a->qc || !a->k || !a->v || !a->att || !a->hb ||
-        !a->hb2 || !a->xo || !c->cs_abs || !c->cs_cache || !c->act || !c->attn_part)
+        !a->hb2 || !a->xo || !c->cs_abs || !c->cs_cache || !c->act)
         goto oom;
     return 0;
 oom:

@@ -745,6 +745,18 @@ static int kvs_align_str(struct wbuf *w)
     w_str(w, "32");
     return 1;
 }
+static int kvs_align_huge(struct wbuf *w)
+{
+    w_key(w, "general.alignment", GGUF_TYPE_UINT64);
+    w_u64(w, 1ull << 63);
+    return 1;
+}
+static int kvs_align_2_62(struct wbuf *w)
+{
+    w_key(w, "general.alignment", GGUF_TYPE_UINT64);
+    w_u64(w, 1ull << 62);
+    return 1;
+}
 static int kvs_align_1(struct wbuf *w)
 {
     w_key(w, "general.alignment", GGUF_TYPE_UINT64);
@@ -979,6 +991,12 @@ TEST(alignment_that_is_not_a_power_of_two_is_rejected)
     free(w.p);
     w = build(3, kvs_align_str, two_tensors, 2, 32);
     ASSERT_REJECTS(w, "general.alignment has type string");
+    free(w.p);
+    w = build(3, kvs_align_huge, two_tensors, 2, 32);
+    ASSERT_REJECTS(w, "general.alignment is too large");
+    free(w.p);
+    w = build(3, kvs_align_2_62, two_tensors, 2, 32); /* a power of two, but past the end */
+    ASSERT_REJECTS(w, "data section (at 135, aligned to 4611686018427387904) starts past end");
     free(w.p);
 }
 

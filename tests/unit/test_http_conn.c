@@ -41,7 +41,7 @@ struct srv {
     struct http_conn *slow[8]; /* pending /slow requests, answered in arrival order */
     int n_slow;
     /* counters (loop thread) */
-    int accepted, requests, closes, frees, pauses, resumes, stalls;
+    int accepted, requests, closes, frees, pauses, resumes, stalls, commits;
     int closed_waiting, closed_streaming;
     int free_before_close; /* a free for a conn whose on_close had not run */
     size_t max_queue;
@@ -86,6 +86,10 @@ static void on_request(struct http_conn *c, void *arg)
     }
     if (strncmp(url, "/hang", 5) == 0)
         return; /* never answered: the client hangs up */
+    if (strncmp(url, "/held", 5) == 0) {
+        http_conn_hold_stream(c); /* a stream is coming; keep-alive ticks commit it */
+        return;
+    }
     if (strncmp(url, "/stream", 7) == 0) {
         http_conn_stream_begin(c, 200, "text/event-stream", NULL);
         http_conn_stream_write(c, "hello", 5);
@@ -114,6 +118,13 @@ static void on_later(uv_timer_t *t)
             http_conn_respond(c, 200, "text/plain", NULL, body, (size_t)n);
     }
     S.n_slow = 0;
+}
+
+static void on_stream_commit(struct http_conn *c, void *arg)
+{
+    (void)arg;
+    S.commits++;
+    http_conn_stream_begin(c, 200, "text/event-stream", NULL);
 }
 
 static void on_pause(struct http_conn *c, void *arg)
@@ -207,6 +218,7 @@ static void srv_start(const struct http_limits *lim)
     memset(&S, 0, sizeof S);
     S.lim = *lim;
     S.ops = (struct http_conn_ops){.on_request = on_request,
+                                   .on_stream_commit = on_stream_commit,
                                    .on_pause = on_pause,
                                    .on_resume = on_resume,
                                    .on_close = on_close,
@@ -648,6 +660,30 @@ TEST(http_conn_closes_a_client_that_stops_reading_after_the_stall_timeout)
     ASSERT_EQ(S.closed_streaming, 1);
     ASSERT(S.flood_total < 16u * 1024 * 1024); /* bounded by the pause, not the target */
     ASSERT_EQ(S.free_before_close, 0);
+    free(cl);
+}
+
+static void cl_held(struct client *cl)
+{
+    int fd = cl_connect(cl->port, 0);
+    cl_sends(fd, "GET /held HTTP/1.1\r\nHost: x\r\n\r\n");
+    cl_read_until(cl, fd, ": keep-alive\n\n", 2, 3000);
+    close(fd);
+}
+
+TEST(http_conn_sends_sse_keepalives_and_commits_a_held_stream_on_the_first_tick)
+{
+    struct http_limits lim = default_limits();
+    lim.sse_keepalive_ms = 100;
+    srv_start(&lim);
+    struct client *cl = calloc(1, sizeof *cl);
+    cl->fn = cl_held;
+    run_with_client(cl);
+    ASSERT_EQ(S.commits, 1);
+    ASSERT(strncmp(cl->buf, "HTTP/1.1 200 OK\r\n", 17) == 0);
+    const char *body = strstr(cl->buf, "\r\n\r\n");
+    ASSERT(body != NULL);
+    ASSERT(strncmp(body + 4, "e\r\n: keep-alive\n\n\r\ne\r\n: keep-alive\n\n\r\n", 36) == 0);
     free(cl);
 }
 

@@ -1,0 +1,433 @@
+/*
+ * test_api_request.c: api/request.c and api/chat_template.c, from JSON bodies
+ * to struct engine_request, without an engine: every parameter's type and
+ * range, the param named in each 400, stop strings, logprobs shapes, unknown
+ * fields, session ids, kv_policy, and chat rendering per template format.
+ */
+#include "api.h"
+#include "test.h"
+
+static const char *SMOL_TEMPLATE =
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ "
+    "'<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+    "Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + "
+    "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ "
+    "'<|im_start|>assistant\n' }}{% endif %}";
+
+static struct engine_model_info model_info(void)
+{
+    struct engine_model_info mi;
+    memset(&mi, 0, sizeof mi);
+    snprintf(mi.name, sizeof mi.name, "test");
+    mi.n_vocab = 100;
+    mi.chat_template = SMOL_TEMPLATE;
+    return mi;
+}
+
+struct parsed {
+    struct engine_request req;
+    struct api_request meta;
+    struct api_error err;
+    int rc;
+};
+
+static struct parsed parse_h(enum api_endpoint ep, const char *json, const char *session_header)
+{
+    static struct engine_model_info mi;
+    static struct api_chat_template chat;
+    mi = model_info();
+    api_chat_template_init(&chat, mi.chat_template);
+    struct api_parse_ctx ctx = {.model = &mi,
+                                .chat = &chat,
+                                .session_header = session_header,
+                                .id = 42,
+                                .default_seed = 7,
+                                .max_stop_len = 256};
+    struct parsed p;
+    p.rc = api_request_parse(&ctx, ep, json, strlen(json), &p.req, &p.meta, &p.err);
+    return p;
+}
+
+static struct parsed parse(enum api_endpoint ep, const char *json)
+{
+    return parse_h(ep, json, NULL);
+}
+
+/* Expects a 400 naming param (NULL: a JSON null param). */
+#define ASSERT_BAD(ep, json, param_)                                                               \
+    do {                                                                                           \
+        struct parsed p_ = parse(ep, json);                                                        \
+        if (p_.rc == 0)                                                                            \
+            engine_request_free(&p_.req);                                                          \
+        ASSERT(p_.rc < 0);                                                                         \
+        ASSERT_EQ(p_.err.status, 400);                                                             \
+        ASSERT_STREQ(p_.err.param, (param_) ? (param_) : "");                                      \
+        ASSERT_STREQ(p_.err.type, "invalid_request_error");                                        \
+        ASSERT(p_.req.prompt == NULL && p_.req.stop[0] == NULL);                                   \
+    } while (0)
+
+TEST(api_request_parses_a_minimal_completion_with_openai_defaults)
+{
+    struct parsed p = parse(API_COMPLETIONS, "{\"model\":\"x\",\"prompt\":\"Hello\"}");
+    ASSERT_OK(p.rc);
+    ASSERT_EQ(p.req.id, 42);
+    ASSERT_STREQ(p.req.prompt, "Hello");
+    ASSERT_EQ(p.req.prompt_len, 5);
+    ASSERT_EQ(p.req.max_tokens, -1); /* absent: until EOS or the client leaves */
+    ASSERT_NEAR(p.req.sampling.temperature, 1.0, 0);
+    ASSERT_NEAR(p.req.sampling.top_p, 1.0, 0);
+    ASSERT_EQ(p.req.sampling.seed, 7); /* the server's fresh seed */
+    ASSERT_EQ(p.req.add_bos, 1);
+    ASSERT_EQ(p.req.parse_special, 1);
+    ASSERT_EQ(p.meta.stream, 0);
+    ASSERT_EQ(p.meta.logprobs, 0);
+    ASSERT(p.req.stop[0] == NULL);
+    ASSERT_STREQ(p.req.session_id, "");
+    ASSERT_EQ(p.req.has_policy, 0);
+    engine_request_free(&p.req);
+}
+
+TEST(api_request_parses_every_sampling_parameter)
+{
+    struct parsed p = parse(API_COMPLETIONS,
+                            "{\"prompt\":\"x\",\"max_tokens\":17,\"temperature\":0.5,\"top_p\":0.9,"
+                            "\"top_k\":40,\"min_p\":0.05,\"seed\":-3,\"presence_penalty\":1.5,"
+                            "\"frequency_penalty\":-0.5,\"user\":\"u\",\"n\":1,\"stream\":true}");
+    ASSERT_OK(p.rc);
+    ASSERT_EQ(p.req.max_tokens, 17);
+    ASSERT_NEAR(p.req.sampling.temperature, 0.5, 1e-6);
+    ASSERT_NEAR(p.req.sampling.top_p, 0.9, 1e-6);
+    ASSERT_EQ(p.req.sampling.top_k, 40);
+    ASSERT_NEAR(p.req.sampling.min_p, 0.05, 1e-6);
+    ASSERT(p.req.sampling.seed == (uint64_t)(int64_t)-3);
+    ASSERT_NEAR(p.req.sampling.presence_penalty, 1.5, 1e-6);
+    ASSERT_NEAR(p.req.sampling.frequency_penalty, -0.5, 1e-6);
+    ASSERT_EQ(p.meta.stream, 1);
+    engine_request_free(&p.req);
+}
+
+TEST(api_request_top_p_zero_means_greedy)
+{
+    struct parsed p = parse(API_COMPLETIONS, "{\"prompt\":\"x\",\"top_p\":0}");
+    ASSERT_OK(p.rc);
+    ASSERT_NEAR(p.req.sampling.temperature, 0, 0);
+    engine_request_free(&p.req);
+}
+
+TEST(api_request_null_means_absent)
+{
+    struct parsed p =
+        parse(API_COMPLETIONS, "{\"prompt\":\"x\",\"max_tokens\":null,\"temperature\":"
+                               "null,\"stop\":null,\"logprobs\":null,\"n\":null}");
+    ASSERT_OK(p.rc);
+    ASSERT_EQ(p.req.max_tokens, -1);
+    ASSERT_NEAR(p.req.sampling.temperature, 1, 0);
+    engine_request_free(&p.req);
+}
+
+TEST(api_request_names_the_param_with_a_wrong_type)
+{
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"temperature\":\"hot\"}", "temperature");
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"max_tokens\":\"5\"}", "max_tokens");
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"max_tokens\":2.5}", "max_tokens");
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"top_p\":true}", "top_p");
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"top_k\":1.5}", "top_k");
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"seed\":\"1\"}", "seed");
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"stream\":1}", "stream");
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"model\":3}", "model");
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"user\":{}}", "user");
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"stop\":5}", "stop");
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"stop\":[\"a\",1]}", "stop");
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"session_id\":12}", "session_id");
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"kv_policy\":4}", "kv_policy");
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":5}", "prompt");
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"stream\":true,\"stream_options\":[]}",
+               "stream_options");
+    ASSERT_BAD(API_COMPLETIONS,
+               "{\"prompt\":\"x\",\"stream\":true,\"stream_options\":{\"include_usage\":1}}",
+               "stream_options.include_usage");
+}
+
+TEST(api_request_names_the_param_out_of_range)
+{
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"temperature\":2.5}", "temperature");
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"temperature\":-0.1}", "temperature");
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"top_p\":1.1}", "top_p");
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"min_p\":2}", "min_p");
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"top_k\":-1}", "top_k");
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"max_tokens\":0}", "max_tokens");
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"presence_penalty\":3}", "presence_penalty");
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"frequency_penalty\":-2.5}",
+               "frequency_penalty");
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"logprobs\":6}", "logprobs");
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":[1,2,100]}", "prompt"); /* n_vocab is 100 */
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":[1,-2]}", "prompt");
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":[]}", "prompt");
+}
+
+TEST(api_request_n_other_than_one_is_a_400_naming_n)
+{
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"n\":2}", "n");
+    ASSERT_BAD(API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"n\":0}", "n");
+    struct parsed p = parse(API_COMPLETIONS, "{\"prompt\":\"x\",\"n\":1}");
+    ASSERT_OK(p.rc);
+    engine_request_free(&p.req);
+}
+
+TEST(api_request_refuses_features_it_does_not_implement)
+{
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"echo\":true}", "echo");
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"best_of\":3}", "best_of");
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"suffix\":\"end\"}", "suffix");
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"logit_bias\":{\"5\":10}}", "logit_bias");
+    ASSERT_BAD(API_CHAT,
+               "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"tools\":[{\"type\":"
+               "\"function\"}]}",
+               "tools");
+    ASSERT_BAD(API_CHAT,
+               "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"response_format\":{"
+               "\"type\":\"json_object\"}}",
+               "response_format");
+    struct parsed p = parse(API_COMPLETIONS, "{\"prompt\":\"x\",\"echo\":false,\"best_of\":1,"
+                                             "\"logit_bias\":{},\"suffix\":null}");
+    ASSERT_OK(p.rc);
+    engine_request_free(&p.req);
+}
+
+TEST(api_request_rejects_bodies_that_are_not_json_objects)
+{
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":", NULL);
+    ASSERT_BAD(API_COMPLETIONS, "[1,2]", NULL);
+    ASSERT_BAD(API_COMPLETIONS, "", NULL);
+    ASSERT_BAD(API_COMPLETIONS, "{}", "prompt");
+    ASSERT_BAD(API_CHAT, "{}", "messages");
+}
+
+TEST(api_request_ignores_unknown_fields)
+{
+    struct parsed p = parse(API_COMPLETIONS, "{\"prompt\":\"x\",\"frobnicate\":[1,{\"a\":2}],"
+                                             "\"metadata\":{\"k\":\"v\"},\"store\":true}");
+    ASSERT_OK(p.rc);
+    engine_request_free(&p.req);
+}
+
+TEST(api_request_takes_a_stop_string_or_an_array_of_up_to_four)
+{
+    struct parsed p = parse(API_COMPLETIONS, "{\"prompt\":\"x\",\"stop\":\"\\n\\n\"}");
+    ASSERT_OK(p.rc);
+    ASSERT_STREQ(p.req.stop[0], "\n\n");
+    ASSERT(p.req.stop[1] == NULL);
+    engine_request_free(&p.req);
+
+    p = parse(API_COMPLETIONS, "{\"prompt\":\"x\",\"stop\":[\"a\",\"\",\"bc\",\"d\"]}");
+    ASSERT_OK(p.rc);
+    ASSERT_STREQ(p.req.stop[0], "a");
+    ASSERT_STREQ(p.req.stop[1], "bc"); /* empty strings are dropped */
+    ASSERT_STREQ(p.req.stop[2], "d");
+    ASSERT(p.req.stop[3] == NULL);
+    engine_request_free(&p.req);
+
+    p = parse(API_COMPLETIONS, "{\"prompt\":\"x\",\"stop\":[\"a\",\"b\",\"c\",\"d\"]}");
+    ASSERT_OK(p.rc);
+    ASSERT_STREQ(p.req.stop[3], "d");
+    engine_request_free(&p.req);
+
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]}",
+               "stop");
+}
+
+TEST(api_request_takes_token_id_prompts)
+{
+    struct parsed p = parse(API_COMPLETIONS, "{\"prompt\":[1,2,99]}");
+    ASSERT_OK(p.rc);
+    ASSERT(p.req.prompt == NULL);
+    ASSERT_EQ(p.req.n_prompt_ids, 3);
+    ASSERT_EQ(p.req.prompt_ids[2], 99);
+    engine_request_free(&p.req);
+
+    p = parse(API_COMPLETIONS, "{\"prompt\":[[5,6]]}");
+    ASSERT_OK(p.rc);
+    ASSERT_EQ(p.req.n_prompt_ids, 2);
+    engine_request_free(&p.req);
+
+    p = parse(API_COMPLETIONS, "{\"prompt\":[\"one\"]}");
+    ASSERT_OK(p.rc);
+    ASSERT_STREQ(p.req.prompt, "one");
+    engine_request_free(&p.req);
+
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":[\"one\",\"two\"]}", "prompt");
+}
+
+TEST(api_request_completions_logprobs_is_the_number_of_alternatives)
+{
+    struct parsed p = parse(API_COMPLETIONS, "{\"prompt\":\"x\",\"logprobs\":3}");
+    ASSERT_OK(p.rc);
+    ASSERT_EQ(p.meta.logprobs, 1);
+    ASSERT_EQ(p.meta.top_logprobs, 3);
+    ASSERT_EQ(p.req.logprobs, 1);
+    ASSERT_EQ(p.req.top_logprobs, 3);
+    engine_request_free(&p.req);
+    p = parse(API_COMPLETIONS, "{\"prompt\":\"x\",\"logprobs\":0}");
+    ASSERT_OK(p.rc);
+    ASSERT_EQ(p.meta.logprobs, 1);
+    ASSERT_EQ(p.req.top_logprobs, 0);
+    engine_request_free(&p.req);
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"logprobs\":true}", "logprobs");
+}
+
+TEST(api_request_chat_logprobs_is_a_boolean_with_top_logprobs)
+{
+    struct parsed p = parse(API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+                                      "\"logprobs\":true,\"top_logprobs\":20}");
+    ASSERT_OK(p.rc);
+    ASSERT_EQ(p.req.logprobs, 1);
+    ASSERT_EQ(p.req.top_logprobs, 20);
+    engine_request_free(&p.req);
+    ASSERT_BAD(API_CHAT,
+               "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"top_logprobs\":2}",
+               "top_logprobs");
+    ASSERT_BAD(API_CHAT,
+               "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"logprobs\":true,"
+               "\"top_logprobs\":21}",
+               "top_logprobs");
+    ASSERT_BAD(API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"logprobs\":2}",
+               "logprobs");
+}
+
+TEST(api_request_stream_options_need_stream)
+{
+    struct parsed p = parse(API_COMPLETIONS, "{\"prompt\":\"x\",\"stream\":true,"
+                                             "\"stream_options\":{\"include_usage\":true}}");
+    ASSERT_OK(p.rc);
+    ASSERT_EQ(p.meta.include_usage, 1);
+    engine_request_free(&p.req);
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"stream_options\":{\"include_usage\":true}}",
+               "stream_options");
+}
+
+TEST(api_request_session_id_comes_from_the_body_or_the_header_and_the_body_wins)
+{
+    struct parsed p =
+        parse_h(API_COMPLETIONS, "{\"prompt\":\"x\",\"session_id\":\"body-1\"}", "header-1");
+    ASSERT_OK(p.rc);
+    ASSERT_STREQ(p.req.session_id, "body-1");
+    engine_request_free(&p.req);
+    p = parse_h(API_COMPLETIONS, "{\"prompt\":\"x\"}", "header-1");
+    ASSERT_OK(p.rc);
+    ASSERT_STREQ(p.req.session_id, "header-1");
+    engine_request_free(&p.req);
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"session_id\":\"\"}", "session_id");
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"session_id\":\"has space\"}", "session_id");
+    char big[400];
+    snprintf(big, sizeof big, "{\"prompt\":\"x\",\"session_id\":\"%0200d\"}", 1);
+    ASSERT_BAD(API_COMPLETIONS, big, "session_id");
+    p = parse_h(API_COMPLETIONS, "{\"prompt\":\"x\"}", "bad header");
+    ASSERT(p.rc < 0);
+    ASSERT_STREQ(p.err.param, "X-Session-Id");
+}
+
+TEST(api_request_parses_kv_policy)
+{
+    struct parsed p = parse(API_COMPLETIONS, "{\"prompt\":\"x\",\"kv_policy\":\"sinks:8\"}");
+    ASSERT_OK(p.rc);
+    ASSERT_EQ(p.req.has_policy, 1);
+    ASSERT_EQ(p.req.policy.kind, KV_POLICY_SINKS);
+    ASSERT_EQ(p.req.policy.n_sinks, 8);
+    engine_request_free(&p.req);
+    p = parse(API_COMPLETIONS, "{\"prompt\":\"x\",\"kv_policy\":\"window\"}");
+    ASSERT_OK(p.rc);
+    ASSERT_EQ(p.req.policy.kind, KV_POLICY_WINDOW);
+    engine_request_free(&p.req);
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"kv_policy\":\"sideways\"}", "kv_policy");
+}
+
+TEST(api_request_chat_renders_chatml_with_the_templates_default_system_prompt)
+{
+    struct parsed p = parse(API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}]}");
+    ASSERT_OK(p.rc);
+    ASSERT_STREQ(p.req.prompt, "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, "
+                               "trained by Hugging Face<|im_end|>\n"
+                               "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+    engine_request_free(&p.req);
+
+    p = parse(API_CHAT, "{\"messages\":[{\"role\":\"developer\",\"content\":\"Be brief.\"},"
+                        "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"A\"},"
+                        "{\"type\":\"text\",\"text\":\"B\"}]},"
+                        "{\"role\":\"assistant\",\"content\":null}]}");
+    ASSERT_OK(p.rc);
+    ASSERT_STREQ(p.req.prompt, "<|im_start|>system\nBe brief.<|im_end|>\n"
+                               "<|im_start|>user\nAB<|im_end|>\n"
+                               "<|im_start|>assistant\n<|im_end|>\n<|im_start|>assistant\n");
+    engine_request_free(&p.req);
+}
+
+TEST(api_request_chat_with_a_session_renders_only_the_given_turns)
+{
+    struct parsed p = parse(API_CHAT, "{\"session_id\":\"s1\",\"messages\":[{\"role\":\"user\","
+                                      "\"content\":\"More\"}]}");
+    ASSERT_OK(p.rc);
+    ASSERT_STREQ(p.req.prompt, "<|im_start|>user\nMore<|im_end|>\n<|im_start|>assistant\n");
+    engine_request_free(&p.req);
+}
+
+TEST(api_request_chat_names_the_bad_message)
+{
+    ASSERT_BAD(API_CHAT, "{\"messages\":[]}", "messages");
+    ASSERT_BAD(API_CHAT, "{\"messages\":{}}", "messages");
+    ASSERT_BAD(API_CHAT,
+               "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"wizard\","
+               "\"content\":\"b\"}]}",
+               "messages[1].role");
+    ASSERT_BAD(API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":5}]}",
+               "messages[0].content");
+    ASSERT_BAD(API_CHAT,
+               "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\"}]}]}",
+               "messages[0].content");
+    ASSERT_BAD(API_CHAT, "{\"messages\":[\"hi\"]}", "messages[0]");
+}
+
+TEST(api_request_chat_max_completion_tokens_wins_over_max_tokens)
+{
+    struct parsed p = parse(API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                                      "\"max_tokens\":5,\"max_completion_tokens\":9}");
+    ASSERT_OK(p.rc);
+    ASSERT_EQ(p.req.max_tokens, 9);
+    engine_request_free(&p.req);
+}
+
+TEST(api_chat_template_recognizes_llama3_and_llama2_and_falls_back_to_chatml)
+{
+    struct api_chat_template t;
+    struct api_chat_message m[3] = {{"system", "S", 1}, {"user", "U", 1}, {"assistant", "A", 1}};
+    char *out;
+    size_t len;
+
+    api_chat_template_init(&t, "{{ '<|start_header_id|>' + message['role'] }}");
+    ASSERT_EQ(t.format, API_CHAT_LLAMA3);
+    ASSERT_EQ(t.recognized, 1);
+    ASSERT_OK(api_chat_render(&t, m, 2, 1, &out, &len));
+    ASSERT_STREQ(out, "<|start_header_id|>system<|end_header_id|>\n\nS<|eot_id|>"
+                      "<|start_header_id|>user<|end_header_id|>\n\nU<|eot_id|>"
+                      "<|start_header_id|>assistant<|end_header_id|>\n\n");
+    free(out);
+
+    api_chat_template_init(&t, "{{ bos_token + '[INST] ' + content + ' [/INST]' }}");
+    ASSERT_EQ(t.format, API_CHAT_LLAMA2);
+    struct api_chat_message m2[4] = {
+        {"system", "S", 1}, {"user", "U", 1}, {"assistant", "A", 1}, {"user", "V", 1}};
+    ASSERT_OK(api_chat_render(&t, m2, 4, 1, &out, &len));
+    ASSERT_STREQ(out, "[INST] <<SYS>>\nS\n<</SYS>>\n\nU [/INST] A </s><s>[INST] V [/INST]");
+    free(out);
+
+    api_chat_template_init(&t, "{{ something we have never seen }}");
+    ASSERT_EQ(t.format, API_CHAT_CHATML);
+    ASSERT_EQ(t.recognized, 0);
+    api_chat_template_init(&t, NULL);
+    ASSERT_EQ(t.recognized, 0);
+    ASSERT_OK(api_chat_render(&t, m + 1, 1, 1, &out, &len));
+    ASSERT_STREQ(out, "<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n");
+    ASSERT_EQ(len, strlen(out));
+    free(out);
+}
+
+TEST_MAIN()

@@ -285,12 +285,19 @@ static int parse_common(const cJSON *o, const struct api_parse_ctx *ctx, enum ap
         }
     }
 
-    /* extensions: session_id (body wins over the X-Session-Id header), kv_policy */
+    /* extensions: session_id (body or X-Session-Id header; both must agree), kv_policy */
     if ((rc = get_string(o, "session_id", &s, err)) < 0)
         return -1;
     if (rc) {
         if (check_session(s, "session_id", err) < 0)
             return -1;
+        /* a proxy routes on the header: a different body value would land the
+         * session on the wrong replica */
+        if (ctx->session_header && ctx->session_header[0] && strcmp(ctx->session_header, s) != 0) {
+            api_error_set(err, 400, "session_id", "invalid_value",
+                          "session_id in the body differs from the X-Session-Id header");
+            return -1;
+        }
         snprintf(r->session_id, sizeof r->session_id, "%s", s);
     } else if (ctx->session_header && ctx->session_header[0]) {
         if (check_session(ctx->session_header, "X-Session-Id", err) < 0)

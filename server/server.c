@@ -288,7 +288,8 @@ static int engine_config_from(const struct server_config *cfg, struct engine_con
         cfg->max_step_tokens > cfg->max_seqs ? cfg->max_step_tokens : cfg->max_seqs;
     ec->max_prompt_tokens = cfg->max_prompt;
     ec->session_idle_s = (int64_t)cfg->session_idle;
-    if (kv_policy_parse(cfg->kv_policy, &ec->policy) < 0) {
+    if (kv_policy_parse(cfg->kv_policy, &ec->policy) < 0 ||
+        ec->policy.kind == KV_POLICY_RECOMPUTE) { /* recompute: streamsink perplexity only */
         fprintf(stderr, "error: --kv-policy expects auto, window, sinks:N or dense, got '%s'\n",
                 cfg->kv_policy);
         return -EINVAL;

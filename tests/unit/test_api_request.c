@@ -305,10 +305,19 @@ TEST(api_request_stream_options_need_stream)
                "stream_options");
 }
 
-TEST(api_request_session_id_comes_from_the_body_or_the_header_and_the_body_wins)
+TEST(api_request_session_id_comes_from_the_body_or_the_header_and_they_must_agree)
 {
     struct parsed p =
-        parse_h(API_COMPLETIONS, "{\"prompt\":\"x\",\"session_id\":\"body-1\"}", "header-1");
+        parse_h(API_COMPLETIONS, "{\"prompt\":\"x\",\"session_id\":\"same\"}", "same");
+    ASSERT_OK(p.rc);
+    ASSERT_STREQ(p.req.session_id, "same");
+    engine_request_free(&p.req);
+    /* a proxy routes on the header, so a different body value is refused */
+    p = parse_h(API_COMPLETIONS, "{\"prompt\":\"x\",\"session_id\":\"body-1\"}", "header-1");
+    ASSERT(p.rc < 0);
+    ASSERT_EQ(p.err.status, 400);
+    ASSERT_STREQ(p.err.param, "session_id");
+    p = parse_h(API_COMPLETIONS, "{\"prompt\":\"x\",\"session_id\":\"body-1\"}", NULL);
     ASSERT_OK(p.rc);
     ASSERT_STREQ(p.req.session_id, "body-1");
     engine_request_free(&p.req);

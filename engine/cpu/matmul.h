@@ -31,8 +31,8 @@ void cpu_prepare_act(enum cpu_isa isa, enum qtype t, const float *restrict x, in
 /* For n in [n0, n1), tt in [0, T): y[tt * ldy + n] = dot(W row n, act row tt).
  * W has rows of k values of type t, row_bytes = qtype_row_bytes(t, k) apart;
  * act rows are quant_act_bytes(t, k) apart. */
-void cpu_matmul_rows(enum cpu_isa isa, enum qtype t, const void *restrict w, int64_t k,
-                     int64_t n0, int64_t n1, const void *restrict act, int64_t T,
-                     float *restrict y, int64_t ldy);
+void cpu_matmul_rows(enum cpu_isa isa, enum qtype t, const void *restrict w, int64_t k, int64_t n0,
+                     int64_t n1, const void *restrict act, int64_t T, float *restrict y,
+                     int64_t ldy);
 
 #endif

@@ -25,6 +25,8 @@ int engine_cmd_run(int argc, char **argv);
 int engine_cmd_perplexity(int argc, char **argv);
 /* streamsink probe -m FILE [--text FILE] */
 int engine_cmd_probe(int argc, char **argv);
+/* streamsink calibrate -m FILE --text FILE --out FILE: per-head sink logits */
+int engine_cmd_calibrate(int argc, char **argv);
 
 /* ---- The engine thread (used by the server) ---------------------------------
  *

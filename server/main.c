@@ -4,6 +4,7 @@
  *   serve       the OpenAI-compatible HTTP server               (server)
  *   perplexity  StreamingLLM's perplexity-under-eviction eval  (engine)
  *   probe       attention-sink probe per layer and head        (engine)
+ *   calibrate   per-head sink logits from measured attention    (engine)
  * Exit codes: 0 ok, 1 runtime failure, 2 usage, 3 bad model file.
  */
 #include <stdio.h>
@@ -21,6 +22,7 @@ static void usage(FILE *f)
                "  serve       serve the OpenAI API over HTTP (streaming, sessions, metrics)\n"
                "  perplexity  score a long text under a KV eviction policy\n"
                "  probe       measure attention sinks per layer and head\n"
+               "  calibrate   closed-form per-head sink logits for a learned-sink retrofit\n"
                "\n"
                "`streamsink <command> --help` describes each command's options.\n"
                "exit codes: 0 ok, 1 runtime failure, 2 bad usage, 3 bad or missing model file\n");
@@ -41,6 +43,8 @@ int main(int argc, char **argv)
         return engine_cmd_perplexity(argc - 1, argv + 1);
     if (strcmp(cmd, "probe") == 0)
         return engine_cmd_probe(argc - 1, argv + 1);
+    if (strcmp(cmd, "calibrate") == 0)
+        return engine_cmd_calibrate(argc - 1, argv + 1);
     if (strcmp(cmd, "-h") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "help") == 0) {
         usage(stdout);
         return ENGINE_EXIT_OK;

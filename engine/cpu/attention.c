@@ -13,6 +13,8 @@
  */
 #include "attention.h"
 
+#include <assert.h>
+
 #include <math.h>
 #include <string.h>
 
@@ -52,16 +54,53 @@ static void scale_scalar(float *acc, float a, int n)
         acc[i] *= a;
 }
 
+static void to_f32_scalar(float *dst, const void *src, int64_t n, int f16)
+{
+    if (f16) {
+        const uint16_t *h = src;
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = quant_f16_to_f32(h[i]);
+    } else {
+        memcpy(dst, src, (size_t)n * sizeof(float));
+    }
+}
+
+static void exp_sub_scalar(float *w, const float *z, float m, int n)
+{
+    for (int i = 0; i < n; i++)
+        w[i] = expf(z[i] - m);
+}
+
+static void scores_scalar(float *z, const float *q, const float *kf, int nt, int n, float scale)
+{
+    for (int i = 0; i < nt; i++)
+        z[i] = dot_scalar(q, kf + (size_t)i * (size_t)n, n, 0) * scale;
+}
+
+static void accum_scalar(float *acc, const float *w, const float *vf, int nt, int n)
+{
+    for (int i = 0; i < nt; i++)
+        axpy_scalar(acc, w[i], vf + (size_t)i * (size_t)n, n, 0);
+}
+
 void cpu_attention_kernels(struct attn_kernels *out, int use_avx2)
 {
     if (use_avx2) {
         out->dot = cpu__attn_dot_avx2;
         out->axpy = cpu__attn_axpy_avx2;
         out->scale = cpu__attn_scale_avx2;
+        out->to_f32 = cpu__attn_to_f32_avx2;
+        out->exp_sub = cpu__attn_exp_sub_avx2;
+        out->scores = cpu__attn_scores_avx2;
+        out->accum = cpu__attn_accum_avx2;
     } else {
         out->dot = dot_scalar;
         out->axpy = axpy_scalar;
         out->scale = scale_scalar;
+        out->to_f32 = to_f32_scalar;
+        out->exp_sub = exp_sub_scalar;
+        out->scores = scores_scalar;
+        out->accum = accum_scalar;
     }
 }
 
@@ -137,48 +176,81 @@ void cpu_attention_row(const struct attn_kernels *kr, const float *q, const floa
         kr->scale(out, 1.0f / l, n);
 }
 
+/* Keys are taken in tiles of ATTN_TILE visit indices, aligned to visit
+ * index 0 (so the tiles, like the blocks, do not depend on where the ring
+ * wraps or on the batch): the tile's K and V rows are converted to f32 once
+ * for all nq heads, each head's scores for the tile come first, then one
+ * rescale per tile (if the max moved) and the exponentials as a vector. */
+#define ATTN_TILE 32
+#define ATTN_MAX_DH 256
+
 void cpu_attention_span(const struct attn_kernels *kr, int nq, const float *q, const float *qc,
                         const struct attn_keys *keys, int64_t v0, int64_t v1, float scale,
                         int softpick, float *m, float *l, float *acc)
 {
     const int n = keys->head_dim;
     const size_t esz = keys->f16 ? 2 : 4;
+    float kf[ATTN_TILE * ATTN_MAX_DH], vf[ATTN_TILE * ATTN_MAX_DH];
+    float z[ATTN_TILE], w[ATTN_TILE];
+    int use_qc[ATTN_TILE];
+    assert(n <= ATTN_MAX_DH);
     for (int h = 0; h < nq; h++) {
         m[h] = -INFINITY;
         l[h] = 0.0f;
     }
     memset(acc, 0, (size_t)nq * (size_t)n * sizeof(float));
-    int64_t base = 0; /* visit index of the current run's first key */
-    for (int r = 0; r < 3; r++) {
-        int64_t lo = v0 > base ? v0 - base : 0;
-        int64_t hi = v1 - base < keys->run_len[r] ? v1 - base : keys->run_len[r];
-        const float *qq = keys->run_uses_qc[r] ? qc : q;
-        for (int64_t i = lo; i < hi; i++) {
-            int64_t c = keys->run_start[r] + i;
-            const char *kp = (const char *)keys->k + (size_t)c * (size_t)n * esz;
-            const char *vp = (const char *)keys->v + (size_t)c * (size_t)n * esz;
-            for (int h = 0; h < nq; h++) {
-                float z = kr->dot(qq + h * n, kp, n, keys->f16) * scale;
-                float *a = acc + h * n;
-                if (z > m[h]) {
-                    float corr = expf(m[h] - z);
-                    l[h] *= corr;
-                    kr->scale(a, corr, n);
-                    m[h] = z;
-                }
-                if (softpick) {
-                    float d = expf(z - m[h]) - expf(-m[h]);
-                    l[h] += fabsf(d);
-                    if (d > 0)
-                        kr->axpy(a, d, vp, n, keys->f16);
-                } else {
-                    float w = expf(z - m[h]);
-                    l[h] += w;
-                    kr->axpy(a, w, vp, n, keys->f16);
-                }
+    for (int64_t t0 = v0; t0 < v1;) {
+        int64_t t1 = (t0 / ATTN_TILE + 1) * ATTN_TILE;
+        if (t1 > v1)
+            t1 = v1;
+        const int nt = (int)(t1 - t0);
+        /* gather the tile's rows: visit index -> (run, cell) */
+        for (int i = 0; i < nt; i++) {
+            int64_t v = t0 + i, base = 0;
+            int r = 0;
+            while (v - base >= keys->run_len[r]) {
+                base += keys->run_len[r];
+                r++;
             }
+            const size_t c = (size_t)(keys->run_start[r] + v - base) * (size_t)n;
+            kr->to_f32(kf + i * n, (const char *)keys->k + c * esz, n, keys->f16);
+            kr->to_f32(vf + i * n, (const char *)keys->v + c * esz, n, keys->f16);
+            use_qc[i] = keys->run_uses_qc[r];
         }
-        base += keys->run_len[r];
+        /* sink keys (scored with qc) come first in visit order */
+        int n_qc = 0;
+        while (n_qc < nt && use_qc[n_qc])
+            n_qc++;
+        for (int h = 0; h < nq; h++) {
+            float *a = acc + h * n;
+            float bm = -INFINITY;
+            if (n_qc > 0)
+                kr->scores(z, qc + h * n, kf, n_qc, n, scale);
+            if (n_qc < nt)
+                kr->scores(z + n_qc, q + h * n, kf + (size_t)n_qc * (size_t)n, nt - n_qc, n, scale);
+            for (int i = 0; i < nt; i++)
+                bm = z[i] > bm ? z[i] : bm;
+            if (bm > m[h]) {
+                float corr = expf(m[h] - bm); /* 0 when m was -inf */
+                l[h] *= corr;
+                kr->scale(a, corr, n);
+                m[h] = bm;
+            }
+            kr->exp_sub(w, z, m[h], nt);
+            if (softpick) { /* weights relu(e^(z-m) - e^-m), denominator |.| */
+                const float e0 = expf(-m[h]);
+                for (int i = 0; i < nt; i++) {
+                    float d = w[i] - e0;
+                    l[h] += fabsf(d);
+                    w[i] = d > 0 ? d : 0.0f;
+                }
+            } else {
+                for (int i = 0; i < nt; i++)
+                    l[h] += w[i];
+            }
+            kr->accum(a, w, vf, nt, n);
+        }
+        t0 = t1;
     }
 }
 

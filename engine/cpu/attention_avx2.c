@@ -1,5 +1,6 @@
 /* attention_avx2.c: F16C + FMA row kernels for attention.c (attention.h). */
 #include <immintrin.h>
+#include <string.h>
 
 #include "attention.h"
 
@@ -60,4 +61,93 @@ void cpu__attn_scale_avx2(float *acc, float a, int n)
         _mm256_storeu_ps(acc + i, _mm256_mul_ps(va, _mm256_loadu_ps(acc + i)));
     for (; i < n; i++)
         acc[i] *= a;
+}
+
+void cpu__attn_to_f32_avx2(float *dst, const void *src, int64_t n, int f16)
+{
+    int64_t i = 0;
+    if (f16) {
+        const uint16_t *h = src;
+        for (; i + 8 <= n; i += 8)
+            _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
+        for (; i < n; i++)
+            dst[i] = _cvtsh_ss(h[i]);
+    } else {
+        memcpy(dst, src, (size_t)n * sizeof(float));
+    }
+}
+
+/* e^x for x <= 0 (the argument is always z - max): x = k ln2 + r with
+ * |r| <= ln2/2, e^r by a degree-6 polynomial (Taylor, remainder < 2e-7
+ * relative), 2^k by building the exponent. Below -87 the result is 0. */
+static inline __m256 exp256_nonpos(__m256 x)
+{
+    const __m256 lo = _mm256_set1_ps(-87.0f);
+    __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    x = _mm256_max_ps(x, lo);
+    __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    /* r = x - k ln2 in two steps (Cody-Waite) */
+    __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 720);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    __m256i e =
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+    __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+    return _mm256_andnot_ps(under, y);
+}
+
+void cpu__attn_exp_sub_avx2(float *w, const float *z, float m, int n)
+{
+    const __m256 vm = _mm256_set1_ps(m);
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(w + i, exp256_nonpos(_mm256_sub_ps(_mm256_loadu_ps(z + i), vm)));
+    if (i < n) {
+        float zt[8], wt[8];
+        int rem = n - i;
+        for (int j = 0; j < 8; j++)
+            zt[j] = j < rem ? z[i + j] : m;
+        _mm256_storeu_ps(wt, exp256_nonpos(_mm256_sub_ps(_mm256_loadu_ps(zt), vm)));
+        memcpy(w + i, wt, (size_t)rem * sizeof(float));
+    }
+}
+
+void cpu__attn_scores_avx2(float *z, const float *q, const float *kf, int nt, int n, float scale)
+{
+    for (int i = 0; i < nt; i++) {
+        const float *k = kf + (size_t)i * (size_t)n;
+        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+        int j = 0;
+        for (; j + 16 <= n; j += 16) {
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + j), _mm256_loadu_ps(k + j), a0);
+            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + j + 8), _mm256_loadu_ps(k + j + 8), a1);
+        }
+        for (; j + 8 <= n; j += 8)
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + j), _mm256_loadu_ps(k + j), a0);
+        float s = hsum(_mm256_add_ps(a0, a1));
+        for (; j < n; j++)
+            s += q[j] * k[j];
+        z[i] = s * scale;
+    }
+}
+
+void cpu__attn_accum_avx2(float *acc, const float *w, const float *vf, int nt, int n)
+{
+    int j = 0;
+    for (; j + 8 <= n; j += 8) { /* one accumulator per 8 dims, kept in a register */
+        __m256 a = _mm256_loadu_ps(acc + j);
+        for (int i = 0; i < nt; i++)
+            a = _mm256_fmadd_ps(_mm256_set1_ps(w[i]), _mm256_loadu_ps(vf + (size_t)i * n + j), a);
+        _mm256_storeu_ps(acc + j, a);
+    }
+    for (; j < n; j++)
+        for (int i = 0; i < nt; i++)
+            acc[j] += w[i] * vf[(size_t)i * n + j];
 }

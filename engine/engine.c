@@ -28,6 +28,7 @@
 #include "backend.h"
 #include "forward.h"
 #include "model.h"
+#include "probe.h"
 #include "queue.h"
 #include "tokenizer.h"
 
@@ -759,6 +760,27 @@ static void publish_stats(struct engine *e)
 
 /* ---- thread and lifecycle ----------------------------------------------- */
 
+/* The load-time sink probe (every slot is free now). */
+static void run_probe(struct engine *e)
+{
+    struct engine_model_info *in = &e->info;
+    int32_t ids[1024];
+    struct probe_result pr;
+    in->probe_sink_rate = in->probe_first_mass = -1.0f;
+    int64_t n = tok_encode(e->tok, probe_builtin_text, strlen(probe_builtin_text),
+                           tok_add_bos(e->tok), 0, ids, 1024);
+    if (n <= 0 || n > 1024 || probe_run(&e->fwd, ids, n, &pr) < 0)
+        return;
+    double mass = 0;
+    for (int i = 0; i < pr.n_layer * pr.n_head; i++)
+        mass += pr.mass1[i];
+    in->probe_sink_rate = pr.sink_rate;
+    in->probe_first_mass = (float)(mass / (pr.n_layer * pr.n_head));
+    in->probe_warning =
+        e->model.hp.normalizer != MODEL_NORM_SOFTMAX && pr.sink_rate > PROBE_WARN_RATE;
+    probe_free(&pr);
+}
+
 static int load(struct engine *e)
 {
     char *err = e->start_err;
@@ -837,6 +859,7 @@ static int load(struct engine *e)
     }
     in->bos = tok_bos(e->tok);
     in->eos = tok_eos(e->tok);
+    run_probe(e);
     e->stats.healthy = 1;
     e->stats.kv_bytes = (int64_t)(2 * kv_geometry_slot_bytes(&g) * (size_t)g.n_slots);
     return 0;

@@ -71,6 +71,14 @@ struct engine_model_info {
     int64_t max_seqs;
     const char *chat_template; /* tokenizer.chat_template or NULL; valid until engine_stop */
     int32_t bos, eos;
+    /* sink probe at load, on a built-in text (engine/probe.h): share of heads
+     * whose mean first-position attention mass exceeds 0.3, and the mean
+     * first-position mass over all heads; -1 if the probe could not run */
+    float probe_sink_rate;
+    float probe_first_mass;
+    /* 1 when the model is declared softmax1/sink/softpick (auto evicts
+     * freely) yet its sink rate is above 10%: window-only eviction may hurt */
+    int probe_warning;
 };
 
 #define ENGINE_MAX_STOP 4

@@ -229,6 +229,13 @@ size_t metrics_render(const struct metrics *m, const struct metrics_live *live,
             label(l1, sizeof l1, mi->name), label(l2, sizeof l2, mi->arch),
             label(l3, sizeof l3, mi->normalizer), label(l4, sizeof l4, mi->default_policy));
         gauge(&o, "streamsink_kv_window_tokens", "Window tokens per sequence", (double)mi->window);
+        gauge(&o, "streamsink_sink_probe_rate",
+              "Share of heads putting more than 0.3 of their attention on the first token "
+              "(load-time probe; -1 if it did not run)",
+              (double)mi->probe_sink_rate);
+        gauge(&o, "streamsink_sink_probe_first_token_mass",
+              "Mean attention mass on the first token over all heads (load-time probe)",
+              (double)mi->probe_first_mass);
     }
     return o.len;
 }

@@ -377,6 +377,15 @@ int server_cmd_serve(int argc, char **argv)
     s->info = engine_model_info(s->engine);
     model_id_from_path(s->model_id, sizeof s->model_id, s->cfg.model);
     api_chat_template_init(&s->chat, s->info->chat_template);
+    if (s->info->probe_sink_rate >= 0)
+        log_msg(LOG_INFO, "sink probe: %.0f%% of heads put more than 0.3 on the first token",
+                100.0 * s->info->probe_sink_rate);
+    if (s->info->probe_warning)
+        log_msg(LOG_WARN,
+                "this model is declared %s (auto evicts freely) but %.0f%% of its heads put more "
+                "than 0.3 of their attention on the first token: window-only eviction may hurt "
+                "it (streamsink probe shows the details; --kv-policy sinks:4 pins them)",
+                s->info->normalizer, 100.0 * s->info->probe_sink_rate);
     if (!s->chat.recognized)
         log_msg(LOG_WARN,
                 "the model's chat template is %s; chat messages are rendered as ChatML "

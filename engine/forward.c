@@ -77,6 +77,12 @@ int fwd_probe_enable(struct fwd *f)
     return f->probe ? 0 : -ENOMEM;
 }
 
+void fwd_probe_disable(struct fwd *f)
+{
+    free(f->probe);
+    f->probe = NULL;
+}
+
 /* Lays the inputs out as one batch of T tokens. */
 static int64_t build_batch(struct fwd *f, const struct fwd_input *in, int n_in,
                            struct fwd_batch *bt)

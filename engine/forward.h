@@ -36,8 +36,10 @@ struct fwd {
                       on each sequence's first positions (see fwd_probe_enable) */
 };
 
-/* Makes every later step record the sink probe into f->probe. */
+/* Makes every later step record the sink probe into f->probe (the probe
+ * takes a slower per-head attention path), until fwd_probe_disable. */
 int fwd_probe_enable(struct fwd *f);
+void fwd_probe_disable(struct fwd *f);
 
 /* Sets up the pool (geometry g) and the backend's KV storage. */
 int fwd_init(struct fwd *f, const struct model *m, struct backend *b, const struct kv_geometry *g,

@@ -38,8 +38,10 @@ int probe_run(struct fwd *f, const int32_t *ids, int64_t n, struct probe_result 
     if (fwd_probe_enable(f) < 0)
         return -ENOMEM;
     int64_t slot;
-    if (kv_pool_acquire(&f->pool, &slot) < 0)
+    if (kv_pool_acquire(&f->pool, &slot) < 0) {
+        fwd_probe_disable(f);
         return -EBUSY;
+    }
     out->n_layer = L;
     out->n_head = H;
     out->mass1 = calloc((size_t)L * H, sizeof(float));
@@ -94,6 +96,7 @@ int probe_run(struct fwd *f, const int32_t *ids, int64_t n, struct probe_result 
     out->sink_rate = (float)sinks / (float)(L * H);
 done:
     free(acc);
+    fwd_probe_disable(f); /* later steps take the fast attention path again */
     kv_pool_release(&f->pool, slot);
     if (rc < 0)
         probe_free(out);

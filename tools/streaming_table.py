@@ -38,7 +38,7 @@ def main():
     rows = []
     dense = load(out, "dense")
     lines = ["| window | policy | tokens scored | perplexity | on recompute's tokens | "
-             "vs recompute | KV bytes | tokens/s |", "|---|---|---|---|---|---|---|---|"]
+             "vs recompute there | KV bytes | tokens/s |", "|---|---|---|---|---|---|---|---|"]
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.5), sharey=True)
     for ax, w in zip(axes, (256, 1024)):
         rec = load(out, "recompute-%d" % w)
@@ -50,28 +50,33 @@ def main():
         for label, d in runs:
             if d is None:
                 continue
-            common = [d["by_pos"][p] for p in rec_pos if p in d["by_pos"]]
-            cp = ppl(common) if len(common) == len(rec_pos) and rec_pos else float("nan")
-            ratio = cp / rec_ppl if rec_pos and not math.isnan(cp) else float("nan")
-            lines.append("| %d | %s | %d | %.3f | %s | %s | %s | %.1f |" % (
+            # compare on the tokens both scored (dense stops at the context)
+            both = [p for p in rec_pos if p in d["by_pos"]]
+            cp = ppl([d["by_pos"][p] for p in both]) if both else float("nan")
+            rp = ppl([rec["by_pos"][p] for p in both]) if both else float("nan")
+            ratio = cp / rp if both else float("nan")
+            lines.append("| %d | %s | %d | %.3f | %s | %s | %s | %.2f |" % (
                 w, label + (" (context %d)" % d["window"] if label == "dense" else ""),
                 len(d["nll"]), d["perplexity"],
-                "%.3f" % cp if not math.isnan(cp) else "n/a",
-                "%.2fx" % ratio if not math.isnan(ratio) else "n/a",
+                "%.3f (%d tok)" % (cp, len(both)) if both else "n/a",
+                "%.2fx" % ratio if both else "n/a",
                 "{:,}".format(d["kv_bytes"]), d["tokens_per_s"]))
-            # perplexity per 512-token bin against position
+            # perplexity per 512-token bin against position; recompute scored
+            # only every stride-th token, so its bins are 2048 tokens wide
+            width = 2048 if label == "recompute" else 512
             bins = {}
             for p, v in zip(d["positions"], d["nll"]):
-                bins.setdefault(p // 512, []).append(v)
+                bins.setdefault(p // width, []).append(v)
             xs = sorted(bins)
-            ax.plot([512 * b + 256 for b in xs], [ppl(bins[b]) for b in xs], label=label,
+            ax.plot([width * b + width // 2 for b in xs], [ppl(bins[b]) for b in xs],
+                    label=label + (" (2048-token bins)" if width == 2048 else ""),
                     marker="o" if label == "recompute" else None, markersize=3)
         ax.set_yscale("log")
         ax.set_title("SmolLM2-135M, KJV Bible, window %d" % w)
         ax.set_xlabel("token position")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend()
-    axes[0].set_ylabel("perplexity per 512-token bin (log scale)")
+    axes[0].set_ylabel("perplexity per bin (log scale)")
     fig.tight_layout()
     fig.savefig(os.path.join(out, "ppl.png"), dpi=110)
     with open(os.path.join(out, "table.md"), "w") as f:

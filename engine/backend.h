@@ -44,6 +44,7 @@ struct backend_acts { /* activation buffers, sized for max_tokens rows */
     float *hb;        /* (T, F) gate */
     float *hb2;       /* (T, F) up */
     float *xo;        /* (n_out, D) rows gathered for the output head */
+    float *logits;    /* (max_tokens, V) HOST rows the logits op writes (pinned on CUDA) */
 };
 
 struct backend;
@@ -85,6 +86,10 @@ struct backend_ops {
     void (*logits)(struct backend *b, const struct tensor *W, const float *xo, float *host_logits);
     /* waits for the step; returns 0 or -EIO if anything in it failed */
     int (*sync)(struct backend *b);
+    /* Synchronous copies of n floats between host memory and activation
+     * memory, for tests and tools; only between steps (after sync). 0 or -EIO. */
+    int (*copy_in)(struct backend *b, float *dst, const float *host_src, int64_t n);
+    int (*copy_out)(struct backend *b, float *host_dst, const float *src, int64_t n);
 };
 
 struct backend {
@@ -103,5 +108,35 @@ struct backend_cpu_config {
 /* Creates the CPU backend for model m. Returns 0 or -errno with a message. */
 int backend_cpu_init(struct backend *b, const struct model *m, const struct backend_cpu_config *c,
                      char *err, size_t err_len);
+
+/* CUDA backend (engine/cuda/): weights dequantized once to FP16 on the device,
+ * projections through cuBLAS, fused attention kernels, CUDA graphs for decode
+ * steps. Built when CMake finds nvcc; otherwise backend_cuda_init says so. */
+struct backend_cuda_config {
+    int device;         /* CUDA device ordinal */
+    int64_t max_tokens; /* largest T of a step */
+    int use_graphs;     /* 1: replay decode steps as CUDA graphs (default in backend_init) */
+};
+int backend_cuda_init(struct backend *b, const struct model *m, const struct backend_cuda_config *c,
+                      char *err, size_t err_len);
+/* CUDA devices usable by this build: 0 without CUDA support or without a GPU. */
+int backend_cuda_device_count(void);
+/* Benchmarks: device-to-device cudaMemcpy of `bytes`, median of reps; returns
+ * the memory traffic (bytes read + bytes written) per second in GB/s, or -1. */
+double backend_cuda_copy_gbps(int device, size_t bytes, int reps);
+
+/* Picking a backend by name (--backend): "cpu" or "cuda". */
+enum backend_kind { BACKEND_CPU = 0, BACKEND_CUDA };
+int backend_kind_parse(const char *s, enum backend_kind *out);
+const char *backend_kind_name(enum backend_kind k);
+struct backend_config {
+    enum backend_kind kind;
+    int n_threads;        /* CPU */
+    int64_t max_tokens;   /* largest T of a step */
+    int reference_matmul; /* CPU: f32 products (tests) */
+    int cuda_device;      /* CUDA */
+};
+int backend_init(struct backend *b, const struct model *m, const struct backend_config *c,
+                 char *err, size_t err_len);
 
 #endif

@@ -115,8 +115,9 @@ int cli_local_open(struct cli_local *c, const struct cli_local_config *cfg)
         cli_local_close(c);
         return ENGINE_EXIT_MODEL;
     }
-    struct backend_cpu_config bc = {.n_threads = cfg->n_threads, .max_tokens = cfg->max_tokens};
-    rc = backend_cpu_init(&c->backend, &c->model, &bc, err, sizeof err);
+    struct backend_config bc = {
+        .kind = cfg->backend, .n_threads = cfg->n_threads, .max_tokens = cfg->max_tokens};
+    rc = backend_init(&c->backend, &c->model, &bc, err, sizeof err);
     if (rc < 0) {
         fprintf(stderr, "error: %s\n", err);
         cli_local_close(c);

@@ -25,6 +25,7 @@ struct cli_local {
 struct cli_local_config {
     const char *model_path;
     int n_threads;
+    enum backend_kind backend;
     int64_t max_tokens; /* largest chunk per step */
     int64_t n_sinks;    /* sink cells per slot */
     int64_t window;     /* window cells per slot */

@@ -36,6 +36,7 @@ static void usage(FILE *f)
                "      --stride K       recompute only: score every K-th token (default 1)\n"
                "      --json FILE      write the results and every token's NLL as JSON\n"
                "  -t, --threads N      CPU threads (default 2)\n"
+               "      --backend B      cpu or cuda (default cpu)\n"
                "      --kv-f32         f32 KV cache (default f16)\n"
                "      --no-progress    no progress bar even on a terminal\n"
                "  -h, --help           this text\n");
@@ -59,6 +60,7 @@ int engine_cmd_perplexity(int argc, char **argv)
     const char *model = cli_default_model(), *text_path = NULL, *json = NULL;
     const char *policy_s = "auto";
     char policy_buf[32];
+    enum backend_kind backend = BACKEND_CPU;
     int64_t window = 1024, max_tokens = 0, bin = 512, threads = 2, sinks = -1, stride = 1;
     int kv_f32 = 0, no_progress = 0, window_set = 0;
 
@@ -90,6 +92,11 @@ int engine_cmd_perplexity(int argc, char **argv)
             ok = cli_parse_i64(a, v, 1, (int64_t)1 << 30, &bin) == 0, i++;
         } else if (cli_flag(a, "-t", "--threads")) {
             ok = cli_parse_i64(a, v, 1, 256, &threads) == 0, i++;
+        } else if (cli_flag(a, NULL, "--backend")) {
+            ok = v && backend_kind_parse(v, &backend) == 0;
+            if (v && !ok)
+                fprintf(stderr, "error: --backend expects cpu or cuda, got '%s'\n", v);
+            i++;
         } else if (cli_flag(a, NULL, "--kv-f32")) {
             kv_f32 = ok = 1;
         } else if (cli_flag(a, NULL, "--no-progress")) {
@@ -137,6 +144,7 @@ int engine_cmd_perplexity(int argc, char **argv)
     struct cli_local_config cfg = {
         .model_path = model,
         .n_threads = (int)threads,
+        .backend = backend,
         .max_tokens = is_rec ? window : 1,
         .n_sinks =
             kv_policy_sinks(&pol) > KV_DEFAULT_SINKS ? kv_policy_sinks(&pol) : KV_DEFAULT_SINKS,

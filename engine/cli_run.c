@@ -26,6 +26,7 @@ static void usage(FILE *f)
            "  -n, --n-predict N         tokens to generate (default 128; stops early at EOS\n"
            "                            unless --ignore-eos)\n"
            "  -t, --threads N           CPU threads (default 2)\n"
+           "      --backend B           cpu or cuda (default cpu)\n"
            "      --temp X              temperature; 0 is greedy (default 0)\n"
            "      --top-k N             keep the N most likely tokens (default 0: off)\n"
            "      --top-p X             nucleus sampling mass (default 1: off)\n"
@@ -50,6 +51,7 @@ int engine_cmd_run(int argc, char **argv)
     int64_t n_predict = 128, threads = 2, chunk = 256, ctx = 0, keep = 0;
     struct kv_policy policy = {KV_POLICY_DENSE, 0};
     int ignore_eos = 0, no_bos = 0, kv_f32 = 0;
+    enum backend_kind backend = BACKEND_CPU;
     struct sampler_params sp = sampler_default_params();
     sp.temperature = 0.0f;
 
@@ -71,6 +73,11 @@ int engine_cmd_run(int argc, char **argv)
             ok = cli_parse_i64(a, v, 0, (int64_t)1 << 40, &n_predict) == 0, i++;
         } else if (cli_flag(a, "-t", "--threads")) {
             ok = cli_parse_i64(a, v, 1, 256, &threads) == 0, i++;
+        } else if (cli_flag(a, NULL, "--backend")) {
+            ok = v && backend_kind_parse(v, &backend) == 0;
+            if (v && !ok)
+                fprintf(stderr, "error: --backend expects cpu or cuda, got '%s'\n", v);
+            i++;
         } else if (cli_flag(a, NULL, "--temp")) {
             ok = cli_parse_f32(a, v, 0, 100, &sp.temperature) == 0, i++;
         } else if (cli_flag(a, NULL, "--top-k")) {
@@ -142,6 +149,7 @@ int engine_cmd_run(int argc, char **argv)
     struct cli_local_config cfg = {
         .model_path = model,
         .n_threads = (int)threads,
+        .backend = backend,
         .max_tokens = chunk,
         .n_sinks = kv_policy_sinks(&policy) > KV_DEFAULT_SINKS ? kv_policy_sinks(&policy)
                                                                : KV_DEFAULT_SINKS,

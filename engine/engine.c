@@ -794,9 +794,10 @@ static int load(struct engine *e)
     const struct model_hparams *hp = &e->model.hp;
     if (e->cfg.window <= 0 || e->cfg.window > hp->n_ctx_train)
         e->cfg.window = hp->n_ctx_train;
-    struct backend_cpu_config bc = {.n_threads = e->cfg.n_threads,
-                                    .max_tokens = e->cfg.max_step_tokens};
-    rc = backend_cpu_init(&e->backend, &e->model, &bc, err, el);
+    struct backend_config bc = {.kind = e->cfg.backend,
+                                .n_threads = e->cfg.n_threads,
+                                .max_tokens = e->cfg.max_step_tokens};
+    rc = backend_init(&e->backend, &e->model, &bc, err, el);
     if (rc < 0)
         return rc;
     e->have_backend = 1;

@@ -38,6 +38,7 @@ int engine_cmd_calibrate(int argc, char **argv);
  * events out, by value. Connections are found by id.
  */
 
+#include "backend.h"
 #include "kvcache.h"
 #include "sampler.h"
 
@@ -45,7 +46,8 @@ struct engine; /* opaque */
 
 struct engine_config {
     const char *model_path;
-    int n_threads;           /* CPU backend threads */
+    int n_threads; /* CPU backend threads */
+    enum backend_kind backend;
     int64_t max_seqs;        /* KV slots: sequences (and sessions) resident at once */
     int64_t max_queue;       /* requests waiting for a slot before 429 (0: none wait) */
     int64_t window;          /* W: window tokens per sequence (0: model context) */

@@ -42,7 +42,7 @@ int fwd_init(struct fwd *f, const struct model *m, struct backend *b, const stru
     f->out_rows = calloc(T, sizeof *f->out_rows);
     f->view = calloc(T, sizeof *f->view);
     f->seq = calloc(T, sizeof *f->seq);
-    f->logits = calloc(T * (size_t)m->hp.n_vocab, sizeof(float));
+    f->logits = b->acts.logits; /* the backend's host rows (pinned on CUDA) */
     if (!f->tokens || !f->pos || !f->slot || !f->cell || !f->out_rows || !f->view || !f->seq ||
         !f->logits) {
         snprintf(err, err_len, "forward: out of memory");
@@ -62,7 +62,6 @@ void fwd_free(struct fwd *f)
     free(f->out_rows);
     free(f->view);
     free(f->seq);
-    free(f->logits);
     free(f->probe);
     memset(f, 0, sizeof *f);
 }

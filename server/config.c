@@ -45,6 +45,8 @@ static const struct opt opts[] = {
      "KV slots: sequences and sessions resident at once"},
     {"--max-queue", NULL, OPT_I64, OFF(max_queue), "16", 0, 1e6, "N",
      "requests that wait for a slot; beyond it: 429 with Retry-After"},
+    {"--backend", NULL, OPT_STR, OFF(backend), "cpu", 0, 0, "B",
+     "cpu | cuda (CUDA: weights in FP16 on GPU 0, fused attention kernels)"},
     {"--threads", "-t", OPT_I64, OFF(threads), "2", 1, 256, "N", "CPU backend threads"},
     {"--chunk", NULL, OPT_I64, OFF(chunk), "256", 1, 65536, "N",
      "prompt tokens one sequence prefills per step"},

@@ -25,6 +25,7 @@ struct server_config {
     int64_t max_seqs;
     int64_t max_queue;
     int64_t threads;
+    const char *backend;
     int64_t chunk;
     int64_t max_step_tokens;
     int64_t max_prompt;

@@ -279,6 +279,10 @@ static int engine_config_from(const struct server_config *cfg, struct engine_con
     *ec = engine_default_config();
     ec->model_path = cfg->model;
     ec->n_threads = (int)cfg->threads;
+    if (backend_kind_parse(cfg->backend, &ec->backend) < 0) {
+        fprintf(stderr, "error: --backend expects cpu or cuda, got '%s'\n", cfg->backend);
+        return -EINVAL;
+    }
     ec->max_seqs = cfg->max_seqs;
     ec->max_queue = cfg->max_queue;
     ec->window = cfg->window;
@@ -302,7 +306,8 @@ static int exit_code_for_start(int rc, const char *path)
 {
     if (access(path, R_OK) != 0)
         return ENGINE_EXIT_MODEL;
-    return rc == -ENOMEM || rc == -EAGAIN ? ENGINE_EXIT_RUNTIME : ENGINE_EXIT_MODEL;
+    return rc == -ENOMEM || rc == -EAGAIN || rc == -ENODEV || rc == -ENOSYS ? ENGINE_EXIT_RUNTIME
+                                                                            : ENGINE_EXIT_MODEL;
 }
 
 int server_cmd_serve(int argc, char **argv)

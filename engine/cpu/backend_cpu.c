@@ -63,7 +63,7 @@ static void cpu_free(struct backend *b)
     }
     struct backend_acts *a = &b->acts;
     float **bufs[] = {&a->x, &a->xb,  &a->xb2, &a->q,   &a->qc, &a->k,
-                      &a->v, &a->att, &a->hb,  &a->hb2, &a->xo};
+                      &a->v, &a->att, &a->hb,  &a->hb2, &a->xo, &a->logits};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
         free(*bufs[i]);
         *bufs[i] = NULL;
@@ -430,6 +430,13 @@ static int cpu_sync(struct backend *b)
     return 0;
 }
 
+static int cpu_copy(struct backend *b, float *dst, const float *src, int64_t n)
+{
+    (void)b;
+    memcpy(dst, src, (size_t)n * sizeof(float));
+    return 0;
+}
+
 static const struct backend_ops cpu_ops = {
     .name = "cpu",
     .free = cpu_free,
@@ -446,6 +453,8 @@ static const struct backend_ops cpu_ops = {
     .gather = cpu_gather,
     .logits = cpu_logits,
     .sync = cpu_sync,
+    .copy_in = cpu_copy,
+    .copy_out = cpu_copy,
 };
 
 int backend_cpu_init(struct backend *b, const struct model *m, const struct backend_cpu_config *cfg,
@@ -486,6 +495,7 @@ int backend_cpu_init(struct backend *b, const struct model *m, const struct back
     a->hb = xalloc(T * F * 4);
     a->hb2 = xalloc(T * F * 4);
     a->xo = xalloc(T * D * 4);
+    a->logits = xalloc(T * (size_t)hp->n_vocab * 4);
     c->cs_abs = xalloc(T * (size_t)hp->rope_dim * 4);
     c->cs_cache = xalloc(T * (size_t)hp->rope_dim * 4);
     size_t kmax = D > F ? D : F;
@@ -496,7 +506,7 @@ int backend_cpu_init(struct backend *b, const struct model *m, const struct back
     c->act_cap = (T > (size_t)cfg->n_threads ? T : (size_t)cfg->n_threads) * kmax * 4;
     c->act = xalloc(c->act_cap);
     if (!a->x || !a->xb || !a->xb2 || !a->q || !a->qc || !a->k || !a->v || !a->att || !a->hb ||
-        !a->hb2 || !a->xo || !c->cs_abs || !c->cs_cache || !c->act)
+        !a->hb2 || !a->xo || !a->logits || !c->cs_abs || !c->cs_cache || !c->act)
         goto oom;
     return 0;
 oom:

@@ -167,6 +167,43 @@ __global__ void rmsnorm_kernel(const float *x, const float *w, float *out, __hal
     }
 }
 
+/* x += y, then out = rmsnorm(x) * w: the residual add and the next block's
+ * norm in one pass over x (forward.c's add + rmsnorm pair). The same float
+ * operations as add_kernel followed by rmsnorm_kernel. */
+__global__ void add_rmsnorm_kernel(float *x, const float *y, const float *w, float *out,
+                                   __half *out_h, int D, float eps)
+{
+    __shared__ float part[32];
+    const int64_t t = blockIdx.x;
+    float *xr = x + t * D;
+    const float *yr = y + t * D;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < D; i += blockDim.x) {
+        const float v = xr[i] + yr[i];
+        xr[i] = v;
+        ss += v * v;
+    }
+    for (int o = 16; o > 0; o >>= 1)
+        ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if ((threadIdx.x & 31) == 0)
+        part[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float s = threadIdx.x < (blockDim.x >> 5) ? part[threadIdx.x] : 0.0f;
+        for (int o = 16; o > 0; o >>= 1)
+            s += __shfl_xor_sync(0xffffffffu, s, o);
+        if (threadIdx.x == 0)
+            part[0] = s;
+    }
+    __syncthreads();
+    const float inv = rsqrtf(part[0] / (float)D + eps);
+    for (int i = threadIdx.x; i < D; i += blockDim.x) {
+        const float o = xr[i] * inv * w[i];
+        out[t * D + i] = o;
+        out_h[t * D + i] = __float2half_rn(o);
+    }
+}
+
 /* q -> q at the absolute position and qc at the in-cache one; k at the
  * absolute position. Pairwise (adjacent) layout; pairs past rope_dim copy. */
 __global__ void rope_kernel(float *q, float *qc, float *k, const float *cs_abs,
@@ -625,7 +662,19 @@ static int issue_step(struct backend *b)
     c->h16_of = NULL;
     CUDA_TRY(cudaMemcpyAsync(c->dmeta, c->hmeta, c->ml.total, cudaMemcpyHostToDevice, c->stream));
     for (int i = 0; i < c->n_cmds; i++) {
-        rc = issue(b, &c->cmds[i]);
+        const struct cmd *k = &c->cmds[i], *nx = i + 1 < c->n_cmds ? &c->cmds[i + 1] : NULL;
+        if (k->op == CMD_ADD && nx && nx->op == CMD_RMSNORM && nx->a == k->d &&
+            nx->rows == k->rows && nx->d != k->d && nx->d != k->a) {
+            /* fused: one pass over the residual stream instead of two */
+            add_rmsnorm_kernel<<<(unsigned)k->rows, 256, 0, c->stream>>>(
+                (float *)k->d, (const float *)k->a, (const float *)nx->b, (float *)nx->d, c->h16,
+                (int)nx->K, b->model->hp.norm_eps);
+            CUDA_TRY(cudaGetLastError());
+            c->h16_of = (const float *)nx->d;
+            i++;
+            continue;
+        }
+        rc = issue(b, k);
         if (rc < 0)
             return rc;
     }

@@ -4,6 +4,7 @@ class, and a server that keeps serving everyone else."""
 
 import json
 import socket
+import subprocess
 import time
 
 import openai
@@ -181,3 +182,20 @@ def test_busy_session_is_409(client):
         client.completions.create(model="smol", prompt="More", max_tokens=1,
                                   extra_body={"session_id": "busy-1"})
     stream.close()
+
+
+def test_backend_flag_is_checked_before_serving(binary, model):
+    """--backend: an unknown name is a usage error (exit 2); cuda where the
+    build or the machine has none is a runtime error (exit 1) that says why.
+    Neither leaves a server behind."""
+    bad = subprocess.run([binary, "serve", "-m", model, "--port", "0", "--backend", "gpu"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2
+    assert "--backend expects cpu or cuda" in bad.stderr
+    cuda = subprocess.run([binary, "run", "-m", model, "-p", "hi", "-n", "1", "--backend", "cuda"],
+                          capture_output=True, text=True, timeout=120)
+    if cuda.returncode == 0:
+        pytest.skip("this machine has a GPU and a CUDA build: nothing to refuse")
+    assert cuda.returncode == 1
+    assert "cuda backend:" in cuda.stderr
+    assert ("no CUDA support" in cuda.stderr) or ("no CUDA device" in cuda.stderr)

@@ -218,13 +218,7 @@ int engine_cmd_perplexity(int argc, char **argv)
             goto out;
         }
         const float *lg = L.fwd.logits;
-        float mx = lg[0];
-        for (int64_t v = 1; v < V; v++)
-            mx = lg[v] > mx ? lg[v] : mx;
-        double sum = 0;
-        for (int64_t v = 0; v < V; v++)
-            sum += exp((double)(lg[v] - mx));
-        nll[n_done] = (double)mx + log(sum) - (double)lg[ids[t + 1]];
+        nll[n_done] = sampler_logsumexp(lg, V) - (double)lg[ids[t + 1]];
         pos[n_done] = t;
         nll_sum += nll[n_done++];
         if (show && (n_done % 64 == 1 || t + stride >= n_score))

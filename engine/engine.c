@@ -615,13 +615,7 @@ static void after_logits(struct engine *e, struct seq *s, float *lg)
     ev.kind = ENGINE_EV_TOKEN;
     float lse = 0;
     if (s->req.logprobs || s->req.top_logprobs > 0) {
-        float mx = lg[0];
-        for (int64_t v = 1; v < V; v++)
-            mx = lg[v] > mx ? lg[v] : mx;
-        double sum = 0;
-        for (int64_t v = 0; v < V; v++)
-            sum += exp((double)(lg[v] - mx));
-        lse = mx + (float)log(sum);
+        lse = (float)sampler_logsumexp(lg, V);
         memcpy(e->scratch, lg, (size_t)V * sizeof(float));
         if (s->req.top_logprobs > 0)
             top_logprobs(lg, V, s->req.top_logprobs, lse, &ev);

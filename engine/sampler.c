@@ -212,3 +212,14 @@ int32_t sampler_sample(struct sampler *s, float *logits, float *prob)
         *prob = (float)(s->probs[choice] / cum);
     return choice;
 }
+
+double sampler_logsumexp(const float *logits, int64_t n)
+{
+    float mx = logits[0];
+    for (int64_t v = 1; v < n; v++)
+        mx = logits[v] > mx ? logits[v] : mx;
+    double sum = 0;
+    for (int64_t v = 0; v < n; v++)
+        sum += exp((double)(logits[v] - mx));
+    return (double)mx + log(sum);
+}

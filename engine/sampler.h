@@ -45,5 +45,8 @@ void sampler_accept(struct sampler *s, int32_t token);
 /* Picks the next token. logits (V) is modified (penalties, temperature). If
  * prob is non-NULL it gets the chosen token's probability after the filters. */
 int32_t sampler_sample(struct sampler *s, float *logits, float *prob);
+/* log Σ_v e^logits[v] over n logits (max-shifted, summed in double): a
+ * token's log-probability is logits[t] - sampler_logsumexp(logits, n). */
+double sampler_logsumexp(const float *logits, int64_t n);
 
 #endif

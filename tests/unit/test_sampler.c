@@ -28,6 +28,26 @@ static int argmax(const float *lg)
     return b;
 }
 
+TEST(logsumexp_matches_a_direct_sum_and_survives_large_logits)
+{
+    /* small logits: the direct sum in double is exact enough to compare */
+    float lg[5] = {0.5f, -1.25f, 2.0f, 0.0f, -3.5f};
+    double direct = 0;
+    for (int i = 0; i < 5; i++)
+        direct += exp((double)lg[i]);
+    ASSERT(fabs(sampler_logsumexp(lg, 5) - log(direct)) < 1e-12);
+    /* large logits: e^1000 overflows a direct sum; shifting by any c must move
+     * the result by exactly c */
+    float big[5];
+    for (int i = 0; i < 5; i++)
+        big[i] = lg[i] + 1000.0f;
+    double r = sampler_logsumexp(big, 5);
+    ASSERT(isfinite(r));
+    ASSERT(fabs(r - 1000.0 - log(direct)) < 1e-4);
+    /* one token: its own logit */
+    ASSERT(sampler_logsumexp(lg + 2, 1) == 2.0);
+}
+
 TEST(greedy_and_single_token_filters_pick_the_argmax)
 {
     struct sampler s;

@@ -27,7 +27,10 @@
 #   SESSIONS ["1 8 32"]  TOKENS [4096]  REQUESTS [1] (streamed requests per session)
 #   POLICIES ["window sinks:4 dense recompute"]  WINDOW [1024]  THREADS [nproc]
 #   STREAMSINK [build/streamsink]  MODEL [$STREAMSINK_MODEL or the fetch-model.sh cache]
-#   PY [.venv/bin/python]  TIME_LIMIT [3600 s per run]  EXTRA_SERVE_ARGS [""]
+#   PY [.venv/bin/python]  TIME_LIMIT [3600 s per run, also each request's limit]
+#   EXTRA_SERVE_ARGS [""]
+#   RESUME [0]: 1 keeps OUT/runs.tsv and skips every (policy, sessions) row it
+#               already has (a long comparison can be continued after a stop)
 #
 # Cost: 32 sessions x 4096 tokens is 131k tokens per policy; at 100-300
 # tokens/s on 2 cores that is 7-20 minutes per policy, about an hour for the
@@ -57,9 +60,13 @@ DENSE_MARGIN=64   # prompt (about 30 tokens) + follow-up prompts + the pending t
 [ -x "$STREAMSINK" ] || { echo "policy_compare: no binary at $STREAMSINK (scripts/build.sh)" >&2; exit 2; }
 [ -f "$MODEL" ] || { echo "policy_compare: no model at $MODEL (scripts/fetch-model.sh)" >&2; exit 2; }
 [ -x "$PY" ] || PY=python3
+RESUME=${RESUME:-0}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
-: > "$OUT/runs.tsv"   # policy, sessions, tokens asked, tokens per session, json or refusal, load
+# runs.tsv: policy, sessions, tokens asked, tokens per session, json or refusal, load
+[ "$RESUME" = 1 ] && [ -f "$OUT/runs.tsv" ] || : >"$OUT/runs.tsv"
+done_before() { [ "$RESUME" = 1 ] && awk -F'\t' -v p="$1" -v n="$2" \
+  '$1 == p && $2 == n { f = 1 } END { exit !f }' "$OUT/runs.tsv"; }
 
 max_sessions=1
 for n in $SESSIONS; do [ "$n" -gt "$max_sessions" ] && max_sessions=$n; done
@@ -116,6 +123,9 @@ for policy in $POLICIES; do
   tag=${policy//:/}
   case "$policy" in
     recompute)
+      if done_before "$policy" "$(echo $SESSIONS | cut -d' ' -f1)"; then
+        continue
+      fi
       # The server refuses it; record exactly what it says, at start and per request.
       start_msg="" req_msg=""
       if start_server "$OUT/$tag-serve.log" --kv-policy recompute --max-seqs 1; then
@@ -152,6 +162,10 @@ PYEOF
     *) serve_args=(--kv-policy "$policy" --window "$WINDOW") ;;
   esac
   for n in $SESSIONS; do
+    if done_before "$policy" "$n"; then
+      echo "policy_compare: $policy with $n sessions: in runs.tsv already (RESUME=1)" >&2
+      continue
+    fi
     log="$OUT/$tag-$n-serve.log"
     if ! start_server "$log" "${serve_args[@]}" --max-seqs "$n"; then
       echo "policy_compare: $policy with $n sessions: the server did not start:" >&2
@@ -178,7 +192,7 @@ for l in urllib.request.urlopen(sys.argv[1], timeout=30).read().decode().splitli
     "$PY" tools/loadgen.py run --base-url "http://127.0.0.1:$PORT/v1" --sessions "$n" \
       --tokens "$tokens" --requests-per-session "$REQUESTS" --extra-requests 64 \
       --session-mode streamsink --session-prefix "$tag-$n" --label "$policy" \
-      --time-limit "$TIME_LIMIT" --json "$json" || true
+      --time-limit "$TIME_LIMIT" --request-timeout "$TIME_LIMIT" --json "$json" || true
     stop_server
     printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$policy" "$n" "$TOKENS" "$tokens" "$json" "$load" \
       >>"$OUT/runs.tsv"

@@ -54,6 +54,60 @@ int cli_parse_f32(const char *flag, const char *s, float lo, float hi, float *ou
     return 0;
 }
 
+int cli_parse(int argc, char **argv, const struct cli_opt *opts, int n_opts, const char *cmd,
+              void (*usage)(FILE *))
+{
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (cli_flag(a, "-h", "--help")) {
+            usage(stdout);
+            return ENGINE_EXIT_OK;
+        }
+        const struct cli_opt *o = NULL;
+        for (int k = 0; k < n_opts && !o; k++)
+            if (cli_flag(a, opts[k].shrt, opts[k].lng))
+                o = &opts[k];
+        if (!o) {
+            fprintf(stderr, "error: unknown flag '%s' (see streamsink %s --help)\n", a, cmd);
+            return ENGINE_EXIT_USAGE;
+        }
+        if (o->seen)
+            *o->seen = 1;
+        if (o->kind == CLI_BOOL) {
+            *(int *)o->dst = 1;
+            continue;
+        }
+        const char *v = i + 1 < argc ? argv[++i] : NULL;
+        if (!v) {
+            fprintf(stderr, "error: %s needs a value\n", a);
+            return ENGINE_EXIT_USAGE;
+        }
+        int ok = 1;
+        switch (o->kind) {
+        case CLI_STR:
+            *(const char **)o->dst = v;
+            break;
+        case CLI_I64: /* hi >= 2^63 (as a double) means INT64_MAX */
+            ok = cli_parse_i64(a, v, (int64_t)o->lo, o->hi >= 9.2e18 ? INT64_MAX : (int64_t)o->hi,
+                               o->dst) == 0;
+            break;
+        case CLI_F32:
+            ok = cli_parse_f32(a, v, (float)o->lo, (float)o->hi, o->dst) == 0;
+            break;
+        case CLI_BACKEND:
+            ok = backend_kind_parse(v, o->dst) == 0;
+            if (!ok)
+                fprintf(stderr, "error: %s expects cpu or cuda, got '%s'\n", a, v);
+            break;
+        case CLI_BOOL:
+            break;
+        }
+        if (!ok)
+            return ENGINE_EXIT_USAGE;
+    }
+    return -1;
+}
+
 int cli_flag(const char *a, const char *s, const char *l)
 {
     return (s && strcmp(a, s) == 0) || strcmp(a, l) == 0;

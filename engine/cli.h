@@ -7,6 +7,7 @@
 #define SS_CLI_H
 
 #include <stdint.h>
+#include <stdio.h>
 
 #include "backend.h"
 #include "forward.h"
@@ -45,6 +46,28 @@ void cli_local_warn_sinks(struct cli_local *c);
 
 /* Default model path: $STREAMSINK_MODEL or the cache path of scripts/fetch-model.sh. */
 const char *cli_default_model(void);
+
+/* One flag of a command's table (cli_parse). */
+enum cli_opt_kind {
+    CLI_STR,     /* const char ** */
+    CLI_I64,     /* int64_t *, in [lo, hi] */
+    CLI_F32,     /* float *, in [lo, hi] */
+    CLI_BOOL,    /* int *: set to 1, takes no value */
+    CLI_BACKEND, /* enum backend_kind *: cpu | cuda */
+};
+struct cli_opt {
+    const char *shrt; /* "-m", or NULL */
+    const char *lng;  /* "--model" */
+    enum cli_opt_kind kind;
+    void *dst;
+    double lo, hi;
+    int *seen; /* NULL, or set to 1 when the flag is given */
+};
+/* Parses argv[1..] against a command's table (-h/--help print usage to
+ * stdout). Returns -1 when every flag parsed, ENGINE_EXIT_OK after help, or
+ * ENGINE_EXIT_USAGE after one message naming the bad flag. */
+int cli_parse(int argc, char **argv, const struct cli_opt *opts, int n_opts, const char *cmd,
+              void (*usage)(FILE *));
 
 /* Parses a flag value; print an error and return -1 when invalid. */
 int cli_parse_i64(const char *flag, const char *s, int64_t lo, int64_t hi, int64_t *out);

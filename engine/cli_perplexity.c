@@ -64,53 +64,24 @@ int engine_cmd_perplexity(int argc, char **argv)
     int64_t window = 1024, max_tokens = 0, bin = 512, threads = 2, sinks = -1, stride = 1;
     int kv_f32 = 0, no_progress = 0, window_set = 0;
 
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int ok = 0;
-        if (cli_flag(a, "-h", "--help")) {
-            usage(stdout);
-            return ENGINE_EXIT_OK;
-        } else if (cli_flag(a, "-m", "--model")) {
-            model = v, ok = v != NULL, i++;
-        } else if (cli_flag(a, NULL, "--text")) {
-            text_path = v, ok = v != NULL, i++;
-        } else if (cli_flag(a, NULL, "--policy")) {
-            policy_s = v, ok = v != NULL, i++;
-        } else if (cli_flag(a, NULL, "--json")) {
-            json = v, ok = v != NULL, i++;
-        } else if (cli_flag(a, NULL, "--window")) {
-            ok = cli_parse_i64(a, v, 1, (int64_t)1 << 32, &window) == 0, i++;
-            window_set = 1;
-        } else if (cli_flag(a, NULL, "--sinks")) {
-            ok = cli_parse_i64(a, v, 0, KV_MAX_SINKS, &sinks) == 0, i++;
-        } else if (cli_flag(a, NULL, "--max-tokens")) {
-            ok = cli_parse_i64(a, v, 1, (int64_t)1 << 40, &max_tokens) == 0, i++;
-        } else if (cli_flag(a, NULL, "--stride")) {
-            ok = cli_parse_i64(a, v, 1, 1 << 20, &stride) == 0, i++;
-        } else if (cli_flag(a, NULL, "--bin")) {
-            ok = cli_parse_i64(a, v, 1, (int64_t)1 << 30, &bin) == 0, i++;
-        } else if (cli_flag(a, "-t", "--threads")) {
-            ok = cli_parse_i64(a, v, 1, 256, &threads) == 0, i++;
-        } else if (cli_flag(a, NULL, "--backend")) {
-            ok = v && backend_kind_parse(v, &backend) == 0;
-            if (v && !ok)
-                fprintf(stderr, "error: --backend expects cpu or cuda, got '%s'\n", v);
-            i++;
-        } else if (cli_flag(a, NULL, "--kv-f32")) {
-            kv_f32 = ok = 1;
-        } else if (cli_flag(a, NULL, "--no-progress")) {
-            no_progress = ok = 1;
-        } else {
-            fprintf(stderr, "error: unknown flag '%s' (see streamsink perplexity --help)\n", a);
-            return ENGINE_EXIT_USAGE;
-        }
-        if (!ok) {
-            if (!v)
-                fprintf(stderr, "error: %s needs a value\n", a);
-            return ENGINE_EXIT_USAGE;
-        }
-    }
+    const struct cli_opt opts[] = {
+        {"-m", "--model", CLI_STR, &model, 0, 0, NULL},
+        {NULL, "--text", CLI_STR, &text_path, 0, 0, NULL},
+        {NULL, "--policy", CLI_STR, &policy_s, 0, 0, NULL},
+        {NULL, "--json", CLI_STR, &json, 0, 0, NULL},
+        {NULL, "--window", CLI_I64, &window, 1, (double)((int64_t)1 << 32), &window_set},
+        {NULL, "--sinks", CLI_I64, &sinks, 0, KV_MAX_SINKS, NULL},
+        {NULL, "--max-tokens", CLI_I64, &max_tokens, 1, (double)((int64_t)1 << 40), NULL},
+        {NULL, "--stride", CLI_I64, &stride, 1, 1 << 20, NULL},
+        {NULL, "--bin", CLI_I64, &bin, 1, (double)((int64_t)1 << 30), NULL},
+        {"-t", "--threads", CLI_I64, &threads, 1, 256, NULL},
+        {NULL, "--backend", CLI_BACKEND, &backend, 0, 0, NULL},
+        {NULL, "--kv-f32", CLI_BOOL, &kv_f32, 0, 0, NULL},
+        {NULL, "--no-progress", CLI_BOOL, &no_progress, 0, 0, NULL},
+    };
+    int prc = cli_parse(argc, argv, opts, (int)(sizeof opts / sizeof opts[0]), "perplexity", usage);
+    if (prc >= 0)
+        return prc;
     if (!text_path) {
         fprintf(stderr, "error: --text FILE is required\n");
         return ENGINE_EXIT_USAGE;

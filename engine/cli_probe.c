@@ -35,33 +35,16 @@ int engine_cmd_probe(int argc, char **argv)
 {
     const char *model = cli_default_model(), *text_path = NULL, *json = NULL;
     int64_t max_tok = 1024, threads = 2;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int ok = 0;
-        if (cli_flag(a, "-h", "--help")) {
-            usage(stdout);
-            return ENGINE_EXIT_OK;
-        } else if (cli_flag(a, "-m", "--model")) {
-            model = v, ok = v != NULL, i++;
-        } else if (cli_flag(a, NULL, "--text")) {
-            text_path = v, ok = v != NULL, i++;
-        } else if (cli_flag(a, NULL, "--json")) {
-            json = v, ok = v != NULL, i++;
-        } else if (cli_flag(a, NULL, "--tokens")) {
-            ok = cli_parse_i64(a, v, PROBE_MIN_CTX + 1, 1 << 20, &max_tok) == 0, i++;
-        } else if (cli_flag(a, "-t", "--threads")) {
-            ok = cli_parse_i64(a, v, 1, 256, &threads) == 0, i++;
-        } else {
-            fprintf(stderr, "error: unknown flag '%s' (see streamsink probe --help)\n", a);
-            return ENGINE_EXIT_USAGE;
-        }
-        if (!ok) {
-            if (!v)
-                fprintf(stderr, "error: %s needs a value\n", a);
-            return ENGINE_EXIT_USAGE;
-        }
-    }
+    const struct cli_opt opts[] = {
+        {"-m", "--model", CLI_STR, &model, 0, 0, NULL},
+        {NULL, "--text", CLI_STR, &text_path, 0, 0, NULL},
+        {NULL, "--json", CLI_STR, &json, 0, 0, NULL},
+        {NULL, "--tokens", CLI_I64, &max_tok, PROBE_MIN_CTX + 1, 1 << 20, NULL},
+        {"-t", "--threads", CLI_I64, &threads, 1, 256, NULL},
+    };
+    int prc = cli_parse(argc, argv, opts, (int)(sizeof opts / sizeof opts[0]), "probe", usage);
+    if (prc >= 0)
+        return prc;
     char *text = NULL;
     size_t len;
     if (text_path) {

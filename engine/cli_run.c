@@ -16,7 +16,8 @@ static void usage(FILE *f)
     fprintf(
         f, "usage: streamsink run [-m FILE] -p PROMPT [-n N] [options]\n"
            "\n"
-           "Runs one prompt through the model on the CPU and streams the text to stdout.\n"
+           "Runs one prompt through the model (CPU, or CUDA with --backend cuda) and streams\n"
+           "the text to stdout.\n"
            "Prompt and decode speeds are printed to stderr.\n"
            "\n"
            "  -m, --model FILE          GGUF model (default: $STREAMSINK_MODEL or the model\n"
@@ -55,74 +56,40 @@ int engine_cmd_run(int argc, char **argv)
     struct sampler_params sp = sampler_default_params();
     sp.temperature = 0.0f;
 
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int64_t iv;
-        int ok = 0;
-        if (cli_flag(a, "-h", "--help")) {
-            usage(stdout);
-            return ENGINE_EXIT_OK;
-        } else if (cli_flag(a, "-m", "--model")) {
-            model = v, ok = v != NULL, i++;
-        } else if (cli_flag(a, "-p", "--prompt")) {
-            prompt = v, ok = v != NULL, i++;
-        } else if (cli_flag(a, "-f", "--file")) {
-            file = v, ok = v != NULL, i++;
-        } else if (cli_flag(a, "-n", "--n-predict")) {
-            ok = cli_parse_i64(a, v, 0, (int64_t)1 << 40, &n_predict) == 0, i++;
-        } else if (cli_flag(a, "-t", "--threads")) {
-            ok = cli_parse_i64(a, v, 1, 256, &threads) == 0, i++;
-        } else if (cli_flag(a, NULL, "--backend")) {
-            ok = v && backend_kind_parse(v, &backend) == 0;
-            if (v && !ok)
-                fprintf(stderr, "error: --backend expects cpu or cuda, got '%s'\n", v);
-            i++;
-        } else if (cli_flag(a, NULL, "--temp")) {
-            ok = cli_parse_f32(a, v, 0, 100, &sp.temperature) == 0, i++;
-        } else if (cli_flag(a, NULL, "--top-k")) {
-            ok = cli_parse_i64(a, v, 0, 1 << 30, &sp.top_k) == 0, i++;
-        } else if (cli_flag(a, NULL, "--top-p")) {
-            ok = cli_parse_f32(a, v, 1e-6f, 1, &sp.top_p) == 0, i++;
-        } else if (cli_flag(a, NULL, "--min-p")) {
-            ok = cli_parse_f32(a, v, 0, 1, &sp.min_p) == 0, i++;
-        } else if (cli_flag(a, NULL, "--repeat-penalty")) {
-            ok = cli_parse_f32(a, v, 1e-3f, 100, &sp.repeat_penalty) == 0, i++;
-        } else if (cli_flag(a, NULL, "--presence-penalty")) {
-            ok = cli_parse_f32(a, v, -2, 2, &sp.presence_penalty) == 0, i++;
-        } else if (cli_flag(a, NULL, "--frequency-penalty")) {
-            ok = cli_parse_f32(a, v, -2, 2, &sp.frequency_penalty) == 0, i++;
-        } else if (cli_flag(a, NULL, "--penalty-last-n")) {
-            ok = cli_parse_i64(a, v, 0, 1 << 20, &sp.penalty_last_n) == 0, i++;
-        } else if (cli_flag(a, NULL, "--seed")) {
-            ok = cli_parse_i64(a, v, 0, INT64_MAX, &iv) == 0, i++;
-            sp.seed = (uint64_t)iv;
-        } else if (cli_flag(a, NULL, "--chunk")) {
-            ok = cli_parse_i64(a, v, 1, 1 << 16, &chunk) == 0, i++;
-        } else if (cli_flag(a, NULL, "--prompt-tokens")) {
-            ok = cli_parse_i64(a, v, 1, (int64_t)1 << 40, &keep) == 0, i++;
-        } else if (cli_flag(a, NULL, "--kv-policy")) {
-            ok = v && kv_policy_parse(v, &policy) == 0 && policy.kind != KV_POLICY_RECOMPUTE;
-            if (v && !ok)
-                fprintf(stderr, "error: --kv-policy '%s' (dense, window, sinks:N or auto)\n", v);
-            i++;
-        } else if (cli_flag(a, NULL, "--ctx")) {
-            ok = cli_parse_i64(a, v, 1, (int64_t)1 << 32, &ctx) == 0, i++;
-        } else if (cli_flag(a, NULL, "--kv-f32")) {
-            kv_f32 = ok = 1;
-        } else if (cli_flag(a, NULL, "--ignore-eos")) {
-            ignore_eos = ok = 1;
-        } else if (cli_flag(a, NULL, "--no-bos")) {
-            no_bos = ok = 1;
-        } else {
-            fprintf(stderr, "error: unknown flag '%s' (see streamsink run --help)\n", a);
-            return ENGINE_EXIT_USAGE;
-        }
-        if (!ok) {
-            if (!v)
-                fprintf(stderr, "error: %s needs a value\n", a);
-            return ENGINE_EXIT_USAGE;
-        }
+    const char *policy_s = NULL;
+    int64_t seed = 0;
+    const struct cli_opt opts[] = {
+        {"-m", "--model", CLI_STR, &model, 0, 0, NULL},
+        {"-p", "--prompt", CLI_STR, &prompt, 0, 0, NULL},
+        {"-f", "--file", CLI_STR, &file, 0, 0, NULL},
+        {"-n", "--n-predict", CLI_I64, &n_predict, 0, (double)((int64_t)1 << 40), NULL},
+        {"-t", "--threads", CLI_I64, &threads, 1, 256, NULL},
+        {NULL, "--backend", CLI_BACKEND, &backend, 0, 0, NULL},
+        {NULL, "--temp", CLI_F32, &sp.temperature, 0, 100, NULL},
+        {NULL, "--top-k", CLI_I64, &sp.top_k, 0, 1 << 30, NULL},
+        {NULL, "--top-p", CLI_F32, &sp.top_p, 1e-6, 1, NULL},
+        {NULL, "--min-p", CLI_F32, &sp.min_p, 0, 1, NULL},
+        {NULL, "--repeat-penalty", CLI_F32, &sp.repeat_penalty, 1e-3, 100, NULL},
+        {NULL, "--presence-penalty", CLI_F32, &sp.presence_penalty, -2, 2, NULL},
+        {NULL, "--frequency-penalty", CLI_F32, &sp.frequency_penalty, -2, 2, NULL},
+        {NULL, "--penalty-last-n", CLI_I64, &sp.penalty_last_n, 0, 1 << 20, NULL},
+        {NULL, "--seed", CLI_I64, &seed, 0, (double)INT64_MAX, NULL},
+        {NULL, "--chunk", CLI_I64, &chunk, 1, 1 << 16, NULL},
+        {NULL, "--prompt-tokens", CLI_I64, &keep, 1, (double)((int64_t)1 << 40), NULL},
+        {NULL, "--kv-policy", CLI_STR, &policy_s, 0, 0, NULL},
+        {NULL, "--ctx", CLI_I64, &ctx, 1, (double)((int64_t)1 << 32), NULL},
+        {NULL, "--kv-f32", CLI_BOOL, &kv_f32, 0, 0, NULL},
+        {NULL, "--ignore-eos", CLI_BOOL, &ignore_eos, 0, 0, NULL},
+        {NULL, "--no-bos", CLI_BOOL, &no_bos, 0, 0, NULL},
+    };
+    int prc = cli_parse(argc, argv, opts, (int)(sizeof opts / sizeof opts[0]), "run", usage);
+    if (prc >= 0)
+        return prc;
+    sp.seed = (uint64_t)seed;
+    if (policy_s &&
+        (kv_policy_parse(policy_s, &policy) < 0 || policy.kind == KV_POLICY_RECOMPUTE)) {
+        fprintf(stderr, "error: --kv-policy '%s' (dense, window, sinks:N or auto)\n", policy_s);
+        return ENGINE_EXIT_USAGE;
     }
     char *file_text = NULL;
     size_t plen = 0;

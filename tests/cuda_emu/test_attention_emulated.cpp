@@ -1,0 +1,717 @@
+/*
+ * test_attention_emulated.cpp: the real CUDA attention kernels
+ * (engine/cuda/attention_kernels.cuh) run on the CPU through the execution
+ * model emulation of cuda_emu.h, against the CPU reference attention
+ * (engine/cpu/attention.c, cpu_attention_row). No GPU and no CUDA toolkit
+ * needed: this is what holds the kernels to the CPU where
+ * tests/invariants/test_cuda_matches_cpu.c skips.
+ *
+ * Shapes: Dh 16 and 64 with G = H/Hkv 2 and 3 (under three schedules, see
+ * below), and Dh 32 / G 1, Dh 128 / G 8, Dh 256 / G 3 (forward schedule).
+ * What runs, per (Dh, G, KV type f16/f32, normalizer):
+ * - one layer (layer 1 of 2, Hkv = 2) of a step built exactly as
+ *   cuda_begin_step builds it (runs of >= PREFILL_MIN_RUN consecutive tokens
+ *   of one sequence go to prefill tiles of att_tile_tokens(Dh, G) tokens, the
+ *   rest are decode tokens), with cuda_attn_args filled as issue_attention
+ *   fills it, launched with attention.cu's shapes: prefill, then split-K +
+ *   merge, then the probe;
+ * - geometry S_max = 4, W_max = 300, chunk 32 (ring 332), n_split = 3;
+ * - scenario "main": B window-only at position 1e9 with 200 tokens decodes 1
+ *   (2 splits); A sinks:4 with 420 tokens (its window wrapped the ring)
+ *   prefills 20 (tiles 16 + 4 where Dh allows); C dense with 9 tokens
+ *   decodes 1;
+ * - scenario "wrap": F sinks:4 with 500 tokens decodes 1 (304 keys: 3
+ *   splits, window wrapped); E sinks:4 from position 5 prefills 24 tokens
+ *   whose cells wrap around the ring inside the run; D sinks:4 from position
+ *   7 with 2 tokens decodes 3 (the first two see zero window keys); S
+ *   sinks:4 prefills its first 6 tokens (rows with sinks only, different
+ *   sink counts in one tile); W window-only from 3e9+7 with 298 tokens
+ *   prefills 5 (the window starts sliding inside the tile).
+ * K/V cells that no stored token owns hold NaN, so a kernel that reads a cell
+ * it must not read fails; the output, stats, partial-state and probe buffers
+ * start as NaN with guard zones around them. main() also fails if one of the
+ * cases listed above (3 splits, zero window keys, wraps, mixed sink counts,
+ * partial and split tiles, positions past 2^31) was not reached.
+ *
+ * Checks, each printed as "emu-vs-cpu NAME REL" (REL = max |emu - cpu| over
+ * max |cpu|, infinite on NaN):
+ * - NAME.decode / NAME.prefill: the attention output rows of the decode and
+ *   prefill tokens against cpu_attention_row for every (token, head), with
+ *   attn_keys built like backend_cpu.c's keys_for;
+ * - NAME.probe: the probe kernel's weights (from the stats the attention
+ *   kernels left) against attention_probe_task's (weights on the sequence's
+ *   first BACKEND_PROBE_K positions, 0 where a position left the cache);
+ * - NAME.out_h: the f16 copy is exactly __float2half_rn(out) (REL is the
+ *   number of mismatching values, must be 0);
+ * - "emu-vs-emu NAME.reverse|shuffle REL": the same launches under other
+ *   legal thread schedules give bit-identical out, out_h, stats and probe
+ *   (REL is the number of differing values, must be 0): a race on shared
+ *   memory would show here.
+ *
+ * Tolerance 1e-4 (as test_cuda_matches_cpu.c's TOL_ATTN): both sides read the
+ * same f16 (or f32) K/V and the same q/qc and compute in f32; they differ only
+ * in the order of the float sums (8-wide partial dots and shuffle trees vs a
+ * sequential dot; per-split and per-32-key-tile rescaling vs per key) over at
+ * most 304 keys and Dh <= 256 terms, i.e. a few float ulps times sqrt of the
+ * term counts, ~1e-6 of the output's scale. A wrong key, mask, scale or
+ * normalizer term moves the output by far more than 1e-4.
+ *
+ * Exit 0 when all pass, 1 on a mismatch; the emulator aborts on a deadlock,
+ * divergent barrier, misaligned vector access or shared-memory overflow, and
+ * a watchdog aborts after 240 s.
+ */
+#include "cuda_emu.h"
+
+#include "cuda/kernel_args.cuh"
+/* The kernels in their own namespace: when the build has CUDA, ss_engine's
+ * attention.cu host stubs carry the global names. */
+namespace emuk
+{
+#include "cuda/attention_kernels.cuh"
+}
+#define restrict __restrict__
+extern "C" {
+#include "cpu/attention.h"
+#include "kvcache.h"
+}
+#undef restrict
+
+#include <string>
+
+#define PREFILL_MIN_RUN 4 /* engine/cuda/backend_cuda.cu */
+#define TOL_ATTN 1e-4
+#define GUARD 64
+
+static int g_failures, g_checks;
+static double g_max_dec, g_max_pre, g_max_probe; /* largest errors, for the summary */
+
+/* The cases the scenarios are meant to reach; main() fails if one never
+ * happens (a change of geometry or tile size must not drop them silently). */
+enum {
+    COV_DEC_3_SPLITS,      /* a decode token with > 2 * CUDA_ATT_SPLIT keys */
+    COV_DEC_ZERO_WINDOW,   /* a decode token that sees sinks only */
+    COV_DEC_WINDOW_WRAPS,  /* a decode token whose window wraps the ring */
+    COV_TILE_STORE_WRAPS,  /* a prefill tile whose own cells wrap the ring */
+    COV_TILE_WINDOW_WRAPS, /* a prefill token whose window wraps the ring */
+    COV_TILE_MIXED_SINKS,  /* tokens with different sink counts in one tile */
+    COV_TILE_PARTIAL,      /* a tile with fewer than tile_tokens tokens */
+    COV_RUN_SPLIT,         /* a run cut into several tiles */
+    COV_FAR_POSITION,      /* positions past 2^31 */
+    COV_N
+};
+static const char *const cov_name[COV_N] = {"decode token with 3 splits",
+                                            "decode token with zero window keys",
+                                            "decode window wrapping the ring",
+                                            "prefill tile storing across the ring's end",
+                                            "prefill window wrapping the ring",
+                                            "prefill tile with mixed sink counts",
+                                            "partial prefill tile",
+                                            "run of several prefill tiles",
+                                            "positions past 2^31"};
+static bool g_cov[COV_N];
+
+/* ---- deterministic random numbers ------------------------------------------------------------ */
+
+static uint64_t g_rng = 0x5eed5eed12345678ull;
+static double urand()
+{
+    return (double)(cuda_emu::splitmix(g_rng) >> 11) * 0x1p-53;
+}
+static float nrand(double sigma)
+{
+    double u1 = urand(), u2 = urand();
+    if (u1 < 1e-300)
+        u1 = 1e-300;
+    return (float)(sigma * sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+/* ---- KV element helpers ---------------------------------------------------------------------- */
+
+template <typename KV> KV kv_from(float x);
+template <> __half kv_from<__half>(float x)
+{
+    return __float2half_rn(x);
+}
+template <> float kv_from<float>(float x)
+{
+    return x;
+}
+template <typename KV> KV kv_nan();
+template <> __half kv_nan<__half>()
+{
+    __half h;
+    h.x = 0x7e00;
+    return h;
+}
+template <> float kv_nan<float>()
+{
+    return NAN;
+}
+template <typename KV> const char *kv_name();
+template <> const char *kv_name<__half>()
+{
+    return "f16";
+}
+template <> const char *kv_name<float>()
+{
+    return "f32";
+}
+
+/* A buffer with guard zones on both sides (filled with `fill`). */
+template <typename T> struct guarded {
+    std::vector<T> mem;
+    size_t n;
+    T fill;
+    guarded(size_t n_, T fill_) : mem(n_ + 2 * GUARD, fill_), n(n_), fill(fill_)
+    {
+    }
+    T *data()
+    {
+        return mem.data() + GUARD;
+    }
+    const T *data() const
+    {
+        return mem.data() + GUARD;
+    }
+    T &operator[](size_t i)
+    {
+        return data()[i];
+    }
+    const T &operator[](size_t i) const
+    {
+        return data()[i];
+    }
+    bool guards_ok() const
+    {
+        for (size_t i = 0; i < GUARD; i++)
+            if (memcmp(&mem[i], &fill, sizeof(T)) || memcmp(&mem[GUARD + n + i], &fill, sizeof(T)))
+                return false;
+        return true;
+    }
+};
+
+/* ---- comparisons ----------------------------------------------------------------------------- */
+
+static double rel_err(const std::vector<float> &a, const std::vector<float> &b)
+{
+    double d = 0, mx = 0;
+    for (size_t i = 0; i < a.size(); i++) {
+        double e = fabs((double)a[i] - (double)b[i]);
+        if (std::isnan(e))
+            return INFINITY;
+        d = e > d ? e : d;
+        mx = fabs((double)b[i]) > mx ? fabs((double)b[i]) : mx;
+    }
+    return mx > 0 ? d / mx : d;
+}
+
+static void check(const std::string &name, double rel, double tol, const char *what = "emu-vs-cpu")
+{
+    g_checks++;
+    printf("%s %s %.3g\n", what, name.c_str(), rel);
+    if (!(rel <= tol)) {
+        g_failures++;
+        fprintf(stderr, "FAIL: %s %s: %.3g exceeds %.3g\n", what, name.c_str(), rel, tol);
+    }
+}
+
+static void require(bool ok, const std::string &what)
+{
+    if (!ok) {
+        fprintf(stderr, "FAIL: %s\n", what.c_str());
+        g_failures++;
+    }
+}
+
+/* ---- scenarios ------------------------------------------------------------------------------- */
+
+struct seq_spec {
+    const char *name;
+    kv_policy_kind kind;
+    int64_t n_sinks;
+    int64_t pos_first;
+    int64_t n_prior; /* tokens already stored */
+    int64_t n_step;  /* tokens this step, consecutive */
+};
+
+struct scenario {
+    const char *name;
+    std::vector<seq_spec> seqs; /* batch order: each sequence's tokens together */
+};
+
+static const std::vector<scenario> &scenarios()
+{
+    static const std::vector<scenario> s = {
+        {"main",
+         {
+             {"B", KV_POLICY_WINDOW, 0, 1000000000, 200, 1},
+             {"A", KV_POLICY_SINKS, 4, 0, 420, 20},
+             {"C", KV_POLICY_DENSE, 0, 0, 9, 1},
+         }},
+        {"wrap",
+         {
+             {"F", KV_POLICY_SINKS, 4, 0, 500, 1},
+             {"E", KV_POLICY_SINKS, 4, 5, 320, 24},
+             {"D", KV_POLICY_SINKS, 4, 7, 2, 3},
+             {"S", KV_POLICY_SINKS, 4, 1000, 0, 6},
+             {"W", KV_POLICY_WINDOW, 0, 3000000007, 298, 5},
+         }},
+    };
+    return s;
+}
+
+static const char *norm_name(int n)
+{
+    switch (n) {
+    case MODEL_NORM_SOFTMAX:
+        return "softmax";
+    case MODEL_NORM_SOFTMAX1:
+        return "softmax1";
+    case MODEL_NORM_SINK:
+        return "sink";
+    default:
+        return "softpick";
+    }
+}
+
+/* ---- one step of one layer ------------------------------------------------------------------- */
+
+#define N_LAYER 2
+#define LAYER 1
+#define HKV 2
+#define S_MAX 4
+#define W_MAX 300
+#define CHUNK 32
+
+template <typename KV, int DH> struct rig {
+    int G, H;
+    const scenario &sc;
+    kv_geometry geo;
+    cuda_kv_geo kgeo;
+    int64_t T = 0;
+    std::vector<KV> kmem, vmem;
+    std::vector<kv_seq> seqs;
+    std::vector<int64_t> pos;
+    std::vector<int> seq_of; /* token -> index in seqs */
+    std::vector<kv_view> view;
+    std::vector<float> q, qc;
+    std::vector<cuda_tok> tok;
+    std::vector<int32_t> dec;
+    std::vector<cuda_tile> tiles;
+    int n_split, tile_tokens;
+
+    rig(int G_, const scenario &sc_) : G(G_), H(HKV * G_), sc(sc_)
+    {
+        memset(&geo, 0, sizeof geo);
+        geo.n_layer = N_LAYER;
+        geo.n_kv_head = HKV;
+        geo.head_dim = DH;
+        geo.n_sinks = S_MAX;
+        geo.window = W_MAX;
+        geo.chunk = CHUNK;
+        geo.n_slots = (int64_t)sc.seqs.size();
+        geo.dtype = std::is_same<KV, __half>::value ? KV_DTYPE_F16 : KV_DTYPE_F32;
+        /* as cuda_kv_alloc */
+        kgeo.cells = kv_geometry_cells(&geo);
+        kgeo.per_head = kgeo.cells * DH;
+        kgeo.per_layer = kgeo.per_head * HKV;
+        kgeo.per_slot = kgeo.per_layer * N_LAYER;
+        n_split = (int)((geo.n_sinks + geo.window + CUDA_ATT_SPLIT - 1) / CUDA_ATT_SPLIT);
+        tile_tokens = emuk::att_tile_tokens(DH, G);
+        require(kv_geometry_slot_bytes(&geo) == (size_t)kgeo.per_slot * sizeof(KV),
+                "slot bytes match the kernels' strides");
+        require(kv_geometry_offset(&geo, 1, 1, 1, 5) ==
+                    (size_t)(kgeo.per_slot + kgeo.per_layer + kgeo.per_head + 5 * DH),
+                "kv_geometry_offset matches the kernels' strides");
+        const size_t n = (size_t)kgeo.per_slot * geo.n_slots;
+        kmem.assign(n, kv_nan<KV>());
+        vmem.assign(n, kv_nan<KV>());
+
+        /* the sequences' history, then the step's own K/V (attends to itself) */
+        seqs.resize(sc.seqs.size());
+        for (size_t i = 0; i < sc.seqs.size(); i++) {
+            const seq_spec &sp = sc.seqs[i];
+            kv_policy pol = {sp.kind, sp.n_sinks};
+            if (kv_seq_init(&seqs[i], &geo, (int64_t)i, pol, W_MAX, sp.pos_first) != 0) {
+                fprintf(stderr, "kv_seq_init failed for %s\n", sp.name);
+                exit(1);
+            }
+            for (int64_t p = sp.pos_first; p < sp.pos_first + sp.n_prior; p++)
+                store(i, p);
+            kv_seq_advance(&seqs[i], sp.n_prior);
+            if (kv_seq_can_append(&seqs[i], &geo, sp.n_step) != 0) {
+                fprintf(stderr, "kv_seq_can_append refused %s\n", sp.name);
+                exit(1);
+            }
+        }
+        for (size_t i = 0; i < sc.seqs.size(); i++) {
+            const seq_spec &sp = sc.seqs[i];
+            for (int64_t k = 0; k < sp.n_step; k++) {
+                const int64_t p = sp.pos_first + sp.n_prior + k;
+                store(i, p);
+                pos.push_back(p);
+                seq_of.push_back((int)i);
+            }
+        }
+        for (size_t i = 0; i < sc.seqs.size(); i++)
+            kv_seq_advance(&seqs[i], sc.seqs[i].n_step);
+        T = (int64_t)pos.size();
+        for (int64_t t = 0; t < T; t++)
+            view.push_back(kv_seq_view(&seqs[seq_of[t]], pos[t]));
+
+        q.resize((size_t)T * H * DH);
+        qc.resize(q.size());
+        for (auto &x : q)
+            x = nrand(1.5);
+        for (auto &x : qc)
+            x = nrand(1.5);
+
+        /* cuda_begin_step's metadata */
+        tok.resize(T);
+        for (int64_t t = 0; t < T; t++) {
+            const kv_seq &s = seqs[seq_of[t]];
+            cuda_tok &k = tok[t];
+            memset(&k, 0, sizeof k);
+            k.slot = s.slot;
+            k.cell = kv_seq_cell(&s, pos[t]);
+            k.n_sinks = view[t].n_sinks;
+            k.win_start = view[t].win_start;
+            k.win_len = view[t].win_len;
+            k.ring = s.ring;
+            k.sink_base = s.sink_base;
+            k.pos_first = s.pos_first;
+            k.token = (int32_t)t;
+        }
+        for (int64_t t = 0; t < T;) {
+            int64_t e = t + 1;
+            while (e < T && seq_of[e] == seq_of[t] && pos[e] == pos[e - 1] + 1)
+                e++;
+            if (e - t >= PREFILL_MIN_RUN) {
+                for (int64_t f = t; f < e; f += tile_tokens) {
+                    int64_t n = e - f < tile_tokens ? e - f : tile_tokens;
+                    tiles.push_back(cuda_tile{(int32_t)f, (int32_t)n});
+                }
+            } else {
+                for (int64_t f = t; f < e; f++)
+                    dec.push_back((int32_t)f);
+            }
+            t = e;
+        }
+        coverage();
+    }
+
+    static bool window_wraps(const cuda_tok &k)
+    {
+        return k.win_len > 0 && k.win_start % k.ring + k.win_len > k.ring;
+    }
+
+    void coverage() const
+    {
+        for (int32_t d : dec) {
+            const cuda_tok &k = tok[d];
+            g_cov[COV_DEC_3_SPLITS] |= k.n_sinks + k.win_len > 2 * CUDA_ATT_SPLIT;
+            g_cov[COV_DEC_ZERO_WINDOW] |= k.win_len == 0;
+            g_cov[COV_DEC_WINDOW_WRAPS] |= window_wraps(k);
+        }
+        for (size_t i = 0; i < tiles.size(); i++) {
+            const cuda_tile &tl = tiles[i];
+            g_cov[COV_TILE_PARTIAL] |= tl.count < tile_tokens;
+            if (i > 0 && seq_of[tiles[i - 1].first] == seq_of[tl.first])
+                g_cov[COV_RUN_SPLIT] = true;
+            for (int j = 0; j < tl.count; j++) {
+                const cuda_tok &k = tok[tl.first + j];
+                g_cov[COV_TILE_WINDOW_WRAPS] |= window_wraps(k);
+                if (j > 0) {
+                    g_cov[COV_TILE_STORE_WRAPS] |= k.cell < tok[tl.first + j - 1].cell;
+                    g_cov[COV_TILE_MIXED_SINKS] |= k.n_sinks != tok[tl.first].n_sinks;
+                }
+            }
+        }
+        for (int64_t p : pos)
+            g_cov[COV_FAR_POSITION] |= p > INT32_MAX;
+    }
+
+    /* random K and V for position p of sequence i, every layer and kv head */
+    void store(size_t i, int64_t p)
+    {
+        const int64_t cell = kv_seq_cell(&seqs[i], p);
+        for (int l = 0; l < N_LAYER; l++)
+            for (int g = 0; g < HKV; g++) {
+                const size_t o = kv_geometry_offset(&geo, seqs[i].slot, l, g, cell);
+                for (int e = 0; e < DH; e++) {
+                    kmem[o + e] = kv_from<KV>(nrand(1.0));
+                    vmem[o + e] = kv_from<KV>(nrand(1.0));
+                }
+            }
+    }
+
+    bool is_decode(int64_t t) const
+    {
+        return std::find(dec.begin(), dec.end(), (int32_t)t) != dec.end();
+    }
+
+    /* The CPU reference: attention_probe_task for every (token, head). */
+    void reference(int norm, const float *sinks, std::vector<float> &out,
+                   std::vector<float> &probe) const
+    {
+        attn_kernels kr;
+        cpu_attention_kernels(&kr, 0);
+        const float scale = 1.0f / sqrtf((float)DH);
+        out.assign((size_t)T * H * DH, 0.0f);
+        probe.assign((size_t)T * H * BACKEND_PROBE_K, 0.0f);
+        for (int64_t t = 0; t < T; t++) {
+            const kv_view *vw = &view[t];
+            const kv_seq *seq = &seqs[seq_of[t]];
+            for (int h = 0; h < H; h++) {
+                /* keys_for */
+                const size_t base = kv_geometry_offset(&geo, seq->slot, LAYER, h / G, 0);
+                attn_keys keys;
+                memset(&keys, 0, sizeof keys);
+                keys.k = kmem.data() + base;
+                keys.v = vmem.data() + base;
+                keys.f16 = std::is_same<KV, __half>::value;
+                keys.head_dim = DH;
+                keys.run_start[0] = 0;
+                keys.run_len[0] = vw->n_sinks;
+                keys.run_uses_qc[0] = 1;
+                int64_t c0 = vw->win_start % seq->ring;
+                int64_t len1 = vw->win_len < seq->ring - c0 ? vw->win_len : seq->ring - c0;
+                keys.run_start[1] = seq->sink_base + c0;
+                keys.run_len[1] = len1;
+                keys.run_start[2] = seq->sink_base;
+                keys.run_len[2] = vw->win_len - len1;
+                /* attention_probe_task */
+                float visit_w[ATTN_PROBE_K];
+                int64_t lim = seq->pos_first + BACKEND_PROBE_K;
+                keys.probe = visit_w;
+                keys.probe_n = vw->n_sinks;
+                if (vw->win_len > 0 && vw->win_start < lim)
+                    keys.probe_n +=
+                        lim - vw->win_start < vw->win_len ? lim - vw->win_start : vw->win_len;
+                const int64_t off = (t * H + h) * DH;
+                cpu_attention_row(&kr, q.data() + off, qc.data() + off, &keys, scale,
+                                  (model_normalizer)norm, sinks ? sinks[h] : 0.0f,
+                                  out.data() + off);
+                float *pr = probe.data() + (t * H + h) * BACKEND_PROBE_K;
+                for (int64_t v = 0; v < keys.probe_n && v < ATTN_PROBE_K; v++) {
+                    int64_t rel =
+                        v < vw->n_sinks ? v : vw->win_start - seq->pos_first + v - vw->n_sinks;
+                    if (rel < BACKEND_PROBE_K)
+                        pr[rel] = visit_w[v];
+                }
+            }
+        }
+    }
+
+    struct result {
+        std::vector<float> out, stats, probe;
+        std::vector<uint16_t> out_h;
+    };
+
+    /* The emulated kernels, launched as attention.cu launches them. */
+    result emulate(int norm, const float *sinks, const std::string &name)
+    {
+        const float fnan = NAN;
+        __half hnan;
+        hnan.x = 0xffff;
+        const int n_dec = (int)dec.size(), n_tiles = (int)tiles.size();
+        guarded<float> out((size_t)T * H * DH, fnan), stats((size_t)T * H * 2, fnan);
+        guarded<__half> out_h((size_t)T * H * DH, hnan);
+        guarded<float> part((size_t)(n_dec > 0 ? n_dec : 1) * HKV * n_split * G * (DH + 2), fnan);
+        guarded<float> probe((size_t)T * H * BACKEND_PROBE_K, fnan);
+
+        /* issue_attention */
+        cuda_attn_args a;
+        memset(&a, 0, sizeof a);
+        a.q = q.data();
+        a.qc = qc.data();
+        a.out = out.data();
+        a.out_h = out_h.data();
+        a.stats = stats.data();
+        a.k = kmem.data();
+        a.v = vmem.data();
+        a.tok = tok.data();
+        a.dec = dec.data();
+        a.tiles = tiles.data();
+        a.part = part.data();
+        a.sinks = sinks;
+        a.geo = kgeo;
+        a.layer = LAYER;
+        a.norm = norm;
+        a.H = H;
+        a.Hkv = HKV;
+        a.G = G;
+        a.Dh = DH;
+        a.n_split = n_split;
+        a.tile_tokens = tile_tokens;
+        a.scale = 1.0f / sqrtf((float)DH);
+
+        /* cuda_attention_setup's shared-memory attributes bound every launch */
+        const size_t split_attr = emuk::split_smem(DH, G);
+        const size_t pre_attr = emuk::prefill_smem(DH, G, emuk::att_tile_tokens(DH, G));
+
+        /* cuda_attention_prefill */
+        if (n_tiles > 0) {
+            const size_t smem = emuk::prefill_smem(DH, a.G, a.tile_tokens);
+            require(smem <= pre_attr, name + ": prefill smem within its attribute");
+            emu_launch(
+                dim3(n_tiles, a.Hkv), dim3(ATT_THREADS), smem,
+                [&] { emuk::attention_prefill_kernel<KV, DH>(a); }, "attention_prefill_kernel");
+        }
+        /* cuda_attention_decode */
+        if (n_dec > 0) {
+            const size_t smem = emuk::split_smem(DH, a.G);
+            require(smem <= split_attr, name + ": split smem within its attribute");
+            emu_launch(
+                dim3(a.n_split, a.Hkv, n_dec), dim3(ATT_THREADS), smem,
+                [&] { emuk::attention_split_kernel<KV, DH>(a); }, "attention_split_kernel");
+            emu_launch(
+                dim3(n_dec, a.H), dim3(DH), 0, [&] { emuk::attention_merge_kernel<DH>(a); },
+                "attention_merge_kernel");
+        }
+        /* cuda_attention_probe */
+        float *pp = probe.data();
+        emu_launch(
+            dim3((unsigned)T, a.H), dim3(BACKEND_PROBE_K), 0,
+            [&] { emuk::attention_probe_kernel<KV, DH>(a, pp); }, "attention_probe_kernel");
+
+        require(out.guards_ok() && out_h.guards_ok() && stats.guards_ok() && part.guards_ok() &&
+                    probe.guards_ok(),
+                name + ": a kernel wrote outside its buffers");
+        result r;
+        r.out.assign(out.data(), out.data() + out.n);
+        r.stats.assign(stats.data(), stats.data() + stats.n);
+        r.probe.assign(probe.data(), probe.data() + probe.n);
+        r.out_h.resize(out_h.n);
+        for (size_t i = 0; i < out_h.n; i++)
+            r.out_h[i] = out_h[i].x;
+        return r;
+    }
+
+    void rows(const std::vector<float> &x, bool decode, std::vector<float> &dst) const
+    {
+        dst.clear();
+        for (int64_t t = 0; t < T; t++)
+            if (is_decode(t) == decode)
+                dst.insert(dst.end(), x.begin() + t * H * DH, x.begin() + (t + 1) * H * DH);
+    }
+
+    void run(int norm, bool all_schedules)
+    {
+        const std::string name = "Dh" + std::to_string(DH) + ".G" + std::to_string(G) + "." +
+                                 kv_name<KV>() + "." + norm_name(norm) + "." + sc.name;
+        std::vector<float> sinks(H);
+        for (int h = 0; h < H; h++)
+            sinks[h] = nrand(1.5);
+        sinks[0] = 6.0f; /* a sink that dominates the sum: it must count once */
+        if (H > 2)
+            sinks[2] = -6.0f;
+        const float *sp = norm == MODEL_NORM_SINK ? sinks.data() : nullptr;
+
+        std::vector<float> ref_out, ref_probe;
+        reference(norm, sp, ref_out, ref_probe);
+        cuda_emu::cfg().schedule = cuda_emu::SCHED_FORWARD;
+        const result r = emulate(norm, sp, name);
+
+        std::vector<float> a, b;
+        if (!dec.empty()) {
+            rows(r.out, true, a);
+            rows(ref_out, true, b);
+            const double e = rel_err(a, b);
+            g_max_dec = std::max(g_max_dec, e);
+            check(name + ".decode", e, TOL_ATTN);
+        }
+        if (!tiles.empty()) {
+            rows(r.out, false, a);
+            rows(ref_out, false, b);
+            const double e = rel_err(a, b);
+            g_max_pre = std::max(g_max_pre, e);
+            check(name + ".prefill", e, TOL_ATTN);
+        }
+        const double ep = rel_err(r.probe, ref_probe);
+        g_max_probe = std::max(g_max_probe, ep);
+        check(name + ".probe", ep, TOL_ATTN);
+        size_t bad = 0;
+        for (size_t i = 0; i < r.out.size(); i++)
+            bad += r.out_h[i] != quant_f32_to_f16(r.out[i]);
+        check(name + ".out_h", (double)bad, 0.0);
+
+        if (!all_schedules)
+            return;
+        for (int s : {cuda_emu::SCHED_REVERSE, cuda_emu::SCHED_SHUFFLE}) {
+            cuda_emu::cfg().schedule = s;
+            const result o = emulate(norm, sp, name + "." + cuda_emu::schedule_name(s));
+            cuda_emu::cfg().schedule = cuda_emu::SCHED_FORWARD;
+            size_t diff = 0;
+            for (size_t i = 0; i < r.out.size(); i++)
+                diff += memcmp(&o.out[i], &r.out[i], 4) != 0 || o.out_h[i] != r.out_h[i];
+            for (size_t i = 0; i < r.stats.size(); i++)
+                diff += memcmp(&o.stats[i], &r.stats[i], 4) != 0;
+            for (size_t i = 0; i < r.probe.size(); i++)
+                diff += memcmp(&o.probe[i], &r.probe[i], 4) != 0;
+            check(name + "." + cuda_emu::schedule_name(s), (double)diff, 0.0, "emu-vs-emu");
+        }
+    }
+};
+
+template <typename KV, int DH> static void run_dh(int G, bool all_schedules)
+{
+    for (const scenario &sc : scenarios()) {
+        rig<KV, DH> r(G, sc);
+        for (int norm :
+             {MODEL_NORM_SOFTMAX, MODEL_NORM_SOFTMAX1, MODEL_NORM_SINK, MODEL_NORM_SOFTPICK})
+            r.run(norm, all_schedules);
+    }
+}
+
+template <typename KV> static void run_kv(int Dh, int G, bool all_schedules)
+{
+    switch (Dh) {
+    case 16:
+        return run_dh<KV, 16>(G, all_schedules);
+    case 32:
+        return run_dh<KV, 32>(G, all_schedules);
+    case 64:
+        return run_dh<KV, 64>(G, all_schedules);
+    case 128:
+        return run_dh<KV, 128>(G, all_schedules);
+    case 256:
+        return run_dh<KV, 256>(G, all_schedules);
+    }
+    fprintf(stderr, "unsupported Dh %d\n", Dh);
+    exit(1);
+}
+
+int main()
+{
+    setvbuf(stdout, nullptr, _IOLBF, 0);
+    emu_watchdog(240);
+    struct shape {
+        int Dh, G;
+        bool all_schedules;
+    };
+    /* Dh 16 (the tiny model) and 64 (SmolLM2) with 2 and 3 heads per kv head:
+     * everything, under three schedules; the other supported Dh and the
+     * extreme group sizes under the forward schedule. */
+    const shape shapes[] = {
+        {16, 2, true},  {16, 3, true},   {64, 2, true},   {64, 3, true},
+        {32, 1, false}, {128, 8, false}, {256, 3, false},
+    };
+    for (const shape &s : shapes) {
+        run_kv<__half>(s.Dh, s.G, s.all_schedules);
+        run_kv<float>(s.Dh, s.G, s.all_schedules);
+    }
+    for (int c = 0; c < COV_N; c++)
+        require(g_cov[c], std::string("coverage: no ") + cov_name[c]);
+    printf("emu-vs-cpu largest: decode %.3g prefill %.3g probe %.3g (tolerance %g)\n", g_max_dec,
+           g_max_pre, g_max_probe, TOL_ATTN);
+    printf("cuda_emu attention: %d checks, %d failed\n", g_checks, g_failures);
+    if (g_failures) {
+        fprintf(stderr,
+                "FAILED: %d of the checks of the emulated CUDA attention kernels "
+                "(see the FAIL lines above)\n",
+                g_failures);
+        return 1;
+    }
+    return 0;
+}

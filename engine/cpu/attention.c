@@ -6,7 +6,8 @@
  *     for each key: z = q.k * scale; m' = max(m, z);
  *                   acc = acc e^(m-m') + e^(z-m') v;  l = l e^(m-m') + e^(z-m')
  *     out = acc / l           (l == 0 only when there are no keys: out = 0)
- *   softpick: m the running max of z over the keys; numerator weights
+ *   softpick: m the running max of z over the keys, floored at
+ *     ATTN_SOFTPICK_M_FLOOR (attention.h: keeps e^(-m) finite); numerator weights
  *     relu(e^(z-m) - e^(-m)) and denominator Σ |e^(z-m) - e^(-m)|, both
  *     rescaled by e^(m-m') when the max moves (e^(z-m') - e^(-m') =
  *     e^(m-m') (e^(z-m) - e^(-m))); out = acc / (den + eps).
@@ -121,7 +122,10 @@ void cpu_attention_row(const struct attn_kernels *kr, const float *q, const floa
         keys->probe ? (keys->probe_n < ATTN_PROBE_K ? keys->probe_n : ATTN_PROBE_K) : 0;
 
     memset(out, 0, (size_t)n * sizeof(float));
-    if (softpick || norm == MODEL_NORM_SOFTMAX) {
+    if (softpick) {
+        m = ATTN_SOFTPICK_M_FLOOR;
+        l = 0.0f;
+    } else if (norm == MODEL_NORM_SOFTMAX) {
         m = -INFINITY;
         l = 0.0f;
     } else {
@@ -195,7 +199,7 @@ void cpu_attention_span(const struct attn_kernels *kr, int nq, const float *q, c
     int use_qc[ATTN_TILE];
     assert(n <= ATTN_MAX_DH);
     for (int h = 0; h < nq; h++) {
-        m[h] = -INFINITY;
+        m[h] = softpick ? ATTN_SOFTPICK_M_FLOOR : -INFINITY;
         l[h] = 0.0f;
     }
     memset(acc, 0, (size_t)nq * (size_t)n * sizeof(float));

@@ -32,6 +32,15 @@ struct attn_keys {
 };
 #define ATTN_PROBE_K 16
 
+/* Softpick's running max starts here instead of at -inf. Its weights are
+ * relu(e^(z-m) - e^(-m)) in the frame of the running max m, and e^(-m)
+ * overflows a float once m < -88: a block of keys that all score below that
+ * would turn the merged output into inf * 0 = NaN. Flooring the frame at -64
+ * keeps e^(-m) <= e^64 and changes nothing whenever any score is >= -64 (the
+ * frame is then the true max, and frame changes are exact rescalings). The
+ * CUDA kernels use the same floor (engine/cuda/attention_kernels.cuh). */
+#define ATTN_SOFTPICK_M_FLOOR (-64.0f)
+
 struct attn_kernels { /* row kernels chosen at run time (F16C+FMA or scalar) */
     float (*dot)(const float *q, const void *k, int n, int f16);
     void (*axpy)(float *acc, float a, const void *v, int n, int f16);

@@ -15,8 +15,8 @@
  * s_h and the running sum at 1 (softmax1: s_h = 0; sink: the learned logit),
  * vanilla softmax at -inf and 0; softpick keeps relu(e^(z-m) - e^(-m)) as the
  * weight and |e^(z-m) - e^(-m)| in the denominator, both rescaled by
- * e^(m-m') when the max moves, and divides by (sum + eps). A row with no
- * keys and no sink term is zeros.
+ * e^(m-m') when the max moves (m floored at SOFTPICK_M_FLOOR), and divides by
+ * (sum + eps). A row with no keys and no sink term is zeros.
  *
  * Decode (attention_split_kernel + attention_merge_kernel, flash-decoding):
  * one launch for every decode token of the step, grid (split, kv head,
@@ -46,6 +46,11 @@
 #define PRE_MAX_TOKENS 16
 #define PRE_SMEM_LIMIT (100 * 1024)
 #define SOFTPICK_EPS 1e-6f
+/* Softpick's running max starts at this floor, not -inf, so that e^(-m) stays
+ * finite when a whole split or tile scores below -88 (the CPU's
+ * ATTN_SOFTPICK_M_FLOOR, engine/cpu/attention.h, where the reason is spelled
+ * out). */
+#define SOFTPICK_M_FLOOR (-64.0f)
 
 /* The block's dynamic shared memory as an array of T named `name`. (A macro so
  * that a CPU emulation of the execution model can compile these kernels;
@@ -127,7 +132,10 @@ __device__ __forceinline__ void sink_init(const cuda_attn_args &a, int h, float 
     } else if (a.norm == MODEL_NORM_SINK) {
         *m = a.sinks ? a.sinks[h] : 0.0f;
         *l = 1.0f;
-    } else { /* softmax, softpick: no virtual key */
+    } else if (a.norm == MODEL_NORM_SOFTPICK) { /* no virtual key; the floored frame */
+        *m = SOFTPICK_M_FLOOR;
+        *l = 0.0f;
+    } else { /* softmax: no virtual key */
         *m = -INFINITY;
         *l = 0.0f;
     }
@@ -226,7 +234,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_split_kernel(cuda_attn_
     /* 2. per head: the split's max, weights and sum (split 0 carries the sink term) */
     const bool softpick = a.norm == MODEL_NORM_SOFTPICK;
     for (int h = warp; h < G; h += ATT_WARPS) {
-        float m0 = -INFINITY, l0 = 0.0f;
+        float m0 = softpick ? SOFTPICK_M_FLOOR : -INFINITY, l0 = 0.0f;
         if (split == 0)
             sink_init(a, g * G + h, &m0, &l0);
         float mx = m0;

@@ -454,6 +454,80 @@ TEST(split_key_spans_merged_with_the_sink_term_match_the_naive_loops)
            worst, N_KEYS);
 }
 
+/* Keys 1..n_cold score -100 - u (u in [0, 10)): below -88, where e^(-z)
+ * overflows a float. The rest keep their random scores (std ~3). */
+static void op_case_make_cold(struct op_case *c, int n_cold, uint64_t seed)
+{
+    const int dh = c->dh;
+    const double scale = 1.0 / sqrt((double)dh);
+    double qq = 0;
+    for (int i = 0; i < dh; i++)
+        qq += (double)c->q[i] * c->q[i];
+    for (int j = 1; j <= n_cold; j++) {
+        double z = -100.0 - 10.0 * tiny_rand_unit(&seed);
+        for (int i = 0; i < dh; i++) {
+            c->kf[j * dh + i] = (float)(z / scale * c->q[i] / qq); /* q.k * scale = z */
+            c->kh[j * dh + i] = quant_f32_to_f16(c->kf[j * dh + i]);
+            if (c->f16)
+                c->kf[j * dh + i] = quant_f16_to_f32(c->kh[j * dh + i]);
+        }
+    }
+}
+
+/* Softpick works in the frame of the running max m with weights
+ * relu(e^(z-m) - e^(-m)): a span (or the first keys of a row) that only saw
+ * scores below -88 would have e^(-m) = inf and merge into inf * 0 = NaN. The
+ * frame starts at ATTN_SOFTPICK_M_FLOOR instead; the naive loop in double
+ * (frame: the global max) is the reference. */
+TEST(softpick_survives_spans_whose_scores_are_all_below_minus_88)
+{
+    struct attn_kernels kr[2];
+    const char *names[2];
+    int nk_sets = kernel_sets(kr, names);
+    static const int splits[] = {1, 2, 3, 7};
+    double worst = 0;
+    for (int ki = 0; ki < nk_sets; ki++)
+        for (int f16 = 0; f16 <= 1; f16++) {
+            struct op_case *c = &g_case;
+            const int dh = 64, nk = N_KEYS;
+            op_case_fill(c, dh, f16, 555 + (uint64_t)f16);
+            op_case_make_cold(c, 60, 99);
+            double n[MAX_DH];
+            naive_softpick_n(c, nk, n);
+            struct attn_keys keys = {
+                .k = f16 ? (const void *)c->kh : (const void *)c->kf,
+                .v = f16 ? (const void *)c->vh : (const void *)c->vf,
+                .f16 = f16,
+                .head_dim = dh,
+            };
+            keys.run_start[0] = 1;
+            keys.run_len[0] = nk;
+            float o[MAX_DH];
+            /* the row path: its first 60 keys are cold */
+            cpu_attention_row(&kr[ki], c->q, c->q, &keys, 1.0f / 8.0f, MODEL_NORM_SOFTPICK, 0, o);
+            double d = diff_d(o, n, dh);
+            worst = d > worst ? d : worst;
+            if (!(d <= OP_TOL))
+                fprintf(stderr, "  %s f16=%d row: diff %.3g\n", names[ki], f16, d);
+            ASSERT(d <= OP_TOL);
+            for (size_t si = 0; si < 4; si++) {
+                const int S = splits[si];
+                float m[8], l[8], acc[8 * MAX_DH];
+                for (int sp = 0; sp < S; sp++)
+                    cpu_attention_span(&kr[ki], 1, c->q, c->q, &keys, (int64_t)nk * sp / S,
+                                       (int64_t)nk * (sp + 1) / S, 1.0f / 8.0f, 1, &m[sp], &l[sp],
+                                       acc + sp * MAX_DH);
+                cpu_attention_merge(&kr[ki], S, m, l, acc, MAX_DH, dh, MODEL_NORM_SOFTPICK, 0, o);
+                d = diff_d(o, n, dh);
+                worst = d > worst ? d : worst;
+                if (!(d <= OP_TOL))
+                    fprintf(stderr, "  %s f16=%d splits=%d: diff %.3g\n", names[ki], f16, S, d);
+                ASSERT(d <= OP_TOL);
+            }
+        }
+    printf("  softpick with 60 of 100 keys scoring below -100: max diff %.3g\n", worst);
+}
+
 /*
  * Model level. One stream through the tiny model: window policy, W = 16,
  * 48 tokens in chunks of 8 (so rows see partial and full windows, evicted

@@ -26,12 +26,30 @@
  *   7 with 2 tokens decodes 3 (the first two see zero window keys); S
  *   sinks:4 prefills its first 6 tokens (rows with sinks only, different
  *   sink counts in one tile); W window-only from 3e9+7 with 298 tokens
- *   prefills 5 (the window starts sliding inside the tile).
+ *   prefills 5 (the window starts sliding inside the tile);
+ * - scenario "low" (softpick's e^(-m) past float range): its queries are
+ *   positive and some keys are -beta * (1, ..., 1), so that every query head
+ *   of every token scores <= -150 on them (rig::lower_keys); the other keys
+ *   score normally. L window-only with 299 tokens decodes 1 (300 keys, 3
+ *   splits) with visit indices 128..255, all of split 1, low; P window-only
+ *   with 40 tokens prefills 8 with its first 32 positions low (every row's
+ *   first window key tile); Q sinks:4 with 40 tokens prefills 6 with its 4
+ *   sinks low (every row's first tile is the sink tile). A running max that
+ *   starts at -inf makes that block's max < -88 and e^(-m) = inf: with the
+ *   pre-fix kernels (and pre-fix cpu_attention_row, which is first to see
+ *   the low keys in P and Q) every softpick output of this scenario is NaN
+ *   (split: l = inf, merge: inf * e^(m - M) = inf * 0; prefill: l = inf,
+ *   then inf * 0 when the max moves), i.e. .decode, .prefill and .probe
+ *   fail with REL inf, for every shape and both KV types; the other
+ *   normalizers give the low keys ~0 weight and pass either way. The fix
+ *   (softpick's running max floored at -64) gives the true answer: each low
+ *   key adds e^(-M) to the denominator.
  * K/V cells that no stored token owns hold NaN, so a kernel that reads a cell
  * it must not read fails; the output, stats, partial-state and probe buffers
  * start as NaN with guard zones around them. main() also fails if one of the
  * cases listed above (3 splits, zero window keys, wraps, mixed sink counts,
- * partial and split tiles, positions past 2^31) was not reached.
+ * partial and split tiles, positions past 2^31, a decode split and a
+ * prefill row's first key tile scoring below -100) was not reached.
  *
  * Checks, each printed as "emu-vs-cpu NAME REL" (REL = max |emu - cpu| over
  * max |cpu|, infinite on NaN):
@@ -46,7 +64,11 @@
  * - "emu-vs-emu NAME.reverse|shuffle REL": the same launches under other
  *   legal thread schedules give bit-identical out, out_h, stats and probe
  *   (REL is the number of differing values, must be 0): a race on shared
- *   memory would show here.
+ *   memory would show here;
+ * - "cpu-vs-f64 NAME.decode|prefill REL" (scenario "low" only):
+ *   cpu_attention_row against the normalizers' formulas in double
+ *   (rig::reference_f64), since a reference that overflowed like the
+ *   kernels could agree with them.
  *
  * Tolerance 1e-4 (as test_cuda_matches_cpu.c's TOL_ATTN): both sides read the
  * same f16 (or f32) K/V and the same q/qc and compute in f32; they differ only
@@ -97,6 +119,8 @@ enum {
     COV_TILE_PARTIAL,      /* a tile with fewer than tile_tokens tokens */
     COV_RUN_SPLIT,         /* a run cut into several tiles */
     COV_FAR_POSITION,      /* positions past 2^31 */
+    COV_DEC_SPLIT_LOW,     /* a split of a decode token with every score below -100 */
+    COV_TILE_FIRST_LOW,    /* a prefill row whose first key tile scores below -100 */
     COV_N
 };
 static const char *const cov_name[COV_N] = {"decode token with 3 splits",
@@ -107,7 +131,9 @@ static const char *const cov_name[COV_N] = {"decode token with 3 splits",
                                             "prefill tile with mixed sink counts",
                                             "partial prefill tile",
                                             "run of several prefill tiles",
-                                            "positions past 2^31"};
+                                            "positions past 2^31",
+                                            "decode split scoring below -100 throughout",
+                                            "prefill row whose first key tile scores below -100"};
 static bool g_cov[COV_N];
 
 /* ---- deterministic random numbers ------------------------------------------------------------ */
@@ -146,6 +172,14 @@ template <> __half kv_nan<__half>()
 template <> float kv_nan<float>()
 {
     return NAN;
+}
+static double kv_f64(__half x)
+{
+    return __half2float(x);
+}
+static double kv_f64(float x)
+{
+    return x;
 }
 template <typename KV> const char *kv_name();
 template <> const char *kv_name<__half>()
@@ -232,6 +266,9 @@ struct seq_spec {
     int64_t pos_first;
     int64_t n_prior; /* tokens already stored */
     int64_t n_step;  /* tokens this step, consecutive */
+    /* positions pos_first + low_first .. + low_n - 1 hold keys that every
+     * query of the sequence scores below -100 (see rig::lower_keys) */
+    int64_t low_first, low_n;
 };
 
 struct scenario {
@@ -244,17 +281,23 @@ static const std::vector<scenario> &scenarios()
     static const std::vector<scenario> s = {
         {"main",
          {
-             {"B", KV_POLICY_WINDOW, 0, 1000000000, 200, 1},
-             {"A", KV_POLICY_SINKS, 4, 0, 420, 20},
-             {"C", KV_POLICY_DENSE, 0, 0, 9, 1},
+             {"B", KV_POLICY_WINDOW, 0, 1000000000, 200, 1, 0, 0},
+             {"A", KV_POLICY_SINKS, 4, 0, 420, 20, 0, 0},
+             {"C", KV_POLICY_DENSE, 0, 0, 9, 1, 0, 0},
          }},
         {"wrap",
          {
-             {"F", KV_POLICY_SINKS, 4, 0, 500, 1},
-             {"E", KV_POLICY_SINKS, 4, 5, 320, 24},
-             {"D", KV_POLICY_SINKS, 4, 7, 2, 3},
-             {"S", KV_POLICY_SINKS, 4, 1000, 0, 6},
-             {"W", KV_POLICY_WINDOW, 0, 3000000007, 298, 5},
+             {"F", KV_POLICY_SINKS, 4, 0, 500, 1, 0, 0},
+             {"E", KV_POLICY_SINKS, 4, 5, 320, 24, 0, 0},
+             {"D", KV_POLICY_SINKS, 4, 7, 2, 3, 0, 0},
+             {"S", KV_POLICY_SINKS, 4, 1000, 0, 6, 0, 0},
+             {"W", KV_POLICY_WINDOW, 0, 3000000007, 298, 5, 0, 0},
+         }},
+        {"low",
+         {
+             {"L", KV_POLICY_WINDOW, 0, 40000, 299, 1, 128, 128},
+             {"P", KV_POLICY_WINDOW, 0, 70000, 40, 8, 0, 32},
+             {"Q", KV_POLICY_SINKS, 4, 90000, 40, 6, 0, 4},
          }},
     };
     return s;
@@ -365,6 +408,7 @@ template <typename KV, int DH> struct rig {
             x = nrand(1.5);
         for (auto &x : qc)
             x = nrand(1.5);
+        lower_keys();
 
         /* cuda_begin_step's metadata */
         tok.resize(T);
@@ -400,6 +444,91 @@ template <typename KV, int DH> struct rig {
         coverage();
     }
 
+    /* The "low" keys (seq_spec.low_first, low_n): the queries (q and qc) of
+     * such a sequence get positive entries 0.25 + |N(0, 1.5)|, and each low
+     * key of kv head g is the constant row -beta_g, beta_g an integer (exact
+     * in f16) such that every query head of the group, for every token of the
+     * sequence, scores <= -150 on it. Its other keys score normally. */
+    void lower_keys()
+    {
+        const double scale = 1.0f / sqrtf((float)DH);
+        for (size_t i = 0; i < sc.seqs.size(); i++) {
+            const seq_spec &sp = sc.seqs[i];
+            if (sp.low_n == 0)
+                continue;
+            require(sp.n_prior + sp.n_step <= W_MAX && sp.low_first + sp.low_n <= sp.n_prior,
+                    std::string("low keys of ") + sp.name + " stored and not evicted");
+            double min_sum[HKV];
+            for (int g = 0; g < HKV; g++)
+                min_sum[g] = INFINITY;
+            for (int64_t t = 0; t < T; t++) {
+                if (seq_of[t] != (int)i)
+                    continue;
+                for (int h = 0; h < H; h++)
+                    for (float *x : {q.data() + (t * H + h) * DH, qc.data() + (t * H + h) * DH}) {
+                        double sum = 0;
+                        for (int e = 0; e < DH; e++) {
+                            x[e] = 0.25f + fabsf(nrand(1.5));
+                            sum += x[e];
+                        }
+                        min_sum[h / G] = std::min(min_sum[h / G], sum);
+                    }
+            }
+            for (int g = 0; g < HKV; g++) {
+                const float beta = (float)ceil(150.0 / (scale * min_sum[g]));
+                for (int64_t p = sp.pos_first + sp.low_first;
+                     p < sp.pos_first + sp.low_first + sp.low_n; p++)
+                    for (int l = 0; l < N_LAYER; l++) {
+                        const size_t o =
+                            kv_geometry_offset(&geo, seqs[i].slot, l, g, kv_seq_cell(&seqs[i], p));
+                        for (int e = 0; e < DH; e++)
+                            kmem[o + e] = kv_from<KV>(-beta);
+                    }
+            }
+        }
+    }
+
+    /* token t's visit index v (sinks, then the window in position order) -> cell */
+    int64_t visit_cell(int64_t t, int64_t v) const
+    {
+        const kv_view &vw = view[t];
+        const kv_seq &s = seqs[seq_of[t]];
+        return v < vw.n_sinks ? v : s.sink_base + (vw.win_start + v - vw.n_sinks) % s.ring;
+    }
+
+    /* query head h of token t on its key v, in double */
+    double score(int64_t t, int h, int64_t v) const
+    {
+        const size_t o =
+            kv_geometry_offset(&geo, seqs[seq_of[t]].slot, LAYER, h / G, visit_cell(t, v));
+        const float *qq = (v < view[t].n_sinks ? qc : q).data() + (t * H + h) * DH;
+        double s = 0;
+        for (int e = 0; e < DH; e++)
+            s += (double)qq[e] * kv_f64(kmem[o + e]);
+        return s * (double)(1.0f / sqrtf((float)DH));
+    }
+
+    /* max of score(t, h, v) over v in [v0, v1) */
+    double max_score(int64_t t, int h, int64_t v0, int64_t v1) const
+    {
+        double m = -INFINITY;
+        for (int64_t v = v0; v < v1; v++)
+            m = std::max(m, score(t, h, v));
+        return m;
+    }
+
+    /* Do all G heads of kv head g of token t score below -100 on keys
+     * [v0, v1), and above -64 somewhere (where softpick's floor does not
+     * apply: the answer is the same with and without it)? */
+    bool low_block(int64_t t, int g, int64_t v0, int64_t v1) const
+    {
+        const int64_t nk = view[t].n_sinks + view[t].win_len;
+        for (int h = g * G; h < (g + 1) * G; h++)
+            if (!(max_score(t, h, v0, v1) < -100 && max_score(t, h, 0, nk) > -64))
+                return false;
+        return true;
+    }
+
     static bool window_wraps(const cuda_tok &k)
     {
         return k.win_len > 0 && k.win_start % k.ring + k.win_len > k.ring;
@@ -429,6 +558,33 @@ template <typename KV, int DH> struct rig {
         }
         for (int64_t p : pos)
             g_cov[COV_FAR_POSITION] |= p > INT32_MAX;
+
+        /* softpick's e^-m: a split (split kernel) or a row's first key tile
+         * (prefill_fold: the sink tile, else the window tile from p_lo, the
+         * tile's lowest win_start, that holds the row's win_start) */
+        for (int32_t d : dec) {
+            const int64_t nk = tok[d].n_sinks + tok[d].win_len;
+            for (int64_t v0 = 0; nk > CUDA_ATT_SPLIT && v0 < nk; v0 += CUDA_ATT_SPLIT)
+                for (int g = 0; g < HKV; g++)
+                    g_cov[COV_DEC_SPLIT_LOW] |=
+                        low_block(d, g, v0, std::min<int64_t>(v0 + CUDA_ATT_SPLIT, nk));
+        }
+        for (const cuda_tile &tl : tiles) {
+            int64_t p_lo = INT64_MAX;
+            for (int j = 0; j < tl.count; j++)
+                if (tok[tl.first + j].win_len > 0)
+                    p_lo = std::min(p_lo, tok[tl.first + j].win_start);
+            for (int j = 0; j < tl.count; j++) {
+                const cuda_tok &k = tok[tl.first + j];
+                int64_t n_first = std::min<int64_t>(k.n_sinks, PRE_KEYS);
+                if (n_first == 0 && k.win_len > 0)
+                    n_first = std::min(k.win_len,
+                                       p_lo + ((k.win_start - p_lo) / PRE_KEYS + 1) * PRE_KEYS -
+                                           k.win_start);
+                for (int g = 0; n_first > 0 && g < HKV; g++)
+                    g_cov[COV_TILE_FIRST_LOW] |= low_block(tl.first + j, g, 0, n_first);
+            }
+        }
     }
 
     /* random K and V for position p of sequence i, every layer and kv head */
@@ -501,6 +657,51 @@ template <typename KV, int DH> struct rig {
                 }
             }
         }
+    }
+
+    /* The normalizers from their definitions (DESIGN.md), in double, for the
+     * "low" scenario: a CPU reference that overflowed there as the kernels do
+     * would agree with them, so it is held to this. Softpick's m is the row's
+     * max score: every row there scores above -64 somewhere, where the -64
+     * floor of the running max changes nothing. */
+    void reference_f64(int norm, const float *sinks, std::vector<float> &out) const
+    {
+        out.assign((size_t)T * H * DH, 0.0f);
+        std::vector<double> z, o(DH);
+        for (int64_t t = 0; t < T; t++)
+            for (int h = 0; h < H; h++) {
+                const int64_t nk = view[t].n_sinks + view[t].win_len;
+                const bool virt = norm == MODEL_NORM_SOFTMAX1 || norm == MODEL_NORM_SINK;
+                const double zs = norm == MODEL_NORM_SINK && sinks ? sinks[h] : 0.0;
+                double m = virt ? zs : -INFINITY, l = 0.0;
+                z.resize(nk);
+                for (int64_t v = 0; v < nk; v++) {
+                    z[v] = score(t, h, v);
+                    m = std::max(m, z[v]);
+                }
+                if (virt)
+                    l = exp(zs - m);
+                if (!(m > -INFINITY))
+                    continue; /* no keys, no sink term: zeros */
+                std::fill(o.begin(), o.end(), 0.0);
+                for (int64_t v = 0; v < nk; v++) {
+                    const size_t off = kv_geometry_offset(&geo, seqs[seq_of[t]].slot, LAYER, h / G,
+                                                          visit_cell(t, v));
+                    double w = exp(z[v] - m);
+                    if (norm == MODEL_NORM_SOFTPICK) {
+                        const double d = w - exp(-m);
+                        l += fabs(d);
+                        w = d > 0 ? d : 0.0;
+                    } else {
+                        l += w;
+                    }
+                    for (int e = 0; e < DH; e++)
+                        o[e] += w * kv_f64(vmem[off + e]);
+                }
+                const double den = norm == MODEL_NORM_SOFTPICK ? l + (double)SOFTPICK_EPS : l;
+                for (int e = 0; e < DH; e++)
+                    out[(t * H + h) * DH + e] = (float)(o[e] / den);
+            }
     }
 
     struct result {
@@ -610,10 +811,23 @@ template <typename KV, int DH> struct rig {
 
         std::vector<float> ref_out, ref_probe;
         reference(norm, sp, ref_out, ref_probe);
+        std::vector<float> a, b;
+        bool low = false;
+        for (const seq_spec &s : sc.seqs)
+            low |= s.low_n > 0;
+        if (low) {
+            std::vector<float> f64_out;
+            reference_f64(norm, sp, f64_out);
+            for (bool decode : {true, false}) {
+                rows(ref_out, decode, a);
+                rows(f64_out, decode, b);
+                check(name + (decode ? ".decode" : ".prefill"), rel_err(a, b), TOL_ATTN,
+                      "cpu-vs-f64");
+            }
+        }
         cuda_emu::cfg().schedule = cuda_emu::SCHED_FORWARD;
         const result r = emulate(norm, sp, name);
 
-        std::vector<float> a, b;
         if (!dec.empty()) {
             rows(r.out, true, a);
             rows(ref_out, true, b);

@@ -20,4 +20,5 @@ if [ ! -f "$model" ]; then
   model=$(/opt/streamsink/fetch-model.sh)
 fi
 exec /usr/local/bin/streamsink serve --host 0.0.0.0 --port "$STREAMSINK_PORT" \
-  --drain-timeout "$STREAMSINK_DRAIN_TIMEOUT" -m "$model" "$@"
+  --drain-timeout "$STREAMSINK_DRAIN_TIMEOUT" --backend "${STREAMSINK_BACKEND:-cpu}" \
+  -m "$model" "$@"

@@ -1,7 +1,7 @@
 /*
  * cuda_emu.h: a CPU emulation of the CUDA execution model, enough to compile
- * and run engine/cuda/attention_kernels.cuh with g++ (C++17) on a machine
- * without a GPU (tests/cuda_emu/test_attention_emulated.cpp).
+ * and run engine/cuda/attention_kernels.cuh and elementwise_kernels.cuh with
+ * g++ (C++17) on a machine without a GPU (tests/cuda_emu/test_*_emulated.cpp).
  *
  * Execution model
  * - emu_launch(grid, block, dyn_smem, f) runs f() once per CUDA thread of every
@@ -32,6 +32,12 @@
  *   16-byte aligned buffer per block filled with 0xff bytes (NaN as float), so
  *   a read of shared memory nobody wrote poisons the result; a guard after it
  *   catches writes past the launch's size.
+ * - Static shared memory (SS_STATIC_SMEM(T, name, n), the kernels' spelling of
+ *   `__shared__ T name[n]`): each declaration gets its own buffer per block,
+ *   NaN-filled at the start of every block and guarded like the dynamic one;
+ *   at most 48 KiB per block (CUDA's static limit), and static plus dynamic
+ *   within cfg().max_dyn_smem. `name` is a reference to an array of n T, so
+ *   sizeof(name) is the same as in CUDA.
  * - Launch checks: block size <= 1024, grid.y/z <= 65535, dynamic shared
  *   memory <= cfg().max_dyn_smem (sm_80's opt-in limit by default).
  * - Vector types (uint4, float4, float2, __half2) check the alignment of every
@@ -43,8 +49,10 @@
  * quant_f32_to_f16 / quant_f16_to_f32 (engine/quant.h), round to nearest even
  * like __float2half_rn. sizeof(__half) == 2, sizeof(__half2) == 4,
  * sizeof(uint4) == sizeof(float4) == 16, with CUDA's alignments.
+ * rsqrtf(x) is 1.0f / sqrtf(x) (within 1 ulp of 1/sqrt(x); CUDA's is within
+ * 2 ulp, so a kernel that uses it may differ from the GPU in the last bits).
  *
- * Include this before engine/cuda/kernel_args.cuh and attention_kernels.cuh.
+ * Include this before engine/cuda/kernel_args.cuh and the kernel headers.
  * Build with -fno-strict-aliasing (the kernels reinterpret __half rows as
  * uint4), -Wno-unknown-pragmas (#pragma unroll) and -pthread.
  */
@@ -131,8 +139,9 @@ __asm__(".pushsection .text.cuda_emu_switch,\"axG\",@progbits,cuda_emu_switch,co
 #define __forceinline__ inline
 #define __noinline__ __attribute__((noinline))
 #define __launch_bounds__(...)
-/* __restrict__ is g++'s own keyword. __shared__ (static shared memory) is not
- * emulated: a kernel that uses it does not compile. */
+/* __restrict__ is g++'s own keyword. __shared__ itself is not emulated: a
+ * kernel that spells static shared memory `__shared__ T name[n]` does not
+ * compile; SS_STATIC_SMEM (below) does. */
 
 /* ---- vector types ---------------------------------------------------------------------------- */
 
@@ -402,6 +411,15 @@ struct runner {
     unsigned char *smem_raw = nullptr;
     unsigned char *smem = nullptr;
     size_t smem_bytes = 0;
+    struct static_array { /* one SS_STATIC_SMEM declaration */
+        const void *tag;
+        size_t bytes;
+        unsigned char *mem; /* bytes, then SMEM_GUARD guard bytes */
+        const char *file;
+        int line;
+    };
+    std::vector<static_array> statics;
+    size_t static_bytes = 0;
 #ifdef CUDA_EMU_ASAN
     const void *sched_lo = nullptr;
     size_t sched_size = 0;
@@ -412,6 +430,8 @@ struct runner {
             if (s.base)
                 stack_put(s);
         free(smem_raw);
+        for (auto &a : statics)
+            free(a.mem);
     }
 };
 
@@ -421,6 +441,7 @@ inline thread_local unsigned char *tl_smem = nullptr;
 constexpr size_t SMEM_GUARD = 256;
 constexpr unsigned char SMEM_FILL = 0xff; /* NaN as f32, NaN as f16 */
 constexpr unsigned char GUARD_FILL = 0xa5;
+constexpr size_t MAX_STATIC_SMEM = 48u << 10; /* CUDA's limit on static shared memory */
 
 inline uint64_t splitmix(uint64_t &s)
 {
@@ -610,6 +631,40 @@ inline void syncwarp_at(const char *file, int line, unsigned mask)
     (void)warp_op(file, line, WOP_SYNCWARP, mask, 0, 0);
 }
 
+/* The block's buffer for the SS_STATIC_SMEM declaration `tag` (the address of
+ * a static object unique to the declaration): allocated (NaN-filled) the first
+ * time a thread of this worker reaches the declaration, refilled at the start
+ * of every later block. */
+inline void *static_smem(const void *tag, size_t bytes, size_t align, const char *file, int line)
+{
+    runner *r = current("static shared memory");
+    for (const auto &a : r->statics)
+        if (a.tag == tag)
+            return a.mem;
+    if (align > 16)
+        fatal("%s:%d: static shared memory aligned to %zu bytes (not emulated)", file, line, align);
+    if (r->static_bytes + bytes > MAX_STATIC_SMEM)
+        fatal("%s:%d: %zu bytes of static shared memory per block (the device allows %zu)", file,
+              line, r->static_bytes + bytes, MAX_STATIC_SMEM);
+    if (r->static_bytes + bytes + r->smem_bytes > cfg().max_dyn_smem)
+        fatal("%s:%d: %zu bytes of static and %zu of dynamic shared memory (the device allows "
+              "%zu in all)",
+              file, line, r->static_bytes + bytes, r->smem_bytes, cfg().max_dyn_smem);
+    runner::static_array a;
+    a.tag = tag;
+    a.bytes = bytes;
+    a.file = file;
+    a.line = line;
+    a.mem = (unsigned char *)aligned_alloc(16, (bytes + SMEM_GUARD + 15) / 16 * 16);
+    if (!a.mem)
+        fatal("out of memory for %zu bytes of static shared memory", bytes);
+    memset(a.mem, SMEM_FILL, bytes);
+    memset(a.mem + bytes, GUARD_FILL, SMEM_GUARD);
+    r->statics.push_back(a);
+    r->static_bytes += bytes;
+    return a.mem;
+}
+
 /* ---- the block scheduler --------------------------------------------------------------------- */
 
 inline const char *state_name(uint8_t s)
@@ -713,6 +768,10 @@ inline void run_block(runner *r, uint3 b, uint64_t block_lin)
         memset(r->smem, SMEM_FILL, r->smem_bytes);
         memset(r->smem + r->smem_bytes, GUARD_FILL, SMEM_GUARD);
     }
+    for (auto &a : r->statics) {
+        memset(a.mem, SMEM_FILL, a.bytes);
+        memset(a.mem + a.bytes, GUARD_FILL, SMEM_GUARD);
+    }
     tl_smem = r->smem_bytes ? r->smem : nullptr;
 #ifdef CUDA_EMU_FAST_SWITCH
     const uint32_t mxcsr = __builtin_ia32_stmxcsr();
@@ -802,6 +861,12 @@ inline void run_block(runner *r, uint3 b, uint64_t block_lin)
                 fatal("write past the end of dynamic shared memory (%zu bytes) at byte %zu",
                       r->smem_bytes, r->smem_bytes + i);
     }
+    for (const auto &a : r->statics)
+        for (size_t i = 0; i < SMEM_GUARD; i++)
+            if (a.mem[a.bytes + i] != GUARD_FILL)
+                fatal("write past the end of the static shared array declared at %s:%d (%zu "
+                      "bytes) at byte %zu",
+                      a.file, a.line, a.bytes, a.bytes + i);
     tl_smem = nullptr;
     tl_in_block = false;
 }
@@ -903,6 +968,24 @@ inline void *emu_dynamic_smem()
 #ifndef SS_DYNAMIC_SMEM
 #define SS_DYNAMIC_SMEM(T, name) T *name = reinterpret_cast<T *>(emu_dynamic_smem())
 #endif
+/* `__shared__ T name[n]`: the block's own n T (NaN-filled), as a T (&)[n]. */
+#ifndef SS_STATIC_SMEM
+#define SS_STATIC_SMEM(T, name, n)                                                                 \
+    static char name##_cuda_emu_tag;                                                               \
+    T(&name)                                                                                       \
+    [n] = *reinterpret_cast<T(*)[n]>(::cuda_emu::static_smem(&name##_cuda_emu_tag, sizeof(T[n]),   \
+                                                             alignof(T), __FILE__, __LINE__))
+#endif
+
+/* CUDA's fast reciprocal square root (see the header comment). */
+namespace cuda_emu
+{
+inline float rsqrt_f(float x)
+{
+    return 1.0f / sqrtf(x);
+}
+} // namespace cuda_emu
+#define rsqrtf(x) ::cuda_emu::rsqrt_f(x)
 
 /* Runs kernel() for every thread of a grid<<<grid, block, dyn_smem>>> and
  * returns when all blocks are done (like a launch plus a synchronize). */

@@ -1,0 +1,204 @@
+/*
+ * elementwise_kernels.cuh: the element-wise kernels of the CUDA backend
+ * (device code only; the launches are in backend_cuda.cu's issue() and
+ * issue_step()). Each is held to the CPU backend's op of the same name,
+ * engine/cpu/backend_cpu.c (tests/invariants/test_cuda_matches_cpu.c on a
+ * GPU, tests/cuda_emu/test_elementwise_emulated.cpp without one):
+ *
+ * - embed_kernel: x row t = tok_embd row tok[t].token (FP32 rows uploaded
+ *   once); reference cpu_embed (quant_dequant_row of the same row).
+ * - rmsnorm_kernel: out = x * rsqrt(mean(x^2) + eps) * w per row of D, one
+ *   block per row (blockDim a multiple of 32, at most 1024), plus the FP16
+ *   copy of out for the next GEMM; reference cpu_rmsnorm (sum of squares in
+ *   double there, a float shuffle tree here).
+ * - add_rmsnorm_kernel: x += y, then rmsnorm_kernel's out of the new x: the
+ *   same float operations as add_kernel followed by rmsnorm_kernel; reference
+ *   cpu_add then cpu_rmsnorm.
+ * - rope_kernel: q rotated at the absolute position (cs_abs), qc = q rotated
+ *   at the in-cache position (cs_cache), k at the absolute position, from the
+ *   host's double-precision tables (rope_cos_sin); pairs past rope_dim are
+ *   copied into qc and left alone in q and k; reference cpu_rope (memcpy +
+ *   rope_apply, engine/rope.c).
+ * - kv_store_kernel: token t's k and v rows into the KV buffers at
+ *   (slot, layer, kv head, cell), laid out as kv_geometry_offset
+ *   (kvcache.h), FP16 (round to nearest even) or FP32; reference cpu_kv_store.
+ * - swiglu_kernel: hb = silu(hb) * hb2 = g / (1 + e^-g) * u, plus its FP16
+ *   copy; reference cpu_swiglu.
+ * - add_kernel: x += y; reference cpu_add.
+ * - gather_kernel: xo row i = x row rows[i] (the rows that need logits);
+ *   reference cpu_gather.
+ */
+#ifndef SS_CUDA_ELEMENTWISE_KERNELS_CUH
+#define SS_CUDA_ELEMENTWISE_KERNELS_CUH
+
+#include <math.h>
+#include <stdint.h>
+
+#include "kernel_args.cuh"
+
+/* A static shared-memory array of n T named `name`, one per block. (A macro so
+ * that a CPU emulation of the execution model can give each block its own
+ * storage; tests/cuda_emu/.) */
+#ifndef SS_STATIC_SMEM
+#define SS_STATIC_SMEM(T, name, n) __shared__ T name[n]
+#endif
+
+__global__ void embed_kernel(const float *emb, const cuda_tok *tok, float *x, int D)
+{
+    const int64_t t = blockIdx.x;
+    const float *row = emb + (int64_t)tok[t].token * D;
+    for (int i = threadIdx.x; i < D; i += blockDim.x)
+        x[t * D + i] = row[i];
+}
+
+__global__ void rmsnorm_kernel(const float *x, const float *w, float *out, __half *out_h, int D,
+                               float eps)
+{
+    SS_STATIC_SMEM(float, part, 32);
+    const int64_t t = blockIdx.x;
+    const float *xr = x + t * D;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < D; i += blockDim.x)
+        ss += xr[i] * xr[i];
+    for (int o = 16; o > 0; o >>= 1)
+        ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if ((threadIdx.x & 31) == 0)
+        part[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float s = threadIdx.x < (blockDim.x >> 5) ? part[threadIdx.x] : 0.0f;
+        for (int o = 16; o > 0; o >>= 1)
+            s += __shfl_xor_sync(0xffffffffu, s, o);
+        if (threadIdx.x == 0)
+            part[0] = s;
+    }
+    __syncthreads();
+    const float inv = rsqrtf(part[0] / (float)D + eps);
+    for (int i = threadIdx.x; i < D; i += blockDim.x) {
+        const float o = xr[i] * inv * w[i];
+        out[t * D + i] = o; /* in place is fine: each thread rewrites what it read */
+        out_h[t * D + i] = __float2half_rn(o);
+    }
+}
+
+/* x += y, then out = rmsnorm(x) * w: the residual add and the next block's
+ * norm in one pass over x (forward.c's add + rmsnorm pair). The same float
+ * operations as add_kernel followed by rmsnorm_kernel. */
+__global__ void add_rmsnorm_kernel(float *x, const float *y, const float *w, float *out,
+                                   __half *out_h, int D, float eps)
+{
+    SS_STATIC_SMEM(float, part, 32);
+    const int64_t t = blockIdx.x;
+    float *xr = x + t * D;
+    const float *yr = y + t * D;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < D; i += blockDim.x) {
+        const float v = xr[i] + yr[i];
+        xr[i] = v;
+        ss += v * v;
+    }
+    for (int o = 16; o > 0; o >>= 1)
+        ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if ((threadIdx.x & 31) == 0)
+        part[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float s = threadIdx.x < (blockDim.x >> 5) ? part[threadIdx.x] : 0.0f;
+        for (int o = 16; o > 0; o >>= 1)
+            s += __shfl_xor_sync(0xffffffffu, s, o);
+        if (threadIdx.x == 0)
+            part[0] = s;
+    }
+    __syncthreads();
+    const float inv = rsqrtf(part[0] / (float)D + eps);
+    for (int i = threadIdx.x; i < D; i += blockDim.x) {
+        const float o = xr[i] * inv * w[i];
+        out[t * D + i] = o;
+        out_h[t * D + i] = __float2half_rn(o);
+    }
+}
+
+/* q -> q at the absolute position and qc at the in-cache one; k at the
+ * absolute position. Pairwise (adjacent) layout; pairs past rope_dim copy. */
+__global__ void rope_kernel(float *q, float *qc, float *k, const float *cs_abs,
+                            const float *cs_cache, int H, int Hkv, int Dh, int rope_dim)
+{
+    const int64_t t = blockIdx.x;
+    const int half = Dh / 2;
+    const float *ca = cs_abs + t * rope_dim, *cc = cs_cache + t * rope_dim;
+    for (int i = threadIdx.x; i < (H + Hkv) * half; i += blockDim.x) {
+        const int j = i % half;            /* pair within the head */
+        const bool rot = j < rope_dim / 2; /* as rope_apply */
+        if (i < H * half) {
+            float *qp = q + (t * H * Dh) + 2 * i; /* head i / half, pair j */
+            float *cp = qc + (t * H * Dh) + 2 * i;
+            const float x0 = qp[0], x1 = qp[1];
+            if (rot) {
+                cp[0] = x0 * cc[2 * j] - x1 * cc[2 * j + 1];
+                cp[1] = x0 * cc[2 * j + 1] + x1 * cc[2 * j];
+                qp[0] = x0 * ca[2 * j] - x1 * ca[2 * j + 1];
+                qp[1] = x0 * ca[2 * j + 1] + x1 * ca[2 * j];
+            } else {
+                cp[0] = x0;
+                cp[1] = x1;
+            }
+        } else if (rot) {
+            float *kp = k + (t * Hkv * Dh) + 2 * (i - H * half);
+            const float x0 = kp[0], x1 = kp[1];
+            kp[0] = x0 * ca[2 * j] - x1 * ca[2 * j + 1];
+            kp[1] = x0 * ca[2 * j + 1] + x1 * ca[2 * j];
+        }
+    }
+}
+
+__device__ __forceinline__ void store_kv(__half *d, float x)
+{
+    *d = __float2half_rn(x);
+}
+__device__ __forceinline__ void store_kv(float *d, float x)
+{
+    *d = x;
+}
+
+template <typename KV>
+__global__ void kv_store_kernel(const float *k, const float *v, KV *K, KV *V, const cuda_tok *tok,
+                                cuda_kv_geo geo, int layer, int Hkv, int Dh)
+{
+    const int64_t t = blockIdx.x;
+    const cuda_tok tk = tok[t];
+    for (int i = threadIdx.x; i < Hkv * Dh; i += blockDim.x) {
+        const int g = i / Dh, e = i % Dh;
+        const int64_t off = tk.slot * geo.per_slot + (int64_t)layer * geo.per_layer +
+                            (int64_t)g * geo.per_head + tk.cell * Dh + e;
+        store_kv(K + off, k[t * Hkv * Dh + i]);
+        store_kv(V + off, v[t * Hkv * Dh + i]);
+    }
+}
+
+__global__ void swiglu_kernel(float *hb, const float *hb2, __half *hb_h, int64_t n)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const float g = hb[i];
+        const float o = g / (1.0f + expf(-g)) * hb2[i];
+        hb[i] = o;
+        hb_h[i] = __float2half_rn(o);
+    }
+}
+
+__global__ void add_kernel(float *x, const float *y, int64_t n)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        x[i] += y[i];
+}
+
+__global__ void gather_kernel(const float *x, float *xo, const int32_t *rows, int D)
+{
+    const int64_t i = blockIdx.x;
+    const float *src = x + (int64_t)rows[i] * D;
+    for (int e = threadIdx.x; e < D; e += blockDim.x)
+        xo[i * D + e] = src[e];
+}
+
+#endif

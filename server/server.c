@@ -290,6 +290,11 @@ static int engine_config_from(const struct server_config *cfg, struct engine_con
     ec->chunk = cfg->chunk;
     ec->max_step_tokens =
         cfg->max_step_tokens > cfg->max_seqs ? cfg->max_step_tokens : cfg->max_seqs;
+    if (ec->backend == BACKEND_CUDA && ec->max_step_tokens > 65535) {
+        fprintf(stderr, "error: --backend cuda takes at most 65535 tokens per step "
+                        "(--max-step-tokens, --max-seqs)\n");
+        return -EINVAL;
+    }
     ec->max_prompt_tokens = cfg->max_prompt;
     ec->session_idle_s = (int64_t)cfg->session_idle;
     if (kv_policy_parse(cfg->kv_policy, &ec->policy) < 0 ||
@@ -306,8 +311,10 @@ static int exit_code_for_start(int rc, const char *path)
 {
     if (access(path, R_OK) != 0)
         return ENGINE_EXIT_MODEL;
-    return rc == -ENOMEM || rc == -EAGAIN || rc == -ENODEV || rc == -ENOSYS ? ENGINE_EXIT_RUNTIME
-                                                                            : ENGINE_EXIT_MODEL;
+    /* memory, threads, and the CUDA backend's device or library failures */
+    return rc == -ENOMEM || rc == -EAGAIN || rc == -ENODEV || rc == -ENOSYS || rc == -EIO
+               ? ENGINE_EXIT_RUNTIME
+               : ENGINE_EXIT_MODEL;
 }
 
 int server_cmd_serve(int argc, char **argv)

@@ -612,11 +612,20 @@ static int cuda_sync(struct backend *b)
         goto fail;
     }
     CUDA_TRY(cudaSetDevice(c->device));
-    if (c->has_probe && !c->dprobe) {
+    if (c->has_probe && (!c->dprobe || !c->hprobe)) {
         const size_t n = (size_t)hp->n_layer * (size_t)b->max_tokens * (size_t)hp->n_head *
                          BACKEND_PROBE_K * sizeof(float);
-        CUDA_TRY(cudaMalloc((void **)&c->dprobe, n));
-        CUDA_TRY(cudaHostAlloc((void **)&c->hprobe, n, cudaHostAllocDefault));
+        if (cudaMalloc((void **)&c->dprobe, n) != cudaSuccess ||
+            cudaHostAlloc((void **)&c->hprobe, n, cudaHostAllocDefault) != cudaSuccess) {
+            fprintf(stderr, "cuda backend: no memory for the probe's weights\n");
+            cudaFree(c->dprobe); /* both, so the next probe step tries again */
+            if (c->hprobe)
+                cudaFreeHost(c->hprobe);
+            c->dprobe = NULL;
+            c->hprobe = NULL;
+            rc = -ENOMEM;
+            goto fail;
+        }
     }
     {
         int logits_pinned = 1;
@@ -808,7 +817,6 @@ static void cuda_free(struct backend *b)
         cudaFree(c->dlogits);
         cudaFree(c->dmeta);
         cudaFree(c->dprobe);
-        cudaFree(c->blas_ws);
         if (c->hmeta)
             cudaFreeHost(c->hmeta);
         if (c->hprobe)
@@ -821,6 +829,7 @@ static void cuda_free(struct backend *b)
             cudaFree(*bufs[i]);
         if (c->blas)
             cublasDestroy(c->blas);
+        cudaFree(c->blas_ws); /* after the handle that uses it */
         if (c->stream)
             cudaStreamDestroy(c->stream);
         free(c);

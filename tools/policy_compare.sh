@@ -29,8 +29,9 @@
 #   STREAMSINK [build/streamsink]  MODEL [$STREAMSINK_MODEL or the fetch-model.sh cache]
 #   PY [.venv/bin/python]  TIME_LIMIT [3600 s per run, also each request's limit]
 #   EXTRA_SERVE_ARGS [""]
-#   RESUME [0]: 1 keeps OUT/runs.tsv and skips every (policy, sessions) row it
-#               already has (a long comparison can be continued after a stop)
+#   RESUME [0]: 1 keeps OUT/runs.tsv and skips every (policy, sessions, TOKENS)
+#               row it already has with a report or a refusal (a long
+#               comparison can be continued after a stop)
 #
 # Cost: 32 sessions x 4096 tokens is 131k tokens per policy; at 100-300
 # tokens/s on 2 cores that is 7-20 minutes per policy, about an hour for the
@@ -65,8 +66,19 @@ mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 # runs.tsv: policy, sessions, tokens asked, tokens per session, json or refusal, load
 [ "$RESUME" = 1 ] && [ -f "$OUT/runs.tsv" ] || : >"$OUT/runs.tsv"
-done_before() { [ "$RESUME" = 1 ] && awk -F'\t' -v p="$1" -v n="$2" \
-  '$1 == p && $2 == n { f = 1 } END { exit !f }' "$OUT/runs.tsv"; }
+# a row counts as done when it has the same tokens and either a report that
+# exists or the server's refusal (a failed start or a lost report runs again)
+done_before() {
+  [ "$RESUME" = 1 ] || return 1
+  local js
+  js=$(awk -F'\t' -v p="$1" -v n="$2" -v t="$TOKENS" \
+    '$1 == p && $2 == n && $3 == t { print $5 }' "$OUT/runs.tsv" | tail -1)
+  case "$js" in
+    REFUSED*) return 0 ;;
+    "") return 1 ;;
+    *) [ -f "$js" ] ;;
+  esac
+}
 
 max_sessions=1
 for n in $SESSIONS; do [ "$n" -gt "$max_sessions" ] && max_sessions=$n; done

@@ -13,9 +13,8 @@ int cuda_attention_tile_tokens(int Dh, int G)
 
 /* ---- launchers ----------------------------------------------------------------------------- */
 
-int cuda_attention_check(int Dh, int G, int kv_f16, char *err, size_t err_len)
+int cuda_attention_check(int Dh, int G, char *err, size_t err_len)
 {
-    (void)kv_f16;
     if (Dh != 16 && Dh != 32 && Dh != 64 && Dh != 128 && Dh != 256) {
         snprintf(err, err_len, "cuda backend: head_dim %d is not supported (16, 32, 64, 128, 256)",
                  Dh);

@@ -93,10 +93,8 @@ struct cuda_ctx {
 
     struct weight *w;
     int n_w, cap_w;
-    const struct model *m;
 
     /* KV */
-    struct kv_geometry geo;
     struct cuda_kv_geo kgeo;
     int kv_f16;
     void *kmem, *vmem;
@@ -749,7 +747,6 @@ static int cuda_kv_alloc(struct backend *b, const struct kv_geometry *g)
     const size_t bytes = kv_geometry_slot_bytes(g) * (size_t)g->n_slots;
     if (g->dtype != KV_DTYPE_F16 && g->dtype != KV_DTYPE_F32)
         return -EINVAL;
-    c->geo = *g;
     c->kv_f16 = g->dtype == KV_DTYPE_F16;
     c->kgeo.cells = kv_geometry_cells(g);
     c->kgeo.per_head = c->kgeo.cells * g->head_dim;
@@ -919,14 +916,13 @@ extern "C" int backend_cuda_init(struct backend *b, const struct model *m,
     }
     if (hp->n_head_kv <= 0 || hp->n_head % hp->n_head_kv != 0)
         return snprintf(err, err_len, "cuda backend: bad head counts"), -EINVAL;
-    rc = cuda_attention_check(hp->head_dim, hp->n_head / hp->n_head_kv, 1, err, err_len);
+    rc = cuda_attention_check(hp->head_dim, hp->n_head / hp->n_head_kv, err, err_len);
     if (rc < 0)
         return rc;
     struct cuda_ctx *c = (struct cuda_ctx *)calloc(1, sizeof *c);
     if (!c)
         return snprintf(err, err_len, "cuda backend: out of memory"), -ENOMEM;
     b->ctx = c;
-    c->m = m;
     c->device = cfg->device;
     c->use_graphs = cfg->use_graphs;
     c->tile_tokens = cuda_attention_tile_tokens(hp->head_dim, hp->n_head / hp->n_head_kv);

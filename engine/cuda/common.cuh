@@ -52,7 +52,7 @@ void cuda_log_error(const char *file, int line, const char *expr, const char *ms
 
 /* attention.cu */
 /* Checks the shapes the kernels support; 0 or -EINVAL with a message. */
-int cuda_attention_check(int Dh, int G, int kv_f16, char *err, size_t err_len);
+int cuda_attention_check(int Dh, int G, char *err, size_t err_len);
 /* Sets the kernels' shared-memory limits once (needs the device). */
 int cuda_attention_setup(int Dh, int G, int kv_f16);
 /* Prefill tile size for (Dh, G): as many tokens as fit the shared memory. */

@@ -36,6 +36,35 @@
 
 #include "kernel_args.cuh"
 
+/* The second half of both norms: sums this thread's partial sum of squares
+ * ss over the block (warp shuffles, then one warp over the warps' sums in
+ * part[32]) and writes row = xr / rms * w in f32 and its f16 copy. In place
+ * (row == xr) is fine: each thread rewrites what it read. */
+__device__ __forceinline__ void rmsnorm_row_finish(const float *xr, float ss, float *part,
+                                                   const float *w, float *row, __half *row_h, int D,
+                                                   float eps)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if ((threadIdx.x & 31) == 0)
+        part[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float s = threadIdx.x < (blockDim.x >> 5) ? part[threadIdx.x] : 0.0f;
+        for (int o = 16; o > 0; o >>= 1)
+            s += __shfl_xor_sync(0xffffffffu, s, o);
+        if (threadIdx.x == 0)
+            part[0] = s;
+    }
+    __syncthreads();
+    const float inv = rsqrtf(part[0] / (float)D + eps);
+    for (int i = threadIdx.x; i < D; i += blockDim.x) {
+        const float o = xr[i] * inv * w[i];
+        row[i] = o;
+        row_h[i] = __float2half_rn(o);
+    }
+}
+
 /* A static shared-memory array of n T named `name`, one per block. (A macro so
  * that a CPU emulation of the execution model can give each block its own
  * storage; tests/cuda_emu/.) */
@@ -60,25 +89,7 @@ __global__ void rmsnorm_kernel(const float *x, const float *w, float *out, __hal
     float ss = 0.0f;
     for (int i = threadIdx.x; i < D; i += blockDim.x)
         ss += xr[i] * xr[i];
-    for (int o = 16; o > 0; o >>= 1)
-        ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    if ((threadIdx.x & 31) == 0)
-        part[threadIdx.x >> 5] = ss;
-    __syncthreads();
-    if (threadIdx.x < 32) {
-        float s = threadIdx.x < (blockDim.x >> 5) ? part[threadIdx.x] : 0.0f;
-        for (int o = 16; o > 0; o >>= 1)
-            s += __shfl_xor_sync(0xffffffffu, s, o);
-        if (threadIdx.x == 0)
-            part[0] = s;
-    }
-    __syncthreads();
-    const float inv = rsqrtf(part[0] / (float)D + eps);
-    for (int i = threadIdx.x; i < D; i += blockDim.x) {
-        const float o = xr[i] * inv * w[i];
-        out[t * D + i] = o; /* in place is fine: each thread rewrites what it read */
-        out_h[t * D + i] = __float2half_rn(o);
-    }
+    rmsnorm_row_finish(xr, ss, part, w, out + t * D, out_h + t * D, D, eps);
 }
 
 /* x += y, then out = rmsnorm(x) * w: the residual add and the next block's
@@ -97,25 +108,7 @@ __global__ void add_rmsnorm_kernel(float *x, const float *y, const float *w, flo
         xr[i] = v;
         ss += v * v;
     }
-    for (int o = 16; o > 0; o >>= 1)
-        ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    if ((threadIdx.x & 31) == 0)
-        part[threadIdx.x >> 5] = ss;
-    __syncthreads();
-    if (threadIdx.x < 32) {
-        float s = threadIdx.x < (blockDim.x >> 5) ? part[threadIdx.x] : 0.0f;
-        for (int o = 16; o > 0; o >>= 1)
-            s += __shfl_xor_sync(0xffffffffu, s, o);
-        if (threadIdx.x == 0)
-            part[0] = s;
-    }
-    __syncthreads();
-    const float inv = rsqrtf(part[0] / (float)D + eps);
-    for (int i = threadIdx.x; i < D; i += blockDim.x) {
-        const float o = xr[i] * inv * w[i];
-        out[t * D + i] = o;
-        out_h[t * D + i] = __float2half_rn(o);
-    }
+    rmsnorm_row_finish(xr, ss, part, w, out + t * D, out_h + t * D, D, eps);
 }
 
 /* q -> q at the absolute position and qc at the in-cache one; k at the

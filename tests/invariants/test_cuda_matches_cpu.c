@@ -55,18 +55,13 @@ static void need_gpu(void)
         SKIP("no CUDA device (or a build without CUDA)");
 }
 
-/* Largest |a - b| over the largest |b|; NaN anywhere gives infinity. */
+/* Largest |a - b| over the largest |b| (tiny_max_diff); NaN anywhere gives
+ * infinity. */
 static double rel_err(const float *a, const float *b, int64_t n)
 {
-    double d = 0, mx = 0;
-    for (int64_t i = 0; i < n; i++) {
-        double e = fabs((double)a[i] - (double)b[i]);
-        if (isnan(e))
-            return INFINITY;
-        d = e > d ? e : d;
-        mx = fabs((double)b[i]) > mx ? fabs((double)b[i]) : mx;
-    }
-    return mx > 0 ? d / mx : d;
+    double mx = 0;
+    double d = tiny_max_diff(b, a, n, &mx);
+    return isinf(d) || !(mx > 0) ? d : d / mx;
 }
 
 static void fill_normal(float *x, int64_t n, double sigma, uint64_t *rng)

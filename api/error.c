@@ -5,6 +5,7 @@
  * code a string or null.
  */
 #include "api.h"
+#include "internal.h"
 
 #include <cjson/cJSON.h>
 #include <stdarg.h>
@@ -35,9 +36,18 @@ void api_error_set(struct api_error *e, int status, const char *param, const cha
     va_end(ap);
 }
 
+/* A message or param may quote the client (a model name, a key) and may have
+ * been cut mid-character by its fixed buffer: JSON strings must be UTF-8. */
+static cJSON *utf8_string(const char *s)
+{
+    char buf[3 * sizeof(((struct api_error *)0)->message)]; /* a bad byte becomes 3 */
+    api__utf8_sanitize(buf, sizeof buf, s, strlen(s));
+    return cJSON_CreateString(buf);
+}
+
 static cJSON *string_or_null(const char *s)
 {
-    return s && s[0] ? cJSON_CreateString(s) : cJSON_CreateNull();
+    return s && s[0] ? utf8_string(s) : cJSON_CreateNull();
 }
 
 char *api_error_json(const struct api_error *e)
@@ -46,7 +56,7 @@ char *api_error_json(const struct api_error *e)
     cJSON *err = cJSON_AddObjectToObject(root, "error");
     char *out = NULL;
     if (err) {
-        cJSON_AddStringToObject(err, "message", e->message);
+        cJSON_AddItemToObject(err, "message", utf8_string(e->message));
         cJSON_AddStringToObject(err, "type", e->type[0] ? e->type : type_for(e->status));
         cJSON_AddItemToObject(err, "param", string_or_null(e->param));
         cJSON_AddItemToObject(err, "code", string_or_null(e->code));

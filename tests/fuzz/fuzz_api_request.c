@@ -1,0 +1,236 @@
+/*
+ * fuzz_api_request.c: libFuzzer target for api_request_parse (api/request.c),
+ * the JSON body -> engine request step every POST goes through.
+ *
+ * The first byte picks the endpoint and the context; the rest is the body,
+ * in a buffer of exactly its length (not NUL-terminated, as the server hands
+ * it over), so ASan sees any read past it. Checked on success: the request is
+ * well formed (a NUL-terminated prompt of the stated length, or token ids in
+ * [0, n_vocab); stop strings non-empty and within the limit, packed first;
+ * sampling values in their documented ranges; a printable session id) and is
+ * released with engine_request_free. On failure: -EINVAL, nothing left to
+ * free, a status in 400..599, a type and a message, and api_error_json gives
+ * the OpenAI error object, valid UTF-8, with the same message when that was
+ * valid UTF-8 (a message quoting the client may not be).
+ *
+ * Byte 0:  bit 0 endpoint (0 completions, 1 chat)
+ *          bits 1-2 chat template: SmolLM2's ChatML (default system prompt),
+ *                   Llama-3, Llama-2, none (ChatML fallback)
+ *          bit 3 an X-Session-Id header is present
+ *          bit 4 no model info (token ids bounded by INT32_MAX)
+ *          bits 5-6 max_stop_len: 0 (no limit), 8, 64, 4096
+ *
+ * Build and run (clang only): as fuzz_http_conn.c says, with
+ *   build-fuzz/tests/fuzz/fuzz_api_request <corpus dir> -max_total_time=60
+ */
+#include "api.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+#define N_VOCAB 49152
+
+static const char *const templates[4] = {
+    /* SmolLM2-Instruct's, as its GGUF carries it (the \n are Jinja escapes) */
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+    "Face<|im_end|>\\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\\n' + "
+    "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\\n' }}{% endif %}",
+    "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' }}",
+    "{{ bos_token + '[INST] ' + message['content'] + ' [/INST]' }}",
+    NULL,
+};
+
+static void fail(const char *what, const struct api_error *e)
+{
+    fprintf(stderr, "fuzz_api_request: %s (status %d, param '%s', message '%s')\n", what,
+            e ? e->status : 0, e ? e->param : "", e ? e->message : "");
+    abort();
+}
+
+static int terminated(const char *s, size_t cap)
+{
+    return memchr(s, 0, cap) != NULL;
+}
+
+/* 1 if the string is valid UTF-8 (no overlongs, surrogates or values past 10FFFF). */
+static int valid_utf8(const char *str)
+{
+    const unsigned char *s = (const unsigned char *)str;
+    size_t n = strlen(str);
+    for (size_t i = 0; i < n;) {
+        unsigned c = s[i];
+        size_t k;
+        unsigned v;
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        if (c >= 0xC2 && c <= 0xDF)
+            k = 1;
+        else if (c >= 0xE0 && c <= 0xEF)
+            k = 2;
+        else if (c >= 0xF0 && c <= 0xF4)
+            k = 3;
+        else
+            return 0;
+        if (i + k + 1 > n)
+            return 0;
+        v = c & (0x3F >> k);
+        for (size_t j = 1; j <= k; j++) {
+            if ((s[i + j] & 0xC0) != 0x80)
+                return 0;
+            v = v << 6 | (s[i + j] & 0x3F);
+        }
+        if ((k == 2 && (v < 0x800 || (v >= 0xD800 && v <= 0xDFFF))) ||
+            (k == 3 && (v < 0x10000 || v > 0x10FFFF)))
+            return 0;
+        i += k + 1;
+    }
+    return 1;
+}
+
+static void check_error(int rc, const struct engine_request *out, const struct api_error *e)
+{
+    static const struct engine_request zero;
+    if (rc != -EINVAL)
+        fail("failure is not -EINVAL", e);
+    if (memcmp(out, &zero, sizeof zero) != 0)
+        fail("a failed parse left something in the request", e);
+    if (e->status < 400 || e->status > 599)
+        fail("error status outside 400..599", e);
+    if (!terminated(e->type, sizeof e->type) || !terminated(e->param, sizeof e->param) ||
+        !terminated(e->code, sizeof e->code) || !terminated(e->message, sizeof e->message))
+        fail("error field not NUL-terminated", e);
+    if (!e->type[0] || !e->message[0])
+        fail("error without a type or a message", e);
+
+    char *json = api_error_json(e);
+    if (!json)
+        return; /* out of memory */
+    cJSON *root = cJSON_Parse(json);
+    const cJSON *err = cJSON_GetObjectItemCaseSensitive(root, "error");
+    const cJSON *msg = cJSON_GetObjectItemCaseSensitive(err, "message");
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(err, "type");
+    const cJSON *param = cJSON_GetObjectItemCaseSensitive(err, "param");
+    const cJSON *code = cJSON_GetObjectItemCaseSensitive(err, "code");
+    if (!cJSON_IsString(msg) || !msg->valuestring[0] || !cJSON_IsString(type) || !param || !code)
+        fail("api_error_json does not give the error object", e);
+    if (valid_utf8(e->message) && strcmp(msg->valuestring, e->message) != 0)
+        fail("api_error_json changed a valid message", e);
+    if (!valid_utf8(json))
+        fail("api_error_json is not valid UTF-8", e);
+    if (e->param[0] ? !cJSON_IsString(param) : !cJSON_IsNull(param))
+        fail("error param is not a string or null as it should be", e);
+    if (e->code[0] ? !cJSON_IsString(code) : !cJSON_IsNull(code))
+        fail("error code is not a string or null as it should be", e);
+    cJSON_Delete(root);
+    free(json);
+}
+
+static void check_request(const struct api_parse_ctx *ctx, enum api_endpoint ep,
+                          const struct engine_request *r, const struct api_request *m)
+{
+    int64_t n_vocab = ctx->model ? ctx->model->n_vocab : INT32_MAX;
+    const struct sampler_params *s = &r->sampling;
+
+    if (r->id != ctx->id || m->endpoint != ep || !r->add_bos || !r->parse_special)
+        fail("request id, endpoint or flags", NULL);
+    if (r->prompt) {
+        if (r->prompt_ids || r->prompt[r->prompt_len] != 0 || strlen(r->prompt) != r->prompt_len)
+            fail("text prompt length", NULL);
+    } else {
+        if (ep == API_CHAT || !r->prompt_ids || r->n_prompt_ids < 1)
+            fail("no prompt", NULL);
+        for (int64_t i = 0; i < r->n_prompt_ids; i++)
+            if (r->prompt_ids[i] < 0 || r->prompt_ids[i] >= n_vocab)
+                fail("token id outside the vocabulary", NULL);
+    }
+    if (r->max_tokens != -1 && r->max_tokens < 1)
+        fail("max_tokens", NULL);
+    if (!(s->temperature >= 0 && s->temperature <= 2) || !(s->top_p >= 0 && s->top_p <= 1) ||
+        !(s->min_p >= 0 && s->min_p <= 1) || s->top_k < 0 ||
+        !(s->presence_penalty >= -2 && s->presence_penalty <= 2) ||
+        !(s->frequency_penalty >= -2 && s->frequency_penalty <= 2))
+        fail("sampling parameter out of range", NULL);
+    for (int i = 0; i < ENGINE_MAX_STOP; i++) {
+        if (!r->stop[i]) {
+            for (int j = i + 1; j < ENGINE_MAX_STOP; j++)
+                if (r->stop[j])
+                    fail("stop strings not packed", NULL);
+            break;
+        }
+        size_t n = strlen(r->stop[i]);
+        if (n == 0 || (ctx->max_stop_len > 0 && (int64_t)n > ctx->max_stop_len))
+            fail("stop string empty or over the limit", NULL);
+    }
+    if (!terminated(r->session_id, sizeof r->session_id))
+        fail("session id not NUL-terminated", NULL);
+    for (const char *p = r->session_id; *p; p++)
+        if (*p < 0x21 || *p > 0x7e)
+            fail("session id not printable ASCII", NULL);
+    if (!r->session_id[0] && ctx->session_header)
+        fail("the session header was dropped", NULL);
+    if (m->top_logprobs < 0 || m->top_logprobs > ENGINE_MAX_TOP_LOGPROBS ||
+        (ep == API_COMPLETIONS && m->top_logprobs > 5) || (m->top_logprobs && !m->logprobs))
+        fail("logprobs", NULL);
+    if (r->logprobs != m->logprobs || r->top_logprobs != m->top_logprobs)
+        fail("logprobs differ between request and meta", NULL);
+    if (m->include_usage && !m->stream)
+        fail("include_usage without stream", NULL);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    static const int64_t stop_lens[4] = {0, 8, 64, 4096};
+    static struct api_chat_template chat[4];
+    static struct engine_model_info info;
+    static int ready;
+    struct api_parse_ctx ctx;
+    struct engine_request out;
+    struct api_request meta;
+    struct api_error err;
+
+    if (!ready) {
+        for (int i = 0; i < 4; i++)
+            api_chat_template_init(&chat[i], templates[i]);
+        snprintf(info.name, sizeof info.name, "SmolLM2-135M-Instruct");
+        info.n_vocab = N_VOCAB;
+        info.bos = 1;
+        info.eos = 2;
+        ready = 1;
+    }
+    if (size < 1)
+        return 0;
+    uint8_t cfg = data[0];
+    enum api_endpoint ep = (cfg & 1) ? API_CHAT : API_COMPLETIONS;
+    ctx = (struct api_parse_ctx){
+        .model = (cfg & 16) ? NULL : &info,
+        .chat = &chat[(cfg >> 1) & 3],
+        .session_header = (cfg & 8) ? "fuzz-session" : NULL,
+        .id = 42,
+        .default_seed = 7,
+        .max_stop_len = stop_lens[(cfg >> 5) & 3],
+    };
+    size_t len = size - 1;
+    char *body = malloc(len ? len : 1); /* exactly the body: no NUL after it */
+    if (!body)
+        return 0;
+    memcpy(body, data + 1, len);
+
+    int rc = api_request_parse(&ctx, ep, body, len, &out, &meta, &err);
+    if (rc == 0) {
+        check_request(&ctx, ep, &out, &meta);
+        engine_request_free(&out);
+    } else {
+        check_error(rc, &out, &err);
+    }
+    free(body);
+    return 0;
+}

@@ -50,14 +50,24 @@ static int bad_type(struct api_error *err, const char *name, const char *want, c
     return -1;
 }
 
+/* 1e400 parses as infinity: a number, but not one any parameter can take. */
+static int not_finite(struct api_error *err, const char *name)
+{
+    api_error_set(err, 400, name, "invalid_value",
+                  "Invalid value for '%s': the number is out of range (not finite).", name);
+    return -1;
+}
+
 static int get_number(const cJSON *o, const char *name, double lo, double hi, double *out,
                       struct api_error *err)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
     if (!v || cJSON_IsNull(v))
         return 0;
-    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble))
+    if (!cJSON_IsNumber(v))
         return bad_type(err, name, "a number", v);
+    if (!isfinite(v->valuedouble))
+        return not_finite(err, name);
     if (v->valuedouble < lo || v->valuedouble > hi) {
         api_error_set(err, 400, name, "invalid_value",
                       "Invalid value for '%s': %g is outside the range [%g, %g].", name,
@@ -74,9 +84,18 @@ static int get_int(const cJSON *o, const char *name, int64_t lo, int64_t hi, int
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
     if (!v || cJSON_IsNull(v))
         return 0;
-    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) ||
-        v->valuedouble != floor(v->valuedouble) || fabs(v->valuedouble) > 9.0e18)
+    if (!cJSON_IsNumber(v))
         return bad_type(err, name, "an integer", v);
+    if (!isfinite(v->valuedouble))
+        return not_finite(err, name);
+    if (v->valuedouble != floor(v->valuedouble))
+        return bad_type(err, name, "an integer", v);
+    if (fabs(v->valuedouble) > 9.0e18) { /* past int64_t, so past any range here */
+        api_error_set(err, 400, name, "invalid_value",
+                      "Invalid value for '%s': %g is outside the range [%lld, %lld].", name,
+                      v->valuedouble, (long long)lo, (long long)hi);
+        return -1;
+    }
     int64_t x = (int64_t)v->valuedouble;
     if (x < lo || x > hi) {
         api_error_set(err, 400, name, "invalid_value",
@@ -371,6 +390,11 @@ static int take_ids(const cJSON *arr, const struct api_parse_ctx *ctx, struct en
     cJSON_ArrayForEach(it, arr)
     {
         double d = cJSON_IsNumber(it) ? it->valuedouble : -1;
+        if (!isfinite(d)) {
+            api_error_set(err, 400, "prompt", "invalid_value",
+                          "Invalid value for 'prompt': token %d is out of range (not finite).", k);
+            return -1;
+        }
         if (!cJSON_IsNumber(it) || d != floor(d) || d < 0 || d >= (double)n_vocab) {
             api_error_set(err, 400, "prompt", "invalid_value",
                           "Invalid value for 'prompt': token %d is not an id in [0, %lld).", k,

@@ -31,21 +31,34 @@ struct parsed {
     int rc;
 };
 
-static struct parsed parse_h(enum api_endpoint ep, const char *json, const char *session_header)
+/* The context the server passes, without model names or a value limit. */
+static struct api_parse_ctx base_ctx(const char *session_header)
 {
     static struct engine_model_info mi;
     static struct api_chat_template chat;
     mi = model_info();
     api_chat_template_init(&chat, mi.chat_template);
-    struct api_parse_ctx ctx = {.model = &mi,
-                                .chat = &chat,
-                                .session_header = session_header,
-                                .id = 42,
-                                .default_seed = 7,
-                                .max_stop_len = 256};
+    return (struct api_parse_ctx){.model = &mi,
+                                  .chat = &chat,
+                                  .session_header = session_header,
+                                  .id = 42,
+                                  .default_seed = 7,
+                                  .max_stop_len = 256};
+}
+
+/* Parses len bytes of json (which may hold NULs, and need not end in one). */
+static struct parsed parse_c(const struct api_parse_ctx *ctx, enum api_endpoint ep,
+                             const char *json, size_t len)
+{
     struct parsed p;
-    p.rc = api_request_parse(&ctx, ep, json, strlen(json), &p.req, &p.meta, &p.err);
+    p.rc = api_request_parse(ctx, ep, json, len, &p.req, &p.meta, &p.err);
     return p;
+}
+
+static struct parsed parse_h(enum api_endpoint ep, const char *json, const char *session_header)
+{
+    struct api_parse_ctx ctx = base_ctx(session_header);
+    return parse_c(&ctx, ep, json, strlen(json));
 }
 
 static struct parsed parse(enum api_endpoint ep, const char *json)
@@ -64,6 +77,29 @@ static struct parsed parse(enum api_endpoint ep, const char *json)
         ASSERT_STREQ(p_.err.param, (param_) ? (param_) : "");                                      \
         ASSERT_STREQ(p_.err.type, "invalid_request_error");                                        \
         ASSERT(p_.req.prompt == NULL && p_.req.stop[0] == NULL);                                   \
+    } while (0)
+
+/* Expects the parse result p to be a rejection with this status, param ("":
+ * JSON null) and code, leaving nothing to free. */
+#define ASSERT_REJECTED(p, status_, param_, code_)                                                 \
+    do {                                                                                           \
+        struct parsed q_ = (p);                                                                    \
+        if (q_.rc == 0)                                                                            \
+            engine_request_free(&q_.req);                                                          \
+        ASSERT(q_.rc < 0);                                                                         \
+        ASSERT_EQ(q_.err.status, status_);                                                         \
+        ASSERT_STREQ(q_.err.param, param_);                                                        \
+        ASSERT_STREQ(q_.err.code, code_);                                                          \
+        ASSERT(q_.req.prompt == NULL && q_.req.stop[0] == NULL);                                   \
+    } while (0)
+
+/* Expects the parse result p to succeed, and frees it. */
+#define ASSERT_ACCEPTED(p)                                                                         \
+    do {                                                                                           \
+        struct parsed q_ = (p);                                                                    \
+        if (q_.rc < 0)                                                                             \
+            FAIL_AT("rejected: %d param '%s': %s", q_.err.status, q_.err.param, q_.err.message);   \
+        engine_request_free(&q_.req);                                                              \
     } while (0)
 
 TEST(api_request_parses_a_minimal_completion_with_openai_defaults)
@@ -437,6 +473,40 @@ TEST(api_chat_template_recognizes_llama3_and_llama2_and_falls_back_to_chatml)
     ASSERT_STREQ(out, "<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n");
     ASSERT_EQ(len, strlen(out));
     free(out);
+}
+
+TEST(api_request_non_finite_numbers_are_out_of_range_for_every_numeric_param)
+{
+    static const char *const completions[] = {
+        "temperature", "top_p", "top_k",      "min_p",   "presence_penalty", "frequency_penalty",
+        "seed",        "n",     "max_tokens", "best_of", "logprobs"};
+    char body[256];
+    for (size_t i = 0; i < sizeof completions / sizeof completions[0]; i++) {
+        for (int neg = 0; neg < 2; neg++) {
+            snprintf(body, sizeof body, "{\"prompt\":\"x\",\"%s\":%s1e400}", completions[i],
+                     neg ? "-" : "");
+            struct parsed p = parse(API_COMPLETIONS, body);
+            ASSERT_REJECTED(p, 400, completions[i], "invalid_value");
+            char want[160];
+            snprintf(want, sizeof want,
+                     "Invalid value for '%s': the number is out of range (not finite).",
+                     completions[i]);
+            ASSERT_STREQ(p.err.message, want);
+        }
+    }
+    ASSERT_REJECTED(parse(API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                                    "\"max_completion_tokens\":1e999}"),
+                    400, "max_completion_tokens", "invalid_value");
+    ASSERT_REJECTED(parse(API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                                    "\"logprobs\":true,\"top_logprobs\":-1e999}"),
+                    400, "top_logprobs", "invalid_value");
+    struct parsed p = parse(API_COMPLETIONS, "{\"prompt\":[1,1e400]}");
+    ASSERT_REJECTED(p, 400, "prompt", "invalid_value");
+    ASSERT(strstr(p.err.message, "not finite") != NULL);
+    /* finite but beyond int64: out of range, not "expected an integer" */
+    p = parse(API_COMPLETIONS, "{\"prompt\":\"x\",\"max_tokens\":1e300}");
+    ASSERT_REJECTED(p, 400, "max_tokens", "invalid_value");
+    ASSERT(strstr(p.err.message, "outside the range") != NULL);
 }
 
 TEST_MAIN()

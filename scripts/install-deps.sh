@@ -4,7 +4,7 @@
 # Idempotent; safe to run on every build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PKGS=(build-essential cmake pkg-config clang clang-format libuv1-dev libcjson-dev node-llhttp
+PKGS=(build-essential cmake pkg-config clang libclang-rt-14-dev clang-format libuv1-dev libcjson-dev node-llhttp
       libutf8proc-dev libsimde-dev python3-venv python3-pip bible-kjv nginx)
 missing=()
 for p in "${PKGS[@]}"; do

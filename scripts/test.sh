@@ -22,3 +22,6 @@ echo "== unit tests under AddressSanitizer + UndefinedBehaviorSanitizer"
 BUILD_DIR=build-asan bash scripts/build.sh -DSTREAMSINK_WERROR=ON -DSTREAMSINK_CUDA=OFF \
   -DSTREAMSINK_SANITIZE=address,undefined -DCMAKE_BUILD_TYPE=Debug
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -L unit -j1)
+
+echo "== fuzzing: each libFuzzer target for a bounded time from its seed corpus"
+bash scripts/fuzz.sh

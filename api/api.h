@@ -87,6 +87,11 @@ struct api_parse_ctx {
     uint64_t id;                /* engine request id */
     uint64_t default_seed;      /* seed when the body gives none */
     int64_t max_stop_len;       /* longest stop string accepted (bytes) */
+    /* The model names this server answers to (its id, then any aliases). A
+     * body naming another model is a 404 model_not_found; NULL or 0 names
+     * accept any model. A body without "model" is accepted either way. */
+    const char *const *model_names;
+    size_t n_model_names;
 };
 
 /* What the response side needs to remember about a request. */
@@ -100,7 +105,8 @@ struct api_request {
 
 /* Parses a JSON body for endpoint ep into out (an engine request with id
  * ctx->id) and meta. Unknown fields are ignored; a wrong type or an
- * out-of-range value fails with a 400 that names the param. Returns 0, or
+ * out-of-range value fails with a 400 that names the param; a model not in
+ * ctx->model_names is a 404. Returns 0, or
  * -EINVAL with err filled and out left empty (nothing to free). On success
  * the caller owns out (engine_request_free, or engine_submit). */
 int api_request_parse(const struct api_parse_ctx *ctx, enum api_endpoint ep, const char *body,

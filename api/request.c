@@ -249,6 +249,21 @@ static int parse_sampling(const cJSON *o, const struct api_parse_ctx *ctx,
     return 0;
 }
 
+/* A name the server does not serve is a 404, as vLLM answers: a client
+ * that asks for a model it does not get should hear so. No list: any name. */
+static int check_model(const struct api_parse_ctx *ctx, const char *name, struct api_error *err)
+{
+    if (!ctx->model_names || ctx->n_model_names == 0)
+        return 0;
+    for (size_t i = 0; i < ctx->n_model_names; i++)
+        if (ctx->model_names[i] && strcmp(ctx->model_names[i], name) == 0)
+            return 0;
+    size_t n = strlen(name);
+    api_error_set(err, 404, "model", "model_not_found", "The model `%.*s%s` does not exist.",
+                  n > 128 ? 128 : (int)n, name, n > 128 ? "..." : "");
+    return -1;
+}
+
 /* Fields both endpoints share, and the ones we refuse. */
 static int parse_common(const cJSON *o, const struct api_parse_ctx *ctx, enum api_endpoint ep,
                         struct engine_request *r, struct api_request *meta, struct api_error *err)
@@ -257,7 +272,9 @@ static int parse_common(const cJSON *o, const struct api_parse_ctx *ctx, enum ap
     int64_t i;
     int b = 0, rc;
 
-    if (get_string(o, "model", &s, err) < 0)
+    if ((rc = get_string(o, "model", &s, err)) < 0)
+        return -1;
+    if (rc && check_model(ctx, s, err) < 0)
         return -1;
     if (get_string(o, "user", &s, err) < 0)
         return -1;

@@ -5,6 +5,7 @@
  * fields, session ids, kv_policy, and chat rendering per template format.
  */
 #include "api.h"
+#include "internal.h"
 #include "test.h"
 
 static const char *SMOL_TEMPLATE =
@@ -507,6 +508,52 @@ TEST(api_request_non_finite_numbers_are_out_of_range_for_every_numeric_param)
     p = parse(API_COMPLETIONS, "{\"prompt\":\"x\",\"max_tokens\":1e300}");
     ASSERT_REJECTED(p, 400, "max_tokens", "invalid_value");
     ASSERT(strstr(p.err.message, "outside the range") != NULL);
+}
+
+TEST(api_request_model_must_be_one_the_server_serves)
+{
+    static const char *const names[] = {"SmolLM2-135M-Instruct.Q4_1", "smol"};
+    struct api_parse_ctx ctx = base_ctx(NULL);
+    ctx.model_names = names;
+    ctx.n_model_names = 2;
+#define WITH_MODEL(m) "{\"prompt\":\"x\",\"model\":\"" m "\"}"
+    ASSERT_ACCEPTED(parse_c(&ctx, API_COMPLETIONS, WITH_MODEL("smol"), strlen(WITH_MODEL("smol"))));
+    const char *id = WITH_MODEL("SmolLM2-135M-Instruct.Q4_1");
+    ASSERT_ACCEPTED(parse_c(&ctx, API_COMPLETIONS, id, strlen(id)));
+    const char *other = WITH_MODEL("no-such-model");
+    struct parsed p = parse_c(&ctx, API_COMPLETIONS, other, strlen(other));
+    ASSERT_REJECTED(p, 404, "model", "model_not_found");
+    ASSERT_STREQ(p.err.type, "invalid_request_error");
+    ASSERT_STREQ(p.err.message, "The model `no-such-model` does not exist.");
+    const char *upper = WITH_MODEL("SMOL"); /* names are case-sensitive, as vLLM's */
+    ASSERT_REJECTED(parse_c(&ctx, API_COMPLETIONS, upper, strlen(upper)), 404, "model",
+                    "model_not_found");
+    const char *chat =
+        "{\"model\":\"gpt-4o\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}";
+    ASSERT_REJECTED(parse_c(&ctx, API_CHAT, chat, strlen(chat)), 404, "model", "model_not_found");
+    const char *empty = WITH_MODEL("");
+    ASSERT_REJECTED(parse_c(&ctx, API_COMPLETIONS, empty, strlen(empty)), 404, "model",
+                    "model_not_found");
+    /* no model (or null) is accepted, as it always was */
+    ASSERT_ACCEPTED(parse_c(&ctx, API_COMPLETIONS, "{\"prompt\":\"x\"}", 14));
+    const char *null_model = "{\"prompt\":\"x\",\"model\":null}";
+    ASSERT_ACCEPTED(parse_c(&ctx, API_COMPLETIONS, null_model, strlen(null_model)));
+    /* a long name is cut in the message, which stays valid UTF-8 */
+    char big[700];
+    size_t o = (size_t)snprintf(big, sizeof big, "{\"prompt\":\"x\",\"model\":\"x");
+    for (int i = 0; i < 200; i++)
+        o += (size_t)snprintf(big + o, sizeof big - o, "\xc3\xa9");
+    snprintf(big + o, sizeof big - o, "\"}");
+    p = parse_c(&ctx, API_COMPLETIONS, big, strlen(big));
+    ASSERT_REJECTED(p, 404, "model", "model_not_found");
+    ASSERT(strstr(p.err.message, "...` does not exist.") != NULL);
+    char *json = api_error_json(&p.err);
+    ASSERT(json != NULL);
+    ASSERT_EQ(api__utf8_valid_prefix(json, strlen(json)), strlen(json));
+    free(json);
+    /* without a list any name is served (library users, tools) */
+    ASSERT_ACCEPTED(parse(API_COMPLETIONS, WITH_MODEL("anything")));
+#undef WITH_MODEL
 }
 
 TEST_MAIN()

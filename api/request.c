@@ -5,7 +5,7 @@
  * terminated) and freed on every path. Every parameter is checked for its
  * type and range; the first bad one fails the request with a 400 naming it.
  * Unknown fields are ignored, as OpenAI does. Fields we know but do not
- * implement (n > 1, best_of > 1, echo, suffix, logit_bias, tools, JSON
+ * implement (n > 1, best_of > 1, echo, suffix, logit_bias, tool calling, JSON
  * response formats) fail loudly rather than being silently dropped.
  *
  * Text prompts are passed as text (the engine thread tokenizes); special
@@ -264,6 +264,52 @@ static int check_model(const struct api_parse_ctx *ctx, const char *name, struct
     return -1;
 }
 
+/* Tool calling is not implemented. Fields that ask for a tool call fail
+ * loudly; those that ask for none (an empty list, "none", "auto" with no
+ * tools, parallel_tool_calls) are harmless, and clients send them by default. */
+static int no_tools(struct api_error *err, const char *name)
+{
+    api_error_set(err, 400, name, "unsupported_parameter",
+                  "Unsupported parameter: '%s': this server does not support tool calling.", name);
+    return -1;
+}
+
+static int parse_tools(const cJSON *o, struct api_error *err)
+{
+    static const char *const lists[] = {"tools", "functions"};
+    static const char *const choices[] = {"tool_choice", "function_call"};
+    int b;
+    for (int i = 0; i < 2; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, lists[i]);
+        if (!v || cJSON_IsNull(v))
+            continue;
+        if (!cJSON_IsArray(v))
+            return bad_type(err, lists[i], "an array", v);
+        if (v->child)
+            return no_tools(err, lists[i]);
+    }
+    for (int i = 0; i < 2; i++) {
+        const char *name = choices[i];
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
+        if (!v || cJSON_IsNull(v))
+            continue;
+        if (cJSON_IsObject(v)) /* names a function to call */
+            return no_tools(err, name);
+        if (!cJSON_IsString(v))
+            return bad_type(err, name, "a string or an object", v);
+        if (strcmp(v->valuestring, "none") == 0 || strcmp(v->valuestring, "auto") == 0)
+            continue; /* with no tools, "auto" can only choose none */
+        if (i == 0 && strcmp(v->valuestring, "required") == 0)
+            return no_tools(err, name);
+        api_error_set(err, 400, name, "invalid_value",
+                      "Invalid value for '%s': expected none, auto%s or an object naming a "
+                      "function.",
+                      name, i == 0 ? ", required" : "");
+        return -1;
+    }
+    return get_bool(o, "parallel_tool_calls", &b, err) < 0 ? -1 : 0;
+}
+
 /* Fields both endpoints share, and the ones we refuse. */
 static int parse_common(const cJSON *o, const struct api_parse_ctx *ctx, enum api_endpoint ep,
                         struct engine_request *r, struct api_request *meta, struct api_error *err)
@@ -372,13 +418,8 @@ static int parse_common(const cJSON *o, const struct api_parse_ctx *ctx, enum ap
         if (lb->child)
             return unsupported(err, "logit_bias", "logit_bias");
     }
-    const cJSON *tools = cJSON_GetObjectItemCaseSensitive(o, "tools");
-    if (tools && !cJSON_IsNull(tools)) {
-        if (!cJSON_IsArray(tools))
-            return bad_type(err, "tools", "an array", tools);
-        if (cJSON_GetArraySize(tools) > 0)
-            return unsupported(err, "tools", "tool calling");
-    }
+    if (parse_tools(o, err) < 0)
+        return -1;
     const cJSON *rf = cJSON_GetObjectItemCaseSensitive(o, "response_format");
     if (rf && !cJSON_IsNull(rf)) {
         const cJSON *t = cJSON_IsObject(rf) ? cJSON_GetObjectItemCaseSensitive(rf, "type") : NULL;

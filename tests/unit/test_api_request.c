@@ -556,4 +556,51 @@ TEST(api_request_model_must_be_one_the_server_serves)
 #undef WITH_MODEL
 }
 
+TEST(api_request_refuses_tool_calling_and_takes_fields_that_ask_for_none)
+{
+#define CHAT_WITH(extra) "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]," extra "}"
+    ASSERT_REJECTED(parse(API_CHAT, CHAT_WITH("\"tools\":[{\"type\":\"function\",\"function\":{"
+                                              "\"name\":\"f\"}}]")),
+                    400, "tools", "unsupported_parameter");
+    ASSERT_REJECTED(parse(API_CHAT, CHAT_WITH("\"functions\":[{\"name\":\"f\"}]")), 400,
+                    "functions", "unsupported_parameter");
+    ASSERT_REJECTED(parse(API_CHAT, CHAT_WITH("\"tool_choice\":\"required\"")), 400, "tool_choice",
+                    "unsupported_parameter");
+    ASSERT_REJECTED(parse(API_CHAT, CHAT_WITH("\"tool_choice\":{\"type\":\"function\","
+                                              "\"function\":{\"name\":\"f\"}}")),
+                    400, "tool_choice", "unsupported_parameter");
+    ASSERT_REJECTED(parse(API_CHAT, CHAT_WITH("\"function_call\":{\"name\":\"f\"}")), 400,
+                    "function_call", "unsupported_parameter");
+    ASSERT_REJECTED(parse(API_CHAT, CHAT_WITH("\"tool_choice\":\"sometimes\"")), 400, "tool_choice",
+                    "invalid_value");
+    ASSERT_REJECTED(parse(API_CHAT, CHAT_WITH("\"function_call\":\"always\"")), 400,
+                    "function_call", "invalid_value");
+    ASSERT_REJECTED(parse(API_CHAT, CHAT_WITH("\"tool_choice\":5")), 400, "tool_choice",
+                    "invalid_type");
+    ASSERT_REJECTED(parse(API_CHAT, CHAT_WITH("\"functions\":{}")), 400, "functions",
+                    "invalid_type");
+    ASSERT_REJECTED(parse(API_CHAT, CHAT_WITH("\"parallel_tool_calls\":\"yes\"")), 400,
+                    "parallel_tool_calls", "invalid_type");
+    ASSERT_REJECTED(parse(API_COMPLETIONS, "{\"prompt\":\"x\",\"tools\":[{}]}"), 400, "tools",
+                    "unsupported_parameter");
+    struct parsed p = parse(API_CHAT, CHAT_WITH("\"tools\":[{}]"));
+    ASSERT(p.rc < 0);
+    ASSERT(strstr(p.err.message, "does not support tool calling") != NULL);
+
+    /* nothing here asks for a tool call */
+    ASSERT_ACCEPTED(parse(API_CHAT, CHAT_WITH("\"tools\":[]")));
+    ASSERT_ACCEPTED(parse(API_CHAT, CHAT_WITH("\"tool_choice\":\"none\"")));
+    ASSERT_ACCEPTED(parse(API_CHAT, CHAT_WITH("\"tools\":[],\"tool_choice\":\"auto\"")));
+    ASSERT_ACCEPTED(parse(API_CHAT, CHAT_WITH("\"tool_choice\":\"auto\"")));
+    ASSERT_ACCEPTED(parse(API_CHAT, CHAT_WITH("\"functions\":[],\"function_call\":\"none\"")));
+    ASSERT_ACCEPTED(parse(API_CHAT, CHAT_WITH("\"function_call\":\"auto\"")));
+    ASSERT_ACCEPTED(parse(API_CHAT, CHAT_WITH("\"parallel_tool_calls\":false")));
+    ASSERT_ACCEPTED(parse(API_CHAT, CHAT_WITH("\"tools\":null,\"tool_choice\":null,"
+                                              "\"functions\":null,\"function_call\":null,"
+                                              "\"parallel_tool_calls\":null")));
+#undef CHAT_WITH
+}
+
+/* ---- strict JSON: what cJSON alone would let through -------------------- */
+
 TEST_MAIN()

@@ -92,7 +92,14 @@ struct api_parse_ctx {
      * accept any model. A body without "model" is accepted either way. */
     const char *const *model_names;
     size_t n_model_names;
+    /* Most JSON values a body may hold (object keys count as values), checked
+     * by a linear scan before cJSON builds its tree (about 80 bytes a value):
+     * more is a 413. 0: API_JSON_DEFAULT_MAX_VALUES. */
+    size_t max_json_values;
 };
+
+#define API_JSON_DEFAULT_MAX_VALUES ((size_t)1 << 20)
+#define API_JSON_MAX_DEPTH 64 /* nesting deeper than this is a 400 */
 
 /* What the response side needs to remember about a request. */
 struct api_request {
@@ -104,11 +111,14 @@ struct api_request {
 };
 
 /* Parses a JSON body for endpoint ep into out (an engine request with id
- * ctx->id) and meta. Unknown fields are ignored; a wrong type or an
- * out-of-range value fails with a 400 that names the param; a model not in
- * ctx->model_names is a 404. Returns 0, or
- * -EINVAL with err filled and out left empty (nothing to free). On success
- * the caller owns out (engine_request_free, or engine_submit). */
+ * ctx->id) and meta. The body must be one strict JSON object (RFC 8259; only
+ * whitespace after it; no key twice; strings valid UTF-8 without U+0000),
+ * else a 400 (named after the string or key at fault where there is one).
+ * Unknown fields are ignored; a wrong type or an out-of-range value fails
+ * with a 400 that names the param; a model not in ctx->model_names is a 404;
+ * a body over ctx->max_json_values values is a 413. Returns 0, or -EINVAL
+ * with err filled and out left empty (nothing to free). On success the
+ * caller owns out (engine_request_free, or engine_submit). */
 int api_request_parse(const struct api_parse_ctx *ctx, enum api_endpoint ep, const char *body,
                       size_t len, struct engine_request *out, struct api_request *meta,
                       struct api_error *err);

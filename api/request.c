@@ -2,17 +2,25 @@
  * request.c: a JSON body -> struct engine_request, with OpenAI's validation.
  *
  * One cJSON tree per request, parsed with the length (the body is not NUL
- * terminated) and freed on every path. Every parameter is checked for its
- * type and range; the first bad one fails the request with a 400 naming it.
- * Unknown fields are ignored, as OpenAI does. Fields we know but do not
- * implement (n > 1, best_of > 1, echo, suffix, logit_bias, tool calling, JSON
- * response formats) fail loudly rather than being silently dropped.
+ * terminated) and freed on every path. cJSON is more lenient than JSON, and
+ * its strings end at the first NUL, so one linear pass over the raw bytes
+ * comes first (json_prescan): it holds the body to RFC 8259's lexical rules,
+ * bounds the tree's size and depth before any node is allocated, and finds
+ * strings holding U+0000, which the tree alone cannot show. Only whitespace
+ * may follow the object.
+ *
+ * Every parameter is checked for its type and range; the first bad one fails
+ * the request with a 400 naming it. Unknown fields are ignored, as OpenAI
+ * does. Fields we know but do not implement (n > 1, best_of > 1, echo,
+ * suffix, logit_bias, tool calling, JSON response formats) fail loudly rather
+ * than being silently dropped.
  *
  * Text prompts are passed as text (the engine thread tokenizes); special
  * tokens in them are parsed, as `streamsink run` does, so a completions
  * prompt and `streamsink run -p` of the same text give the same tokens.
  */
 #include "api.h"
+#include "internal.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -681,6 +689,334 @@ static int parse_chat(const cJSON *o, const struct api_parse_ctx *ctx, struct en
     return 0;
 }
 
+/* ---- the raw body, before cJSON ------------------------------------------ */
+
+/* What cJSON 1.7 lets through that JSON does not, and how each is closed:
+ * - any byte up to 0x20 counts as whitespace: only space, tab, CR and LF do;
+ * - raw control characters in strings: they must be escaped;
+ * - numbers are whatever strtod reads (012, 1., -.5): JSON's grammar only;
+ * - a raw or escaped U+0000 ends the C string early ("a\u0000b" reads as "a"),
+ *   and the tree cannot show it: the scan notes which string held it;
+ * - no limit on values (each is a node of about 80 bytes) and a nesting limit
+ *   of 1000: at most max_values values and API_JSON_MAX_DEPTH levels;
+ * - a key given twice reads as its first value (most parsers keep the last):
+ *   refused once the tree is built (unique_keys).
+ * The grammar (brackets, commas, colons, literals, escapes other than \u)
+ * stays cJSON's job, as do bytes after the object (cJSON reports where it
+ * stopped). Strings must also be valid UTF-8 (RFC 8259 section 8.1). */
+
+enum bad_string {
+    BAD_STRING_NONE = 0,
+    BAD_STRING_NUL,  /* holds U+0000, raw or escaped */
+    BAD_STRING_UTF8, /* not valid UTF-8 */
+};
+
+struct json_scan {
+    long bad_ordinal; /* the first bad string, counted in document order, keys included */
+    enum bad_string bad;
+};
+
+static int json_syntax(struct api_error *err, size_t at, const char *what)
+{
+    api_error_set(err, 400, NULL, "invalid_json",
+                  "We could not parse the JSON body of your request: %s at byte %zu.", what, at);
+    return -1;
+}
+
+static int is_digit(unsigned char c)
+{
+    return c >= '0' && c <= '9';
+}
+
+static int is_hex(unsigned char c)
+{
+    return is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+}
+
+/* The string whose opening quote is at s[i]: returns the index after its
+ * closing quote and sets *bad, or 0 after filling err. */
+static size_t scan_string(const unsigned char *s, size_t len, size_t i, enum bad_string *bad,
+                          struct api_error *err)
+{
+    size_t start = ++i;
+    *bad = BAD_STRING_NONE;
+    while (i < len && s[i] != '"') {
+        if (s[i] == '\\') {
+            if (i + 1 < len && s[i + 1] == 'u') {
+                if (i + 6 > len || !is_hex(s[i + 2]) || !is_hex(s[i + 3]) || !is_hex(s[i + 4]) ||
+                    !is_hex(s[i + 5]))
+                    return json_syntax(err, i, "an invalid \\u escape"), 0;
+                if (memcmp(s + i + 2, "0000", 4) == 0)
+                    *bad = BAD_STRING_NUL;
+                i += 6;
+            } else {
+                i += 2; /* cJSON checks which escapes exist */
+            }
+        } else if (s[i] == 0) {
+            *bad = BAD_STRING_NUL;
+            i++;
+        } else if (s[i] < 0x20) {
+            return json_syntax(err, i, "a control character inside a string"), 0;
+        } else {
+            i++;
+        }
+    }
+    if (i >= len)
+        return json_syntax(err, start - 1, "an unterminated string"), 0;
+    if (!*bad && api__utf8_valid_prefix((const char *)s + start, i - start) != i - start)
+        *bad = BAD_STRING_UTF8;
+    return i + 1;
+}
+
+/* The number at s[i] ('-' or a digit): returns the index after it, or 0
+ * after filling err. JSON: -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)? */
+static size_t scan_number(const unsigned char *s, size_t len, size_t i, struct api_error *err)
+{
+    size_t start = i;
+    if (s[i] == '-')
+        i++;
+    if (i < len && s[i] == '0') {
+        i++;
+    } else if (i < len && is_digit(s[i])) {
+        while (i < len && is_digit(s[i]))
+            i++;
+    } else {
+        return json_syntax(err, start, "an invalid number"), 0;
+    }
+    if (i < len && s[i] == '.') {
+        if (++i >= len || !is_digit(s[i]))
+            return json_syntax(err, start, "an invalid number"), 0;
+        while (i < len && is_digit(s[i]))
+            i++;
+    }
+    if (i < len && (s[i] == 'e' || s[i] == 'E')) {
+        i++;
+        if (i < len && (s[i] == '+' || s[i] == '-'))
+            i++;
+        if (i >= len || !is_digit(s[i]))
+            return json_syntax(err, start, "an invalid number"), 0;
+        while (i < len && is_digit(s[i]))
+            i++;
+    }
+    if (i < len &&
+        (is_digit(s[i]) || s[i] == '.' || s[i] == 'e' || s[i] == 'E' || s[i] == '+' || s[i] == '-'))
+        return json_syntax(err, start, "an invalid number"), 0;
+    return i;
+}
+
+/* One pass over the raw body. Returns 0 with *sc filled, or -1 after filling
+ * err (400 invalid_json or json_too_deep, 413 request_too_large). */
+static int json_prescan(const char *body, size_t len, size_t max_values, struct json_scan *sc,
+                        struct api_error *err)
+{
+    const unsigned char *s = (const unsigned char *)body;
+    size_t i = 0, n_values = 0;
+    long n_strings = 0;
+    int depth = 0;
+    sc->bad_ordinal = -1;
+    sc->bad = BAD_STRING_NONE;
+    if (len >= 3 && memcmp(s, "\xEF\xBB\xBF", 3) == 0)
+        i = 3; /* a UTF-8 byte order mark, which cJSON skips too */
+    while (i < len) {
+        unsigned char c = s[i];
+        if (c == ' ' || c == '\t' || c == '\n' || c == '\r') {
+            i++;
+            continue;
+        }
+        if (c < 0x20)
+            return json_syntax(err, i, "a control character outside a string");
+        int value = c == '{' || c == '[' || c == '"' || c == '-' || is_digit(c) || c == 't' ||
+                    c == 'f' || c == 'n';
+        if (value && ++n_values > max_values) {
+            api_error_set(err, 413, NULL, "request_too_large",
+                          "The JSON body holds more than %zu values (object keys count as "
+                          "values); a long prompt can be sent as text instead of token ids.",
+                          max_values);
+            return -1;
+        }
+        if (c == '{' || c == '[') {
+            if (++depth > API_JSON_MAX_DEPTH) {
+                api_error_set(err, 400, NULL, "json_too_deep",
+                              "The JSON body nests deeper than %d levels.", API_JSON_MAX_DEPTH);
+                return -1;
+            }
+            i++;
+        } else if (c == '}' || c == ']') {
+            depth--; /* a stray one is cJSON's to reject */
+            i++;
+        } else if (c == '"') {
+            enum bad_string bad;
+            if ((i = scan_string(s, len, i, &bad, err)) == 0)
+                return -1;
+            if (bad && sc->bad_ordinal < 0) {
+                sc->bad_ordinal = n_strings;
+                sc->bad = bad;
+            }
+            n_strings++;
+        } else if (c == '-' || is_digit(c)) {
+            if ((i = scan_number(s, len, i, err)) == 0)
+                return -1;
+        } else if (c >= 'a' && c <= 'z') {
+            while (i < len && s[i] >= 'a' && s[i] <= 'z')
+                i++; /* true, false, null: cJSON checks the spelling */
+        } else {
+            i++; /* , : and anything cJSON will refuse */
+        }
+    }
+    return 0;
+}
+
+/* ---- the tree, after cJSON ------------------------------------------------ */
+
+/* The param that names child c of container v (v's own name is path[0..base)):
+ * object members as .name, array items that are objects as [i]; other array
+ * items are named by their array, as elsewhere here ("stop", "prompt"). */
+static void child_path(const cJSON *v, const cJSON *c, int idx, char *path, size_t base, size_t cap)
+{
+    if (cJSON_IsObject(v))
+        snprintf(path + base, cap - base, "%s%s", base ? "." : "", c->string);
+    else if (cJSON_IsObject(c))
+        snprintf(path + base, cap - base, "[%d]", idx);
+    else
+        path[base] = 0;
+}
+
+/* Finds the string json_prescan counted as *left (keys and values in document
+ * order, as cJSON keeps them) and writes the param that names it into path.
+ * Returns 0 when not under v, 1 for a value, 2 for a key. */
+static int find_string(const cJSON *v, long *left, char *path, size_t cap)
+{
+    if (cJSON_IsString(v))
+        return (*left)-- == 0;
+    if (!cJSON_IsObject(v) && !cJSON_IsArray(v))
+        return 0;
+    size_t base = strlen(path);
+    int idx = 0;
+    for (const cJSON *c = v->child; c; c = c->next, idx++) {
+        child_path(v, c, idx, path, base, cap);
+        if (cJSON_IsObject(v) && (*left)-- == 0)
+            return 2;
+        int found = find_string(c, left, path, cap);
+        if (found)
+            return found;
+        path[base] = 0;
+    }
+    return 0;
+}
+
+static int cmp_keys(const void *a, const void *b)
+{
+    return strcmp((*(const cJSON *const *)a)->string, (*(const cJSON *const *)b)->string);
+}
+
+/* Every object's keys must be unique: cJSON's lookups find the first of two,
+ * most other parsers keep the last, so a proxy that checked the body and
+ * this server would read different values. Sorting keeps a hostile object
+ * of many keys O(n log n). Returns 0, or -1 after filling err. */
+static int unique_keys(const cJSON *v, char *path, size_t cap, struct api_error *err)
+{
+    if (!cJSON_IsObject(v) && !cJSON_IsArray(v))
+        return 0;
+    size_t base = strlen(path);
+    if (cJSON_IsObject(v) && v->child && v->child->next) {
+        size_t n = 0, k = 0;
+        for (const cJSON *c = v->child; c; c = c->next)
+            n++;
+        const cJSON **keys = malloc(n * sizeof *keys);
+        if (!keys) {
+            api_error_set(err, 500, NULL, NULL, "out of memory");
+            return -1;
+        }
+        for (const cJSON *c = v->child; c; c = c->next)
+            keys[k++] = c;
+        qsort(keys, n, sizeof *keys, cmp_keys);
+        const cJSON *dup = NULL;
+        for (k = 1; k < n && !dup; k++)
+            if (strcmp(keys[k - 1]->string, keys[k]->string) == 0)
+                dup = keys[k];
+        free(keys);
+        if (dup) {
+            child_path(v, dup, 0, path, base, cap);
+            api_error_set(err, 400, path, "invalid_value",
+                          "Invalid value for '%s': the key appears more than once.", path);
+            return -1;
+        }
+    }
+    int idx = 0;
+    for (const cJSON *c = v->child; c; c = c->next, idx++) {
+        child_path(v, c, idx, path, base, cap);
+        if (unique_keys(c, path, cap, err) < 0)
+            return -1;
+        path[base] = 0;
+    }
+    return 0;
+}
+
+static int bad_string(const cJSON *root, const struct json_scan *sc, struct api_error *err)
+{
+    char path[sizeof err->param] = "";
+    long left = sc->bad_ordinal;
+    int found = find_string(root, &left, path, sizeof path);
+    const char *what =
+        sc->bad == BAD_STRING_NUL ? "may not contain U+0000 (NUL)" : "must be valid UTF-8";
+    if (found == 2)
+        api_error_set(err, 400, path, "invalid_value", "Invalid key '%s': keys %s.", path, what);
+    else if (found == 1 && path[0])
+        api_error_set(err, 400, path, "invalid_value", "Invalid value for '%s': strings %s.", path,
+                      what);
+    else /* not reached: the scan and cJSON see the same strings */
+        api_error_set(err, 400, NULL, "invalid_value", "Strings %s.", what);
+    return -1;
+}
+
+/* The body as a tree, checked as strict JSON: one object, nothing after it,
+ * no string with U+0000 or invalid UTF-8, no key twice, within the size and
+ * depth limits. Returns the tree (caller deletes), or NULL after filling err. */
+static cJSON *parse_body(const struct api_parse_ctx *ctx, const char *body, size_t len,
+                         struct api_error *err)
+{
+    size_t max_values = ctx->max_json_values ? ctx->max_json_values : API_JSON_DEFAULT_MAX_VALUES;
+    struct json_scan sc;
+    const char *end = NULL;
+    char path[sizeof err->param] = "";
+    if (!body || len == 0) {
+        api_error_set(err, 400, NULL, "invalid_json",
+                      "We could not parse the JSON body of your request: it is empty. The body "
+                      "must be a JSON object.");
+        return NULL;
+    }
+    if (json_prescan(body, len, max_values, &sc, err) < 0)
+        return NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, 0);
+    if (!root) {
+        api_error_set(err, 400, NULL, "invalid_json",
+                      "We could not parse the JSON body of your request (error near byte %zu). "
+                      "The body must be a JSON object.",
+                      end ? (size_t)(end - body) : 0);
+        return NULL;
+    }
+    for (const char *p = end; p < body + len; p++) {
+        if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
+            json_syntax(err, (size_t)(p - body), "unexpected data after the JSON object");
+            goto fail;
+        }
+    }
+    if (!cJSON_IsObject(root)) {
+        api_error_set(err, 400, NULL, NULL, "The request body must be a JSON object.");
+        goto fail;
+    }
+    if (sc.bad_ordinal >= 0) {
+        bad_string(root, &sc, err);
+        goto fail;
+    }
+    if (unique_keys(root, path, sizeof path, err) < 0)
+        goto fail;
+    return root;
+fail:
+    cJSON_Delete(root);
+    return NULL;
+}
+
 /* ---- entry ----------------------------------------------------------------- */
 
 int api_request_parse(const struct api_parse_ctx *ctx, enum api_endpoint ep, const char *body,
@@ -695,18 +1031,10 @@ int api_request_parse(const struct api_parse_ctx *ctx, enum api_endpoint ep, con
     out->add_bos = 1;
     out->parse_special = 1;
 
-    cJSON *root = body && len ? cJSON_ParseWithLengthOpts(body, len, NULL, 0) : NULL;
+    cJSON *root = parse_body(ctx, body, len, err);
     int rc = -1;
-    if (!root) {
-        api_error_set(err, 400, NULL, NULL,
-                      "We could not parse the JSON body of your request. The body must be a "
-                      "JSON object.");
+    if (!root)
         goto out;
-    }
-    if (!cJSON_IsObject(root)) {
-        api_error_set(err, 400, NULL, NULL, "The request body must be a JSON object.");
-        goto out;
-    }
     /* common first: the session decides how chat messages are rendered */
     if (parse_common(root, ctx, ep, out, meta, err) < 0)
         goto out;

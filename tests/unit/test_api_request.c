@@ -603,4 +603,234 @@ TEST(api_request_refuses_tool_calling_and_takes_fields_that_ask_for_none)
 
 /* ---- strict JSON: what cJSON alone would let through -------------------- */
 
+TEST(api_request_rejects_bytes_after_the_json_object)
+{
+    ASSERT_REJECTED(parse(API_COMPLETIONS, "{\"model\":\"x\",\"prompt\":\"hi\"} xyz"), 400, "",
+                    "invalid_json");
+    ASSERT_REJECTED(parse(API_COMPLETIONS, "{\"prompt\":\"hi\"}{\"prompt\":\"again\"}"), 400, "",
+                    "invalid_json");
+    ASSERT_REJECTED(parse(API_COMPLETIONS, "{\"prompt\":\"hi\"}]"), 400, "", "invalid_json");
+    static const char nul_after[] = "{\"prompt\":\"hi\"}\0";
+    struct api_parse_ctx ctx = base_ctx(NULL);
+    ASSERT_REJECTED(parse_c(&ctx, API_COMPLETIONS, nul_after, sizeof nul_after - 1), 400, "",
+                    "invalid_json");
+    struct parsed p = parse(API_COMPLETIONS, "{\"prompt\":\"hi\"}x");
+    ASSERT(p.rc < 0);
+    ASSERT(strstr(p.err.message, "after the JSON object") != NULL);
+    /* JSON whitespace may follow (and precede) */
+    ASSERT_ACCEPTED(parse(API_COMPLETIONS, " \r\n\t{\"prompt\":\"hi\"} \r\n\t"));
+}
+
+TEST(api_request_takes_only_strict_json_whitespace_strings_and_numbers)
+{
+    /* cJSON skips any byte up to 0x20 as whitespace */
+    ASSERT_REJECTED(parse(API_COMPLETIONS, "{\"prompt\":\x01\"hi\"}"), 400, "", "invalid_json");
+    ASSERT_REJECTED(parse(API_COMPLETIONS, "\x0c{\"prompt\":\"hi\"}"), 400, "", "invalid_json");
+    /* control characters must be escaped inside strings (RFC 8259 section 7) */
+    ASSERT_REJECTED(parse(API_COMPLETIONS, "{\"prompt\":\"a\x01z\"}"), 400, "", "invalid_json");
+    ASSERT_REJECTED(parse(API_COMPLETIONS, "{\"prompt\":\"line\nbreak\"}"), 400, "",
+                    "invalid_json");
+    /* numbers strtod reads but JSON does not have */
+    ASSERT_REJECTED(parse(API_COMPLETIONS, "{\"prompt\":\"x\",\"max_tokens\":012}"), 400, "",
+                    "invalid_json");
+    ASSERT_REJECTED(parse(API_COMPLETIONS, "{\"prompt\":\"x\",\"temperature\":1.}"), 400, "",
+                    "invalid_json");
+    ASSERT_REJECTED(parse(API_COMPLETIONS, "{\"prompt\":\"x\",\"temperature\":-.5}"), 400, "",
+                    "invalid_json");
+    ASSERT_REJECTED(parse(API_COMPLETIONS, "{\"prompt\":\"x\",\"temperature\":1.e1}"), 400, "",
+                    "invalid_json");
+    ASSERT_REJECTED(parse(API_COMPLETIONS, "{\"prompt\":[00]}"), 400, "", "invalid_json");
+    /* and what JSON does have */
+    struct parsed p = parse(API_COMPLETIONS, "{\"prompt\":[0,1e1,2E+0,30e-1],\"temperature\":-0.0,"
+                                             "\"top_p\":0.5e0,\"seed\":-12,\"x\":\"\\t\\u00e9\"}");
+    ASSERT_OK(p.rc);
+    ASSERT_EQ(p.req.n_prompt_ids, 4);
+    ASSERT_EQ(p.req.prompt_ids[1], 10);
+    ASSERT_EQ(p.req.prompt_ids[3], 3);
+    engine_request_free(&p.req);
+    /* a parse error says where */
+    p = parse(API_COMPLETIONS, "{\"prompt\":\"x\",,}");
+    ASSERT(p.rc < 0);
+    ASSERT_STREQ(p.err.code, "invalid_json");
+    ASSERT(strstr(p.err.message, "near byte 1") != NULL); /* cJSON says 15 */
+}
+
+TEST(api_request_refuses_u0000_in_any_string_naming_its_param)
+{
+    /* cJSON strings end at the first NUL: "a\u0000b" would silently become "a" */
+    ASSERT_REJECTED(parse(API_COMPLETIONS, "{\"prompt\":\"a\\u0000b\"}"), 400, "prompt",
+                    "invalid_value");
+    ASSERT_REJECTED(parse(API_COMPLETIONS, "{\"prompt\":[\"a\\u0000\"]}"), 400, "prompt",
+                    "invalid_value");
+    ASSERT_REJECTED(parse(API_COMPLETIONS, "{\"prompt\":\"x\",\"stop\":\"\\u0000end\"}"), 400,
+                    "stop", "invalid_value");
+    ASSERT_REJECTED(parse(API_COMPLETIONS, "{\"prompt\":\"x\",\"stop\":[\"a\",\"b\\u0000c\"]}"),
+                    400, "stop", "invalid_value");
+    ASSERT_REJECTED(parse(API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},"
+                                    "{\"role\":\"user\",\"content\":\"x\\u0000y\"}]}"),
+                    400, "messages[1].content", "invalid_value");
+    ASSERT_REJECTED(parse(API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":"
+                                    "\"text\",\"text\":\"a\"},{\"type\":\"text\",\"text\":"
+                                    "\"\\u0000\"}]}]}"),
+                    400, "messages[0].content[1].text", "invalid_value");
+    /* "user\u0000x" would pass as the role "user" */
+    ASSERT_REJECTED(
+        parse(API_CHAT, "{\"messages\":[{\"role\":\"user\\u0000x\",\"content\":\"hi\"}]}"), 400,
+        "messages[0].role", "invalid_value");
+    ASSERT_REJECTED(parse(API_COMPLETIONS, "{\"prompt\":\"x\",\"model\":\"m\\u0000\"}"), 400,
+                    "model", "invalid_value");
+    ASSERT_REJECTED(parse(API_COMPLETIONS, "{\"prompt\":\"x\",\"session_id\":\"s\\u0000t\"}"), 400,
+                    "session_id", "invalid_value");
+    /* in a key: "prompt\u0000x" would be read as "prompt" */
+    ASSERT_REJECTED(parse(API_COMPLETIONS, "{\"prompt\\u0000x\":\"a\",\"prompt\":\"b\"}"), 400,
+                    "prompt", "invalid_value");
+    /* even in a field we ignore, named by its path */
+    ASSERT_REJECTED(parse(API_COMPLETIONS, "{\"prompt\":\"x\",\"metadata\":{\"k\":\"v\\u0000\"}}"),
+                    400, "metadata.k", "invalid_value");
+    /* a raw NUL byte inside a string is the same character */
+    static const char raw[] = "{\"prompt\":\"a\0b\"}";
+    struct api_parse_ctx ctx = base_ctx(NULL);
+    ASSERT_REJECTED(parse_c(&ctx, API_COMPLETIONS, raw, sizeof raw - 1), 400, "prompt",
+                    "invalid_value");
+    struct parsed p = parse(API_COMPLETIONS, "{\"prompt\":\"a\\u0000b\"}");
+    ASSERT(p.rc < 0);
+    ASSERT_STREQ(p.err.message,
+                 "Invalid value for 'prompt': strings may not contain U+0000 (NUL).");
+
+    /* an escaped backslash followed by u0000 is six characters, not a NUL */
+    p = parse(API_COMPLETIONS, "{\"prompt\":\"a\\\\u0000b\",\"stop\":\"\\\\u0000\"}");
+    ASSERT_OK(p.rc);
+    ASSERT_STREQ(p.req.prompt, "a\\u0000b");
+    ASSERT_EQ(p.req.prompt_len, 8);
+    ASSERT_STREQ(p.req.stop[0], "\\u0000");
+    engine_request_free(&p.req);
+    /* ... but an escaped backslash and then \u0000 is a NUL */
+    ASSERT_REJECTED(parse(API_COMPLETIONS, "{\"prompt\":\"a\\\\\\u0000\"}"), 400, "prompt",
+                    "invalid_value");
+    /* other escapes are fine, and so is an escaped quote before the string goes on */
+    p = parse(API_COMPLETIONS, "{\"prompt\":\"\\\"\\u0001\\u0100\\ud83d\\ude00\\/\"}");
+    ASSERT_OK(p.rc);
+    ASSERT_STREQ(p.req.prompt, "\"\x01\xc4\x80\xf0\x9f\x98\x80/");
+    engine_request_free(&p.req);
+}
+
+TEST(api_request_refuses_strings_that_are_not_utf8_naming_their_param)
+{
+    /* RFC 8259 section 8.1: JSON text is UTF-8; cJSON passes any byte through */
+    ASSERT_REJECTED(parse(API_COMPLETIONS, "{\"prompt\":\"caf\xe9\"}"), 400, "prompt",
+                    "invalid_value");
+    ASSERT_REJECTED(parse(API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"\xc3\"}]}"),
+                    400, "messages[0].content", "invalid_value");
+    ASSERT_REJECTED(parse(API_COMPLETIONS, "{\"prompt\":\"x\",\"model\":\"\xff\"}"), 400, "model",
+                    "invalid_value");
+    ASSERT_REJECTED(parse(API_COMPLETIONS, "{\"prompt\":\"\xed\xa0\x80\"}"), 400, "prompt",
+                    "invalid_value"); /* a UTF-16 surrogate */
+    ASSERT_REJECTED(parse(API_COMPLETIONS, "{\"prompt\":\"\xc0\xaf\"}"), 400, "prompt",
+                    "invalid_value"); /* overlong */
+    struct parsed p = parse(API_COMPLETIONS, "{\"prompt\":\"x\",\"stop\":[\"ok\",\"\xfe\"]}");
+    ASSERT_REJECTED(p, 400, "stop", "invalid_value");
+    ASSERT_STREQ(p.err.message, "Invalid value for 'stop': strings must be valid UTF-8.");
+    p = parse(API_COMPLETIONS, "{\"prompt\":\"caf\xc3\xa9 \xf0\x9f\x98\x80\"}");
+    ASSERT_OK(p.rc);
+    ASSERT_STREQ(p.req.prompt, "caf\xc3\xa9 \xf0\x9f\x98\x80");
+    engine_request_free(&p.req);
+}
+
+TEST(api_request_refuses_a_key_given_twice_naming_it)
+{
+    /* cJSON would read the first max_tokens, Python's json (a proxy) the last */
+    struct parsed p =
+        parse(API_COMPLETIONS, "{\"prompt\":\"x\",\"max_tokens\":1,\"max_tokens\":-1e400}");
+    ASSERT_REJECTED(p, 400, "max_tokens", "invalid_value");
+    ASSERT_STREQ(p.err.message, "Invalid value for 'max_tokens': the key appears more than once.");
+    ASSERT_REJECTED(parse(API_CHAT,
+                          "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":"
+                          "\"user\",\"content\":\"b\",\"role\":\"system\"}]}"),
+                    400, "messages[1].role", "invalid_value");
+    ASSERT_REJECTED(
+        parse(API_COMPLETIONS, "{\"prompt\":\"x\",\"metadata\":{\"a\":1,\"b\":2,\"a\":3}}"), 400,
+        "metadata.a", "invalid_value");
+    /* the same key in different objects is fine */
+    ASSERT_ACCEPTED(parse(API_CHAT,
+                          "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":"
+                          "\"assistant\",\"content\":\"b\"}],\"x\":{\"messages\":1}}"));
+}
+
+/* "{"prompt":[1,1,...]}" with n ids: n + 3 values (object, key, array). */
+static char *token_body(size_t n)
+{
+    char *b = malloc(2 * n + 16);
+    if (!b)
+        return NULL;
+    size_t o = (size_t)sprintf(b, "{\"prompt\":[");
+    for (size_t i = 0; i < n; i++) {
+        b[o++] = '1';
+        b[o++] = ',';
+    }
+    b[o - 1] = ']';
+    b[o++] = '}';
+    b[o] = 0;
+    return b;
+}
+
+TEST(api_request_bounds_json_values_before_building_the_tree)
+{
+    struct api_parse_ctx ctx = base_ctx(NULL);
+    ctx.max_json_values = 100;
+    char *at = token_body(97); /* exactly 100 values */
+    char *over = token_body(98);
+    ASSERT(at && over);
+    ASSERT_ACCEPTED(parse_c(&ctx, API_COMPLETIONS, at, strlen(at)));
+    struct parsed p = parse_c(&ctx, API_COMPLETIONS, over, strlen(over));
+    free(at);
+    free(over);
+    ASSERT_REJECTED(p, 413, "", "request_too_large");
+    ASSERT(strstr(p.err.message, "100") != NULL);
+    /* keys count: a body of many small fields is as big a tree */
+    char fields[512];
+    size_t o = (size_t)snprintf(fields, sizeof fields, "{\"prompt\":\"x\"");
+    for (int i = 0; i < 49; i++)
+        o += (size_t)snprintf(fields + o, sizeof fields - o, ",\"%c\":0", 'A' + (i % 26));
+    snprintf(fields + o, sizeof fields - o, "}");
+    ASSERT_REJECTED(parse_c(&ctx, API_COMPLETIONS, fields, strlen(fields)), 413, "",
+                    "request_too_large"); /* 1 + 2 + 49 * 2 = 101 */
+    /* brackets and commas inside strings are text */
+    const char *text =
+        "{\"prompt\":\"[1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,"
+        "1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,"
+        "1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1\\\"]\"}";
+    ASSERT_ACCEPTED(parse_c(&ctx, API_COMPLETIONS, text, strlen(text)));
+
+    /* the default: 2^20 values */
+    ctx.max_json_values = 0;
+    char *big = token_body(API_JSON_DEFAULT_MAX_VALUES - 2);
+    ASSERT(big != NULL);
+    p = parse_c(&ctx, API_COMPLETIONS, big, strlen(big));
+    free(big);
+    ASSERT_REJECTED(p, 413, "", "request_too_large");
+}
+
+TEST(api_request_bounds_json_nesting_depth)
+{
+    /* the root object is level 1; 63 arrays inside it make 64 */
+    char body[512];
+    for (int extra = 0; extra < 2; extra++) {
+        int levels = 63 + extra;
+        size_t o = (size_t)snprintf(body, sizeof body, "{\"prompt\":\"x\",\"deep\":");
+        for (int i = 0; i < levels; i++)
+            body[o++] = '[';
+        for (int i = 0; i < levels; i++)
+            body[o++] = ']';
+        snprintf(body + o, sizeof body - o, "}");
+        if (extra)
+            ASSERT_REJECTED(parse(API_COMPLETIONS, body), 400, "", "json_too_deep");
+        else
+            ASSERT_ACCEPTED(parse(API_COMPLETIONS, body));
+    }
+    /* far deeper than cJSON's own limit of 1000 is the same clean 400 */
+    static char deep[20000];
+    memset(deep, '[', sizeof deep - 1);
+    ASSERT_REJECTED(parse(API_COMPLETIONS, deep), 400, "", "json_too_deep");
+}
+
 TEST_MAIN()

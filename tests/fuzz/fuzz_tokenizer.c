@@ -3,10 +3,11 @@
  * arbitrary bytes, then decoding the ids back, piece by piece and streamed.
  *
  * The vocabulary is loaded once, from the real model ($STREAMSINK_MODEL, else
- * ~/.cache/streamsink/SmolLM2-135M-Instruct.Q4_1.gguf as scripts/fetch-model.sh
- * leaves it), or from tests/fixtures/norm_softmax.gguf (a small byte-level
- * vocabulary) when the model is absent. Each input is the text, encoded twice:
- * without special-token parsing and without BOS, and with both. Checked:
+ * ${XDG_CACHE_HOME:-~/.cache}/streamsink/SmolLM2-135M-Instruct.Q4_1.gguf, where
+ * scripts/fetch-model.sh leaves it), or from tests/fixtures/norm_softmax.gguf
+ * (a small byte-level vocabulary) when the model is absent. Each input is the
+ * text, encoded twice: without special-token parsing and without BOS, and
+ * with both. Checked:
  *   - there are no more tokens than bytes (+ BOS); the count is the same
  *     with no output buffer, and a small buffer gets the same first ids;
  *   - every id is in [0, n_vocab); BOS comes first when asked for;
@@ -92,10 +93,14 @@ static void setup(void)
 {
     char path[4096];
     const char *model = getenv("STREAMSINK_MODEL");
+    const char *cache = getenv("XDG_CACHE_HOME");
     const char *home = getenv("HOME");
 
+    /* where scripts/fetch-model.sh leaves it, as tests/test.h finds it */
     if (model && model[0])
         snprintf(path, sizeof path, "%s", model);
+    else if (cache && cache[0])
+        snprintf(path, sizeof path, "%s/streamsink/SmolLM2-135M-Instruct.Q4_1.gguf", cache);
     else
         snprintf(path, sizeof path, "%s/.cache/streamsink/SmolLM2-135M-Instruct.Q4_1.gguf",
                  home ? home : "/root");

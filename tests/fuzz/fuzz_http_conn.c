@@ -135,6 +135,8 @@ static void on_request(struct http_conn *c, void *arg)
         fail("on_request outside WAITING");
     if (c->req.body && c->req.body[c->req.body_len] != 0)
         fail("request body not NUL-terminated");
+    if (c->req.body_len > G.lim.max_body || (c->req.body_len > 0 && !c->req.body))
+        fail("request body over max_body, or missing");
     if (c->req.url_len >= HTTP_URL_MAX || strlen(c->req.url) != c->req.url_len)
         fail("url length");
     if ((R.later >> (idx % 8)) & 1) {

@@ -26,6 +26,9 @@
  *            bit 3: http_conn_finish_and_close after the second answer
  *            bit 4: http_conn_hold_stream before answering later
  *            bit 5: hang up with a request still waiting for its answer
+ *            bit 6: tight timeouts (1-2 ms; SSE keep-alive ticks commit held
+ *                   streams) and a 1 ms pause after each of the first pieces,
+ *                   so the read, keep-alive and write-stall deadlines fire
  *   [4..4+k) piece lengths minus one; what is left after them is one last piece
  *   rest     the bytes the client sends
  *
@@ -52,6 +55,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 #include <uv.h>
 
@@ -60,6 +64,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 #define HEADER_BYTES 4
 #define BIG_PIECE 1024
 #define BIG_PIECES 24 /* 24 KiB: well past high_water below */
+#define MAX_PAUSES 4  /* tight-timeout inputs pause after this many pieces at most */
 
 enum answer { ANSWER_RESPOND = 0, ANSWER_STREAM, ANSWER_ERROR, ANSWER_BIG_STREAM };
 
@@ -69,7 +74,7 @@ static struct {
     uv_loop_t loop;
     uv_tcp_t listener;
     int port;
-    struct http_limits lim;
+    struct http_limits lim, lim_tight;
     struct http_conn_ops ops;
     int verbose;
 } G;
@@ -150,6 +155,16 @@ static void on_request(struct http_conn *c, void *arg)
     answer(c, idx);
 }
 
+/* A keep-alive tick on a held request: start its stream; the rest of it
+ * goes out when the request is answered. */
+static void on_stream_commit(struct http_conn *c, void *arg)
+{
+    (void)arg;
+    if (c != R.pending || c->state != HTTP_CONN_WAITING)
+        fail("on_stream_commit for a request that is not held");
+    http_conn_stream_begin(c, 200, "text/event-stream", NULL);
+}
+
 static void on_close(struct http_conn *c, void *arg)
 {
     (void)arg;
@@ -175,7 +190,7 @@ static void on_connection(uv_stream_t *l, int status)
     struct http_conn *c;
     if (status < 0)
         return;
-    if (http_conn_accept(l, &G.lim, &G.ops, &c) < 0)
+    if (http_conn_accept(l, (R.flags & 64) ? &G.lim_tight : &G.lim, &G.ops, &c) < 0)
         return;
     R.accepted++;
     R.conn = c;
@@ -201,8 +216,15 @@ static void setup(void)
         .sndbuf = 4096,
         .extra_headers = "X-Fuzz: 1\r\n",
     };
-    G.ops =
-        (struct http_conn_ops){.on_request = on_request, .on_close = on_close, .on_free = on_free};
+    G.lim_tight = G.lim;
+    G.lim_tight.read_timeout_ms = 2;
+    G.lim_tight.keepalive_timeout_ms = 1;
+    G.lim_tight.write_stall_timeout_ms = 1;
+    G.lim_tight.sse_keepalive_ms = 1;
+    G.ops = (struct http_conn_ops){.on_request = on_request,
+                                   .on_stream_commit = on_stream_commit,
+                                   .on_close = on_close,
+                                   .on_free = on_free};
     if (uv_loop_init(&G.loop) != 0 || uv_tcp_init(&G.loop, &G.listener) != 0)
         fail("loop setup");
     uv_ip4_addr("127.0.0.1", 0, &a);
@@ -281,8 +303,13 @@ static void answer_pending(void)
     if (!c)
         return;
     R.pending = NULL;
-    if (c->state == HTTP_CONN_WAITING)
+    if (c->state == HTTP_CONN_WAITING) {
         answer(c, R.requests - 1);
+    } else if (c->state == HTTP_CONN_STREAMING) { /* committed by a keep-alive tick */
+        http_conn_stream_write(c, "data: late\n\n", 12);
+        http_conn_stream_end(c);
+        R.answers++;
+    }
 }
 
 static size_t count_handles_walk;
@@ -332,6 +359,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         spin(2);
         if ((R.flags & 1) && !eof)
             eof = client_drain(fd);
+        if ((R.flags & 64) && piece < MAX_PAUSES) { /* tight deadlines fire, a tick commits */
+            struct timespec pause = {0, 1000000};
+            nanosleep(&pause, NULL);
+            spin(1);
+        }
         if (pos < size || !(R.flags & 32))
             answer_pending();
         spin(1);

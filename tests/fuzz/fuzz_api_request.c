@@ -4,14 +4,16 @@
  *
  * The first byte picks the endpoint and the context; the rest is the body,
  * in a buffer of exactly its length (not NUL-terminated, as the server hands
- * it over), so ASan sees any read past it. Checked on success: the request is
- * well formed (a NUL-terminated prompt of the stated length, or token ids in
- * [0, n_vocab); stop strings non-empty and within the limit, packed first;
- * sampling values in their documented ranges; a printable session id) and is
- * released with engine_request_free. On failure: -EINVAL, nothing left to
- * free, a status in 400..599, a type and a message, and api_error_json gives
- * the OpenAI error object, valid UTF-8, with the same message when that was
- * valid UTF-8 (a message quoting the client may not be).
+ * it over), so ASan sees any read past it. Checked on success: the body is a
+ * JSON object to cJSON too and names no model the server does not serve; the
+ * request is well formed (a NUL-terminated prompt of the stated length, or
+ * token ids in [0, n_vocab); stop strings non-empty and within the limit,
+ * packed first; sampling values in their documented ranges; a printable
+ * session id) and is released with engine_request_free. On failure: -EINVAL,
+ * nothing left to free, a status in 400..599 (a 404 only for an unknown
+ * model), a type and a message, and api_error_json gives the OpenAI error
+ * object, valid UTF-8, with the same message when that was valid UTF-8 (a
+ * message quoting the client may not be).
  *
  * Byte 0:  bit 0 endpoint (0 completions, 1 chat)
  *          bits 1-2 chat template: SmolLM2's ChatML (default system prompt),
@@ -19,6 +21,8 @@
  *          bit 3 an X-Session-Id header is present
  *          bit 4 no model info (token ids bounded by INT32_MAX)
  *          bits 5-6 max_stop_len: 0 (no limit), 8, 64, 4096
+ *          bit 7 the server names its models (a body naming another one is
+ *                a 404) and takes at most 64 JSON values (more is a 413)
  *
  * Build and run (clang only): as fuzz_http_conn.c says, with
  *   build-fuzz/tests/fuzz/fuzz_api_request <corpus dir> -max_total_time=60
@@ -105,6 +109,8 @@ static void check_error(int rc, const struct engine_request *out, const struct a
         fail("a failed parse left something in the request", e);
     if (e->status < 400 || e->status > 599)
         fail("error status outside 400..599", e);
+    if (e->status == 404 && strcmp(e->code, "model_not_found") != 0)
+        fail("a 404 that is not model_not_found", e);
     if (!terminated(e->type, sizeof e->type) || !terminated(e->param, sizeof e->param) ||
         !terminated(e->code, sizeof e->code) || !terminated(e->message, sizeof e->message))
         fail("error field not NUL-terminated", e);
@@ -132,6 +138,23 @@ static void check_error(int rc, const struct engine_request *out, const struct a
         fail("error code is not a string or null as it should be", e);
     cJSON_Delete(root);
     free(json);
+}
+
+/* An accepted body is one JSON object; if it names a model, the server serves it. */
+static void check_body(const struct api_parse_ctx *ctx, const char *body, size_t len)
+{
+    cJSON *root = cJSON_ParseWithLength(body, len);
+    if (!cJSON_IsObject(root))
+        fail("an accepted body is not a JSON object to cJSON", NULL);
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
+    if (ctx->n_model_names > 0 && cJSON_IsString(model)) {
+        int known = 0;
+        for (size_t i = 0; i < ctx->n_model_names; i++)
+            known |= strcmp(ctx->model_names[i], model->valuestring) == 0;
+        if (!known)
+            fail("a body naming a model the server does not serve was accepted", NULL);
+    }
+    cJSON_Delete(root);
 }
 
 static void check_request(const struct api_parse_ctx *ctx, enum api_endpoint ep,
@@ -189,6 +212,7 @@ static void check_request(const struct api_parse_ctx *ctx, enum api_endpoint ep,
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static const int64_t stop_lens[4] = {0, 8, 64, 4096};
+    static const char *const names[2] = {"SmolLM2-135M-Instruct", "smollm2"};
     static struct api_chat_template chat[4];
     static struct engine_model_info info;
     static int ready;
@@ -217,6 +241,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         .id = 42,
         .default_seed = 7,
         .max_stop_len = stop_lens[(cfg >> 5) & 3],
+        .model_names = (cfg & 128) ? names : NULL,
+        .n_model_names = (cfg & 128) ? 2 : 0,
+        .max_json_values = (cfg & 128) ? 64 : 0,
     };
     size_t len = size - 1;
     char *body = malloc(len ? len : 1); /* exactly the body: no NUL after it */
@@ -226,6 +253,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     int rc = api_request_parse(&ctx, ep, body, len, &out, &meta, &err);
     if (rc == 0) {
+        check_body(&ctx, body, len);
         check_request(&ctx, ep, &out, &meta);
         engine_request_free(&out);
     } else {

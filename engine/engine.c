@@ -30,9 +30,9 @@
 #include "model.h"
 #include "probe.h"
 #include "queue.h"
+#include "stop.h"
 #include "tokenizer.h"
 
-#define HOLD_MAX 256 /* bytes of text held back while it may start a stop string */
 #define CMD_BATCH 64
 
 enum seq_state {
@@ -53,8 +53,7 @@ struct seq {
     struct sampler smp;
     int has_smp;
     struct tok_stream ts;
-    char hold[HOLD_MAX];
-    size_t n_hold;
+    struct stop_filter stop; /* holds text that may start a stop string */
     int64_t n_gen, usage_prompt;
     int paused;
     char session[ENGINE_SESSION_ID_MAX];
@@ -85,7 +84,10 @@ struct engine {
     int64_t n_waiting;
     struct fwd_input *inputs;
     int *input_seq;
-    float *scratch;          /* V floats for logprobs */
+    float *scratch; /* V floats for logprobs */
+    char *piece;    /* [piece_cap] one token's text */
+    char *text_out; /* [piece_cap + STOP_HOLD_MAX] text released by the stop filter */
+    size_t piece_cap;
     int64_t *evicted_before; /* [max_seqs] per step input */
     struct engine_stats stats;
     int pushed; /* events pushed since the last wake */
@@ -174,77 +176,6 @@ static void emit_text(struct engine *e, const struct engine_event *proto, const 
     } while (len > 0);
 }
 
-/* ---- stop strings ------------------------------------------------------- */
-
-/* Appends text to the hold buffer, then releases what can no longer be part
- * of a stop string. Returns 1 if a stop string matched (out gets the text
- * before it), else 0. *out_len bytes of out are safe to emit. */
-static int stop_filter(struct seq *s, const char *text, size_t len, char *out, size_t *out_len)
-{
-    size_t o = 0;
-    /* the hold is bounded: flush its head when text would overflow it */
-    while (s->n_hold + len > HOLD_MAX) {
-        size_t k = s->n_hold + len - HOLD_MAX;
-        if (k > s->n_hold)
-            k = s->n_hold;
-        memcpy(out + o, s->hold, k);
-        o += k;
-        memmove(s->hold, s->hold + k, s->n_hold - k);
-        s->n_hold -= k;
-        if (s->n_hold == 0 && len > HOLD_MAX) { /* a single huge piece */
-            memcpy(out + o, text, len - HOLD_MAX);
-            o += len - HOLD_MAX;
-            text += len - HOLD_MAX;
-            len = HOLD_MAX;
-        }
-    }
-    memcpy(s->hold + s->n_hold, text, len);
-    s->n_hold += len;
-
-    /* a complete stop string anywhere in the hold ends the request */
-    size_t best = SIZE_MAX;
-    for (int i = 0; i < ENGINE_MAX_STOP && s->req.stop[i]; i++) {
-        size_t sl = strlen(s->req.stop[i]);
-        if (sl == 0 || sl > s->n_hold)
-            continue;
-        for (size_t p = 0; p + sl <= s->n_hold; p++) {
-            if (memcmp(s->hold + p, s->req.stop[i], sl) == 0) {
-                if (p < best)
-                    best = p;
-                break;
-            }
-        }
-    }
-    if (best != SIZE_MAX) {
-        memcpy(out + o, s->hold, best);
-        o += best;
-        s->n_hold = 0;
-        *out_len = o;
-        return 1;
-    }
-    /* keep the longest suffix that is a prefix of some stop string */
-    size_t keep = 0;
-    for (int i = 0; i < ENGINE_MAX_STOP && s->req.stop[i]; i++) {
-        size_t sl = strlen(s->req.stop[i]);
-        for (size_t k = sl - 1 < s->n_hold ? sl - 1 : s->n_hold; k > keep; k--) {
-            if (memcmp(s->hold + s->n_hold - k, s->req.stop[i], k) == 0) {
-                keep = k;
-                break;
-            }
-        }
-    }
-    /* never split a UTF-8 character between emitted and held text */
-    while (keep < s->n_hold && ((unsigned char)s->hold[s->n_hold - keep] & 0xC0) == 0x80)
-        keep++;
-    size_t rel = s->n_hold - keep;
-    memcpy(out + o, s->hold, rel);
-    o += rel;
-    memmove(s->hold, s->hold + rel, keep);
-    s->n_hold = keep;
-    *out_len = o;
-    return 0;
-}
-
 /* ---- sequence lifecycle ------------------------------------------------- */
 
 static void seq_clear_request(struct seq *s)
@@ -256,7 +187,7 @@ static void seq_clear_request(struct seq *s)
     if (s->has_smp)
         sampler_free(&s->smp);
     s->has_smp = 0;
-    s->n_hold = 0;
+    stop_filter_init(&s->stop, NULL, 0);
     s->paused = 0;
     s->id = 0;
 }
@@ -270,8 +201,9 @@ static void seq_release(struct engine *e, struct seq *s)
     s->has_next = 0;
 }
 
-/* Ends the request running in s: flushes held text, emits DONE, and either
- * keeps the slot as an idle session or frees it. */
+/* Ends the request running in s: flushes held text (the end of the text may
+ * settle a stop string that was waiting: the finish reason is then STOP),
+ * emits DONE, and either keeps the slot as an idle session or frees it. */
 static void seq_finish(struct engine *e, struct seq *s, enum engine_finish why, int flush)
 {
     struct engine_event ev;
@@ -279,15 +211,19 @@ static void seq_finish(struct engine *e, struct seq *s, enum engine_finish why, 
     ev.id = s->id;
     ev.token = -1;
     if (flush) {
-        char tail[HOLD_MAX + 16];
-        size_t n = s->n_hold;
-        memcpy(tail, s->hold, n);
-        int64_t w = tok_stream_flush(&s->ts, tail + n, sizeof tail - n);
-        if (w > 0)
-            n += (size_t)w;
+        char tail[16], out[STOP_HOLD_MAX + sizeof tail];
+        size_t n = 0, m = 0;
+        int64_t w = tok_stream_flush(&s->ts, tail, sizeof tail);
+        int stopped = w > 0 ? stop_filter_push(&s->stop, tail, (size_t)w, out, sizeof out, &n) : 0;
+        if (stopped == 0) {
+            stopped = stop_filter_flush(&s->stop, out + n, sizeof out - n, &m);
+            n += m;
+        }
+        if (stopped == 1)
+            why = ENGINE_FINISH_STOP;
         if (n > 0) {
             ev.kind = ENGINE_EV_TOKEN;
-            emit_text(e, &ev, tail, n);
+            emit_text(e, &ev, out, n);
         }
     }
     ev.kind = ENGINE_EV_DONE;
@@ -390,6 +326,12 @@ static int admit_into(struct engine *e, struct seq *s, struct engine_request *r,
     int32_t *ids = NULL;
     if (!fresh)
         r->add_bos = 0; /* a session's prompt continues its stream: no second BOS */
+    if (stop_filter_init(&s->stop, (const char *const *)r->stop, ENGINE_MAX_STOP) < 0) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "a stop string is longer than %d bytes", ENGINE_MAX_STOP_LEN);
+        emit_error(e, r->id, 400, msg);
+        return -1;
+    }
     int64_t n = tokenize(e, r, &ids);
     if (n < 0)
         return -1;
@@ -470,7 +412,6 @@ static int admit_into(struct engine *e, struct seq *s, struct engine_request *r,
     s->state = SEQ_RUNNING;
     s->n_gen = 0;
     s->usage_prompt = n;
-    s->n_hold = 0;
     s->paused = 0;
     memset(&s->ts, 0, sizeof s->ts);
     snprintf(s->session, sizeof s->session, "%s", s->req.session_id);
@@ -634,18 +575,14 @@ static void after_logits(struct engine *e, struct seq *s, float *lg)
         seq_finish(e, s, ENGINE_FINISH_STOP, 1);
         return;
     }
-    char piece[512], out[HOLD_MAX + 600];
-    int64_t w = tok_stream_push(e->tok, &s->ts, tok, piece, sizeof piece);
+    int64_t w = tok_stream_push(e->tok, &s->ts, tok, e->piece, e->piece_cap);
     size_t out_len = 0;
     int stopped = 0;
-    if (w > 0 && s->req.stop[0]) {
-        stopped = stop_filter(s, piece, (size_t)w, out, &out_len);
-    } else if (w > 0) {
-        memcpy(out, piece, (size_t)w);
-        out_len = (size_t)w;
-    }
-    emit_text(e, &ev, out, out_len); /* always one event per token, maybe empty text */
-    if (stopped) {
+    if (w > 0)
+        stopped = stop_filter_push(&s->stop, e->piece, (size_t)w, e->text_out,
+                                   e->piece_cap + STOP_HOLD_MAX, &out_len);
+    emit_text(e, &ev, e->text_out, out_len); /* always one event per token, maybe empty text */
+    if (stopped == 1) {
         seq_finish(e, s, ENGINE_FINISH_STOP, 0);
         return;
     }
@@ -785,6 +722,21 @@ static int load(struct engine *e)
     rc = tok_load(&e->tok, &e->model.gguf, err, el);
     if (rc < 0)
         return rc;
+    /* one token's text, streamed: its bytes, up to 3 per byte when they are
+     * not UTF-8 (U+FFFD), and a held-back tail of up to 4 (tok_stream_push) */
+    size_t max_piece = 0;
+    for (int64_t id = 0; id < tok_n_vocab(e->tok); id++) {
+        size_t len = 0;
+        if (tok_piece(e->tok, (int32_t)id, &len) && len > max_piece)
+            max_piece = len;
+    }
+    e->piece_cap = 3 * (max_piece + 4) + 16;
+    e->piece = malloc(e->piece_cap);
+    e->text_out = malloc(e->piece_cap + STOP_HOLD_MAX);
+    if (!e->piece || !e->text_out) {
+        snprintf(err, el, "engine: out of memory");
+        return -ENOMEM;
+    }
     const struct model_hparams *hp = &e->model.hp;
     if (e->cfg.window <= 0 || e->cfg.window > hp->n_ctx_train)
         e->cfg.window = hp->n_ctx_train;
@@ -916,6 +868,8 @@ static void engine_free(struct engine *e)
     free(e->input_seq);
     free(e->evicted_before);
     free(e->scratch);
+    free(e->piece);
+    free(e->text_out);
     free((void *)e->info.chat_template);
     if (e->have_fwd)
         fwd_free(&e->fwd);

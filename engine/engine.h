@@ -84,6 +84,7 @@ struct engine_model_info {
 };
 
 #define ENGINE_MAX_STOP 4
+#define ENGINE_MAX_STOP_LEN 256 /* bytes in one stop string */
 #define ENGINE_MAX_TOP_LOGPROBS 20
 #define ENGINE_SESSION_ID_MAX 128
 
@@ -97,7 +98,9 @@ struct engine_request {
     int parse_special;  /* recognize <|im_start|> etc. in the text */
     int64_t max_tokens; /* < 0: until EOS, a stop, or the client leaves */
     struct sampler_params sampling;
-    char *stop[ENGINE_MAX_STOP]; /* stop strings (malloc'd; owned), NULL-terminated list */
+    char *stop[ENGINE_MAX_STOP]; /* stop strings of at most ENGINE_MAX_STOP_LEN bytes (malloc'd;
+                                    owned), NULL-terminated list. Generation ends at the earliest
+                                    occurrence of any; the text before it is emitted. */
     int logprobs;                /* emit the chosen token's logprob */
     int top_logprobs;            /* 0..ENGINE_MAX_TOP_LOGPROBS alternatives per token */
     char session_id[ENGINE_SESSION_ID_MAX]; /* "" for none; else continue that session */

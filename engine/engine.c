@@ -2,8 +2,9 @@
  * engine.c: the engine thread, the scheduler (engine.h).
  *
  * Each turn of the loop: take commands from the inbox (submits, cancels,
- * pauses), admit waiting requests into free KV slots (tokenizing their
- * prompts here, not on the loop thread), run ONE batched forward step for
+ * pauses), admit waiting requests into free KV slots (requests come with
+ * token ids, tokenized off the loop thread by engine_tokenize; a text prompt
+ * is still tokenized here), run ONE batched forward step for
  * every runnable sequence (continuous batching: decode tokens first, then
  * prefill chunks in the remaining token budget, so a new long prompt never
  * stalls running streams), then sample, emit events and retire finished
@@ -140,7 +141,10 @@ static void emit(struct engine *e, const struct engine_event *ev)
     }
 }
 
-static void emit_error(struct engine *e, uint64_t id, int status, const char *msg)
+/* param: the request field at fault, code: an OpenAI-style error code (both
+ * may be NULL). */
+static void emit_error(struct engine *e, uint64_t id, int status, const char *param,
+                       const char *code, const char *msg)
 {
     struct engine_event ev;
     memset(&ev, 0, sizeof ev);
@@ -148,6 +152,8 @@ static void emit_error(struct engine *e, uint64_t id, int status, const char *ms
     ev.kind = ENGINE_EV_ERROR;
     ev.status = status;
     snprintf(ev.message, sizeof ev.message, "%s", msg);
+    snprintf(ev.param, sizeof ev.param, "%s", param ? param : "");
+    snprintf(ev.code, sizeof ev.code, "%s", code ? code : "");
     emit(e, &ev);
 }
 
@@ -286,37 +292,91 @@ static struct seq *take_slot(struct engine *e)
     return NULL;
 }
 
-/* Tokenizes a request's prompt. Returns the count or -1 after emitting an error. */
-static int64_t tokenize(struct engine *e, struct engine_request *r, int32_t **out)
+/* Encodes text with the model's tokenizer, BOS first if bos. Returns the
+ * count with a malloc'd array in *out, or a negative errno. */
+static int64_t encode(const struct tokenizer *t, const char *text, size_t len, int bos,
+                      int parse_special, int32_t **out)
 {
-    if (!r->prompt) {
-        for (int64_t i = 0; i < r->n_prompt_ids; i++) {
-            if (r->prompt_ids[i] < 0 || r->prompt_ids[i] >= e->info.n_vocab) {
-                char msg[128];
-                snprintf(msg, sizeof msg,
-                         "prompt token %lld is %d, outside the vocabulary [0, %lld)", (long long)i,
-                         r->prompt_ids[i], (long long)e->info.n_vocab);
-                emit_error(e, r->id, 400, msg);
-                return -1;
-            }
+    *out = NULL;
+    if (!text && len > 0)
+        return -EINVAL;
+    if (len > (size_t)INT64_MAX / sizeof(int32_t) - 2)
+        return -E2BIG;
+    /* every token but BOS covers at least one byte: one pass suffices */
+    int64_t cap = (int64_t)len + 1 + (bos ? 1 : 0);
+    int32_t *ids = malloc((size_t)cap * sizeof *ids);
+    if (!ids)
+        return -ENOMEM;
+    int64_t n = tok_encode(t, text, len, bos, parse_special, ids, cap);
+    if (n > cap) { /* not expected; the contract allows it */
+        int32_t *p = realloc(ids, (size_t)n * sizeof *ids);
+        n = p ? tok_encode(t, text, len, bos, parse_special, p, n) : -ENOMEM;
+        ids = p ? p : ids;
+    }
+    if (n < 0) {
+        free(ids);
+        return n;
+    }
+    *out = ids;
+    return n;
+}
+
+/* A request's prompt as token ids, BOS first when bos. Returns the count or
+ * -1 after emitting an error. */
+static int64_t prompt_tokens(struct engine *e, struct engine_request *r, int bos, int32_t **out)
+{
+    if (r->prompt) {
+        int64_t n = encode(e->tok, r->prompt, r->prompt_len, bos, r->parse_special, out);
+        if (n < 0)
+            emit_error(e, r->id, 500, NULL, NULL, "tokenizing the prompt failed");
+        return n < 0 ? -1 : n;
+    }
+    for (int64_t i = 0; i < r->n_prompt_ids; i++) {
+        if (r->prompt_ids[i] < 0 || r->prompt_ids[i] >= e->info.n_vocab) {
+            char msg[128];
+            snprintf(msg, sizeof msg, "prompt token %lld is %d, outside the vocabulary [0, %lld)",
+                     (long long)i, r->prompt_ids[i], (long long)e->info.n_vocab);
+            emit_error(e, r->id, 400, "prompt", "invalid_value", msg);
+            return -1;
         }
+    }
+    if (!bos) {
         *out = r->prompt_ids;
         r->prompt_ids = NULL;
         return r->n_prompt_ids;
     }
-    int add_bos = r->add_bos && tok_add_bos(e->tok);
-    int64_t cap = (int64_t)r->prompt_len + 2;
-    int32_t *ids = malloc((size_t)cap * sizeof *ids);
-    int64_t n =
-        ids ? tok_encode(e->tok, r->prompt, r->prompt_len, add_bos, r->parse_special, ids, cap)
-            : -ENOMEM;
-    if (n < 0 || n > cap) {
-        free(ids);
-        emit_error(e, r->id, 500, "tokenizing the prompt failed");
+    int32_t *ids = malloc((size_t)(r->n_prompt_ids + 1) * sizeof *ids);
+    if (!ids) {
+        emit_error(e, r->id, 500, NULL, NULL, "out of memory");
         return -1;
     }
+    ids[0] = tok_bos(e->tok);
+    if (r->n_prompt_ids > 0)
+        memcpy(ids + 1, r->prompt_ids, (size_t)r->n_prompt_ids * sizeof *ids);
     *out = ids;
-    return n;
+    return r->n_prompt_ids + 1;
+}
+
+/* The sampling field that makes sampler_init refuse p (API names), or NULL. */
+static const char *bad_sampling_param(const struct sampler_params *p)
+{
+    if (!(p->temperature >= 0))
+        return "temperature";
+    if (p->top_k < 0)
+        return "top_k";
+    if (!(p->top_p > 0) || !(p->top_p <= 1))
+        return "top_p";
+    if (!(p->min_p >= 0) || !(p->min_p <= 1))
+        return "min_p";
+    if (!(p->repeat_penalty > 0))
+        return "repeat_penalty";
+    if (!isfinite(p->presence_penalty))
+        return "presence_penalty";
+    if (!isfinite(p->frequency_penalty))
+        return "frequency_penalty";
+    if (p->penalty_last_n < 0 || p->penalty_last_n > (1 << 20))
+        return "penalty_last_n";
+    return NULL;
 }
 
 /* Admits a request into seq s (a fresh slot, or its idle session). Returns 0,
@@ -324,15 +384,17 @@ static int64_t tokenize(struct engine *e, struct engine_request *r, int32_t **ou
 static int admit_into(struct engine *e, struct seq *s, struct engine_request *r, int fresh)
 {
     int32_t *ids = NULL;
-    if (!fresh)
-        r->add_bos = 0; /* a session's prompt continues its stream: no second BOS */
+    /* BOS starts a fresh sequence only: a session's prompt continues its
+     * stream. The same rule for text and ids, so ids from engine_tokenize
+     * give the text path's tokens. */
+    int bos = fresh && r->add_bos && tok_add_bos(e->tok) && tok_bos(e->tok) >= 0;
     if (stop_filter_init(&s->stop, (const char *const *)r->stop, ENGINE_MAX_STOP) < 0) {
         char msg[160];
         snprintf(msg, sizeof msg, "a stop string is longer than %d bytes", ENGINE_MAX_STOP_LEN);
-        emit_error(e, r->id, 400, msg);
+        emit_error(e, r->id, 400, "stop", "invalid_value", msg);
         return -1;
     }
-    int64_t n = tokenize(e, r, &ids);
+    int64_t n = prompt_tokens(e, r, bos, &ids);
     if (n < 0)
         return -1;
     if (e->cfg.max_prompt_tokens > 0 && n > e->cfg.max_prompt_tokens) {
@@ -340,7 +402,7 @@ static int admit_into(struct engine *e, struct seq *s, struct engine_request *r,
         snprintf(msg, sizeof msg, "the prompt has %lld tokens; this server accepts at most %lld",
                  (long long)n, (long long)e->cfg.max_prompt_tokens);
         free(ids);
-        emit_error(e, r->id, 400, msg);
+        emit_error(e, r->id, 400, "prompt", "context_length_exceeded", msg);
         return -1;
     }
     if (fresh) {
@@ -360,7 +422,7 @@ static int admit_into(struct engine *e, struct seq *s, struct engine_request *r,
             snprintf(msg, sizeof msg, "kv_policy is not usable on this server");
         if (msg[0]) {
             free(ids);
-            emit_error(e, r->id, 400, msg);
+            emit_error(e, r->id, 400, "kv_policy", "invalid_value", msg);
             return -1;
         }
         s->has_next = 0;
@@ -368,7 +430,7 @@ static int admit_into(struct engine *e, struct seq *s, struct engine_request *r,
     int64_t pending = s->has_next ? 1 : 0;
     if (n + pending == 0) {
         free(ids);
-        emit_error(e, r->id, 400, "the prompt is empty");
+        emit_error(e, r->id, 400, "prompt", "invalid_value", "the prompt is empty");
         return -1;
     }
     if (s->kv.policy.kind == KV_POLICY_DENSE &&
@@ -379,13 +441,22 @@ static int admit_into(struct engine *e, struct seq *s, struct engine_request *r,
                  (long long)(n + pending + s->kv.pos_next - s->kv.pos_first),
                  (long long)s->kv.window);
         free(ids);
-        emit_error(e, r->id, 400, msg);
+        emit_error(e, r->id, 400, "prompt", "context_length_exceeded", msg);
         return -1;
     }
     struct sampler_params sp = r->sampling;
-    if (sampler_init(&s->smp, &sp, e->info.n_vocab) < 0) {
+    int rc = sampler_init(&s->smp, &sp, e->info.n_vocab);
+    if (rc < 0) {
+        const char *param = bad_sampling_param(&sp);
+        char msg[160];
         free(ids);
-        emit_error(e, r->id, 400, "invalid sampling parameters");
+        if (rc == -ENOMEM) {
+            emit_error(e, r->id, 500, NULL, NULL, "out of memory");
+            return -1;
+        }
+        snprintf(msg, sizeof msg, "invalid sampling parameter%s%s", param ? " " : "s",
+                 param ? param : "");
+        emit_error(e, r->id, 400, param, "invalid_value", msg);
         return -1;
     }
     s->has_smp = 1;
@@ -394,7 +465,7 @@ static int admit_into(struct engine *e, struct seq *s, struct engine_request *r,
         free(ids);
         sampler_free(&s->smp);
         s->has_smp = 0;
-        emit_error(e, r->id, 500, "out of memory");
+        emit_error(e, r->id, 500, NULL, NULL, "out of memory");
         return -1;
     }
     if (pending)
@@ -426,7 +497,8 @@ static int try_admit(struct engine *e, struct engine_request *r)
     if (r->session_id[0]) {
         struct seq *s = find_session(e, r->session_id);
         if (s && s->state == SEQ_RUNNING) {
-            emit_error(e, r->id, 409, "this session is busy with another request");
+            emit_error(e, r->id, 409, "session_id", "session_busy",
+                       "this session is busy with another request");
             queue_request_done(&e->q);
             engine_request_free(r);
             return 1;
@@ -466,7 +538,8 @@ static void handle_commands(struct engine *e, int wait_ms)
                 if (e->n_waiting < e->cfg.max_seqs + e->cfg.max_queue) {
                     e->waiting[e->n_waiting++] = c->req;
                 } else { /* cannot happen: queue_submit bounds requests in flight */
-                    emit_error(e, c->id, 429, "the server is at capacity");
+                    emit_error(e, c->id, 429, NULL, "rate_limit_exceeded",
+                               "the server is at capacity");
                     queue_request_done(&e->q);
                     engine_request_free(&c->req);
                 }
@@ -601,7 +674,7 @@ static void fail_all_running(struct engine *e, const char *msg)
     for (int64_t i = 0; i < e->cfg.max_seqs; i++) {
         struct seq *s = &e->seqs[i];
         if (s->state == SEQ_RUNNING) {
-            emit_error(e, s->id, 500, msg);
+            emit_error(e, s->id, 500, NULL, NULL, msg);
             queue_request_done(&e->q);
             s->session[0] = 0;
             seq_release(e, s);
@@ -961,6 +1034,15 @@ void engine_resume(struct engine *e, uint64_t id)
 size_t engine_drain(struct engine *e, struct engine_event *ev, size_t max)
 {
     return queue_drain(&e->q, ev, max);
+}
+
+int64_t engine_tokenize(const struct engine *e, const char *text, size_t len, int parse_special,
+                        int32_t **out)
+{
+    *out = NULL;
+    if (!e || !e->tok)
+        return -EINVAL;
+    return encode(e->tok, text, len, 0, parse_special, out); /* *out has room for >= 1 */
 }
 
 size_t engine_token_text(const struct engine *e, int32_t id, char *buf, size_t cap)

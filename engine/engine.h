@@ -94,7 +94,8 @@ struct engine_request {
     size_t prompt_len;
     int32_t *prompt_ids; /* token ids (malloc'd; owned), used when prompt is NULL */
     int64_t n_prompt_ids;
-    int add_bos;        /* prepend BOS if the model wants one */
+    int add_bos;        /* prepend BOS if the model wants one (text and ids alike; never to a
+                           session's continuation) */
     int parse_special;  /* recognize <|im_start|> etc. in the text */
     int64_t max_tokens; /* < 0: until EOS, a stop, or the client leaves */
     struct sampler_params sampling;
@@ -138,8 +139,10 @@ struct engine_event { /* copied by value across the queue */
     enum engine_finish finish;
     int64_t prompt_tokens; /* usage, on DONE */
     int64_t completion_tokens;
-    int status;        /* HTTP status for ERROR (400, 429, 500, 503) */
+    int status;        /* HTTP status for ERROR (400, 409, 429, 500, 503) */
     char message[160]; /* for ERROR */
+    char param[32];    /* for ERROR: the request field at fault ("prompt", "kv_policy", ...), "" */
+    char code[32];     /* for ERROR: an OpenAI-style code ("context_length_exceeded", ...), "" */
 };
 
 /* Loads the model and starts the engine thread. wake(arg) is called from the
@@ -160,6 +163,18 @@ void engine_resume(struct engine *e, uint64_t id);
 
 /* Loop thread. Copies up to max events out; call until it returns 0. */
 size_t engine_drain(struct engine *e, struct engine_event *ev, size_t max);
+
+/* Tokenizes text[0..len) as a text prompt would be, without BOS (the engine
+ * prepends it at admission when the request asks and the model wants it, so
+ * submitting these ids with add_bos gives exactly the text path's tokens).
+ * parse_special: as engine_request.parse_special. Any thread, concurrently
+ * with the engine thread and with other calls (the tokenizer is read-only),
+ * between engine_start and engine_stop: the server calls it off the loop
+ * thread, since a long prompt takes a while. Returns the token count (>= 0)
+ * with a malloc'd array in *out (caller frees, even for 0 tokens), or a
+ * negative errno (*out NULL). */
+int64_t engine_tokenize(const struct engine *e, const char *text, size_t len, int parse_special,
+                        int32_t **out);
 
 /* Text of a token for logprobs (raw bytes, may be a partial UTF-8 sequence).
  * Any thread (the tokenizer is read-only). Returns bytes written (< cap). */

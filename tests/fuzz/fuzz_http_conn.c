@@ -46,8 +46,9 @@
  *   build-fuzz/tests/fuzz/fuzz_http_conn /tmp/http-corpus -max_total_time=60 \
  *         -max_len=20000 -timeout=10
  *
- * (scripts/fuzz.sh does all of that for every target.) FUZZ_HTTP_VERBOSE set
- * prints what the client received, to see what an input does:
+ * (scripts/fuzz.sh does all of that for every target.) With FUZZ_HTTP_VERBOSE
+ * set, each request the server dispatched and what the client received are
+ * printed, to see what an input does:
  *   FUZZ_HTTP_VERBOSE=1 build-fuzz/tests/fuzz/fuzz_http_conn <file>
  */
 #include "http_conn.h"

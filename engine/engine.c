@@ -789,7 +789,7 @@ static int load(struct engine *e)
 {
     char *err = e->start_err;
     size_t el = sizeof e->start_err;
-    int rc = model_load(&e->model, e->cfg.model_path, err, el);
+    int rc = model_open(&e->model, e->cfg.model_path, e->cfg.no_mmap ? MODEL_NO_MMAP : 0, err, el);
     if (rc < 0)
         return rc;
     rc = tok_load(&e->tok, &e->model.gguf, err, el);

@@ -58,6 +58,7 @@ struct engine_config {
     enum kv_dtype kv_dtype;
     int64_t max_prompt_tokens; /* longest prompt accepted (0: no limit besides dense's window) */
     int64_t session_idle_s;    /* an idle session frees its slot after this many seconds */
+    int no_mmap; /* read the weights into memory instead of mapping the file (--no-mmap) */
 };
 /* Defaults for every field (threads 2, max_seqs 8, window 4096, chunk 256, ...). */
 struct engine_config engine_default_config(void);

@@ -1,13 +1,17 @@
 /*
- * model.c: maps a GGUF file, reads the Llama hyperparameters and binds every
- * weight as a view into the map, checking type and shape. The normalizer
- * follows the README's convention: <arch>.attention.normalizer if present,
- * else "sink" when blk.N.attn_sinks tensors exist, else "softmax".
+ * model.c: maps a GGUF file (or reads it into memory: MODEL_NO_MMAP), reads
+ * the Llama hyperparameters and binds every weight as a view into the map,
+ * checking type and shape. The normalizer follows the README's convention:
+ * <arch>.attention.normalizer if present, else "sink" when blk.N.attn_sinks
+ * tensors exist, else "softmax". Also the SIGBUS guard for mapped files
+ * (model.h).
  */
 #include "model.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +19,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "engine.h"
 #include "quant.h"
 
 const char *model_normalizer_name(enum model_normalizer n)
@@ -32,16 +37,151 @@ const char *model_normalizer_name(enum model_normalizer n)
     return "?";
 }
 
-static int map_file(const char *path, void **map, size_t *len, int *fd, char *err, size_t err_len)
+/* ---- the SIGBUS guard ---------------------------------------------------
+ *
+ * A signal handler reaches only global state, so this is a process-wide
+ * table of the mapped model files (address range and path). Writers take
+ * guard_mu; the handler reads without a lock: a slot's fields are written
+ * before its `used` flag is published (release), and read after it
+ * (acquire). The handler calls only async-signal-safe functions (write,
+ * _exit, sigaction, raise).
+ */
+#define GUARD_SLOTS 16
+#define GUARD_PATH_MAX 512
+
+struct guard_slot {
+    int used;
+    uintptr_t lo, hi; /* [lo, hi): the mapping */
+    char path[GUARD_PATH_MAX];
+    size_t path_len;
+};
+
+static struct guard_slot guard_slots[GUARD_SLOTS];
+static pthread_mutex_t guard_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t guard_once = PTHREAD_ONCE_INIT;
+static struct sigaction guard_prev; /* the disposition before ours */
+
+static void guard_write(const char *s, size_t n)
+{
+    while (n > 0) {
+        ssize_t w = write(STDERR_FILENO, s, n);
+        if (w <= 0)
+            return;
+        s += w;
+        n -= (size_t)w;
+    }
+}
+
+static void guard_handler(int sig, siginfo_t *si, void *uctx)
+{
+    static const char pre[] = "fatal: the model file ";
+    static const char post[] = " changed or was truncated while mapped; replace model files by "
+                               "rename, or run with --no-mmap\n";
+    uintptr_t a = (uintptr_t)si->si_addr;
+    (void)uctx;
+    for (int i = 0; i < GUARD_SLOTS; i++) {
+        struct guard_slot *g = &guard_slots[i];
+        if (__atomic_load_n(&g->used, __ATOMIC_ACQUIRE) && a >= g->lo && a < g->hi) {
+            guard_write(pre, sizeof pre - 1);
+            guard_write(g->path, g->path_len);
+            guard_write(post, sizeof post - 1);
+            _exit(ENGINE_EXIT_MODEL);
+        }
+    }
+    /* not a model file: the previous disposition gets the fault, which
+     * happens again when the faulting instruction runs again on return */
+    sigaction(SIGBUS, &guard_prev, NULL);
+    if (si->si_code <= 0) /* sent by kill/raise: nothing re-executes */
+        raise(sig);
+}
+
+static void guard_install(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = guard_handler;
+    sa.sa_flags = SA_SIGINFO;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGBUS, &sa, &guard_prev);
+}
+
+/* Registers a mapping of path (best effort: with the table full, that file is
+ * not guarded). */
+static void guard_add(const void *map, size_t len, const char *path)
+{
+    pthread_once(&guard_once, guard_install);
+    pthread_mutex_lock(&guard_mu);
+    for (int i = 0; i < GUARD_SLOTS; i++) {
+        struct guard_slot *g = &guard_slots[i];
+        if (g->used)
+            continue;
+        g->lo = (uintptr_t)map;
+        g->hi = (uintptr_t)map + len;
+        g->path_len = strlen(path);
+        if (g->path_len > sizeof g->path)
+            g->path_len = sizeof g->path;
+        memcpy(g->path, path, g->path_len);
+        __atomic_store_n(&g->used, 1, __ATOMIC_RELEASE);
+        break;
+    }
+    pthread_mutex_unlock(&guard_mu);
+}
+
+/* Unregisters the mapping at map (before it is unmapped). */
+static void guard_remove(const void *map)
+{
+    pthread_mutex_lock(&guard_mu);
+    for (int i = 0; i < GUARD_SLOTS; i++) {
+        struct guard_slot *g = &guard_slots[i];
+        if (g->used && g->lo == (uintptr_t)map) {
+            __atomic_store_n(&g->used, 0, __ATOMIC_RELEASE);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&guard_mu);
+}
+
+/* ---- reading the file ---------------------------------------------------- */
+
+/* Copies the file into anonymous memory (read-only afterwards), so nothing
+ * that happens to the file later can reach the weights. */
+static int read_file(struct model *m, const char *path, char *err, size_t err_len)
+{
+    void *p = mmap(NULL, m->map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+        snprintf(err, err_len, "%s: cannot allocate %zu bytes for the model", path, m->map_len);
+        return -ENOMEM;
+    }
+    m->map = p;
+    size_t off = 0;
+    while (off < m->map_len) {
+        ssize_t r = pread(m->fd, (char *)p + off, m->map_len - off, (off_t)off);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            int e = r < 0 ? errno : EIO;
+            snprintf(err, err_len, "%s: %s", path,
+                     r < 0 ? strerror(e) : "the file shrank while it was read");
+            return -e;
+        }
+        off += (size_t)r;
+    }
+    mprotect(p, m->map_len, PROT_READ);
+    close(m->fd);
+    m->fd = -1;
+    return 0;
+}
+
+static int map_file(struct model *m, const char *path, unsigned flags, char *err, size_t err_len)
 {
     struct stat st;
-    *fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (*fd < 0) {
+    m->fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (m->fd < 0) {
         int e = errno;
         snprintf(err, err_len, "%s: %s", path, strerror(e));
         return -e;
     }
-    if (fstat(*fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+    if (fstat(m->fd, &st) < 0 || !S_ISREG(st.st_mode)) {
         snprintf(err, err_len, "%s: not a regular file", path);
         return -EINVAL;
     }
@@ -49,14 +189,18 @@ static int map_file(const char *path, void **map, size_t *len, int *fd, char *er
         snprintf(err, err_len, "%s: empty file", path);
         return -EINVAL;
     }
-    *len = (size_t)st.st_size;
-    *map = mmap(NULL, *len, PROT_READ, MAP_PRIVATE, *fd, 0);
-    if (*map == MAP_FAILED) {
+    m->map_len = (size_t)st.st_size;
+    if (flags & MODEL_NO_MMAP)
+        return read_file(m, path, err, err_len);
+    void *p = mmap(NULL, m->map_len, PROT_READ, MAP_PRIVATE, m->fd, 0);
+    if (p == MAP_FAILED) {
         int e = errno;
-        *map = NULL;
         snprintf(err, err_len, "%s: mmap: %s", path, strerror(e));
         return -e;
     }
+    m->map = p;
+    m->mapped = 1;
+    guard_add(p, m->map_len, path);
     return 0;
 }
 
@@ -301,10 +445,15 @@ static int bind_weights(struct model *m, char *err, size_t err_len)
 
 int model_load(struct model *m, const char *path, char *err, size_t err_len)
 {
+    return model_open(m, path, 0, err, err_len);
+}
+
+int model_open(struct model *m, const char *path, unsigned flags, char *err, size_t err_len)
+{
     int rc;
     memset(m, 0, sizeof *m);
     m->fd = -1;
-    rc = map_file(path, &m->map, &m->map_len, &m->fd, err, err_len);
+    rc = map_file(m, path, flags, err, err_len);
     if (rc < 0)
         goto fail;
     rc = gguf_parse(&m->gguf, m->map, m->map_len, err, err_len);
@@ -327,6 +476,8 @@ void model_free(struct model *m)
     gguf_free(&m->gguf);
     free(m->w.layers);
     free(m->sinks_mem);
+    if (m->map && m->mapped)
+        guard_remove(m->map);
     if (m->map)
         munmap(m->map, m->map_len);
     if (m->fd >= 0)

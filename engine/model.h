@@ -3,6 +3,13 @@
  * (the blueprint, never changes) and weights (views into the read-only mmap).
  * Internal to engine/. Every tensor's type and shape is checked at load, so
  * the forward pass can trust them.
+ *
+ * A mapped file that shrinks under us (truncated, or overwritten in place)
+ * turns the next read of a weight into SIGBUS. While a file is mapped, a
+ * process-wide SIGBUS handler (installed once) turns a fault inside one of
+ * the mapped models into one line on stderr and _exit(ENGINE_EXIT_MODEL)
+ * instead of a bare crash; faults elsewhere go to the previous handler. With
+ * MODEL_NO_MMAP the file is read into anonymous memory and can change freely.
  */
 #ifndef SS_MODEL_H
 #define SS_MODEL_H
@@ -71,14 +78,18 @@ struct model {
     struct model_weights w;
     struct gguf_file gguf;
     float *sinks_mem; /* [L*H] attn_sinks copies (or all zeros for softmax1) */
-    void *map;
+    void *map;        /* the file's bytes: a mapping of it, or an anonymous copy (no_mmap) */
     size_t map_len;
     int fd;
+    int mapped; /* map is a mapping of the file (registered with the SIGBUS guard) */
 };
 
 /* Loads the model at path. On failure returns a negative errno, fills err with
  * one line and leaves m freed. */
 int model_load(struct model *m, const char *path, char *err, size_t err_len);
+#define MODEL_NO_MMAP 1u /* read the file into memory instead of mapping it */
+/* model_load with flags (MODEL_NO_MMAP). */
+int model_open(struct model *m, const char *path, unsigned flags, char *err, size_t err_len);
 /* Safe on a zeroed or half-built model. Does not free m itself. */
 void model_free(struct model *m);
 

@@ -41,8 +41,6 @@ void api_error_set(struct api_error *e, int status, const char *param, const cha
 /* {"error":{"message":..,"type":..,"param":..,"code":..}}, unformatted.
  * Returns a malloc'd string (caller frees), or NULL when out of memory. */
 char *api_error_json(const struct api_error *e);
-/* The reason phrase of an HTTP status ("Too Many Requests"). */
-const char *api_status_text(int status);
 
 /* ---- chat templates (chat_template.c) ------------------------------------ */
 

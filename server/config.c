@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum opt_type { OPT_STR, OPT_I64, OPT_SEC };
+enum opt_type { OPT_STR, OPT_I64, OPT_SEC, OPT_FLAG /* no value: sets an int64 to 1 */ };
 
 struct opt {
     const char *lng;
@@ -45,6 +45,8 @@ static const struct opt opts[] = {
      "KV slots: sequences and sessions resident at once"},
     {"--max-queue", NULL, OPT_I64, OFF(max_queue), "16", 0, 1e6, "N",
      "requests that wait for a slot; beyond it: 429 with Retry-After"},
+    {"--no-mmap", NULL, OPT_FLAG, OFF(no_mmap), NULL, 0, 0, "",
+     "read the weights into memory instead of mapping the file (the file may then change)"},
     {"--backend", NULL, OPT_STR, OFF(backend), "cpu", 0, 0, "B",
      "cpu | cuda (CUDA: weights in FP16 on GPU 0, fused attention kernels)"},
     {"--threads", "-t", OPT_I64, OFF(threads), "2", 1, 256, "N", "CPU backend threads"},
@@ -53,25 +55,38 @@ static const struct opt opts[] = {
     {"--max-step-tokens", NULL, OPT_I64, OFF(max_step_tokens), "512", 1, 1e6, "N",
      "tokens in one batched step (decode + prefill)"},
     {"--max-prompt", NULL, OPT_I64, OFF(max_prompt), "0", 0, 1e12, "N",
-     "longest prompt in tokens (0: no limit but the policy's)"},
+     "longest prompt in tokens (0: the model's context length); longer ones get 400 "
+     "before they reach the engine"},
     {"--session-idle", NULL, OPT_SEC, OFF(session_idle), "3600", 1, 1e9, "S",
      "an idle session frees its KV slot after S seconds"},
     {"--api-key", NULL, OPT_STR, OFF(api_key), "", 0, 0, "KEY",
-     "require 'Authorization: Bearer KEY' on /v1/* (empty: open)"},
+     "require 'Authorization: Bearer KEY' on everything but /health and /metrics (visible in "
+     "ps: prefer --api-key-file or $STREAMSINK_API_KEY; empty: open)"},
+    {"--api-key-file", NULL, OPT_STR, OFF(api_key_file), "", 0, 0, "FILE",
+     "accepted API keys, one per line ('#' comments); with --api-key, both count"},
+    {"--model-alias", NULL, OPT_STR, OFF(model_alias), "", 0, 0, "NAMES",
+     "more names (comma-separated) the 'model' field may use besides the served id"},
     {"--max-body", NULL, OPT_I64, OFF(max_body), "8388608", 1, GiB, "BYTES",
      "largest request body (413 beyond)"},
+    {"--max-body-total", NULL, OPT_I64, OFF(max_body_total), "67108864", 0, 64 * GiB, "BYTES",
+     "request body bytes all connections may hold at once (503 beyond; 0: no limit)"},
     {"--max-header", NULL, OPT_I64, OFF(max_header), "16384", 256, 1048576, "BYTES",
      "largest request line + headers (431 beyond)"},
     {"--max-conns", NULL, OPT_I64, OFF(max_conns), "1024", 1, 1e6, "N",
-     "open connections (503 beyond)"},
+     "open connections (beyond it the longest-idle one is closed to make room; 503 when "
+     "every one runs a request)"},
     {"--max-response", NULL, OPT_I64, OFF(max_response), "4194304", 1024, GiB, "BYTES",
      "text of one non-streamed answer (finish_reason length beyond)"},
     {"--high-water", NULL, OPT_I64, OFF(high_water), "65536", 1024, GiB, "BYTES",
      "write queue bytes that pause a stream's sequence"},
     {"--low-water", NULL, OPT_I64, OFF(low_water), "16384", 0, GiB, "BYTES",
      "write queue bytes that resume it"},
-    {"--sndbuf", NULL, OPT_I64, OFF(sndbuf), "0", 0, GiB, "BYTES",
-     "kernel send buffer per connection (0: the kernel's autotuning)"},
+    {"--sndbuf", NULL, OPT_I64, OFF(sndbuf), "65536", 0, GiB, "BYTES",
+     "kernel send buffer per connection, so backpressure starts early (0: the kernel's "
+     "autotuning, which may absorb megabytes)"},
+    {"--min-read-rate", NULL, OPT_I64, OFF(min_read_rate), "4096", 0, GiB, "BYTES",
+     "a client with bytes waiting must read this many per second, judged over "
+     "--write-stall-timeout, or be closed (0: off)"},
     {"--read-timeout", NULL, OPT_SEC, OFF(read_timeout), "30", 0.001, 1e6, "S",
      "a request must arrive within S seconds of its first byte (408)"},
     {"--keepalive-timeout", NULL, OPT_SEC, OFF(keepalive_timeout), "60", 0.001, 1e6, "S",
@@ -81,7 +96,8 @@ static const struct opt opts[] = {
     {"--sse-keepalive", NULL, OPT_SEC, OFF(sse_keepalive), "15", 0, 1e6, "S",
      "': keep-alive' comment interval on idle streams (0: off)"},
     {"--drain-timeout", NULL, OPT_SEC, OFF(drain_timeout), "30", 0, 1e6, "S",
-     "on SIGTERM/SIGINT, let requests finish for S seconds, then cancel"},
+     "on SIGTERM/SIGINT, let requests finish for S seconds, then cut them (a stream ends with "
+     "an error event and [DONE])"},
     {"--name", NULL, OPT_STR, OFF(name), "", 0, 0, "NAME",
      "replica name sent as X-Streamsink-Replica (default: hostname:port)"},
     {"--log-level", NULL, OPT_STR, OFF(log_level), "info", 0, 0, "L",
@@ -98,6 +114,9 @@ static int set_value(struct server_config *cfg, const struct opt *o, const char 
     switch (o->type) {
     case OPT_STR:
         *(const char **)base = v;
+        return 0;
+    case OPT_FLAG:
+        *(int64_t *)base = 1;
         return 0;
     case OPT_I64: {
         errno = 0;
@@ -171,7 +190,8 @@ void server_config_usage(FILE *f)
     }
     fprintf(f, "  %-30s %s\n", "-h, --help", "this text");
     fprintf(f, "\nSIGTERM or SIGINT drains: no new connections, running requests finish\n"
-               "within --drain-timeout, then the rest are cancelled; exit 0.\n"
+               "within --drain-timeout, then the rest are cut; exit 0. docs/limits.md lists\n"
+               "every limit and what a client gets beyond it.\n"
                "exit codes: 0 ok, 1 runtime failure, 2 bad usage, 3 bad or missing model file\n");
 }
 
@@ -199,7 +219,9 @@ int server_config_parse(struct server_config *cfg, int argc, char **argv, char *
             snprintf(err, err_len, "unknown option '%s' (see streamsink serve --help)", a);
             return -EINVAL;
         }
-        if (!val) {
+        if (!val && o->type == OPT_FLAG) {
+            val = "1";
+        } else if (!val) {
             if (i + 1 >= argc) {
                 snprintf(err, err_len, "%s needs a value", a);
                 return -EINVAL;

@@ -16,6 +16,8 @@ struct server_config {
     int64_t port;
     const char *name; /* replica name for X-Streamsink-Replica ("" -> hostname:port) */
     const char *api_key;
+    const char *api_key_file;
+    const char *model_alias; /* extra names clients may use for the model (comma-separated) */
     int64_t max_conns;
     /* model and engine */
     const char *model;
@@ -26,12 +28,15 @@ struct server_config {
     int64_t max_queue;
     int64_t threads;
     const char *backend;
+    int64_t no_mmap;
     int64_t chunk;
     int64_t max_step_tokens;
     int64_t max_prompt;
     double session_idle;
     /* limits and timeouts (seconds) */
     int64_t max_body;
+    int64_t max_body_total;
+    int64_t min_read_rate;
     int64_t max_header;
     int64_t max_response; /* bytes of text in one non-streamed answer */
     int64_t high_water;

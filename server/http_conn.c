@@ -19,12 +19,15 @@
 #include <string.h>
 #include <strings.h>
 
-#include "api.h"
 #include "log.h"
 
-#define LINGER_MS 2000 /* after an error response: wait this long for the client's FIN */
+#define LINGER_MS 2000      /* after an error response: wait this long between reads */
+#define LINGER_MAX_MS 30000 /* ... and this long in all for the client's FIN */
+#define BODY_MIN_ALLOC 16384
 
-enum header_which { HDR_NONE = 0, HDR_AUTH, HDR_SESSION, HDR_EXPECT };
+enum header_which { HDR_NONE = 0, HDR_AUTH, HDR_SESSION, HDR_EXPECT, HDR_HOST };
+
+static const char *const header_names[] = {"", "Authorization", "X-Session-Id", "Expect", "Host"};
 
 struct wreq {
     uv_write_t w;
@@ -37,6 +40,8 @@ static void set_state(struct http_conn *c, enum http_conn_state s);
 static void conn_parse(struct http_conn *c);
 static void on_timeout(uv_timer_t *t);
 static void start_reading(struct http_conn *c);
+static int too_slow(struct http_conn *c, size_t queued);
+static void close_soon(struct http_conn *c);
 
 const char *http_conn_state_name(enum http_conn_state s)
 {
@@ -63,6 +68,56 @@ size_t http_conn_write_queue(const struct http_conn *c)
 int http_conn_idle(const struct http_conn *c)
 {
     return c->state == HTTP_CONN_READING && !c->msg_begun;
+}
+
+/* ---- status lines ---------------------------------------------------------------- */
+
+const char *http_status_text(int status)
+{
+    switch (status) {
+    case 100:
+        return "Continue";
+    case 200:
+        return "OK";
+    case 204:
+        return "No Content";
+    case 400:
+        return "Bad Request";
+    case 401:
+        return "Unauthorized";
+    case 403:
+        return "Forbidden";
+    case 404:
+        return "Not Found";
+    case 405:
+        return "Method Not Allowed";
+    case 408:
+        return "Request Timeout";
+    case 409:
+        return "Conflict";
+    case 411:
+        return "Length Required";
+    case 413:
+        return "Content Too Large";
+    case 414:
+        return "URI Too Long";
+    case 415:
+        return "Unsupported Media Type";
+    case 429:
+        return "Too Many Requests";
+    case 431:
+        return "Request Header Fields Too Large";
+    case 500:
+        return "Internal Server Error";
+    case 501:
+        return "Not Implemented";
+    case 503:
+        return "Service Unavailable";
+    case 505:
+        return "HTTP Version Not Supported";
+    default:
+        return status < 400 ? "OK" : status < 500 ? "Bad Request" : "Internal Server Error";
+    }
 }
 
 /* ---- timer ------------------------------------------------------------------ */
@@ -107,7 +162,33 @@ static void set_state(struct http_conn *c, enum http_conn_state s)
     if (c->state == HTTP_CONN_CLOSING)
         return; /* closing is final */
     c->state = s;
+    if (s == HTTP_CONN_READING)
+        c->idle_since = uv_now(c->tcp.loop);
     arm_for_state(c);
+}
+
+/* ---- the body budget ------------------------------------------------------------ */
+
+static void body_release(struct http_conn *c)
+{
+    if (c->body_reserved && c->lim->body_budget)
+        *c->lim->body_budget -= c->body_reserved;
+    c->body_reserved = 0;
+}
+
+/* Takes n more bytes of the server-wide body budget. 0, or -1 if it is spent. */
+static int body_reserve(struct http_conn *c, size_t n)
+{
+    size_t *b = c->lim->body_budget;
+    if (!b || c->lim->max_body_total == 0) {
+        c->body_reserved += n;
+        return 0;
+    }
+    if (*b + n > c->lim->max_body_total)
+        return -1;
+    *b += n;
+    c->body_reserved += n;
+    return 0;
 }
 
 /* ---- close -------------------------------------------------------------------- */
@@ -119,6 +200,7 @@ static void on_handle_close(uv_handle_t *h)
         return;
     if (c->ops->on_free)
         c->ops->on_free(c, c->ops->arg);
+    body_release(c);
     free(c->req.body);
     free(c);
 }
@@ -143,6 +225,7 @@ static void on_write(uv_write_t *w, int status)
 {
     struct wreq *r = (struct wreq *)w;
     struct http_conn *c = r->c;
+    size_t len = r->len;
     free(r);
     if (c->state == HTTP_CONN_CLOSING)
         return; /* cancelled by uv_close, or a late completion */
@@ -151,7 +234,15 @@ static void on_write(uv_write_t *w, int status)
         http_conn_close(c);
         return;
     }
+    c->bytes_sent += len;
     size_t q = http_conn_write_queue(c);
+    if (too_slow(c, q)) {
+        log_msg(LOG_INFO, "closing a connection that reads slower than %.0f bytes/s",
+                c->lim->min_read_rate);
+        c->slow = 1;
+        http_conn_close(c);
+        return;
+    }
     if (c->paused && q <= c->lim->low_water) {
         c->paused = 0;
         if (c->ops->on_resume)
@@ -163,6 +254,32 @@ static void on_write(uv_write_t *w, int status)
     }
     if (c->state == HTTP_CONN_DRAINING)
         after_flush(c);
+}
+
+/* The minimum read rate, judged over windows of write_stall_timeout while
+ * bytes wait for the client (the window restarts when the queue empties, so
+ * a client that keeps up is never judged). Called after each completed write
+ * with the queue left behind. Returns 1 if the client is too slow. */
+static int too_slow(struct http_conn *c, size_t queued)
+{
+    const struct http_limits *l = c->lim;
+    if (queued == 0 || l->min_read_rate <= 0 || l->write_stall_timeout_ms == 0) {
+        c->rate_t0 = 0;
+        return 0;
+    }
+    uint64_t now = uv_now(c->tcp.loop);
+    if (c->rate_t0 == 0) {
+        c->rate_t0 = now;
+        c->rate_b0 = c->bytes_sent;
+        return 0;
+    }
+    uint64_t dt = now - c->rate_t0;
+    if (dt < l->write_stall_timeout_ms)
+        return 0;
+    double rate = (double)(c->bytes_sent - c->rate_b0) * 1e3 / (double)dt;
+    c->rate_t0 = now;
+    c->rate_b0 = c->bytes_sent;
+    return rate < l->min_read_rate;
 }
 
 /* A write failed while the application may be in the middle of using c and
@@ -203,6 +320,10 @@ static int write_parts(struct http_conn *c, const char *const *parts, const size
         close_soon(c);
         return rc;
     }
+    if (c->rate_t0 == 0 && http_conn_write_queue(c) > 0) { /* a backlog: start judging */
+        c->rate_t0 = uv_now(c->tcp.loop);
+        c->rate_b0 = c->bytes_sent;
+    }
     if (!c->paused && http_conn_write_queue(c) > c->lim->high_water) {
         c->paused = 1;
         if (c->ops->on_pause)
@@ -237,7 +358,7 @@ static size_t format_head(struct http_conn *c, char *buf, size_t cap, int status
     else if (c->chunked)
         snprintf(cl, sizeof cl, "Transfer-Encoding: chunked\r\n");
     int n = snprintf(buf, cap, "HTTP/1.1 %d %s\r\n%s%s%s%sConnection: %s\r\n\r\n", status,
-                     api_status_text(status), ct, cl, extra ? extra : "",
+                     http_status_text(status), ct, cl, extra ? extra : "",
                      c->lim->extra_headers ? c->lim->extra_headers : "",
                      keep_alive(c) ? "keep-alive" : "close");
     return n < 0 ? 0 : (size_t)n < cap ? (size_t)n : cap - 1;
@@ -253,6 +374,7 @@ static void finish_response(struct http_conn *c)
     free(c->req.body);
     c->req.body = NULL;
     c->req.body_len = c->req.body_cap = 0;
+    body_release(c);
     c->stream_held = 0;
     set_state(c, HTTP_CONN_DRAINING);
     after_flush(c);
@@ -265,11 +387,19 @@ static void after_flush(struct http_conn *c)
     if (c->close_after) {
         if (q > 0 || c->shutdown_sent)
             return;
+        if (c->peer_eof) { /* the client is done sending: nothing to linger for */
+            close_soon(c);
+            return;
+        }
         c->shutdown_sent = 1;
+        c->linger_until = uv_now(c->tcp.loop) + LINGER_MAX_MS;
         if (uv_shutdown(&c->shutdown_req, (uv_stream_t *)&c->tcp, NULL) < 0) {
             close_soon(c);
             return;
         }
+        c->rpos = c->rlen = 0; /* lingering: read and discard until the client's FIN */
+        if (c->read_stopped)
+            start_reading(c);
         arm_for_state(c); /* linger for the client's FIN, then close */
         return;
     }
@@ -295,8 +425,9 @@ int http_conn_respond(struct http_conn *c, int status, const char *content_type,
     c->chunked = 0;
     c->status = status;
     size_t hl = format_head(c, head, sizeof head, status, content_type, extra_headers, 1, len);
-    const char *parts[2] = {head, body ? body : ""};
-    size_t lens[2] = {hl, body ? len : 0};
+    int with_body = body && c->req.method != HTTP_HEAD; /* HEAD: the headers GET would send */
+    const char *parts[2] = {head, with_body ? body : ""};
+    size_t lens[2] = {hl, with_body ? len : 0};
     int rc = write_parts(c, parts, lens, 2);
     if (rc < 0)
         return rc;
@@ -307,15 +438,20 @@ int http_conn_respond(struct http_conn *c, int status, const char *content_type,
 int http_conn_respond_error(struct http_conn *c, int status, const char *param, const char *code,
                             const char *extra_headers, const char *message)
 {
-    struct api_error e;
-    api_error_set(&e, status, param, code, "%s", message);
-    char *json = api_error_json(&e);
-    static const char fallback[] =
-        "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"param\":null,"
-        "\"code\":null}}";
-    int rc = http_conn_respond(c, status, "application/json", extra_headers, json ? json : fallback,
-                               json ? strlen(json) : sizeof fallback - 1);
-    free(json);
+    /* the body's schema is the application's (ops->error_body); plain text without one */
+    char *body =
+        c->ops->error_body ? c->ops->error_body(status, param, code, message, c->ops->arg) : NULL;
+    int rc;
+    if (body) {
+        rc = http_conn_respond(c, status, "application/json", extra_headers, body, strlen(body));
+    } else {
+        char text[512];
+        int n =
+            snprintf(text, sizeof text, "%d %s: %s\n", status, http_status_text(status), message);
+        size_t len = n < 0 ? 0 : (size_t)n < sizeof text ? (size_t)n : sizeof text - 1;
+        rc = http_conn_respond(c, status, "text/plain; charset=utf-8", extra_headers, text, len);
+    }
+    free(body);
     return rc;
 }
 
@@ -392,14 +528,21 @@ void http_conn_finish_and_close(struct http_conn *c)
     }
 }
 
-/* An error found while reading: answer it and close. */
-static void reject(struct http_conn *c, int status, const char *message)
+/* An error found while reading: answer it and close (lingering). */
+static void reject_with(struct http_conn *c, int status, const char *code, const char *extra,
+                        const char *message)
 {
     c->close_after = 1;
     if (c->state != HTTP_CONN_READING && c->state != HTTP_CONN_WAITING)
         return;
     set_state(c, HTTP_CONN_WAITING);
-    http_conn_respond_error(c, status, NULL, NULL, NULL, message);
+    http_conn_respond_error(c, status, NULL, code && code[0] ? code : NULL,
+                            extra && extra[0] ? extra : NULL, message);
+}
+
+static void reject(struct http_conn *c, int status, const char *message)
+{
+    reject_with(c, status, NULL, NULL, message);
 }
 
 /* ---- timer callback ------------------------------------------------------------- */
@@ -469,6 +612,10 @@ static int on_message_begin(llhttp_t *p)
     c->msg_begun = 1;
     c->header_bytes = 0;
     c->err_status = 0;
+    memset(&c->rej, 0, sizeof c->rej);
+    c->seen = 0;
+    c->body_want = 0;
+    c->val_end = NULL;
     c->field_len = 0;
     c->field_which = HDR_NONE;
     arm_for_state(c); /* the read deadline starts at the first byte of the request */
@@ -509,13 +656,29 @@ static int on_header_field_complete(llhttp_t *p)
 {
     struct http_conn *c = conn_of(p);
     c->field_which = HDR_NONE;
+    c->val_end = NULL;
     if (strcasecmp(c->field, "authorization") == 0)
         c->field_which = HDR_AUTH;
     else if (strcasecmp(c->field, "x-session-id") == 0)
         c->field_which = HDR_SESSION;
     else if (strcasecmp(c->field, "expect") == 0)
         c->field_which = HDR_EXPECT;
+    else if (strcasecmp(c->field, "host") == 0)
+        c->field_which = HDR_HOST;
     c->value_overflow = 0;
+    if (c->field_which != HDR_NONE && c->field_which != HDR_EXPECT) {
+        unsigned bit = 1u << c->field_which;
+        if (c->seen & bit) { /* two values for one singleton field: which one is meant? */
+            c->err_status = 400;
+            snprintf(c->rej.message, sizeof c->rej.message,
+                     "the request has more than one %s header", header_names[c->field_which]);
+            snprintf(c->rej.code, sizeof c->rej.code, "duplicate_header");
+            return HPE_USER;
+        }
+        c->seen |= bit;
+        if (c->field_which == HDR_HOST)
+            c->req.n_host++;
+    }
     return 0;
 }
 
@@ -535,6 +698,22 @@ static int on_header_value(llhttp_t *p, const char *at, size_t len)
     struct http_conn *c = conn_of(p);
     if (over_header_limit(c, len))
         return HPE_USER;
+    /* obs-fold (RFC 9112 5.2): llhttp gives one span per contiguous run of the
+     * value within one execute call, so a second span in the same call, or one
+     * that does not start where the previous call's input ended, skipped a
+     * line break */
+    int folded = memchr(at, '\r', len) || memchr(at, '\n', len);
+    if (c->val_end && (c->val_seq == c->exec_seq || c->val_end != c->val_exec_end))
+        folded = 1;
+    c->val_end = at + len;
+    c->val_seq = c->exec_seq;
+    c->val_exec_end = c->exec_end;
+    if (folded) {
+        c->err_status = 400;
+        snprintf(c->rej.message, sizeof c->rej.message,
+                 "header values may not be folded over several lines");
+        return HPE_USER;
+    }
     switch (c->field_which) {
     case HDR_AUTH:
         append_value(c, c->req.authorization, sizeof c->req.authorization, at, len);
@@ -562,21 +741,63 @@ static int on_header_value_complete(llhttp_t *p)
     c->field_len = 0;
     c->field[0] = 0;
     c->field_which = HDR_NONE;
+    c->val_end = NULL;
+    return 0;
+}
+
+/* RFC 9112 3.2: a 1.1 request carries exactly one Host; 1.0 at most one. */
+static int check_framing(struct http_conn *c, llhttp_t *p)
+{
+    if (p->http_major != 1 || p->http_minor > 1) {
+        c->err_status = 505;
+        snprintf(c->rej.message, sizeof c->rej.message,
+                 "HTTP/%d.%d is not served here; use HTTP/1.1", p->http_major, p->http_minor);
+        return -1;
+    }
+    if (c->req.n_host > 1 || (p->http_minor == 1 && c->req.n_host != 1)) {
+        c->err_status = 400;
+        snprintf(c->rej.message, sizeof c->rej.message,
+                 "an HTTP/1.1 request needs exactly one Host header");
+        return -1;
+    }
     return 0;
 }
 
 static int on_headers_complete(llhttp_t *p)
 {
     struct http_conn *c = conn_of(p);
-    size_t cap = 0;
+    size_t cap = 0, want = 0;
+    c->req.method = p->method;
+    c->req.http_major = p->http_major;
+    c->req.http_minor = p->http_minor;
+    if (check_framing(c, p) < 0)
+        return -1;
+    if (c->ops->on_headers) {
+        int st = c->ops->on_headers(c, &c->rej, c->ops->arg);
+        if (st) {
+            c->err_status = st;
+            return -1;
+        }
+    }
     if (p->flags & F_CONTENT_LENGTH) {
         if (p->content_length > c->lim->max_body) {
             c->err_status = 413;
             return -1;
         }
-        cap = (size_t)p->content_length + 1;
+        want = (size_t)p->content_length + 1;
+        cap = want < BODY_MIN_ALLOC ? want : BODY_MIN_ALLOC; /* grows as bytes arrive */
+        c->body_want = want;
     } else if (p->flags & F_CHUNKED) {
+        want = 0; /* reserved chunk by chunk */
         cap = 4096 < c->lim->max_body + 1 ? 4096 : c->lim->max_body + 1;
+    }
+    if (cap > 0 && body_reserve(c, want ? want : cap) < 0) {
+        c->err_status = 503;
+        snprintf(c->rej.message, sizeof c->rej.message,
+                 "the server holds as many request bodies as it can; retry shortly");
+        snprintf(c->rej.code, sizeof c->rej.code, "server_busy");
+        snprintf(c->rej.extra_headers, sizeof c->rej.extra_headers, "Retry-After: 1\r\n");
+        return -1;
     }
     if (cap > 0) {
         c->req.body = malloc(cap);
@@ -601,12 +822,22 @@ static int on_body(llhttp_t *p, const char *at, size_t len)
         c->err_status = 413;
         return HPE_USER;
     }
-    if (r->body_len + len + 1 > r->body_cap) { /* chunked: grow, bounded by max_body */
+    if (r->body_len + len + 1 > r->body_cap) { /* grow with what arrives, bounded by max_body */
         size_t cap = r->body_cap ? r->body_cap : 4096;
         while (cap < r->body_len + len + 1)
             cap *= 2;
         if (cap > c->lim->max_body + 1)
             cap = c->lim->max_body + 1;
+        if (c->body_want && cap > c->body_want)
+            cap = c->body_want; /* Content-Length bodies were reserved whole */
+        if (cap > c->body_reserved && body_reserve(c, cap - c->body_reserved) < 0) {
+            c->err_status = 503; /* chunked bodies draw on the budget as they grow */
+            snprintf(c->rej.message, sizeof c->rej.message,
+                     "the server holds as many request bodies as it can; retry shortly");
+            snprintf(c->rej.code, sizeof c->rej.code, "server_busy");
+            snprintf(c->rej.extra_headers, sizeof c->rej.extra_headers, "Retry-After: 1\r\n");
+            return HPE_USER;
+        }
         char *nb = realloc(r->body, cap);
         if (!nb) {
             c->err_status = 503;
@@ -627,6 +858,8 @@ static int on_message_complete(llhttp_t *p)
     c->req.http_major = p->http_major;
     c->req.http_minor = p->http_minor;
     c->req.keep_alive = llhttp_should_keep_alive(p);
+    if (p->upgrade)
+        c->close_after = 1; /* no protocol switch: answer, then close; what follows is not HTTP */
     if (c->req.body)
         c->req.body[c->req.body_len] = 0;
     return HPE_PAUSED; /* one request at a time: resume when the response is done */
@@ -662,7 +895,9 @@ static void dispatch(struct http_conn *c)
 
 static void parse_error(struct http_conn *c, llhttp_errno_t e)
 {
-    if (c->err_status == 413)
+    if (c->err_status && c->rej.message[0])
+        reject_with(c, c->err_status, c->rej.code, c->rej.extra_headers, c->rej.message);
+    else if (c->err_status == 413)
         reject(c, 413, "the request body is larger than this server accepts");
     else if (c->err_status == 414)
         reject(c, 414, "the request URL is too long");
@@ -686,6 +921,8 @@ static void conn_parse(struct http_conn *c)
     c->in_parse = 1;
     while (c->state == HTTP_CONN_READING && c->rpos < c->rlen) {
         const char *start = c->rbuf + c->rpos;
+        c->exec_seq++;
+        c->exec_end = c->rbuf + c->rlen;
         llhttp_errno_t e = llhttp_execute(&c->parser, start, c->rlen - c->rpos);
         if (e == HPE_OK) {
             c->rpos = c->rlen;
@@ -730,6 +967,15 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         return;
     }
     if (nread < 0) {
+        if (nread == UV_EOF && c->state == HTTP_CONN_DRAINING && !c->shutdown_sent) {
+            /* a complete response is still flushing: finish it, then close */
+            c->peer_eof = 1;
+            c->close_after = 1;
+            uv_read_stop(s);
+            c->read_stopped = 1;
+            after_flush(c);
+            return;
+        }
         if (c->state == HTTP_CONN_READING && c->msg_begun && nread == UV_EOF) {
             llhttp_errno_t e = llhttp_finish(&c->parser);
             if (e != HPE_OK && e != HPE_PAUSED) {
@@ -743,8 +989,12 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     }
     if (nread == 0)
         return;
-    if (c->close_after && c->state == HTTP_CONN_DRAINING)
-        return; /* lingering after an error: discard */
+    if (c->close_after && c->state == HTTP_CONN_DRAINING) {
+        /* lingering after an error: discard, and wait a little longer for the FIN */
+        if (c->shutdown_sent && uv_now(c->tcp.loop) < c->linger_until)
+            arm(c, LINGER_MS, 0);
+        return;
+    }
     c->rlen += (size_t)nread;
     if (c->state == HTTP_CONN_READING)
         conn_parse(c);
@@ -800,6 +1050,7 @@ int http_conn_accept(uv_stream_t *server, const struct http_limits *lim,
     llhttp_init(&c->parser, HTTP_REQUEST, settings());
     c->parser.data = c;
     c->state = HTTP_CONN_READING;
+    c->idle_since = uv_now(c->tcp.loop);
     arm_for_state(c);
     *out = c;
     return 0;

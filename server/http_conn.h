@@ -17,16 +17,38 @@
  * bytes after it (pipelined requests) stay in the read buffer, and the parser
  * resumes when the response is finished, so responses go out in order.
  *
+ * Strict HTTP/1.1 (RFC 9112): llhttp in strict mode frames the message; on
+ * top of it only HTTP/1.0 and 1.1 are served (505), an HTTP/1.1 request needs
+ * exactly one Host (400), Authorization, X-Session-Id and Host may not repeat
+ * (400), header values may not be obs-folded (400), and a request that asks
+ * for an Upgrade is answered and the connection closed.
+ *
+ * Decisions from the headers: ops->on_headers sees the request line and the
+ * headers before a single body byte is buffered or `100 Continue` is sent,
+ * so a request that will be refused (no API key, no route, wrong method) is
+ * refused from its headers. Bodies grow with what arrives (never allocated
+ * from Content-Length up front) and every body in flight draws on one
+ * server-wide budget (body_budget; 503 + Retry-After beyond it).
+ *
  * Limits: request line + headers over max_header_bytes -> 431 (URL alone over
  * HTTP_URL_MAX -> 414), body over max_body -> 413, a request not complete
  * within read_timeout of its first byte -> 408 (slowloris), idle between
- * requests past keepalive_timeout -> closed.
+ * requests past keepalive_timeout -> closed. After an error response the
+ * connection lingers: it half-closes, reads and discards what the client is
+ * still sending (so the client reads the error instead of a reset), then
+ * closes.
  *
  * Writes: one uv_write per call with the bytes inline, freed in on_write.
  * Backpressure: when libuv's write queue goes above high_water, ops->on_pause
  * runs (the server pauses the engine sequence) and the write-stall timer
  * starts; when it falls below low_water, ops->on_resume runs. A client that
- * reads nothing for write_stall_timeout is closed.
+ * reads nothing for write_stall_timeout is closed, and so is one that keeps
+ * bytes waiting for a whole write_stall_timeout while reading them slower
+ * than min_read_rate (a slow reader holds its KV slot hostage otherwise).
+ *
+ * End of input: the client's FIN ends the connection; a request still being
+ * answered is abandoned (its work cancelled, as nginx treats a client that
+ * closes early), a response already complete is flushed first.
  */
 #ifndef SS_HTTP_CONN_H
 #define SS_HTTP_CONN_H
@@ -59,14 +81,29 @@ struct http_limits {
     uint64_t keepalive_timeout_ms;   /* idle between requests */
     uint64_t write_stall_timeout_ms; /* paused without progress: close */
     uint64_t sse_keepalive_ms;       /* ': keep-alive' comment interval while streaming; 0 off */
+    double min_read_rate;            /* bytes/s a backlogged client must read; 0 off */
     int sndbuf;                      /* SO_SNDBUF for accepted sockets; 0: kernel autotuning */
     const char *extra_headers;       /* sent with every response, each line ending \r\n */
+    size_t max_body_total;           /* body bytes all connections may hold at once */
+    size_t *body_budget;             /* bytes held now (shared by every connection) */
 };
 
 struct http_conn;
 
+/* A refusal decided from the headers (ops->on_headers). */
+struct http_reject {
+    int status;
+    char code[48];
+    char message[256];
+    char extra_headers[128]; /* e.g. "Allow: GET\r\n" or "" */
+};
+
 /* Hooks into the application. All run on the loop thread. */
 struct http_conn_ops {
+    /* Optional: the request line and headers are in c->req (no body yet).
+     * Return 0 to read the request, or fill *rej and return its status to
+     * refuse it now: nothing of the body is kept and no 100 Continue goes out. */
+    int (*on_headers)(struct http_conn *c, struct http_reject *rej, void *arg);
     /* A complete request is in c->req. Answer with http_conn_respond*, or
      * http_conn_stream_begin + writes + http_conn_stream_end, now or later. */
     void (*on_request)(struct http_conn *c, void *arg);
@@ -76,6 +113,11 @@ struct http_conn_ops {
     /* Optional backpressure hooks (write queue crossed the marks). */
     void (*on_pause)(struct http_conn *c, void *arg);
     void (*on_resume)(struct http_conn *c, void *arg);
+    /* Optional: the body of an error response (malloc'd JSON, freed by the
+     * connection; NULL: a plain-text body). The transport knows status
+     * lines, not the API's error schema. */
+    char *(*error_body)(int status, const char *param, const char *code, const char *message,
+                        void *arg);
     /* The connection is closing (called once, from http_conn_close): forget
      * it, cancel its work. Memory stays valid until on_free. */
     void (*on_close)(struct http_conn *c, void *arg);
@@ -93,6 +135,7 @@ struct http_request {
     char authorization[HTTP_AUTH_MAX];
     char session_id[HTTP_SESSION_MAX];
     int expect_continue;
+    int n_host; /* Host header lines seen */
     char *body; /* malloc'd, NUL-terminated; freed when the response is finished */
     size_t body_len, body_cap;
 };
@@ -107,13 +150,22 @@ struct http_conn {
     const struct http_conn_ops *ops;
 
     struct http_request req;
-    int msg_begun;       /* bytes of the current request have arrived */
-    size_t header_bytes; /* request line + headers so far */
-    int err_status;      /* 413/414/431 chosen by a parser callback */
+    int msg_begun;          /* bytes of the current request have arrived */
+    size_t header_bytes;    /* request line + headers so far */
+    int err_status;         /* 400/413/414/431/503 chosen by a parser callback */
+    struct http_reject rej; /* err_status's message when a hook or a header check chose it */
+    unsigned seen;          /* singleton headers seen in this request (bit per HDR_*) */
+    size_t body_reserved;   /* bytes of *lim->body_budget this request holds */
+    size_t body_want;       /* Content-Length + 1, or 0 (chunked) */
     char field[HTTP_FIELD_MAX];
     size_t field_len;
     int field_which; /* which header the current value belongs to */
     int value_overflow;
+    uint64_t exec_seq;    /* llhttp_execute calls so far */
+    const char *exec_end; /* end of the input of the current call */
+    const char *val_end;  /* end of the current header value's last span, or NULL */
+    uint64_t val_seq;     /* ... the call it came from, and that call's input end */
+    const char *val_exec_end;
 
     char rbuf[HTTP_RBUF_SIZE];
     size_t rpos, rlen; /* unparsed bytes are rbuf[rpos..rlen) */
@@ -130,6 +182,12 @@ struct http_conn {
     int n_handles_open;
     int status;                     /* status of the current response, once sent */
     int stalled;                    /* closed by the write-stall timeout */
+    int slow;                       /* closed for reading below min_read_rate */
+    int peer_eof;                   /* the client half-closed after a complete response */
+    uint64_t idle_since;            /* loop time (ms) the connection became idle */
+    uint64_t linger_until;          /* loop time (ms) lingering ends at the latest */
+    uint64_t bytes_sent;            /* bytes whose writes completed */
+    uint64_t rate_t0, rate_b0;      /* backlog window: start (ms, 0 none) and bytes_sent then */
     enum http_conn_state closed_in; /* the state http_conn_close was called in */
 
     /* application state */
@@ -147,7 +205,8 @@ int http_conn_accept(uv_stream_t *server, const struct http_limits *lim,
  * (lines ending \r\n) may be NULL. Finishes the request. */
 int http_conn_respond(struct http_conn *c, int status, const char *content_type,
                       const char *extra_headers, const char *body, size_t len);
-/* An OpenAI-shaped JSON error: {"error":{"message","type","param","code"}}. */
+/* An error response: the body comes from ops->error_body (the server's is
+ * OpenAI's {"error":{"message","type","param","code"}}). */
 int http_conn_respond_error(struct http_conn *c, int status, const char *param, const char *code,
                             const char *extra_headers, const char *message);
 
@@ -174,5 +233,7 @@ size_t http_conn_write_queue(const struct http_conn *c);
 /* 1 between requests (nothing of the next one has arrived). */
 int http_conn_idle(const struct http_conn *c);
 const char *http_conn_state_name(enum http_conn_state s);
+/* The reason phrase of an HTTP status ("Not Found"). */
+const char *http_status_text(int status);
 
 #endif

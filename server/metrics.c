@@ -172,6 +172,12 @@ size_t metrics_render(const struct metrics *m, const struct metrics_live *live,
             (double)m->conns_rejected);
     counter(&o, "streamsink_write_stall_closes_total",
             "Connections closed because the client stopped reading", (double)m->write_stall_closes);
+    counter(&o, "streamsink_slow_reader_closes_total",
+            "Connections closed because the client read slower than --min-read-rate",
+            (double)m->slow_reader_closes);
+    counter(&o, "streamsink_connections_reclaimed_total",
+            "Idle or unfinished connections closed at --max-conns to admit a new one",
+            (double)m->conns_reclaimed);
     counter(&o, "streamsink_client_disconnects_total",
             "Connections closed by the client while a request was running",
             (double)m->client_disconnects);

@@ -44,6 +44,8 @@ struct metrics {
     uint64_t conns_accepted;     /* connections taken */
     uint64_t conns_rejected;     /* 503: over --max-conns */
     uint64_t write_stall_closes; /* closed by the write-stall timeout */
+    uint64_t slow_reader_closes; /* closed for reading below --min-read-rate */
+    uint64_t conns_reclaimed;    /* idle or unfinished connections closed to admit a new one */
     uint64_t client_disconnects; /* closed by the client mid-request */
 };
 

@@ -61,6 +61,15 @@ static void reply_error(struct server *s, struct http_conn *c, enum metrics_endp
     free(json);
 }
 
+char *router_error_body(int status, const char *param, const char *code, const char *message,
+                        void *arg)
+{
+    struct api_error e;
+    (void)arg;
+    api_error_set(&e, status, param, code, "%s", message);
+    return api_error_json(&e);
+}
+
 static void reply_err(struct server *s, struct http_conn *c, enum metrics_endpoint ep, int status,
                       const char *param, const char *code, const char *msg)
 {
@@ -159,8 +168,7 @@ static int same_secret(const char *a, size_t al, const char *b, size_t bl)
 
 static int authorized(const struct server *s, const struct http_conn *c)
 {
-    const char *key = s->cfg.api_key;
-    if (!key || !key[0])
+    if (s->n_keys == 0)
         return 1;
     const char *h = c->req.authorization;
     if (strncasecmp(h, "Bearer ", 7) != 0)
@@ -171,7 +179,10 @@ static int authorized(const struct server *s, const struct http_conn *c)
     size_t hl = strlen(h);
     while (hl > 0 && (h[hl - 1] == ' ' || h[hl - 1] == '\t'))
         hl--;
-    return same_secret(h, hl, key, strlen(key));
+    int ok = 0;
+    for (size_t i = 0; i < s->n_keys; i++) /* every key is compared: no early exit */
+        ok |= same_secret(h, hl, s->keys[i], strlen(s->keys[i]));
+    return ok;
 }
 
 /* ---- API requests --------------------------------------------------------------------------- */
@@ -207,6 +218,95 @@ static uint64_t fresh_seed(void)
     return x * 0xBF58476D1CE4E5B9ull;
 }
 
+/* Hands a tokenized request to the engine, or answers why not: a prompt
+ * over --max-prompt (or the model's context) never reaches the engine.
+ * Takes req. */
+static void submit(struct server *s, struct http_conn *c, struct srv_req *r,
+                   struct engine_request *req)
+{
+    int64_t n = req->n_prompt_ids + (req->add_bos ? 1 : 0);
+    if (n > s->max_prompt_tokens) {
+        char msg[200];
+        snprintf(msg, sizeof msg,
+                 "This model's maximum prompt length is %lld tokens; the prompt has %lld tokens.",
+                 (long long)s->max_prompt_tokens, (long long)n);
+        engine_request_free(req);
+        enum metrics_endpoint ep = r->ep;
+        req_done(s, c);
+        reply_err(s, c, ep, 400, ep == METRICS_EP_CHAT ? "messages" : "prompt",
+                  "context_length_exceeded", msg);
+        return;
+    }
+    int rc = engine_submit(s->engine, req);
+    if (rc < 0) {
+        engine_request_free(req);
+        enum metrics_endpoint ep = r->ep;
+        req_done(s, c);
+        if (rc == -EBUSY)
+            reply_err(s, c, ep, 429, NULL, "rate_limit_exceeded",
+                      "all KV slots are busy and the wait queue is full; retry shortly");
+        else
+            reply_err(s, c, ep, 503, NULL, NULL, "the engine is not accepting requests");
+        return;
+    }
+    r->t_submit = server_now();
+    if (r->stream)
+        http_conn_hold_stream(c);
+}
+
+/* A text prompt is tokenized on one of libuv's worker threads, so that a
+ * megabyte prompt stalls neither the loop nor the engine's running streams.
+ * The request is found again by id when the tokens are back. */
+struct tok_work {
+    uv_work_t work;
+    struct server *s;
+    uint64_t id;
+    struct engine_request req;
+    int64_t n;
+    int32_t *ids;
+};
+
+static void tok_run(uv_work_t *w) /* a worker thread */
+{
+    struct tok_work *t = w->data;
+    t->n = engine_tokenize(t->s->engine, t->req.prompt, t->req.prompt_len, t->req.parse_special,
+                           &t->ids);
+}
+
+static void tok_done(uv_work_t *w, int status)
+{
+    struct tok_work *t = w->data;
+    struct server *s = t->s;
+    s->tokenizing--;
+    struct http_conn *c = s->stopped ? NULL : server_find(s, t->id);
+    struct srv_req *r = c ? c->user : NULL;
+    if (!r || !r->tokenizing) { /* the client left, or the server is stopping */
+        free(t->ids);
+        engine_request_free(&t->req);
+        free(t);
+        server_stop_engine(s);
+        return;
+    }
+    r->tokenizing = 0;
+    if (status < 0 || t->n < 0) {
+        free(t->ids);
+        engine_request_free(&t->req);
+        free(t);
+        enum metrics_endpoint ep = r->ep;
+        req_done(s, c);
+        reply_err(s, c, ep, 500, NULL, NULL, "tokenizing the prompt failed");
+        return;
+    }
+    free(t->req.prompt); /* the engine gets the tokens */
+    t->req.prompt = NULL;
+    t->req.prompt_len = 0;
+    t->req.prompt_ids = t->ids;
+    t->req.n_prompt_ids = t->n;
+    struct engine_request req = t->req;
+    free(t);
+    submit(s, c, r, &req);
+}
+
 static void handle_generate(struct server *s, struct http_conn *c, enum api_endpoint ep,
                             enum metrics_endpoint mep)
 {
@@ -221,7 +321,12 @@ static void handle_generate(struct server *s, struct http_conn *c, enum api_endp
         .session_header = c->req.session_id[0] ? c->req.session_id : NULL,
         .id = id,
         .default_seed = fresh_seed(),
-        .max_stop_len = 256,
+        .max_stop_len = ENGINE_MAX_STOP_LEN,
+        .model_names = s->model_names,
+        .n_model_names = s->n_model_names,
+        /* a token-array prompt may be as long as the longest prompt, with room */
+        .max_json_values =
+            (size_t)(4 * s->max_prompt_tokens > 65536 ? 4 * s->max_prompt_tokens : 65536),
     };
     struct engine_request req;
     struct api_request meta;
@@ -231,7 +336,10 @@ static void handle_generate(struct server *s, struct http_conn *c, enum api_endp
         return;
     }
     struct srv_req *r = calloc(1, sizeof *r);
-    if (!r) {
+    struct tok_work *t = req.prompt ? calloc(1, sizeof *t) : NULL;
+    if (!r || (req.prompt && !t)) {
+        free(r);
+        free(t);
         engine_request_free(&req);
         reply_err(s, c, mep, 500, NULL, NULL, "out of memory");
         return;
@@ -242,22 +350,25 @@ static void handle_generate(struct server *s, struct http_conn *c, enum api_endp
     r->id = id;
     r->ep = mep;
     r->stream = meta.stream;
-    int rc = engine_submit(s->engine, &req);
-    if (rc < 0) {
-        engine_request_free(&req);
-        req_free(r);
-        if (rc == -EBUSY)
-            reply_err(s, c, mep, 429, NULL, "rate_limit_exceeded",
-                      "all KV slots are busy and the wait queue is full; retry shortly");
-        else
-            reply_err(s, c, mep, 503, NULL, NULL, "the engine is not accepting requests");
-        return;
-    }
-    r->t_submit = server_now();
     c->user = r;
     s->inflight++;
-    if (r->stream)
-        http_conn_hold_stream(c);
+    if (!t) { /* token ids from the client */
+        submit(s, c, r, &req);
+        return;
+    }
+    t->s = s;
+    t->id = id;
+    t->req = req;
+    t->work.data = t;
+    if (uv_queue_work(s->loop, &t->work, tok_run, tok_done) < 0) {
+        engine_request_free(&t->req);
+        free(t);
+        req_done(s, c);
+        reply_err(s, c, mep, 500, NULL, NULL, "cannot schedule the prompt's tokenization");
+        return;
+    }
+    r->tokenizing = 1;
+    s->tokenizing++;
 }
 
 /* ---- routing ------------------------------------------------------------------------------- */
@@ -268,55 +379,93 @@ struct route {
     int method; /* llhttp method */
     const char *allow;
     enum metrics_endpoint ep;
+    int open; /* answered without an API key (probes) */
 };
 
 static const struct route routes[] = {
-    {"/v1/completions", 0, HTTP_POST, "POST", METRICS_EP_COMPLETIONS},
-    {"/v1/chat/completions", 0, HTTP_POST, "POST", METRICS_EP_CHAT},
-    {"/v1/models", 0, HTTP_GET, "GET", METRICS_EP_MODELS},
-    {"/v1/models/", 1, HTTP_GET, "GET", METRICS_EP_MODELS},
-    {"/health", 0, HTTP_GET, "GET", METRICS_EP_HEALTH},
-    {"/metrics", 0, HTTP_GET, "GET", METRICS_EP_METRICS},
+    {"/v1/completions", 0, HTTP_POST, "POST", METRICS_EP_COMPLETIONS, 0},
+    {"/v1/chat/completions", 0, HTTP_POST, "POST", METRICS_EP_CHAT, 0},
+    {"/v1/models", 0, HTTP_GET, "GET, HEAD", METRICS_EP_MODELS, 0},
+    {"/v1/models/", 1, HTTP_GET, "GET, HEAD", METRICS_EP_MODELS, 0},
+    {"/health", 0, HTTP_GET, "GET, HEAD", METRICS_EP_HEALTH, 1},
+    {"/metrics", 0, HTTP_GET, "GET, HEAD", METRICS_EP_METRICS, 1},
 };
+
+static void path_of(const struct http_conn *c, char *path, size_t cap)
+{
+    snprintf(path, cap, "%s", c->req.url);
+    path[strcspn(path, "?#")] = 0;
+}
+
+static const struct route *find_route(const char *path)
+{
+    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
+        const struct route *r = &routes[i];
+        if (r->prefix ? strncmp(path, r->path, strlen(r->path)) == 0 && path[strlen(r->path)]
+                      : strcmp(path, r->path) == 0)
+            return r;
+    }
+    return NULL;
+}
+
+/* What the request line and headers alone decide, in this order: the key
+ * (before anything else is revealed, even whether the path exists), the
+ * route, the method. Returns 0 and *out, or a status with rej filled. */
+static int check_request(const struct server *s, const struct http_conn *c, const char *path,
+                         const struct route **out, struct http_reject *rej)
+{
+    const struct route *rt = find_route(path);
+    *out = rt;
+    memset(rej, 0, sizeof *rej);
+    if ((!rt || !rt->open) && !authorized(s, c)) {
+        rej->status = 401;
+        snprintf(rej->code, sizeof rej->code, "invalid_api_key");
+        snprintf(rej->message, sizeof rej->message,
+                 "Incorrect API key provided. Send it as 'Authorization: Bearer <key>'.");
+        return 401;
+    }
+    const char *method = llhttp_method_name((llhttp_method_t)c->req.method);
+    if (!rt) {
+        rej->status = 404;
+        snprintf(rej->code, sizeof rej->code, "unknown_url");
+        snprintf(rej->message, sizeof rej->message, "Unknown request URL: %s %.200s.", method,
+                 path);
+        return 404;
+    }
+    if (c->req.method != rt->method && !(c->req.method == HTTP_HEAD && rt->method == HTTP_GET)) {
+        rej->status = 405;
+        snprintf(rej->code, sizeof rej->code, "method_not_allowed");
+        snprintf(rej->message, sizeof rej->message, "Method %s is not allowed on %.150s; use %s.",
+                 method, path, rt->allow);
+        snprintf(rej->extra_headers, sizeof rej->extra_headers, "Allow: %s\r\n", rt->allow);
+        return 405;
+    }
+    return 0;
+}
+
+int router_on_headers(struct http_conn *c, struct http_reject *rej, void *arg)
+{
+    struct server *s = arg;
+    char path[HTTP_URL_MAX];
+    const struct route *rt;
+    path_of(c, path, sizeof path);
+    int st = check_request(s, c, path, &rt, rej);
+    if (st)
+        metrics_count_request(&s->metrics, rt ? rt->ep : METRICS_EP_OTHER, st);
+    return st;
+}
 
 void router_on_request(struct http_conn *c, void *arg)
 {
     struct server *s = arg;
     char path[HTTP_URL_MAX];
-    snprintf(path, sizeof path, "%s", c->req.url);
-    path[strcspn(path, "?#")] = 0;
-
-    const struct route *rt = NULL;
-    for (size_t i = 0; i < sizeof routes / sizeof routes[0] && !rt; i++) {
-        const struct route *r = &routes[i];
-        if (r->prefix ? strncmp(path, r->path, strlen(r->path)) == 0 && path[strlen(r->path)]
-                      : strcmp(path, r->path) == 0)
-            rt = r;
-    }
-    if (!rt) {
-        char msg[300];
-        snprintf(msg, sizeof msg, "Unknown request URL: %s %.200s.",
-                 llhttp_method_name((llhttp_method_t)c->req.method), path);
-        reply_err(s, c, METRICS_EP_OTHER, 404, NULL, "unknown_url", msg);
-        return;
-    }
-    if (c->req.method != rt->method) {
-        char msg[300], allow[64];
-        snprintf(msg, sizeof msg, "Method %s is not allowed on %.200s; use %s.",
-                 llhttp_method_name((llhttp_method_t)c->req.method), path, rt->allow);
-        snprintf(allow, sizeof allow, "Allow: %s\r\n", rt->allow);
-        struct api_error e;
-        api_error_set(&e, 405, NULL, "method_not_allowed", "%s", msg);
-        char *json = api_error_json(&e);
-        metrics_count_request(&s->metrics, rt->ep, 405);
-        http_conn_respond(c, 405, "application/json", allow, json ? json : "{}",
-                          json ? strlen(json) : 2);
-        free(json);
-        return;
-    }
-    if (strncmp(path, "/v1/", 4) == 0 && !authorized(s, c)) {
-        reply_err(s, c, rt->ep, 401, NULL, "invalid_api_key",
-                  "Incorrect API key provided. Send it as 'Authorization: Bearer <key>'.");
+    const struct route *rt;
+    struct http_reject rej;
+    path_of(c, path, sizeof path);
+    if (check_request(s, c, path, &rt, &rej)) { /* refused from the headers already, normally */
+        metrics_count_request(&s->metrics, rt ? rt->ep : METRICS_EP_OTHER, rej.status);
+        http_conn_respond_error(c, rej.status, NULL, rej.code,
+                                rej.extra_headers[0] ? rej.extra_headers : NULL, rej.message);
         return;
     }
     switch (rt->ep) {
@@ -465,15 +614,12 @@ static void on_done(struct server *s, struct http_conn *c, struct srv_req *r,
     reply_json(s, c, ep, 200, body);
 }
 
-static void on_error(struct server *s, struct http_conn *c, struct srv_req *r,
-                     const struct engine_event *ev)
+/* Ends the request on c with an error: a plain HTTP error while nothing was
+ * sent, else an OpenAI error frame, [DONE] and the end of the stream. */
+static void fail_request(struct server *s, struct http_conn *c, struct srv_req *r,
+                         const struct api_error *err)
 {
-    struct api_error e;
-    int status = ev->status >= 400 && ev->status <= 599 ? ev->status : 500;
-    const char *code = status == 409   ? "session_busy"
-                       : status == 429 ? "rate_limit_exceeded"
-                                       : NULL;
-    api_error_set(&e, status, NULL, code, "%s", ev->message[0] ? ev->message : "engine error");
+    const struct api_error e = *err;
     enum metrics_endpoint ep = r->ep;
     if (r->started) { /* headers are out: an error frame, then [DONE] */
         char *json = api_error_json(&e);
@@ -485,6 +631,34 @@ static void on_error(struct server *s, struct http_conn *c, struct srv_req *r,
     }
     req_done(s, c);
     reply_error(s, c, ep, &e);
+}
+
+static void on_error(struct server *s, struct http_conn *c, struct srv_req *r,
+                     const struct engine_event *ev)
+{
+    struct api_error e;
+    int status = ev->status >= 400 && ev->status <= 599 ? ev->status : 500;
+    const char *code = ev->code[0]     ? ev->code
+                       : status == 409 ? "session_busy"
+                       : status == 429 ? "rate_limit_exceeded"
+                                       : NULL;
+    const char *param = ev->param[0] ? ev->param : NULL;
+    if (param && strcmp(param, "prompt") == 0 && r->ep == METRICS_EP_CHAT)
+        param = "messages"; /* the chat prompt is rendered from the messages */
+    api_error_set(&e, status, param, code, "%s", ev->message[0] ? ev->message : "engine error");
+    fail_request(s, c, r, &e);
+}
+
+void router_cut(struct server *s, struct http_conn *c)
+{
+    struct srv_req *r = c->user;
+    if (!r)
+        return;
+    engine_cancel(s->engine, r->id);
+    struct api_error e;
+    api_error_set(&e, 503, NULL, "server_shutting_down",
+                  "the server is shutting down; this request was cut at the drain timeout");
+    fail_request(s, c, r, &e);
 }
 
 void router_on_event(struct server *s, struct http_conn *c, const struct engine_event *ev)

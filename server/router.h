@@ -21,6 +21,9 @@
 #include "http_conn.h"
 #include "metrics.h"
 
+#define SERVER_MAX_KEYS 64
+#define SERVER_MAX_MODEL_NAMES 16
+
 struct server {
     uv_loop_t *loop;
     uv_tcp_t listener;
@@ -30,6 +33,13 @@ struct server {
     struct server_config cfg;
     struct http_limits lim;
     struct http_conn_ops ops;
+
+    char *keys[SERVER_MAX_KEYS]; /* accepted API keys; none: open */
+    size_t n_keys;
+    const char *model_names[SERVER_MAX_MODEL_NAMES]; /* model_id, then --model-alias names */
+    size_t n_model_names;
+    char alias_buf[1024];
+    size_t body_bytes; /* request body bytes held by all connections (--max-body-total) */
 
     struct engine *engine;
     const struct engine_model_info *info;
@@ -49,6 +59,8 @@ struct server {
     int draining; /* SIGTERM/SIGINT: no new work, finish what runs */
     double drain_deadline;
     int stopped;
+    int64_t tokenizing;        /* prompts on libuv's worker threads */
+    int64_t max_prompt_tokens; /* --max-prompt, else the model's context length */
 };
 
 /* One API request between submit and its last event; c->user points here. */
@@ -62,9 +74,14 @@ struct srv_req {
     int paused;   /* engine_pause sent */
     double t_submit, t_last;
     int64_t n_tokens;
+    int tokenizing; /* the prompt is on a worker thread; not submitted yet */
 };
 
 /* http_conn_ops callbacks (arg is the struct server). */
+int router_on_headers(struct http_conn *c, struct http_reject *rej, void *arg);
+/* Error bodies in OpenAI's shape, for the transport (http_conn_ops.error_body). */
+char *router_error_body(int status, const char *param, const char *code, const char *message,
+                        void *arg);
 void router_on_request(struct http_conn *c, void *arg);
 void router_on_stream_commit(struct http_conn *c, void *arg);
 void router_on_pause(struct http_conn *c, void *arg);
@@ -74,9 +91,16 @@ void router_on_event(struct server *s, struct http_conn *c, const struct engine_
 /* c is closing: cancels and frees its request, if any. Returns 1 if one was
  * running. */
 int router_forget(struct server *s, struct http_conn *c);
+/* Shutdown: cancels the request running on c and ends its answer so that the
+ * client can tell (an error event + [DONE] on a stream, else a 503). */
+void router_cut(struct server *s, struct http_conn *c);
 
 /* server.c: called by the router when a request finishes (drain bookkeeping). */
 void server_request_done(struct server *s);
 double server_now(void);
+/* The connection running request id, or NULL (it left). */
+struct http_conn *server_find(struct server *s, uint64_t id);
+/* Stopping: stops the engine once no prompt is being tokenized. */
+void server_stop_engine(struct server *s);
 
 #endif

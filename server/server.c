@@ -9,8 +9,16 @@
  * Shutdown: the first SIGTERM or SIGINT closes the listener, closes idle
  * connections and lets running requests finish (their connections close
  * after the response); when none are left, or after --drain-timeout, the
- * rest are cancelled, the engine is stopped (its thread joined) and the loop
- * ends: exit 0. A second signal skips the grace period.
+ * rest are cut: each is cancelled and ends as a client can tell (a stream
+ * with an error event, [DONE] and its last chunk; a request with no bytes
+ * out yet with a 503), the answers are flushed for up to CUT_FLUSH_S, the
+ * engine is stopped (its thread joined) and the loop ends: exit 0. A second
+ * signal skips the grace period.
+ *
+ * At --max-conns, a new connection first takes the place of the connection
+ * idle the longest (no request on it), then of the oldest one still sending
+ * its request; only when every connection runs a request is it refused
+ * (503), so /health stays answerable under a flood of idle sockets.
  */
 #include "server.h"
 
@@ -26,6 +34,7 @@
 #include "router.h"
 
 #define EVENT_BATCH 64
+#define CUT_FLUSH_S 2.0 /* after cutting streams at shutdown: time to flush their endings */
 
 double server_now(void)
 {
@@ -34,7 +43,7 @@ double server_now(void)
 
 /* ---- the slot table --------------------------------------------------------------- */
 
-static struct http_conn *lookup(struct server *s, uint64_t id)
+struct http_conn *server_find(struct server *s, uint64_t id)
 {
     uint64_t slot = id % (uint64_t)s->cfg.max_conns;
     struct http_conn *c = s->conns[slot];
@@ -46,15 +55,11 @@ static struct http_conn *lookup(struct server *s, uint64_t id)
 
 /* ---- shutdown ---------------------------------------------------------------------- */
 
-static void stop(struct server *s)
+/* The last step of stopping: once no worker thread tokenizes for us. */
+void server_stop_engine(struct server *s)
 {
-    if (s->stopped)
+    if (!s->stopped || s->tokenizing > 0 || !s->engine)
         return;
-    s->stopped = 1;
-    log_msg(LOG_INFO, "stopping");
-    for (int64_t i = 0; i < s->cfg.max_conns; i++)
-        if (s->conns[i])
-            http_conn_close(s->conns[i]); /* cancels what still runs */
     /* join the engine thread before closing the async handle it signals */
     engine_stop(s->engine);
     s->engine = NULL;
@@ -66,6 +71,18 @@ static void stop(struct server *s)
     uv_close((uv_handle_t *)&s->sigterm, NULL);
     uv_close((uv_handle_t *)&s->sigint, NULL);
     uv_close((uv_handle_t *)&s->drain_timer, NULL);
+}
+
+static void stop(struct server *s)
+{
+    if (s->stopped)
+        return;
+    s->stopped = 1;
+    log_msg(LOG_INFO, "stopping");
+    for (int64_t i = 0; i < s->cfg.max_conns; i++)
+        if (s->conns[i])
+            http_conn_close(s->conns[i]); /* cancels what still runs */
+    server_stop_engine(s);                /* now, or when the last tokenization returns */
 }
 
 static void on_drained(uv_timer_t *t);
@@ -80,13 +97,28 @@ void server_request_done(struct server *s)
     }
 }
 
+/* Ends every running request so that its client can tell (router_cut),
+ * then stops once the endings are flushed or CUT_FLUSH_S has passed. */
+static void cut_and_stop(struct server *s)
+{
+    if (s->stopped)
+        return;
+    for (int64_t i = 0; i < s->cfg.max_conns; i++) {
+        struct http_conn *c = s->conns[i];
+        if (c && c->user)
+            router_cut(s, c);
+    }
+    s->drain_deadline = server_now() + CUT_FLUSH_S;
+    uv_timer_start(&s->drain_timer, on_drained, 0, 0);
+}
+
 static void on_drain_timeout(uv_timer_t *t)
 {
     struct server *s = t->data;
     if (s->inflight > 0)
         log_msg(LOG_WARN, "drain timeout: cancelling %lld running request(s)",
                 (long long)s->inflight);
-    stop(s);
+    cut_and_stop(s);
 }
 
 static void on_drained(uv_timer_t *t)
@@ -108,7 +140,7 @@ static void on_signal(uv_signal_t *h, int signum)
     struct server *s = h->data;
     if (s->draining) {
         log_msg(LOG_WARN, "second signal: stopping now");
-        stop(s);
+        cut_and_stop(s);
         return;
     }
     s->draining = 1;
@@ -137,6 +169,8 @@ static void on_conn_close(struct http_conn *c, void *arg)
     if (router_forget(s, c)) {
         if (c->stalled)
             s->metrics.write_stall_closes++;
+        else if (c->slow)
+            s->metrics.slow_reader_closes++;
         else
             s->metrics.client_disconnects++;
     }
@@ -175,6 +209,30 @@ static void reject_connection(struct server *s)
     uv_close((uv_handle_t *)t, on_reject_close);
 }
 
+/* At --max-conns: closes the connection idle the longest, else the oldest
+ * one still sending its request (nothing was started for either). Returns 1
+ * if a slot was freed. */
+static int reclaim_connection(struct server *s)
+{
+    struct http_conn *idle = NULL, *partial = NULL;
+    for (int64_t i = 0; i < s->cfg.max_conns; i++) {
+        struct http_conn *c = s->conns[i];
+        if (!c || c->state != HTTP_CONN_READING || c->user)
+            continue;
+        struct http_conn **best = http_conn_idle(c) ? &idle : &partial;
+        if (!*best || c->idle_since < (*best)->idle_since)
+            *best = c;
+    }
+    struct http_conn *victim = idle ? idle : partial;
+    if (!victim)
+        return 0;
+    log_msg(LOG_DEBUG, "max-conns: closing %s connection to admit a new one",
+            idle ? "an idle" : "an unfinished");
+    s->metrics.conns_reclaimed++;
+    http_conn_close(victim); /* on_conn_close returns its slot now */
+    return s->n_free > 0;
+}
+
 static void on_connection(uv_stream_t *l, int status)
 {
     struct server *s = l->data;
@@ -182,7 +240,7 @@ static void on_connection(uv_stream_t *l, int status)
         log_msg(LOG_WARN, "accept: %s", uv_strerror(status));
         return;
     }
-    if (s->n_free == 0) {
+    if (s->n_free == 0 && !reclaim_connection(s)) {
         reject_connection(s);
         return;
     }
@@ -215,7 +273,7 @@ static void on_wake(uv_async_t *a)
     /* uv_async_send coalesces: drain until empty, never one event per wake */
     while ((n = engine_drain(s->engine, ev, EVENT_BATCH)) > 0) {
         for (size_t i = 0; i < n; i++) {
-            struct http_conn *c = lookup(s, ev[i].id);
+            struct http_conn *c = server_find(s, ev[i].id);
             if (c)
                 router_on_event(s, c, &ev[i]);
         }
@@ -279,6 +337,7 @@ static int engine_config_from(const struct server_config *cfg, struct engine_con
     *ec = engine_default_config();
     ec->model_path = cfg->model;
     ec->n_threads = (int)cfg->threads;
+    ec->no_mmap = cfg->no_mmap != 0;
     if (backend_kind_parse(cfg->backend, &ec->backend) < 0) {
         fprintf(stderr, "error: --backend expects cpu or cuda, got '%s'\n", cfg->backend);
         return -EINVAL;
@@ -304,6 +363,100 @@ static int engine_config_from(const struct server_config *cfg, struct engine_con
         return -EINVAL;
     }
     return 0;
+}
+
+/* ---- API keys -------------------------------------------------------------------------- */
+
+static int add_key(struct server *s, const char *k, size_t len)
+{
+    while (len > 0 && (k[len - 1] == ' ' || k[len - 1] == '\t' || k[len - 1] == '\r'))
+        len--;
+    while (len > 0 && (*k == ' ' || *k == '\t')) {
+        k++;
+        len--;
+    }
+    if (len == 0 || *k == '#')
+        return 0;
+    if (s->n_keys == SERVER_MAX_KEYS)
+        return -E2BIG;
+    char *dup = malloc(len + 1);
+    if (!dup)
+        return -ENOMEM;
+    memcpy(dup, k, len);
+    dup[len] = 0;
+    s->keys[s->n_keys++] = dup;
+    return 0;
+}
+
+/* The accepted keys: --api-key, the lines of --api-key-file, else
+ * $STREAMSINK_API_KEY. None: the API is open. */
+static int load_keys(struct server *s, char *err, size_t err_len)
+{
+    const struct server_config *cfg = &s->cfg;
+    int rc = 0;
+    if (cfg->api_key[0]) {
+        log_msg(LOG_WARN, "--api-key is visible to every user of this machine (ps); prefer "
+                          "--api-key-file or $STREAMSINK_API_KEY");
+        rc = add_key(s, cfg->api_key, strlen(cfg->api_key));
+    }
+    if (rc == 0 && cfg->api_key_file[0]) {
+        FILE *f = fopen(cfg->api_key_file, "r");
+        if (!f) {
+            snprintf(err, err_len, "--api-key-file %s: %s", cfg->api_key_file, strerror(errno));
+            return -errno;
+        }
+        char line[HTTP_AUTH_MAX + 2];
+        while (rc == 0 && fgets(line, sizeof line, f)) {
+            size_t n = strcspn(line, "\n");
+            if (n == sizeof line - 1) {
+                snprintf(err, err_len, "--api-key-file %s: a line is longer than %d bytes",
+                         cfg->api_key_file, HTTP_AUTH_MAX);
+                fclose(f);
+                return -EINVAL;
+            }
+            rc = add_key(s, line, n);
+        }
+        fclose(f);
+        if (rc == 0 && s->n_keys == 0) {
+            snprintf(err, err_len, "--api-key-file %s holds no key", cfg->api_key_file);
+            return -EINVAL;
+        }
+    }
+    const char *env = getenv("STREAMSINK_API_KEY");
+    if (rc == 0 && s->n_keys == 0 && env && env[0])
+        rc = add_key(s, env, strlen(env));
+    if (rc < 0)
+        snprintf(err, err_len, "API keys: %s (at most %d)", strerror(-rc), SERVER_MAX_KEYS);
+    return rc;
+}
+
+/* The served model id (the file name without .gguf), then --model-alias names. */
+static int load_model_names(struct server *s, char *err, size_t err_len)
+{
+    s->model_names[s->n_model_names++] = s->model_id;
+    snprintf(s->alias_buf, sizeof s->alias_buf, "%s", s->cfg.model_alias);
+    if (strlen(s->cfg.model_alias) >= sizeof s->alias_buf) {
+        snprintf(err, err_len, "--model-alias is longer than %zu bytes", sizeof s->alias_buf - 1);
+        return -EINVAL;
+    }
+    for (char *save = NULL, *tok = strtok_r(s->alias_buf, ",", &save); tok;
+         tok = strtok_r(NULL, ",", &save)) {
+        if (!tok[0])
+            continue;
+        if (s->n_model_names == SERVER_MAX_MODEL_NAMES) {
+            snprintf(err, err_len, "--model-alias: at most %d names", SERVER_MAX_MODEL_NAMES - 1);
+            return -EINVAL;
+        }
+        s->model_names[s->n_model_names++] = tok;
+    }
+    return 0;
+}
+
+static void free_keys(struct server *s)
+{
+    for (size_t i = 0; i < s->n_keys; i++)
+        free(s->keys[i]);
+    s->n_keys = 0;
 }
 
 /* Model problems exit 3, the rest 1 (engine_start returns a negative errno). */
@@ -334,6 +487,12 @@ int server_cmd_serve(int argc, char **argv)
         return rc > 0 ? ENGINE_EXIT_OK : ENGINE_EXIT_USAGE;
     }
     log_set_level(level_of(s->cfg.log_level));
+    if (load_keys(s, err, sizeof err) < 0) {
+        fprintf(stderr, "error: %s\n", err);
+        free_keys(s);
+        free(s);
+        return ENGINE_EXIT_USAGE;
+    }
     struct engine_config ec;
     struct sockaddr_storage addr;
     if (engine_config_from(&s->cfg, &ec) < 0) {
@@ -388,6 +547,12 @@ int server_cmd_serve(int argc, char **argv)
     }
     s->info = engine_model_info(s->engine);
     model_id_from_path(s->model_id, sizeof s->model_id, s->cfg.model);
+    s->max_prompt_tokens = s->cfg.max_prompt > 0 ? s->cfg.max_prompt : s->info->n_ctx_train;
+    if (load_model_names(s, err, sizeof err) < 0) {
+        fprintf(stderr, "error: %s\n", err);
+        code = ENGINE_EXIT_USAGE;
+        goto out_close;
+    }
     api_chat_template_init(&s->chat, s->info->chat_template);
     if (s->info->probe_sink_rate >= 0)
         log_msg(LOG_INFO, "sink probe: %.0f%% of heads put more than 0.3 on the first token",
@@ -424,9 +589,14 @@ int server_cmd_serve(int argc, char **argv)
         .write_stall_timeout_ms = (uint64_t)(s->cfg.write_stall_timeout * 1e3),
         .sse_keepalive_ms = (uint64_t)(s->cfg.sse_keepalive * 1e3),
         .sndbuf = (int)s->cfg.sndbuf,
+        .min_read_rate = (double)s->cfg.min_read_rate,
         .extra_headers = s->headers,
+        .max_body_total = (size_t)s->cfg.max_body_total,
+        .body_budget = &s->body_bytes,
     };
     s->ops = (struct http_conn_ops){
+        .on_headers = router_on_headers,
+        .error_body = router_error_body,
         .on_request = router_on_request,
         .on_stream_commit = router_on_stream_commit,
         .on_pause = router_on_pause,
@@ -461,6 +631,7 @@ out_free:
         uv_loop_close(s->loop);
     free(s->conns);
     free(s->free_slots);
+    free_keys(s);
     free(s);
     return code;
 }

@@ -705,7 +705,8 @@ def parse_args(argv):
     r.add_argument("--rate", type=float, default=1.0, help="sessions per second (--arrival rate)")
     r.add_argument("--poisson", action="store_true", help="exponential gaps between arrivals")
     r.add_argument("--endpoint", choices=("completions", "chat"), default="completions")
-    r.add_argument("--model", default="default", help="the request's model field")
+    r.add_argument("--model", default=None,
+                   help="the request's model field (default: the first id of GET BASE/models)")
     r.add_argument("--prompt", default=None, help="first prompt of each session")
     r.add_argument("--follow-prompt", default=None, help="prompt of each follow-up request")
     r.add_argument("--temperature", type=float, default=0.0)
@@ -747,6 +748,20 @@ def parse_args(argv):
     return a
 
 
+def first_model_id(a):
+    """The first model the server lists (servers refuse names they do not serve)."""
+    import urllib.request
+    req = urllib.request.Request(a.base_url.rstrip("/") + "/models")  # the base ends in /v1
+    if a.api_key:
+        req.add_header("Authorization", f"Bearer {a.api_key}")
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return json.load(r)["data"][0]["id"]
+    except Exception as e:  # noqa: BLE001 - any failure: fall back to a placeholder
+        sys.stderr.write(f"loadgen: GET /v1/models failed ({e}); sending model 'default'\n")
+        return "default"
+
+
 def main(argv=None):
     a = parse_args(sys.argv[1:] if argv is None else argv)
     if a.cmd == "plot":
@@ -764,6 +779,8 @@ def main(argv=None):
         sys.stderr.write(f"loadgen: {target.host} is not a loopback address; pass --allow-remote "
                          "to load a remote server\n")
         return 2
+    if a.model is None:
+        a.model = first_model_id(a)
     run = Run(a, target)
     try:
         report = asyncio.run(run.main())

@@ -54,7 +54,9 @@ class Server:
     """A spawned `streamsink serve`; its log is collected from stderr."""
 
     def __init__(self, binary, model, args):
-        cmd = [binary, "serve", "-m", model, "--port", "0", "--name", "pytest", *args]
+        # the suites name the model "smol"; the served id is the file name
+        cmd = [binary, "serve", "-m", model, "--port", "0", "--name", "pytest",
+               "--model-alias", "smol", *args]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, errors="replace")
         self.lines = []

@@ -150,16 +150,25 @@ def test_full_slots_and_queue_give_429_with_retry_after(start_server):
     stream.close()
 
 
-def test_over_max_conns_is_503(start_server):
-    s = start_server("--max-conns", "2")
-    a, b = s.connect(), s.connect()
-    time.sleep(0.2)
+def test_over_max_conns_is_503_when_every_connection_runs_a_request(start_server):
+    """Idle connections make room for new ones (test_hostile_http.py); connections
+    that run requests do not, so beyond them a new client gets a 503."""
+    s = start_server("--max-conns", "2", "--max-seqs", "2")
+    body = json.dumps({"model": "smol", "prompt": ENDLESS, "max_tokens": 100000,
+                       "temperature": 0, "stream": True}).encode()
+    busy = []
+    for _ in range(2):
+        c = s.connect()
+        c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                  b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        assert c.recv(4096).startswith(b"HTTP/1.1 200")
+        busy.append(c)
     raw = s.raw(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
     assert raw.startswith(b"HTTP/1.1 503 ")
     assert b"Retry-After: 1" in raw
-    a.close()
-    b.close()
-    time.sleep(0.2)
+    for c in busy:
+        c.close()
+    time.sleep(0.5)
     assert s.get("/health")[0] == 200
 
 

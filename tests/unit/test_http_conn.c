@@ -22,6 +22,7 @@
 #include <unistd.h>
 #include <uv.h>
 
+#include "api/api.h"
 #include "server/http_conn.h"
 #include "test.h"
 
@@ -213,6 +214,16 @@ static struct http_limits default_limits(void)
     };
 }
 
+/* The server's error bodies are the API's (router_error_body); the same here. */
+static char *error_body(int status, const char *param, const char *code, const char *message,
+                        void *arg)
+{
+    struct api_error e;
+    (void)arg;
+    api_error_set(&e, status, param, code, "%s", message);
+    return api_error_json(&e);
+}
+
 static void srv_start(const struct http_limits *lim)
 {
     memset(&S, 0, sizeof S);
@@ -222,7 +233,8 @@ static void srv_start(const struct http_limits *lim)
                                    .on_pause = on_pause,
                                    .on_resume = on_resume,
                                    .on_close = on_close,
-                                   .on_free = on_free};
+                                   .on_free = on_free,
+                                   .error_body = error_body};
     uv_loop_init(&S.loop);
     uv_tcp_init(&S.loop, &S.listener);
     uv_async_init(&S.loop, &S.done, on_done);
@@ -561,6 +573,28 @@ static void cl_malformed(struct client *cl)
     cl_sends(fd, "GET / HTTP/1.1\r\nBad Header Line\r\n\r\n");
     cl_read_until(cl, fd, NULL, 0, 2000);
     close(fd);
+}
+
+TEST(http_conn_without_an_error_schema_answers_plain_text)
+{
+    struct http_limits lim = default_limits();
+    srv_start(&lim);
+    S.ops.error_body = NULL; /* the transport alone knows status lines, not JSON */
+    struct client *cl = calloc(1, sizeof *cl);
+    cl->fn = cl_malformed;
+    run_with_client(cl);
+    ASSERT(strncmp(cl->buf, "HTTP/1.1 400 Bad Request\r\n", 26) == 0);
+    ASSERT(strstr(cl->buf, "Content-Type: text/plain") != NULL);
+    ASSERT(strstr(cl->buf, "\r\n\r\n400 Bad Request: malformed HTTP request") != NULL);
+    ASSERT(strstr(cl->buf, "{\"error\"") == NULL);
+    free(cl);
+}
+
+TEST(http_status_text_is_the_rfc_reason_phrase)
+{
+    ASSERT_STREQ(http_status_text(431), "Request Header Fields Too Large");
+    ASSERT_STREQ(http_status_text(413), "Content Too Large");
+    ASSERT_STREQ(http_status_text(505), "HTTP Version Not Supported");
 }
 
 TEST(http_conn_answers_400_to_a_malformed_request)

@@ -1,0 +1,416 @@
+"""A hostile client at the HTTP layer: strict RFC 9112 framing, work and memory
+before authentication, connection floods, lingering error responses, half-closed
+clients, slow readers and shutdown. Raw sockets where the SDK cannot misbehave,
+the official openai client where it can show the effect."""
+
+import json
+import os
+import signal
+import socket
+import threading
+import time
+
+import openai
+import pytest
+
+from conftest import ENDLESS, ENDLESS_CHAT, parse_response, read_until_quiet
+
+KEY = "sk-hostile-test-key"
+
+
+def responses(raw):
+    """Every status line in a byte stream of responses."""
+    return [l for l in raw.split(b"\r\n") if l.startswith(b"HTTP/1.")]
+
+
+def rss_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+# ---- strict framing ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("after", [b"XYZ not http\r\n\r\n",
+                                   b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"])
+def test_upgrade_is_answered_once_and_the_rest_is_not_http(server, after):
+    raw = server.raw(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\n"
+                     b"Upgrade: websocket\r\n\r\n" + after, timeout=10)
+    assert len(responses(raw)) == 1, raw
+    assert parse_response(raw)[0] == 200
+
+
+def test_chunk_data_must_end_with_crlf(server):
+    body = b'{"model":"smol","prompt":"Hi","max_tokens":1}'
+    raw = server.raw(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                     b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n" +
+                     b"%x\r\n" % len(body) + body + b"XY0\r\n\r\n", timeout=10)
+    assert parse_response(raw)[0] == 400, raw
+
+
+def test_valid_chunk_extensions_are_accepted(server):
+    body = b'{"model":"smol","prompt":"Hi","max_tokens":1}'
+    a, b = body[:10], body[10:]
+    raw = server.raw(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                     b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n" +
+                     b"%x;name=value\r\n" % len(a) + a + b"\r\n" +
+                     b'%x;q="quoted value";flag\r\n' % len(b) + b + b"\r\n0\r\n\r\n", timeout=30)
+    status, _, out = parse_response(raw)
+    assert status == 200, raw
+    assert json.loads(out)["usage"]["completion_tokens"] == 1
+
+
+@pytest.mark.parametrize("head", [
+    b"GET /health HTTP/1.1\r\nHost: x\r\nX-Note: a\r\n b\r\n\r\n",
+    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding:\r\n chunked\r\n\r\n"
+    b"2\r\n{}\r\n0\r\n\r\n",
+])
+def test_obs_folded_header_is_400(server, head):
+    raw = server.raw(head, timeout=10)
+    assert parse_response(raw)[0] == 400, raw
+
+
+@pytest.mark.parametrize("head", [
+    b"GET /health HTTP/1.1\r\n\r\n",                          # no Host
+    b"GET /health HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",   # two Hosts
+])
+def test_http11_needs_exactly_one_host(server, head):
+    assert parse_response(server.raw(head, timeout=10))[0] == 400
+
+
+def test_http10_without_host_is_fine(server):
+    assert parse_response(server.raw(b"GET /health HTTP/1.0\r\n\r\n", timeout=10))[0] == 200
+
+
+@pytest.mark.parametrize("line", [b"GET /health\r\n\r\n", b"GET /health HTTP/2.0\r\nHost: x\r\n\r\n",
+                                  b"GET /health HTTP/1.2\r\nHost: x\r\n\r\n"])
+def test_only_http10_and_http11_are_served(server, line):
+    raw = server.raw(line, timeout=10)
+    assert not raw.startswith(b"HTTP/1.1 200"), raw
+    if raw:
+        assert parse_response(raw)[0] in (400, 505)
+
+
+@pytest.mark.parametrize("name", ["Authorization", "X-Session-Id"])
+def test_duplicate_singleton_headers_are_400(server, name):
+    raw = server.raw(f"GET /v1/models HTTP/1.1\r\nHost: x\r\n{name}: a\r\n{name}: b\r\n\r\n"
+                     .encode(), timeout=10)
+    status, _, body = parse_response(raw)
+    assert status == 400, raw
+    assert name.lower() in json.loads(body)["error"]["message"].lower()
+
+
+def test_head_is_get_without_a_body(server):
+    s = server.connect()
+    s.sendall(b"HEAD /health HTTP/1.1\r\nHost: x\r\n\r\nGET /health HTTP/1.1\r\nHost: x\r\n"
+              b"Connection: close\r\n\r\n")
+    raw = read_until_quiet(s, 10)
+    s.close()
+    assert len(responses(raw)) == 2, raw
+    head, _, rest = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200")
+    assert b"content-length:" in head.lower()
+    assert rest.startswith(b"HTTP/1.1 200"), "HEAD must send no body"
+
+
+def test_half_closed_client_still_gets_its_answer(server):
+    s = server.connect()
+    s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    s.shutdown(socket.SHUT_WR)
+    raw = read_until_quiet(s, 10)
+    s.close()
+    assert parse_response(raw)[0] == 200, raw
+
+
+# ---- before authentication ------------------------------------------------------------
+
+
+def test_unknown_paths_and_methods_need_the_key_first(start_server):
+    s = start_server("--api-key", KEY)
+    assert s.get("/v1/nope")[0] == 401
+    assert s.get("/nope")[0] == 401
+    assert s.get("/v1/completions")[0] == 401          # wrong method, but no key yet
+    assert s.get("/health")[0] == 200                    # probes stay open
+    auth = {"Authorization": f"Bearer {KEY}"}
+    assert s.get("/v1/nope", auth)[0] == 404
+    assert s.get("/v1/completions", auth)[0] == 405
+
+
+def test_no_body_is_read_or_continued_before_the_key(start_server):
+    s = start_server("--api-key", KEY)
+    c = s.connect()
+    c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: 8000000\r\nExpect: 100-continue\r\n\r\n")
+    raw = read_until_quiet(c, 10, quiet=1.0)
+    c.close()
+    assert b"100 Continue" not in raw
+    assert parse_response(raw)[0] == 401, raw
+
+
+def test_unauthenticated_uploads_do_not_grow_memory(start_server):
+    s = start_server("--api-key", KEY, "--max-conns", "400")
+    before = rss_kib(s.proc.pid)
+    socks = []
+    head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 8000000\r\n\r\n")
+    part = b"x" * 262144
+    for _ in range(300):
+        c = s.connect()
+        c.setblocking(False)
+        try:
+            c.send(head + part)  # what the kernel takes; a server that buffers bodies keeps it
+        except BlockingIOError:
+            pass
+        socks.append(c)
+    time.sleep(2.0)
+    grown = rss_kib(s.proc.pid) - before
+    for c in socks:
+        c.close()
+    # 300 x 8 MB would be 2.4 GB; each connection may hold its fixed buffers only
+    assert grown < 40 * 1024, f"RSS grew by {grown} KiB"
+    assert s.get("/health")[0] == 200
+
+
+def test_authenticated_bodies_share_a_server_wide_budget(start_server):
+    s = start_server("--api-key", KEY, "--max-body-total", "4000000", "--max-body", "3000000")
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: 2500000\r\n\r\n").encode()
+    a = s.connect()
+    a.sendall(head + b"x" * 1000000)          # a body in progress holds its bytes
+    time.sleep(0.5)
+    b = s.connect()
+    b.sendall(head + b"x" * 1000000)          # this one would pass the budget
+    raw = read_until_quiet(b, 10, quiet=1.0)
+    a.close()
+    b.close()
+    status, headers, _ = parse_response(raw)
+    assert status == 503, raw
+    assert headers.get("retry-after")
+
+
+# ---- connection slots --------------------------------------------------------------------
+
+
+def test_idle_connections_are_reclaimed_when_the_limit_is_reached(start_server):
+    s = start_server("--max-conns", "16")
+    idle = [s.connect() for _ in range(16)]
+    time.sleep(0.3)
+    try:
+        for _ in range(5):  # every new client is served; the oldest idle one makes room
+            assert s.get("/health")[0] == 200
+    finally:
+        for c in idle:
+            c.close()
+
+
+def test_connections_running_requests_are_not_reclaimed(start_server):
+    s = start_server("--max-conns", "2", "--max-seqs", "2")
+    c = s.client()
+    stream = c.completions.create(model="smol", prompt=ENDLESS, max_tokens=None, temperature=0,
+                                  stream=True)
+    it = iter(stream)
+    next(it)
+    for _ in range(3):
+        s.get("/health")  # these fill and free the second slot
+    assert next(it).choices[0].text is not None  # the stream was not closed to make room
+    stream.close()
+
+
+# ---- errors while a body arrives -----------------------------------------------------------
+
+
+def test_413_reaches_a_client_that_is_still_sending(start_server):
+    """The 413 goes out from the headers; a client that keeps sending its body for
+    a few seconds more must be able to finish and read it (no reset, no EPIPE)."""
+    s = start_server("--max-body", "100000")
+    c = s.connect()
+    body = b"x" * 2000000
+    c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n" % len(body))
+    for i in range(0, len(body), 65536):  # about 4.5 s of sending, as a slow uplink would
+        c.sendall(body[i:i + 65536])
+        time.sleep(0.15)
+    raw = read_until_quiet(c, 10)
+    c.close()
+    assert parse_response(raw)[0] == 413, raw
+
+
+# ---- slow readers -------------------------------------------------------------------------------
+
+
+def fat_stream_request():
+    """A long greedy chat stream whose every frame carries 20 top logprobs (~2 KB),
+    so buffers fill within a few hundred tokens even on a slow machine."""
+    body = json.dumps({"model": "smol", "messages": ENDLESS_CHAT, "max_tokens": 100000,
+                       "temperature": 0, "stream": True, "logprobs": True,
+                       "top_logprobs": 20}).encode()
+    return (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+
+
+def test_backpressure_starts_within_a_bounded_number_of_bytes(start_server):
+    s = start_server("--max-seqs", "2")
+    c = s.connect(rcvbuf=4096)
+    c.sendall(fat_stream_request())
+    s.wait_metric("streamsink_paused_sequences", lambda v: v == 1, timeout=120)
+    time.sleep(1.0)
+    m = s.metrics()
+    c.close()
+    # each token is one ~2 KB frame: the kernel and the write queue together may hold
+    # a few hundred KB (--sndbuf 64 KiB, --high-water 64 KiB), not megabytes
+    assert m["streamsink_streamed_tokens_total"] < 400, m["streamsink_streamed_tokens_total"]
+
+
+def test_a_reader_below_the_minimum_rate_is_closed_and_its_slot_freed(start_server):
+    s = start_server("--max-seqs", "1", "--min-read-rate", "8192", "--write-stall-timeout", "4",
+                     "--high-water", "16384", "--low-water", "4096", "--sndbuf", "4096")
+    c = s.connect(rcvbuf=4096)
+    c.sendall(fat_stream_request())
+    c.settimeout(1.0)
+    closed = False
+    t0 = time.time()
+    while time.time() - t0 < 60:  # read 1 KB every half second: 2 KB/s
+        try:
+            got = c.recv(1024)
+        except socket.timeout:
+            continue
+        except ConnectionResetError:
+            closed = True
+            break
+        if not got:
+            closed = True
+            break
+        time.sleep(0.5)
+    c.close()
+    assert closed, "a 2 KB/s reader was never closed"
+    s.wait_metric("streamsink_active_sequences", lambda v: v == 0, timeout=20)
+    assert s.metrics().get("streamsink_slow_reader_closes_total", 0) >= 1
+    assert s.client().completions.create(model="smol", prompt="Hi",
+                                         max_tokens=1).usage.completion_tokens == 1
+
+
+# ---- shutdown ------------------------------------------------------------------------------------
+
+
+def test_a_stream_cut_by_shutdown_ends_with_an_error_event_and_done(start_server):
+    s = start_server("--drain-timeout", "1")
+    c = s.connect()
+    body = json.dumps({"model": "smol", "prompt": ENDLESS, "max_tokens": 100000,
+                       "temperature": 0, "stream": True}).encode()
+    c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    first = c.recv(4096)
+    assert first.startswith(b"HTTP/1.1 200")
+    s.proc.send_signal(signal.SIGTERM)
+    raw = first + read_until_quiet(c, 30)
+    c.close()
+    assert s.proc.wait(30) == 0
+    _, _, out = parse_response(raw)  # dechunked: fails if the chunk terminator is missing
+    assert raw.endswith(b"0\r\n\r\n"), raw[-200:]
+    events = [e[len(b"data: "):] for e in out.split(b"\n\n") if e.startswith(b"data: ")]
+    assert events[-1] == b"[DONE]"
+    err = json.loads(events[-2])["error"]
+    assert err["code"] == "server_shutting_down"
+
+
+# ---- the API key ---------------------------------------------------------------------------------
+
+
+def test_api_key_from_a_file_or_the_environment_not_the_command_line(binary, model, tmp_path):
+    from conftest import Server
+    keyfile = tmp_path / "keys"
+    keyfile.write_text(f"# one key per line\n{KEY}\nsk-second-key\n")
+    os.chmod(keyfile, 0o600)
+    s = Server(binary, model, ["--api-key-file", str(keyfile)])
+    try:
+        with open(f"/proc/{s.proc.pid}/cmdline", "rb") as f:
+            assert KEY.encode() not in f.read()
+        assert s.get("/v1/models")[0] == 401
+        assert s.get("/v1/models", {"Authorization": f"Bearer {KEY}"})[0] == 200
+        assert s.get("/v1/models", {"Authorization": "Bearer sk-second-key"})[0] == 200
+    finally:
+        assert s.stop() == 0
+    os.environ["STREAMSINK_API_KEY"] = KEY
+    try:
+        s = Server(binary, model, [])
+    finally:
+        del os.environ["STREAMSINK_API_KEY"]
+    try:
+        assert s.get("/v1/models")[0] == 401
+        assert s.get("/v1/models", {"Authorization": f"Bearer {KEY}"})[0] == 200
+    finally:
+        assert s.stop() == 0
+
+
+# ---- prompts ----------------------------------------------------------------------------------------
+
+
+def test_a_prompt_over_the_context_is_a_400_before_the_engine(server, client):
+    long_prompt = "word " * 9000  # more tokens than the model's 8,192-token context
+    for stream in (False, True):
+        with pytest.raises(openai.BadRequestError) as ei:
+            r = client.completions.create(model="smol", prompt=long_prompt, max_tokens=1,
+                                          stream=stream)
+            list(r) if stream else None
+        assert ei.value.body["param"] == "prompt"
+        assert ei.value.body["code"] == "context_length_exceeded"
+    with pytest.raises(openai.BadRequestError) as ei:
+        client.chat.completions.create(model="smol", max_tokens=1,
+                                       messages=[{"role": "user", "content": long_prompt}])
+    assert ei.value.body["param"] == "messages"
+    assert ei.value.body["code"] == "context_length_exceeded"
+    m = server.metrics()
+    assert m["streamsink_requests_inflight"] == 0
+
+
+def test_engine_side_rejections_name_their_param(server, client):
+    with pytest.raises(openai.BadRequestError) as ei:  # more sinks than a slot keeps
+        client.completions.create(model="smol", prompt="Hi", max_tokens=1,
+                                  extra_body={"kv_policy": "sinks:64"})
+    assert ei.value.body["param"] == "kv_policy"
+    with pytest.raises(openai.BadRequestError) as ei:
+        client.completions.create(model="smol", prompt=[49152], max_tokens=1)
+    assert ei.value.body["param"] == "prompt"
+
+
+def test_a_huge_prompt_does_not_stall_running_streams(server):
+    """Tokenizing megabytes takes seconds; it must not run on the engine thread."""
+    c = server.connect()
+    body = json.dumps({"model": "smol", "prompt": ENDLESS, "max_tokens": 100000,
+                       "temperature": 0, "stream": True}).encode()
+    c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    stamps, stop = [], threading.Event()
+
+    def reader():
+        c.settimeout(1.0)
+        while not stop.is_set():
+            try:
+                got = c.recv(65536)
+            except socket.timeout:
+                continue
+            if not got:
+                return
+            stamps.append((time.time(), got.count(b"data: ")))
+
+    t = threading.Thread(target=reader, daemon=True)
+    t.start()
+    while sum(n for _, n in stamps) < 5:
+        time.sleep(0.05)
+    t0 = time.time()
+    status, _, out = server.post("/v1/completions",
+                                 json.dumps({"model": "smol", "max_tokens": 1,
+                                             "prompt": "lorem ipsum " * 660000}))  # 7.9 MB
+    t1 = time.time()
+    time.sleep(0.5)
+    stop.set()
+    t.join(5)
+    c.close()
+    assert status == 400, out
+    assert json.loads(out)["error"]["code"] == "context_length_exceeded"
+    during = [ts for ts, n in stamps if n and t0 - 1.0 <= ts <= t1 + 0.5]
+    gaps = [b - a for a, b in zip(during, during[1:])]
+    assert during and max(gaps, default=0) < 2.0, (t1 - t0, gaps)

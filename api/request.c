@@ -217,12 +217,12 @@ static int parse_stop(const cJSON *o, const struct api_parse_ctx *ctx, struct en
 }
 
 static int parse_sampling(const cJSON *o, const struct api_parse_ctx *ctx,
-                          struct sampler_params *sp, struct api_error *err)
+                          struct engine_sampling *sp, struct api_error *err)
 {
     double d;
     int64_t i;
     int rc;
-    *sp = sampler_default_params();
+    *sp = engine_sampling_defaults();
     sp->seed = ctx->default_seed;
     if ((rc = get_number(o, "temperature", 0, 2, &d, err)) < 0)
         return -1;
@@ -397,7 +397,7 @@ static int parse_common(const cJSON *o, const struct api_parse_ctx *ctx, enum ap
     if ((rc = get_string(o, "kv_policy", &s, err)) < 0)
         return -1;
     if (rc) {
-        if (kv_policy_parse(s, &r->policy) < 0) {
+        if (engine_policy_parse(s, &r->policy) < 0) {
             api_error_set(err, 400, "kv_policy", "invalid_value",
                           "Invalid value for 'kv_policy': expected auto, window, sinks:N or "
                           "dense.");

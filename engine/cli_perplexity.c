@@ -17,6 +17,7 @@
 
 #include "cli.h"
 #include "engine.h"
+#include "sampler.h"
 
 static void usage(FILE *f)
 {

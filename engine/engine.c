@@ -29,6 +29,7 @@
 #include "backend.h"
 #include "forward.h"
 #include "model.h"
+#include "options.h"
 #include "probe.h"
 #include "queue.h"
 #include "stop.h"
@@ -103,10 +104,10 @@ struct engine_config engine_default_config(void)
         .max_queue = 16,
         .window = 4096,
         .max_sinks = 16,
-        .policy = {KV_POLICY_AUTO, 0},
+        .policy = {ENGINE_POLICY_AUTO, 0},
         .chunk = 256,
         .max_step_tokens = 512,
-        .kv_dtype = KV_DTYPE_F16,
+        .kv_dtype = ENGINE_KV_F16,
         .max_prompt_tokens = 0,
         .session_idle_s = 3600,
     };
@@ -406,8 +407,9 @@ static int admit_into(struct engine *e, struct seq *s, struct engine_request *r,
         return -1;
     }
     if (fresh) {
-        struct kv_policy pol = kv_policy_resolve(r->has_policy ? r->policy : e->default_policy,
-                                                 e->model.hp.normalizer == MODEL_NORM_SOFTMAX);
+        struct kv_policy pol =
+            kv_policy_resolve(r->has_policy ? engine__kv_policy(r->policy) : e->default_policy,
+                              e->model.hp.normalizer == MODEL_NORM_SOFTMAX);
         const struct kv_geometry *g = &e->fwd.pool.geo;
         char msg[160] = "";
         if (pol.kind == KV_POLICY_RECOMPUTE)
@@ -444,7 +446,7 @@ static int admit_into(struct engine *e, struct seq *s, struct engine_request *r,
         emit_error(e, r->id, 400, "prompt", "context_length_exceeded", msg);
         return -1;
     }
-    struct sampler_params sp = r->sampling;
+    struct sampler_params sp = engine__sampler_params(&r->sampling);
     int rc = sampler_init(&s->smp, &sp, e->info.n_vocab);
     if (rc < 0) {
         const char *param = bad_sampling_param(&sp);
@@ -813,7 +815,7 @@ static int load(struct engine *e)
     const struct model_hparams *hp = &e->model.hp;
     if (e->cfg.window <= 0 || e->cfg.window > hp->n_ctx_train)
         e->cfg.window = hp->n_ctx_train;
-    struct backend_config bc = {.kind = e->cfg.backend,
+    struct backend_config bc = {.kind = engine__backend_kind(e->cfg.backend),
                                 .n_threads = e->cfg.n_threads,
                                 .max_tokens = e->cfg.max_step_tokens};
     rc = backend_init(&e->backend, &e->model, &bc, err, el);
@@ -828,7 +830,7 @@ static int load(struct engine *e)
         .window = e->cfg.window,
         .chunk = e->cfg.chunk,
         .n_slots = e->cfg.max_seqs,
-        .dtype = e->cfg.kv_dtype,
+        .dtype = engine__kv_dtype(e->cfg.kv_dtype),
     };
     rc = fwd_init(&e->fwd, &e->model, &e->backend, &g, err, el);
     if (rc < 0)
@@ -850,7 +852,8 @@ static int load(struct engine *e)
     snprintf(in->name, sizeof in->name, "%s", hp->name);
     snprintf(in->arch, sizeof in->arch, "%s", hp->arch);
     snprintf(in->normalizer, sizeof in->normalizer, "%s", model_normalizer_name(hp->normalizer));
-    e->default_policy = kv_policy_resolve(e->cfg.policy, hp->normalizer == MODEL_NORM_SOFTMAX);
+    e->default_policy =
+        kv_policy_resolve(engine__kv_policy(e->cfg.policy), hp->normalizer == MODEL_NORM_SOFTMAX);
     if (kv_policy_sinks(&e->default_policy) > e->cfg.max_sinks) {
         snprintf(err, el, "engine: policy needs %lld sinks, more than --max-sinks %lld",
                  (long long)kv_policy_sinks(&e->default_policy), (long long)e->cfg.max_sinks);

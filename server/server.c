@@ -338,7 +338,7 @@ static int engine_config_from(const struct server_config *cfg, struct engine_con
     ec->model_path = cfg->model;
     ec->n_threads = (int)cfg->threads;
     ec->no_mmap = cfg->no_mmap != 0;
-    if (backend_kind_parse(cfg->backend, &ec->backend) < 0) {
+    if (engine_backend_parse(cfg->backend, &ec->backend) < 0) {
         fprintf(stderr, "error: --backend expects cpu or cuda, got '%s'\n", cfg->backend);
         return -EINVAL;
     }
@@ -349,15 +349,15 @@ static int engine_config_from(const struct server_config *cfg, struct engine_con
     ec->chunk = cfg->chunk;
     ec->max_step_tokens =
         cfg->max_step_tokens > cfg->max_seqs ? cfg->max_step_tokens : cfg->max_seqs;
-    if (ec->backend == BACKEND_CUDA && ec->max_step_tokens > 65535) {
+    if (ec->backend == ENGINE_BACKEND_CUDA && ec->max_step_tokens > 65535) {
         fprintf(stderr, "error: --backend cuda takes at most 65535 tokens per step "
                         "(--max-step-tokens, --max-seqs)\n");
         return -EINVAL;
     }
     ec->max_prompt_tokens = cfg->max_prompt;
     ec->session_idle_s = (int64_t)cfg->session_idle;
-    if (kv_policy_parse(cfg->kv_policy, &ec->policy) < 0 ||
-        ec->policy.kind == KV_POLICY_RECOMPUTE) { /* recompute: streamsink perplexity only */
+    if (engine_policy_parse(cfg->kv_policy, &ec->policy) < 0 ||
+        ec->policy.kind == ENGINE_POLICY_RECOMPUTE) { /* recompute: streamsink perplexity only */
         fprintf(stderr, "error: --kv-policy expects auto, window, sinks:N or dense, got '%s'\n",
                 cfg->kv_policy);
         return -EINVAL;

@@ -39,7 +39,7 @@ nvidia-smi -L || echo "nvidia-smi: not found"
 nvcc --version | tail -1
 
 echo "== build (sm_$ARCH)"
-CFLAGS=(-O2 -std=c11 -D_GNU_SOURCE -DSS_HAVE_CUDA=1 -I. -Iengine -Ikvcache)
+CFLAGS=(-O2 -std=c11 -D_GNU_SOURCE -DSS_HAVE_CUDA=1 -I. -Iengine -Iengine/include -Ikvcache)
 compile_c() {
   local src=$1 obj extra=()
   obj="$B/obj/$(echo "$src" | tr '/' '_').o"
@@ -59,7 +59,7 @@ for s in "${SRCS[@]}"; do
 done
 for cu in engine/cuda/*.cu; do
   o="$B/obj/$(basename "$cu" .cu).o"
-  nvcc -O3 -std=c++17 -arch="sm_$ARCH" -Xcompiler=-fno-exceptions,-fno-rtti -Iengine -Ikvcache \
+  nvcc -O3 -std=c++17 -arch="sm_$ARCH" -Xcompiler=-fno-exceptions,-fno-rtti -Iengine -Iengine/include -Ikvcache \
     -c "$cu" -o "$o" || { echo "build failed: $cu"; fail=1; }
   OBJS+=("$o")
 done

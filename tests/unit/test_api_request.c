@@ -377,12 +377,12 @@ TEST(api_request_parses_kv_policy)
     struct parsed p = parse(API_COMPLETIONS, "{\"prompt\":\"x\",\"kv_policy\":\"sinks:8\"}");
     ASSERT_OK(p.rc);
     ASSERT_EQ(p.req.has_policy, 1);
-    ASSERT_EQ(p.req.policy.kind, KV_POLICY_SINKS);
+    ASSERT_EQ(p.req.policy.kind, ENGINE_POLICY_SINKS);
     ASSERT_EQ(p.req.policy.n_sinks, 8);
     engine_request_free(&p.req);
     p = parse(API_COMPLETIONS, "{\"prompt\":\"x\",\"kv_policy\":\"window\"}");
     ASSERT_OK(p.rc);
-    ASSERT_EQ(p.req.policy.kind, KV_POLICY_WINDOW);
+    ASSERT_EQ(p.req.policy.kind, ENGINE_POLICY_WINDOW);
     engine_request_free(&p.req);
     ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"kv_policy\":\"sideways\"}", "kv_policy");
 }

@@ -22,7 +22,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "engine/engine.h"
+#include "engine.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
 #include "test.h"
@@ -77,7 +77,7 @@ static void child_truncate_while_serving(const char *path)
     memset(&q, 0, sizeof q);
     q.id = 1;
     q.max_tokens = 8;
-    q.sampling = sampler_default_params();
+    q.sampling = engine_sampling_defaults();
     q.prompt = strdup("hello");
     q.prompt_len = 5;
     if (engine_submit(e, &q) < 0)
@@ -252,7 +252,7 @@ TEST(with_no_mmap_an_engine_serves_on_after_its_file_is_truncated)
         memset(&q, 0, sizeof q);
         q.id = 1;
         q.max_tokens = 8;
-        q.sampling = sampler_default_params();
+        q.sampling = engine_sampling_defaults();
         q.sampling.temperature = 0;
         q.prompt = strdup("hello world");
         q.prompt_len = 11;

@@ -38,24 +38,61 @@ int engine_cmd_calibrate(int argc, char **argv);
  * events out, by value. Connections are found by id.
  */
 
-#include "backend.h"
-#include "kvcache.h"
-#include "sampler.h"
-
 struct engine; /* opaque */
+
+/* ---- what a caller chooses, in the engine's own terms ----------------------
+ * (the engine maps these onto its backend, KV cache and sampler; callers never
+ * see those modules) */
+
+enum engine_backend { ENGINE_BACKEND_CPU = 0, ENGINE_BACKEND_CUDA };
+/* "cpu" | "cuda". Returns 0 or -EINVAL. */
+int engine_backend_parse(const char *s, enum engine_backend *out);
+const char *engine_backend_name(enum engine_backend b);
+
+enum engine_policy_kind {
+    ENGINE_POLICY_AUTO = 0,  /* by the model's normalizer: softmax -> sinks:4, else window */
+    ENGINE_POLICY_WINDOW,    /* pin nothing: pure sliding window */
+    ENGINE_POLICY_SINKS,     /* pin the first n_sinks tokens, slide the rest */
+    ENGINE_POLICY_DENSE,     /* no eviction: refuse past the window */
+    ENGINE_POLICY_RECOMPUTE, /* evaluation only (streamsink perplexity); refused by the server */
+};
+struct engine_policy {
+    enum engine_policy_kind kind;
+    int64_t n_sinks; /* ENGINE_POLICY_SINKS */
+};
+/* "auto" | "window" | "sinks:N" | "dense" | "recompute". Returns 0 or -EINVAL. */
+int engine_policy_parse(const char *s, struct engine_policy *out);
+/* "sinks:4" etc. into buf. */
+void engine_policy_name(const struct engine_policy *p, char *buf, size_t cap);
+
+enum engine_kv_dtype { ENGINE_KV_F16 = 0, ENGINE_KV_F32 };
+
+struct engine_sampling {
+    float temperature;       /* 0: greedy */
+    int64_t top_k;           /* 0: off */
+    float top_p;             /* 1: off */
+    float min_p;             /* 0: off */
+    float repeat_penalty;    /* 1: off (divide positive logits, multiply negative) */
+    float presence_penalty;  /* OpenAI: -= p if the token occurred */
+    float frequency_penalty; /* OpenAI: -= f * count */
+    int64_t penalty_last_n;  /* window the penalties look at (0: off) */
+    uint64_t seed;
+};
+/* Temperature 1, top_p 1, the rest off, penalty_last_n 64, seed 0. */
+struct engine_sampling engine_sampling_defaults(void);
 
 struct engine_config {
     const char *model_path;
     int n_threads; /* CPU backend threads */
-    enum backend_kind backend;
-    int64_t max_seqs;        /* KV slots: sequences (and sessions) resident at once */
-    int64_t max_queue;       /* requests waiting for a slot before 429 (0: none wait) */
-    int64_t window;          /* W: window tokens per sequence (0: model context) */
-    int64_t max_sinks;       /* S_max: sink cells per slot (>= any sinks:N policy used) */
-    struct kv_policy policy; /* default policy (auto resolves by normalizer) */
-    int64_t chunk;           /* prompt tokens one sequence may prefill per step */
-    int64_t max_step_tokens; /* tokens in one batched step (decode + prefill) */
-    enum kv_dtype kv_dtype;
+    enum engine_backend backend;
+    int64_t max_seqs;            /* KV slots: sequences (and sessions) resident at once */
+    int64_t max_queue;           /* requests waiting for a slot before 429 (0: none wait) */
+    int64_t window;              /* W: window tokens per sequence (0: model context) */
+    int64_t max_sinks;           /* S_max: sink cells per slot (>= any sinks:N policy used) */
+    struct engine_policy policy; /* default policy (auto resolves by normalizer) */
+    int64_t chunk;               /* prompt tokens one sequence may prefill per step */
+    int64_t max_step_tokens;     /* tokens in one batched step (decode + prefill) */
+    enum engine_kv_dtype kv_dtype;
     int64_t max_prompt_tokens; /* longest prompt accepted (0: no limit besides dense's window) */
     int64_t session_idle_s;    /* an idle session frees its slot after this many seconds */
     int no_mmap; /* read the weights into memory instead of mapping the file (--no-mmap) */
@@ -99,7 +136,7 @@ struct engine_request {
                            session's continuation) */
     int parse_special;  /* recognize <|im_start|> etc. in the text */
     int64_t max_tokens; /* < 0: until EOS, a stop, or the client leaves */
-    struct sampler_params sampling;
+    struct engine_sampling sampling;
     char *stop[ENGINE_MAX_STOP]; /* stop strings of at most ENGINE_MAX_STOP_LEN bytes (malloc'd;
                                     owned), NULL-terminated list. Generation ends at the earliest
                                     occurrence of any; the text before it is emitted. */
@@ -107,7 +144,7 @@ struct engine_request {
     int top_logprobs;            /* 0..ENGINE_MAX_TOP_LOGPROBS alternatives per token */
     char session_id[ENGINE_SESSION_ID_MAX]; /* "" for none; else continue that session */
     int has_policy;
-    struct kv_policy policy; /* per-request policy (a new session only) */
+    struct engine_policy policy; /* per-request policy (a new session only) */
 };
 /* Frees what a request owns (not req itself). */
 void engine_request_free(struct engine_request *req);

@@ -134,8 +134,9 @@ int64_t fwd_step(struct fwd *f, const struct fwd_input *in, int n_in)
     int64_t T = build_batch(f, in, n_in, &bt);
     if (T < 0)
         return T;
-    if (op->begin_step(b, &bt) < 0)
-        return -EINVAL;
+    int rc = op->begin_step(b, &bt);
+    if (rc < 0)
+        return rc; /* -EIO (a device failure) must reach the engine as such */
 
     op->embed(b, a->x); /* x (T, D) */
     for (int l = 0; l < hp->n_layer; l++) {

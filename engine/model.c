@@ -295,10 +295,17 @@ static int read_hparams(struct model *m, char *err, size_t err_len)
                  hp->n_head_kv, hp->n_embd);
         return -EINVAL;
     }
-    if ((rc = get_hp(m, "attention.key_length", 2, 1024, hp->n_embd / hp->n_head, 0, &v, err,
-                     err_len)) < 0)
+    if ((rc = get_hp(m, "attention.key_length", 2, MODEL_MAX_HEAD_DIM, hp->n_embd / hp->n_head, 0,
+                     &v, err, err_len)) < 0)
         return rc;
     hp->head_dim = (int)v;
+    if (hp->head_dim > MODEL_MAX_HEAD_DIM) { /* no key_length: D / H */
+        snprintf(err, err_len,
+                 "model: head dim %d (no attention.key_length) is over the %d the "
+                 "attention kernels take",
+                 hp->head_dim, MODEL_MAX_HEAD_DIM);
+        return -EINVAL;
+    }
     if (hp->head_dim % 2 != 0 || hp->head_dim * hp->n_head != hp->n_embd) {
         snprintf(err, err_len, "model: head dim %d x %d heads != embedding %d", hp->head_dim,
                  hp->n_head, hp->n_embd);

@@ -87,6 +87,9 @@ struct model {
 /* Loads the model at path. On failure returns a negative errno, fills err with
  * one line and leaves m freed. */
 int model_load(struct model *m, const char *path, char *err, size_t err_len);
+/* The largest head dimension the attention kernels take (CPU key tiles and
+ * CUDA shared memory are sized for it); a larger one is a load error. */
+#define MODEL_MAX_HEAD_DIM 256
 #define MODEL_NO_MMAP 1u /* read the file into memory instead of mapping it */
 /* model_load with flags (MODEL_NO_MMAP). */
 int model_open(struct model *m, const char *path, unsigned flags, char *err, size_t err_len);

@@ -1,0 +1,78 @@
+"""Model files the engine cannot run are a clear load error (exit 3), never
+an assert or a crash later: here a Llama file whose head dimension is larger
+than the attention kernels take."""
+
+import subprocess
+
+import numpy as np
+
+def write_llama(path, dim, heads, vocab_tokens, bos):
+    """A complete one-layer F32 Llama GGUF with the byte-level tokenizer of the
+    matched normalizer fixtures; every tensor present with its right shape."""
+    import gguf
+    rng = np.random.default_rng(0)
+    V, D, F = len(vocab_tokens), dim, 64
+    wr = gguf.GGUFWriter(path, "llama")
+    wr.add_name("head-dim-test")
+    wr.add_context_length(256)
+    wr.add_embedding_length(D)
+    wr.add_block_count(1)
+    wr.add_feed_forward_length(F)
+    wr.add_head_count(heads)
+    wr.add_head_count_kv(heads)
+    wr.add_key_length(D // heads)
+    wr.add_value_length(D // heads)
+    wr.add_rope_dimension_count(D // heads)
+    wr.add_rope_freq_base(10000.0)
+    wr.add_layer_norm_rms_eps(1e-5)
+    wr.add_file_type(0)
+    wr.add_tokenizer_model("gpt2")
+    wr.add_tokenizer_pre("gpt2")
+    wr.add_token_list(vocab_tokens)
+    wr.add_token_types([1] * (V - 1) + [3])
+    wr.add_token_merges(["\u0120 \u0120"])
+    wr.add_bos_token_id(bos)
+    wr.add_eos_token_id(bos)
+    shapes = {"token_embd.weight": (V, D), "output_norm.weight": (D,),
+              "blk.0.attn_norm.weight": (D,), "blk.0.ffn_norm.weight": (D,),
+              "blk.0.attn_q.weight": (D, D), "blk.0.attn_k.weight": (D, D),
+              "blk.0.attn_v.weight": (D, D), "blk.0.attn_output.weight": (D, D),
+              "blk.0.ffn_gate.weight": (F, D), "blk.0.ffn_up.weight": (F, D),
+              "blk.0.ffn_down.weight": (D, F)}
+    for name, shape in shapes.items():
+        wr.add_tensor(name, (rng.standard_normal(shape) * 0.02).astype(np.float32))
+    wr.write_header_to_file()
+    wr.write_kv_data_to_file()
+    wr.write_tensors_to_file()
+    wr.close()
+
+
+def byte_vocab():
+    """GPT-2's byte-level alphabet (each byte as one printable character) plus
+    an end-of-text token, as the matched normalizer fixtures use."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
+    table, k = {}, 0
+    for b in range(256):
+        if b in keep:
+            table[b] = b
+        else:
+            table[b] = 256 + k
+            k += 1
+    return [chr(table[b]) for b in range(256)] + ["<|endoftext|>"], 256
+
+
+def test_head_dim_over_the_kernels_bound_is_a_load_error(binary, tmp_path):
+    tokens, bos = byte_vocab()
+    ok, big = str(tmp_path / "dh256.gguf"), str(tmp_path / "dh512.gguf")
+    write_llama(ok, 256, 1, tokens, bos)   # the largest head the kernels take
+    write_llama(big, 512, 1, tokens, bos)
+    good = subprocess.run([binary, "run", "-m", ok, "-p", "hi", "-n", "2"],
+                          capture_output=True, text=True, timeout=120)
+    assert good.returncode == 0, good.stderr  # the control: the file format itself is fine
+    bad = subprocess.run([binary, "run", "-m", big, "-p", "hi", "-n", "2"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 3, (bad.returncode, bad.stderr)
+    assert "key_length" in bad.stderr and "512" in bad.stderr, bad.stderr
+    served = subprocess.run([binary, "serve", "-m", big, "--port", "0"],
+                            capture_output=True, text=True, timeout=120)
+    assert served.returncode == 3, served.stderr

@@ -161,7 +161,6 @@ static void check_request(const struct api_parse_ctx *ctx, enum api_endpoint ep,
                           const struct engine_request *r, const struct api_request *m)
 {
     int64_t n_vocab = ctx->model ? ctx->model->n_vocab : INT32_MAX;
-    const struct sampler_params *s = &r->sampling;
 
     if (r->id != ctx->id || m->endpoint != ep || !r->add_bos || !r->parse_special)
         fail("request id, endpoint or flags", NULL);
@@ -177,10 +176,11 @@ static void check_request(const struct api_parse_ctx *ctx, enum api_endpoint ep,
     }
     if (r->max_tokens != -1 && r->max_tokens < 1)
         fail("max_tokens", NULL);
-    if (!(s->temperature >= 0 && s->temperature <= 2) || !(s->top_p >= 0 && s->top_p <= 1) ||
-        !(s->min_p >= 0 && s->min_p <= 1) || s->top_k < 0 ||
-        !(s->presence_penalty >= -2 && s->presence_penalty <= 2) ||
-        !(s->frequency_penalty >= -2 && s->frequency_penalty <= 2))
+    if (!(r->sampling.temperature >= 0 && r->sampling.temperature <= 2) ||
+        !(r->sampling.top_p >= 0 && r->sampling.top_p <= 1) ||
+        !(r->sampling.min_p >= 0 && r->sampling.min_p <= 1) || r->sampling.top_k < 0 ||
+        !(r->sampling.presence_penalty >= -2 && r->sampling.presence_penalty <= 2) ||
+        !(r->sampling.frequency_penalty >= -2 && r->sampling.frequency_penalty <= 2))
         fail("sampling parameter out of range", NULL);
     for (int i = 0; i < ENGINE_MAX_STOP; i++) {
         if (!r->stop[i]) {

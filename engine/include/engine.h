@@ -152,7 +152,7 @@ void engine_request_free(struct engine_request *req);
 enum engine_event_kind {
     ENGINE_EV_TOKEN = 0, /* a token and the text it completes */
     ENGINE_EV_DONE,      /* the request finished: finish reason and usage */
-    ENGINE_EV_ERROR,     /* the request failed: status and message */
+    ENGINE_EV_ERROR,     /* the request failed: status, message, param and code */
 };
 
 enum engine_finish {

@@ -470,6 +470,7 @@ static int take_ids(const cJSON *arr, const struct api_parse_ctx *ctx, struct en
         r->prompt_ids[k++] = (int32_t)d;
     }
     r->n_prompt_ids = k;
+    r->add_bos = 0; /* token ids are the prompt exactly as sent, as OpenAI and vLLM take them */
     return 0;
 }
 

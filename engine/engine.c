@@ -881,6 +881,7 @@ static int load(struct engine *e)
         }
     }
     in->bos = tok_bos(e->tok);
+    in->add_bos = tok_add_bos(e->tok);
     in->eos = tok_eos(e->tok);
     run_probe(e);
     e->stats.healthy = 1;

@@ -661,9 +661,10 @@ static int on_header_field_complete(llhttp_t *p)
         c->field_which = HDR_AUTH;
     else if (strcasecmp(c->field, "x-session-id") == 0)
         c->field_which = HDR_SESSION;
-    else if (strcasecmp(c->field, "expect") == 0)
+    else if (strcasecmp(c->field, "expect") == 0) {
         c->field_which = HDR_EXPECT;
-    else if (strcasecmp(c->field, "host") == 0)
+        c->expect_len = 0;
+    } else if (strcasecmp(c->field, "host") == 0)
         c->field_which = HDR_HOST;
     c->value_overflow = 0;
     if (c->field_which != HDR_NONE && c->field_which != HDR_EXPECT) {
@@ -721,9 +722,13 @@ static int on_header_value(llhttp_t *p, const char *at, size_t len)
     case HDR_SESSION:
         append_value(c, c->req.session_id, sizeof c->req.session_id, at, len);
         break;
-    case HDR_EXPECT:
-        if (len >= 12 && strncasecmp(at, "100-continue", 12) == 0)
-            c->req.expect_continue = 1;
+    case HDR_EXPECT: /* judged whole at value complete: it may come in pieces */
+        if (c->expect_len + len < sizeof c->expect) {
+            memcpy(c->expect + c->expect_len, at, len);
+            c->expect_len += len;
+        } else {
+            c->expect_len = sizeof c->expect; /* longer than any value we act on */
+        }
         break;
     default:
         break;
@@ -734,6 +739,14 @@ static int on_header_value(llhttp_t *p, const char *at, size_t len)
 static int on_header_value_complete(llhttp_t *p)
 {
     struct http_conn *c = conn_of(p);
+    if (c->field_which == HDR_EXPECT) {
+        size_t n = c->expect_len;
+        while (n > 0 && (c->expect[n - 1] == ' ' || c->expect[n - 1] == '\t'))
+            n--; /* llhttp leaves trailing OWS in the value */
+        if (n == 12 && strncasecmp(c->expect, "100-continue", 12) == 0)
+            c->req.expect_continue = 1;
+        c->expect_len = 0;
+    }
     if (c->value_overflow) {
         c->err_status = 431; /* a header we keep is longer than we keep */
         return HPE_USER;

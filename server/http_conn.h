@@ -161,6 +161,8 @@ struct http_conn {
     size_t field_len;
     int field_which; /* which header the current value belongs to */
     int value_overflow;
+    char expect[16]; /* the Expect value so far (only 100-continue is acted on) */
+    size_t expect_len;
     uint64_t exec_seq;    /* llhttp_execute calls so far */
     const char *exec_end; /* end of the input of the current call */
     const char *val_end;  /* end of the current header value's last span, or NULL */

@@ -224,7 +224,7 @@ static uint64_t fresh_seed(void)
 static void submit(struct server *s, struct http_conn *c, struct srv_req *r,
                    struct engine_request *req)
 {
-    int64_t n = req->n_prompt_ids + (req->add_bos ? 1 : 0);
+    int64_t n = req->n_prompt_ids + (req->add_bos && s->info->add_bos ? 1 : 0);
     if (n > s->max_prompt_tokens) {
         char msg[200];
         snprintf(msg, sizeof msg,

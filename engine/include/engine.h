@@ -111,6 +111,7 @@ struct engine_model_info {
     int64_t max_seqs;
     const char *chat_template; /* tokenizer.chat_template or NULL; valid until engine_stop */
     int32_t bos, eos;
+    int add_bos; /* the tokenizer prepends BOS to a fresh sequence's text */
     /* sink probe at load, on a built-in text (engine/probe.h): share of heads
      * whose mean first-position attention mass exceeds 0.3, and the mean
      * first-position mass over all heads; -1 if the probe could not run */

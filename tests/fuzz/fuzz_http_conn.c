@@ -156,10 +156,7 @@ static uint64_t fnv(uint64_t h, const void *p, size_t n)
 
 static uint64_t request_hash(const struct http_request *r)
 {
-    /* expect_continue is left out for now: http_conn matches "100-continue"
-     * within one llhttp span, so a value cut across two reads is missed (a
-     * split dependence this check finds at once; add it back when fixed) */
-    int nums[4] = {r->method, r->http_major, r->http_minor, r->keep_alive};
+    int nums[5] = {r->method, r->http_major, r->http_minor, r->keep_alive, r->expect_continue};
     uint64_t h = fnv(0xcbf29ce484222325ULL, nums, sizeof nums);
     h = fnv(h, r->url, r->url_len);
     h = fnv(h, r->authorization, strlen(r->authorization));

@@ -280,6 +280,7 @@ TEST(api_request_takes_token_id_prompts)
     ASSERT(p.req.prompt == NULL);
     ASSERT_EQ(p.req.n_prompt_ids, 3);
     ASSERT_EQ(p.req.prompt_ids[2], 99);
+    ASSERT_EQ(p.req.add_bos, 0); /* ids are the prompt as sent: no BOS added */
     engine_request_free(&p.req);
 
     p = parse(API_COMPLETIONS, "{\"prompt\":[[5,6]]}");

@@ -389,6 +389,39 @@ static void cl_big_body(struct client *cl)
     close(fd);
 }
 
+/* Expect: 100-continue with its value cut between two reads (found by
+ * fuzz_http_conn's split invariance), then a value that only starts with it. */
+static void cl_expect_split(struct client *cl)
+{
+    int fd = cl_connect(cl->port, 0);
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    cl_sends(fd, "POST /split HTTP/1.1\r\nHost: x\r\nExpect: 100-con");
+    ms_sleep(100); /* the server reads what came so far */
+    cl_sends(fd, "tinue\r\nContent-Length: 2\r\n\r\n");
+    cl_read_until(cl, fd, "100 Continue", 1, 2000);
+    cl_sends(fd, "hi");
+    cl_read_until(cl, fd, "HTTP/1.1 200", 1, 2000);
+    cl_sends(fd, "POST /long HTTP/1.1\r\nHost: x\r\nExpect: 100-continuexyz\r\n"
+                 "Content-Length: 2\r\nConnection: close\r\n\r\nhi");
+    cl_read_until(cl, fd, NULL, 0, 2000);
+    close(fd);
+}
+
+TEST(http_conn_sends_100_continue_for_a_value_split_across_reads_only)
+{
+    struct http_limits lim = default_limits();
+    srv_start(&lim);
+    struct client *cl = calloc(1, sizeof *cl);
+    cl->fn = cl_expect_split;
+    run_with_client(cl);
+    const char *cont = strstr(cl->buf, "HTTP/1.1 100 Continue\r\n\r\n");
+    ASSERT(cont != NULL);
+    ASSERT(strstr(cont + 12, "100 Continue") == NULL); /* not for 100-continuexyz */
+    ASSERT_EQ(S.requests, 2);
+    free(cl);
+}
+
 TEST(http_conn_answers_413_for_a_body_over_the_limit)
 {
     struct http_limits lim = default_limits();

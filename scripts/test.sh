@@ -2,7 +2,8 @@
 # Runs every test from a fresh clone: installs dependencies, fetches the
 # default model, checks formatting, builds with warnings as errors, runs the
 # unit, invariant and reference tests, then the unit tests again under
-# AddressSanitizer + UndefinedBehaviorSanitizer.
+# AddressSanitizer + UndefinedBehaviorSanitizer, the threaded ones under
+# ThreadSanitizer, and every fuzz target for a bounded time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
@@ -22,6 +23,12 @@ echo "== unit tests under AddressSanitizer + UndefinedBehaviorSanitizer"
 BUILD_DIR=build-asan bash scripts/build.sh -DSTREAMSINK_WERROR=ON -DSTREAMSINK_CUDA=OFF \
   -DSTREAMSINK_SANITIZE=address,undefined -DCMAKE_BUILD_TYPE=Debug
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -L unit -j1)
+
+echo "== threaded tests under ThreadSanitizer (the engine's queues, the HTTP connection)"
+cmake -S . -B build-tsan -DSTREAMSINK_CUDA=OFF -DSTREAMSINK_SANITIZE=thread \
+  -DCMAKE_BUILD_TYPE=Debug >/dev/null
+cmake --build build-tsan -j"$(nproc)" --target test_queue test_http_conn
+(cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -R '^(test_queue|test_http_conn)$' -j1)
 
 echo "== fuzzing: each libFuzzer target for a bounded time from its seed corpus"
 bash scripts/fuzz.sh

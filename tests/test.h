@@ -2,7 +2,11 @@
  * test.h: a tiny test harness. TEST(name) defines a test; main() comes from
  * TEST_MAIN() and runs every test, printing "N passed, N failed" last.
  * ASSERT_* print the expression and both values, then fail the current test.
- * SKIP(why) exits 77 (ctest's SKIP_RETURN_CODE).
+ * TEST_SKIP(why) skips the current test only (it counts neither as passed
+ * nor as failed); SKIP(why) exits the whole binary with 77 (ctest's
+ * SKIP_RETURN_CODE), which is also the exit code when every test skipped.
+ * TEST_NEED_MODEL() skips a test when the default model file is absent; a
+ * file that is present must then load, or the test fails.
  */
 #ifndef SS_TEST_H
 #define SS_TEST_H
@@ -68,6 +72,13 @@ static int test_count;
         if (strcmp(a_, b_) != 0)                                                                   \
             FAIL_AT("ASSERT_STREQ(%s, %s): \"%s\" != \"%s\"", #a, #b, a_, b_);                     \
     } while (0)
+#define TEST_SKIPPED 2 /* *failed value of a skipped test */
+#define TEST_SKIP(why)                                                                             \
+    do {                                                                                           \
+        printf("  skip: %s\n", why);                                                               \
+        *failed = TEST_SKIPPED;                                                                    \
+        return;                                                                                    \
+    } while (0)
 #define SKIP(why)                                                                                  \
     do {                                                                                           \
         printf("SKIP: %s\n", why);                                                                 \
@@ -77,19 +88,25 @@ static int test_count;
 #define TEST_MAIN()                                                                                \
     int main(void)                                                                                 \
     {                                                                                              \
-        int passed = 0, nfailed = 0;                                                               \
+        int passed = 0, nfailed = 0, skipped = 0;                                                  \
         for (int i = 0; i < test_count; i++) {                                                     \
             int f = 0;                                                                             \
             test_cases[i].fn(&f);                                                                  \
-            printf("%s %s\n", f ? "FAIL" : "ok  ", test_cases[i].name);                            \
+            printf("%s %s\n",                                                                      \
+                   f == TEST_SKIPPED ? "skip"                                                      \
+                   : f               ? "FAIL"                                                      \
+                                     : "ok  ",                                                                   \
+                   test_cases[i].name);                                                            \
             fflush(stdout);                                                                        \
-            if (f)                                                                                 \
+            if (f == TEST_SKIPPED)                                                                 \
+                skipped++;                                                                         \
+            else if (f)                                                                            \
                 nfailed++;                                                                         \
             else                                                                                   \
                 passed++;                                                                          \
         }                                                                                          \
-        printf("%d passed, %d failed\n", passed, nfailed);                                         \
-        return nfailed ? 1 : 0;                                                                    \
+        printf("%d passed, %d skipped, %d failed\n", passed, skipped, nfailed);                    \
+        return nfailed ? 1 : passed == 0 && skipped > 0 ? 77 : 0;                                  \
     }
 
 /* Path of the default model (env STREAMSINK_MODEL, else the cache path of
@@ -108,5 +125,14 @@ static inline const char *test_model_path(void)
                  getenv("HOME") ? getenv("HOME") : "/tmp");
     return buf;
 }
+
+/* Skips the current test when the default model file is absent. */
+#define TEST_NEED_MODEL()                                                                          \
+    do {                                                                                           \
+        FILE *f_ = fopen(test_model_path(), "rb");                                                 \
+        if (!f_)                                                                                   \
+            TEST_SKIP("no model file (run scripts/fetch-model.sh)");                               \
+        fclose(f_);                                                                                \
+    } while (0)
 
 #endif

@@ -252,10 +252,9 @@ TEST(smollm2_chunked_prefill_equals_token_by_token)
     struct model m;
     char err[256];
     memset(&m, 0, sizeof m);
-    if (model_load(&m, test_model_path(), err, sizeof err) < 0) {
-        printf("  SKIP smollm2 check: %s (run scripts/fetch-model.sh)\n", err);
-        return;
-    }
+    TEST_NEED_MODEL();
+    if (model_load(&m, test_model_path(), err, sizeof err) < 0)
+        FAIL_AT("the model file is present but does not load: %s", err);
     struct tokenizer *tok = NULL;
     ASSERT_OK(tok_load(&tok, &m.gguf, err, sizeof err));
     int32_t toks[SMOL_N];

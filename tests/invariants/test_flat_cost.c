@@ -229,10 +229,9 @@ TEST(smollm2_late_tokens_cost_the_same_as_early_ones)
     struct model m;
     char err[256];
     memset(&m, 0, sizeof m);
-    if (model_load(&m, test_model_path(), err, sizeof err) < 0) {
-        printf("  SKIP smollm2 run: %s (run scripts/fetch-model.sh)\n", err);
-        return;
-    }
+    TEST_NEED_MODEL();
+    if (model_load(&m, test_model_path(), err, sizeof err) < 0)
+        FAIL_AT("the model file is present but does not load: %s", err);
     struct tokenizer *tok = NULL;
     int32_t first = 0;
     if (tok_load(&tok, &m.gguf, err, sizeof err) == 0) {

@@ -429,8 +429,10 @@ TEST(real_model_parses_with_llama_hparams_and_272_tensors)
     int64_t v;
     double f;
 
-    if (!buf)
-        return;
+    if (!buf) {
+        TEST_NEED_MODEL();
+        FAIL_AT("%s is present but could not be read", test_model_path());
+    }
     ASSERT_OK(gguf_parse(&g, buf, real_len, err, sizeof err));
     ASSERT_EQ(g.version, 3);
     ASSERT_EQ(g.n_tensors, 272);
@@ -463,8 +465,10 @@ TEST(real_model_has_a_token_array_of_49152_strings)
     uint64_t n, nt;
     char err[256];
 
-    if (!buf)
-        return;
+    if (!buf) {
+        TEST_NEED_MODEL();
+        FAIL_AT("%s is present but could not be read", test_model_path());
+    }
     ASSERT_OK(gguf_parse(&g, buf, real_len, err, sizeof err));
     ASSERT_OK(gguf_get_arr_str(&g, "tokenizer.ggml.tokens", &tok, &n));
     ASSERT_EQ(n, 49152);
@@ -490,8 +494,10 @@ TEST(real_model_token_embd_is_q8_0_576_by_49152_inside_the_file)
     const struct gguf_tensor *t;
     char err[256];
 
-    if (!buf)
-        return;
+    if (!buf) {
+        TEST_NEED_MODEL();
+        FAIL_AT("%s is present but could not be read", test_model_path());
+    }
     ASSERT_OK(gguf_parse(&g, buf, real_len, err, sizeof err));
     t = gguf_find_tensor(&g, "token_embd.weight");
     ASSERT(t != NULL);
@@ -1168,8 +1174,10 @@ TEST(truncations_of_the_real_file_fail_cleanly)
     size_t dir_start, data_start, cuts = 0;
     int bad = 0;
 
-    if (!buf)
-        return;
+    if (!buf) {
+        TEST_NEED_MODEL();
+        FAIL_AT("%s is present but could not be read", test_model_path());
+    }
     ASSERT_OK(gguf_parse(&g, buf, real_len, err, sizeof err));
     dir_start = (size_t)((const uint8_t *)g.tensors[0].name.ptr - 8 - buf);
     data_start = (size_t)((const uint8_t *)g.tensors[0].data - buf) - g.tensors[0].offset;
@@ -1223,8 +1231,10 @@ TEST(random_corruption_of_the_real_header_never_crashes)
     size_t span;
     int bad = 0, ok = 0, n = 2000;
 
-    if (!buf)
-        return;
+    if (!buf) {
+        TEST_NEED_MODEL();
+        FAIL_AT("%s is present but could not be read", test_model_path());
+    }
     /* corrupt the first 2 MB (the whole header and directory) of a full copy,
      * so that files which survive still reach their tensor data */
     copy = malloc(real_len);

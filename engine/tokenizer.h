@@ -7,7 +7,7 @@
  * Unicode categories come from utf8proc. Control tokens (token_type 3) are
  * matched as whole strings in the text when parse_special is set; user-defined
  * tokens (token_type 4) always, as Hugging Face matches non-special added
- * tokens. Token ids are those of Hugging Face `tokenizers` (tokenizer.c lists
+ * tokens. Token ids are those of Hugging Face `tokenizers` (tokenizer_impl.h lists
  * the deliberate differences).
  *
  * Decoding maps each token back to its raw bytes. tok_stream holds back the

@@ -8,7 +8,7 @@
 #       --corpus tests/fixtures/tokenizer_corpus.txt --pre gpt2 \
 #       --out tests/fixtures/tokenizer_ids_gpt2.txt
 # (needs: pip install gguf tokenizers numpy)
-"""Golden token ids for engine/tokenizer.c, from Hugging Face `tokenizers`.
+"""Golden token ids for engine/tokenizer.h, from Hugging Face `tokenizers`.
 
 The reference tokenizer is built from the GGUF's own vocab and merges (read
 with the `gguf` package), with the pre-tokenizer of SmolLM2's tokenizer.json:

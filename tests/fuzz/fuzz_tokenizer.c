@@ -1,5 +1,5 @@
 /*
- * fuzz_tokenizer.c: libFuzzer target for engine/tokenizer.c: tok_encode on
+ * fuzz_tokenizer.c: libFuzzer target for engine/tokenizer.h: tok_encode on
  * arbitrary bytes, then decoding the ids back, piece by piece and streamed.
  *
  * The vocabulary is loaded once, from the real model ($STREAMSINK_MODEL, else
@@ -13,7 +13,7 @@
  *   - every id is in [0, n_vocab); BOS comes first when asked for;
  *   - decoding the ids gives the text back, byte for byte, except bytes that
  *     have no token in the vocabulary (SmolLM2 lacks 21 control bytes), which
- *     are dropped as Hugging Face drops them. tokenizer.c documents the round
+ *     are dropped as Hugging Face drops them. tokenizer_impl.h documents the round
  *     trip for invalid UTF-8 as well (each invalid byte becomes its byte's
  *     token), and test_tokenizer checks it on the Hugging Face fixture;
  *   - the streaming detokenizer emits only valid UTF-8, and exactly the

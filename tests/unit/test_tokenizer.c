@@ -1,5 +1,5 @@
 /*
- * test_tokenizer.c: the byte-level BPE tokenizer (engine/tokenizer.c).
+ * test_tokenizer.c: the byte-level BPE tokenizer (engine/tokenizer.h).
  *
  * On the real SmolLM2 file: token ids identical to Hugging Face `tokenizers`
  * for every case of tests/fixtures/tokenizer_ids.txt (made by

@@ -1,54 +1,15 @@
 /*
- * tokenizer.c: GPT-2 byte-level BPE from a GGUF file's tokenizer.ggml.*
- * metadata, exact against Hugging Face `tokenizers` (tests/unit/test_tokenizer.c
- * checks every case of tests/fixtures/tokenizer_ids.txt, which
- * tools/make_tokenizer_fixture.py makes with HF).
- *
- * Encoding does what HF does, in three steps:
- *   1. added tokens: the text is cut at the strings of CONTROL tokens (only
- *      with parse_special) and USER_DEFINED tokens (always, as HF matches
- *      non-special added tokens always); leftmost match first, the longest at
- *      that place;
- *   2. pre-tokenizer, on each stretch between those: "smollm" first isolates
- *      every \p{N} code point (HF Digits(individual_digits=true)), then GPT-2's
- *      pattern cuts each remaining stretch into words:
- *        's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
- *      split_gpt2() is a hand-written matcher equivalent to that regex, with
- *      Unicode categories from utf8proc;
- *   3. BPE on each word: one symbol per byte (its byte-level token), then the
- *      adjacent pair with the lowest merge rank merges, leftmost on ties, until
- *      no pair has a rank. A heap of candidate pairs makes a word O(n log n);
- *      stale entries are skipped with the same test HF uses, so even merges
- *      that give the same token from different pairs agree with HF.
- *
- * Decoding maps each character of a token back to its byte (GPT-2's
- * bytes_to_unicode); a token with a character outside that alphabet gives its
- * raw text, as HF's ByteLevel decoder does. That includes special tokens.
- *
- * Where this differs from HF, on purpose:
- *   - HF only takes valid UTF-8. Here an invalid byte is one "other" character
- *     for the pattern and becomes its byte's token, so such text round trips.
- *   - tokenizer.ggml.pre values other than "smollm", "gpt2", "gpt-2" and
- *     "default" use GPT-2's pattern and set tok_warning().
- * And not on purpose: categories follow utf8proc's Unicode version (15.0 for
- * Debian's 2.8), HF's regex and Digits a newer one (16.0), so a code point
- * first assigned after 15.0 (e.g. U+13460.., Egyptian Hieroglyphs Ext-A) is
- * "other" here and a letter there. 150k random assigned code points agree.
- * Like HF, a byte with no single-byte token (SmolLM2 lacks 21, e.g. 0x04) is
- * dropped, and a merge whose parts or result are not in the vocab is ignored
- * (HF refuses to load those).
- *
- * After tok_load nothing is written: one tokenizer may encode on several
- * threads at once. Each tok_encode allocates its own scratch.
+ * bpe.c: steps 1 and 3 of encoding (tokenizer_impl.h) and what they need from
+ * the GGUF file: tok_load builds the vocab index, the merge table, the added
+ * tokens and the special ids; tok_encode cuts the text at added tokens, hands
+ * each stretch to the pre-tokenizer (pretok.c) and merges each word.
  */
-#include "tokenizer.h"
+#include "tokenizer_impl.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include <utf8proc.h>
 
 #include "gguf.h"
 
@@ -61,100 +22,6 @@ enum tok_type {
     TOK_TYPE_UNUSED = 5,
     TOK_TYPE_BYTE = 6,
 };
-
-/* Character classes of the GPT-2 pattern. */
-enum char_class {
-    CC_OTHER,  /* [^\s\p{L}\p{N}], and invalid UTF-8 bytes */
-    CC_LETTER, /* \p{L} */
-    CC_NUMBER, /* \p{N} */
-    CC_SPACE,  /* \s as Oniguruma has it: White_Space */
-};
-
-#define CP_INVALID 0xFFFFFFFFu
-#define BYTE_ALPHABET_END 324 /* bytes_to_unicode maps into [0, 324) */
-
-struct merge_slot { /* open addressing; id < 0 marks an empty slot */
-    uint64_t key;   /* left id << 32 | right id */
-    int32_t rank;   /* index in tokenizer.ggml.merges */
-    int32_t id;     /* the merged token */
-};
-
-struct special { /* a CONTROL or USER_DEFINED token, matched as a whole string */
-    size_t off;  /* its text in tokenizer.special_text */
-    size_t len;
-    uint8_t first; /* its first byte */
-    int32_t id;
-    int control; /* matched only with parse_special */
-};
-
-struct tokenizer {
-    size_t n_vocab;    /* 1 .. INT32_MAX */
-    char *pieces;      /* decoded bytes of every token, back to back */
-    size_t *piece_off; /* [n_vocab + 1]: token i is pieces[piece_off[i] .. piece_off[i+1]) */
-    uint8_t *eog;      /* [n_vocab]: 1 if the token ends generation */
-
-    struct merge_slot *merges; /* [merge_mask + 1] */
-    size_t merge_mask;
-    int32_t byte_tok[256]; /* token of each single byte, -1 if the vocab has none */
-
-    struct special *specials; /* sorted by first byte, then longest first */
-    int32_t n_special;
-    int32_t special_first[257]; /* specials starting with byte b: [first[b], first[b+1]) */
-    char *special_text;
-
-    uint8_t ascii_class[128]; /* enum char_class of each ASCII code point */
-    int split_digits;         /* pre = smollm */
-
-    int32_t bos, eos, eot, eom, pad, unk; /* -1 if absent */
-    int add_bos;
-    char warning[200];
-};
-
-/* ---- UTF-8 and character classes ---- */
-
-/* Decodes the code point at s[0..n), n >= 1. Returns its length; a byte that
- * does not start a valid, complete sequence gives CP_INVALID and length 1. */
-static size_t utf8_next(const uint8_t *s, size_t n, uint32_t *cp)
-{
-    uint8_t c = s[0];
-    uint8_t lo = 0x80;
-    uint8_t hi = 0xBF;
-    size_t need;
-    uint32_t v;
-
-    if (c < 0x80) {
-        *cp = c;
-        return 1;
-    }
-    if (c >= 0xC2 && c <= 0xDF) {
-        need = 1;
-        v = c & 0x1F;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-        need = 2;
-        v = c & 0x0F;
-        lo = c == 0xE0 ? 0xA0 : 0x80; /* no overlongs */
-        hi = c == 0xED ? 0x9F : 0xBF; /* no surrogates */
-    } else if (c >= 0xF0 && c <= 0xF4) {
-        need = 3;
-        v = c & 0x07;
-        lo = c == 0xF0 ? 0x90 : 0x80;
-        hi = c == 0xF4 ? 0x8F : 0xBF; /* nothing past U+10FFFF */
-    } else {
-        *cp = CP_INVALID;
-        return 1;
-    }
-    for (size_t k = 1; k <= need; k++) {
-        if (k >= n || s[k] < lo || s[k] > hi) {
-            *cp = CP_INVALID;
-            return 1;
-        }
-        v = v << 6 | (s[k] & 0x3Fu);
-        lo = 0x80;
-        hi = 0xBF;
-    }
-    *cp = v;
-    return need + 1;
-}
 
 static size_t utf8_put(uint32_t cp, char *out)
 {
@@ -178,46 +45,6 @@ static size_t utf8_put(uint32_t cp, char *out)
     out[2] = (char)(0x80 | (cp >> 6 & 0x3F));
     out[3] = (char)(0x80 | (cp & 0x3F));
     return 4;
-}
-
-static enum char_class classify(uint32_t cp)
-{
-    if (cp == CP_INVALID)
-        return CC_OTHER;
-    /* Oniguruma's \s is Unicode White_Space: TAB..CR, NEL and Z*. */
-    if ((cp >= 0x09 && cp <= 0x0D) || cp == 0x85)
-        return CC_SPACE;
-    switch (utf8proc_category((utf8proc_int32_t)cp)) {
-    case UTF8PROC_CATEGORY_LU:
-    case UTF8PROC_CATEGORY_LL:
-    case UTF8PROC_CATEGORY_LT:
-    case UTF8PROC_CATEGORY_LM:
-    case UTF8PROC_CATEGORY_LO:
-        return CC_LETTER;
-    case UTF8PROC_CATEGORY_ND:
-    case UTF8PROC_CATEGORY_NL:
-    case UTF8PROC_CATEGORY_NO:
-        return CC_NUMBER;
-    case UTF8PROC_CATEGORY_ZS:
-    case UTF8PROC_CATEGORY_ZL:
-    case UTF8PROC_CATEGORY_ZP:
-        return CC_SPACE;
-    default:
-        return CC_OTHER;
-    }
-}
-
-/* Class of the code point at s[0..n); *len gets its length. */
-static enum char_class class_at(const struct tokenizer *t, const uint8_t *s, size_t n, size_t *len)
-{
-    uint32_t cp;
-
-    if (s[0] < 0x80) {
-        *len = 1;
-        return (enum char_class)t->ascii_class[s[0]];
-    }
-    *len = utf8_next(s, n, &cp);
-    return classify(cp);
 }
 
 /* GPT-2's bytes_to_unicode: printable Latin-1 bytes map to themselves, the
@@ -381,51 +208,6 @@ static int load_ids(struct tokenizer *t, const struct gguf_file *g, char *err, s
         int rc = load_id(t, g, ids[i].key, ids[i].id, err, err_len);
         if (rc < 0)
             return rc;
-    }
-    return 0;
-}
-
-/* The bytes a token decodes to, as HF's ByteLevel decoder: every character
- * mapped back to its byte, or the raw text if one is outside the alphabet. */
-static size_t decode_token(const int16_t *cp_byte, struct gguf_str s, char *out)
-{
-    const uint8_t *p = (const uint8_t *)s.ptr;
-    size_t n = 0;
-
-    for (size_t i = 0; i < s.len;) {
-        uint32_t cp;
-        size_t l = utf8_next(p + i, s.len - i, &cp);
-
-        if (cp == CP_INVALID || cp >= BYTE_ALPHABET_END || cp_byte[cp] < 0) {
-            memcpy(out, s.ptr, s.len);
-            return s.len;
-        }
-        out[n++] = (char)cp_byte[cp];
-        i += l;
-    }
-    return n;
-}
-
-static int build_pieces(struct tokenizer *t, const struct gguf_str *tokens,
-                        const uint32_t byte_cp[256])
-{
-    int16_t cp_byte[BYTE_ALPHABET_END];
-    size_t total = 0;
-
-    for (int i = 0; i < BYTE_ALPHABET_END; i++)
-        cp_byte[i] = -1;
-    for (int b = 0; b < 256; b++)
-        cp_byte[byte_cp[b]] = (int16_t)b;
-    for (size_t i = 0; i < t->n_vocab; i++)
-        total += tokens[i].len;
-    t->pieces = malloc(total ? total : 1);
-    t->piece_off = malloc((t->n_vocab + 1) * sizeof *t->piece_off);
-    if (!t->pieces || !t->piece_off)
-        return -ENOMEM;
-    t->piece_off[0] = 0;
-    for (size_t i = 0; i < t->n_vocab; i++) {
-        size_t n = decode_token(cp_byte, tokens[i], t->pieces + t->piece_off[i]);
-        t->piece_off[i + 1] = t->piece_off[i] + n;
     }
     return 0;
 }
@@ -695,11 +477,11 @@ int tok_load(struct tokenizer **out, const struct gguf_file *g, char *err, size_
         goto oom;
     if (rc < 0)
         goto fail;
-    if ((rc = build_pieces(t, tokens, byte_cp)) < 0 ||
+    if ((rc = tok__build_pieces(t, tokens, byte_cp)) < 0 ||
         (rc = build_specials(t, tokens, types)) < 0 || (rc = build_eog(t, tokens)) < 0)
         goto oom;
     for (uint32_t c = 0; c < 128; c++)
-        t->ascii_class[c] = (uint8_t)classify(c);
+        t->ascii_class[c] = (uint8_t)tok__classify(c);
 
     free(vocab.slots);
     free(types);
@@ -749,36 +531,7 @@ const char *tok_warning(const struct tokenizer *t)
     return t->warning[0] ? t->warning : NULL;
 }
 
-const char *tok_piece(const struct tokenizer *t, int32_t id, size_t *len)
-{
-    if (id < 0 || (size_t)id >= t->n_vocab)
-        return NULL;
-    if (len)
-        *len = t->piece_off[id + 1] - t->piece_off[id];
-    return t->pieces + t->piece_off[id];
-}
-
 /* ---- encoding ---- */
-
-struct bpe_item { /* a candidate merge of symbol pos with its right neighbour */
-    int32_t rank;
-    int32_t pos;
-    int32_t id;
-};
-
-struct encoder { /* one tok_encode call */
-    const struct tokenizer *t;
-    int32_t *out;
-    int64_t cap;
-    int64_t n;
-    /* BPE scratch, grown to the longest word */
-    int32_t *sym;  /* token of each symbol; -1 once merged into its left neighbour */
-    int32_t *prev; /* linked list of live symbols */
-    int32_t *next;
-    struct bpe_item *heap;
-    size_t scratch_cap; /* symbols */
-    int err;
-};
 
 static void emit(struct encoder *e, int32_t id)
 {
@@ -864,7 +617,7 @@ static void push_pair(struct encoder *e, size_t *nh, int32_t pos)
 /* BPE on one word (bytes w[0..n)), as HF's BPE::merge_word: lowest rank
  * first, leftmost on ties; an entry is stale when its left symbol is gone, has
  * no right neighbour, or the pair there no longer merges into entry.id. */
-static void bpe_word(struct encoder *e, const uint8_t *w, size_t n)
+void tok__bpe_word(struct encoder *e, const uint8_t *w, size_t n)
 {
     const struct tokenizer *t = e->t;
     int32_t ns = 0;
@@ -913,126 +666,6 @@ static void bpe_word(struct encoder *e, const uint8_t *w, size_t n)
         emit(e, e->sym[i]);
 }
 
-/* End of the run of characters of class c that starts at s[i]. */
-static size_t run_end(const struct tokenizer *t, const uint8_t *s, size_t n, size_t i,
-                      enum char_class c)
-{
-    while (i < n) {
-        size_t l;
-        if (class_at(t, s + i, n - i, &l) != c)
-            break;
-        i += l;
-    }
-    return i;
-}
-
-/* Length of a contraction ('s 't 're 've 'm 'll 'd, case-sensitive) at s[i], or 0. */
-static size_t contraction(const uint8_t *s, size_t n, size_t i)
-{
-    if (s[i] != '\'' || i + 1 >= n)
-        return 0;
-    switch (s[i + 1]) {
-    case 's':
-    case 't':
-    case 'm':
-    case 'd':
-        return 2;
-    case 'r':
-    case 'v':
-        return i + 2 < n && s[i + 2] == 'e' ? 3 : 0;
-    case 'l':
-        return i + 2 < n && s[i + 2] == 'l' ? 3 : 0;
-    default:
-        return 0;
-    }
-}
-
-/* End of the match of \s+(?!\S)|\s+ at s[i]: the whole run of white space if
- * it ends the text, else all of it but its last character (which then leads
- * the next word, as in " word"), or that one character if the run has no other. */
-static size_t space_end(const struct tokenizer *t, const uint8_t *s, size_t n, size_t i)
-{
-    size_t last = i;
-    size_t j = i;
-
-    while (j < n) {
-        size_t l;
-        if (class_at(t, s + j, n - j, &l) != CC_SPACE)
-            break;
-        last = j;
-        j += l;
-    }
-    return j < n && last > i ? last : j;
-}
-
-/* GPT-2's pattern over s[0..n), each match to bpe_word. The alternatives are
- * tried in the regex's order; the letter, number and other alternatives start
- * at disjoint classes, so the class of the first character (or of the one
- * after a leading space) picks the branch. */
-static void split_gpt2(struct encoder *e, const uint8_t *s, size_t n)
-{
-    const struct tokenizer *t = e->t;
-    size_t i = 0;
-
-    while (i < n && !e->err) {
-        size_t l;
-        size_t end;
-        enum char_class c = class_at(t, s + i, n - i, &l);
-
-        end = i + contraction(s, n, i);
-        if (end > i) {
-            bpe_word(e, s + i, end - i);
-            i = end;
-            continue;
-        }
-        if (s[i] == ' ' && i + 1 < n) { /* " ?" then \p{L}+, \p{N}+ or other+ */
-            size_t l2;
-            enum char_class c2 = class_at(t, s + i + 1, n - i - 1, &l2);
-            if (c2 != CC_SPACE) {
-                end = run_end(t, s, n, i + 1, c2);
-                bpe_word(e, s + i, end - i);
-                i = end;
-                continue;
-            }
-        }
-        if (c != CC_SPACE) {
-            end = run_end(t, s, n, i, c);
-            bpe_word(e, s + i, end - i);
-            i = end;
-            continue;
-        }
-        end = space_end(t, s, n, i);
-        bpe_word(e, s + i, end - i);
-        i = end;
-    }
-}
-
-/* The pre-tokenizer over one stretch of text between added tokens. */
-static void encode_stretch(struct encoder *e, const uint8_t *s, size_t n)
-{
-    const struct tokenizer *t = e->t;
-    size_t i = 0;
-
-    if (!t->split_digits) {
-        split_gpt2(e, s, n);
-        return;
-    }
-    /* smollm: every \p{N} character is a word of its own; GPT-2's pattern
-     * runs on each stretch between them. */
-    while (i < n && !e->err) {
-        size_t j = i;
-        size_t l = 0;
-        while (j < n && class_at(t, s + j, n - j, &l) != CC_NUMBER)
-            j += l;
-        split_gpt2(e, s + i, j - i);
-        if (j < n) {
-            bpe_word(e, s + j, l);
-            j += l;
-        }
-        i = j;
-    }
-}
-
 /* The leftmost added token in s[from..n) (the longest there); *at gets its
  * offset. NULL if none. */
 static const struct special *find_special(const struct tokenizer *t, const uint8_t *s, size_t n,
@@ -1070,7 +703,7 @@ int64_t tok_encode(const struct tokenizer *t, const char *text, size_t len, int 
         const struct special *sp =
             t->n_special ? find_special(t, s, len, i, parse_special, &at) : NULL;
 
-        encode_stretch(&e, s + i, at - i);
+        tok__encode_stretch(&e, s + i, at - i);
         if (!sp)
             break;
         emit(&e, sp->id);
@@ -1081,124 +714,4 @@ int64_t tok_encode(const struct tokenizer *t, const char *text, size_t len, int 
     free(e.next);
     free(e.heap);
     return e.err ? e.err : e.n;
-}
-
-/* ---- streaming detokenizer ---- */
-
-/* Bytes in the UTF-8 sequence that lead byte c starts; 0 if c cannot start one. */
-static int utf8_seq_len(uint8_t c)
-{
-    if (c < 0x80)
-        return 1;
-    if (c >= 0xC2 && c <= 0xDF)
-        return 2;
-    if (c >= 0xE0 && c <= 0xEF)
-        return 3;
-    if (c >= 0xF0 && c <= 0xF4)
-        return 4;
-    return 0;
-}
-
-/* 1 if b may follow the n >= 1 bytes of an incomplete sequence p. */
-static int utf8_continues(const uint8_t *p, int n, uint8_t b)
-{
-    uint8_t lo = 0x80;
-    uint8_t hi = 0xBF;
-
-    if (n == 1) {
-        if (p[0] == 0xE0)
-            lo = 0xA0;
-        else if (p[0] == 0xED)
-            hi = 0x9F;
-        else if (p[0] == 0xF0)
-            lo = 0x90;
-        else if (p[0] == 0xF4)
-            hi = 0x8F;
-    }
-    return b >= lo && b <= hi;
-}
-
-struct sink { /* bounded output */
-    char *out;
-    size_t cap;
-    size_t n;
-    int full;
-};
-
-static void put(struct sink *o, const void *p, size_t n)
-{
-    if (o->n + n > o->cap) {
-        o->full = 1;
-        return;
-    }
-    memcpy(o->out + o->n, p, n);
-    o->n += n;
-}
-
-static void put_replacement(struct sink *o)
-{
-    put(o, "\xEF\xBF\xBD", 3);
-}
-
-/* Feeds one byte through the held-back state; an invalid maximal subpart
- * becomes one U+FFFD (the Unicode "maximal subpart" practice, which is what
- * Rust's from_utf8_lossy and Python's decode(errors="replace") do). */
-static void stream_byte(struct tok_stream *s, struct sink *o, uint8_t b)
-{
-    if (s->n_pend > 0) {
-        if (utf8_continues(s->pend, s->n_pend, b)) {
-            s->pend[s->n_pend++] = b;
-            if (s->n_pend == utf8_seq_len(s->pend[0])) {
-                put(o, s->pend, (size_t)s->n_pend);
-                s->n_pend = 0;
-            }
-            return;
-        }
-        put_replacement(o);
-        s->n_pend = 0;
-    }
-    switch (utf8_seq_len(b)) {
-    case 1:
-        put(o, &b, 1);
-        break;
-    case 0:
-        put_replacement(o);
-        break;
-    default:
-        s->pend[0] = b;
-        s->n_pend = 1;
-        break;
-    }
-}
-
-int64_t tok_stream_push(const struct tokenizer *t, struct tok_stream *s, int32_t id, char *out,
-                        size_t cap)
-{
-    struct tok_stream st = *s;
-    struct sink o = {.out = out, .cap = cap};
-    size_t len;
-    const char *p = tok_piece(t, id, &len);
-
-    if (!p || s->n_pend < 0 || s->n_pend > 3)
-        return -EINVAL;
-    for (size_t i = 0; i < len && !o.full; i++)
-        stream_byte(&st, &o, (uint8_t)p[i]);
-    if (o.full)
-        return -ENOSPC; /* *s unchanged: call again with more room */
-    *s = st;
-    return (int64_t)o.n;
-}
-
-int64_t tok_stream_flush(struct tok_stream *s, char *out, size_t cap)
-{
-    struct sink o = {.out = out, .cap = cap};
-
-    if (s->n_pend < 0 || s->n_pend > 3)
-        return -EINVAL;
-    if (s->n_pend > 0)
-        put_replacement(&o);
-    if (o.full)
-        return -ENOSPC;
-    s->n_pend = 0;
-    return (int64_t)o.n;
 }

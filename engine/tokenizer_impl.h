@@ -1,0 +1,140 @@
+/*
+ * tokenizer_impl.h: GPT-2 byte-level BPE from a GGUF file's tokenizer.ggml.*
+ * metadata, exact against Hugging Face `tokenizers` (tests/unit/test_tokenizer.c
+ * checks every case of tests/fixtures/tokenizer_ids.txt, which
+ * tools/make_tokenizer_fixture.py makes with HF).
+ *
+ * Encoding does what HF does, in three steps:
+ *   1. added tokens: the text is cut at the strings of CONTROL tokens (only
+ *      with parse_special) and USER_DEFINED tokens (always, as HF matches
+ *      non-special added tokens always); leftmost match first, the longest at
+ *      that place;
+ *   2. pre-tokenizer, on each stretch between those: "smollm" first isolates
+ *      every \p{N} code point (HF Digits(individual_digits=true)), then GPT-2's
+ *      pattern cuts each remaining stretch into words:
+ *        's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+ *      split_gpt2() is a hand-written matcher equivalent to that regex, with
+ *      Unicode categories from utf8proc;
+ *   3. BPE on each word: one symbol per byte (its byte-level token), then the
+ *      adjacent pair with the lowest merge rank merges, leftmost on ties, until
+ *      no pair has a rank. A heap of candidate pairs makes a word O(n log n);
+ *      stale entries are skipped with the same test HF uses, so even merges
+ *      that give the same token from different pairs agree with HF.
+ *
+ * Decoding maps each character of a token back to its byte (GPT-2's
+ * bytes_to_unicode); a token with a character outside that alphabet gives its
+ * raw text, as HF's ByteLevel decoder does. That includes special tokens.
+ *
+ * Where this differs from HF, on purpose:
+ *   - HF only takes valid UTF-8. Here an invalid byte is one "other" character
+ *     for the pattern and becomes its byte's token, so such text round trips.
+ *   - tokenizer.ggml.pre values other than "smollm", "gpt2", "gpt-2" and
+ *     "default" use GPT-2's pattern and set tok_warning().
+ * And not on purpose: categories follow utf8proc's Unicode version (15.0 for
+ * Debian's 2.8), HF's regex and Digits a newer one (16.0), so a code point
+ * first assigned after 15.0 (e.g. U+13460.., Egyptian Hieroglyphs Ext-A) is
+ * "other" here and a letter there. 150k random assigned code points agree.
+ * Like HF, a byte with no single-byte token (SmolLM2 lacks 21, e.g. 0x04) is
+ * dropped, and a merge whose parts or result are not in the vocab is ignored
+ * (HF refuses to load those).
+ *
+ * After tok_load nothing is written: one tokenizer may encode on several
+ * threads at once. Each tok_encode allocates its own scratch.
+ *
+ * The files, one noun each, share the structs and the tok__ functions below
+ * (internal to engine/; tokenizer.h is the public side):
+ *   pretok.c  UTF-8 and Unicode classes (utf8proc); step 2, the pre-tokenizers
+ *   bpe.c     vocab and merges from GGUF (tok_load); steps 1 and 3; tok_encode
+ *   detok.c   token pieces (bytes_to_unicode reversed); the tok_stream decoder
+ */
+#ifndef SS_TOKENIZER_IMPL_H
+#define SS_TOKENIZER_IMPL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tokenizer.h"
+
+struct gguf_str;
+
+/* Character classes of the GPT-2 pattern. */
+enum char_class {
+    CC_OTHER,  /* [^\s\p{L}\p{N}], and invalid UTF-8 bytes */
+    CC_LETTER, /* \p{L} */
+    CC_NUMBER, /* \p{N} */
+    CC_SPACE,  /* \s as Oniguruma has it: White_Space */
+};
+
+#define CP_INVALID 0xFFFFFFFFu
+#define BYTE_ALPHABET_END 324 /* bytes_to_unicode maps into [0, 324) */
+
+struct merge_slot { /* open addressing; id < 0 marks an empty slot */
+    uint64_t key;   /* left id << 32 | right id */
+    int32_t rank;   /* index in tokenizer.ggml.merges */
+    int32_t id;     /* the merged token */
+};
+
+struct special { /* a CONTROL or USER_DEFINED token, matched as a whole string */
+    size_t off;  /* its text in tokenizer.special_text */
+    size_t len;
+    uint8_t first; /* its first byte */
+    int32_t id;
+    int control; /* matched only with parse_special */
+};
+
+struct tokenizer {
+    size_t n_vocab;    /* 1 .. INT32_MAX */
+    char *pieces;      /* decoded bytes of every token, back to back */
+    size_t *piece_off; /* [n_vocab + 1]: token i is pieces[piece_off[i] .. piece_off[i+1]) */
+    uint8_t *eog;      /* [n_vocab]: 1 if the token ends generation */
+
+    struct merge_slot *merges; /* [merge_mask + 1] */
+    size_t merge_mask;
+    int32_t byte_tok[256]; /* token of each single byte, -1 if the vocab has none */
+
+    struct special *specials; /* sorted by first byte, then longest first */
+    int32_t n_special;
+    int32_t special_first[257]; /* specials starting with byte b: [first[b], first[b+1]) */
+    char *special_text;
+
+    uint8_t ascii_class[128]; /* enum char_class of each ASCII code point */
+    int split_digits;         /* pre = smollm */
+
+    int32_t bos, eos, eot, eom, pad, unk; /* -1 if absent */
+    int add_bos;
+    char warning[200];
+};
+
+struct bpe_item { /* a candidate merge of symbol pos with its right neighbour */
+    int32_t rank;
+    int32_t pos;
+    int32_t id;
+};
+
+struct encoder { /* one tok_encode call */
+    const struct tokenizer *t;
+    int32_t *out;
+    int64_t cap;
+    int64_t n;
+    /* BPE scratch, grown to the longest word */
+    int32_t *sym;  /* token of each symbol; -1 once merged into its left neighbour */
+    int32_t *prev; /* linked list of live symbols */
+    int32_t *next;
+    struct bpe_item *heap;
+    size_t scratch_cap; /* symbols */
+    int err;
+};
+
+/* pretok.c */
+size_t tok__utf8_next(const uint8_t *s, size_t n, uint32_t *cp);
+enum char_class tok__classify(uint32_t cp);
+void tok__encode_stretch(struct encoder *e, const uint8_t *s, size_t n);
+
+/* bpe.c */
+void tok__bpe_word(struct encoder *e, const uint8_t *w, size_t n);
+
+/* detok.c */
+int tok__build_pieces(struct tokenizer *t, const struct gguf_str *tokens,
+                      const uint32_t byte_cp[256]);
+
+#endif

@@ -15,6 +15,9 @@
  * seen (including the last generated token). An idle session keeps its slot
  * until it expires or its slot is needed by a new sequence (least recently
  * used first).
+ *
+ * struct engine and struct seq are in engine_impl.h; loading the model and
+ * filling engine_model_info is in engine_load.c.
  */
 #include "engine.h"
 
@@ -27,73 +30,15 @@
 #include <time.h>
 
 #include "backend.h"
+#include "engine_impl.h"
 #include "forward.h"
 #include "model.h"
 #include "options.h"
-#include "probe.h"
 #include "queue.h"
 #include "stop.h"
 #include "tokenizer.h"
 
 #define CMD_BATCH 64
-
-enum seq_state {
-    SEQ_FREE = 0, /* slot unused */
-    SEQ_RUNNING,  /* serving a request: prefilling or decoding */
-    SEQ_IDLE,     /* a session between requests: keeps its KV */
-};
-
-struct seq {
-    enum seq_state state;
-    uint64_t id; /* request id while RUNNING */
-    struct engine_request req;
-    struct kv_seq kv;
-    int32_t *prompt; /* tokens still to feed: [pending session token] + prompt */
-    int64_t n_prompt, n_fed;
-    int32_t next_tok; /* sampled, emitted, not yet fed */
-    int has_next;
-    struct sampler smp;
-    int has_smp;
-    struct tok_stream ts;
-    struct stop_filter stop; /* holds text that may start a stop string */
-    int64_t n_gen, usage_prompt;
-    int paused;
-    char session[ENGINE_SESSION_ID_MAX];
-    double last_used;
-};
-
-struct engine {
-    struct engine_config cfg;
-    struct engine_model_info info;
-    struct model model;
-    struct tokenizer *tok;
-    struct backend backend;
-    struct fwd fwd;
-    int have_backend, have_fwd;
-    struct kv_policy default_policy;
-    struct queue q;
-    void (*wake)(void *);
-    void *wake_arg;
-    pthread_t thread;
-    /* start handshake */
-    pthread_mutex_t start_mu;
-    pthread_cond_t start_cv;
-    int started, start_rc;
-    char start_err[256];
-    /* engine-thread state */
-    struct seq *seqs;               /* [max_seqs], index == KV slot */
-    struct engine_request *waiting; /* FIFO of admitted-but-slotless requests */
-    int64_t n_waiting;
-    struct fwd_input *inputs;
-    int *input_seq;
-    float *scratch; /* V floats for logprobs */
-    char *piece;    /* [piece_cap] one token's text */
-    char *text_out; /* [piece_cap + STOP_HOLD_MAX] text released by the stop filter */
-    size_t piece_cap;
-    int64_t *evicted_before; /* [max_seqs] per step input */
-    struct engine_stats stats;
-    int pushed; /* events pushed since the last wake */
-};
 
 struct engine_config engine_default_config(void)
 {
@@ -766,133 +711,10 @@ static void publish_stats(struct engine *e)
 
 /* ---- thread and lifecycle ----------------------------------------------- */
 
-/* The load-time sink probe (every slot is free now). */
-static void run_probe(struct engine *e)
-{
-    struct engine_model_info *in = &e->info;
-    int32_t ids[1024];
-    struct probe_result pr;
-    in->probe_sink_rate = in->probe_first_mass = -1.0f;
-    int64_t n = tok_encode(e->tok, probe_builtin_text, strlen(probe_builtin_text),
-                           tok_add_bos(e->tok), 0, ids, 1024);
-    if (n <= 0 || n > 1024 || probe_run(&e->fwd, ids, n, &pr) < 0)
-        return;
-    double mass = 0;
-    for (int i = 0; i < pr.n_layer * pr.n_head; i++)
-        mass += pr.mass1[i];
-    in->probe_sink_rate = pr.sink_rate;
-    in->probe_first_mass = (float)(mass / (pr.n_layer * pr.n_head));
-    in->probe_warning =
-        e->model.hp.normalizer != MODEL_NORM_SOFTMAX && pr.sink_rate > PROBE_WARN_RATE;
-    probe_free(&pr);
-}
-
-static int load(struct engine *e)
-{
-    char *err = e->start_err;
-    size_t el = sizeof e->start_err;
-    int rc = model_open(&e->model, e->cfg.model_path, e->cfg.no_mmap ? MODEL_NO_MMAP : 0, err, el);
-    if (rc < 0)
-        return rc;
-    rc = tok_load(&e->tok, &e->model.gguf, err, el);
-    if (rc < 0)
-        return rc;
-    /* one token's text, streamed: its bytes, up to 3 per byte when they are
-     * not UTF-8 (U+FFFD), and a held-back tail of up to 4 (tok_stream_push) */
-    size_t max_piece = 0;
-    for (int64_t id = 0; id < tok_n_vocab(e->tok); id++) {
-        size_t len = 0;
-        if (tok_piece(e->tok, (int32_t)id, &len) && len > max_piece)
-            max_piece = len;
-    }
-    e->piece_cap = 3 * (max_piece + 4) + 16;
-    e->piece = malloc(e->piece_cap);
-    e->text_out = malloc(e->piece_cap + STOP_HOLD_MAX);
-    if (!e->piece || !e->text_out) {
-        snprintf(err, el, "engine: out of memory");
-        return -ENOMEM;
-    }
-    const struct model_hparams *hp = &e->model.hp;
-    if (e->cfg.window <= 0 || e->cfg.window > hp->n_ctx_train)
-        e->cfg.window = hp->n_ctx_train;
-    struct backend_config bc = {.kind = engine__backend_kind(e->cfg.backend),
-                                .n_threads = e->cfg.n_threads,
-                                .max_tokens = e->cfg.max_step_tokens};
-    rc = backend_init(&e->backend, &e->model, &bc, err, el);
-    if (rc < 0)
-        return rc;
-    e->have_backend = 1;
-    struct kv_geometry g = {
-        .n_layer = hp->n_layer,
-        .n_kv_head = hp->n_head_kv,
-        .head_dim = hp->head_dim,
-        .n_sinks = e->cfg.max_sinks,
-        .window = e->cfg.window,
-        .chunk = e->cfg.chunk,
-        .n_slots = e->cfg.max_seqs,
-        .dtype = engine__kv_dtype(e->cfg.kv_dtype),
-    };
-    rc = fwd_init(&e->fwd, &e->model, &e->backend, &g, err, el);
-    if (rc < 0)
-        return rc;
-    e->have_fwd = 1;
-    e->seqs = calloc((size_t)e->cfg.max_seqs, sizeof *e->seqs);
-    e->waiting = calloc((size_t)(e->cfg.max_seqs + e->cfg.max_queue), sizeof *e->waiting);
-    e->inputs = calloc((size_t)e->cfg.max_seqs, sizeof *e->inputs);
-    e->input_seq = calloc((size_t)e->cfg.max_seqs, sizeof *e->input_seq);
-    e->evicted_before = calloc((size_t)e->cfg.max_seqs, sizeof *e->evicted_before);
-    e->scratch = calloc((size_t)hp->n_vocab, sizeof(float));
-    if (!e->seqs || !e->waiting || !e->inputs || !e->input_seq || !e->scratch ||
-        !e->evicted_before) {
-        snprintf(err, el, "engine: out of memory");
-        return -ENOMEM;
-    }
-
-    struct engine_model_info *in = &e->info;
-    snprintf(in->name, sizeof in->name, "%s", hp->name);
-    snprintf(in->arch, sizeof in->arch, "%s", hp->arch);
-    snprintf(in->normalizer, sizeof in->normalizer, "%s", model_normalizer_name(hp->normalizer));
-    e->default_policy =
-        kv_policy_resolve(engine__kv_policy(e->cfg.policy), hp->normalizer == MODEL_NORM_SOFTMAX);
-    if (kv_policy_sinks(&e->default_policy) > e->cfg.max_sinks) {
-        snprintf(err, el, "engine: policy needs %lld sinks, more than --max-sinks %lld",
-                 (long long)kv_policy_sinks(&e->default_policy), (long long)e->cfg.max_sinks);
-        return -EINVAL;
-    }
-    if (e->default_policy.kind == KV_POLICY_RECOMPUTE) {
-        snprintf(err, el, "engine: recompute is an evaluation policy (streamsink perplexity)");
-        return -EINVAL;
-    }
-    kv_policy_name(&e->default_policy, in->default_policy, sizeof in->default_policy);
-    in->n_ctx_train = hp->n_ctx_train;
-    in->n_vocab = hp->n_vocab;
-    in->window = e->cfg.window;
-    in->max_seqs = e->cfg.max_seqs;
-    const struct gguf_kv *kv = gguf_find_kv(&e->model.gguf, "tokenizer.chat_template");
-    if (kv && kv->type == GGUF_TYPE_STRING) {
-        struct gguf_str str;
-        if (gguf_get_str(&e->model.gguf, "tokenizer.chat_template", &str) == 0) {
-            char *t = malloc(str.len + 1);
-            if (t) {
-                memcpy(t, str.ptr, str.len);
-                t[str.len] = 0;
-            }
-            in->chat_template = t;
-        }
-    }
-    in->bos = tok_bos(e->tok);
-    in->add_bos = tok_add_bos(e->tok);
-    in->eos = tok_eos(e->tok);
-    run_probe(e);
-    e->stats.healthy = 1;
-    e->stats.kv_bytes = (int64_t)(2 * kv_geometry_slot_bytes(&g) * (size_t)g.n_slots);
-    return 0;
-}
-
 static void *engine_main(void *arg)
 {
     struct engine *e = arg;
-    int rc = load(e);
+    int rc = engine__load(e);
     pthread_mutex_lock(&e->start_mu);
     e->started = 1;
     e->start_rc = rc;
@@ -1008,11 +830,6 @@ int engine_start(struct engine **out, const struct engine_config *cfg, void (*wa
     }
     *out = e;
     return 0;
-}
-
-const struct engine_model_info *engine_model_info(const struct engine *e)
-{
-    return &e->info;
 }
 
 int engine_submit(struct engine *e, struct engine_request *req)

@@ -1,0 +1,88 @@
+/*
+ * engine_impl.h: what the engine thread's files share: struct engine (one per
+ * engine_start, owned by its thread after start) and struct seq (one per KV
+ * slot). Internal to engine/:
+ *   engine.c       the scheduler: admit, step, emit, retire; the thread
+ *   engine_load.c  the model, tokenizer, backend and buffers; engine_model_info
+ */
+#ifndef SS_ENGINE_IMPL_H
+#define SS_ENGINE_IMPL_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend.h"
+#include "engine.h"
+#include "forward.h"
+#include "kvcache.h"
+#include "model.h"
+#include "queue.h"
+#include "sampler.h"
+#include "stop.h"
+#include "tokenizer.h"
+
+enum seq_state {
+    SEQ_FREE = 0, /* slot unused */
+    SEQ_RUNNING,  /* serving a request: prefilling or decoding */
+    SEQ_IDLE,     /* a session between requests: keeps its KV */
+};
+
+struct seq {
+    enum seq_state state;
+    uint64_t id; /* request id while RUNNING */
+    struct engine_request req;
+    struct kv_seq kv;
+    int32_t *prompt; /* tokens still to feed: [pending session token] + prompt */
+    int64_t n_prompt, n_fed;
+    int32_t next_tok; /* sampled, emitted, not yet fed */
+    int has_next;
+    struct sampler smp;
+    int has_smp;
+    struct tok_stream ts;
+    struct stop_filter stop; /* holds text that may start a stop string */
+    int64_t n_gen, usage_prompt;
+    int paused;
+    char session[ENGINE_SESSION_ID_MAX];
+    double last_used;
+};
+
+struct engine {
+    struct engine_config cfg;
+    struct engine_model_info info;
+    struct model model;
+    struct tokenizer *tok;
+    struct backend backend;
+    struct fwd fwd;
+    int have_backend, have_fwd;
+    struct kv_policy default_policy;
+    struct queue q;
+    void (*wake)(void *);
+    void *wake_arg;
+    pthread_t thread;
+    /* start handshake */
+    pthread_mutex_t start_mu;
+    pthread_cond_t start_cv;
+    int started, start_rc;
+    char start_err[256];
+    /* engine-thread state */
+    struct seq *seqs;               /* [max_seqs], index == KV slot */
+    struct engine_request *waiting; /* FIFO of admitted-but-slotless requests */
+    int64_t n_waiting;
+    struct fwd_input *inputs;
+    int *input_seq;
+    float *scratch; /* V floats for logprobs */
+    char *piece;    /* [piece_cap] one token's text */
+    char *text_out; /* [piece_cap + STOP_HOLD_MAX] text released by the stop filter */
+    size_t piece_cap;
+    int64_t *evicted_before; /* [max_seqs] per step input */
+    struct engine_stats stats;
+    int pushed; /* events pushed since the last wake */
+};
+
+/* Runs on the engine thread before it serves: opens the model and builds
+ * everything the scheduler uses, filling e->info. Returns 0 or -errno with a
+ * message in e->start_err; engine_free cleans up either way. */
+int engine__load(struct engine *e);
+
+#endif

@@ -5,6 +5,7 @@ the official openai client where it can show the effect."""
 
 import json
 import os
+import re
 import signal
 import socket
 import threading
@@ -19,8 +20,9 @@ KEY = "sk-hostile-test-key"
 
 
 def responses(raw):
-    """Every status line in a byte stream of responses."""
-    return [l for l in raw.split(b"\r\n") if l.startswith(b"HTTP/1.")]
+    """Every status line in a byte stream of responses (a response may follow
+    the previous body with no line break in between)."""
+    return re.findall(rb"HTTP/1\.[01] \d{3} ", raw)
 
 
 def rss_kib(pid):

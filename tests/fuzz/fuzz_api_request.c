@@ -162,7 +162,9 @@ static void check_request(const struct api_parse_ctx *ctx, enum api_endpoint ep,
 {
     int64_t n_vocab = ctx->model ? ctx->model->n_vocab : INT32_MAX;
 
-    if (r->id != ctx->id || m->endpoint != ep || !r->add_bos || !r->parse_special)
+    /* text prompts get the model's BOS; token ids are taken as sent */
+    if (r->id != ctx->id || m->endpoint != ep || r->add_bos != (r->prompt != NULL) ||
+        !r->parse_special)
         fail("request id, endpoint or flags", NULL);
     if (r->prompt) {
         if (r->prompt_ids || r->prompt[r->prompt_len] != 0 || strlen(r->prompt) != r->prompt_len)

@@ -28,6 +28,7 @@
  *   build-fuzz/tests/fuzz/fuzz_api_request <corpus dir> -max_total_time=60
  */
 #include "api.h"
+#include "../utf8_check.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -63,43 +64,6 @@ static int terminated(const char *s, size_t cap)
     return memchr(s, 0, cap) != NULL;
 }
 
-/* 1 if the string is valid UTF-8 (no overlongs, surrogates or values past 10FFFF). */
-static int valid_utf8(const char *str)
-{
-    const unsigned char *s = (const unsigned char *)str;
-    size_t n = strlen(str);
-    for (size_t i = 0; i < n;) {
-        unsigned c = s[i];
-        size_t k;
-        unsigned v;
-        if (c < 0x80) {
-            i++;
-            continue;
-        }
-        if (c >= 0xC2 && c <= 0xDF)
-            k = 1;
-        else if (c >= 0xE0 && c <= 0xEF)
-            k = 2;
-        else if (c >= 0xF0 && c <= 0xF4)
-            k = 3;
-        else
-            return 0;
-        if (i + k + 1 > n)
-            return 0;
-        v = c & (0x3F >> k);
-        for (size_t j = 1; j <= k; j++) {
-            if ((s[i + j] & 0xC0) != 0x80)
-                return 0;
-            v = v << 6 | (s[i + j] & 0x3F);
-        }
-        if ((k == 2 && (v < 0x800 || (v >= 0xD800 && v <= 0xDFFF))) ||
-            (k == 3 && (v < 0x10000 || v > 0x10FFFF)))
-            return 0;
-        i += k + 1;
-    }
-    return 1;
-}
-
 static void check_error(int rc, const struct engine_request *out, const struct api_error *e)
 {
     static const struct engine_request zero;
@@ -128,9 +92,10 @@ static void check_error(int rc, const struct engine_request *out, const struct a
     const cJSON *code = cJSON_GetObjectItemCaseSensitive(err, "code");
     if (!cJSON_IsString(msg) || !msg->valuestring[0] || !cJSON_IsString(type) || !param || !code)
         fail("api_error_json does not give the error object", e);
-    if (valid_utf8(e->message) && strcmp(msg->valuestring, e->message) != 0)
+    if (test_valid_utf8((const unsigned char *)e->message, strlen(e->message)) &&
+        strcmp(msg->valuestring, e->message) != 0)
         fail("api_error_json changed a valid message", e);
-    if (!valid_utf8(json))
+    if (!test_valid_utf8((const unsigned char *)json, strlen(json)))
         fail("api_error_json is not valid UTF-8", e);
     if (e->param[0] ? !cJSON_IsString(param) : !cJSON_IsNull(param))
         fail("error param is not a string or null as it should be", e);

@@ -25,6 +25,7 @@
  */
 #include "gguf.h"
 #include "tokenizer.h"
+#include "../utf8_check.h"
 
 #include <fcntl.h>
 #include <stdio.h>
@@ -120,41 +121,6 @@ static void setup(void)
     }
 }
 
-/* 1 if s[0..n) is valid UTF-8 (no overlongs, surrogates or values past 10FFFF). */
-static int valid_utf8(const unsigned char *s, size_t n)
-{
-    for (size_t i = 0; i < n;) {
-        unsigned c = s[i];
-        size_t k;
-        unsigned v;
-        if (c < 0x80) {
-            i++;
-            continue;
-        }
-        if (c >= 0xC2 && c <= 0xDF)
-            k = 1;
-        else if (c >= 0xE0 && c <= 0xEF)
-            k = 2;
-        else if (c >= 0xF0 && c <= 0xF4)
-            k = 3;
-        else
-            return 0;
-        if (i + k + 1 > n)
-            return 0;
-        v = c & (0x3F >> k);
-        for (size_t j = 1; j <= k; j++) {
-            if ((s[i + j] & 0xC0) != 0x80)
-                return 0;
-            v = v << 6 | (s[i + j] & 0x3F);
-        }
-        if ((k == 2 && (v < 0x800 || (v >= 0xD800 && v <= 0xDFFF))) ||
-            (k == 3 && (v < 0x10000 || v > 0x10FFFF)))
-            return 0;
-        i += k + 1;
-    }
-    return 1;
-}
-
 /* Streams ids through tok_stream_push; checks every piece is valid UTF-8 and,
  * when want is valid UTF-8, that the pieces add up to it exactly. */
 static void check_stream(const int32_t *ids, int64_t n, const char *want, size_t want_len,
@@ -163,7 +129,7 @@ static void check_stream(const int32_t *ids, int64_t n, const char *want, size_t
     struct tok_stream st = {0};
     size_t cap = 3 * T.max_piece + 8;
     char *buf = malloc(cap);
-    int exact = valid_utf8((const unsigned char *)want, want_len);
+    int exact = test_valid_utf8((const unsigned char *)want, want_len);
     size_t got = 0;
 
     if (!buf)
@@ -173,7 +139,7 @@ static void check_stream(const int32_t *ids, int64_t n, const char *want, size_t
             i < n ? tok_stream_push(T.t, &st, ids[i], buf, cap) : tok_stream_flush(&st, buf, cap);
         if (w < 0)
             fail("tok_stream_push failed on a valid id with a big enough buffer", text, len);
-        if (!valid_utf8((const unsigned char *)buf, (size_t)w))
+        if (!test_valid_utf8((const unsigned char *)buf, (size_t)w))
             fail("the stream emitted invalid UTF-8", text, len);
         if (exact && (got + (size_t)w > want_len || memcmp(want + got, buf, (size_t)w) != 0))
             fail("the stream differs from the decoded text", text, len);

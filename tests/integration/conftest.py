@@ -199,6 +199,15 @@ def parse_response(raw):
     return status, headers, body
 
 
+def rss_kib(pid):
+    """Resident memory of a process (VmRSS), in KiB."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
 def run_cli(binary, model, prompt, n):
     """`streamsink run` greedy output: the independent path the server must match."""
     r = subprocess.run([binary, "run", "-m", model, "-p", prompt, "-n", str(n)],

@@ -14,7 +14,7 @@ import time
 import openai
 import pytest
 
-from conftest import ENDLESS, ENDLESS_CHAT, parse_response, read_until_quiet
+from conftest import ENDLESS, ENDLESS_CHAT, parse_response, read_until_quiet, rss_kib
 
 KEY = "sk-hostile-test-key"
 
@@ -23,14 +23,6 @@ def responses(raw):
     """Every status line in a byte stream of responses (a response may follow
     the previous body with no line break in between)."""
     return re.findall(rb"HTTP/1\.[01] \d{3} ", raw)
-
-
-def rss_kib(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise AssertionError("no VmRSS")
 
 
 # ---- strict framing ---------------------------------------------------------------

@@ -30,7 +30,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from conftest import ENDLESS, ENDLESS_CHAT
+from conftest import ENDLESS, ENDLESS_CHAT, rss_kib
 
 SCALE = float(os.environ.get("STREAMSINK_SOAK_SCALE", "1"))
 SEED = int(os.environ.get("STREAMSINK_SOAK_SEED", "20251201"))
@@ -214,14 +214,6 @@ def text_of(events):
 
 def set_rst_on_close(sock):
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-
-
-def rss_kib(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise AssertionError("no VmRSS")
 
 
 # ---- the requests ----------------------------------------------------------------------

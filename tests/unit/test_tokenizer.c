@@ -16,6 +16,7 @@
 
 #include "gguf.h"
 #include "tokenizer.h"
+#include "utf8_check.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -123,41 +124,6 @@ static char *decode(const struct tokenizer *t, const int32_t *ids, int64_t n, si
     }
     out[*len] = '\0';
     return out;
-}
-
-/* 1 if s[0..n) is valid UTF-8 (no overlongs, surrogates or values past 10FFFF). */
-static int valid_utf8(const unsigned char *s, size_t n)
-{
-    for (size_t i = 0; i < n;) {
-        unsigned c = s[i];
-        size_t k;
-        unsigned v;
-        if (c < 0x80) {
-            i++;
-            continue;
-        }
-        if (c >= 0xC2 && c <= 0xDF)
-            k = 1;
-        else if (c >= 0xE0 && c <= 0xEF)
-            k = 2;
-        else if (c >= 0xF0 && c <= 0xF4)
-            k = 3;
-        else
-            return 0;
-        if (i + k + 1 > n)
-            return 0;
-        v = c & (0x3F >> k);
-        for (size_t j = 1; j <= k; j++) {
-            if ((s[i + j] & 0xC0) != 0x80)
-                return 0;
-            v = v << 6 | (s[i + j] & 0x3F);
-        }
-        if ((k == 2 && (v < 0x800 || (v >= 0xD800 && v <= 0xDFFF))) ||
-            (k == 3 && (v < 0x10000 || v > 0x10FFFF)))
-            return 0;
-        i += k + 1;
-    }
-    return 1;
 }
 
 static double now_s(void)
@@ -419,8 +385,8 @@ static int stream_equals(const struct tokenizer *t, const int32_t *ids, int64_t 
 
     for (int64_t i = 0; i < n && ok; i++) {
         int64_t w = tok_stream_push(t, &st, ids[i], buf, sizeof buf);
-        if (w < 0 || !valid_utf8((unsigned char *)buf, (size_t)w) || got + (size_t)w > want_len ||
-            memcmp(want + got, buf, (size_t)w) != 0)
+        if (w < 0 || !test_valid_utf8((unsigned char *)buf, (size_t)w) ||
+            got + (size_t)w > want_len || memcmp(want + got, buf, (size_t)w) != 0)
             ok = 0;
         else
             got += (size_t)w;

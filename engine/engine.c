@@ -10,11 +10,9 @@
  * stalls running streams), then sample, emit events and retire finished
  * requests. Sequences are found by request id; nothing here knows HTTP.
  *
- * Sessions: a request with a session_id continues that session's stream in
- * the same KV slot: its prompt is appended after everything the session has
- * seen (including the last generated token). An idle session keeps its slot
- * until it expires or its slot is needed by a new sequence (least recently
- * used first).
+ * Sessions (session.c): a request with a session_id continues that
+ * session's stream in the same KV slot: its prompt is appended after
+ * everything the session has seen (including the last generated token).
  *
  * struct engine and struct seq are in engine_impl.h; loading the model and
  * filling engine_model_info is in engine_load.c.
@@ -35,6 +33,7 @@
 #include "model.h"
 #include "options.h"
 #include "queue.h"
+#include "session.h"
 #include "stop.h"
 #include "tokenizer.h"
 
@@ -144,7 +143,7 @@ static void seq_clear_request(struct seq *s)
     s->id = 0;
 }
 
-static void seq_release(struct engine *e, struct seq *s)
+void engine__seq_release(struct engine *e, struct seq *s)
 {
     seq_clear_request(s);
     kv_pool_release(&e->fwd.pool, s->kv.slot);
@@ -188,10 +187,9 @@ static void seq_finish(struct engine *e, struct seq *s, enum engine_finish why, 
     queue_request_done(&e->q);
     if (s->session[0]) {
         seq_clear_request(s);
-        s->state = SEQ_IDLE;
-        s->last_used = now_s();
+        session_park(s, now_s());
     } else {
-        seq_release(e, s);
+        engine__seq_release(e, s);
     }
 }
 
@@ -200,41 +198,6 @@ static struct seq *find_running(struct engine *e, uint64_t id)
     for (int64_t i = 0; i < e->cfg.max_seqs; i++)
         if (e->seqs[i].state == SEQ_RUNNING && e->seqs[i].id == id)
             return &e->seqs[i];
-    return NULL;
-}
-
-static struct seq *find_session(struct engine *e, const char *sid)
-{
-    for (int64_t i = 0; i < e->cfg.max_seqs; i++)
-        if (e->seqs[i].state != SEQ_FREE && strcmp(e->seqs[i].session, sid) == 0)
-            return &e->seqs[i];
-    return NULL;
-}
-
-/* A free slot, or the least recently used idle session's slot; NULL if none. */
-static struct seq *take_slot(struct engine *e)
-{
-    struct seq *lru = NULL;
-    for (int64_t i = 0; i < e->cfg.max_seqs; i++) {
-        struct seq *s = &e->seqs[i];
-        if (s->state == SEQ_FREE) {
-            int64_t slot;
-            if (kv_pool_acquire(&e->fwd.pool, &slot) < 0)
-                return NULL;
-            s->kv.slot = slot;
-            return s;
-        }
-        if (s->state == SEQ_IDLE && (!lru || s->last_used < lru->last_used))
-            lru = s;
-    }
-    if (lru) {
-        seq_release(e, lru);
-        int64_t slot;
-        if (kv_pool_acquire(&e->fwd.pool, &slot) < 0)
-            return NULL;
-        lru->kv.slot = slot;
-        return lru;
-    }
     return NULL;
 }
 
@@ -442,7 +405,7 @@ static int admit_into(struct engine *e, struct seq *s, struct engine_request *r,
 static int try_admit(struct engine *e, struct engine_request *r)
 {
     if (r->session_id[0]) {
-        struct seq *s = find_session(e, r->session_id);
+        struct seq *s = session_find(e, r->session_id);
         if (s && s->state == SEQ_RUNNING) {
             emit_error(e, r->id, 409, "session_id", "session_busy",
                        "this session is busy with another request");
@@ -458,7 +421,7 @@ static int try_admit(struct engine *e, struct engine_request *r)
             return 1;
         }
     }
-    struct seq *s = take_slot(e);
+    struct seq *s = session_take_slot(e);
     if (!s)
         return 0;
     if (admit_into(e, s, r, 1) < 0) {
@@ -529,16 +492,6 @@ static void admit_waiting(struct engine *e)
             e->waiting[j++] = e->waiting[i]; /* keep FIFO order */
     }
     e->n_waiting = j;
-}
-
-static void expire_sessions(struct engine *e)
-{
-    double t = now_s();
-    for (int64_t i = 0; i < e->cfg.max_seqs; i++) {
-        struct seq *s = &e->seqs[i];
-        if (s->state == SEQ_IDLE && t - s->last_used > (double)e->cfg.session_idle_s)
-            seq_release(e, s);
-    }
 }
 
 /* ---- one step ----------------------------------------------------------- */
@@ -624,7 +577,7 @@ static void fail_all_running(struct engine *e, const char *msg)
             emit_error(e, s->id, 500, NULL, NULL, msg);
             queue_request_done(&e->q);
             s->session[0] = 0;
-            seq_release(e, s);
+            engine__seq_release(e, s);
         }
     }
 }
@@ -739,7 +692,7 @@ static void *engine_main(void *arg)
             e->wake(e->wake_arg);
         }
         if (!ran && now_s() - last_expire > 1.0) {
-            expire_sessions(e);
+            session_expire(e, now_s());
             last_expire = now_s();
         }
     }

@@ -4,6 +4,7 @@
  * slot). Internal to engine/:
  *   engine.c       the scheduler: admit, step, emit, retire; the thread
  *   engine_load.c  the model, tokenizer, backend and buffers; engine_model_info
+ *   session.c      sessions: parked slots, LRU, idle expiry (session.h)
  */
 #ifndef SS_ENGINE_IMPL_H
 #define SS_ENGINE_IMPL_H
@@ -84,5 +85,7 @@ struct engine {
  * everything the scheduler uses, filling e->info. Returns 0 or -errno with a
  * message in e->start_err; engine_free cleans up either way. */
 int engine__load(struct engine *e);
+/* Frees what s holds (request, KV slot, session name): s becomes SEQ_FREE. */
+void engine__seq_release(struct engine *e, struct seq *s);
 
 #endif

@@ -18,7 +18,7 @@ struct seq *session_take_slot(struct engine *e)
         struct seq *s = &e->seqs[i];
         if (s->state == SEQ_FREE) {
             int64_t slot;
-            if (kv_pool_acquire(&e->fwd.pool, &slot) < 0)
+            if (kv_pool_acquire(&e->dec.fwd.pool, &slot) < 0)
                 return NULL;
             s->kv.slot = slot;
             return s;
@@ -29,7 +29,7 @@ struct seq *session_take_slot(struct engine *e)
     if (lru) {
         engine__seq_release(e, lru);
         int64_t slot;
-        if (kv_pool_acquire(&e->fwd.pool, &slot) < 0)
+        if (kv_pool_acquire(&e->dec.fwd.pool, &slot) < 0)
             return NULL;
         lru->kv.slot = slot;
         return lru;

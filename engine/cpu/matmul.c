@@ -8,6 +8,7 @@
  */
 #include "matmul.h"
 #include "matmul_impl.h"
+#include "matmul_kquant.h"
 
 #include <assert.h>
 #include <cpuid.h>
@@ -110,8 +111,14 @@ void cpu_matmul_rows(enum cpu_isa isa, enum qtype t, const void *restrict w, int
 {
     assert(qtype_supported(t) && (!is_quantized(t) || k % QK == 0));
     assert(0 <= n0 && n0 <= n1 && (T <= 1 || ldy >= n1));
-    if (qtype_is_k(t))
-        isa = CPU_ISA_SCALAR; /* Q5_0 and the K-quants: the reference only, for now */
+    if (qtype_is_k(t) && isa == CPU_ISA_AVX512) {
+        cpu__matmul_rows_kquant_avx512(t, w, k, n0, n1, act, T, y, ldy, cpu__has_vnni());
+        return;
+    }
+    if (qtype_is_k(t) && isa == CPU_ISA_AVX2) {
+        cpu__matmul_rows_kquant_avx2(t, w, k, n0, n1, act, T, y, ldy);
+        return;
+    }
     switch (isa) {
     case CPU_ISA_AVX512:
         cpu__matmul_rows_avx512(t, w, k, n0, n1, act, T, y, ldy, cpu__has_vnni());

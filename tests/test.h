@@ -126,6 +126,33 @@ static inline const char *test_model_path(void)
     return buf;
 }
 
+/* Path of the Gemma 3 270M file (env STREAMSINK_GEMMA_MODEL, else the cache
+ * path of `scripts/fetch-model.sh gemma3-270m`). */
+static inline const char *test_gemma_model_path(void)
+{
+    const char *p = getenv("STREAMSINK_GEMMA_MODEL");
+    if (p && *p)
+        return p;
+    static char buf[4096];
+    const char *home = getenv("XDG_CACHE_HOME");
+    if (home && *home)
+        snprintf(buf, sizeof buf, "%s/streamsink/gemma-3-270m-q4_k_m.gguf", home);
+    else
+        snprintf(buf, sizeof buf, "%s/.cache/streamsink/gemma-3-270m-q4_k_m.gguf",
+                 getenv("HOME") ? getenv("HOME") : "/tmp");
+    return buf;
+}
+
+/* Skips the current test when the Gemma model file is absent; a file that is
+ * present must then load, or the test fails. */
+#define TEST_NEED_GEMMA_MODEL()                                                                    \
+    do {                                                                                           \
+        FILE *f_ = fopen(test_gemma_model_path(), "rb");                                           \
+        if (!f_)                                                                                   \
+            TEST_SKIP("no Gemma model file (run scripts/fetch-model.sh gemma3-270m)");             \
+        fclose(f_);                                                                                \
+    } while (0)
+
 /* Skips the current test when the default model file is absent. */
 #define TEST_NEED_MODEL()                                                                          \
     do {                                                                                           \

@@ -6,7 +6,9 @@
  * nor as failed); SKIP(why) exits the whole binary with 77 (ctest's
  * SKIP_RETURN_CODE), which is also the exit code when every test skipped.
  * TEST_NEED_MODEL() skips a test when the default model file is absent; a
- * file that is present must then load, or the test fails.
+ * file that is present must then load, or the test fails (TEST_LOAD_MODEL
+ * does both). The shared helpers (model path, RNG, GGUF writer, tiny model,
+ * engine rig) are in support/, linked into every test as ss_test_support.
  */
 #ifndef SS_TEST_H
 #define SS_TEST_H
@@ -16,6 +18,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "support/model_file.h"
 
 typedef void (*test_fn)(int *failed);
 struct test_case {
@@ -109,40 +113,6 @@ static int test_count;
         return nfailed ? 1 : passed == 0 && skipped > 0 ? 77 : 0;                                  \
     }
 
-/* Path of the default model (env STREAMSINK_MODEL, else the cache path of
- * scripts/fetch-model.sh). */
-static inline const char *test_model_path(void)
-{
-    const char *p = getenv("STREAMSINK_MODEL");
-    if (p && *p)
-        return p;
-    static char buf[4096];
-    const char *home = getenv("XDG_CACHE_HOME");
-    if (home && *home)
-        snprintf(buf, sizeof buf, "%s/streamsink/SmolLM2-135M-Instruct.Q4_1.gguf", home);
-    else
-        snprintf(buf, sizeof buf, "%s/.cache/streamsink/SmolLM2-135M-Instruct.Q4_1.gguf",
-                 getenv("HOME") ? getenv("HOME") : "/tmp");
-    return buf;
-}
-
-/* Path of the Gemma 3 270M file (env STREAMSINK_GEMMA_MODEL, else the cache
- * path of `scripts/fetch-model.sh gemma3-270m`). */
-static inline const char *test_gemma_model_path(void)
-{
-    const char *p = getenv("STREAMSINK_GEMMA_MODEL");
-    if (p && *p)
-        return p;
-    static char buf[4096];
-    const char *home = getenv("XDG_CACHE_HOME");
-    if (home && *home)
-        snprintf(buf, sizeof buf, "%s/streamsink/gemma-3-270m-q4_k_m.gguf", home);
-    else
-        snprintf(buf, sizeof buf, "%s/.cache/streamsink/gemma-3-270m-q4_k_m.gguf",
-                 getenv("HOME") ? getenv("HOME") : "/tmp");
-    return buf;
-}
-
 /* Skips the current test when the Gemma model file is absent; a file that is
  * present must then load, or the test fails. */
 #define TEST_NEED_GEMMA_MODEL()                                                                    \
@@ -160,6 +130,16 @@ static inline const char *test_gemma_model_path(void)
         if (!f_)                                                                                   \
             TEST_SKIP("no model file (run scripts/fetch-model.sh)");                               \
         fclose(f_);                                                                                \
+    } while (0)
+
+/* Loads the default model into *(m) with engine/model.h's model_load (err is
+ * a char array): skips the current test when the file is absent, fails it
+ * when the file is present but does not load. */
+#define TEST_LOAD_MODEL(m, err)                                                                    \
+    do {                                                                                           \
+        TEST_NEED_MODEL();                                                                         \
+        if (model_load((m), test_model_path(), (err), sizeof(err)) < 0)                            \
+            FAIL_AT("%s is present but does not load: %s", test_model_path(), (err));              \
     } while (0)
 
 #endif

@@ -8,7 +8,7 @@
  *              [--batches 1,16,64] [--steps N] [--attn-reps N]
  *
  * --synthetic builds random weights with SmolLM2-135M's shapes in memory
- * (tests/tiny_model.h: 30 layers, D 576, 9/3 heads of 64, FFN 1536, vocab
+ * (tests/support/tiny_model.h: 30 layers, D 576, 9/3 heads of 64, FFN 1536, vocab
  * 49152, Q8_0 matrices): the same work per token as the real file, for
  * machines the 98 MB file cannot be carried to. Speed does not depend on the
  * values (the CUDA backend multiplies FP16 copies either way).
@@ -38,7 +38,7 @@
 #include "forward.h"
 #include "kvcache.h"
 #include "model.h"
-#include "tests/tiny_model.h"
+#include "tests/support/tiny_model.h"
 
 #define MAX_BATCHES 8
 #define MAX_SEQS 256

@@ -84,6 +84,10 @@
  */
 #include "cuda_emu.h"
 
+extern "C" {
+#include "support/rng.h"
+}
+
 #include "cuda/kernel_args.cuh"
 /* The kernels in their own namespace: when the build has CUDA, ss_engine's
  * attention.cu host stubs carry the global names. */
@@ -139,16 +143,9 @@ static bool g_cov[COV_N];
 /* ---- deterministic random numbers ------------------------------------------------------------ */
 
 static uint64_t g_rng = 0x5eed5eed12345678ull;
-static double urand()
-{
-    return (double)(cuda_emu::splitmix(g_rng) >> 11) * 0x1p-53;
-}
 static float nrand(double sigma)
 {
-    double u1 = urand(), u2 = urand();
-    if (u1 < 1e-300)
-        u1 = 1e-300;
-    return (float)(sigma * sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+    return (float)(sigma * test_rng_normal(&g_rng));
 }
 
 /* ---- KV element helpers ---------------------------------------------------------------------- */

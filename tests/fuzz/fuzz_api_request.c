@@ -28,7 +28,7 @@
  *   build-fuzz/tests/fuzz/fuzz_api_request <corpus dir> -max_total_time=60
  */
 #include "api.h"
-#include "../utf8_check.h"
+#include "../support/utf8_check.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>

@@ -25,7 +25,8 @@
  */
 #include "gguf.h"
 #include "tokenizer.h"
-#include "../utf8_check.h"
+#include "../support/model_file.h"
+#include "../support/utf8_check.h"
 
 #include <fcntl.h>
 #include <stdio.h>
@@ -92,19 +93,8 @@ static int load(const char *path)
 
 static void setup(void)
 {
-    char path[4096];
-    const char *model = getenv("STREAMSINK_MODEL");
-    const char *cache = getenv("XDG_CACHE_HOME");
-    const char *home = getenv("HOME");
-
-    /* where scripts/fetch-model.sh leaves it, as tests/test.h finds it */
-    if (model && model[0])
-        snprintf(path, sizeof path, "%s", model);
-    else if (cache && cache[0])
-        snprintf(path, sizeof path, "%s/streamsink/SmolLM2-135M-Instruct.Q4_1.gguf", cache);
-    else
-        snprintf(path, sizeof path, "%s/.cache/streamsink/SmolLM2-135M-Instruct.Q4_1.gguf",
-                 home ? home : "/root");
+    /* where scripts/fetch-model.sh leaves it, as the tests find it */
+    const char *path = test_model_path();
     if (load(path) < 0 && load(SS_FIXTURES_DIR "/norm_softmax.gguf") < 0) {
         fprintf(stderr, "fuzz_tokenizer: no vocabulary could be loaded\n");
         exit(1);

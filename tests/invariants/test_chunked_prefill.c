@@ -2,7 +2,7 @@
  * test_chunked_prefill.c: DESIGN.md invariant 2, decoding a prompt token by
  * token == prefilling it in chunks of any size.
  *
- * On the tiny random model (tests/tiny_model.h) for chunk sizes 1, 2, 3, 7,
+ * On the tiny random model (tests/support/tiny_model.h) for chunk sizes 1, 2, 3, 7,
  * 16, 64, windows W = 8, 16, 33, 100 and the policies window, sinks:1 and
  * sinks:4, with prompts longer than W so that keys are evicted inside a chunk
  * (a chunk's later rows must not see keys its earlier rows saw, and the ring
@@ -25,7 +25,7 @@
 #include "engine/model.h"
 #include "engine/tokenizer.h"
 #include "test.h"
-#include "tiny_model.h"
+#include "support/tiny_model.h"
 
 /*
  * Tiny model tolerance. On one thread every float operation of a row is the
@@ -252,9 +252,7 @@ TEST(smollm2_chunked_prefill_equals_token_by_token)
     struct model m;
     char err[256];
     memset(&m, 0, sizeof m);
-    TEST_NEED_MODEL();
-    if (model_load(&m, test_model_path(), err, sizeof err) < 0)
-        FAIL_AT("the model file is present but does not load: %s", err);
+    TEST_LOAD_MODEL(&m, err);
     struct tokenizer *tok = NULL;
     ASSERT_OK(tok_load(&tok, &m.gguf, err, sizeof err));
     int32_t toks[SMOL_N];

@@ -42,7 +42,8 @@
 #include "engine/model.h"
 #include "kvcache/kvcache.h"
 #include "test.h"
-#include "tiny_model.h"
+#include "support/rng.h"
+#include "support/tiny_model.h"
 
 #define TOL_ELEM 1e-5
 #define TOL_ATTN 1e-4
@@ -67,7 +68,7 @@ static double rel_err(const float *a, const float *b, int64_t n)
 static void fill_normal(float *x, int64_t n, double sigma, uint64_t *rng)
 {
     for (int64_t i = 0; i < n; i++)
-        x[i] = (float)(sigma * tiny_rand_normal(rng));
+        x[i] = (float)(sigma * test_rng_normal(rng));
 }
 
 /* ---- the op-level rig: one CPU and one CUDA backend over the same KV layout ---------------- */
@@ -168,7 +169,7 @@ static int rig_batch(struct rig *r, const int64_t *n)
             return -1;
         for (int64_t j = 0; j < n[i]; j++, T++) {
             int64_t p = r->seq[i].pos_next + j;
-            r->tokens[T] = (int32_t)(tiny_rand_u64(&r->rng) % (uint64_t)r->tm.m.hp.n_vocab);
+            r->tokens[T] = (int32_t)(test_rng_u64(&r->rng) % (uint64_t)r->tm.m.hp.n_vocab);
             r->pos[T] = p;
             r->slot[T] = r->seq[i].slot;
             r->cell[T] = kv_seq_cell(&r->seq[i], p);
@@ -543,20 +544,10 @@ TEST(forward_steps_tiny_sink_window)
 TEST(forward_steps_smollm2)
 {
     need_gpu();
-    const char *path = getenv("STREAMSINK_MODEL");
-    char buf[1024];
-    if (!path) {
-        const char *home = getenv("HOME");
-        snprintf(buf, sizeof buf, "%s/.cache/streamsink/SmolLM2-135M-Instruct.Q4_1.gguf",
-                 home ? home : "");
-        path = buf;
-    }
     struct model m;
     char err[256];
-    if (model_load(&m, path, err, sizeof err) < 0) {
-        printf("  (no model at %s: skipped)\n", path);
-        return;
-    }
+    memset(&m, 0, sizeof m);
+    TEST_LOAD_MODEL(&m, err);
     struct stepper st[3];
     int ok = 1;
     for (int k = 0; k < 3; k++)

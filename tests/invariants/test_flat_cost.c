@@ -2,7 +2,7 @@
  * test_flat_cost.c: DESIGN.md invariant 5, flat cost: token 1,000,000 costs
  * the memory and time of token 10,000.
  *
- * 1,000,000 tokens stream through the tiny random model (tests/tiny_model.h)
+ * 1,000,000 tokens stream through the tiny random model (tests/support/tiny_model.h)
  * one token per step with the window policy (W = 64, f16 KV, the default
  * storage), each step feeding back its own greedy token. Resident memory
  * (/proc/self/statm) after warm-up and at the end, and the per-token time of
@@ -36,7 +36,7 @@
 
 #include "engine/tokenizer.h"
 #include "test.h"
-#include "tiny_model.h"
+#include "support/tiny_model.h"
 
 #define MEM_GROWTH_MAX (1024.0 * 1024.0) /* bytes after warm-up */
 #define TIME_RATIO_MAX 1.5
@@ -229,9 +229,7 @@ TEST(smollm2_late_tokens_cost_the_same_as_early_ones)
     struct model m;
     char err[256];
     memset(&m, 0, sizeof m);
-    TEST_NEED_MODEL();
-    if (model_load(&m, test_model_path(), err, sizeof err) < 0)
-        FAIL_AT("the model file is present but does not load: %s", err);
+    TEST_LOAD_MODEL(&m, err);
     struct tokenizer *tok = NULL;
     int32_t first = 0;
     if (tok_load(&tok, &m.gguf, err, sizeof err) == 0) {

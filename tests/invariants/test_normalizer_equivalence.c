@@ -4,7 +4,7 @@
  *     logit is s and whose value is zero,
  * and softpick == its formula, first at the op level (cpu_attention_row, f32
  * and f16 keys, scalar and AVX2 row kernels) against naive loops written
- * here, then at the model level on the tiny random model (tests/tiny_model.h).
+ * here, then at the model level on the tiny random model (tests/support/tiny_model.h).
  *
  * The extra key is built from the query: q[0] = 1 and k = (s / scale) e_0,
  * so q.k * scale is exactly s (scale = 1/sqrt(Dh) is a power of two for
@@ -20,7 +20,8 @@
 #include "engine/cpu/matmul.h"
 #include "engine/quant.h"
 #include "test.h"
-#include "tiny_model.h"
+#include "support/rng.h"
+#include "support/tiny_model.h"
 
 #define N_KEYS 100
 #define MAX_DH 64
@@ -65,12 +66,12 @@ static void op_case_fill(struct op_case *c, int dh, int f16, uint64_t seed)
     c->f16 = f16;
     /* q ~ N(0, 9): scores q.k/sqrt(Dh) have std ~3, so softmax is peaked */
     for (int i = 0; i < dh; i++)
-        c->q[i] = (float)(3.0 * tiny_rand_normal(&seed));
+        c->q[i] = (float)(3.0 * test_rng_normal(&seed));
     c->q[0] = 1.0f;
     for (int j = 1; j <= N_KEYS; j++)
         for (int i = 0; i < dh; i++) {
-            c->kf[j * dh + i] = (float)tiny_rand_normal(&seed);
-            c->vf[j * dh + i] = (float)tiny_rand_normal(&seed);
+            c->kf[j * dh + i] = (float)test_rng_normal(&seed);
+            c->vf[j * dh + i] = (float)test_rng_normal(&seed);
         }
     for (int j = 0; j < (N_KEYS + 1) * dh; j++) {
         c->kh[j] = quant_f32_to_f16(c->kf[j]);
@@ -464,7 +465,7 @@ static void op_case_make_cold(struct op_case *c, int n_cold, uint64_t seed)
     for (int i = 0; i < dh; i++)
         qq += (double)c->q[i] * c->q[i];
     for (int j = 1; j <= n_cold; j++) {
-        double z = -100.0 - 10.0 * tiny_rand_unit(&seed);
+        double z = -100.0 - 10.0 * test_rng_unit(&seed);
         for (int i = 0; i < dh; i++) {
             c->kf[j * dh + i] = (float)(z / scale * c->q[i] / qq); /* q.k * scale = z */
             c->kh[j * dh + i] = quant_f32_to_f16(c->kf[j * dh + i]);

@@ -5,7 +5,7 @@
  * A sequence that starts at position p0 = 10^9 (kv_seq_init's pos_first)
  * must behave as one that starts at 0: RoPE makes scores depend on position
  * differences only, and the sink + window bookkeeping is relative to p0.
- * Checked on the tiny random model (tests/tiny_model.h) with the window and
+ * Checked on the tiny random model (tests/support/tiny_model.h) with the window and
  * sinks:4 policies, a stream four times longer than the window, in chunks of
  * 5 (prefill rows and evictions inside chunks). Then at the RoPE level: q
  * rotated at p and k at p' give a dot product that depends only on p - p',
@@ -19,7 +19,8 @@
 
 #include "engine/rope.h"
 #include "test.h"
-#include "tiny_model.h"
+#include "support/rng.h"
+#include "support/tiny_model.h"
 
 #define OFFSET 1000000000LL /* 10^9 */
 #define W 16
@@ -162,8 +163,8 @@ TEST(rope_dot_product_depends_only_on_the_distance_at_1e9)
         float q[DH], k[DH];
         double nq = 0, nk = 0;
         for (int i = 0; i < DH; i++) {
-            q[i] = (float)tiny_rand_normal(&rng);
-            k[i] = (float)tiny_rand_normal(&rng);
+            q[i] = (float)test_rng_normal(&rng);
+            k[i] = (float)test_rng_normal(&rng);
             nq += (double)q[i] * q[i];
             nk += (double)k[i] * k[i];
         }

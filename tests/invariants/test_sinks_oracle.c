@@ -3,7 +3,7 @@
  * oracle that rebuilds the cache and re-encodes positions at every step.
  *
  * The oracle is an independent forward pass of the tiny random model
- * (tests/tiny_model.h) written here with plain loops in double. It keeps
+ * (tests/support/tiny_model.h) written here with plain loops in double. It keeps
  * every token's UNROTATED K and V per layer, computed once when the token is
  * fed, from the context the token saw then (exactly what the engine keeps:
  * a stored key is never recomputed, only, in the oracle, re-rotated). At
@@ -28,7 +28,7 @@
 
 #include "engine/quant.h"
 #include "test.h"
-#include "tiny_model.h"
+#include "support/tiny_model.h"
 
 /*
  * Tolerances. The oracle computes in double; the engine in f32 (f32

@@ -26,7 +26,7 @@
 #include "engine/model.h"
 #include "engine/sampler.h"
 #include "test.h"
-#include "tiny_model.h"
+#include "support/tiny_model.h"
 
 #define FIXTURE SS_FIXTURES_DIR "/norm_softmax.gguf"
 

@@ -10,14 +10,20 @@
  *    the same prompt tokens and greedy generations, in sessions too, and
  *    max_prompt_tokens counts BOS the same way in both.
  */
-#include "test_engine_rig.h"
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "support/engine_rig.h"
+#include "test.h"
 
 /* ---- errors name their parameter -------------------------------------------- */
 
 /* Runs q and checks that it fails with status, param and code. */
 #define EXPECT_ERROR(rig, q, st, prm, cd)                                                          \
     do {                                                                                           \
-        struct result *res_ = malloc(sizeof *res_);                                                \
+        struct rig_result *res_ = malloc(sizeof *res_);                                            \
         ASSERT(res_);                                                                              \
         int rc_ = rig_run(rig, q, res_);                                                           \
         int ok_ = rc_ == 0 && res_->error && res_->status == (st) &&                               \
@@ -32,7 +38,7 @@
 TEST(engine_errors_name_the_parameter_at_fault)
 {
     struct rig rig;
-    struct engine_config c = rig_config(FIXTURE);
+    struct engine_config c = rig_config(RIG_FIXTURE);
     c.max_prompt_tokens = 40;
     c.window = 32;
     ASSERT_OK(rig_open(&rig, &c));
@@ -42,45 +48,45 @@ TEST(engine_errors_name_the_parameter_at_fault)
     for (int i = 0; i < 100; i++)
         ids[i] = 'a' + i % 26;
 
-    q = greedy(&rig, 4); /* a token outside the vocabulary */
+    q = rig_greedy(&rig, 4); /* a token outside the vocabulary */
     ids[3] = (int32_t)V;
-    set_ids(&q, ids, 8, 0);
+    rig_set_ids(&q, ids, 8, 0);
     ids[3] = 'd';
     EXPECT_ERROR(&rig, &q, 400, "prompt", "invalid_value");
 
-    q = greedy(&rig, 4); /* nothing to feed */
-    set_ids(&q, ids, 0, 0);
+    q = rig_greedy(&rig, 4); /* nothing to feed */
+    rig_set_ids(&q, ids, 0, 0);
     EXPECT_ERROR(&rig, &q, 400, "prompt", "invalid_value");
 
-    q = greedy(&rig, 4); /* over max_prompt_tokens, as ids and as text */
-    set_ids(&q, ids, 41, 0);
+    q = rig_greedy(&rig, 4); /* over max_prompt_tokens, as ids and as text */
+    rig_set_ids(&q, ids, 41, 0);
     EXPECT_ERROR(&rig, &q, 400, "prompt", "context_length_exceeded");
-    q = greedy(&rig, 4);
-    set_text(&q, "the quick brown fox jumps over the lazy dog, twice!", 1, 0);
+    q = rig_greedy(&rig, 4);
+    rig_set_text(&q, "the quick brown fox jumps over the lazy dog, twice!", 1, 0);
     EXPECT_ERROR(&rig, &q, 400, "prompt", "context_length_exceeded");
 
-    q = greedy(&rig, 4); /* dense: 30 tokens fit the window of 32, 35 do not */
-    set_ids(&q, ids, 30, 0);
+    q = rig_greedy(&rig, 4); /* dense: 30 tokens fit the window of 32, 35 do not */
+    rig_set_ids(&q, ids, 30, 0);
     q.has_policy = 1;
     q.policy = (struct engine_policy){ENGINE_POLICY_DENSE, 0};
-    struct result *ok = malloc(sizeof *ok);
+    struct rig_result *ok = malloc(sizeof *ok);
     ASSERT(ok);
     ASSERT_OK(rig_run(&rig, &q, ok));
     ASSERT(!ok->error);
     free(ok);
-    q = greedy(&rig, 4);
-    set_ids(&q, ids, 35, 0);
+    q = rig_greedy(&rig, 4);
+    rig_set_ids(&q, ids, 35, 0);
     q.has_policy = 1;
     q.policy = (struct engine_policy){ENGINE_POLICY_DENSE, 0};
     EXPECT_ERROR(&rig, &q, 400, "prompt", "context_length_exceeded");
 
-    q = greedy(&rig, 4); /* policies this server cannot serve */
-    set_ids(&q, ids, 8, 0);
+    q = rig_greedy(&rig, 4); /* policies this server cannot serve */
+    rig_set_ids(&q, ids, 8, 0);
     q.has_policy = 1;
     q.policy = (struct engine_policy){ENGINE_POLICY_RECOMPUTE, 0};
     EXPECT_ERROR(&rig, &q, 400, "kv_policy", "invalid_value");
-    q = greedy(&rig, 4);
-    set_ids(&q, ids, 8, 0);
+    q = rig_greedy(&rig, 4);
+    rig_set_ids(&q, ids, 8, 0);
     q.has_policy = 1;
     q.policy = (struct engine_policy){ENGINE_POLICY_SINKS, c.max_sinks + 1};
     EXPECT_ERROR(&rig, &q, 400, "kv_policy", "invalid_value");
@@ -95,8 +101,8 @@ TEST(engine_errors_name_the_parameter_at_fault)
         {"repeat_penalty", 1, 1, 0, 0, 0}, {"top_k", 1, 1, 0, 1, -3},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        q = greedy(&rig, 4);
-        set_ids(&q, ids, 8, 0);
+        q = rig_greedy(&rig, 4);
+        rig_set_ids(&q, ids, 8, 0);
         q.sampling.temperature = bad[i].temperature;
         q.sampling.top_p = bad[i].top_p;
         q.sampling.min_p = bad[i].min_p;
@@ -105,8 +111,8 @@ TEST(engine_errors_name_the_parameter_at_fault)
         EXPECT_ERROR(&rig, &q, 400, bad[i].param, "invalid_value");
     }
 
-    q = greedy(&rig, 4); /* a stop string over the limit */
-    set_ids(&q, ids, 8, 0);
+    q = rig_greedy(&rig, 4); /* a stop string over the limit */
+    rig_set_ids(&q, ids, 8, 0);
     q.stop[0] = malloc(ENGINE_MAX_STOP_LEN + 2);
     memset(q.stop[0], 'x', ENGINE_MAX_STOP_LEN + 1);
     q.stop[0][ENGINE_MAX_STOP_LEN + 1] = 0;
@@ -114,18 +120,18 @@ TEST(engine_errors_name_the_parameter_at_fault)
 
     /* a session busy with a request refuses a second one (the first runs
      * until cancelled: greedy on this prompt never gives EOS) */
-    q = greedy(&rig, -1);
-    set_ids(&q, ids, 8, 0);
+    q = rig_greedy(&rig, -1);
+    rig_set_ids(&q, ids, 8, 0);
     snprintf(q.session_id, sizeof q.session_id, "s1");
     uint64_t first = q.id;
     ASSERT_OK(engine_submit(rig.e, &q));
     engine_pause(rig.e, first);
-    q = greedy(&rig, 4);
-    set_ids(&q, ids, 8, 0);
+    q = rig_greedy(&rig, 4);
+    rig_set_ids(&q, ids, 8, 0);
     snprintf(q.session_id, sizeof q.session_id, "s1");
     EXPECT_ERROR(&rig, &q, 409, "session_id", "session_busy");
     engine_cancel(rig.e, first);
-    struct result *end = malloc(sizeof *end);
+    struct rig_result *end = malloc(sizeof *end);
     ASSERT(end);
     ASSERT_OK(rig_wait(&rig, first, end));
     if (end->error)
@@ -140,7 +146,7 @@ TEST(engine_errors_name_the_parameter_at_fault)
 TEST(ids_path_adds_bos_like_the_text_path_on_fresh_sequences_only)
 {
     struct rig rig;
-    struct engine_config c = rig_config(FIXTURE);
+    struct engine_config c = rig_config(RIG_FIXTURE);
     ASSERT_OK(rig_open(&rig, &c));
     const struct engine_model_info *mi = engine_model_info(rig.e);
     ASSERT(mi->bos >= 0); /* the fixture wants BOS */
@@ -149,28 +155,28 @@ TEST(ids_path_adds_bos_like_the_text_path_on_fresh_sequences_only)
 
     /* fresh, with add_bos: BOS + one token per byte, in both paths */
     const int no_special[1] = {0};
-    ASSERT(same_as_text(&rig, &text, no_special, 1, 1, 16, NULL));
-    struct result *r = malloc(sizeof *r);
+    ASSERT(rig_same_as_text(&rig, &text, no_special, 1, 1, 16, NULL));
+    struct rig_result *r = malloc(sizeof *r);
     ASSERT(r);
     int32_t *ids = NULL;
     ASSERT_EQ(engine_tokenize(rig.e, text, (size_t)len, 0, &ids), len); /* never BOS */
-    struct engine_request q = greedy(&rig, 4);
-    set_ids(&q, ids, len, 1);
+    struct engine_request q = rig_greedy(&rig, 4);
+    rig_set_ids(&q, ids, len, 1);
     ASSERT_OK(rig_run(&rig, &q, r));
     ASSERT_EQ(r->prompt_tokens, len + 1);
-    q = greedy(&rig, 4); /* add_bos off: the ids as given */
-    set_ids(&q, ids, len, 0);
+    q = rig_greedy(&rig, 4); /* add_bos off: the ids as given */
+    rig_set_ids(&q, ids, len, 0);
     ASSERT_OK(rig_run(&rig, &q, r));
     ASSERT_EQ(r->prompt_tokens, len);
     free(ids);
 
     /* sessions: BOS on the first request, none on the continuation */
     const char *more = " and more";
-    ASSERT(same_as_text(&rig, &text, no_special, 1, 1, 8, "a"));
-    ASSERT(same_as_text(&rig, &more, no_special, 1, 1, 8, "a"));
+    ASSERT(rig_same_as_text(&rig, &text, no_special, 1, 1, 8, "a"));
+    ASSERT(rig_same_as_text(&rig, &more, no_special, 1, 1, 8, "a"));
     ASSERT(engine_tokenize(rig.e, " and more", 9, 0, &ids) == 9);
-    q = greedy(&rig, 4);
-    set_ids(&q, ids, 9, 1);
+    q = rig_greedy(&rig, 4);
+    rig_set_ids(&q, ids, 9, 1);
     snprintf(q.session_id, sizeof q.session_id, "a-ids");
     ASSERT_OK(rig_run(&rig, &q, r));
     ASSERT_EQ(r->prompt_tokens, 9);
@@ -187,16 +193,16 @@ TEST(max_prompt_tokens_counts_bos_the_same_in_both_paths)
         ids[i] = (unsigned char)text[i];
     for (int64_t limit = 11; limit <= 12; limit++) {
         struct rig rig;
-        struct engine_config c = rig_config(FIXTURE);
+        struct engine_config c = rig_config(RIG_FIXTURE);
         c.max_prompt_tokens = limit;
         ASSERT_OK(rig_open(&rig, &c));
-        struct result *a = malloc(sizeof *a), *b = malloc(sizeof *b);
+        struct rig_result *a = malloc(sizeof *a), *b = malloc(sizeof *b);
         ASSERT(a && b);
-        struct engine_request q = greedy(&rig, 2);
-        set_text(&q, text, 1, 0);
+        struct engine_request q = rig_greedy(&rig, 2);
+        rig_set_text(&q, text, 1, 0);
         ASSERT_OK(rig_run(&rig, &q, a));
-        q = greedy(&rig, 2);
-        set_ids(&q, ids, 11, 1);
+        q = rig_greedy(&rig, 2);
+        rig_set_ids(&q, ids, 11, 1);
         ASSERT_OK(rig_run(&rig, &q, b));
         ASSERT_EQ(a->error, limit < 12);
         ASSERT_EQ(b->error, a->error);

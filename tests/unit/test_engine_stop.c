@@ -7,7 +7,13 @@
  * greedy text cut at the first occurrence (found by a plain search), and the
  * finish reason is stop.
  */
-#include "test_engine_rig.h"
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "support/engine_rig.h"
+#include "test.h"
 
 static long find(const char *t, size_t n, const char *s, size_t sl)
 {
@@ -19,17 +25,17 @@ static long find(const char *t, size_t n, const char *s, size_t sl)
 
 TEST(stop_strings_of_254_to_256_bytes_end_generation_where_they_first_occur)
 {
-    struct rig *rig = smol();
+    struct rig *rig = rig_smol();
     ASSERT(rig);
     const char *prompt = "<|im_start|>user\nWrite a long story about a lighthouse keeper and "
                          "the sea.<|im_end|>\n<|im_start|>assistant\n";
     enum { N_STOP = 3, GEN = 80 };
-    struct result *full = malloc(sizeof *full), *res[N_STOP];
+    struct rig_result *full = malloc(sizeof *full), *res[N_STOP];
     uint64_t ids[N_STOP];
     long want[N_STOP];
     ASSERT(full);
-    struct engine_request q = greedy(rig, GEN);
-    set_text(&q, prompt, 1, 1);
+    struct engine_request q = rig_greedy(rig, GEN);
+    rig_set_text(&q, prompt, 1, 1);
     ASSERT_OK(rig_run(rig, &q, full));
     ASSERT(!full->error);
     printf("  greedy text without stops: %zu bytes, %d tokens\n", full->n_text, full->n_tok);
@@ -46,8 +52,8 @@ TEST(stop_strings_of_254_to_256_bytes_end_generation_where_they_first_occur)
         stop[len] = 0;
         want[k] = find(full->text, full->n_text, stop, len); /* may be before start */
         ASSERT(want[k] >= 0);
-        q = greedy(rig, GEN);
-        set_text(&q, prompt, 1, 1);
+        q = rig_greedy(rig, GEN);
+        rig_set_text(&q, prompt, 1, 1);
         q.stop[0] = strdup("a string that is never generated");
         q.stop[1] = strdup(stop);
         ids[k] = q.id;
@@ -57,7 +63,7 @@ TEST(stop_strings_of_254_to_256_bytes_end_generation_where_they_first_occur)
     }
     ASSERT_OK(rig_wait_all(rig, ids, res, N_STOP));
     for (int k = 0; k < N_STOP; k++) {
-        const struct result *r = res[k];
+        const struct rig_result *r = res[k];
         int ok = !r->error && r->n_text == (size_t)want[k] &&
                  memcmp(r->text, full->text, (size_t)want[k]) == 0 &&
                  r->finish == ENGINE_FINISH_STOP;

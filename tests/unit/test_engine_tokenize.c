@@ -8,7 +8,13 @@
  *  - engine_tokenize from four threads at once, while the engine thread
  *    generates, gives exactly the single-threaded ids.
  */
-#include "test_engine_rig.h"
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "support/engine_rig.h"
+#include "test.h"
 
 static const char *const prompts[] = {
     "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nName three "
@@ -21,12 +27,12 @@ static const char *const prompts[] = {
 
 TEST(engine_tokenize_then_ids_generates_what_the_text_path_generates)
 {
-    struct rig *rig = smol();
+    struct rig *rig = rig_smol();
     ASSERT(rig);
     /* with and without parse_special where the text has special tokens */
     const char *texts[] = {prompts[0], prompts[0], prompts[1], prompts[2], prompts[3], prompts[3]};
     const int special[] = {0, 1, 1, 0, 0, 1};
-    ASSERT(same_as_text(rig, texts, special, 6, 1, 8, NULL));
+    ASSERT(rig_same_as_text(rig, texts, special, 6, 1, 8, NULL));
 }
 
 struct tok_job {
@@ -58,7 +64,7 @@ static void *tok_thread(void *arg)
 
 TEST(engine_tokenize_from_several_threads_while_the_engine_generates)
 {
-    struct rig *rig = smol();
+    struct rig *rig = rig_smol();
     ASSERT(rig);
     enum { N_THREADS = 4 };
     static struct tok_job jobs[N_THREADS];
@@ -70,8 +76,8 @@ TEST(engine_tokenize_from_several_threads_while_the_engine_generates)
             ASSERT(ref.want_n[i][sp] > 0);
         }
     /* a long text too: the encoder's scratch grows while others run */
-    struct engine_request q = greedy(rig, 24);
-    set_text(&q, prompts[0], 1, 1);
+    struct engine_request q = rig_greedy(rig, 24);
+    rig_set_text(&q, prompts[0], 1, 1);
     uint64_t gen_id = q.id;
     ASSERT_OK(engine_submit(rig->e, &q));
     pthread_t th[N_THREADS];
@@ -85,7 +91,7 @@ TEST(engine_tokenize_from_several_threads_while_the_engine_generates)
         pthread_join(th[t], NULL);
         bad += jobs[t].bad;
     }
-    struct result *r = malloc(sizeof *r);
+    struct rig_result *r = malloc(sizeof *r);
     ASSERT(r);
     ASSERT_OK(rig_wait(rig, gen_id, r));
     if (r->error)

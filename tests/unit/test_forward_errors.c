@@ -12,7 +12,7 @@
 #include "engine/forward.h"
 #include "engine/model.h"
 #include "test.h"
-#include "tiny_model.h"
+#include "support/tiny_model.h"
 
 static int begin_rc;
 

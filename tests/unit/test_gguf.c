@@ -10,6 +10,8 @@
  * With STREAMSINK_GGUF_SEED_DIR=dir set, the seed test writes the synthetic
  * files into dir as a corpus for tests/fuzz/fuzz_gguf_parse.
  */
+#include "support/gguf_writer.h"
+#include "support/rng.h"
 #include "test.h"
 
 #include "gguf.h"
@@ -18,72 +20,6 @@
 #include <errno.h>
 
 /* ---- a tiny GGUF writer ------------------------------------------------- */
-
-struct wbuf {
-    uint8_t *p;
-    size_t len;
-    size_t cap;
-};
-
-static void w_bytes(struct wbuf *w, const void *src, size_t n)
-{
-    if (w->len + n > w->cap) {
-        size_t cap = w->cap ? w->cap : 256;
-        while (cap < w->len + n)
-            cap *= 2;
-        uint8_t *p = realloc(w->p, cap);
-        if (!p) {
-            fprintf(stderr, "test_gguf: out of memory\n");
-            exit(1);
-        }
-        w->p = p;
-        w->cap = cap;
-    }
-    memcpy(w->p + w->len, src, n);
-    w->len += n;
-}
-
-static void w_u8(struct wbuf *w, uint8_t v)
-{
-    w_bytes(w, &v, 1);
-}
-static void w_u16(struct wbuf *w, uint16_t v)
-{
-    w_bytes(w, &v, 2);
-}
-static void w_u32(struct wbuf *w, uint32_t v)
-{
-    w_bytes(w, &v, 4);
-}
-static void w_u64(struct wbuf *w, uint64_t v)
-{
-    w_bytes(w, &v, 8);
-}
-static void w_f32(struct wbuf *w, float v)
-{
-    w_bytes(w, &v, 4);
-}
-static void w_f64(struct wbuf *w, double v)
-{
-    w_bytes(w, &v, 8);
-}
-static void w_str(struct wbuf *w, const char *s)
-{
-    w_u64(w, strlen(s));
-    w_bytes(w, s, strlen(s));
-}
-/* A key and its value type; the value follows. Returns 1, one more pair. */
-static int w_key(struct wbuf *w, const char *key, enum gguf_type t)
-{
-    w_str(w, key);
-    w_u32(w, t);
-    return 1;
-}
-static void w_arr(struct wbuf *w, enum gguf_type et, uint64_t n)
-{
-    w_u32(w, et);
-    w_u64(w, n);
-}
 
 struct tspec {
     const char *name;
@@ -94,7 +30,7 @@ struct tspec {
 };
 
 /* Writes the key/value section; returns the number of pairs written. */
-typedef int (*kv_writer)(struct wbuf *w);
+typedef int (*kv_writer)(struct gw_buf *w);
 
 static uint64_t tspec_nbytes(const struct tspec *t)
 {
@@ -113,18 +49,18 @@ static uint64_t align_up(uint64_t x, uint64_t a)
 /* Builds a GGUF file: header, kvs from kvw (may be NULL), the tensor
  * directory of ts[0..nt), padding to align, and data ending exactly at the
  * last tensor's end. Tensor data bytes are (offset + i) * 7 + 1 mod 256. */
-static struct wbuf build(uint32_t version, kv_writer kvw, const struct tspec *ts, int nt,
-                         uint64_t align)
+static struct gw_buf build(uint32_t version, kv_writer kvw, const struct tspec *ts, int nt,
+                           uint64_t align)
 {
-    struct wbuf w = {0};
+    struct gw_buf w = {0};
     uint64_t off[64], end = 0, next = 0;
     size_t nkv_at;
 
-    w_u32(&w, 0x46554747u);
-    w_u32(&w, version);
-    w_u64(&w, (uint64_t)nt);
+    gw_u32(&w, GW_MAGIC);
+    gw_u32(&w, version);
+    gw_u64(&w, (uint64_t)nt);
     nkv_at = w.len;
-    w_u64(&w, 0);
+    gw_u64(&w, 0);
     if (kvw) {
         uint64_t nkv = (uint64_t)kvw(&w);
         memcpy(w.p + nkv_at, &nkv, 8);
@@ -134,121 +70,121 @@ static struct wbuf build(uint32_t version, kv_writer kvw, const struct tspec *ts
         next = off[i] + tspec_nbytes(&ts[i]);
         if (next > end)
             end = next;
-        w_str(&w, ts[i].name);
-        w_u32(&w, ts[i].n_dims);
+        gw_str(&w, ts[i].name);
+        gw_u32(&w, ts[i].n_dims);
         for (uint32_t d = 0; d < ts[i].n_dims; d++)
-            w_u64(&w, d < 4 ? (uint64_t)ts[i].ne[d] : 1);
-        w_u32(&w, ts[i].type);
-        w_u64(&w, off[i]);
+            gw_u64(&w, d < 4 ? (uint64_t)ts[i].ne[d] : 1);
+        gw_u32(&w, ts[i].type);
+        gw_u64(&w, off[i]);
     }
     if (nt > 0) {
         while (w.len % align)
-            w_u8(&w, 0);
+            gw_u8(&w, 0);
         if (end > (1u << 20)) /* absurd shapes and offsets: the parser must stop anyway */
             end = 0;
         for (uint64_t i = 0; i < end; i++)
-            w_u8(&w, (uint8_t)(i * 7 + 1));
+            gw_u8(&w, (uint8_t)(i * 7 + 1));
     }
     return w;
 }
 
-static int parse(struct gguf_file *g, const struct wbuf *w, char *err, size_t err_len)
+static int parse(struct gguf_file *g, const struct gw_buf *w, char *err, size_t err_len)
 {
     return gguf_parse(g, w->p, w->len, err, err_len);
 }
 
 /* ---- the sample file: every type the format has ------------------------- */
 
-static int kvs_every_type(struct wbuf *w)
+static int kvs_every_type(struct gw_buf *w)
 {
     int n = 0;
 
-    n += w_key(w, "general.architecture", GGUF_TYPE_STRING);
-    w_str(w, "llama");
-    n += w_key(w, "t.u8", GGUF_TYPE_UINT8);
-    w_u8(w, 200);
-    n += w_key(w, "t.i8", GGUF_TYPE_INT8);
-    w_u8(w, (uint8_t)(int8_t)-5);
-    n += w_key(w, "t.u16", GGUF_TYPE_UINT16);
-    w_u16(w, 60000);
-    n += w_key(w, "t.i16", GGUF_TYPE_INT16);
-    w_u16(w, (uint16_t)(int16_t)-30000);
-    n += w_key(w, "t.u32", GGUF_TYPE_UINT32);
-    w_u32(w, 4000000000u);
-    n += w_key(w, "t.i32", GGUF_TYPE_INT32);
-    w_u32(w, (uint32_t)(int32_t)-2000000000);
-    n += w_key(w, "t.f32", GGUF_TYPE_FLOAT32);
-    w_f32(w, 1.5f);
-    n += w_key(w, "t.bool", GGUF_TYPE_BOOL);
-    w_u8(w, 1);
-    n += w_key(w, "t.str", GGUF_TYPE_STRING);
-    w_str(w, "hello, world");
-    n += w_key(w, "t.empty_str", GGUF_TYPE_STRING);
-    w_str(w, "");
-    n += w_key(w, "t.u64", GGUF_TYPE_UINT64);
-    w_u64(w, UINT64_MAX);
-    n += w_key(w, "t.i64", GGUF_TYPE_INT64);
-    w_u64(w, 0 - (1ull << 40));
-    n += w_key(w, "t.f64", GGUF_TYPE_FLOAT64);
-    w_f64(w, 2.25);
+    n += gw_key(w, "general.architecture", GGUF_TYPE_STRING);
+    gw_str(w, "llama");
+    n += gw_key(w, "t.u8", GGUF_TYPE_UINT8);
+    gw_u8(w, 200);
+    n += gw_key(w, "t.i8", GGUF_TYPE_INT8);
+    gw_u8(w, (uint8_t)(int8_t)-5);
+    n += gw_key(w, "t.u16", GGUF_TYPE_UINT16);
+    gw_u16(w, 60000);
+    n += gw_key(w, "t.i16", GGUF_TYPE_INT16);
+    gw_u16(w, (uint16_t)(int16_t)-30000);
+    n += gw_key(w, "t.u32", GGUF_TYPE_UINT32);
+    gw_u32(w, 4000000000u);
+    n += gw_key(w, "t.i32", GGUF_TYPE_INT32);
+    gw_u32(w, (uint32_t)(int32_t)-2000000000);
+    n += gw_key(w, "t.f32", GGUF_TYPE_FLOAT32);
+    gw_f32(w, 1.5f);
+    n += gw_key(w, "t.bool", GGUF_TYPE_BOOL);
+    gw_u8(w, 1);
+    n += gw_key(w, "t.str", GGUF_TYPE_STRING);
+    gw_str(w, "hello, world");
+    n += gw_key(w, "t.empty_str", GGUF_TYPE_STRING);
+    gw_str(w, "");
+    n += gw_key(w, "t.u64", GGUF_TYPE_UINT64);
+    gw_u64(w, UINT64_MAX);
+    n += gw_key(w, "t.i64", GGUF_TYPE_INT64);
+    gw_u64(w, 0 - (1ull << 40));
+    n += gw_key(w, "t.f64", GGUF_TYPE_FLOAT64);
+    gw_f64(w, 2.25);
 
-    n += w_key(w, "a.u8", GGUF_TYPE_ARRAY);
-    w_arr(w, GGUF_TYPE_UINT8, 3);
-    w_u8(w, 1);
-    w_u8(w, 2);
-    w_u8(w, 255);
-    n += w_key(w, "a.i16", GGUF_TYPE_ARRAY);
-    w_arr(w, GGUF_TYPE_INT16, 2);
-    w_u16(w, (uint16_t)(int16_t)-7);
-    w_u16(w, 7);
-    n += w_key(w, "a.i32", GGUF_TYPE_ARRAY);
-    w_arr(w, GGUF_TYPE_INT32, 4);
-    w_u32(w, 1);
-    w_u32(w, (uint32_t)-2);
-    w_u32(w, 3);
-    w_u32(w, (uint32_t)INT32_MIN);
-    n += w_key(w, "a.u32_big", GGUF_TYPE_ARRAY);
-    w_arr(w, GGUF_TYPE_UINT32, 2);
-    w_u32(w, 5);
-    w_u32(w, 3000000000u);
-    n += w_key(w, "a.i64", GGUF_TYPE_ARRAY);
-    w_arr(w, GGUF_TYPE_INT64, 2);
-    w_u64(w, 9);
-    w_u64(w, (uint64_t)-9);
-    n += w_key(w, "a.f32", GGUF_TYPE_ARRAY);
-    w_arr(w, GGUF_TYPE_FLOAT32, 3);
-    w_f32(w, 0.5f);
-    w_f32(w, -1.25f);
-    w_f32(w, 1e30f);
-    n += w_key(w, "a.f64", GGUF_TYPE_ARRAY);
-    w_arr(w, GGUF_TYPE_FLOAT64, 2);
-    w_f64(w, 0.125);
-    w_f64(w, -3.0);
-    n += w_key(w, "a.bool", GGUF_TYPE_ARRAY);
-    w_arr(w, GGUF_TYPE_BOOL, 2);
-    w_u8(w, 0);
-    w_u8(w, 1);
-    n += w_key(w, "a.str", GGUF_TYPE_ARRAY);
-    w_arr(w, GGUF_TYPE_STRING, 3);
-    w_str(w, "alpha");
-    w_str(w, "");
-    w_str(w, "gamma");
-    n += w_key(w, "a.empty", GGUF_TYPE_ARRAY);
-    w_arr(w, GGUF_TYPE_INT32, 0);
+    n += gw_key(w, "a.u8", GGUF_TYPE_ARRAY);
+    gw_arr(w, GGUF_TYPE_UINT8, 3);
+    gw_u8(w, 1);
+    gw_u8(w, 2);
+    gw_u8(w, 255);
+    n += gw_key(w, "a.i16", GGUF_TYPE_ARRAY);
+    gw_arr(w, GGUF_TYPE_INT16, 2);
+    gw_u16(w, (uint16_t)(int16_t)-7);
+    gw_u16(w, 7);
+    n += gw_key(w, "a.i32", GGUF_TYPE_ARRAY);
+    gw_arr(w, GGUF_TYPE_INT32, 4);
+    gw_u32(w, 1);
+    gw_u32(w, (uint32_t)-2);
+    gw_u32(w, 3);
+    gw_u32(w, (uint32_t)INT32_MIN);
+    n += gw_key(w, "a.u32_big", GGUF_TYPE_ARRAY);
+    gw_arr(w, GGUF_TYPE_UINT32, 2);
+    gw_u32(w, 5);
+    gw_u32(w, 3000000000u);
+    n += gw_key(w, "a.i64", GGUF_TYPE_ARRAY);
+    gw_arr(w, GGUF_TYPE_INT64, 2);
+    gw_u64(w, 9);
+    gw_u64(w, (uint64_t)-9);
+    n += gw_key(w, "a.f32", GGUF_TYPE_ARRAY);
+    gw_arr(w, GGUF_TYPE_FLOAT32, 3);
+    gw_f32(w, 0.5f);
+    gw_f32(w, -1.25f);
+    gw_f32(w, 1e30f);
+    n += gw_key(w, "a.f64", GGUF_TYPE_ARRAY);
+    gw_arr(w, GGUF_TYPE_FLOAT64, 2);
+    gw_f64(w, 0.125);
+    gw_f64(w, -3.0);
+    n += gw_key(w, "a.bool", GGUF_TYPE_ARRAY);
+    gw_arr(w, GGUF_TYPE_BOOL, 2);
+    gw_u8(w, 0);
+    gw_u8(w, 1);
+    n += gw_key(w, "a.str", GGUF_TYPE_ARRAY);
+    gw_arr(w, GGUF_TYPE_STRING, 3);
+    gw_str(w, "alpha");
+    gw_str(w, "");
+    gw_str(w, "gamma");
+    n += gw_key(w, "a.empty", GGUF_TYPE_ARRAY);
+    gw_arr(w, GGUF_TYPE_INT32, 0);
     /* an array of arrays: [[1,2,3], ["x","yz"], [[]]] */
-    n += w_key(w, "a.nested", GGUF_TYPE_ARRAY);
-    w_arr(w, GGUF_TYPE_ARRAY, 3);
-    w_arr(w, GGUF_TYPE_UINT32, 3);
-    w_u32(w, 1);
-    w_u32(w, 2);
-    w_u32(w, 3);
-    w_arr(w, GGUF_TYPE_STRING, 2);
-    w_str(w, "x");
-    w_str(w, "yz");
-    w_arr(w, GGUF_TYPE_ARRAY, 1);
-    w_arr(w, GGUF_TYPE_FLOAT64, 0);
-    n += w_key(w, "t.after_nested", GGUF_TYPE_UINT32);
-    w_u32(w, 77);
+    n += gw_key(w, "a.nested", GGUF_TYPE_ARRAY);
+    gw_arr(w, GGUF_TYPE_ARRAY, 3);
+    gw_arr(w, GGUF_TYPE_UINT32, 3);
+    gw_u32(w, 1);
+    gw_u32(w, 2);
+    gw_u32(w, 3);
+    gw_arr(w, GGUF_TYPE_STRING, 2);
+    gw_str(w, "x");
+    gw_str(w, "yz");
+    gw_arr(w, GGUF_TYPE_ARRAY, 1);
+    gw_arr(w, GGUF_TYPE_FLOAT64, 0);
+    n += gw_key(w, "t.after_nested", GGUF_TYPE_UINT32);
+    gw_u32(w, 77);
     return n;
 }
 
@@ -263,7 +199,7 @@ static const struct tspec sample_tensors[] = {
 };
 #define N_SAMPLE_TENSORS ((int)(sizeof sample_tensors / sizeof sample_tensors[0]))
 
-static struct wbuf sample_file(uint32_t version)
+static struct gw_buf sample_file(uint32_t version)
 {
     return build(version, kvs_every_type, sample_tensors, N_SAMPLE_TENSORS, 32);
 }
@@ -357,10 +293,7 @@ static int parse_copy(const uint8_t *buf, size_t len, int *bad_views)
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 static uint64_t rng_next(void)
 {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return rng_state;
+    return test_rng_u64(&rng_state);
 }
 
 /* Overwrites 1..4 random bytes of buf[0..span) with values that often break
@@ -528,7 +461,7 @@ TEST(real_model_token_embd_is_q8_0_576_by_49152_inside_the_file)
 
 TEST(sample_file_reads_back_every_scalar_type)
 {
-    struct wbuf w = sample_file(3);
+    struct gw_buf w = sample_file(3);
     struct gguf_file g;
     char err[256], s[8];
     struct gguf_str str;
@@ -573,7 +506,7 @@ TEST(sample_file_reads_back_every_scalar_type)
 
 TEST(getters_convert_integers_only_when_the_value_fits)
 {
-    struct wbuf w = sample_file(3);
+    struct gw_buf w = sample_file(3);
     struct gguf_file g;
     char err[256], s[8];
     int64_t v;
@@ -603,7 +536,7 @@ TEST(getters_convert_integers_only_when_the_value_fits)
 
 TEST(sample_file_reads_back_every_array_type_and_skips_nested_arrays)
 {
-    struct wbuf w = sample_file(3);
+    struct gw_buf w = sample_file(3);
     struct gguf_file g;
     char err[256];
     int32_t *iv;
@@ -670,7 +603,7 @@ TEST(sample_file_reads_back_every_array_type_and_skips_nested_arrays)
 
 TEST(sample_tensors_have_their_shapes_sizes_and_data)
 {
-    struct wbuf w = sample_file(3);
+    struct gw_buf w = sample_file(3);
     struct gguf_file g;
     char err[256];
     static const size_t nbytes[] = {3 * 68, 5 * 4, 2 * 20, 2 * 18, 24 * 2, 7 * 2, 0};
@@ -703,7 +636,7 @@ TEST(sample_tensors_have_their_shapes_sizes_and_data)
 
 TEST(version_2_and_version_3_files_parse_the_same)
 {
-    struct wbuf w2 = sample_file(2), w3 = sample_file(3);
+    struct gw_buf w2 = sample_file(2), w3 = sample_file(3);
     struct gguf_file g2, g3;
     char err[256];
 
@@ -727,46 +660,46 @@ TEST(version_2_and_version_3_files_parse_the_same)
     free(w3.p);
 }
 
-static int kvs_align_64(struct wbuf *w)
+static int kvs_align_64(struct gw_buf *w)
 {
-    w_key(w, "general.alignment", GGUF_TYPE_UINT32);
-    w_u32(w, 64);
+    gw_key(w, "general.alignment", GGUF_TYPE_UINT32);
+    gw_u32(w, 64);
     return 1;
 }
-static int kvs_align_48(struct wbuf *w)
+static int kvs_align_48(struct gw_buf *w)
 {
-    w_key(w, "general.alignment", GGUF_TYPE_UINT32);
-    w_u32(w, 48);
+    gw_key(w, "general.alignment", GGUF_TYPE_UINT32);
+    gw_u32(w, 48);
     return 1;
 }
-static int kvs_align_0(struct wbuf *w)
+static int kvs_align_0(struct gw_buf *w)
 {
-    w_key(w, "general.alignment", GGUF_TYPE_UINT32);
-    w_u32(w, 0);
+    gw_key(w, "general.alignment", GGUF_TYPE_UINT32);
+    gw_u32(w, 0);
     return 1;
 }
-static int kvs_align_str(struct wbuf *w)
+static int kvs_align_str(struct gw_buf *w)
 {
-    w_key(w, "general.alignment", GGUF_TYPE_STRING);
-    w_str(w, "32");
+    gw_key(w, "general.alignment", GGUF_TYPE_STRING);
+    gw_str(w, "32");
     return 1;
 }
-static int kvs_align_huge(struct wbuf *w)
+static int kvs_align_huge(struct gw_buf *w)
 {
-    w_key(w, "general.alignment", GGUF_TYPE_UINT64);
-    w_u64(w, 1ull << 63);
+    gw_key(w, "general.alignment", GGUF_TYPE_UINT64);
+    gw_u64(w, 1ull << 63);
     return 1;
 }
-static int kvs_align_2_62(struct wbuf *w)
+static int kvs_align_2_62(struct gw_buf *w)
 {
-    w_key(w, "general.alignment", GGUF_TYPE_UINT64);
-    w_u64(w, 1ull << 62);
+    gw_key(w, "general.alignment", GGUF_TYPE_UINT64);
+    gw_u64(w, 1ull << 62);
     return 1;
 }
-static int kvs_align_1(struct wbuf *w)
+static int kvs_align_1(struct gw_buf *w)
 {
-    w_key(w, "general.alignment", GGUF_TYPE_UINT64);
-    w_u64(w, 1);
+    gw_key(w, "general.alignment", GGUF_TYPE_UINT64);
+    gw_u64(w, 1);
     return 1;
 }
 
@@ -777,7 +710,7 @@ static const struct tspec two_tensors[] = {
 
 TEST(general_alignment_moves_the_data_section_and_the_offsets)
 {
-    struct wbuf w = build(3, kvs_align_64, two_tensors, 2, 64);
+    struct gw_buf w = build(3, kvs_align_64, two_tensors, 2, 64);
     struct gguf_file g;
     char err[256];
 
@@ -799,7 +732,7 @@ TEST(general_alignment_moves_the_data_section_and_the_offsets)
 
 TEST(default_alignment_is_32_and_the_data_section_starts_rounded_up)
 {
-    struct wbuf w = build(3, NULL, two_tensors, 2, 32);
+    struct gw_buf w = build(3, NULL, two_tensors, 2, 32);
     struct gguf_file g;
     char err[256];
     /* header 24 + "a" (8+1+4+8+4+8 = 33) + "b" (8+1+4+16+4+8 = 41) = 98 -> 128 */
@@ -812,7 +745,7 @@ TEST(default_alignment_is_32_and_the_data_section_starts_rounded_up)
 
 TEST(file_without_tensors_or_keys_parses)
 {
-    struct wbuf w = build(3, NULL, NULL, 0, 32);
+    struct gw_buf w = build(3, NULL, NULL, 0, 32);
     struct gguf_file g;
     char err[256];
 
@@ -844,18 +777,9 @@ TEST(file_without_tensors_or_keys_parses)
         printf("    %s\n", e_);                                                                    \
     } while (0)
 
-static void put_u32_at(struct wbuf *w, size_t at, uint32_t v)
-{
-    memcpy(w->p + at, &v, 4);
-}
-static void put_u64_at(struct wbuf *w, size_t at, uint64_t v)
-{
-    memcpy(w->p + at, &v, 8);
-}
-
 TEST(bad_magic_is_rejected)
 {
-    struct wbuf w = sample_file(3);
+    struct gw_buf w = sample_file(3);
     w.p[0] = 'X';
     ASSERT_REJECTS(w, "bad magic");
     w.len = 3;
@@ -867,93 +791,93 @@ TEST(bad_magic_is_rejected)
 
 TEST(versions_1_and_4_and_big_endian_files_are_rejected)
 {
-    struct wbuf w = sample_file(3);
-    put_u32_at(&w, 4, 1);
+    struct gw_buf w = sample_file(3);
+    gw_put_u32_at(&w, 4, 1);
     ASSERT_REJECTS(w, "unsupported version 1");
-    put_u32_at(&w, 4, 4);
+    gw_put_u32_at(&w, 4, 4);
     ASSERT_REJECTS(w, "unsupported version 4");
-    put_u32_at(&w, 4, 0x03000000u);
+    gw_put_u32_at(&w, 4, 0x03000000u);
     ASSERT_REJECTS(w, "big-endian");
     free(w.p);
 }
 
 TEST(absurd_counts_are_rejected_before_allocating)
 {
-    struct wbuf w = sample_file(3);
-    put_u64_at(&w, 8, UINT64_MAX);
+    struct gw_buf w = sample_file(3);
+    gw_put_u64_at(&w, 8, UINT64_MAX);
     ASSERT_REJECTS(w, "cannot fit");
-    put_u64_at(&w, 8, 1ull << 40);
+    gw_put_u64_at(&w, 8, 1ull << 40);
     ASSERT_REJECTS(w, "cannot fit");
-    put_u64_at(&w, 8, N_SAMPLE_TENSORS);
-    put_u64_at(&w, 16, UINT64_MAX / 2);
+    gw_put_u64_at(&w, 8, N_SAMPLE_TENSORS);
+    gw_put_u64_at(&w, 16, UINT64_MAX / 2);
     ASSERT_REJECTS(w, "cannot fit");
     free(w.p);
 }
 
-static int kvs_huge_array(struct wbuf *w)
+static int kvs_huge_array(struct gw_buf *w)
 {
-    w_key(w, "a", GGUF_TYPE_ARRAY);
-    w_arr(w, GGUF_TYPE_UINT32, 1ull << 62);
-    w_u32(w, 1);
+    gw_key(w, "a", GGUF_TYPE_ARRAY);
+    gw_arr(w, GGUF_TYPE_UINT32, 1ull << 62);
+    gw_u32(w, 1);
     return 1;
 }
-static int kvs_huge_str_array(struct wbuf *w)
+static int kvs_huge_str_array(struct gw_buf *w)
 {
-    w_key(w, "tokens", GGUF_TYPE_ARRAY);
-    w_arr(w, GGUF_TYPE_STRING, 3);
-    w_str(w, "a");
-    w_u64(w, UINT64_MAX - 3);
-    w_str(w, "c");
+    gw_key(w, "tokens", GGUF_TYPE_ARRAY);
+    gw_arr(w, GGUF_TYPE_STRING, 3);
+    gw_str(w, "a");
+    gw_u64(w, UINT64_MAX - 3);
+    gw_str(w, "c");
     return 1;
 }
-static int kvs_huge_string(struct wbuf *w)
+static int kvs_huge_string(struct gw_buf *w)
 {
-    w_key(w, "s", GGUF_TYPE_STRING);
-    w_u64(w, 1ull << 63);
-    w_u32(w, 0);
+    gw_key(w, "s", GGUF_TYPE_STRING);
+    gw_u64(w, 1ull << 63);
+    gw_u32(w, 0);
     return 1;
 }
-static int kvs_huge_key(struct wbuf *w)
+static int kvs_huge_key(struct gw_buf *w)
 {
-    w_u64(w, 1000);
-    w_bytes(w, "abc", 3);
+    gw_u64(w, 1000);
+    gw_bytes(w, "abc", 3);
     return 1;
 }
-static int kvs_unknown_type(struct wbuf *w)
+static int kvs_unknown_type(struct gw_buf *w)
 {
-    w_key(w, "weird", (enum gguf_type)13);
-    w_u32(w, 0);
+    gw_key(w, "weird", (enum gguf_type)13);
+    gw_u32(w, 0);
     return 1;
 }
-static int kvs_unknown_elem_type(struct wbuf *w)
+static int kvs_unknown_elem_type(struct gw_buf *w)
 {
-    w_key(w, "weird", GGUF_TYPE_ARRAY);
-    w_arr(w, (enum gguf_type)99, 1);
-    w_u32(w, 0);
+    gw_key(w, "weird", GGUF_TYPE_ARRAY);
+    gw_arr(w, (enum gguf_type)99, 1);
+    gw_u32(w, 0);
     return 1;
 }
-static int kvs_deep_nesting(struct wbuf *w)
+static int kvs_deep_nesting(struct gw_buf *w)
 {
-    w_key(w, "deep", GGUF_TYPE_ARRAY);
+    gw_key(w, "deep", GGUF_TYPE_ARRAY);
     for (int i = 0; i < 40; i++)
-        w_arr(w, GGUF_TYPE_ARRAY, 1);
-    w_arr(w, GGUF_TYPE_UINT8, 0);
+        gw_arr(w, GGUF_TYPE_ARRAY, 1);
+    gw_arr(w, GGUF_TYPE_UINT8, 0);
     return 1;
 }
-static int kvs_duplicate_key(struct wbuf *w)
+static int kvs_duplicate_key(struct gw_buf *w)
 {
-    w_key(w, "k", GGUF_TYPE_UINT8);
-    w_u8(w, 1);
-    w_key(w, "j", GGUF_TYPE_UINT8);
-    w_u8(w, 2);
-    w_key(w, "k", GGUF_TYPE_UINT8);
-    w_u8(w, 3);
+    gw_key(w, "k", GGUF_TYPE_UINT8);
+    gw_u8(w, 1);
+    gw_key(w, "j", GGUF_TYPE_UINT8);
+    gw_u8(w, 2);
+    gw_key(w, "k", GGUF_TYPE_UINT8);
+    gw_u8(w, 3);
     return 3;
 }
 
 TEST(lengths_past_the_end_of_the_file_are_rejected)
 {
-    struct wbuf w = build(3, kvs_huge_array, two_tensors, 2, 32);
+    struct gw_buf w = build(3, kvs_huge_array, two_tensors, 2, 32);
     ASSERT_REJECTS(w, "key 'a': array of 4611686018427387904 u32 values");
     free(w.p);
     w = build(3, kvs_huge_str_array, two_tensors, 2, 32);
@@ -969,7 +893,7 @@ TEST(lengths_past_the_end_of_the_file_are_rejected)
 
 TEST(unknown_value_types_and_deep_nesting_are_rejected)
 {
-    struct wbuf w = build(3, kvs_unknown_type, two_tensors, 2, 32);
+    struct gw_buf w = build(3, kvs_unknown_type, two_tensors, 2, 32);
     ASSERT_REJECTS(w, "key 'weird': unknown value type 13");
     free(w.p);
     w = build(3, kvs_unknown_elem_type, two_tensors, 2, 32);
@@ -982,14 +906,14 @@ TEST(unknown_value_types_and_deep_nesting_are_rejected)
 
 TEST(duplicate_keys_are_rejected)
 {
-    struct wbuf w = build(3, kvs_duplicate_key, two_tensors, 2, 32);
+    struct gw_buf w = build(3, kvs_duplicate_key, two_tensors, 2, 32);
     ASSERT_REJECTS(w, "duplicate key 'k'");
     free(w.p);
 }
 
 TEST(alignment_that_is_not_a_power_of_two_is_rejected)
 {
-    struct wbuf w = build(3, kvs_align_48, two_tensors, 2, 48);
+    struct gw_buf w = build(3, kvs_align_48, two_tensors, 2, 48);
     ASSERT_REJECTS(w, "general.alignment 48 is not a power of two");
     free(w.p);
     w = build(3, kvs_align_0, two_tensors, 2, 32);
@@ -1012,7 +936,7 @@ TEST(misaligned_tensor_offset_is_rejected)
         {"a", 1, {8, 1, 1, 1}, QTYPE_F32, 0},
         {"blk.0.attn_q.weight", 2, {32, 2, 1, 1}, QTYPE_Q8_0, 36},
     };
-    struct wbuf w = build(3, NULL, ts, 2, 32);
+    struct gw_buf w = build(3, NULL, ts, 2, 32);
     ASSERT_REJECTS(w, "tensor 'blk.0.attn_q.weight' offset 36 is not aligned to 32 bytes");
     free(w.p);
 }
@@ -1024,7 +948,7 @@ TEST(overlapping_tensors_are_rejected)
         {"second", 1, {8, 1, 1, 1}, QTYPE_F32, 128},
         {"empty", 1, {0, 1, 1, 1}, QTYPE_F32, 64}, /* zero bytes overlap nothing */
     };
-    struct wbuf w = build(3, NULL, ts, 3, 32);
+    struct gw_buf w = build(3, NULL, ts, 3, 32);
     ASSERT_REJECTS(w, "tensors 'first' [offset 0, 256 bytes] and 'second' [offset 128, 32 "
                       "bytes] overlap");
     free(w.p);
@@ -1039,7 +963,7 @@ TEST(overlapping_tensors_are_rejected)
 
 TEST(tensor_data_past_end_of_file_is_rejected)
 {
-    struct wbuf w = build(3, NULL, two_tensors, 2, 32);
+    struct gw_buf w = build(3, NULL, two_tensors, 2, 32);
     w.len -= 1;
     ASSERT_REJECTS(w, "tensor 'b' data [offset 32, 68 bytes] runs past end of file");
     free(w.p);
@@ -1051,7 +975,7 @@ TEST(unsupported_tensor_type_is_named_in_the_error)
         {"a", 1, {8, 1, 1, 1}, QTYPE_F32, -1},
         {"blk.0.ffn_up.weight", 2, {256, 4, 1, 1}, 10, -1},
     };
-    struct wbuf w = build(3, NULL, ts, 2, 32);
+    struct gw_buf w = build(3, NULL, ts, 2, 32);
     ASSERT_REJECTS(w, "tensor 'blk.0.ffn_up.weight' has unsupported tensor type Q2_K (10)");
     free(w.p);
     const struct tspec ts2[] = {{"x", 1, {8, 1, 1, 1}, 4000000000u, -1}};
@@ -1067,7 +991,7 @@ TEST(duplicate_tensor_names_are_rejected)
         {"b", 1, {8, 1, 1, 1}, QTYPE_F32, -1},
         {"a", 1, {8, 1, 1, 1}, QTYPE_F32, -1},
     };
-    struct wbuf w = build(3, NULL, ts, 3, 32);
+    struct gw_buf w = build(3, NULL, ts, 3, 32);
     ASSERT_REJECTS(w, "duplicate tensor name 'a'");
     free(w.p);
 }
@@ -1075,7 +999,7 @@ TEST(duplicate_tensor_names_are_rejected)
 TEST(bad_shapes_are_rejected)
 {
     const struct tspec five[] = {{"t5", 5, {1, 1, 1, 1}, QTYPE_F32, 0}};
-    struct wbuf w = build(3, NULL, five, 1, 32);
+    struct gw_buf w = build(3, NULL, five, 1, 32);
     ASSERT_REJECTS(w, "tensor 't5' has 5 dimensions (at most 4)");
     free(w.p);
 
@@ -1117,7 +1041,7 @@ TEST(k_quant_tensors_parse_with_their_block_sizes)
         {"q3_k", 2, {256, 1, 1, 1}, QTYPE_Q3_K, -1},
     };
     static const size_t nbytes[] = {3 * 20 * 22, 2 * 2 * 144, 5 * 210, 176, 110};
-    struct wbuf w = build(3, NULL, ts, 5, 32);
+    struct gw_buf w = build(3, NULL, ts, 5, 32);
     struct gguf_file g;
     char err[256];
     ASSERT_OK(parse(&g, &w, err, sizeof err));
@@ -1146,11 +1070,11 @@ TEST(tensor_offset_far_past_the_data_section_is_rejected)
      * offset and patch its offset field (the last 8 bytes of the directory) */
     struct tspec near[2] = {ts[0], ts[1]};
     near[1].offset = 32;
-    struct wbuf w = build(3, NULL, near, 2, 32);
+    struct gw_buf w = build(3, NULL, near, 2, 32);
     size_t dir_end = 24 + (8 + 1 + 4 + 8 + 4 + 8) + (8 + 3 + 4 + 8 + 4 + 8);
-    put_u64_at(&w, dir_end - 8, (uint64_t)ts[1].offset);
+    gw_put_u64_at(&w, dir_end - 8, (uint64_t)ts[1].offset);
     ASSERT_REJECTS(w, "tensor 'far' data [offset 9223372036854775776, 32 bytes] runs past end");
-    put_u64_at(&w, dir_end - 8, UINT64_MAX - 31);
+    gw_put_u64_at(&w, dir_end - 8, UINT64_MAX - 31);
     ASSERT_REJECTS(w, "runs past end of file");
     free(w.p);
 }
@@ -1158,14 +1082,14 @@ TEST(tensor_offset_far_past_the_data_section_is_rejected)
 TEST(names_with_odd_bytes_are_printed_safely)
 {
     const struct tspec ts[] = {{"bad\nname'\x01", 1, {8, 1, 1, 1}, 10, -1}};
-    struct wbuf w = build(3, NULL, ts, 1, 32);
+    struct gw_buf w = build(3, NULL, ts, 1, 32);
     ASSERT_REJECTS(w, "tensor 'bad?name?\?' has unsupported");
     free(w.p);
 }
 
 TEST(parse_with_no_error_buffer_or_a_tiny_one_is_safe)
 {
-    struct wbuf w = sample_file(3);
+    struct gw_buf w = sample_file(3);
     struct gguf_file g;
     char tiny[4] = "zzz";
 
@@ -1181,7 +1105,7 @@ TEST(parse_with_no_error_buffer_or_a_tiny_one_is_safe)
 
 TEST(every_truncation_of_the_sample_file_fails_cleanly)
 {
-    struct wbuf w = sample_file(3);
+    struct gw_buf w = sample_file(3);
     int bad = 0;
 
     ASSERT_OK(parse_copy(w.p, w.len, &bad));
@@ -1234,7 +1158,7 @@ TEST(truncations_of_the_real_file_fail_cleanly)
 
 TEST(random_corruption_of_the_sample_file_never_crashes)
 {
-    struct wbuf w = sample_file(3);
+    struct gw_buf w = sample_file(3);
     uint8_t *copy = malloc(w.len);
     size_t at[4];
     int bad = 0, ok = 0;
@@ -1304,7 +1228,7 @@ TEST(random_corruption_of_the_real_header_never_crashes)
 
 /* ---- fuzz seeds --------------------------------------------------------- */
 
-static int write_file(const char *dir, const char *name, const struct wbuf *w)
+static int write_file(const char *dir, const char *name, const struct gw_buf *w)
 {
     char path[4096];
     FILE *f;
@@ -1320,7 +1244,7 @@ static int write_file(const char *dir, const char *name, const struct wbuf *w)
 TEST(writes_the_fuzz_seed_corpus_when_asked)
 {
     const char *dir = getenv("STREAMSINK_GGUF_SEED_DIR");
-    struct wbuf w;
+    struct gw_buf w;
 
     if (!dir || !*dir)
         return;

@@ -9,6 +9,7 @@
  * SIMDe's portable AVX-512 (when libsimde-dev is installed), so its logic is
  * checked on machines without AVX-512 too.
  */
+#include "support/rng.h"
 #include "test.h"
 
 #include <float.h>
@@ -199,10 +200,7 @@ static uint64_t rng = 0x9e3779b97f4a7c15ull;
 
 static float rand_unit(void)
 {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (float)(rng >> 40) * 0x1p-23f - 1.0f;
+    return test_rng_sym(&rng);
 }
 
 /* Random values with a different scale per 32-block, an occasional outlier,

@@ -5,6 +5,7 @@
  * per block format, activation preparation, and quant_dot_ref against
  * double-precision dot products with tolerances derived in the comments.
  */
+#include "support/rng.h"
 #include "test.h"
 
 #include <float.h>
@@ -18,16 +19,13 @@ static uint64_t rng = 0x243f6a8885a308d3ull;
 
 static uint32_t rand_u32(void)
 {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (uint32_t)(rng >> 32);
+    return (uint32_t)(test_rng_u64(&rng) >> 32);
 }
 
 /* Uniform in [-1, 1). */
 static float rand_unit(void)
 {
-    return (float)(rand_u32() >> 8) * 0x1p-23f - 1.0f;
+    return test_rng_sym(&rng);
 }
 
 static float bits_to_f32(uint32_t u)

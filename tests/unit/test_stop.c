@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "engine/stop.h"
+#include "support/rng.h"
 #include "test.h"
 
 #define TEXT_MAX 4096
@@ -28,15 +29,12 @@ static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
 
 static uint64_t rnd(void)
 {
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
+    return test_rng_u64(&rng_state);
 }
 
 static size_t rnd_below(size_t n)
 {
-    return n ? (size_t)(rnd() % n) : 0;
+    return (size_t)test_rng_below(&rng_state, n);
 }
 
 /* ---- the oracle ----------------------------------------------------------- */

@@ -12,11 +12,12 @@
  * files must give an error or a working tokenizer, never a crash (run under
  * ASan/UBSan).
  */
+#include "support/gguf_writer.h"
+#include "support/utf8_check.h"
 #include "test.h"
 
 #include "gguf.h"
 #include "tokenizer.h"
-#include "utf8_check.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -623,53 +624,6 @@ TEST(tokenizer_encodes_long_inputs)
 
 /* ---- small synthetic files ---------------------------------------------- */
 
-struct wbuf {
-    uint8_t *p;
-    size_t len;
-    size_t cap;
-};
-
-static void w_bytes(struct wbuf *w, const void *src, size_t n)
-{
-    if (w->len + n > w->cap) {
-        size_t cap = w->cap ? w->cap : 256;
-        uint8_t *p;
-        while (cap < w->len + n)
-            cap *= 2;
-        p = realloc(w->p, cap);
-        if (!p) {
-            fprintf(stderr, "test_tokenizer: out of memory\n");
-            exit(1);
-        }
-        w->p = p;
-        w->cap = cap;
-    }
-    memcpy(w->p + w->len, src, n);
-    w->len += n;
-}
-
-static void w_u32(struct wbuf *w, uint32_t v)
-{
-    w_bytes(w, &v, 4);
-}
-
-static void w_u64(struct wbuf *w, uint64_t v)
-{
-    w_bytes(w, &v, 8);
-}
-
-static void w_str(struct wbuf *w, const char *s)
-{
-    w_u64(w, strlen(s));
-    w_bytes(w, s, strlen(s));
-}
-
-static void w_key(struct wbuf *w, const char *key, enum gguf_type type)
-{
-    w_str(w, key);
-    w_u32(w, type);
-}
-
 /* What a synthetic tokenizer file holds: the 256 byte tokens (id = byte), then
  * extra[] with types[]. NULL / negative fields leave the key out. */
 struct syn {
@@ -705,58 +659,58 @@ static void byte_char(int b, char out[3])
     }
 }
 
-static struct wbuf syn_file(const struct syn *s)
+static struct gw_buf syn_file(const struct syn *s)
 {
-    struct wbuf w = {0};
+    struct gw_buf w = {0};
     uint64_t n_kv = 0;
     size_t n_kv_at;
     char bc[3];
 
-    w_bytes(&w, "GGUF", 4);
-    w_u32(&w, 3);
-    w_u64(&w, 0);
+    gw_bytes(&w, "GGUF", 4);
+    gw_u32(&w, 3);
+    gw_u64(&w, 0);
     n_kv_at = w.len;
-    w_u64(&w, 0);
+    gw_u64(&w, 0);
     if (s->model) {
-        w_key(&w, "tokenizer.ggml.model", GGUF_TYPE_STRING);
-        w_str(&w, s->model);
+        gw_key(&w, "tokenizer.ggml.model", GGUF_TYPE_STRING);
+        gw_str(&w, s->model);
         n_kv++;
     }
     if (s->pre) {
-        w_key(&w, "tokenizer.ggml.pre", GGUF_TYPE_STRING);
-        w_str(&w, s->pre);
+        gw_key(&w, "tokenizer.ggml.pre", GGUF_TYPE_STRING);
+        gw_str(&w, s->pre);
         n_kv++;
     }
     if (!s->no_tokens) {
-        w_key(&w, "tokenizer.ggml.tokens", GGUF_TYPE_ARRAY);
-        w_u32(&w, GGUF_TYPE_STRING);
-        w_u64(&w, 256 + (uint64_t)s->n_extra);
+        gw_key(&w, "tokenizer.ggml.tokens", GGUF_TYPE_ARRAY);
+        gw_u32(&w, GGUF_TYPE_STRING);
+        gw_u64(&w, 256 + (uint64_t)s->n_extra);
         for (int b = 0; b < 256; b++) {
             byte_char(b, bc);
-            w_str(&w, bc);
+            gw_str(&w, bc);
         }
         for (int i = 0; i < s->n_extra; i++)
-            w_str(&w, s->extra[i]);
-        w_key(&w, "tokenizer.ggml.token_type", GGUF_TYPE_ARRAY);
-        w_u32(&w, GGUF_TYPE_INT32);
-        w_u64(&w, 256 + (uint64_t)s->n_extra);
+            gw_str(&w, s->extra[i]);
+        gw_key(&w, "tokenizer.ggml.token_type", GGUF_TYPE_ARRAY);
+        gw_u32(&w, GGUF_TYPE_INT32);
+        gw_u64(&w, 256 + (uint64_t)s->n_extra);
         for (int i = 0; i < 256 + s->n_extra; i++) {
             int32_t ty = i < 256 ? 1 : s->types[i - 256];
-            w_bytes(&w, &ty, 4);
+            gw_bytes(&w, &ty, 4);
         }
         n_kv += 2;
     }
     if (s->n_merges >= 0) {
-        w_key(&w, "tokenizer.ggml.merges", GGUF_TYPE_ARRAY);
-        w_u32(&w, GGUF_TYPE_STRING);
-        w_u64(&w, (uint64_t)s->n_merges);
+        gw_key(&w, "tokenizer.ggml.merges", GGUF_TYPE_ARRAY);
+        gw_u32(&w, GGUF_TYPE_STRING);
+        gw_u64(&w, (uint64_t)s->n_merges);
         for (int i = 0; i < s->n_merges; i++)
-            w_str(&w, s->merges[i]);
+            gw_str(&w, s->merges[i]);
         n_kv++;
     }
     if (s->bos >= 0) {
-        w_key(&w, "tokenizer.ggml.bos_token_id", GGUF_TYPE_UINT32);
-        w_u32(&w, (uint32_t)s->bos);
+        gw_key(&w, "tokenizer.ggml.bos_token_id", GGUF_TYPE_UINT32);
+        gw_u32(&w, (uint32_t)s->bos);
         n_kv++;
     }
     memcpy(w.p + n_kv_at, &n_kv, 8);
@@ -766,7 +720,7 @@ static struct wbuf syn_file(const struct syn *s)
 /* Builds and loads s. Returns tok_load's result; err gets its message. */
 static int syn_load(const struct syn *s, struct tokenizer **t, char *err, size_t err_len)
 {
-    struct wbuf w = syn_file(s);
+    struct gw_buf w = syn_file(s);
     struct gguf_file g;
     int rc = gguf_parse(&g, w.p, w.len, err, err_len);
 
@@ -916,7 +870,7 @@ TEST(tokenizer_rejects_bad_metadata_with_a_message)
 TEST(tokenizer_survives_truncated_and_corrupted_files)
 {
     struct syn s = syn_default();
-    struct wbuf w = syn_file(&s);
+    struct gw_buf w = syn_file(&s);
     uint8_t *copy = malloc(w.len);
     uint64_t rng = 0x9E3779B97F4A7C15ull;
     int loaded = 0;
@@ -958,40 +912,40 @@ TEST(tokenizer_survives_truncated_and_corrupted_files)
 }
 
 /* The real vocab and merges with tokenizer.ggml.pre = "gpt2". */
-static struct wbuf real_with_pre(const char *pre)
+static struct gw_buf real_with_pre(const char *pre)
 {
     static const char *const arrays[] = {"tokenizer.ggml.tokens", "tokenizer.ggml.merges"};
-    struct wbuf w = {0};
+    struct gw_buf w = {0};
     int32_t *types = NULL;
     uint64_t n_types = 0;
 
-    w_bytes(&w, "GGUF", 4);
-    w_u32(&w, 3);
-    w_u64(&w, 0);
-    w_u64(&w, 5);
-    w_key(&w, "tokenizer.ggml.model", GGUF_TYPE_STRING);
-    w_str(&w, "gpt2");
-    w_key(&w, "tokenizer.ggml.pre", GGUF_TYPE_STRING);
-    w_str(&w, pre);
+    gw_bytes(&w, "GGUF", 4);
+    gw_u32(&w, 3);
+    gw_u64(&w, 0);
+    gw_u64(&w, 5);
+    gw_key(&w, "tokenizer.ggml.model", GGUF_TYPE_STRING);
+    gw_str(&w, "gpt2");
+    gw_key(&w, "tokenizer.ggml.pre", GGUF_TYPE_STRING);
+    gw_str(&w, pre);
     for (int a = 0; a < 2; a++) {
         struct gguf_str *v = NULL;
         uint64_t n = 0;
         if (gguf_get_arr_str(&real.g, arrays[a], &v, &n) < 0)
             break;
-        w_key(&w, arrays[a], GGUF_TYPE_ARRAY);
-        w_u32(&w, GGUF_TYPE_STRING);
-        w_u64(&w, n);
+        gw_key(&w, arrays[a], GGUF_TYPE_ARRAY);
+        gw_u32(&w, GGUF_TYPE_STRING);
+        gw_u64(&w, n);
         for (uint64_t i = 0; i < n; i++) {
-            w_u64(&w, v[i].len);
-            w_bytes(&w, v[i].ptr, v[i].len);
+            gw_u64(&w, v[i].len);
+            gw_bytes(&w, v[i].ptr, v[i].len);
         }
         free(v);
     }
     if (gguf_get_arr_i32(&real.g, "tokenizer.ggml.token_type", &types, &n_types) == 0) {
-        w_key(&w, "tokenizer.ggml.token_type", GGUF_TYPE_ARRAY);
-        w_u32(&w, GGUF_TYPE_INT32);
-        w_u64(&w, n_types);
-        w_bytes(&w, types, n_types * sizeof *types);
+        gw_key(&w, "tokenizer.ggml.token_type", GGUF_TYPE_ARRAY);
+        gw_u32(&w, GGUF_TYPE_INT32);
+        gw_u64(&w, n_types);
+        gw_bytes(&w, types, n_types * sizeof *types);
         free(types);
     }
     return w;
@@ -999,7 +953,7 @@ static struct wbuf real_with_pre(const char *pre)
 
 TEST(tokenizer_gpt2_pattern_matches_hugging_face_on_the_real_vocab)
 {
-    struct wbuf w;
+    struct gw_buf w;
     struct gguf_file g;
     struct tokenizer *t2 = NULL;
     char err[256];

@@ -1,60 +1,14 @@
-/*
- * tiny_model.h: a small random-weight Llama model built directly in memory,
- * for the invariant tests (tests/invariants/). No GGUF file and no tokenizer:
- * struct model's hparams and weight views are filled here, model.gguf stays
- * zeroed, and tiny_model_free (never model_free) releases it.
- *
- * The weights are drawn from a fixed seed so every run sees the same model.
- * Query and key projections are large (default sigma 0.3 with D = 64), so
- * attention scores spread over several units and softmax is peaked: a wrong
- * position, a missing key or a wrong normalizer moves the logits by a lot,
- * which is what lets the invariant tests fail. Value, output and FFN
- * projections are scaled 1/sqrt(fan-in) so the residual stream stays O(1)
- * through the layers.
- *
- * Weights are F32 by default (the CPU backend then multiplies f32
- * activations with no quantization) or Q8_0 (made with quant_quantize_row).
- * The normalizer is selectable; per-head sink logits live in m.sinks_mem and
- * layers[l].attn_sinks, as model_load lays them out.
- *
- * Also here: tiny_rig, a CPU backend + forward state + one sequence around any
- * struct model, since every invariant test drives the engine the same way.
- * Everything is static inline so each test binary compiles it on its own.
- */
-#ifndef SS_TESTS_TINY_MODEL_H
-#define SS_TESTS_TINY_MODEL_H
+/* tiny_model.c: the random-weight Llama model and its CPU rig (tiny_model.h). */
+#include "support/tiny_model.h"
 
 #include <math.h>
-#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/backend.h"
-#include "engine/forward.h"
-#include "engine/model.h"
-#include "engine/quant.h"
-#include "kvcache/kvcache.h"
+#include "support/rng.h"
 
-struct tiny_config {
-    int n_layer;     /* L */
-    int n_embd;      /* D */
-    int n_head;      /* H */
-    int n_head_kv;   /* Hkv */
-    int head_dim;    /* Dh */
-    int n_ff;        /* F */
-    int64_t n_vocab; /* V */
-    double rope_base;
-    float norm_eps;
-    enum model_normalizer normalizer;
-    enum qtype wtype; /* QTYPE_F32 or QTYPE_Q8_0 for the matrices; norms stay F32 */
-    float qk_sigma;   /* std of Wq and Wk entries: sets how peaked attention is */
-    float sink_mean;  /* sink logits s_h ~ N(sink_mean, sink_sigma) for MODEL_NORM_SINK */
-    float sink_sigma;
-    uint64_t seed;
-};
-
-static inline struct tiny_config tiny_config_default(void)
+struct tiny_config tiny_config_default(void)
 {
     struct tiny_config c = {
         .n_layer = 2,
@@ -76,38 +30,7 @@ static inline struct tiny_config tiny_config_default(void)
     return c;
 }
 
-#define TINY_MAX_ALLOCS 512 /* enough for 30 layers (tools/bench_cuda.c --synthetic) */
-
-struct tiny_model {
-    struct model m;
-    struct tiny_config cfg;
-    void *mem[TINY_MAX_ALLOCS]; /* everything to free */
-    int n_mem;
-};
-
-/* splitmix64: a fixed, portable stream of random bits. */
-static inline uint64_t tiny_rand_u64(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
-/* Uniform in (0, 1). */
-static inline double tiny_rand_unit(uint64_t *s)
-{
-    return ((double)(tiny_rand_u64(s) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
-}
-
-/* Standard normal (Box-Muller). */
-static inline double tiny_rand_normal(uint64_t *s)
-{
-    double u1 = tiny_rand_unit(s), u2 = tiny_rand_unit(s);
-    return sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2);
-}
-
-static inline void *tiny_alloc(struct tiny_model *tm, size_t bytes)
+static void *tiny_alloc(struct tiny_model *tm, size_t bytes)
 {
     if (tm->n_mem == TINY_MAX_ALLOCS)
         return NULL;
@@ -117,9 +40,8 @@ static inline void *tiny_alloc(struct tiny_model *tm, size_t bytes)
     return p;
 }
 
-/* A (rows, cols) weight with entries ~ N(mean, sigma), stored as type t. */
-static inline int tiny_tensor(struct tiny_model *tm, struct tensor *out, enum qtype t, int64_t cols,
-                              int64_t rows, double mean, double sigma, uint64_t *rng)
+static int tiny_tensor(struct tiny_model *tm, struct tensor *out, enum qtype t, int64_t cols,
+                       int64_t rows, double mean, double sigma, uint64_t *rng)
 {
     size_t row_bytes = qtype_row_bytes(t, cols);
     float *row = malloc((size_t)cols * sizeof(float));
@@ -130,7 +52,7 @@ static inline int tiny_tensor(struct tiny_model *tm, struct tensor *out, enum qt
     }
     for (int64_t r = 0; r < rows; r++) {
         for (int64_t i = 0; i < cols; i++)
-            row[i] = (float)(mean + sigma * tiny_rand_normal(rng));
+            row[i] = (float)(mean + sigma * test_rng_normal(rng));
         quant_quantize_row(t, row, (char *)data + (size_t)r * row_bytes, cols);
     }
     free(row);
@@ -139,16 +61,14 @@ static inline int tiny_tensor(struct tiny_model *tm, struct tensor *out, enum qt
     return 0;
 }
 
-static inline void tiny_model_free(struct tiny_model *tm)
+void tiny_model_free(struct tiny_model *tm)
 {
     for (int i = 0; i < tm->n_mem; i++)
         free(tm->mem[i]);
     memset(tm, 0, sizeof *tm);
 }
 
-/* Builds the model. Returns 0, or -1 (and tm freed) when memory runs out or a
- * dimension does not fit the weight type's block. */
-static inline int tiny_model_init(struct tiny_model *tm, const struct tiny_config *c)
+int tiny_model_init(struct tiny_model *tm, const struct tiny_config *c)
 {
     memset(tm, 0, sizeof *tm);
     tm->cfg = *c;
@@ -197,7 +117,7 @@ static inline int tiny_model_init(struct tiny_model *tm, const struct tiny_confi
         float *s = tm->m.sinks_mem + (size_t)l * (size_t)c->n_head;
         for (int h = 0; h < c->n_head; h++) {
             /* drawn for every normalizer, so the other weights do not depend on it */
-            float r = (float)(c->sink_mean + c->sink_sigma * tiny_rand_normal(&rng));
+            float r = (float)(c->sink_mean + c->sink_sigma * test_rng_normal(&rng));
             /* zeros otherwise: softmax1 is sink with s_h = 0 (as model_load) */
             s[h] = c->normalizer == MODEL_NORM_SINK ? r : 0.0f;
         }
@@ -213,33 +133,14 @@ fail:
     return -1;
 }
 
-/* Sets every sink logit s_h of every layer to s. */
-static inline void tiny_model_set_sinks(struct tiny_model *tm, float s)
+void tiny_model_set_sinks(struct tiny_model *tm, float s)
 {
     size_t n = (size_t)tm->m.hp.n_layer * (size_t)tm->m.hp.n_head;
     for (size_t i = 0; i < n; i++)
         tm->m.sinks_mem[i] = s;
 }
 
-/* A backend, the forward state and one sequence in slot 0. */
-struct tiny_rig {
-    struct backend b;
-    struct fwd f;
-    struct kv_seq seq;
-    int b_ok, f_ok;
-};
-
-struct tiny_rig_config {
-    struct kv_policy policy; /* resolved (not AUTO) */
-    int64_t window;          /* W */
-    int64_t chunk;           /* C_max: most tokens per step (also the backend's max_tokens) */
-    int64_t pos_first;       /* p0 */
-    enum kv_dtype dtype;
-    int n_threads;
-    int reference_matmul; /* backend_cpu_config.reference_matmul */
-};
-
-static inline void tiny_rig_close(struct tiny_rig *r)
+void tiny_rig_close(struct tiny_rig *r)
 {
     if (r->f_ok)
         fwd_free(&r->f);
@@ -248,9 +149,7 @@ static inline void tiny_rig_close(struct tiny_rig *r)
     memset(r, 0, sizeof *r);
 }
 
-/* Returns 0, or -1 with a message on stderr (and r closed). */
-static inline int tiny_rig_open(struct tiny_rig *r, const struct model *m,
-                                const struct tiny_rig_config *c)
+int tiny_rig_open(struct tiny_rig *r, const struct model *m, const struct tiny_rig_config *c)
 {
     char err[256];
     memset(r, 0, sizeof *r);
@@ -285,11 +184,8 @@ fail:
     return -1;
 }
 
-/* Feeds tokens[0..n) in steps of at most chunk tokens with every logits row
- * kept: logits (n, V) gets row i for token i. Returns 0 or the failing
- * fwd_step code. */
-static inline int64_t tiny_rig_feed(struct tiny_rig *r, const int32_t *tokens, int64_t n,
-                                    int64_t chunk, float *logits)
+int64_t tiny_rig_feed(struct tiny_rig *r, const int32_t *tokens, int64_t n, int64_t chunk,
+                      float *logits)
 {
     const int64_t V = r->f.m->hp.n_vocab;
     for (int64_t i0 = 0; i0 < n; i0 += chunk) {
@@ -304,15 +200,13 @@ static inline int64_t tiny_rig_feed(struct tiny_rig *r, const int32_t *tokens, i
     return 0;
 }
 
-/* A fixed pseudo-random token stream. */
-static inline void tiny_tokens(int32_t *out, int64_t n, int64_t n_vocab, uint64_t seed)
+void tiny_tokens(int32_t *out, int64_t n, int64_t n_vocab, uint64_t seed)
 {
     for (int64_t i = 0; i < n; i++)
-        out[i] = (int32_t)(tiny_rand_u64(&seed) % (uint64_t)n_vocab);
+        out[i] = (int32_t)(test_rng_u64(&seed) % (uint64_t)n_vocab);
 }
 
-/* Largest |a - b| over n values, and the largest |a| (for scale). */
-static inline double tiny_max_diff(const float *a, const float *b, int64_t n, double *max_abs)
+double tiny_max_diff(const float *a, const float *b, int64_t n, double *max_abs)
 {
     double d = 0, mx = 0;
     for (int64_t i = 0; i < n; i++) {
@@ -331,5 +225,3 @@ static inline double tiny_max_diff(const float *a, const float *b, int64_t n, do
         *max_abs = mx;
     return d;
 }
-
-#endif

@@ -1,41 +1,16 @@
-/*
- * test_engine_rig.h: a running engine for the test_engine_*.c tests: start
- * it on a model file, submit requests, collect each request's events (token
- * ids, text, finish, usage or error with its param and code) until it ends.
- * Several requests may run side by side (rig_wait_all). Also same_as_text:
- * the text path against engine_tokenize + the ids path. Everything is static
- * inline, so each test binary compiles what it uses.
- */
-#ifndef SS_TESTS_ENGINE_RIG_H
-#define SS_TESTS_ENGINE_RIG_H
+/* engine_rig.c: a running engine for the engine tests (engine_rig.h). */
+#include "support/engine_rig.h"
 
 #include <errno.h>
-#include <pthread.h>
-#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
-#include "engine.h"
-#include "test.h"
+#include "support/model_file.h"
 
-#define FIXTURE SS_FIXTURES_DIR "/norm_softmax.gguf"
-#define MAX_GEN 512
-#define TEXT_CAP 16384
-
-/* ---- a running engine ------------------------------------------------------ */
-
-struct rig {
-    struct engine *e;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int woken;
-    uint64_t next_id;
-};
-
-static inline void rig_wake(void *arg)
+static void rig_wake(void *arg)
 {
     struct rig *r = arg;
     pthread_mutex_lock(&r->mu);
@@ -44,7 +19,7 @@ static inline void rig_wake(void *arg)
     pthread_mutex_unlock(&r->mu);
 }
 
-static inline struct engine_config rig_config(const char *path)
+struct engine_config rig_config(const char *path)
 {
     struct engine_config c = engine_default_config();
     c.model_path = path;
@@ -57,8 +32,7 @@ static inline struct engine_config rig_config(const char *path)
     return c;
 }
 
-/* Returns 0, or -1 with the reason printed. */
-static inline int rig_open(struct rig *r, const struct engine_config *c)
+int rig_open(struct rig *r, const struct engine_config *c)
 {
     char err[256];
     memset(r, 0, sizeof *r);
@@ -72,27 +46,14 @@ static inline int rig_open(struct rig *r, const struct engine_config *c)
     return 0;
 }
 
-static inline void rig_close(struct rig *r)
+void rig_close(struct rig *r)
 {
     engine_stop(r->e);
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
 }
 
-struct result {
-    int error, status;
-    char param[32], code[32], message[160];
-    int32_t toks[MAX_GEN];
-    int n_tok;
-    char text[TEXT_CAP];
-    size_t n_text;
-    enum engine_finish finish;
-    int64_t prompt_tokens, completion_tokens;
-};
-
-/* Waits (at most ~10 minutes) for the events of requests ids[0..n) until
- * they all end; other requests' events are dropped. */
-static inline int rig_wait_all(struct rig *r, const uint64_t *ids, struct result **outs, int n_req)
+int rig_wait_all(struct rig *r, const uint64_t *ids, struct rig_result **outs, int n_req)
 {
     struct engine_event ev[32];
     int left = n_req;
@@ -107,11 +68,11 @@ static inline int rig_wait_all(struct rig *r, const uint64_t *ids, struct result
                 k++;
             if (k == n_req)
                 continue;
-            struct result *out = outs[k];
+            struct rig_result *out = outs[k];
             if (v->kind == ENGINE_EV_TOKEN) {
-                if (v->token >= 0 && out->n_tok < MAX_GEN)
+                if (v->token >= 0 && out->n_tok < RIG_MAX_GEN)
                     out->toks[out->n_tok++] = v->token;
-                if (out->n_text + v->text_len < TEXT_CAP) {
+                if (out->n_text + v->text_len < RIG_TEXT_CAP) {
                     memcpy(out->text + out->n_text, v->text, v->text_len);
                     out->n_text += v->text_len;
                 }
@@ -151,13 +112,12 @@ static inline int rig_wait_all(struct rig *r, const uint64_t *ids, struct result
     return -1;
 }
 
-static inline int rig_wait(struct rig *r, uint64_t id, struct result *out)
+int rig_wait(struct rig *r, uint64_t id, struct rig_result *out)
 {
     return rig_wait_all(r, &id, &out, 1);
 }
 
-/* A greedy request with nothing in it yet. */
-static inline struct engine_request greedy(struct rig *r, int64_t max_tokens)
+struct engine_request rig_greedy(struct rig *r, int64_t max_tokens)
 {
     struct engine_request q;
     memset(&q, 0, sizeof q);
@@ -168,8 +128,7 @@ static inline struct engine_request greedy(struct rig *r, int64_t max_tokens)
     return q;
 }
 
-static inline void set_text(struct engine_request *q, const char *text, int add_bos,
-                            int parse_special)
+void rig_set_text(struct engine_request *q, const char *text, int add_bos, int parse_special)
 {
     q->prompt_len = strlen(text);
     q->prompt = malloc(q->prompt_len + 1);
@@ -178,7 +137,7 @@ static inline void set_text(struct engine_request *q, const char *text, int add_
     q->parse_special = parse_special;
 }
 
-static inline void set_ids(struct engine_request *q, const int32_t *ids, int64_t n, int add_bos)
+void rig_set_ids(struct engine_request *q, const int32_t *ids, int64_t n, int add_bos)
 {
     q->prompt_ids = malloc((size_t)(n > 0 ? n : 1) * sizeof *ids);
     if (n > 0)
@@ -187,8 +146,7 @@ static inline void set_ids(struct engine_request *q, const int32_t *ids, int64_t
     q->add_bos = add_bos;
 }
 
-/* Submits q (ownership moves) and collects its result. */
-static inline int rig_run(struct rig *r, struct engine_request *q, struct result *out)
+int rig_run(struct rig *r, struct engine_request *q, struct rig_result *out)
 {
     uint64_t id = q->id;
     int rc = engine_submit(r->e, q);
@@ -200,33 +158,26 @@ static inline int rig_run(struct rig *r, struct engine_request *q, struct result
     return rig_wait(r, id, out);
 }
 
-/* The engine on the real SmolLM2 file, started once per test binary (its
- * start runs the sink probe, slow under sanitizers); the binary's last test
- * closes it. Exits 77 (skip) when the file is absent; NULL if it does not
- * start. */
-static inline struct rig *smol(void)
+struct rig *rig_smol(void)
 {
     static struct rig rig;
     static int state; /* 0: not tried, 1: running, -1: failed */
     if (state == 0) {
-        if (access(test_model_path(), R_OK) != 0)
-            SKIP("no SmolLM2 file at STREAMSINK_MODEL (scripts/fetch-model.sh)");
+        if (access(test_model_path(), R_OK) != 0) {
+            printf("SKIP: no SmolLM2 file at STREAMSINK_MODEL (scripts/fetch-model.sh)\n");
+            exit(77); /* test.h's SKIP: the whole binary skips */
+        }
         struct engine_config c = rig_config(test_model_path());
         state = rig_open(&rig, &c) == 0 ? 1 : -1;
     }
     return state == 1 ? &rig : NULL;
 }
 
-/* Runs each of texts[0..n) (parse_special special[i]) through the text
- * path and through engine_tokenize + the ids path, all side by side; each
- * pair must give the same prompt token count and generated tokens. With a
- * session (n == 1), the pair runs in sessions "<session>-text" and
- * "<session>-ids". */
-static inline int same_as_text(struct rig *rig, const char *const *texts, const int *special, int n,
-                               int add_bos, int64_t max_tokens, const char *session)
+int rig_same_as_text(struct rig *rig, const char *const *texts, const int *special, int n,
+                     int add_bos, int64_t max_tokens, const char *session)
 {
     enum { MAX_PAIRS = 8 };
-    struct result *res[2 * MAX_PAIRS];
+    struct rig_result *res[2 * MAX_PAIRS];
     uint64_t ids_of[2 * MAX_PAIRS];
     int ok = n <= MAX_PAIRS && (n == 1 || !session), made = 0;
     for (int i = 0; i < n && ok; i++) {
@@ -238,11 +189,11 @@ static inline int same_as_text(struct rig *rig, const char *const *texts, const 
             break;
         }
         for (int path = 0; path < 2; path++) {
-            struct engine_request q = greedy(rig, max_tokens);
+            struct engine_request q = rig_greedy(rig, max_tokens);
             if (path == 0)
-                set_text(&q, texts[i], add_bos, special[i]);
+                rig_set_text(&q, texts[i], add_bos, special[i]);
             else
-                set_ids(&q, ids, m, add_bos);
+                rig_set_ids(&q, ids, m, add_bos);
             q.parse_special = special[i];
             if (session)
                 snprintf(q.session_id, sizeof q.session_id, "%s-%s", session,
@@ -262,7 +213,7 @@ static inline int same_as_text(struct rig *rig, const char *const *texts, const 
     if (made == 0 || rig_wait_all(rig, ids_of, res, made) < 0)
         ok = 0;
     for (int k = 0; ok && k + 1 < made; k += 2) {
-        const struct result *a = res[k], *b = res[k + 1];
+        const struct rig_result *a = res[k], *b = res[k + 1];
         int same = !a->error && !b->error && a->prompt_tokens == b->prompt_tokens &&
                    a->n_tok == b->n_tok && a->n_tok > 0 &&
                    memcmp(a->toks, b->toks, (size_t)a->n_tok * sizeof(int32_t)) == 0;
@@ -278,5 +229,3 @@ static inline int same_as_text(struct rig *rig, const char *const *texts, const 
         free(res[k]);
     return ok;
 }
-
-#endif

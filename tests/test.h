@@ -17,6 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cmd.h"
+
 typedef void (*test_fn)(int *failed);
 struct test_case {
     const char *name;
@@ -109,21 +111,12 @@ static int test_count;
         return nfailed ? 1 : passed == 0 && skipped > 0 ? 77 : 0;                                  \
     }
 
-/* Path of the default model (env STREAMSINK_MODEL, else the cache path of
+/* Path of the default model: the program's own rule (cmd_default_model,
+ * cmd/common.c: $STREAMSINK_MODEL, else the cache path of
  * scripts/fetch-model.sh). */
 static inline const char *test_model_path(void)
 {
-    const char *p = getenv("STREAMSINK_MODEL");
-    if (p && *p)
-        return p;
-    static char buf[4096];
-    const char *home = getenv("XDG_CACHE_HOME");
-    if (home && *home)
-        snprintf(buf, sizeof buf, "%s/streamsink/SmolLM2-135M-Instruct.Q4_1.gguf", home);
-    else
-        snprintf(buf, sizeof buf, "%s/.cache/streamsink/SmolLM2-135M-Instruct.Q4_1.gguf",
-                 getenv("HOME") ? getenv("HOME") : "/tmp");
-    return buf;
+    return cmd_default_model();
 }
 
 /* Skips the current test when the default model file is absent. */

@@ -543,14 +543,7 @@ TEST(forward_steps_tiny_sink_window)
 TEST(forward_steps_smollm2)
 {
     need_gpu();
-    const char *path = getenv("STREAMSINK_MODEL");
-    char buf[1024];
-    if (!path) {
-        const char *home = getenv("HOME");
-        snprintf(buf, sizeof buf, "%s/.cache/streamsink/SmolLM2-135M-Instruct.Q4_1.gguf",
-                 home ? home : "");
-        path = buf;
-    }
+    const char *path = test_model_path();
     struct model m;
     char err[256];
     if (model_load(&m, path, err, sizeof err) < 0) {

@@ -19,7 +19,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "engine.h"
 #include "quant.h"
 
 const char *model_normalizer_name(enum model_normalizer n)
@@ -85,7 +84,7 @@ static void guard_handler(int sig, siginfo_t *si, void *uctx)
             guard_write(pre, sizeof pre - 1);
             guard_write(g->path, g->path_len);
             guard_write(post, sizeof post - 1);
-            _exit(ENGINE_EXIT_MODEL);
+            _exit(MODEL_EXIT_CHANGED);
         }
     }
     /* not a model file: the previous disposition gets the fault, which

@@ -7,7 +7,7 @@
  * A mapped file that shrinks under us (truncated, or overwritten in place)
  * turns the next read of a weight into SIGBUS. While a file is mapped, a
  * process-wide SIGBUS handler (installed once) turns a fault inside one of
- * the mapped models into one line on stderr and _exit(ENGINE_EXIT_MODEL)
+ * the mapped models into one line on stderr and _exit(MODEL_EXIT_CHANGED)
  * instead of a bare crash; faults elsewhere go to the previous handler. With
  * MODEL_NO_MMAP the file is read into anonymous memory and can change freely.
  */
@@ -90,6 +90,11 @@ int model_load(struct model *m, const char *path, char *err, size_t err_len);
 /* The largest head dimension the attention kernels take (CPU key tiles and
  * CUDA shared memory are sized for it); a larger one is a load error. */
 #define MODEL_MAX_HEAD_DIM 256
+/* The process exit code of the SIGBUS guard: a signal handler cannot return
+ * an error, so the engine names this one code itself. It is the program's
+ * code for a bad model file (cmd/cmd.h CMD_EXIT_MODEL; test_engine_model_file
+ * checks the two agree). */
+#define MODEL_EXIT_CHANGED 3
 #define MODEL_NO_MMAP 1u /* read the file into memory instead of mapping it */
 /* model_load with flags (MODEL_NO_MMAP). */
 int model_open(struct model *m, const char *path, unsigned flags, char *err, size_t err_len);

@@ -17,7 +17,7 @@
 #include <uv.h>
 
 #include "api.h"
-#include "config.h"
+#include "server.h"
 #include "http_conn.h"
 #include "metrics.h"
 

@@ -1,6 +1,6 @@
 /*
- * server.c: `streamsink serve`: argv -> config, start the engine, listen, run
- * the loop, drain on SIGTERM/SIGINT.
+ * server.c: `streamsink serve` once its flags are parsed (server_run): start the
+ * engine, listen, run the loop, drain on SIGTERM/SIGINT.
  *
  * The loop thread owns the listener, every connection and the slot table.
  * The engine thread calls wake() (uv_async_send, which coalesces), and
@@ -459,57 +459,41 @@ static void free_keys(struct server *s)
     s->n_keys = 0;
 }
 
-/* Model problems exit 3, the rest 1 (engine_start returns a negative errno). */
-static int exit_code_for_start(int rc, const char *path)
-{
-    if (access(path, R_OK) != 0)
-        return ENGINE_EXIT_MODEL;
-    /* memory, threads, and the CUDA backend's device or library failures */
-    return rc == -ENOMEM || rc == -EAGAIN || rc == -ENODEV || rc == -ENOSYS || rc == -EIO
-               ? ENGINE_EXIT_RUNTIME
-               : ENGINE_EXIT_MODEL;
-}
-
-int server_cmd_serve(int argc, char **argv)
+enum server_status server_run(const struct server_config *cfg)
 {
     struct server *s = calloc(1, sizeof *s);
     char err[512];
-    int code = ENGINE_EXIT_RUNTIME;
+    enum server_status code = SERVER_FAILED;
+    int rc;
     if (!s) {
         fprintf(stderr, "error: out of memory\n");
-        return ENGINE_EXIT_RUNTIME;
+        return SERVER_FAILED;
     }
-    int rc = server_config_parse(&s->cfg, argc, argv, err, sizeof err);
-    if (rc != 0) {
-        if (rc < 0)
-            fprintf(stderr, "error: %s\n", err);
-        free(s);
-        return rc > 0 ? ENGINE_EXIT_OK : ENGINE_EXIT_USAGE;
-    }
+    s->cfg = *cfg;
     log_set_level(level_of(s->cfg.log_level));
     if (load_keys(s, err, sizeof err) < 0) {
         fprintf(stderr, "error: %s\n", err);
         free_keys(s);
         free(s);
-        return ENGINE_EXIT_USAGE;
+        return SERVER_BAD_CONFIG;
     }
     struct engine_config ec;
     struct sockaddr_storage addr;
     if (engine_config_from(&s->cfg, &ec) < 0) {
         free(s);
-        return ENGINE_EXIT_USAGE;
+        return SERVER_BAD_CONFIG;
     }
     if (parse_host(&s->cfg, &addr) < 0) {
         fprintf(stderr, "error: --host expects an IPv4 or IPv6 address, got '%s'\n", s->cfg.host);
         free(s);
-        return ENGINE_EXIT_USAGE;
+        return SERVER_BAD_CONFIG;
     }
     if (access(s->cfg.model, R_OK) != 0) {
         fprintf(stderr, "error: %s: %s\n", s->cfg.model, strerror(errno));
         fprintf(stderr, "hint: run scripts/fetch-model.sh to fetch the default model, "
                         "or pass -m FILE\n");
         free(s);
-        return ENGINE_EXIT_MODEL;
+        return SERVER_BAD_MODEL;
     }
     signal(SIGPIPE, SIG_IGN); /* a peer that vanished is a write error, not a death */
 
@@ -541,7 +525,7 @@ int server_cmd_serve(int argc, char **argv)
     rc = engine_start(&s->engine, &ec, wake, &s->wake, err, sizeof err);
     if (rc < 0) {
         fprintf(stderr, "error: %s\n", err);
-        code = exit_code_for_start(rc, s->cfg.model);
+        code = engine_error_is_model(rc) ? SERVER_BAD_MODEL : SERVER_FAILED;
         s->engine = NULL;
         goto out_close;
     }
@@ -550,7 +534,7 @@ int server_cmd_serve(int argc, char **argv)
     s->max_prompt_tokens = s->cfg.max_prompt > 0 ? s->cfg.max_prompt : s->info->n_ctx_train;
     if (load_model_names(s, err, sizeof err) < 0) {
         fprintf(stderr, "error: %s\n", err);
-        code = ENGINE_EXIT_USAGE;
+        code = SERVER_BAD_CONFIG;
         goto out_close;
     }
     api_chat_template_init(&s->chat, s->info->chat_template);
@@ -612,7 +596,7 @@ int server_cmd_serve(int argc, char **argv)
             api_chat_format_name(s->chat.format));
 
     uv_run(s->loop, UV_RUN_DEFAULT);
-    code = ENGINE_EXIT_OK;
+    code = SERVER_OK;
     log_msg(LOG_INFO, "bye");
     goto out_free;
 

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The layering of DESIGN.md, checked on the sources: server -> api -> engine
-# -> kvcache, each module seen only through its public header.
-#   server/  may include its own headers, api.h and engine.h
-#   api/     may include its own headers and engine.h
+# The layering of DESIGN.md, checked on the sources: cmd -> server -> api ->
+# engine -> kvcache, each module seen only through its public headers.
+#   cmd/     (the program: main.c and its commands) may include its own
+#            headers, server.h, api.h and the engine facade (engine/include/)
+#   server/  may include its own headers, api.h and the engine facade
+#   api/     may include its own headers and the engine facade
 #   engine/  may include its own headers (engine/, cpu/, cuda/, include/) and
 #            kvcache.h; never api/ or server/
 #   kvcache/ may include only its own headers
@@ -31,8 +33,11 @@ check() { # folder, allowed extra headers...
              --include='*.cu' --include='*.cuh' | sed -E 's/#include "([^"]+)"/\1/')
 }
 
-check server api.h engine.h
-check api engine.h
+facade=$(own_headers engine/include) # engine.h, decoder.h
+
+check cmd server.h api.h $facade
+check server api.h $facade
+check api $facade
 check engine kvcache.h
 check kvcache
 
@@ -50,9 +55,12 @@ selfcontained() { # header, -I flags...
   fi
 }
 selfcontained kvcache/kvcache.h
-selfcontained engine/include/engine.h
+for h in engine/include/*.h; do
+  selfcontained "$h"
+done
 selfcontained api/api.h -Iengine/include
 selfcontained server/server.h
+selfcontained cmd/cmd.h -Iengine/include
 
 [ "$fail" = 0 ] && echo "layering: ok"
 exit "$fail"

@@ -162,9 +162,11 @@ struct decoder_observer {
     void (*on_layer)(void *arg, const struct decoder_layer_view *v);
     void *arg;
 };
-/* Sets (obs) or clears (NULL) the observer. Observed steps take the backend's
- * slower per-head attention path. Returns 0, -ENOTSUP for QK on a backend
- * whose activations are not in host memory, or -ENOMEM. */
+/* Sets (obs) or clears (NULL) the observer. While FIRST is asked, steps take
+ * the backend's slower per-head attention path; QK alone changes no result
+ * (test_decoder_observer checks the logits bit for bit). Returns 0, -ENOTSUP
+ * for QK on a backend whose activations are not in host memory (cuda), or
+ * -ENOMEM. */
 int decoder_set_observer(struct decoder *d, const struct decoder_observer *obs);
 
 /* ---- the sink probe -------------------------------------------------------- */

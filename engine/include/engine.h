@@ -3,30 +3,14 @@
  * may know about the model and the decoder is here; nothing here mentions
  * tensors, HTTP or JSON.
  *
- * Command-line tools that run the decoder synchronously on the calling
- * thread (run, perplexity, probe) are engine entry points too: main.c only
- * dispatches to them. Each returns a process exit code (ENGINE_EXIT_*).
+ * The decoder the engine thread runs is public too (decoder.h): the
+ * program's offline commands (cmd/) drive one on their own thread.
  */
 #ifndef SS_ENGINE_H
 #define SS_ENGINE_H
 
 #include <stddef.h>
 #include <stdint.h>
-
-/* Process exit codes (documented in the README). */
-#define ENGINE_EXIT_OK 0
-#define ENGINE_EXIT_RUNTIME 1 /* a failure while running */
-#define ENGINE_EXIT_USAGE 2   /* bad command-line flags */
-#define ENGINE_EXIT_MODEL 3   /* model file missing, truncated, corrupt or unsupported */
-
-/* streamsink run -m FILE -p PROMPT -n N [sampling flags] */
-int engine_cmd_run(int argc, char **argv);
-/* streamsink perplexity -m FILE --text FILE --policy P --window W [--sinks N] */
-int engine_cmd_perplexity(int argc, char **argv);
-/* streamsink probe -m FILE [--text FILE] */
-int engine_cmd_probe(int argc, char **argv);
-/* streamsink calibrate -m FILE --text FILE --out FILE: per-head sink logits */
-int engine_cmd_calibrate(int argc, char **argv);
 
 /* ---- The engine thread (used by the server) ---------------------------------
  *

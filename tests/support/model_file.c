@@ -1,7 +1,10 @@
 /* model_file.c: where the tests find the model files (model_file.h). */
 #include "support/model_file.h"
 
+#include "cmd.h"
+
 #include <stdio.h>
+#include <stddef.h>
 #include <stdlib.h>
 
 static const char *cached_model(const char *env, const char *file, char *buf, size_t len)
@@ -18,10 +21,10 @@ static const char *cached_model(const char *env, const char *file, char *buf, si
     return buf;
 }
 
+/* The program's own rule, so that tests and commands agree. */
 const char *test_model_path(void)
 {
-    static char buf[4096];
-    return cached_model("STREAMSINK_MODEL", "SmolLM2-135M-Instruct.Q4_1.gguf", buf, sizeof buf);
+    return cmd_default_model();
 }
 
 const char *test_gemma_model_path(void)

@@ -3,8 +3,8 @@
  *
  *  - A mapped model file truncated while the engine serves: the next step
  *    touches weights past the new end of file (SIGBUS). The process must
- *    exit with ENGINE_EXIT_MODEL (3) and one line on stderr naming the file,
- *    not die of the signal. Run in a forked child on a copy of the fixture.
+ *    exit with the program's bad-model code (CMD_EXIT_MODEL, 3) and one line on stderr naming the
+ * file, not die of the signal. Run in a forked child on a copy of the fixture.
  *  - A SIGBUS that is not in a model file still kills the process as before
  *    (the guard passes it on).
  *  - With no_mmap (MODEL_NO_MMAP) the weights are a private copy: truncating
@@ -22,6 +22,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "cmd/cmd.h"
 #include "engine.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
@@ -152,11 +153,11 @@ TEST(a_model_file_truncated_while_mapped_exits_3_with_one_clear_line)
              "fatal: the model file %s changed or was truncated while mapped; replace model files "
              "by rename, or run with --no-mmap\n",
              path);
-    if (!WIFEXITED(st) || WEXITSTATUS(st) != ENGINE_EXIT_MODEL || !strstr(out, want))
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != CMD_EXIT_MODEL || !strstr(out, want))
         fprintf(stderr, "  child: %s %d, stderr: \"%s\"\n", WIFEXITED(st) ? "exit" : "signal",
                 WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st), out);
     ASSERT(WIFEXITED(st));
-    ASSERT_EQ(WEXITSTATUS(st), ENGINE_EXIT_MODEL);
+    ASSERT_EQ(WEXITSTATUS(st), CMD_EXIT_MODEL);
     ASSERT(strstr(out, want) != NULL);
 }
 

@@ -1,17 +1,16 @@
 /*
- * main.c: the streamsink program. One binary, subcommands:
- *   run         one prompt on the CPU, streamed to stdout      (engine)
- *   serve       the OpenAI-compatible HTTP server               (server)
- *   perplexity  StreamingLLM's perplexity-under-eviction eval  (engine)
- *   probe       attention-sink probe per layer and head        (engine)
- *   calibrate   per-head sink logits from measured attention    (engine)
- * Exit codes: 0 ok, 1 runtime failure, 2 usage, 3 bad model file.
+ * main.c: the streamsink program. One binary, one file per command:
+ *   run         one prompt, streamed to stdout                  (run.c)
+ *   serve       the OpenAI-compatible HTTP server               (serve.c)
+ *   perplexity  StreamingLLM's perplexity-under-eviction eval  (perplexity.c)
+ *   probe       attention-sink probe per layer and head        (probe.c)
+ *   calibrate   per-head sink logits from measured attention    (calibrate.c)
+ * Exit codes (cmd.h): 0 ok, 1 runtime failure, 2 usage, 3 bad model file.
  */
 #include <stdio.h>
 #include <string.h>
 
-#include "engine.h"
-#include "server.h"
+#include "cmd.h"
 
 static void usage(FILE *f)
 {
@@ -32,24 +31,24 @@ int main(int argc, char **argv)
 {
     if (argc < 2) {
         usage(stderr);
-        return ENGINE_EXIT_USAGE;
+        return CMD_EXIT_USAGE;
     }
     const char *cmd = argv[1];
     if (strcmp(cmd, "run") == 0)
-        return engine_cmd_run(argc - 1, argv + 1);
+        return cmd_run(argc - 1, argv + 1);
     if (strcmp(cmd, "serve") == 0)
-        return server_cmd_serve(argc - 1, argv + 1);
+        return cmd_serve(argc - 1, argv + 1);
     if (strcmp(cmd, "perplexity") == 0)
-        return engine_cmd_perplexity(argc - 1, argv + 1);
+        return cmd_perplexity(argc - 1, argv + 1);
     if (strcmp(cmd, "probe") == 0)
-        return engine_cmd_probe(argc - 1, argv + 1);
+        return cmd_probe(argc - 1, argv + 1);
     if (strcmp(cmd, "calibrate") == 0)
-        return engine_cmd_calibrate(argc - 1, argv + 1);
+        return cmd_calibrate(argc - 1, argv + 1);
     if (strcmp(cmd, "-h") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "help") == 0) {
         usage(stdout);
-        return ENGINE_EXIT_OK;
+        return CMD_EXIT_OK;
     }
     fprintf(stderr, "error: unknown command '%s'\n", cmd);
     usage(stderr);
-    return ENGINE_EXIT_USAGE;
+    return CMD_EXIT_USAGE;
 }

@@ -1,5 +1,5 @@
 /*
- * cli_probe.c: `streamsink probe`: where does attention go? Per layer and
+ * probe.c: `streamsink probe`: where does attention go? Per layer and
  * head, the mean attention mass on the first 1, 4 and 16 positions for
  * queries at context >= 64, and the sink rate (share of heads whose mean
  * first-position mass exceeds 0.3).
@@ -9,55 +9,51 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
+#include "cmd.h"
 #include "decoder.h"
 #include "engine.h"
 
-static void usage(FILE *f)
+int cmd_probe(int argc, char **argv)
 {
-    fprintf(f,
-            "usage: streamsink probe [-m FILE] [--text FILE] [--tokens N] [--json FILE]\n"
-            "\n"
-            "Measures attention sinks: per layer and head, the mean attention mass that\n"
-            "queries at context >= %d put on the first 1, 4 and 16 tokens, and the sink\n"
-            "rate: the share of heads whose first-token mass exceeds %.1f.\n"
-            "\n"
-            "  -m, --model FILE   GGUF model (default: the fetched SmolLM2-135M)\n"
-            "      --text FILE    text to run (default: a built-in paragraph)\n"
-            "      --tokens N     use the first N tokens of the text (default 1024)\n"
-            "      --json FILE    also write the table as JSON\n"
-            "  -t, --threads N    CPU threads (default 2)\n"
-            "  -h, --help         this text\n",
-            DECODER_PROBE_MIN_CTX, (double)DECODER_PROBE_SINK_MASS);
-}
-
-int engine_cmd_probe(int argc, char **argv)
-{
-    const char *model = cli_default_model(), *text_path = NULL, *json = NULL;
-    int64_t max_tok = 1024, threads = 2;
-    const struct cli_opt opts[] = {
-        {"-m", "--model", CLI_STR, &model, 0, 0, NULL},
-        {NULL, "--text", CLI_STR, &text_path, 0, 0, NULL},
-        {NULL, "--json", CLI_STR, &json, 0, 0, NULL},
-        {NULL, "--tokens", CLI_I64, &max_tok, DECODER_PROBE_MIN_CTX + 1, 1 << 20, NULL},
-        {"-t", "--threads", CLI_I64, &threads, 1, 256, NULL},
+    const char *model = cmd_default_model(), *text_path = NULL, *json = NULL;
+    int64_t max_tok, threads;
+    char about[512];
+    snprintf(about, sizeof about,
+             "Measures attention sinks: per layer and head, the mean attention mass that\n"
+             "queries at context >= %d put on the first 1, 4 and 16 tokens, and the sink\n"
+             "rate: the share of heads whose first-token mass exceeds %.1f.",
+             DECODER_PROBE_MIN_CTX, (double)DECODER_PROBE_SINK_MASS);
+    const struct cmd_flag flags[] = {
+        {"-m", "--model", CMD_STR, &model, 0, 0, NULL, "FILE", CMD_MODEL_HELP, NULL},
+        {NULL, "--text", CMD_STR, &text_path, 0, 0, NULL, "FILE",
+         "text to run (default: a built-in paragraph)", NULL},
+        {NULL, "--tokens", CMD_I64, &max_tok, DECODER_PROBE_MIN_CTX + 1, 1 << 20, "1024", "N",
+         "use the first N tokens of the text", NULL},
+        {NULL, "--json", CMD_STR, &json, 0, 0, NULL, "FILE", "also write the table as JSON", NULL},
+        {"-t", "--threads", CMD_I64, &threads, 1, 256, "2", "N", "CPU threads", NULL},
     };
-    int prc = cli_parse(argc, argv, opts, (int)(sizeof opts / sizeof opts[0]), "probe", usage);
+    const struct cmd_spec spec = {"probe",
+                                  "[-m FILE] [--text FILE] [--tokens N] [--json FILE]",
+                                  about,
+                                  flags,
+                                  (int)(sizeof flags / sizeof flags[0]),
+                                  NULL};
+    int prc = cmd_parse(&spec, argc, argv);
     if (prc >= 0)
         return prc;
     char *text = NULL;
     size_t len;
     if (text_path) {
-        text = cli_read_file(text_path, &len);
+        text = cmd_read_file(text_path, &len);
         if (!text) {
             fprintf(stderr, "error: cannot read %s: %s\n", text_path, strerror(errno));
-            return ENGINE_EXIT_USAGE;
+            return CMD_EXIT_USAGE;
         }
     } else {
         len = strlen(decoder_probe_text);
         text = malloc(len + 1);
         if (!text)
-            return ENGINE_EXIT_RUNTIME;
+            return CMD_EXIT_RUNTIME;
         memcpy(text, decoder_probe_text, len + 1);
     }
     struct decoder *d;
@@ -68,14 +64,14 @@ int engine_cmd_probe(int argc, char **argv)
                                  .window = max_tok,
                                  .n_slots = 1,
                                  .kv_dtype = ENGINE_KV_F16};
-    int rc = cli_open(&d, &cfg);
-    if (rc != ENGINE_EXIT_OK) {
+    int rc = cmd_open_decoder(&d, &cfg);
+    if (rc != CMD_EXIT_OK) {
         free(text);
         return rc;
     }
     struct decoder_info info;
     decoder_get_info(d, &info);
-    int exit_code = ENGINE_EXIT_OK;
+    int exit_code = CMD_EXIT_OK;
     int64_t cap = (int64_t)len + 2;
     int32_t *ids = malloc((size_t)cap * sizeof *ids);
     int64_t n = ids ? decoder_tokenize(d, text, len, info.add_bos, 0, ids, cap) : -ENOMEM;
@@ -85,7 +81,7 @@ int engine_cmd_probe(int argc, char **argv)
     if (n <= DECODER_PROBE_MIN_CTX || decoder_probe_run(d, ids, n, &pr) < 0) {
         fprintf(stderr, "error: the probe needs more than %d tokens of text (got %lld)\n",
                 DECODER_PROBE_MIN_CTX, (long long)n);
-        exit_code = ENGINE_EXIT_USAGE;
+        exit_code = CMD_EXIT_USAGE;
         goto out;
     }
     printf("model %s, normalizer %s, %lld tokens, %lld queries per head\n", info.name,
@@ -126,7 +122,7 @@ int engine_cmd_probe(int argc, char **argv)
             fclose(jf);
         } else {
             fprintf(stderr, "error: cannot write %s\n", json);
-            exit_code = ENGINE_EXIT_RUNTIME;
+            exit_code = CMD_EXIT_RUNTIME;
         }
     }
     decoder_probe_free(&pr);

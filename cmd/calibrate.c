@@ -1,5 +1,5 @@
 /*
- * cli_calibrate.c: `streamsink calibrate`, the closed-form learned-sink
+ * calibrate.c: `streamsink calibrate`, the closed-form learned-sink
  * retrofit of a vanilla model (DESIGN.md "Model files"): one sink logit per
  * head, set so that a null key takes over the job of the first token.
  *
@@ -32,25 +32,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
+#include "cmd.h"
 #include "decoder.h"
 #include "engine.h"
-
-static void usage(FILE *f)
-{
-    fprintf(f, "usage: streamsink calibrate [-m FILE] --text FILE --out FILE [--tokens N]\n"
-               "\n"
-               "Measures each head's attention on the first position under dense attention\n"
-               "and writes one sink logit per head (layers x heads numbers, one line per\n"
-               "layer) for tools/retrofit_sinks.py.\n"
-               "\n"
-               "  -m, --model FILE   GGUF model (default: the fetched SmolLM2-135M)\n"
-               "      --text FILE    calibration text\n"
-               "      --out FILE     where to write the sink logits\n"
-               "      --tokens N     use the first N tokens of the text (default 1024)\n"
-               "  -t, --threads N    CPU threads (default 2)\n"
-               "  -h, --help         this text\n");
-}
 
 /* Per head, the statistics of each counted query t. */
 struct calib_acc {
@@ -133,30 +117,41 @@ static double solve_sink(const double *logr, int64_t n, double target)
     return 0.5 * (lo + hi);
 }
 
-int engine_cmd_calibrate(int argc, char **argv)
+int cmd_calibrate(int argc, char **argv)
 {
-    const char *model = cli_default_model(), *text_path = NULL, *out_path = NULL;
-    int64_t max_tok = 1024, threads = 2;
-    const struct cli_opt opts[] = {
-        {"-m", "--model", CLI_STR, &model, 0, 0, NULL},
-        {NULL, "--text", CLI_STR, &text_path, 0, 0, NULL},
-        {NULL, "--out", CLI_STR, &out_path, 0, 0, NULL},
-        {NULL, "--tokens", CLI_I64, &max_tok, DECODER_PROBE_MIN_CTX + 1, 8192, NULL},
-        {"-t", "--threads", CLI_I64, &threads, 1, 256, NULL},
+    const char *model = cmd_default_model(), *text_path = NULL, *out_path = NULL;
+    int64_t max_tok, threads;
+    const struct cmd_flag flags[] = {
+        {"-m", "--model", CMD_STR, &model, 0, 0, NULL, "FILE", CMD_MODEL_HELP, NULL},
+        {NULL, "--text", CMD_STR, &text_path, 0, 0, NULL, "FILE", "calibration text", NULL},
+        {NULL, "--out", CMD_STR, &out_path, 0, 0, NULL, "FILE", "where to write the sink logits",
+         NULL},
+        {NULL, "--tokens", CMD_I64, &max_tok, DECODER_PROBE_MIN_CTX + 1, 8192, "1024", "N",
+         "use the first N tokens of the text", NULL},
+        {"-t", "--threads", CMD_I64, &threads, 1, 256, "2", "N", "CPU threads", NULL},
     };
-    int prc = cli_parse(argc, argv, opts, (int)(sizeof opts / sizeof opts[0]), "calibrate", usage);
+    const struct cmd_spec spec = {
+        "calibrate",
+        "[-m FILE] --text FILE --out FILE [--tokens N]",
+        "Measures each head's attention on the first position under dense attention\n"
+        "and writes one sink logit per head (layers x heads numbers, one line per\n"
+        "layer) for tools/retrofit_sinks.py.",
+        flags,
+        (int)(sizeof flags / sizeof flags[0]),
+        NULL};
+    int prc = cmd_parse(&spec, argc, argv);
     if (prc >= 0)
         return prc;
     if (!text_path || !out_path) {
         fprintf(stderr, "error: calibrate needs --text FILE and --out FILE\n");
-        usage(stderr);
-        return ENGINE_EXIT_USAGE;
+        cmd_usage(&spec, stderr);
+        return CMD_EXIT_USAGE;
     }
     size_t len;
-    char *text = cli_read_file(text_path, &len);
+    char *text = cmd_read_file(text_path, &len);
     if (!text) {
         fprintf(stderr, "error: cannot read %s: %s\n", text_path, strerror(errno));
-        return ENGINE_EXIT_USAGE;
+        return CMD_EXIT_USAGE;
     }
     struct decoder *d;
     struct decoder_config cfg = {.model_path = model,
@@ -166,15 +161,15 @@ int engine_cmd_calibrate(int argc, char **argv)
                                  .window = max_tok,
                                  .n_slots = 1,
                                  .kv_dtype = ENGINE_KV_F32};
-    int rc = cli_open(&d, &cfg);
-    if (rc != ENGINE_EXIT_OK) {
+    int rc = cmd_open_decoder(&d, &cfg);
+    if (rc != CMD_EXIT_OK) {
         free(text);
         return rc;
     }
     struct decoder_info hp;
     decoder_get_info(d, &hp);
     const int LH = hp.n_layer * hp.n_head;
-    int exit_code = ENGINE_EXIT_OK;
+    int exit_code = CMD_EXIT_OK;
     struct calib_acc acc = {0};
     struct decoder_probe pr = {0};
     int64_t cap = (int64_t)len + 2;
@@ -185,7 +180,7 @@ int engine_cmd_calibrate(int argc, char **argv)
     if (n <= DECODER_PROBE_MIN_CTX) {
         fprintf(stderr, "error: calibration needs more than %d tokens of text (got %lld)\n",
                 DECODER_PROBE_MIN_CTX, (long long)n);
-        exit_code = ENGINE_EXIT_USAGE;
+        exit_code = CMD_EXIT_USAGE;
         goto out;
     }
     acc.n_q = n - DECODER_PROBE_MIN_CTX;
@@ -193,19 +188,19 @@ int engine_cmd_calibrate(int argc, char **argv)
     acc.mass = calloc((size_t)LH, sizeof *acc.mass);
     acc.z = malloc((size_t)n * sizeof *acc.z);
     if (!acc.logr || !acc.mass || !acc.z) {
-        exit_code = ENGINE_EXIT_RUNTIME;
+        exit_code = CMD_EXIT_RUNTIME;
         goto out;
     }
     rc = calib_forward(d, ids, n, &acc);
     if (rc < 0 || decoder_probe_run(d, ids, n, &pr) < 0) {
         fprintf(stderr, "error: calibration forward failed (%d)\n", rc);
-        exit_code = ENGINE_EXIT_RUNTIME;
+        exit_code = CMD_EXIT_RUNTIME;
         goto out;
     }
     FILE *f = fopen(out_path, "w");
     if (!f) {
         fprintf(stderr, "error: cannot write %s: %s\n", out_path, strerror(errno));
-        exit_code = ENGINE_EXIT_USAGE;
+        exit_code = CMD_EXIT_USAGE;
         goto out;
     }
     fprintf(f,
@@ -228,7 +223,7 @@ int engine_cmd_calibrate(int argc, char **argv)
         fprintf(f, "\n");
     }
     if (fclose(f) != 0)
-        exit_code = ENGINE_EXIT_RUNTIME;
+        exit_code = CMD_EXIT_RUNTIME;
     printf("wrote %d sink logits to %s; first-position mass agrees with the probe to %.2e\n", LH,
            out_path, worst);
 out:

@@ -1,5 +1,5 @@
 /*
- * cli_perplexity.c: `streamsink perplexity`, StreamingLLM's evaluation
+ * perplexity.c: `streamsink perplexity`, StreamingLLM's evaluation
  * protocol: feed the text one token at a time, score the next token, let the
  * policy evict. Prints overall and per-bin perplexity, KV bytes and speed;
  * --json also writes every token's negative log-likelihood for plotting.
@@ -15,37 +15,13 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "cli.h"
+#include "cmd.h"
 #include "decoder.h"
 #include "engine.h"
 
-static void usage(FILE *f)
-{
-    fprintf(f, "usage: streamsink perplexity [-m FILE] --text FILE [--policy P] [--window W] "
-               "[--sinks N] [options]\n"
-               "\n"
-               "Scores a text one token at a time under a KV eviction policy (StreamingLLM's\n"
-               "protocol) and prints perplexity overall and per bin, KV bytes and tokens/s.\n"
-               "\n"
-               "  -m, --model FILE     GGUF model (default: the fetched SmolLM2-135M)\n"
-               "      --text FILE      UTF-8 text to score\n"
-               "      --policy P       auto | window | sinks:N | dense | recompute (default auto)\n"
-               "      --window W       window tokens (default 1024; dense: the model's context)\n"
-               "      --sinks N        shorthand for --policy sinks:N\n"
-               "      --max-tokens N   score at most N tokens (default: the whole text)\n"
-               "      --bin N          tokens per reported bin (default 512)\n"
-               "      --stride K       recompute only: score every K-th token (default 1)\n"
-               "      --json FILE      write the results and every token's NLL as JSON\n"
-               "  -t, --threads N      CPU threads (default 2)\n"
-               "      --backend B      cpu or cuda (default cpu)\n"
-               "      --kv-f32         f32 KV cache (default f16)\n"
-               "      --no-progress    no progress bar even on a terminal\n"
-               "  -h, --help           this text\n");
-}
-
 static void progress(int64_t done, int64_t total, double nll_sum, double t0)
 {
-    double el = cli_now() - t0;
+    double el = cmd_now() - t0;
     int width = 30, filled = total > 0 ? (int)((double)width * (double)done / (double)total) : 0;
     char bar[64];
     for (int i = 0; i < width; i++)
@@ -56,36 +32,50 @@ static void progress(int64_t done, int64_t total, double nll_sum, double t0)
             el > 0 ? (double)done / el : 0.0);
 }
 
-int engine_cmd_perplexity(int argc, char **argv)
+int cmd_perplexity(int argc, char **argv)
 {
-    const char *model = cli_default_model(), *text_path = NULL, *json = NULL;
-    const char *policy_s = "auto";
+    const char *model = cmd_default_model(), *text_path = NULL, *json = NULL, *policy_s;
     char policy_buf[32];
-    enum engine_backend backend = ENGINE_BACKEND_CPU;
-    int64_t window = 1024, max_tokens = 0, bin = 512, threads = 2, sinks = -1, stride = 1;
+    enum engine_backend backend;
+    int64_t window, max_tokens = 0, bin, threads, sinks = -1, stride;
     int kv_f32 = 0, no_progress = 0, window_set = 0;
-
-    const struct cli_opt opts[] = {
-        {"-m", "--model", CLI_STR, &model, 0, 0, NULL},
-        {NULL, "--text", CLI_STR, &text_path, 0, 0, NULL},
-        {NULL, "--policy", CLI_STR, &policy_s, 0, 0, NULL},
-        {NULL, "--json", CLI_STR, &json, 0, 0, NULL},
-        {NULL, "--window", CLI_I64, &window, 1, (double)((int64_t)1 << 32), &window_set},
-        {NULL, "--sinks", CLI_I64, &sinks, 0, DECODER_MAX_SINKS, NULL},
-        {NULL, "--max-tokens", CLI_I64, &max_tokens, 1, (double)((int64_t)1 << 40), NULL},
-        {NULL, "--stride", CLI_I64, &stride, 1, 1 << 20, NULL},
-        {NULL, "--bin", CLI_I64, &bin, 1, (double)((int64_t)1 << 30), NULL},
-        {"-t", "--threads", CLI_I64, &threads, 1, 256, NULL},
-        {NULL, "--backend", CLI_BACKEND, &backend, 0, 0, NULL},
-        {NULL, "--kv-f32", CLI_BOOL, &kv_f32, 0, 0, NULL},
-        {NULL, "--no-progress", CLI_BOOL, &no_progress, 0, 0, NULL},
+    const struct cmd_flag flags[] = {
+        {"-m", "--model", CMD_STR, &model, 0, 0, NULL, "FILE", CMD_MODEL_HELP, NULL},
+        {NULL, "--text", CMD_STR, &text_path, 0, 0, NULL, "FILE", "UTF-8 text to score", NULL},
+        {NULL, "--policy", CMD_STR, &policy_s, 0, 0, "auto", "P",
+         "auto | window | sinks:N | dense | recompute", NULL},
+        {NULL, "--window", CMD_I64, &window, 1, (double)((int64_t)1 << 32), "1024", "W",
+         "window tokens (dense without --window: the model's context)", &window_set},
+        {NULL, "--sinks", CMD_I64, &sinks, 0, DECODER_MAX_SINKS, NULL, "N",
+         "shorthand for --policy sinks:N", NULL},
+        {NULL, "--max-tokens", CMD_I64, &max_tokens, 1, (double)((int64_t)1 << 40), NULL, "N",
+         "score at most N tokens (default: the whole text)", NULL},
+        {NULL, "--bin", CMD_I64, &bin, 1, (double)((int64_t)1 << 30), "512", "N",
+         "tokens per reported bin", NULL},
+        {NULL, "--stride", CMD_I64, &stride, 1, 1 << 20, "1", "K",
+         "recompute only: score every K-th token", NULL},
+        {NULL, "--json", CMD_STR, &json, 0, 0, NULL, "FILE",
+         "write the results and every token's NLL as JSON", NULL},
+        {"-t", "--threads", CMD_I64, &threads, 1, 256, "2", "N", "CPU threads", NULL},
+        {NULL, "--backend", CMD_BACKEND, &backend, 0, 0, "cpu", "B", "cpu or cuda", NULL},
+        {NULL, "--kv-f32", CMD_BOOL, &kv_f32, 0, 0, NULL, "", "f32 KV cache (default f16)", NULL},
+        {NULL, "--no-progress", CMD_BOOL, &no_progress, 0, 0, NULL, "",
+         "no progress bar even on a terminal", NULL},
     };
-    int prc = cli_parse(argc, argv, opts, (int)(sizeof opts / sizeof opts[0]), "perplexity", usage);
+    const struct cmd_spec spec = {
+        "perplexity",
+        "[-m FILE] --text FILE [--policy P] [--window W] [--sinks N] [options]",
+        "Scores a text one token at a time under a KV eviction policy (StreamingLLM's\n"
+        "protocol) and prints perplexity overall and per bin, KV bytes and tokens/s.",
+        flags,
+        (int)(sizeof flags / sizeof flags[0]),
+        NULL};
+    int prc = cmd_parse(&spec, argc, argv);
     if (prc >= 0)
         return prc;
     if (!text_path) {
         fprintf(stderr, "error: --text FILE is required\n");
-        return ENGINE_EXIT_USAGE;
+        return CMD_EXIT_USAGE;
     }
     if (sinks >= 0) {
         snprintf(policy_buf, sizeof policy_buf, "sinks:%lld", (long long)sinks);
@@ -95,18 +85,18 @@ int engine_cmd_perplexity(int argc, char **argv)
     if (engine_policy_parse(policy_s, &pol) < 0) {
         fprintf(stderr, "error: --policy '%s' (auto, window, sinks:N, dense or recompute)\n",
                 policy_s);
-        return ENGINE_EXIT_USAGE;
+        return CMD_EXIT_USAGE;
     }
     if (stride > 1 && pol.kind != ENGINE_POLICY_RECOMPUTE) {
         fprintf(stderr, "error: --stride is for --policy recompute (the others must feed every "
                         "token anyway)\n");
-        return ENGINE_EXIT_USAGE;
+        return CMD_EXIT_USAGE;
     }
     size_t text_len = 0;
-    char *text = cli_read_file(text_path, &text_len);
+    char *text = cmd_read_file(text_path, &text_len);
     if (!text) {
         fprintf(stderr, "error: cannot read %s: %s\n", text_path, strerror(errno));
-        return ENGINE_EXIT_USAGE;
+        return CMD_EXIT_USAGE;
     }
 
     /* Open once with the largest window any policy here may need; the
@@ -125,17 +115,17 @@ int engine_cmd_perplexity(int argc, char **argv)
         .n_slots = 1,
         .kv_dtype = kv_f32 ? ENGINE_KV_F32 : ENGINE_KV_F16,
     };
-    int rc = cli_open(&d, &cfg);
-    if (rc != ENGINE_EXIT_OK) {
+    int rc = cmd_open_decoder(&d, &cfg);
+    if (rc != CMD_EXIT_OK) {
         free(text);
         return rc;
     }
-    cli_warn_sinks(d);
+    cmd_warn_sinks(d);
     struct decoder_info info;
     decoder_get_info(d, &info);
     window = info.window;
 
-    int exit_code = ENGINE_EXIT_OK;
+    int exit_code = CMD_EXIT_OK;
     int64_t cap = (int64_t)text_len + 2;
     int32_t *ids = malloc((size_t)cap * sizeof *ids);
     double *nll = NULL;
@@ -143,7 +133,7 @@ int engine_cmd_perplexity(int argc, char **argv)
     int64_t n = ids ? decoder_tokenize(d, text, text_len, info.add_bos, 0, ids, cap) : -ENOMEM;
     if (n < 2 || n > cap) {
         fprintf(stderr, "error: the text gives %lld tokens; at least 2 are needed\n", (long long)n);
-        exit_code = ENGINE_EXIT_USAGE;
+        exit_code = CMD_EXIT_USAGE;
         goto out;
     }
     int64_t n_score = n - 1; /* token t predicts t + 1 */
@@ -157,18 +147,18 @@ int engine_cmd_perplexity(int argc, char **argv)
     nll = malloc((size_t)n_score * sizeof *nll);
     pos = malloc((size_t)n_score * sizeof *pos);
     if (!nll || !pos) {
-        exit_code = ENGINE_EXIT_RUNTIME;
+        exit_code = CMD_EXIT_RUNTIME;
         goto out;
     }
     /* recompute runs dense in a sequence it empties before every scored token */
     seq = decoder_seq_open(d, &pol, window);
     if (seq < 0) {
         fprintf(stderr, "error: cannot open a sequence (%lld)\n", (long long)seq);
-        exit_code = ENGINE_EXIT_RUNTIME;
+        exit_code = CMD_EXIT_RUNTIME;
         goto out;
     }
     const int show = !no_progress && isatty(2);
-    double t0 = cli_now(), nll_sum = 0;
+    double t0 = cmd_now(), nll_sum = 0;
     for (int64_t t = 0; t < n_score; t++) {
         int64_t r;
         if (is_rec && t % stride != 0)
@@ -185,7 +175,7 @@ int engine_cmd_perplexity(int argc, char **argv)
         if (r < 0) {
             fprintf(stderr, "\nerror: forward step failed at token %lld (%lld)\n", (long long)t,
                     (long long)r);
-            exit_code = ENGINE_EXIT_RUNTIME;
+            exit_code = CMD_EXIT_RUNTIME;
             goto out;
         }
         nll[n_done] = decoder_nll(d, decoder_logits(d), ids[t + 1]);
@@ -194,7 +184,7 @@ int engine_cmd_perplexity(int argc, char **argv)
         if (show && (n_done % 64 == 1 || t + stride >= n_score))
             progress(t + 1, n_score, nll_sum / (double)n_done * (double)(t + 1), t0);
     }
-    double el = cli_now() - t0;
+    double el = cmd_now() - t0;
     if (show)
         fprintf(stderr, "\n");
     size_t kv_bytes = info.kv_bytes_per_slot;
@@ -227,7 +217,7 @@ int engine_cmd_perplexity(int argc, char **argv)
         FILE *jf = fopen(json, "w");
         if (!jf) {
             fprintf(stderr, "error: cannot write %s: %s\n", json, strerror(errno));
-            exit_code = ENGINE_EXIT_RUNTIME;
+            exit_code = CMD_EXIT_RUNTIME;
             goto out;
         }
         fprintf(jf,

@@ -1,0 +1,104 @@
+/*
+ * common.c: what every command shares (cmd.h): the default model path, one
+ * way to open a decoder and report its failure, the sink warning, files and
+ * time.
+ */
+#include "cmd.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "decoder.h"
+#include "engine.h"
+
+/* $STREAMSINK_MODEL, else ${XDG_CACHE_HOME:-$HOME/.cache}/streamsink/..., where
+ * scripts/fetch-model.sh puts it. */
+const char *cmd_default_model(void)
+{
+    static char buf[4096];
+    const char *p = getenv("STREAMSINK_MODEL");
+    if (p && *p)
+        return p;
+    const char *cache = getenv("XDG_CACHE_HOME");
+    if (cache && *cache)
+        snprintf(buf, sizeof buf, "%s/streamsink/SmolLM2-135M-Instruct.Q4_1.gguf", cache);
+    else
+        snprintf(buf, sizeof buf, "%s/.cache/streamsink/SmolLM2-135M-Instruct.Q4_1.gguf",
+                 getenv("HOME") ? getenv("HOME") : ".");
+    return buf;
+}
+
+double cmd_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+char *cmd_read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap + 1);
+    while (buf) {
+        size_t r = fread(buf + n, 1, cap - n, f);
+        n += r;
+        if (n < cap)
+            break;
+        char *nb = realloc(buf, cap * 2 + 1);
+        if (!nb) {
+            free(buf);
+            buf = NULL;
+            break;
+        }
+        buf = nb;
+        cap *= 2;
+    }
+    int bad = ferror(f);
+    fclose(f);
+    if (!buf || bad) {
+        free(buf);
+        return NULL;
+    }
+    buf[n] = 0;
+    *len = n;
+    return buf;
+}
+
+int cmd_open_decoder(struct decoder **d, const struct decoder_config *cfg)
+{
+    char err[512] = "";
+    int rc = decoder_open(d, cfg, err, sizeof err);
+    if (rc == 0)
+        return CMD_EXIT_OK;
+    fprintf(stderr, "error: %s\n", err);
+    if (rc == -ENOENT && strcmp(cfg->model_path, cmd_default_model()) == 0)
+        fprintf(stderr, "hint: run scripts/fetch-model.sh to fetch the default model\n");
+    return engine_error_is_model(rc) ? CMD_EXIT_MODEL : CMD_EXIT_RUNTIME;
+}
+
+void cmd_warn_sinks(struct decoder *d)
+{
+    struct decoder_info in;
+    decoder_get_info(d, &in);
+    if (in.needs_sinks)
+        return;
+    struct decoder_sink_check sc;
+    decoder_sink_check(d, &sc);
+    if (!sc.ran) {
+        fprintf(stderr, "note: sink probe skipped (the window is too small for it)\n");
+        return;
+    }
+    if (sc.warn)
+        fprintf(stderr,
+                "warning: this model is declared %s (evicts freely) but %.0f%% of its heads put "
+                "more than %.0f%% of their attention on the first token: window-only eviction "
+                "may hurt it (streamsink probe shows the details)\n",
+                in.normalizer, 100.0 * sc.sink_rate, 100.0 * DECODER_PROBE_SINK_MASS);
+}

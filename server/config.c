@@ -12,7 +12,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum opt_type { OPT_STR, OPT_I64, OPT_SEC, OPT_FLAG /* no value: sets an int64 to 1 */ };
+enum opt_type {
+    OPT_STR,
+    OPT_I64,
+    OPT_SEC,
+    OPT_FLAG, /* no value: sets an int64 to 1 */
+    OPT_KEYS, /* repeatable: appends to api_keys */
+};
 
 struct opt {
     const char *lng;
@@ -59,9 +65,18 @@ static const struct opt opts[] = {
      "before they reach the engine"},
     {"--session-idle", NULL, OPT_SEC, OFF(session_idle), "3600", 1, 1e9, "S",
      "an idle session frees its KV slot after S seconds"},
-    {"--api-key", NULL, OPT_STR, OFF(api_key), "", 0, 0, "KEY",
-     "require 'Authorization: Bearer KEY' on everything but /health and /metrics (visible in "
-     "ps: prefer --api-key-file or $STREAMSINK_API_KEY; empty: open)"},
+    {"--session-dir", NULL, OPT_STR, OFF(session_dir), "", 0, 0, "DIR",
+     "write a session leaving memory (idle, LRU, SIGTERM, POST /v1/sessions/ID/save) to "
+     "DIR/ID.snap and restore it on its next request (empty: sessions live in memory only)"},
+    {"--session-disk-max", NULL, OPT_I64, OFF(session_disk_max), "0", 0, 1e15, "BYTES",
+     "snapshot bytes kept in --session-dir; beyond it the least recently written are deleted "
+     "(0: no bound)"},
+    {"--kv-dtype", NULL, OPT_STR, OFF(kv_dtype), "f16", 0, 0, "T",
+     "KV cache element type: f16 | f32"},
+    {"--api-key", NULL, OPT_KEYS, OFF(api_keys), NULL, 0, 0, "KEY",
+     "require 'Authorization: Bearer KEY' on everything but /health and /metrics; repeat it "
+     "for several keys (visible in ps: prefer --api-key-file or $STREAMSINK_API_KEY; none: "
+     "open)"},
     {"--api-key-file", NULL, OPT_STR, OFF(api_key_file), "", 0, 0, "FILE",
      "accepted API keys, one per line ('#' comments); with --api-key, both count"},
     {"--model-alias", NULL, OPT_STR, OFF(model_alias), "", 0, 0, "NAMES",
@@ -117,6 +132,13 @@ static int set_value(struct server_config *cfg, const struct opt *o, const char 
         return 0;
     case OPT_FLAG:
         *(int64_t *)base = 1;
+        return 0;
+    case OPT_KEYS:
+        if (cfg->n_api_keys == SERVER_CONFIG_MAX_KEYS) {
+            snprintf(err, err_len, "%s: at most %d keys", o->lng, SERVER_CONFIG_MAX_KEYS);
+            return -EINVAL;
+        }
+        cfg->api_keys[cfg->n_api_keys++] = v;
         return 0;
     case OPT_I64: {
         errno = 0;
@@ -234,6 +256,10 @@ int server_config_parse(struct server_config *cfg, int argc, char **argv, char *
     if (cfg->low_water > cfg->high_water) {
         snprintf(err, err_len, "--low-water (%lld) must not exceed --high-water (%lld)",
                  (long long)cfg->low_water, (long long)cfg->high_water);
+        return -EINVAL;
+    }
+    if (strcmp(cfg->kv_dtype, "f16") != 0 && strcmp(cfg->kv_dtype, "f32") != 0) {
+        snprintf(err, err_len, "--kv-dtype expects f16 or f32, got '%s'", cfg->kv_dtype);
         return -EINVAL;
     }
     if (strcmp(cfg->log_level, "debug") != 0 && strcmp(cfg->log_level, "info") != 0 &&

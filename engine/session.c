@@ -31,19 +31,6 @@
 
 #define SNAP_EXT ".snap"
 
-int engine_session_id_valid(const char *id)
-{
-    size_t n = 0;
-    for (; id[n]; n++) {
-        char c = id[n];
-        int ok = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
-                 c == '_' || c == '-';
-        if (!ok || n + 1 >= ENGINE_SESSION_ID_MAX)
-            return 0;
-    }
-    return n > 0;
-}
-
 static double mono_s(void)
 {
     struct timespec ts;

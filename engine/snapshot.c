@@ -52,6 +52,19 @@ static uint32_t crc_of(const uint8_t *p, size_t n)
     return (uint32_t)c;
 }
 
+int engine_session_id_valid(const char *id)
+{
+    size_t n = 0;
+    for (; id[n]; n++) {
+        char c = id[n];
+        int ok = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+                 c == '_' || c == '-';
+        if (!ok || n + 1 >= ENGINE_SESSION_ID_MAX)
+            return 0;
+    }
+    return n > 0;
+}
+
 void snapshot_meta_cells(struct snapshot_meta *m)
 {
     int64_t stored = m->pos_next - m->pos_first;

@@ -112,11 +112,12 @@ def test_a_session_after_a_restart_without_a_dir_says_its_context_is_gone(binary
         assert s.stop() == 0
 
 
-def test_idle_sessions_expire_while_the_engine_is_busy(start_server, tmp_path):
+@pytest.mark.parametrize("with_dir", [False, True])
+def test_idle_sessions_expire_while_the_engine_is_busy(start_server, tmp_path, with_dir):
     d = tmp_path / "sessions"
     d.mkdir()
-    s = start_server("--session-idle", "1", "--max-seqs", "2", "--session-dir", str(d),
-                     "--drain-timeout", "1")
+    args = ["--session-idle", "1", "--max-seqs", "2", "--drain-timeout", "1"]
+    s = start_server(*args, *(["--session-dir", str(d)] if with_dir else []))
     st, r = complete(s, PROMPT, "idle", max_tokens=2)
     assert st == 200
     assert s.metrics()["streamsink_sessions"] == 1
@@ -135,6 +136,8 @@ def test_idle_sessions_expire_while_the_engine_is_busy(start_server, tmp_path):
     s.wait_metric("streamsink_sessions", lambda v: v == 0, timeout=10)
     m = s.metrics()
     assert m["streamsink_active_sequences"] == 1 and not done.is_set()  # still busy
+    if not with_dir:
+        return
     assert m["streamsink_session_saves_total"] == 1 and (d / "idle.snap").exists()
     st, r = call(s, "GET", "/v1/sessions/idle")
     assert st == 200 and r["in_memory"] is False and r["on_disk"] is True

@@ -217,6 +217,30 @@ TEST(snapshot_id_with_path_characters_is_refused)
     ASSERT(engine_session_id_valid(longid));
 }
 
+TEST(snapshot_written_by_an_independent_python_writer_decodes)
+{
+    /* tests/fuzz/corpus/fuzz_snapshot_decode/valid_f16_sinks2 was written
+     * from the layout in snapshot.h by a few lines of Python (struct, zlib) */
+    const char *path = SS_FIXTURES_DIR "/../fuzz/corpus/fuzz_snapshot_decode/valid_f16_sinks2";
+    FILE *f = fopen(path, "rb");
+    ASSERT(f != NULL);
+    uint8_t buf[1024];
+    size_t n = fread(buf, 1, sizeof buf, f);
+    fclose(f);
+    struct snapshot_meta m;
+    const uint8_t *k, *v;
+    char err[200] = "";
+    int rc = snapshot_decode(buf, n, &m, &k, &v, err, sizeof err);
+    if (rc < 0)
+        fprintf(stderr, "  %s\n", err);
+    ASSERT_OK(rc);
+    ASSERT_STREQ(m.id, "seed-1");
+    ASSERT_EQ(m.owner_key, -1);
+    ASSERT_EQ(m.n_cells, 7);
+    ASSERT_EQ(m.next_tok, 7);
+    ASSERT_EQ(k[1], 7);
+}
+
 /* Feeds tokens into two rigs; exports rig a's stored cells (as a snapshot
  * holds them), imports them into rig b at the same positions, then checks
  * that the next tokens give bit-identical logits in both. */

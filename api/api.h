@@ -83,6 +83,7 @@ struct api_parse_ctx {
     const struct api_chat_template *chat;
     const char *session_header; /* X-Session-Id, or NULL (the body's session_id wins) */
     uint64_t id;                /* engine request id */
+    int key_index;              /* the API key the request carried (-1: open server) */
     uint64_t default_seed;      /* seed when the body gives none */
     int64_t max_stop_len;       /* longest stop string accepted (bytes) */
     /* The model names this server answers to (its id, then any aliases). A
@@ -159,6 +160,14 @@ char *api_response_role_chunk(struct api_response *r);
 char *api_response_chunk(struct api_response *r, const struct engine_event *ev);
 char *api_response_final_chunk(struct api_response *r, const struct engine_event *ev);
 char *api_response_usage_chunk(struct api_response *r, const struct engine_event *ev);
+/* The final chunk and the whole body of a request with a session carry
+ * "session": {"id", "object", "tokens_seen", "position", "kv_policy",
+ * "in_memory", "on_disk", "bytes", "created", "restored"}. */
+
+/* The session API: one session object, a list of them, a new id. */
+char *api_session_json(const struct engine_session_info *in);
+char *api_session_list_json(const struct engine_session_info *in, size_t n);
+char *api_session_new_json(const char *id);
 
 /* Non-streaming: add a TOKEN event. Returns 0, or -E2BIG once text_max is
  * reached (the caller cancels and answers with finish_reason "length"). */

@@ -145,23 +145,17 @@ static int unsupported(struct api_error *err, const char *name, const char *what
 
 /* ---- parameter groups ---------------------------------------------------- */
 
-/* A session id names a KV stream; printable ASCII keeps it safe in logs. */
+/* A session id names a KV stream and a file in --session-dir: 1 to 127
+ * characters of [A-Za-z0-9_-] (engine_session_id_valid), so no path trick
+ * ("..", "/", NUL) can reach the file system. */
 static int check_session(const char *s, const char *param, struct api_error *err)
 {
-    size_t n = strlen(s);
-    if (n == 0 || n >= ENGINE_SESSION_ID_MAX) {
+    if (!engine_session_id_valid(s)) {
         api_error_set(err, 400, param, "invalid_value",
-                      "Invalid value for '%s': expected 1 to %d characters.", param,
-                      ENGINE_SESSION_ID_MAX - 1);
+                      "Invalid value for '%s': expected 1 to %d characters of A-Z, a-z, 0-9, "
+                      "'_' and '-'.",
+                      param, ENGINE_SESSION_ID_MAX - 1);
         return -1;
-    }
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (c < 0x21 || c > 0x7E) {
-            api_error_set(err, 400, param, "invalid_value",
-                          "Invalid value for '%s': only printable ASCII without spaces.", param);
-            return -1;
-        }
     }
     return 0;
 }
@@ -394,6 +388,12 @@ static int parse_common(const cJSON *o, const struct api_parse_ctx *ctx, enum ap
             return -1;
         snprintf(r->session_id, sizeof r->session_id, "%s", ctx->session_header);
     }
+    /* session_create: false continues an existing session or fails with 404
+     * session_not_found; true (the default) starts it when it is gone */
+    int create = 1;
+    if (get_bool(o, "session_create", &create, err) < 0)
+        return -1;
+    r->session_must_exist = !create;
     if ((rc = get_string(o, "kv_policy", &s, err)) < 0)
         return -1;
     if (rc) {
@@ -1029,6 +1029,7 @@ int api_request_parse(const struct api_parse_ctx *ctx, enum api_endpoint ep, con
     memset(err, 0, sizeof *err);
     meta->endpoint = ep;
     out->id = ctx->id;
+    out->key_index = ctx->key_index;
     out->add_bos = 1;
     out->parse_special = 1;
 

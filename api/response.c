@@ -273,6 +273,55 @@ char *api_response_chunk(struct api_response *r, const struct engine_event *ev)
     return print_and_free(o);
 }
 
+static cJSON *session_obj(const struct engine_session_info *in, int with_flags)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "id", in->id);
+    cJSON_AddStringToObject(o, "object", "session");
+    cJSON_AddNumberToObject(o, "tokens_seen", (double)in->tokens_seen);
+    cJSON_AddNumberToObject(o, "position", (double)in->position);
+    cJSON_AddStringToObject(o, "kv_policy", in->policy);
+    cJSON_AddBoolToObject(o, "in_memory", in->in_memory);
+    cJSON_AddBoolToObject(o, "on_disk", in->on_disk);
+    cJSON_AddNumberToObject(o, "bytes", (double)in->bytes);
+    if (with_flags) {
+        cJSON_AddBoolToObject(o, "created", in->created);
+        cJSON_AddBoolToObject(o, "restored", in->restored);
+    }
+    return o;
+}
+
+/* A request with a session says what became of it: "session": {"id",
+ * "created", "restored", ...}. */
+static void add_session(cJSON *o, const struct engine_event *ev)
+{
+    if (ev->session.id[0])
+        cJSON_AddItemToObject(o, "session", session_obj(&ev->session, 1));
+}
+
+char *api_session_json(const struct engine_session_info *in)
+{
+    return print_and_free(session_obj(in, 0));
+}
+
+char *api_session_list_json(const struct engine_session_info *in, size_t n)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "object", "list");
+    cJSON *arr = cJSON_AddArrayToObject(o, "data");
+    for (size_t i = 0; i < n; i++)
+        cJSON_AddItemToArray(arr, session_obj(&in[i], 0));
+    return print_and_free(o);
+}
+
+char *api_session_new_json(const char *id)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "id", id);
+    cJSON_AddStringToObject(o, "object", "session");
+    return print_and_free(o);
+}
+
 char *api_response_final_chunk(struct api_response *r, const struct engine_event *ev)
 {
     cJSON *o = stream_head(r);
@@ -287,6 +336,7 @@ char *api_response_final_chunk(struct api_response *r, const struct engine_event
     cJSON_AddNullToObject(c, "logprobs");
     cJSON_AddStringToObject(c, "finish_reason", api_finish_reason(ev->finish));
     stream_tail(r, o);
+    add_session(o, ev);
     return print_and_free(o);
 }
 
@@ -357,6 +407,7 @@ char *api_response_body(struct api_response *r, const struct engine_event *ev)
     }
     cJSON_AddStringToObject(c, "finish_reason", api_finish_reason(ev->finish));
     cJSON_AddItemToObject(o, "usage", make_usage(ev));
+    add_session(o, ev);
     return print_and_free(o);
 }
 

@@ -32,6 +32,7 @@ enum cmd_flag_kind {
     CMD_SEC,     /* double * (seconds), in [lo, hi] */
     CMD_BOOL,    /* int *: set to 1, takes no value */
     CMD_BACKEND, /* enum engine_backend *: cpu | cuda */
+    CMD_STRV,    /* const char *[hi], NULL-terminated: each use appends one value */
 };
 
 struct cmd_flag {

@@ -52,6 +52,19 @@ static int set_value(const struct cmd_flag *o, const char *v)
             *(float *)o->dst = (float)x;
         return 0;
     }
+    case CMD_STRV: {
+        const char **v_arr = o->dst;
+        int64_t cap = (int64_t)o->hi, n = 0;
+        while (n < cap && v_arr[n])
+            n++;
+        if (n + 1 >= cap) { /* one entry stays NULL */
+            fprintf(stderr, "error: %s may be given at most %lld times\n", o->lng,
+                    (long long)(cap - 1));
+            return -1;
+        }
+        v_arr[n] = v;
+        return 0;
+    }
     case CMD_BACKEND:
         if (engine_backend_parse(v, o->dst) < 0) {
             fprintf(stderr, "error: %s expects cpu or cuda, got '%s'\n", o->lng, v);

@@ -19,6 +19,10 @@ static int check(const struct server_config *c)
                 (long long)c->low_water, (long long)c->high_water);
         return -1;
     }
+    if (strcmp(c->kv_dtype, "f16") != 0 && strcmp(c->kv_dtype, "f32") != 0) {
+        fprintf(stderr, "error: --kv-dtype expects f16 or f32, got '%s'\n", c->kv_dtype);
+        return -1;
+    }
     if (strcmp(c->log_level, "debug") != 0 && strcmp(c->log_level, "info") != 0 &&
         strcmp(c->log_level, "warn") != 0 && strcmp(c->log_level, "error") != 0) {
         fprintf(stderr, "error: --log-level expects debug, info, warn or error, got '%s'\n",
@@ -64,9 +68,20 @@ int cmd_serve(int argc, char **argv)
          NULL},
         {NULL, "--session-idle", CMD_SEC, &c.session_idle, 1, 1e9, "3600", "S",
          "an idle session frees its KV slot after S seconds", NULL},
-        {NULL, "--api-key", CMD_STR, &c.api_key, 0, 0, "", "KEY",
-         "require 'Authorization: Bearer KEY' on everything but /health and /metrics (visible "
-         "in ps: prefer --api-key-file or $STREAMSINK_API_KEY; empty: open)",
+        {NULL, "--session-dir", CMD_STR, &c.session_dir, 0, 0, "", "DIR",
+         "write a session leaving memory (idle, LRU, SIGTERM, POST /v1/sessions/ID/save) to "
+         "DIR/ID.snap and restore it on its next request (empty: sessions live in memory only)",
+         NULL},
+        {NULL, "--session-disk-max", CMD_I64, &c.session_disk_max, 0, 1e15, "0", "BYTES",
+         "snapshot bytes kept in --session-dir; beyond it the least recently written are "
+         "deleted (0: no bound)",
+         NULL},
+        {NULL, "--kv-dtype", CMD_STR, &c.kv_dtype, 0, 0, "f16", "T",
+         "KV cache element type: f16 | f32", NULL},
+        {NULL, "--api-key", CMD_STRV, c.api_keys, 0, SERVER_CONFIG_MAX_KEYS + 1, NULL, "KEY",
+         "require 'Authorization: Bearer KEY' on everything but /health and /metrics; repeat "
+         "it for several keys (visible in ps: prefer --api-key-file or $STREAMSINK_API_KEY; "
+         "none: open)",
          NULL},
         {NULL, "--api-key-file", CMD_STR, &c.api_key_file, 0, 0, "", "FILE",
          "accepted API keys, one per line ('#' comments); with --api-key, both count", NULL},
@@ -128,6 +143,8 @@ int cmd_serve(int argc, char **argv)
         return prc;
     if (check(&c) < 0)
         return CMD_EXIT_USAGE;
+    while (c.api_keys[c.n_api_keys])
+        c.n_api_keys++;
     switch (server_run(&c)) {
     case SERVER_OK:
         return CMD_EXIT_OK;

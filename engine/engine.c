@@ -183,6 +183,8 @@ static void seq_finish(struct engine *e, struct seq *s, enum engine_finish why, 
     ev.completion_tokens = s->n_gen;
     ev.text_len = 0;
     ev.text[0] = 0;
+    if (s->session[0])
+        session_describe(e, s, &ev.session);
     emit(e, &ev);
     queue_request_done(&e->q);
     if (s->session[0]) {
@@ -336,6 +338,7 @@ static int admit_into(struct engine *e, struct seq *s, struct engine_request *r,
             return -1;
         }
         s->has_next = 0;
+        s->owner_key = r->key_index;
     }
     int64_t pending = s->has_next ? 1 : 0;
     if (n + pending == 0) {
@@ -400,37 +403,191 @@ static int admit_into(struct engine *e, struct seq *s, struct engine_request *r,
     return 0;
 }
 
+static void request_over(struct engine *e, struct engine_request *r)
+{
+    queue_request_done(&e->q);
+    engine_request_free(r);
+}
+
+static void session_not_found(struct engine *e, const struct engine_request *r)
+{
+    char msg[160 + ENGINE_SESSION_ID_MAX];
+    snprintf(msg, sizeof msg,
+             "session '%s' does not exist: it never did, it expired, it was deleted, or it "
+             "belongs to another API key",
+             r->session_id);
+    emit_error(e, r->id, 404, "session_id", "session_not_found", msg);
+}
+
+static void emit_session(struct engine *e, uint64_t id, const struct engine_session_info *in)
+{
+    struct engine_event ev;
+    memset(&ev, 0, sizeof ev);
+    ev.id = id;
+    ev.kind = ENGINE_EV_SESSION;
+    ev.token = -1;
+    ev.session = *in;
+    emit(e, &ev);
+}
+
+static void emit_done(struct engine *e, uint64_t id)
+{
+    struct engine_event ev;
+    memset(&ev, 0, sizeof ev);
+    ev.id = id;
+    ev.kind = ENGINE_EV_DONE;
+    ev.token = -1;
+    emit(e, &ev);
+}
+
+static void list_one(struct engine *e, const struct engine_session_info *in, void *arg)
+{
+    emit_session(e, *(const uint64_t *)arg, in);
+}
+
+/* The session requests: save, get, list, delete (key-bound). */
+static void session_command(struct engine *e, struct engine_request *r)
+{
+    struct engine_session_info in;
+    struct seq *s = r->session_id[0] ? session_find(e, r->session_id) : NULL;
+    if (s && s->owner_key != r->key_index)
+        s = NULL; /* another key's session does not exist for this one */
+    switch (r->kind) {
+    case ENGINE_REQ_SESSION_SAVE: {
+        char why[200];
+        if (!s) {
+            if (session_describe_disk(e, r->session_id, r->key_index, &in) == 0) {
+                emit_session(e, r->id, &in); /* not in memory: its snapshot is current */
+                emit_done(e, r->id);
+            } else {
+                session_not_found(e, r);
+            }
+            return;
+        }
+        if (s->state == SEQ_RUNNING) {
+            emit_error(e, r->id, 409, "session_id", "session_busy",
+                       "this session is busy with a request; save it when the request is over");
+            return;
+        }
+        int rc = session_save(e, s, why, sizeof why);
+        if (rc < 0) {
+            emit_error(e, r->id, rc == -ENOTSUP ? 400 : 500, NULL,
+                       rc == -ENOTSUP ? "sessions_not_persistent" : "session_save_failed", why);
+            return;
+        }
+        session_describe(e, s, &in);
+        emit_session(e, r->id, &in);
+        emit_done(e, r->id);
+        return;
+    }
+    case ENGINE_REQ_SESSION_GET:
+        if (s)
+            session_describe(e, s, &in);
+        if (s || session_describe_disk(e, r->session_id, r->key_index, &in) == 0) {
+            emit_session(e, r->id, &in);
+            emit_done(e, r->id);
+        } else {
+            session_not_found(e, r);
+        }
+        return;
+    case ENGINE_REQ_SESSION_LIST:
+        for (int64_t i = 0; i < e->cfg.max_seqs; i++) {
+            struct seq *q = &e->seqs[i];
+            if (q->state != SEQ_FREE && q->session[0] && q->owner_key == r->key_index) {
+                session_describe(e, q, &in);
+                emit_session(e, r->id, &in);
+            }
+        }
+        session_list_disk(e, r->key_index, list_one, &r->id);
+        emit_done(e, r->id);
+        return;
+    case ENGINE_REQ_SESSION_DELETE: {
+        if (s && s->state == SEQ_RUNNING) {
+            emit_error(e, r->id, 409, "session_id", "session_busy",
+                       "this session is busy with a request");
+            return;
+        }
+        int found = s != NULL;
+        if (s)
+            engine__seq_release(e, s);
+        found |= session_delete_disk(e, r->session_id, r->key_index) == 0;
+        if (found)
+            emit_done(e, r->id);
+        else
+            session_not_found(e, r);
+        return;
+    }
+    case ENGINE_REQ_GENERATE:
+        break;
+    }
+}
+
 /* Tries to place a request. Returns 1 if done with it (admitted or failed),
  * 0 if it must wait for a slot. */
 static int try_admit(struct engine *e, struct engine_request *r)
 {
+    if (r->kind != ENGINE_REQ_GENERATE) {
+        session_command(e, r);
+        request_over(e, r);
+        return 1;
+    }
     if (r->session_id[0]) {
         struct seq *s = session_find(e, r->session_id);
+        if (s && s->owner_key != r->key_index) {
+            session_not_found(e, r);
+            request_over(e, r);
+            return 1;
+        }
         if (s && s->state == SEQ_RUNNING) {
             emit_error(e, r->id, 409, "session_id", "session_busy",
                        "this session is busy with another request");
-            queue_request_done(&e->q);
-            engine_request_free(r);
+            request_over(e, r);
             return 1;
         }
         if (s) {
-            if (admit_into(e, s, r, 0) < 0) {
-                queue_request_done(&e->q);
-                engine_request_free(r);
-            }
+            s->created = s->restored = 0;
+            if (admit_into(e, s, r, 0) < 0)
+                request_over(e, r);
             return 1;
         }
     }
     struct seq *s = session_take_slot(e);
     if (!s)
         return 0;
+    if (r->session_id[0]) { /* not in memory: on disk, or gone, or new */
+        struct session_err se;
+        int rc = session_restore(e, s, r->session_id, r->key_index, &se);
+        if (rc == 1) {
+            s->state = SEQ_IDLE;
+            s->last_used = now_s();
+            s->created = 0;
+            s->restored = 1;
+            if (admit_into(e, s, r, 0) < 0)
+                request_over(e, r); /* the session stays, idle */
+            return 1;
+        }
+        if (rc < 0 || r->session_must_exist) {
+            kv_pool_release(&e->fwd.pool, s->kv.slot);
+            s->state = SEQ_FREE;
+            s->session[0] = 0;
+            if (rc < 0 && se.status != 404)
+                emit_error(e, r->id, se.status, "session_id", se.code[0] ? se.code : NULL,
+                           se.message);
+            else
+                session_not_found(e, r);
+            request_over(e, r);
+            return 1;
+        }
+    }
     if (admit_into(e, s, r, 1) < 0) {
         kv_pool_release(&e->dec.fwd.pool, s->kv.slot);
         s->state = SEQ_FREE;
         s->session[0] = 0;
-        queue_request_done(&e->q);
-        engine_request_free(r);
+        request_over(e, r);
+        return 1;
     }
+    s->created = s->session[0] != 0;
+    s->restored = 0;
     return 1;
 }
 
@@ -668,6 +825,8 @@ static void *engine_main(void *arg)
 {
     struct engine *e = arg;
     int rc = engine__load(e);
+    if (rc == 0)
+        rc = session_dir_open(e, e->start_err, sizeof e->start_err);
     pthread_mutex_lock(&e->start_mu);
     e->started = 1;
     e->start_rc = rc;
@@ -685,13 +844,13 @@ static void *engine_main(void *arg)
         handle_commands(e, busy ? 0 : 1000);
         admit_waiting(e);
         queue_wait_room(&e->q, (size_t)(3 * e->cfg.max_seqs + 4));
-        int ran = step(e);
+        step(e);
         publish_stats(e);
         if (e->pushed) {
             e->pushed = 0;
             e->wake(e->wake_arg);
         }
-        if (!ran && now_s() - last_expire > 1.0) {
+        if (now_s() - last_expire > 1.0) { /* under load too */
             session_expire(e, now_s());
             last_expire = now_s();
         }
@@ -704,6 +863,7 @@ static void *engine_main(void *arg)
     for (int64_t i = 0; i < e->n_waiting; i++)
         engine_request_free(&e->waiting[i]);
     e->n_waiting = 0;
+    session_save_all(e); /* sessions outlive the process when there is a directory */
     e->wake(e->wake_arg);
     return NULL;
 }
@@ -714,6 +874,7 @@ static void engine_free(struct engine *e)
         for (int64_t i = 0; i < e->cfg.max_seqs; i++)
             seq_clear_request(&e->seqs[i]);
     }
+    session_dir_close(e);
     free(e->seqs);
     free(e->waiting);
     free(e->inputs);
@@ -747,6 +908,7 @@ int engine_start(struct engine **out, const struct engine_config *cfg, void (*wa
         return -ENOMEM;
     }
     e->cfg = *cfg;
+    e->dir_fd = -1;
     if (e->cfg.chunk > e->cfg.max_step_tokens)
         e->cfg.chunk = e->cfg.max_step_tokens;
     e->wake = wake;

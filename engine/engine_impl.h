@@ -46,6 +46,8 @@ struct seq {
     int64_t n_gen, usage_prompt;
     int paused;
     char session[ENGINE_SESSION_ID_MAX];
+    int owner_key;         /* the API key index that created the session (-1: open) */
+    int created, restored; /* this request started the session / read it from disk */
     double last_used;
 };
 
@@ -76,6 +78,10 @@ struct engine {
     int64_t *evicted_before; /* [max_seqs] per step input */
     struct engine_stats stats;
     int pushed; /* events pushed since the last wake */
+    /* sessions on disk (--session-dir; session.c) */
+    int dir_fd;               /* -1: none */
+    uint8_t model_digest[32]; /* SHA-256 of the model file */
+    uint64_t tmp_seq;         /* temp file names */
 };
 
 /* Runs on the engine thread before it serves: opens the model and builds

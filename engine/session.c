@@ -1,7 +1,44 @@
-/* session.c: sessions that keep their KV slot between requests (session.h). */
+/*
+ * session.c: sessions that keep their KV slot between requests (session.h),
+ * and, with --session-dir, outlive it: a session leaving memory (idle
+ * expiry, LRU reuse of its slot, engine stop, an explicit save) is written
+ * to DIR/<id>.snap (snapshot.h) and read back when a request names it.
+ *
+ * Writes are atomic: a temp file in the same directory, fsync, rename over
+ * the old snapshot, fsync of the directory; a reader sees the old file or
+ * the new one, never a mix. Everything here runs on the engine thread, so
+ * two saves or a save and a restore of one session never interleave within
+ * a process; replicas sharing the directory see whole files only.
+ *
+ * Snapshot I/O runs on the engine thread and stalls its steps for as long as
+ * it takes (docs/serving.md#sessions has the measured times).
+ */
 #include "session.h"
 
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <openssl/evp.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "snapshot.h"
+
+#define SNAP_EXT ".snap"
+
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* ---- in memory ------------------------------------------------------------------------------ */
 
 struct seq *session_find(struct engine *e, const char *sid)
 {
@@ -11,9 +48,20 @@ struct seq *session_find(struct engine *e, const char *sid)
     return NULL;
 }
 
+/* s leaves memory: written to the directory first when there is one. A
+ * session whose save fails stays (0 returned only when it left). */
+static int leave(struct engine *e, struct seq *s, double now)
+{
+    if (e->dir_fd >= 0 && s->session[0] && session_save(e, s, NULL, 0) < 0) {
+        s->last_used = now; /* try again after another idle period */
+        return -1;
+    }
+    engine__seq_release(e, s);
+    return 0;
+}
+
 struct seq *session_take_slot(struct engine *e)
 {
-    struct seq *lru = NULL;
     for (int64_t i = 0; i < e->cfg.max_seqs; i++) {
         struct seq *s = &e->seqs[i];
         if (s->state == SEQ_FREE) {
@@ -23,11 +71,21 @@ struct seq *session_take_slot(struct engine *e)
             s->kv.slot = slot;
             return s;
         }
-        if (s->state == SEQ_IDLE && (!lru || s->last_used < lru->last_used))
-            lru = s;
     }
-    if (lru) {
-        engine__seq_release(e, lru);
+    /* the least recently used idle session leaves; if its save fails, the next one */
+    double now = mono_s();
+    for (int64_t tries = 0; tries < e->cfg.max_seqs; tries++) {
+        struct seq *lru = NULL;
+        for (int64_t i = 0; i < e->cfg.max_seqs; i++) {
+            struct seq *s = &e->seqs[i];
+            if (s->state == SEQ_IDLE && s->last_used < now &&
+                (!lru || s->last_used < lru->last_used))
+                lru = s;
+        }
+        if (!lru)
+            return NULL;
+        if (leave(e, lru, now) < 0)
+            continue; /* its last_used is now: skipped next round */
         int64_t slot;
         if (kv_pool_acquire(&e->dec.fwd.pool, &slot) < 0)
             return NULL;
@@ -48,6 +106,539 @@ void session_expire(struct engine *e, double now)
     for (int64_t i = 0; i < e->cfg.max_seqs; i++) {
         struct seq *s = &e->seqs[i];
         if (s->state == SEQ_IDLE && now - s->last_used > (double)e->cfg.session_idle_s)
-            engine__seq_release(e, s);
+            leave(e, s, now);
     }
+}
+
+void session_save_all(struct engine *e)
+{
+    if (e->dir_fd < 0)
+        return;
+    for (int64_t i = 0; i < e->cfg.max_seqs; i++) {
+        struct seq *s = &e->seqs[i];
+        if (s->state == SEQ_IDLE && s->session[0])
+            session_save(e, s, NULL, 0);
+    }
+}
+
+/* ---- the directory ------------------------------------------------------------------------- */
+
+static int file_name(char *buf, size_t cap, const char *id, const char *ext)
+{
+    if (!engine_session_id_valid(id))
+        return -EINVAL;
+    int n = snprintf(buf, cap, "%s%s", id, ext);
+    return n > 0 && (size_t)n < cap ? 0 : -ENAMETOOLONG;
+}
+
+/* Recounts the snapshots in the directory and, over --session-disk-max,
+ * deletes the least recently written ones (never keep, the one just saved). */
+static void disk_scan(struct engine *e, const char *keep)
+{
+    struct ent {
+        char name[ENGINE_SESSION_ID_MAX + 8];
+        int64_t bytes;
+        double mtime;
+    } *ents = NULL;
+    size_t n = 0, cap = 0;
+    int fd = dup(e->dir_fd);
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    if (!d) {
+        if (fd >= 0)
+            close(fd);
+        return;
+    }
+    rewinddir(d);
+    int64_t total = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        size_t l = strlen(de->d_name);
+        if (l <= strlen(SNAP_EXT) || l >= sizeof ents->name ||
+            strcmp(de->d_name + l - strlen(SNAP_EXT), SNAP_EXT) != 0)
+            continue;
+        struct stat st;
+        if (fstatat(e->dir_fd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(st.st_mode))
+            continue;
+        if (n == cap) {
+            size_t nc = cap ? 2 * cap : 64;
+            void *p = realloc(ents, nc * sizeof *ents);
+            if (!p)
+                break;
+            ents = p;
+            cap = nc;
+        }
+        snprintf(ents[n].name, sizeof ents[n].name, "%s", de->d_name);
+        ents[n].bytes = (int64_t)st.st_size;
+        ents[n].mtime = (double)st.st_mtim.tv_sec + (double)st.st_mtim.tv_nsec * 1e-9;
+        total += ents[n].bytes;
+        n++;
+    }
+    closedir(d);
+    int64_t count = (int64_t)n;
+    while (e->cfg.session_disk_max > 0 && total > e->cfg.session_disk_max) {
+        size_t old = n;
+        for (size_t i = 0; i < n; i++) {
+            if (ents[i].bytes < 0 || (keep && strcmp(ents[i].name, keep) == 0))
+                continue;
+            if (old == n || ents[i].mtime < ents[old].mtime)
+                old = i;
+        }
+        if (old == n)
+            break;
+        if (unlinkat(e->dir_fd, ents[old].name, 0) == 0) {
+            total -= ents[old].bytes;
+            count--;
+            e->stats.disk_evictions_total++;
+        }
+        ents[old].bytes = -1;
+    }
+    free(ents);
+    e->stats.sessions_on_disk = count;
+    e->stats.snapshot_bytes = total;
+}
+
+static int model_digest(struct engine *e)
+{
+    EVP_MD_CTX *c = EVP_MD_CTX_new();
+    unsigned int n = 0;
+    int ok = c && EVP_DigestInit_ex(c, EVP_sha256(), NULL) == 1 &&
+             EVP_DigestUpdate(c, e->model.map, e->model.map_len) == 1 &&
+             EVP_DigestFinal_ex(c, e->model_digest, &n) == 1 && n == 32;
+    EVP_MD_CTX_free(c);
+    return ok ? 0 : -EIO;
+}
+
+int session_dir_open(struct engine *e, char *err, size_t err_len)
+{
+    e->dir_fd = -1;
+    if (!e->cfg.session_dir || !e->cfg.session_dir[0])
+        return 0;
+    int fd = open(e->cfg.session_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) {
+        int rc = -errno;
+        snprintf(err, err_len, "--session-dir %s: %s", e->cfg.session_dir, strerror(errno));
+        return rc;
+    }
+    if (faccessat(fd, ".", W_OK, 0) < 0) {
+        int rc = -errno;
+        snprintf(err, err_len, "--session-dir %s: not writable: %s", e->cfg.session_dir,
+                 strerror(errno));
+        close(fd);
+        return rc;
+    }
+    e->dir_fd = fd;
+    if (model_digest(e) < 0) {
+        snprintf(err, err_len, "engine: SHA-256 of the model file failed");
+        return -EIO;
+    }
+    disk_scan(e, NULL);
+    return 0;
+}
+
+void session_dir_close(struct engine *e)
+{
+    if (e->dir_fd >= 0)
+        close(e->dir_fd);
+    e->dir_fd = -1;
+}
+
+/* ---- save ---------------------------------------------------------------------------------- */
+
+/* Copies the stored cells of s (sinks, then window positions in order) between
+ * the backend and K/V laid out [L][Hkv][m->n_cells][Dh]. */
+static int copy_cells(struct engine *e, const struct kv_seq *kv, const struct snapshot_meta *m,
+                      uint8_t *k, uint8_t *v, int import)
+{
+    const struct backend_ops *op = e->backend.ops;
+    size_t cell_bytes = (size_t)m->head_dim * (m->dtype == KV_DTYPE_F16 ? 2u : 4u);
+    int rc = 0;
+    if (m->n_sink_cells > 0)
+        rc = import ? op->kv_import(&e->backend, kv->slot, 0, m->n_sink_cells, k, v, m->n_cells)
+                    : op->kv_export(&e->backend, kv->slot, 0, m->n_sink_cells, k, v, m->n_cells);
+    int64_t off = m->n_sink_cells;
+    for (int64_t p = m->win_pos0; rc == 0 && p < m->pos_next;) {
+        int64_t cell = kv_seq_cell(kv, p);
+        int64_t len = kv->ring - p % kv->ring; /* up to the end of the ring */
+        if (len > m->pos_next - p)
+            len = m->pos_next - p;
+        uint8_t *hk = k + (size_t)off * cell_bytes, *hv = v + (size_t)off * cell_bytes;
+        rc = import ? op->kv_import(&e->backend, kv->slot, cell, len, hk, hv, m->n_cells)
+                    : op->kv_export(&e->backend, kv->slot, cell, len, hk, hv, m->n_cells);
+        p += len;
+        off += len;
+    }
+    return rc;
+}
+
+static int write_all(int fd, const uint8_t *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            return -errno;
+        }
+        if (w == 0)
+            return -EIO;
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+static void observe(double *sum, double *max, int64_t *hist, double dt)
+{
+    static const double bounds[ENGINE_SNAP_BUCKETS] = ENGINE_SNAP_BUCKET_BOUNDS;
+    *sum += dt;
+    if (dt > *max)
+        *max = dt;
+    for (int i = 0; i < ENGINE_SNAP_BUCKETS; i++)
+        if (dt <= bounds[i])
+            hist[i]++;
+}
+
+int session_save(struct engine *e, struct seq *s, char *err, size_t err_len)
+{
+    char dummy[8];
+    if (!err) {
+        err = dummy;
+        err_len = sizeof dummy;
+    }
+    if (e->dir_fd < 0) {
+        snprintf(err, err_len, "this server keeps sessions in memory only (no --session-dir)");
+        return -ENOTSUP;
+    }
+    double t0 = mono_s();
+    struct snapshot_meta m;
+    memset(&m, 0, sizeof m);
+    memcpy(m.model_digest, e->model_digest, 32);
+    const struct kv_geometry *g = &e->fwd.pool.geo;
+    m.dtype = g->dtype;
+    m.n_layer = g->n_layer;
+    m.n_kv_head = g->n_kv_head;
+    m.head_dim = g->head_dim;
+    m.policy = s->kv.policy;
+    m.owner_key = s->owner_key;
+    m.n_sinks = s->kv.n_sinks;
+    m.window = s->kv.window;
+    m.pos_first = s->kv.pos_first;
+    m.pos_next = s->kv.pos_next;
+    snapshot_meta_cells(&m);
+    m.next_tok = s->has_next ? s->next_tok : 0;
+    m.has_next = s->has_next;
+    m.saved_at = (int64_t)time(NULL);
+    snprintf(m.id, sizeof m.id, "%s", s->session);
+
+    char name[ENGINE_SESSION_ID_MAX + 8], tmp[ENGINE_SESSION_ID_MAX + 64];
+    int rc = file_name(name, sizeof name, m.id, SNAP_EXT);
+    if (rc < 0) {
+        snprintf(err, err_len, "session id not usable as a file name");
+        goto out;
+    }
+    size_t len = snapshot_size(&m);
+    uint8_t *buf = malloc(len);
+    if (!buf) {
+        rc = -ENOMEM;
+        snprintf(err, err_len, "out of memory for a %zu-byte snapshot", len);
+        goto out;
+    }
+    uint8_t *k, *v;
+    snapshot_encode_header(&m, buf, &k, &v);
+    rc = copy_cells(e, &s->kv, &m, k, v, 0);
+    if (rc < 0) {
+        free(buf);
+        snprintf(err, err_len, "reading the KV cells from the backend failed");
+        goto out;
+    }
+    snapshot_seal(buf, len);
+    snprintf(tmp, sizeof tmp, ".tmp-%s-%ld-%llu", m.id, (long)getpid(),
+             (unsigned long long)e->tmp_seq++);
+    int fd = openat(e->dir_fd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        rc = -errno;
+        free(buf);
+        snprintf(err, err_len, "creating %s: %s", tmp, strerror(-rc));
+        goto out;
+    }
+    rc = write_all(fd, buf, len);
+    free(buf);
+    if (rc == 0 && fsync(fd) < 0)
+        rc = -errno;
+    if (close(fd) < 0 && rc == 0)
+        rc = -errno;
+    if (rc == 0 && renameat(e->dir_fd, tmp, e->dir_fd, name) < 0)
+        rc = -errno;
+    if (rc < 0) {
+        unlinkat(e->dir_fd, tmp, 0);
+        snprintf(err, err_len, "writing the snapshot: %s", strerror(-rc));
+        goto out;
+    }
+    fsync(e->dir_fd); /* the rename itself survives a crash */
+    disk_scan(e, name);
+out:
+    if (rc < 0) {
+        e->stats.save_failures_total++;
+        return rc;
+    }
+    e->stats.saves_total++;
+    observe(&e->stats.save_seconds_total, &e->stats.save_seconds_max, e->stats.save_hist,
+            mono_s() - t0);
+    return 0;
+}
+
+/* ---- restore ------------------------------------------------------------------------------- */
+
+/* Reads the whole file name into *out (at most max bytes). 0, -ENOENT, -EFBIG
+ * or another -errno. */
+static int read_file(struct engine *e, const char *name, size_t max, uint8_t **out, size_t *len)
+{
+    *out = NULL;
+    *len = 0;
+    int fd = openat(e->dir_fd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0)
+        return -errno;
+    struct stat st;
+    int rc = 0;
+    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode))
+        rc = -EINVAL;
+    else if ((uint64_t)st.st_size > max)
+        rc = -EFBIG;
+    size_t n = rc == 0 ? (size_t)st.st_size : 0;
+    uint8_t *buf = rc == 0 ? malloc(n ? n : 1) : NULL;
+    if (rc == 0 && !buf)
+        rc = -ENOMEM;
+    size_t got = 0;
+    while (rc == 0 && got < n) {
+        ssize_t r = read(fd, buf + got, n - got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            rc = r < 0 ? -errno : -EIO;
+            break;
+        }
+        got += (size_t)r;
+    }
+    close(fd);
+    if (rc < 0) {
+        free(buf);
+        return rc;
+    }
+    *out = buf;
+    *len = n;
+    return 0;
+}
+
+/* The largest snapshot this server could have written. */
+static size_t max_snapshot(const struct engine *e)
+{
+    const struct kv_geometry *g = &e->fwd.pool.geo;
+    struct snapshot_meta m;
+    memset(&m, 0, sizeof m);
+    m.dtype = KV_DTYPE_F32;
+    m.n_layer = g->n_layer;
+    m.n_kv_head = g->n_kv_head;
+    m.head_dim = g->head_dim;
+    m.n_cells = g->n_sinks + g->window;
+    return SNAPSHOT_FIXED_HEADER + ENGINE_SESSION_ID_MAX + 2 * snapshot_kv_bytes(&m) + 4;
+}
+
+/* The file of a session that cannot be restored is moved aside to <id>.bad. */
+static void move_aside(struct engine *e, const char *id)
+{
+    char name[ENGINE_SESSION_ID_MAX + 8], bad[ENGINE_SESSION_ID_MAX + 8];
+    if (file_name(name, sizeof name, id, SNAP_EXT) == 0 &&
+        file_name(bad, sizeof bad, id, ".bad") == 0)
+        renameat(e->dir_fd, name, e->dir_fd, bad);
+    disk_scan(e, NULL);
+}
+
+int session_restore(struct engine *e, struct seq *s, const char *id, int key,
+                    struct session_err *se)
+{
+    memset(se, 0, sizeof *se);
+    if (e->dir_fd < 0)
+        return 0;
+    char name[ENGINE_SESSION_ID_MAX + 8];
+    if (file_name(name, sizeof name, id, SNAP_EXT) < 0)
+        return 0;
+    double t0 = mono_s();
+    uint8_t *buf;
+    size_t len;
+    int rc = read_file(e, name, max_snapshot(e), &buf, &len);
+    if (rc == -ENOENT)
+        return 0;
+    struct snapshot_meta m;
+    const uint8_t *k = NULL, *v = NULL;
+    char why[200] = "";
+    if (rc == -EFBIG)
+        snprintf(why, sizeof why, "the file is larger than any snapshot this server writes");
+    else if (rc < 0)
+        snprintf(why, sizeof why, "reading it failed: %s", strerror(-rc));
+    else if (snapshot_decode(buf, len, &m, &k, &v, why, sizeof why) < 0)
+        ; /* why says it */
+    else if (strcmp(m.id, id) != 0)
+        snprintf(why, sizeof why, "the file holds another session");
+    else if (memcmp(m.model_digest, e->model_digest, 32) != 0)
+        snprintf(why, sizeof why, "it was made with another model file");
+    else if (m.has_next && m.next_tok >= e->info.n_vocab)
+        snprintf(why, sizeof why, "its pending token is outside the vocabulary");
+    if (why[0]) {
+        free(buf);
+        if (rc == -EIO || rc == -ENOMEM || rc == -EMFILE || rc == -ENFILE) {
+            se->status = 503; /* the file may be fine: leave it */
+            snprintf(se->code, sizeof se->code, "session_restore_failed");
+        } else {
+            move_aside(e, id);
+            se->status = 422;
+            snprintf(se->code, sizeof se->code, "session_snapshot_invalid");
+        }
+        snprintf(se->message, sizeof se->message, "session '%s' cannot be restored: %s%s", id, why,
+                 se->status == 422 ? " (the file was moved aside to <id>.bad)" : "");
+        e->stats.restore_failures_total++;
+        return -1;
+    }
+    if (m.owner_key != key) { /* another key's session does not exist for this one */
+        free(buf);
+        se->status = 404;
+        return -1;
+    }
+    const struct kv_geometry *g = &e->fwd.pool.geo;
+    if (m.dtype != g->dtype || m.n_layer != g->n_layer || m.n_kv_head != g->n_kv_head ||
+        m.head_dim != g->head_dim || m.n_sinks > g->n_sinks || m.window > g->window) {
+        free(buf);
+        se->status = 409;
+        snprintf(se->code, sizeof se->code, "session_snapshot_incompatible");
+        snprintf(se->message, sizeof se->message,
+                 "session '%s' was saved with a %s KV cache, window %lld and %lld sinks; this "
+                 "server keeps %s, window at most %lld, at most %lld sinks",
+                 id, m.dtype == KV_DTYPE_F16 ? "f16" : "f32", (long long)m.window,
+                 (long long)m.n_sinks, g->dtype == KV_DTYPE_F16 ? "f16" : "f32",
+                 (long long)g->window, (long long)g->n_sinks);
+        e->stats.restore_failures_total++;
+        return -1;
+    }
+    if (kv_seq_init(&s->kv, g, s->kv.slot, m.policy, m.window, m.pos_first) < 0) {
+        free(buf);
+        se->status = 500;
+        snprintf(se->message, sizeof se->message, "session '%s': the KV sequence failed", id);
+        e->stats.restore_failures_total++;
+        return -1;
+    }
+    s->kv.pos_next = m.pos_next;
+    s->kv.n_evicted = m.n_evicted;
+    rc = copy_cells(e, &s->kv, &m, (uint8_t *)k, (uint8_t *)v, 1);
+    free(buf);
+    if (rc < 0) {
+        se->status = 500;
+        snprintf(se->message, sizeof se->message, "session '%s': writing its KV cells failed", id);
+        e->stats.restore_failures_total++;
+        return -1;
+    }
+    s->next_tok = m.next_tok;
+    s->has_next = m.has_next;
+    s->owner_key = m.owner_key;
+    snprintf(s->session, sizeof s->session, "%s", id);
+    e->stats.restores_total++;
+    observe(&e->stats.restore_seconds_total, &e->stats.restore_seconds_max, e->stats.restore_hist,
+            mono_s() - t0);
+    return 1;
+}
+
+/* ---- description, listing, deletion -------------------------------------------------------- */
+
+void session_describe(const struct engine *e, const struct seq *s, struct engine_session_info *out)
+{
+    memset(out, 0, sizeof *out);
+    snprintf(out->id, sizeof out->id, "%s", s->session);
+    out->tokens_seen = s->kv.pos_next - s->kv.pos_first + (s->has_next ? 1 : 0);
+    out->position = s->kv.pos_next;
+    kv_policy_name(&s->kv.policy, out->policy, sizeof out->policy);
+    out->in_memory = 1;
+    out->created = s->created;
+    out->restored = s->restored;
+    char name[ENGINE_SESSION_ID_MAX + 8];
+    struct stat st;
+    if (e->dir_fd >= 0 && file_name(name, sizeof name, s->session, SNAP_EXT) == 0 &&
+        fstatat(e->dir_fd, name, &st, 0) == 0) {
+        out->on_disk = 1;
+        out->bytes = (int64_t)st.st_size;
+    }
+}
+
+int session_describe_disk(struct engine *e, const char *id, int key,
+                          struct engine_session_info *out)
+{
+    memset(out, 0, sizeof *out);
+    char name[ENGINE_SESSION_ID_MAX + 8];
+    if (e->dir_fd < 0 || file_name(name, sizeof name, id, SNAP_EXT) < 0)
+        return -ENOENT;
+    int fd = openat(e->dir_fd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0)
+        return -ENOENT;
+    uint8_t hdr[SNAPSHOT_FIXED_HEADER + ENGINE_SESSION_ID_MAX];
+    ssize_t n = pread(fd, hdr, sizeof hdr, 0);
+    struct stat st;
+    int ok = n > 0 && fstat(fd, &st) == 0;
+    close(fd);
+    struct snapshot_meta m;
+    char why[160];
+    if (!ok || snapshot_decode_header(hdr, (size_t)n, &m, why, sizeof why) < 0 ||
+        strcmp(m.id, id) != 0 || m.owner_key != key)
+        return -ENOENT;
+    snprintf(out->id, sizeof out->id, "%s", id);
+    out->tokens_seen = m.pos_next - m.pos_first + (m.has_next ? 1 : 0);
+    out->position = m.pos_next;
+    kv_policy_name(&m.policy, out->policy, sizeof out->policy);
+    out->on_disk = 1;
+    out->bytes = (int64_t)st.st_size;
+    return 0;
+}
+
+int session_list_disk(struct engine *e, int key,
+                      void (*each)(struct engine *e, const struct engine_session_info *in,
+                                   void *arg),
+                      void *arg)
+{
+    if (e->dir_fd < 0)
+        return 0;
+    int fd = dup(e->dir_fd);
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    if (!d) {
+        if (fd >= 0)
+            close(fd);
+        return -EIO;
+    }
+    rewinddir(d);
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        size_t l = strlen(de->d_name);
+        if (l <= strlen(SNAP_EXT) || l - strlen(SNAP_EXT) >= ENGINE_SESSION_ID_MAX ||
+            strcmp(de->d_name + l - strlen(SNAP_EXT), SNAP_EXT) != 0)
+            continue;
+        char id[ENGINE_SESSION_ID_MAX];
+        memcpy(id, de->d_name, l - strlen(SNAP_EXT));
+        id[l - strlen(SNAP_EXT)] = 0;
+        if (session_find(e, id))
+            continue; /* listed from memory */
+        struct engine_session_info in;
+        if (session_describe_disk(e, id, key, &in) == 0)
+            each(e, &in, arg);
+    }
+    closedir(d);
+    return 0;
+}
+
+int session_delete_disk(struct engine *e, const char *id, int key)
+{
+    struct engine_session_info in;
+    if (session_describe_disk(e, id, key, &in) < 0)
+        return -ENOENT;
+    char name[ENGINE_SESSION_ID_MAX + 8];
+    file_name(name, sizeof name, id, SNAP_EXT);
+    int rc = unlinkat(e->dir_fd, name, 0) < 0 ? -errno : 0;
+    if (rc == 0)
+        fsync(e->dir_fd);
+    disk_scan(e, NULL);
+    return rc;
 }

@@ -20,7 +20,46 @@ struct seq *session_find(struct engine *e, const char *sid);
 struct seq *session_take_slot(struct engine *e);
 /* The request running in s is over and s is a session: keep its KV. */
 void session_park(struct seq *s, double now);
-/* Idle sessions older than --session-idle leave memory. */
+/* Idle sessions older than --session-idle leave memory (written to the
+ * directory first; one whose save fails stays and is tried again later). */
 void session_expire(struct engine *e, double now);
+/* Engine stop: every idle session is written to the directory. */
+void session_save_all(struct engine *e);
+
+/* --session-dir: opens the directory and hashes the model file (SHA-256).
+ * 0 when there is no directory. -errno with a message in err. */
+int session_dir_open(struct engine *e, char *err, size_t err_len);
+void session_dir_close(struct engine *e);
+
+/* Writes s (a session, idle) to DIR/<id>.snap atomically; s stays in memory.
+ * 0, or -errno with a reason in err (which may be NULL). */
+int session_save(struct engine *e, struct seq *s, char *err, size_t err_len);
+
+/* Why a restore failed: an HTTP status (404: no such session for this key),
+ * an error code and a message for the client. */
+struct session_err {
+    int status;
+    char code[32];
+    char message[160];
+};
+/* Reads session id from the directory into s, which holds a fresh KV slot:
+ * 1 restored (s is the session, idle, owned by key), 0 no snapshot, -1
+ * failed with se filled (a corrupt, truncated, foreign-model or
+ * other-version file is moved aside to <id>.bad). */
+int session_restore(struct engine *e, struct seq *s, const char *id, int key,
+                    struct session_err *se);
+
+/* Descriptions for the session API. */
+void session_describe(const struct engine *e, const struct seq *s, struct engine_session_info *out);
+/* The snapshot of id if key owns it: 0, or -ENOENT. */
+int session_describe_disk(struct engine *e, const char *id, int key,
+                          struct engine_session_info *out);
+/* Calls each for every session of key on disk and not in memory. */
+int session_list_disk(struct engine *e, int key,
+                      void (*each)(struct engine *e, const struct engine_session_info *in,
+                                   void *arg),
+                      void *arg);
+/* Deletes the snapshot of id if key owns it: 0, or -ENOENT. */
+int session_delete_disk(struct engine *e, const char *id, int key);
 
 #endif

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets (tests/fuzz/) with clang into build-fuzz and
-# runs each for SECONDS_PER_TARGET (default 35: about 3 minutes for all five,
+# runs each for SECONDS_PER_TARGET (default 35: about 4 minutes for all six,
 # plus the build), starting from a copy of its committed seed corpus
 # (tests/fuzz/corpus/<target>/). Nothing is written into the repository: new
 # inputs and crash reproducers go to a work directory under $TMPDIR, which is
@@ -17,7 +17,7 @@ cd "$(dirname "$0")/.."
 SECONDS_PER_TARGET="${1:-35}"
 BUILD_DIR="${FUZZ_BUILD_DIR:-build-fuzz}"
 TARGETS=(${FUZZ_TARGETS:-fuzz_gguf_parse fuzz_http_conn fuzz_api_request fuzz_chat_template
-         fuzz_tokenizer})
+         fuzz_tokenizer fuzz_snapshot_decode})
 
 # Longest input per target: the GGUF parser takes whole small files; the HTTP
 # target's inputs may overfill the connection's 16 KiB read buffer.
@@ -26,6 +26,7 @@ max_len() {
     fuzz_gguf_parse) echo 65536 ;;
     fuzz_http_conn) echo 20000 ;;
     fuzz_api_request) echo 16384 ;;
+    fuzz_snapshot_decode) echo 4096 ;;
     *) echo 8192 ;;
     esac
 }

@@ -65,6 +65,8 @@ const char *metrics_endpoint_name(enum metrics_endpoint ep)
         return "/health";
     case METRICS_EP_METRICS:
         return "/metrics";
+    case METRICS_EP_SESSIONS:
+        return "/v1/sessions";
     default:
         return "other";
     }
@@ -122,6 +124,19 @@ static void counter(struct out *o, const char *name, const char *help, double v)
 {
     head(o, name, "counter", help);
     put(o, "%s %.17g\n", name, v);
+}
+
+/* A histogram from the engine's cumulative snapshot buckets. */
+static void snap_hist(struct out *o, const char *name, const char *help, const int64_t *cum,
+                      int64_t count, double sum)
+{
+    static const double le[ENGINE_SNAP_BUCKETS] = ENGINE_SNAP_BUCKET_BOUNDS;
+    head(o, name, "histogram", help);
+    for (int i = 0; i < ENGINE_SNAP_BUCKETS; i++)
+        put(o, "%s_bucket{le=\"%g\"} %lld\n", name, le[i], (long long)cum[i]);
+    put(o, "%s_bucket{le=\"+Inf\"} %lld\n", name, (long long)count);
+    put(o, "%s_sum %.17g\n", name, sum);
+    put(o, "%s_count %lld\n", name, (long long)count);
 }
 
 static void hist(struct out *o, const char *name, const char *help, const struct metrics_hist *h)
@@ -225,6 +240,28 @@ size_t metrics_render(const struct metrics *m, const struct metrics_live *live,
             label(pl, sizeof pl, mi && mi->default_policy[0] ? mi->default_policy : "unknown"),
             (long long)es->evicted_tokens_total);
         gauge(&o, "streamsink_engine_healthy", "0 after a backend failure", (double)es->healthy);
+        gauge(&o, "streamsink_sessions_on_disk", "Session snapshots in --session-dir",
+              (double)es->sessions_on_disk);
+        gauge(&o, "streamsink_session_snapshot_bytes", "Bytes of session snapshots on disk",
+              (double)es->snapshot_bytes);
+        counter(&o, "streamsink_session_saves_total", "Sessions written to --session-dir",
+                (double)es->saves_total);
+        counter(&o, "streamsink_session_save_failures_total",
+                "Session saves that failed (the session stayed in memory)",
+                (double)es->save_failures_total);
+        counter(&o, "streamsink_session_restores_total", "Sessions read back from --session-dir",
+                (double)es->restores_total);
+        counter(&o, "streamsink_session_restore_failures_total",
+                "Snapshots that could not be restored", (double)es->restore_failures_total);
+        counter(&o, "streamsink_session_disk_evictions_total",
+                "Snapshots deleted to stay under --session-disk-max",
+                (double)es->disk_evictions_total);
+        snap_hist(&o, "streamsink_session_save_seconds",
+                  "Time to write one session snapshot (engine thread)", es->save_hist,
+                  es->saves_total, es->save_seconds_total);
+        snap_hist(&o, "streamsink_session_restore_seconds",
+                  "Time to read and restore one session snapshot (engine thread)", es->restore_hist,
+                  es->restores_total, es->restore_seconds_total);
     }
     if (mi) {
         char l1[300], l2[80], l3[40], l4[80];

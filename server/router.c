@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/random.h>
 #include <time.h>
 
 #include "log.h"
@@ -166,23 +167,30 @@ static int same_secret(const char *a, size_t al, const char *b, size_t bl)
     return d == 0;
 }
 
-static int authorized(const struct server *s, const struct http_conn *c)
+int router_key_index(const struct server *s, const struct http_conn *c)
 {
     if (s->n_keys == 0)
-        return 1;
+        return -1;
     const char *h = c->req.authorization;
     if (strncasecmp(h, "Bearer ", 7) != 0)
-        return 0;
+        return -2;
     h += 7;
     while (*h == ' ')
         h++;
     size_t hl = strlen(h);
     while (hl > 0 && (h[hl - 1] == ' ' || h[hl - 1] == '\t'))
         hl--;
-    int ok = 0;
-    for (size_t i = 0; i < s->n_keys; i++) /* every key is compared: no early exit */
-        ok |= same_secret(h, hl, s->keys[i], strlen(s->keys[i]));
-    return ok;
+    unsigned idx = (unsigned)-2;
+    for (size_t i = 0; i < s->n_keys; i++) { /* every key is compared: no early exit */
+        unsigned m = 0u - (unsigned)same_secret(h, hl, s->keys[i], strlen(s->keys[i]));
+        idx = (m & (unsigned)i) | (~m & idx);
+    }
+    return (int)idx;
+}
+
+static int authorized(const struct server *s, const struct http_conn *c)
+{
+    return router_key_index(s, c) != -2;
 }
 
 /* ---- API requests --------------------------------------------------------------------------- */
@@ -195,6 +203,7 @@ static size_t token_text(void *arg, int32_t id, char *buf, size_t cap)
 static void req_free(struct srv_req *r)
 {
     api_response_free(&r->resp);
+    free(r->infos);
     free(r);
 }
 
@@ -320,6 +329,7 @@ static void handle_generate(struct server *s, struct http_conn *c, enum api_endp
         .chat = &s->chat,
         .session_header = c->req.session_id[0] ? c->req.session_id : NULL,
         .id = id,
+        .key_index = router_key_index(s, c),
         .default_seed = fresh_seed(),
         .max_stop_len = ENGINE_MAX_STOP_LEN,
         .model_names = s->model_names,
@@ -371,24 +381,187 @@ static void handle_generate(struct server *s, struct http_conn *c, enum api_endp
     s->tokenizing++;
 }
 
+/* ---- the session API ------------------------------------------------------------------------ */
+
+/* A new session id: "sess_" and 128 random bits from getrandom (never
+ * guessed from another id). Returns 0 or -errno. */
+static int mint_session_id(char *buf, size_t cap)
+{
+    unsigned char r[16];
+    size_t got = 0;
+    while (got < sizeof r) {
+        ssize_t n = getrandom(r + got, sizeof r - got, 0);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return -EIO;
+        got += (size_t)n;
+    }
+    static const char hex[] = "0123456789abcdef";
+    if (cap < 5 + 2 * sizeof r + 1)
+        return -ENOSPC;
+    memcpy(buf, "sess_", 5);
+    for (size_t i = 0; i < sizeof r; i++) {
+        buf[5 + 2 * i] = hex[r[i] >> 4];
+        buf[6 + 2 * i] = hex[r[i] & 15];
+    }
+    buf[5 + 2 * sizeof r] = 0;
+    return 0;
+}
+
+/* GET /v1/sessions, POST /v1/sessions (a new id), GET and DELETE
+ * /v1/sessions/{id}, POST /v1/sessions/{id}/save: a session request to the
+ * engine, bound to the caller's key, answered when its DONE arrives. */
+static void handle_sessions(struct server *s, struct http_conn *c, const char *path)
+{
+    static const char base[] = "/v1/sessions";
+    const char *rest = path + sizeof base - 1; /* "" or "/id" or "/id/save" */
+    enum engine_request_kind kind;
+    char id[ENGINE_SESSION_ID_MAX] = "";
+    if (!rest[0]) {
+        if (c->req.method == HTTP_POST) {
+            char fresh[64];
+            if (mint_session_id(fresh, sizeof fresh) < 0) {
+                reply_err(s, c, METRICS_EP_SESSIONS, 500, NULL, NULL,
+                          "no random bytes for a session id");
+                return;
+            }
+            reply_json(s, c, METRICS_EP_SESSIONS, 201, api_session_new_json(fresh));
+            return;
+        }
+        kind = ENGINE_REQ_SESSION_LIST;
+    } else {
+        const char *p = rest + 1;
+        size_t n = strcspn(p, "/");
+        const char *tail = p + n;
+        if (n == 0 || n >= sizeof id) {
+            reply_err(s, c, METRICS_EP_SESSIONS, 400, "session_id", "invalid_value",
+                      "Invalid session id in the URL.");
+            return;
+        }
+        memcpy(id, p, n);
+        id[n] = 0;
+        if (!engine_session_id_valid(id)) {
+            reply_err(s, c, METRICS_EP_SESSIONS, 400, "session_id", "invalid_value",
+                      "Invalid session id: expected 1 to 127 characters of A-Z, a-z, 0-9, '_' "
+                      "and '-'.");
+            return;
+        }
+        int m = c->req.method;
+        if (strcmp(tail, "/save") == 0 && m == HTTP_POST)
+            kind = ENGINE_REQ_SESSION_SAVE;
+        else if (!tail[0] && (m == HTTP_GET || m == HTTP_HEAD))
+            kind = ENGINE_REQ_SESSION_GET;
+        else if (!tail[0] && m == HTTP_DELETE)
+            kind = ENGINE_REQ_SESSION_DELETE;
+        else if (tail[0] && strcmp(tail, "/save") != 0) {
+            reply_err(s, c, METRICS_EP_SESSIONS, 404, NULL, "unknown_url", "Unknown request URL.");
+            return;
+        } else {
+            reply_err(s, c, METRICS_EP_SESSIONS, 405, NULL, "method_not_allowed",
+                      tail[0] ? "Use POST on /v1/sessions/{id}/save."
+                              : "Use GET or DELETE on /v1/sessions/{id}.");
+            return;
+        }
+    }
+    if (s->draining) {
+        reply_err(s, c, METRICS_EP_SESSIONS, 503, NULL, "server_shutting_down",
+                  "the server is shutting down");
+        return;
+    }
+    struct srv_req *r = calloc(1, sizeof *r);
+    if (!r) {
+        reply_err(s, c, METRICS_EP_SESSIONS, 500, NULL, NULL, "out of memory");
+        return;
+    }
+    uint64_t rid = s->next_seq++ * (uint64_t)s->cfg.max_conns + c->user_id;
+    struct engine_request req;
+    memset(&req, 0, sizeof req);
+    req.id = rid;
+    req.kind = kind;
+    req.key_index = router_key_index(s, c);
+    snprintf(req.session_id, sizeof req.session_id, "%s", id);
+    r->id = rid;
+    r->ep = METRICS_EP_SESSIONS;
+    r->kind = kind;
+    c->user = r;
+    s->inflight++;
+    int rc = engine_submit(s->engine, &req);
+    if (rc < 0) {
+        req_done(s, c);
+        if (rc == -EBUSY)
+            reply_err(s, c, METRICS_EP_SESSIONS, 429, NULL, "rate_limit_exceeded",
+                      "the engine's queue is full; retry shortly");
+        else
+            reply_err(s, c, METRICS_EP_SESSIONS, 503, NULL, NULL,
+                      "the engine is not accepting requests");
+        return;
+    }
+    r->t_submit = server_now();
+}
+
+static void on_session_event(struct server *s, struct http_conn *c, struct srv_req *r,
+                             const struct engine_event *ev)
+{
+    if (ev->kind == ENGINE_EV_SESSION) {
+        if (r->n_infos == r->cap_infos) {
+            size_t nc = r->cap_infos ? 2 * r->cap_infos : 8;
+            void *p = realloc(r->infos, nc * sizeof *r->infos);
+            if (!p)
+                return;
+            r->infos = p;
+            r->cap_infos = nc;
+        }
+        r->infos[r->n_infos++] = ev->session;
+        return;
+    }
+    if (ev->kind == ENGINE_EV_ERROR) {
+        struct api_error e;
+        int status = ev->status >= 400 && ev->status <= 599 ? ev->status : 500;
+        api_error_set(&e, status, ev->param[0] ? ev->param : NULL, ev->code[0] ? ev->code : NULL,
+                      "%s", ev->message[0] ? ev->message : "engine error");
+        req_done(s, c);
+        reply_error(s, c, METRICS_EP_SESSIONS, &e);
+        return;
+    }
+    char *json = NULL;
+    int status = 200;
+    if (r->kind == ENGINE_REQ_SESSION_LIST) {
+        json = api_session_list_json(r->infos, r->n_infos);
+    } else if (r->kind == ENGINE_REQ_SESSION_DELETE) {
+        status = 204;
+    } else if (r->n_infos > 0) {
+        json = api_session_json(&r->infos[0]);
+    }
+    req_done(s, c);
+    if (status == 204)
+        reply(s, c, METRICS_EP_SESSIONS, 204, NULL, NULL, NULL, 0);
+    else
+        reply_json(s, c, METRICS_EP_SESSIONS, status, json);
+}
+
 /* ---- routing ------------------------------------------------------------------------------- */
 
 struct route {
     const char *path;
-    int prefix; /* match path as a prefix */
-    int method; /* llhttp method */
+    int prefix;  /* match path as a prefix */
+    int method;  /* llhttp method */
+    int method2; /* a second one, or -1 */
     const char *allow;
     enum metrics_endpoint ep;
     int open; /* answered without an API key (probes) */
 };
 
 static const struct route routes[] = {
-    {"/v1/completions", 0, HTTP_POST, "POST", METRICS_EP_COMPLETIONS, 0},
-    {"/v1/chat/completions", 0, HTTP_POST, "POST", METRICS_EP_CHAT, 0},
-    {"/v1/models", 0, HTTP_GET, "GET, HEAD", METRICS_EP_MODELS, 0},
-    {"/v1/models/", 1, HTTP_GET, "GET, HEAD", METRICS_EP_MODELS, 0},
-    {"/health", 0, HTTP_GET, "GET, HEAD", METRICS_EP_HEALTH, 1},
-    {"/metrics", 0, HTTP_GET, "GET, HEAD", METRICS_EP_METRICS, 1},
+    {"/v1/completions", 0, HTTP_POST, -1, "POST", METRICS_EP_COMPLETIONS, 0},
+    {"/v1/chat/completions", 0, HTTP_POST, -1, "POST", METRICS_EP_CHAT, 0},
+    {"/v1/models", 0, HTTP_GET, -1, "GET, HEAD", METRICS_EP_MODELS, 0},
+    {"/v1/models/", 1, HTTP_GET, -1, "GET, HEAD", METRICS_EP_MODELS, 0},
+    {"/v1/sessions", 0, HTTP_GET, HTTP_POST, "GET, HEAD, POST", METRICS_EP_SESSIONS, 0},
+    /* GET, DELETE /v1/sessions/{id}; POST /v1/sessions/{id}/save (handle_sessions) */
+    {"/v1/sessions/", 1, HTTP_GET, HTTP_DELETE, "GET, HEAD, DELETE, POST", METRICS_EP_SESSIONS, 0},
+    {"/health", 0, HTTP_GET, -1, "GET, HEAD", METRICS_EP_HEALTH, 1},
+    {"/metrics", 0, HTTP_GET, -1, "GET, HEAD", METRICS_EP_METRICS, 1},
 };
 
 static void path_of(const struct http_conn *c, char *path, size_t cap)
@@ -432,7 +605,9 @@ static int check_request(const struct server *s, const struct http_conn *c, cons
                  path);
         return 404;
     }
-    if (c->req.method != rt->method && !(c->req.method == HTTP_HEAD && rt->method == HTTP_GET)) {
+    int post_save = rt->ep == METRICS_EP_SESSIONS && rt->prefix && c->req.method == HTTP_POST;
+    if (c->req.method != rt->method && c->req.method != rt->method2 && !post_save &&
+        !(c->req.method == HTTP_HEAD && rt->method == HTTP_GET)) {
         rej->status = 405;
         snprintf(rej->code, sizeof rej->code, "method_not_allowed");
         snprintf(rej->message, sizeof rej->message, "Method %s is not allowed on %.150s; use %s.",
@@ -483,6 +658,9 @@ void router_on_request(struct http_conn *c, void *arg)
         break;
     case METRICS_EP_METRICS:
         handle_metrics(s, c);
+        break;
+    case METRICS_EP_SESSIONS:
+        handle_sessions(s, c, path);
         break;
     default:
         reply_err(s, c, METRICS_EP_OTHER, 404, NULL, "unknown_url", "Unknown request URL.");
@@ -664,7 +842,13 @@ void router_cut(struct server *s, struct http_conn *c)
 void router_on_event(struct server *s, struct http_conn *c, const struct engine_event *ev)
 {
     struct srv_req *r = c->user;
+    if (r->kind != ENGINE_REQ_GENERATE) {
+        on_session_event(s, c, r, ev);
+        return;
+    }
     switch (ev->kind) {
+    case ENGINE_EV_SESSION:
+        break;
     case ENGINE_EV_TOKEN:
         on_token(s, c, r, ev);
         break;

@@ -75,7 +75,16 @@ struct srv_req {
     double t_submit, t_last;
     int64_t n_tokens;
     int tokenizing; /* the prompt is on a worker thread; not submitted yet */
+    /* session API requests: the sessions the engine described, answered at DONE */
+    enum engine_request_kind kind;
+    struct engine_session_info *infos;
+    size_t n_infos, cap_infos;
 };
+
+/* The API key c carries, as an index into s->keys: -1 on an open server
+ * (no keys), -2 when it carries none of them. Every key is compared in time
+ * that depends only on the lengths. */
+int router_key_index(const struct server *s, const struct http_conn *c);
 
 /* http_conn_ops callbacks (arg is the struct server). */
 int router_on_headers(struct http_conn *c, struct http_reject *rej, void *arg);

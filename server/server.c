@@ -356,6 +356,9 @@ static int engine_config_from(const struct server_config *cfg, struct engine_con
     }
     ec->max_prompt_tokens = cfg->max_prompt;
     ec->session_idle_s = (int64_t)cfg->session_idle;
+    ec->session_dir = cfg->session_dir[0] ? cfg->session_dir : NULL;
+    ec->session_disk_max = cfg->session_disk_max;
+    ec->kv_dtype = strcmp(cfg->kv_dtype, "f32") == 0 ? ENGINE_KV_F32 : ENGINE_KV_F16;
     if (engine_policy_parse(cfg->kv_policy, &ec->policy) < 0 ||
         ec->policy.kind == ENGINE_POLICY_RECOMPUTE) { /* recompute: streamsink perplexity only */
         fprintf(stderr, "error: --kv-policy expects auto, window, sinks:N or dense, got '%s'\n",
@@ -394,11 +397,11 @@ static int load_keys(struct server *s, char *err, size_t err_len)
 {
     const struct server_config *cfg = &s->cfg;
     int rc = 0;
-    if (cfg->api_key[0]) {
+    if (cfg->n_api_keys > 0)
         log_msg(LOG_WARN, "--api-key is visible to every user of this machine (ps); prefer "
                           "--api-key-file or $STREAMSINK_API_KEY");
-        rc = add_key(s, cfg->api_key, strlen(cfg->api_key));
-    }
+    for (int64_t i = 0; rc == 0 && i < cfg->n_api_keys; i++)
+        rc = add_key(s, cfg->api_keys[i], strlen(cfg->api_keys[i]));
     if (rc == 0 && cfg->api_key_file[0]) {
         FILE *f = fopen(cfg->api_key_file, "r");
         if (!f) {
@@ -496,6 +499,7 @@ enum server_status server_run(const struct server_config *cfg)
         return SERVER_BAD_MODEL;
     }
     signal(SIGPIPE, SIG_IGN); /* a peer that vanished is a write error, not a death */
+    signal(SIGXFSZ, SIG_IGN); /* a file over RLIMIT_FSIZE is a failed save (EFBIG), not a death */
 
     s->loop = uv_default_loop();
     s->conns = calloc((size_t)s->cfg.max_conns, sizeof *s->conns);

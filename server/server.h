@@ -9,12 +9,15 @@
 
 #include <stdint.h>
 
+#define SERVER_CONFIG_MAX_KEYS 64
+
 struct server_config {
     /* listening */
     const char *host;
     int64_t port;
     const char *name; /* replica name for X-Streamsink-Replica ("" -> hostname:port) */
-    const char *api_key;
+    const char *api_keys[SERVER_CONFIG_MAX_KEYS + 1]; /* --api-key, repeatable; NULL-ended */
+    int64_t n_api_keys;
     const char *api_key_file;
     const char *model_alias; /* extra names clients may use for the model (comma-separated) */
     int64_t max_conns;
@@ -32,6 +35,9 @@ struct server_config {
     int64_t max_step_tokens;
     int64_t max_prompt;
     double session_idle;
+    const char *session_dir; /* "" : sessions in memory only */
+    int64_t session_disk_max;
+    const char *kv_dtype;
     /* limits and timeouts (seconds) */
     int64_t max_body;
     int64_t max_body_total;

@@ -98,6 +98,7 @@ struct cuda_ctx {
     struct cuda_kv_geo kgeo;
     int kv_f16;
     void *kmem, *vmem;
+    size_t kv_elems; /* elements of kmem (and of vmem) */
     int n_split;
     float *part;  /* split partial states */
     float *stats; /* (T, H, 2) */
@@ -744,6 +745,7 @@ static int cuda_kv_alloc(struct backend *b, const struct kv_geometry *g)
     c->kgeo.per_slot = c->kgeo.per_layer * g->n_layer;
     c->n_split = (int)((g->n_sinks + g->window + CUDA_ATT_SPLIT - 1) / CUDA_ATT_SPLIT);
     const int G = hp->n_head / hp->n_head_kv;
+    c->kv_elems = bytes / (c->kv_f16 ? 2 : 4);
     CUDA_TRY(cudaMalloc(&c->kmem, bytes));
     CUDA_TRY(cudaMalloc(&c->vmem, bytes));
     CUDA_TRY(cudaMemset(c->kmem, 0, bytes));
@@ -778,6 +780,54 @@ static int cuda_copy_in(struct backend *b, float *dst, const float *src, int64_t
 static int cuda_copy_out(struct backend *b, float *dst, const float *src, int64_t n)
 {
     return copy_on_stream(ctx_of(b), dst, src, (size_t)n * sizeof(float), cudaMemcpyDeviceToHost);
+}
+
+/* Session snapshots: one strided copy per direction and tensor; the
+ * (layer, head) rows of a slot are kgeo.per_head elements apart on the
+ * device and host_cells * Dh apart on the host. */
+static int kv_copy(struct backend *b, int64_t slot, int64_t cell0, int64_t n, void *hk, void *hv,
+                   int64_t host_cells, cudaMemcpyKind kind)
+{
+    struct cuda_ctx *c = ctx_of(b);
+    const struct model_hparams *hp = &b->model->hp;
+    int rc = 0;
+    if (slot < 0 || cell0 < 0 || n < 0 || n > host_cells || cell0 + n > c->kgeo.cells ||
+        (size_t)slot * (size_t)c->kgeo.per_slot >= c->kv_elems)
+        return -EINVAL;
+    if (n == 0)
+        return 0;
+    const size_t esz = c->kv_f16 ? 2 : 4;
+    const size_t dev_off =
+        ((size_t)slot * (size_t)c->kgeo.per_slot + (size_t)cell0 * hp->head_dim) * esz;
+    const size_t dpitch = (size_t)c->kgeo.per_head * esz;
+    const size_t hpitch = (size_t)host_cells * (size_t)hp->head_dim * esz;
+    const size_t width = (size_t)n * (size_t)hp->head_dim * esz;
+    const size_t rows = (size_t)hp->n_layer * (size_t)hp->n_head_kv;
+    char *dk = (char *)c->kmem + dev_off, *dv = (char *)c->vmem + dev_off;
+    CUDA_TRY(cudaSetDevice(c->device));
+    if (kind == cudaMemcpyDeviceToHost) {
+        CUDA_TRY(cudaMemcpy2DAsync(hk, hpitch, dk, dpitch, width, rows, kind, c->stream));
+        CUDA_TRY(cudaMemcpy2DAsync(hv, hpitch, dv, dpitch, width, rows, kind, c->stream));
+    } else {
+        CUDA_TRY(cudaMemcpy2DAsync(dk, dpitch, hk, hpitch, width, rows, kind, c->stream));
+        CUDA_TRY(cudaMemcpy2DAsync(dv, dpitch, hv, hpitch, width, rows, kind, c->stream));
+    }
+    CUDA_TRY(cudaStreamSynchronize(c->stream));
+    return 0;
+fail:
+    return rc;
+}
+
+static int cuda_kv_export(struct backend *b, int64_t slot, int64_t cell0, int64_t n, void *hk,
+                          void *hv, int64_t host_cells)
+{
+    return kv_copy(b, slot, cell0, n, hk, hv, host_cells, cudaMemcpyDeviceToHost);
+}
+
+static int cuda_kv_import(struct backend *b, int64_t slot, int64_t cell0, int64_t n, const void *hk,
+                          const void *hv, int64_t host_cells)
+{
+    return kv_copy(b, slot, cell0, n, (void *)hk, (void *)hv, host_cells, cudaMemcpyHostToDevice);
 }
 
 static void cuda_free(struct backend *b)
@@ -826,9 +876,10 @@ static void cuda_free(struct backend *b)
 }
 
 static const struct backend_ops cuda_ops = {
-    "cuda",      cuda_free,   cuda_kv_alloc, cuda_begin_step, cuda_embed,    cuda_rmsnorm,
-    cuda_matmul, cuda_rope,   cuda_kv_store, cuda_attention,  cuda_swiglu,   cuda_add,
-    cuda_gather, cuda_logits, cuda_sync,     cuda_copy_in,    cuda_copy_out,
+    "cuda",       cuda_free,     cuda_kv_alloc,  cuda_begin_step, cuda_embed,
+    cuda_rmsnorm, cuda_matmul,   cuda_rope,      cuda_kv_store,   cuda_attention,
+    cuda_swiglu,  cuda_add,      cuda_gather,    cuda_logits,     cuda_sync,
+    cuda_copy_in, cuda_copy_out, cuda_kv_export, cuda_kv_import,
 };
 
 extern "C" int backend_cuda_device_count(void)

@@ -79,6 +79,11 @@ struct engine_config {
     enum engine_kv_dtype kv_dtype;
     int64_t max_prompt_tokens; /* longest prompt accepted (0: no limit besides dense's window) */
     int64_t session_idle_s;    /* an idle session frees its slot after this many seconds */
+    /* NULL: sessions live in memory only. Else the directory a session is
+     * written to when it leaves memory (idle, LRU, stop, save) and restored
+     * from when a request names it (docs/serving.md#sessions). */
+    const char *session_dir;
+    int64_t session_disk_max; /* bytes of snapshots kept in session_dir (0: no bound) */
     int no_mmap; /* read the weights into memory instead of mapping the file (--no-mmap) */
 };
 /* Defaults for every field (threads 2, max_seqs 8, window 4096, chunk 256, ...). */
@@ -111,8 +116,27 @@ struct engine_model_info {
 #define ENGINE_MAX_TOP_LOGPROBS 20
 #define ENGINE_SESSION_ID_MAX 128
 
+/* A session id reaches the file system (session_dir/<id>.snap), so it is 1 to
+ * ENGINE_SESSION_ID_MAX - 1 characters of [A-Za-z0-9_-]: no separators, no
+ * dots, nothing a path could use. Returns 1 if id is one. */
+int engine_session_id_valid(const char *id);
+
+/* What a request asks the engine to do. */
+enum engine_request_kind {
+    ENGINE_REQ_GENERATE = 0,   /* a completion (prompt -> tokens) */
+    ENGINE_REQ_SESSION_SAVE,   /* write session_id to session_dir now (stays in memory) */
+    ENGINE_REQ_SESSION_GET,    /* one ENGINE_EV_SESSION for session_id, then DONE */
+    ENGINE_REQ_SESSION_LIST,   /* one ENGINE_EV_SESSION per session of key_index, then DONE */
+    ENGINE_REQ_SESSION_DELETE, /* drop session_id from memory and disk, then DONE */
+};
+
 struct engine_request {
-    uint64_t id;  /* chosen by the caller, unique among live requests */
+    uint64_t id; /* chosen by the caller, unique among live requests */
+    enum engine_request_kind kind;
+    /* Who asks: the index of the API key the request carried, or -1 on an
+     * open server. A session belongs to the key that created it: for any
+     * other key it does not exist (404 session_not_found). */
+    int key_index;
     char *prompt; /* UTF-8 text (malloc'd; owned by the request), or NULL */
     size_t prompt_len;
     int32_t *prompt_ids; /* token ids (malloc'd; owned), used when prompt is NULL */
@@ -128,6 +152,9 @@ struct engine_request {
     int logprobs;                /* emit the chosen token's logprob */
     int top_logprobs;            /* 0..ENGINE_MAX_TOP_LOGPROBS alternatives per token */
     char session_id[ENGINE_SESSION_ID_MAX]; /* "" for none; else continue that session */
+    /* A session_id the engine has neither in memory nor on disk: 0 starts it
+     * (the DONE event says created), 1 answers 404 session_not_found. */
+    int session_must_exist;
     int has_policy;
     struct engine_policy policy; /* per-request policy (a new session only) */
 };
@@ -138,6 +165,19 @@ enum engine_event_kind {
     ENGINE_EV_TOKEN = 0, /* a token and the text it completes */
     ENGINE_EV_DONE,      /* the request finished: finish reason and usage */
     ENGINE_EV_ERROR,     /* the request failed: status, message, param and code */
+    ENGINE_EV_SESSION,   /* one session's description (session requests) */
+};
+
+/* A session as the session requests and the DONE of a generation describe it. */
+struct engine_session_info {
+    char id[ENGINE_SESSION_ID_MAX];
+    int64_t tokens_seen; /* tokens the session has stored or holds to feed next */
+    int64_t position;    /* absolute position of its next token */
+    char policy[32];
+    int in_memory, on_disk;
+    int64_t bytes; /* snapshot size on disk (0 if none) */
+    int created;   /* DONE of a generation: this request started the session */
+    int restored;  /* DONE of a generation: this request read it back from disk */
 };
 
 enum engine_finish {
@@ -166,6 +206,7 @@ struct engine_event { /* copied by value across the queue */
     char message[160]; /* for ERROR */
     char param[32];    /* for ERROR: the request field at fault ("prompt", "kv_policy", ...), "" */
     char code[32];     /* for ERROR: an OpenAI-style code ("context_length_exceeded", ...), "" */
+    struct engine_session_info session; /* SESSION; DONE of a request with a session_id */
 };
 
 /* Loads the model and starts the engine thread. wake(arg) is called from the
@@ -209,6 +250,13 @@ int64_t engine_tokenize(const struct engine *e, const char *text, size_t len, in
  * Any thread (the tokenizer is read-only). Returns bytes written (< cap). */
 size_t engine_token_text(const struct engine *e, int32_t id, char *buf, size_t cap);
 
+/* Upper bounds (seconds) of the snapshot save/restore latency buckets. */
+#define ENGINE_SNAP_BUCKETS 8
+#define ENGINE_SNAP_BUCKET_BOUNDS                                                                  \
+    {                                                                                              \
+        0.001, 0.005, 0.025, 0.1, 0.25, 1.0, 5.0, 30.0                                             \
+    }
+
 /* Counters for /metrics and /health. Any thread. */
 struct engine_stats {
     int64_t active_seqs, paused_seqs, queued, sessions;
@@ -217,6 +265,12 @@ struct engine_stats {
     int64_t evicted_tokens_total;
     int64_t kv_bytes;
     int healthy; /* 0 after a backend failure */
+    /* snapshots (--session-dir) */
+    int64_t sessions_on_disk, snapshot_bytes, disk_evictions_total;
+    int64_t saves_total, save_failures_total, restores_total, restore_failures_total;
+    double save_seconds_total, restore_seconds_total, save_seconds_max, restore_seconds_max;
+    /* cumulative histograms: [i] counts durations <= ENGINE_SNAP_BUCKET_BOUNDS[i] */
+    int64_t save_hist[ENGINE_SNAP_BUCKETS], restore_hist[ENGINE_SNAP_BUCKETS];
 };
 void engine_get_stats(const struct engine *e, struct engine_stats *out);
 

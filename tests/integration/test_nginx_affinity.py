@@ -2,7 +2,9 @@
 and r2) behind nginx running a config made from deploy/nginx/streamsink.conf.
 Every request of a session (X-Session-Id) lands on one replica, both replicas
 get traffic, requests without a session are spread, and streamed tokens pass
-through the proxy as they are made.
+through the proxy as they are made. Failover: with one shared --session-dir,
+a session saved on a replica that is then killed (SIGKILL) continues on the
+other one, exactly.
 
 nginx comes from the Debian package `nginx` (scripts/install-deps.sh); it runs
 as a foreground process with a temp prefix, config, pid file and logs. Without
@@ -23,6 +25,7 @@ import openai
 import pytest
 
 from conftest import ENDLESS, REPO, Server
+from session_util import call, complete, continuation
 
 NGINX_CONF = os.path.join(REPO, "deploy", "nginx", "streamsink.conf")
 REPLICA_HEADER = "x-streamsink-replica"
@@ -248,3 +251,67 @@ def test_streamed_tokens_arrive_through_the_proxy_as_they_are_made(cluster):
     # flushes only its first buffer delivers the rest in a lump at the end.
     assert last - first > 0.5 * last, f"first {first:.3f}s, last {last:.3f}s"
     assert early >= n // 4, f"only {early} of {n} chunks arrived before {mid:.3f}s"
+
+
+@pytest.fixture
+def failover_cluster(binary, model, nginx_bin, tmp_path):
+    """Two replicas sharing one --session-dir behind nginx; yields (nginx,
+    {name: Server}, the directory). Replicas still alive at the end are stopped."""
+    d = tmp_path / "sessions"
+    d.mkdir()
+    common = ["--threads", "1", "--max-seqs", "4", "--window", "64", "--drain-timeout", "5",
+              "--session-dir", str(d)]
+    replicas = {}
+    front = None
+    try:
+        for name in ("f1", "f2"):
+            replicas[name] = Server(binary, model, common + ["--name", name])
+        front = Nginx(nginx_bin, str(tmp_path), [f"127.0.0.1:{s.port}" for s in
+                                                 replicas.values()])
+        yield front, replicas, d
+    finally:
+        if front is not None:
+            front.stop()
+        for s in replicas.values():
+            s.stop()
+
+
+def test_a_session_saved_on_a_killed_replica_continues_on_the_other(failover_cluster):
+    """SIGKILL after a save: nginx's hash moves the session to the survivor,
+    which restores it from the shared directory and continues it exactly as
+    the dead replica would have (a twin session on the survivor, never moved,
+    is the reference)."""
+    front, replicas, d = failover_cluster
+
+    sid = f"failover-{os.getpid()}"
+    prompt = ("The river Thames rises in the Cotswolds and flows east through Oxford, "
+              "Reading and London before it reaches the North Sea, carrying barges, "
+              "rowing boats and, for centuries, most of the trade of southern England.")
+    st, r = call(front, "POST", "/v1/completions",
+                 {"model": "smol", "prompt": prompt, "max_tokens": 24, "temperature": 0,
+                  "session_id": sid}, headers={"X-Session-Id": sid})
+    assert st == 200 and r["session"]["created"], r
+    owner = None
+    for name, s in replicas.items():
+        if call(s, "GET", f"/v1/sessions/{sid}")[0] == 200:
+            owner = name
+    assert owner is not None
+    survivor = next(n for n in replicas if n != owner)
+    st, r = call(front, "POST", f"/v1/sessions/{sid}/save", headers={"X-Session-Id": sid})
+    assert st == 200 and r["on_disk"], r
+    # the reference: the same two turns on the survivor, in memory throughout
+    twin = sid + "-twin"
+    st, _ = complete(replicas[survivor], prompt, twin, max_tokens=24)
+    assert st == 200
+    st, r = complete(replicas[survivor], " Its name", twin, max_tokens=16)
+    ref = continuation(r)
+
+    replicas[owner].stop(signal.SIGKILL)
+    st, r = call(front, "POST", "/v1/completions",
+                 {"model": "smol", "prompt": " Its name", "max_tokens": 16, "temperature": 0,
+                  "logprobs": 1, "session_id": sid, "session_create": False},
+                 headers={"X-Session-Id": sid})
+    assert st == 200, r
+    assert r["session"]["restored"] is True
+    assert continuation(r) == ref
+    assert call(replicas[survivor], "GET", f"/v1/sessions/{sid}")[1]["in_memory"] is True

@@ -373,6 +373,25 @@ TEST(api_request_session_id_comes_from_the_body_or_the_header_and_they_must_agre
     ASSERT_STREQ(p.err.param, "X-Session-Id");
 }
 
+TEST(api_request_session_ids_are_safe_file_names_and_session_create_is_a_boolean)
+{
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"session_id\":\"../up\"}", "session_id");
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"session_id\":\"a/b\"}", "session_id");
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"session_id\":\"a.snap\"}", "session_id");
+    struct parsed p = parse_h(API_COMPLETIONS, "{\"prompt\":\"x\"}", "..");
+    ASSERT(p.rc < 0);
+    ASSERT_STREQ(p.err.param, "X-Session-Id");
+    p = parse(API_COMPLETIONS, "{\"prompt\":\"x\",\"session_id\":\"Ok_1-2\"}");
+    ASSERT_OK(p.rc);
+    ASSERT_EQ(p.req.session_must_exist, 0); /* a gone session is started, and says so */
+    engine_request_free(&p.req);
+    p = parse(API_COMPLETIONS, "{\"prompt\":\"x\",\"session_id\":\"s\",\"session_create\":false}");
+    ASSERT_OK(p.rc);
+    ASSERT_EQ(p.req.session_must_exist, 1);
+    engine_request_free(&p.req);
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"session_create\":\"no\"}", "session_create");
+}
+
 TEST(api_request_parses_kv_policy)
 {
     struct parsed p = parse(API_COMPLETIONS, "{\"prompt\":\"x\",\"kv_policy\":\"sinks:8\"}");

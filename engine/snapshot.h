@@ -1,0 +1,90 @@
+/*
+ * snapshot.h: the bytes of a session snapshot (--session-dir), encoded and
+ * decoded by pure functions over memory (no files, no backend), so the
+ * reader can be unit-tested and fuzzed on its own. Internal to engine/.
+ *
+ * Everything a session needs to continue bit for bit: its KV cells as stored
+ * (f16 or f32), its absolute positions, the token sampled last and not yet
+ * fed, its policy, the API key it belongs to, and the model file's SHA-256
+ * (a snapshot of another model is refused). The sampler is not stored: it
+ * lives per request (each request seeds its own), so an idle session has none.
+ *
+ * Layout, little-endian, version 1:
+ *
+ *   off  size  field
+ *     0     8  magic "SSNAPKV\0"
+ *     8     4  version (1)
+ *    12     4  header bytes H (170 + id length): where the KV data starts
+ *    16     8  file bytes (all of it, the checksum included)
+ *    24    32  SHA-256 of the model file
+ *    56     4  KV dtype (0 f16, 1 f32)
+ *    60     4  layers L        64  4  kv heads Hkv      68  4  head dim Dh
+ *    72     4  policy kind (window 1, sinks 2, dense 3)
+ *    76     4  owner: API key index (-1: open server)
+ *    80     8  policy sinks N (sinks:N)
+ *    88     8  sinks S kept by the sequence   96  8  window W
+ *   104     8  pos_first p0                  112  8  pos_next
+ *   120     8  tokens evicted                128  8  cells stored n = ns + nw
+ *   136     8  sink cells ns                 144  8  first window position w0
+ *   152     4  next token                    156  4  next token pending (0/1)
+ *   160     8  saved at (unix seconds)
+ *   168     2  id length, then the id ([A-Za-z0-9_-])
+ *     H        K: [L][Hkv][n][Dh] cells in position order (the ns sinks p0..,
+ *              then positions w0 .. pos_next-1), in the dtype
+ *              V: the same
+ *   end-4   4  CRC-32 (zlib) of every byte before it
+ *
+ * The window cells stored are the last min(W, stored) positions: what the
+ * next query can see (it sees W - 1 of them plus itself).
+ */
+#ifndef SS_SNAPSHOT_H
+#define SS_SNAPSHOT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine.h"
+#include "kvcache.h"
+
+#define SNAPSHOT_VERSION 1
+#define SNAPSHOT_FIXED_HEADER 170 /* header bytes before the id */
+
+struct snapshot_meta {
+    uint8_t model_digest[32];
+    enum kv_dtype dtype;
+    int n_layer, n_kv_head, head_dim;
+    struct kv_policy policy; /* resolved: window, sinks:N or dense */
+    int32_t owner_key;
+    int64_t n_sinks, window, pos_first, pos_next, n_evicted;
+    int64_t n_cells, n_sink_cells, win_pos0;
+    int32_t next_tok;
+    int has_next;
+    int64_t saved_at;
+    char id[ENGINE_SESSION_ID_MAX];
+};
+
+/* Fills the derived cell fields (n_evicted, n_sink_cells, win_pos0, n_cells)
+ * from policy, n_sinks, window and positions. */
+void snapshot_meta_cells(struct snapshot_meta *m);
+/* Bytes of K (= of V) for m. */
+size_t snapshot_kv_bytes(const struct snapshot_meta *m);
+/* Bytes of the whole snapshot for m. */
+size_t snapshot_size(const struct snapshot_meta *m);
+/* Writes m's header at buf (snapshot_size(m) bytes); the caller fills K at
+ * *k and V at *v (snapshot_kv_bytes each), then calls snapshot_seal. */
+void snapshot_encode_header(const struct snapshot_meta *m, uint8_t *buf, uint8_t **k, uint8_t **v);
+/* Writes the checksum into the last 4 bytes of buf[0..len). */
+void snapshot_seal(uint8_t *buf, size_t len);
+
+/* Validates the header alone (first bytes of a file: for listings). Returns
+ * 0, or -EINVAL with a reason in err. len may be shorter than the file. */
+int snapshot_decode_header(const uint8_t *buf, size_t len, struct snapshot_meta *m, char *err,
+                           size_t err_len);
+/* Validates a whole snapshot: header, sizes, consistency, checksum. On 0,
+ * *k and *v point at the K and V data inside buf. Else -EINVAL (malformed,
+ * truncated, corrupted) or -EPROTONOSUPPORT (another version), with a reason
+ * in err. Never reads outside buf[0..len). */
+int snapshot_decode(const uint8_t *buf, size_t len, struct snapshot_meta *m, const uint8_t **k,
+                    const uint8_t **v, char *err, size_t err_len);
+
+#endif

@@ -1,0 +1,195 @@
+"""Sessions that outlive their server (--session-dir): a session written on
+SIGTERM and read back by the next process continues with exactly the tokens
+(and logprobs) the same session gives when it never left memory, for f16 and
+f32 KV, the `window` and `sinks:4` policies, and a session longer than the
+window (eviction happened before the save). Bad snapshots (truncated,
+corrupted, another model, another version) get a clear error and are moved
+aside; a save on a full disk fails cleanly and keeps the session in memory;
+the session API lists, describes and deletes, bound to the key."""
+
+import os
+import resource
+import signal
+
+import pytest
+
+from conftest import Server
+from session_util import call, complete, continuation, reseal
+
+LONG = ("The history of the river Thames begins long before London. In the last ice age the "
+        "river flowed far to the north, through the Vale of St Albans, until a great sheet of "
+        "ice pushed it south to roughly its present course. Early farmers cleared the woods of "
+        "its valley, and later the Romans built a bridge near the place where the City of "
+        "London now stands. Through the Middle Ages the river carried wool, timber and stone,")
+TURN2 = " and in the centuries that followed"
+WINDOW = "64"
+
+
+def pol_id(pol):
+    return pol.replace(":", "")
+
+
+@pytest.mark.parametrize("dtype", ["f16", "f32"])
+def test_greedy_session_continues_after_a_sigterm_restart_exactly(binary, model, tmp_path,
+                                                                   dtype):
+    d = tmp_path / "sessions"
+    d.mkdir()
+    args = ["--session-dir", str(d), "--window", WINDOW, "--kv-dtype", dtype]
+    ref = {}
+    s1 = Server(binary, model, args)
+    try:
+        for pol in ("window", "sinks:4"):
+            for sid in (f"ref-{pol_id(pol)}", f"live-{pol_id(pol)}"):
+                st, r = complete(s1, LONG, sid, max_tokens=40, kv_policy=pol)
+                assert st == 200, r
+                assert r["session"]["created"] is True
+                assert r["session"]["kv_policy"] == pol
+                # longer than the window: the window slid before the save
+                assert r["session"]["tokens_seen"] > int(WINDOW) + 40
+            st, r = complete(s1, TURN2, f"ref-{pol_id(pol)}", max_tokens=24)
+            assert st == 200, r
+            assert r["session"]["restored"] is False and r["session"]["created"] is False
+            ref[pol] = continuation(r)
+    finally:
+        assert s1.stop() == 0, s1.log()
+    for pol in ("window", "sinks:4"):
+        assert (d / f"live-{pol_id(pol)}.snap").exists()
+    s2 = Server(binary, model, args)
+    try:
+        for pol in ("window", "sinks:4"):
+            st, r = complete(s2, TURN2, f"live-{pol_id(pol)}", max_tokens=24,
+                             session_create=False)
+            assert st == 200, r
+            assert r["session"]["restored"] is True
+            assert continuation(r) == ref[pol]
+        m = s2.metrics()
+        assert m["streamsink_session_restores_total"] == 2
+    finally:
+        assert s2.stop() == 0, s2.log()
+
+
+def test_bad_snapshots_get_a_clear_error_and_are_moved_aside(binary, model, tmp_path):
+    d = tmp_path / "sessions"
+    d.mkdir()
+    args = ["--session-dir", str(d), "--window", WINDOW]
+    names = ["trunc", "flip", "version", "model", "good"]
+    s1 = Server(binary, model, args)
+    try:
+        for n in names:
+            st, r = complete(s1, LONG, f"bad-{n}", max_tokens=4)
+            assert st == 200, r
+    finally:
+        assert s1.stop() == 0, s1.log()
+    p = {n: d / f"bad-{n}.snap" for n in names}
+    data = p["trunc"].read_bytes()
+    p["trunc"].write_bytes(data[:len(data) // 2])
+    data = bytearray(p["flip"].read_bytes())
+    data[len(data) // 2] ^= 0x10
+    p["flip"].write_bytes(bytes(data))
+    data = bytearray(p["version"].read_bytes())
+    data[8:12] = (2).to_bytes(4, "little")
+    p["version"].write_bytes(reseal(data))
+    data = bytearray(p["model"].read_bytes())
+    data[24] ^= 0xFF  # the model file's SHA-256
+    p["model"].write_bytes(reseal(data))
+    why = {"trunc": "truncated", "flip": "checksum", "version": "version 2",
+           "model": "another model"}
+    s2 = Server(binary, model, args)
+    try:
+        for n, word in why.items():
+            st, r = complete(s2, TURN2, f"bad-{n}", max_tokens=4)
+            assert st == 422, r
+            assert r["error"]["code"] == "session_snapshot_invalid"
+            assert word in r["error"]["message"], r
+            assert not p[n].exists() and (d / f"bad-{n}.bad").exists()
+            # the context is gone, and the next request says so
+            st, r = complete(s2, TURN2, f"bad-{n}", max_tokens=4, session_create=False)
+            assert st == 404 and r["error"]["code"] == "session_not_found"
+            st, r = complete(s2, TURN2, f"bad-{n}", max_tokens=4)
+            assert st == 200 and r["session"]["created"] is True
+        st, r = complete(s2, TURN2, "bad-good", max_tokens=4)
+        assert st == 200 and r["session"]["restored"] is True
+        assert s2.metrics()["streamsink_session_restore_failures_total"] == 4
+    finally:
+        assert s2.stop() == 0, s2.log()
+
+
+def test_a_full_disk_fails_the_save_cleanly_and_keeps_the_session(binary, model, tmp_path):
+    """RLIMIT_FSIZE makes every write past 256 KiB fail with EFBIG (SIGXFSZ
+    ignored, as a disk that fills up would fail with ENOSPC)."""
+    d = tmp_path / "sessions"
+    d.mkdir()
+    old_lim = resource.getrlimit(resource.RLIMIT_FSIZE)
+    old_sig = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (256 * 1024, old_lim[1]))
+    try:
+        s = Server(binary, model, ["--session-dir", str(d), "--window", WINDOW])
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, old_lim)
+        signal.signal(signal.SIGXFSZ, old_sig)
+    try:
+        st, r = complete(s, LONG, "full", max_tokens=8)
+        assert st == 200, r
+        st, r = call(s, "POST", "/v1/sessions/full/save")
+        assert st == 500 and r["error"]["code"] == "session_save_failed", r
+        assert "File too large" in r["error"]["message"]
+        assert os.listdir(d) == []  # no snapshot, no temp file left behind
+        st, r = complete(s, TURN2, "full", max_tokens=4, session_create=False)
+        assert st == 200, r
+        assert r["session"]["in_memory"] and not r["session"]["restored"]
+        assert s.metrics()["streamsink_session_save_failures_total"] >= 1
+    finally:
+        assert s.stop() == 0, s.log()
+
+
+def test_session_api_lists_describes_saves_and_deletes(binary, model, tmp_path):
+    d = tmp_path / "sessions"
+    d.mkdir()
+    s = Server(binary, model, ["--session-dir", str(d), "--window", WINDOW])
+    try:
+        st, r = call(s, "POST", "/v1/sessions")
+        assert st == 201 and r["id"].startswith("sess_") and len(r["id"]) == 37
+        st, r2 = call(s, "POST", "/v1/sessions")
+        assert r2["id"] != r["id"]
+        sid = r["id"]
+        st, r = complete(s, LONG, sid, max_tokens=8)
+        assert st == 200 and r["session"]["created"] is True
+        st, r = call(s, "GET", f"/v1/sessions/{sid}")
+        assert st == 200 and r["in_memory"] is True and r["on_disk"] is False
+        seen = r["tokens_seen"]
+        st, r = call(s, "POST", f"/v1/sessions/{sid}/save")
+        assert st == 200 and r["on_disk"] is True and r["bytes"] == os.path.getsize(
+            d / f"{sid}.snap")
+        st, r = call(s, "GET", "/v1/sessions")
+        assert st == 200 and [x["id"] for x in r["data"]] == [sid]
+        assert r["data"][0]["tokens_seen"] == seen and r["data"][0]["kv_policy"] == "sinks:4"
+        st, r = call(s, "DELETE", f"/v1/sessions/{sid}")
+        assert st == 204
+        assert not (d / f"{sid}.snap").exists()
+        st, r = call(s, "GET", f"/v1/sessions/{sid}")
+        assert st == 404 and r["error"]["code"] == "session_not_found"
+        st, r = complete(s, TURN2, sid, max_tokens=4, session_create=False)
+        assert st == 404
+        m = s.metrics()
+        assert m["streamsink_sessions_on_disk"] == 0
+    finally:
+        assert s.stop() == 0, s.log()
+
+
+def test_disk_use_is_bounded_least_recently_written_first(binary, model, tmp_path):
+    d = tmp_path / "sessions"
+    d.mkdir()
+    s = Server(binary, model, ["--session-dir", str(d), "--window", WINDOW,
+                               "--session-disk-max", str(3 * 1024 * 1024)])
+    try:
+        for i in range(3):  # about 1.5 MB each at window 64: two fit
+            st, r = complete(s, LONG, f"disk-{i}", max_tokens=4)
+            assert st == 200
+            st, r = call(s, "POST", f"/v1/sessions/disk-{i}/save")
+            assert st == 200, r
+        assert sorted(os.listdir(d)) == ["disk-1.snap", "disk-2.snap"]
+        m = s.metrics()
+        assert m["streamsink_session_disk_evictions_total"] == 1
+        assert m["streamsink_session_snapshot_bytes"] <= 3 * 1024 * 1024
+    finally:
+        assert s.stop() == 0, s.log()

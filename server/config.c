@@ -98,6 +98,16 @@ static const struct opt opts[] = {
     {"--drain-timeout", NULL, OPT_SEC, OFF(drain_timeout), "30", 0, 1e6, "S",
      "on SIGTERM/SIGINT, let requests finish for S seconds, then cut them (a stream ends with "
      "an error event and [DONE])"},
+    {"--stream-buffer", NULL, OPT_I64, OFF(stream_buffer), "4194304", 4096, GiB, "BYTES",
+     "SSE bytes one stream keeps for a client that reconnects (GET /v1/streams/{id}); a "
+     "stream with no client pauses its sequence when this much is undelivered"},
+    {"--stream-buffer-total", NULL, OPT_I64, OFF(stream_buffer_total), "268435456", 4096, 64 * GiB,
+     "BYTES",
+     "bytes all stream buffers may hold together; at the limit delivered events are "
+     "dropped first, then streams with no client pause"},
+    {"--stream-grace", NULL, OPT_SEC, OFF(stream_grace), "30", 0, 86400, "S",
+     "a stream whose client left is cancelled (its KV slot freed) unless resumed within S "
+     "seconds; a finished one stays resumable as long (0: a disconnect cancels at once)"},
     {"--name", NULL, OPT_STR, OFF(name), "", 0, 0, "NAME",
      "replica name sent as X-Streamsink-Replica (default: hostname:port)"},
     {"--log-level", NULL, OPT_STR, OFF(log_level), "info", 0, 0, "L",

@@ -47,6 +47,10 @@ struct server_config {
     double write_stall_timeout;
     double sse_keepalive;
     double drain_timeout;
+    /* resumable streams */
+    int64_t stream_buffer;       /* undelivered bytes one detached stream may buffer */
+    int64_t stream_buffer_total; /* bytes all stream buffers may hold */
+    double stream_grace;         /* seconds a stream waits for its client to come back */
     const char *log_level;
 };
 

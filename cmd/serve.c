@@ -123,6 +123,19 @@ int cmd_serve(int argc, char **argv)
          "on SIGTERM/SIGINT, let requests finish for S seconds, then cut them (a stream ends "
          "with an error event and [DONE])",
          NULL},
+        {NULL, "--stream-buffer", CMD_I64, &c.stream_buffer, 4096, GiB, "4194304", "BYTES",
+         "SSE bytes one stream keeps for a client that reconnects (GET /v1/streams/{id}); a "
+         "stream with no client pauses its sequence when this much is undelivered",
+         NULL},
+        {NULL, "--stream-buffer-total", CMD_I64, &c.stream_buffer_total, 4096, 64 * GiB,
+         "268435456", "BYTES",
+         "bytes all stream buffers may hold together; at the limit delivered events are "
+         "dropped first, then streams with no client pause",
+         NULL},
+        {NULL, "--stream-grace", CMD_SEC, &c.stream_grace, 0, 86400, "30", "S",
+         "a stream whose client left is cancelled (its KV slot freed) unless resumed within S "
+         "seconds; a finished one stays resumable as long (0: a disconnect cancels at once)",
+         NULL},
         {NULL, "--name", CMD_STR, &c.name, 0, 0, "", "NAME",
          "replica name sent as X-Streamsink-Replica (default: hostname:port)", NULL},
         {NULL, "--log-level", CMD_STR, &c.log_level, 0, 0, "info", "L",

@@ -27,9 +27,10 @@
 #define LINGER_MAX_MS 30000 /* ... and this long in all for the client's FIN */
 #define BODY_MIN_ALLOC 16384
 
-enum header_which { HDR_NONE = 0, HDR_AUTH, HDR_SESSION, HDR_EXPECT, HDR_HOST };
+enum header_which { HDR_NONE = 0, HDR_AUTH, HDR_SESSION, HDR_EXPECT, HDR_HOST, HDR_LAST_ID };
 
-static const char *const header_names[] = {"", "Authorization", "X-Session-Id", "Expect", "Host"};
+static const char *const header_names[] = {"",       "Authorization", "X-Session-Id",
+                                           "Expect", "Host",          "Last-Event-ID"};
 
 struct wreq {
     uv_write_t w;
@@ -601,7 +602,10 @@ static void reject(struct http_conn *c, int status, const char *message)
 static void on_timeout(uv_timer_t *t)
 {
     struct http_conn *c = t->data;
-    static const char ka[] = ": keep-alive\n\n";
+    /* a comment line and no blank line: a blank line would dispatch an empty
+     * event to clients that keep the last event id across events (the openai
+     * Python client then parses "" as JSON and fails) */
+    static const char ka[] = ": keep-alive\n";
     switch (c->state) {
     case HTTP_CONN_READING:
         if (c->request_begun)
@@ -717,6 +721,10 @@ static int on_header_field_complete(llhttp_t *p)
         c->expect_len = 0;
     } else if (strcasecmp(c->field, "host") == 0)
         c->field_which = HDR_HOST;
+    else if (strcasecmp(c->field, "last-event-id") == 0) {
+        c->field_which = HDR_LAST_ID;
+        c->req.has_last_event_id = 1;
+    }
     c->value_overflow = 0;
     if (c->field_which != HDR_NONE && c->field_which != HDR_EXPECT) {
         unsigned bit = 1u << c->field_which;
@@ -772,6 +780,13 @@ static int on_header_value(llhttp_t *p, const char *at, size_t len)
         break;
     case HDR_SESSION:
         append_value(c, c->req.session_id, sizeof c->req.session_id, at, len);
+        break;
+    case HDR_LAST_ID: /* too long to be an event id: the application answers 400 */
+        append_value(c, c->req.last_event_id, sizeof c->req.last_event_id, at, len);
+        if (c->value_overflow) {
+            c->value_overflow = 0;
+            c->req.last_event_id_long = 1;
+        }
         break;
     case HDR_EXPECT: /* judged whole at value complete: it may come in pieces */
         if (c->expect_len + len < sizeof c->expect) {

@@ -30,7 +30,7 @@
  *
  * Strict HTTP/1.1 (RFC 9112): llhttp in strict mode frames the message; on
  * top of it only HTTP/1.0 and 1.1 are served (505), an HTTP/1.1 request needs
- * exactly one Host (400), Authorization, X-Session-Id and Host may not repeat
+ * exactly one Host (400), Authorization, X-Session-Id, Last-Event-ID and Host may not repeat
  * (400), header values may not be obs-folded (400), and a request that asks
  * for an Upgrade is answered and the connection closed.
  *
@@ -73,6 +73,7 @@
 #define HTTP_AUTH_MAX 512
 #define HTTP_SESSION_MAX 160
 #define HTTP_FIELD_MAX 64
+#define HTTP_LAST_ID_MAX 64
 #define HTTP_RBUF_SIZE 16384 /* read buffer: pipelined bytes wait here */
 
 enum http_conn_state {
@@ -148,6 +149,9 @@ struct http_request {
     size_t url_len;
     char authorization[HTTP_AUTH_MAX];
     char session_id[HTTP_SESSION_MAX];
+    char last_event_id[HTTP_LAST_ID_MAX]; /* the Last-Event-ID header (SSE resume) */
+    int has_last_event_id;                /* ... was sent (it may be empty) */
+    int last_event_id_long;               /* ... longer than HTTP_LAST_ID_MAX - 1 */
     int expect_continue;
     int n_host; /* Host header lines seen */
     char *body; /* malloc'd, NUL-terminated; freed when the response is finished */

@@ -67,6 +67,8 @@ const char *metrics_endpoint_name(enum metrics_endpoint ep)
         return "/metrics";
     case METRICS_EP_SESSIONS:
         return "/v1/sessions";
+    case METRICS_EP_STREAMS:
+        return "/v1/streams";
     default:
         return "other";
     }
@@ -213,6 +215,35 @@ size_t metrics_render(const struct metrics *m, const struct metrics_live *live,
         gauge(&o, "streamsink_write_queue_low_water_bytes",
               "Write queue size that resumes a paused sequence", (double)live->low_water);
         gauge(&o, "streamsink_draining", "1 while shutting down", (double)live->draining);
+        gauge(&o, "streamsink_streams",
+              "Resumable streams held: running, or finished within the grace period",
+              (double)live->streams);
+        gauge(&o, "streamsink_streams_detached",
+              "Running streams with no client attached (generating into their buffer)",
+              (double)live->streams_detached);
+        gauge(&o, "streamsink_streams_buffer_full",
+              "Detached streams paused because their buffer (or all buffers) is full",
+              (double)live->streams_full);
+        gauge(&o, "streamsink_stream_buffer_bytes", "SSE bytes buffered by all streams",
+              (double)live->stream_buffer_bytes);
+        gauge(&o, "streamsink_stream_buffer_limit_bytes",
+              "Undelivered bytes one detached stream may buffer (--stream-buffer)",
+              (double)live->stream_buffer_max);
+        gauge(&o, "streamsink_stream_buffer_total_limit_bytes",
+              "Bytes all stream buffers may hold (--stream-buffer-total)",
+              (double)live->stream_buffer_total);
+        counter(&o, "streamsink_stream_resumes_total",
+                "Clients attached to a stream with GET /v1/streams/{id}",
+                (double)live->stream_resumes);
+        counter(&o, "streamsink_stream_takeovers_total",
+                "Resumes that closed the connection of the client attached before",
+                (double)live->stream_takeovers);
+        counter(&o, "streamsink_streams_expired_total",
+                "Running streams cancelled because nobody resumed them within --stream-grace",
+                (double)live->streams_expired);
+        counter(&o, "streamsink_streams_evicted_total",
+                "Finished streams dropped before their grace period ended to make room",
+                (double)live->streams_evicted);
     }
     if (es) {
         gauge(&o, "streamsink_active_sequences", "Sequences running in the engine",

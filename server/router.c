@@ -11,6 +11,11 @@
  * Streamed responses hold their headers until the first engine event (or an
  * SSE keep-alive tick), so errors the engine finds before the first token
  * (prompt too long, busy session, bad policy) are plain HTTP errors.
+ *
+ * A streamed request belongs to its stream (streams.h), not to the
+ * connection: its chunks become numbered events in the stream's buffer, the
+ * attached connection (if any) is sent what it can take, and
+ * GET /v1/streams/{id} attaches another connection to it.
  */
 #include "router.h"
 
@@ -23,9 +28,11 @@
 #include <time.h>
 
 #include "log.h"
+#include "siphash.h"
 #include "sse.h"
 
 #define SSE_HEADERS "Cache-Control: no-cache\r\nX-Accel-Buffering: no\r\n"
+#define STREAMS_PREFIX "/v1/streams/"
 #define RETRY_AFTER "Retry-After: 1\r\n"
 
 /* ---- replies --------------------------------------------------------------------- */
@@ -96,6 +103,19 @@ static void live_stats(struct server *s, struct metrics_live *l)
             l->write_queue_max = q;
     }
     l->requests_inflight = s->inflight;
+    const struct streams *ss = &s->streams;
+    for (const struct stream *st = ss->head; st; st = st->next) {
+        l->streams++;
+        l->streams_detached += !st->conn && !st->finished;
+        l->streams_full += st->full;
+    }
+    l->stream_buffer_bytes = ss->bytes;
+    l->stream_buffer_max = ss->max_bytes;
+    l->stream_buffer_total = ss->max_total;
+    l->stream_resumes = ss->resumes;
+    l->stream_takeovers = ss->takeovers;
+    l->streams_expired = ss->expired;
+    l->streams_evicted = ss->evicted;
     l->high_water = s->lim.high_water;
     l->low_water = s->lim.low_water;
     l->draining = s->draining;
@@ -167,19 +187,30 @@ static int same_secret(const char *a, size_t al, const char *b, size_t bl)
     return d == 0;
 }
 
-int router_key_index(const struct server *s, const struct http_conn *c)
+/* The token of "Authorization: Bearer <token>", or NULL. */
+static const char *bearer_token(const struct http_conn *c, size_t *len)
 {
-    if (s->n_keys == 0)
-        return -1;
     const char *h = c->req.authorization;
     if (strncasecmp(h, "Bearer ", 7) != 0)
-        return -2;
+        return NULL;
     h += 7;
     while (*h == ' ')
         h++;
     size_t hl = strlen(h);
     while (hl > 0 && (h[hl - 1] == ' ' || h[hl - 1] == '\t'))
         hl--;
+    *len = hl;
+    return h;
+}
+
+int router_key_index(const struct server *s, const struct http_conn *c)
+{
+    if (s->n_keys == 0)
+        return -1;
+    size_t hl;
+    const char *h = bearer_token(c, &hl);
+    if (!h)
+        return -2;
     unsigned idx = (unsigned)-2;
     for (size_t i = 0; i < s->n_keys; i++) { /* every key is compared: no early exit */
         unsigned m = 0u - (unsigned)same_secret(h, hl, s->keys[i], strlen(s->keys[i]));
@@ -193,6 +224,19 @@ static int authorized(const struct server *s, const struct http_conn *c)
     return router_key_index(s, c) != -2;
 }
 
+/* Who owns what an authorized request starts (a resumable stream): an
+ * opaque value derived from the key it presented, the same for every
+ * request with that key and different for another key (a keyed hash, so no
+ * copy of the key is kept and it cannot be guessed). 0 when the API is open. */
+static uint64_t owner_of(const struct server *s, const struct http_conn *c)
+{
+    size_t len;
+    const char *token = s->n_keys ? bearer_token(c, &len) : NULL;
+    if (!token)
+        return 0;
+    return siphash24(s->streams.owner_key, token, len) | 1;
+}
+
 /* ---- API requests --------------------------------------------------------------------------- */
 
 static size_t token_text(void *arg, int32_t id, char *buf, size_t cap)
@@ -200,21 +244,27 @@ static size_t token_text(void *arg, int32_t id, char *buf, size_t cap)
     return engine_token_text(arg, id, buf, cap);
 }
 
-static void req_free(struct srv_req *r)
+void router_req_free(struct srv_req *r)
 {
     api_response_free(&r->resp);
     free(r->infos);
     free(r);
 }
 
-/* The request on c is over (answered, failed or abandoned). */
+/* The request on c is over (answered, failed or abandoned). A stream's
+ * request goes with its stream. */
 static void req_done(struct server *s, struct http_conn *c)
 {
     struct srv_req *r = c->user;
     if (!r)
         return;
     c->user = NULL;
-    req_free(r);
+    if (r->st) {
+        r->st->conn = NULL;
+        streams_drop(s, r->st);
+        return;
+    }
+    router_req_free(r);
     server_request_done(s);
 }
 
@@ -360,6 +410,14 @@ static void handle_generate(struct server *s, struct http_conn *c, enum api_endp
     r->id = id;
     r->ep = mep;
     r->stream = meta.stream;
+    if (r->stream && !streams_create(s, r, c, owner_of(s, c))) {
+        router_req_free(r);
+        free(t);
+        engine_request_free(&req);
+        reply_err(s, c, mep, 503, NULL, "server_busy",
+                  "the server holds as many streams as it can; retry shortly");
+        return;
+    }
     c->user = r;
     s->inflight++;
     if (!t) { /* token ids from the client */
@@ -540,6 +598,83 @@ static void on_session_event(struct server *s, struct http_conn *c, struct srv_r
         reply_json(s, c, METRICS_EP_SESSIONS, status, json);
 }
 
+/* ---- resuming a stream ---------------------------------------------------------------- */
+
+/* The response headers of a stream: SSE's, and the stream's id. */
+static void stream_headers(const struct stream *st, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "%sX-Stream-Id: %s\r\n", SSE_HEADERS, st->sid);
+}
+
+/* GET /v1/streams/{id} with Last-Event-ID: the events after it, then the
+ * live stream. A stream another key started does not exist for this one. */
+static void handle_resume(struct server *s, struct http_conn *c, const char *path)
+{
+    const enum metrics_endpoint ep = METRICS_EP_STREAMS;
+    const char *sid = path + strlen(STREAMS_PREFIX);
+    if (c->req.method != HTTP_GET) {
+        struct api_error e;
+        api_error_set(&e, 405, NULL, "method_not_allowed",
+                      "Method %s is not allowed on " STREAMS_PREFIX "{id}; use GET.",
+                      llhttp_method_name((llhttp_method_t)c->req.method));
+        char *json = api_error_json(&e);
+        metrics_count_request(&s->metrics, ep, 405);
+        if (json)
+            http_conn_respond(c, 405, "application/json", "Allow: GET\r\n", json, strlen(json));
+        else
+            http_conn_respond_error(c, 405, NULL, NULL, "Allow: GET\r\n", e.message);
+        free(json);
+        return;
+    }
+    if (s->draining) {
+        reply_err(s, c, ep, 503, NULL, "server_shutting_down", "the server is shutting down");
+        return;
+    }
+    if (!stream_id_valid(sid, strlen(sid))) {
+        reply_err(s, c, ep, 400, NULL, "invalid_stream_id",
+                  "a stream id is 32 lowercase hexadecimal characters (the X-Stream-Id header)");
+        return;
+    }
+    struct stream *st = streams_find_sid(&s->streams, sid);
+    if (!st || !st->started || st->owner != owner_of(s, c)) {
+        reply_err(s, c, ep, 404, NULL, "stream_not_found",
+                  "no such stream: it never existed, or it ended or was left unclaimed longer "
+                  "than the server's grace period");
+        return;
+    }
+    uint64_t last = 0;
+    if (c->req.has_last_event_id &&
+        (c->req.last_event_id_long ||
+         stream_event_id_parse(c->req.last_event_id, strlen(c->req.last_event_id), &last) < 0)) {
+        reply_err(s, c, ep, 400, NULL, "invalid_last_event_id",
+                  "Last-Event-ID must be the decimal id of an event of this stream");
+        return;
+    }
+    char headers[256];
+    stream_headers(st, headers, sizeof headers);
+    uint64_t newest = st->buf.last;
+    uint64_t oldest = stream_buf_oldest_resumable(&st->buf);
+    int rc = streams_attach(s, st, c, last, headers);
+    if (rc == -ERANGE) {
+        char msg[200];
+        snprintf(msg, sizeof msg,
+                 "Last-Event-ID %llu is beyond the last event of this stream (%llu)",
+                 (unsigned long long)last, (unsigned long long)newest);
+        reply_err(s, c, ep, 400, NULL, "invalid_last_event_id", msg);
+        return;
+    }
+    if (rc == -ESTALE) {
+        char msg[200];
+        snprintf(msg, sizeof msg,
+                 "the events after %llu are no longer buffered; the oldest id this stream can "
+                 "resume from is %llu",
+                 (unsigned long long)last, (unsigned long long)oldest);
+        reply_err(s, c, ep, 410, NULL, "stream_events_expired", msg);
+        return;
+    }
+    metrics_count_request(&s->metrics, ep, 200);
+}
+
 /* ---- routing ------------------------------------------------------------------------------- */
 
 struct route {
@@ -560,6 +695,7 @@ static const struct route routes[] = {
     {"/v1/sessions", 0, HTTP_GET, HTTP_POST, "GET, HEAD, POST", METRICS_EP_SESSIONS, 0},
     /* GET, DELETE /v1/sessions/{id}; POST /v1/sessions/{id}/save (handle_sessions) */
     {"/v1/sessions/", 1, HTTP_GET, HTTP_DELETE, "GET, HEAD, DELETE, POST", METRICS_EP_SESSIONS, 0},
+    {STREAMS_PREFIX, 1, HTTP_GET, -1, "GET", METRICS_EP_STREAMS, 0},
     {"/health", 0, HTTP_GET, -1, "GET, HEAD", METRICS_EP_HEALTH, 1},
     {"/metrics", 0, HTTP_GET, -1, "GET, HEAD", METRICS_EP_METRICS, 1},
 };
@@ -662,6 +798,9 @@ void router_on_request(struct http_conn *c, void *arg)
     case METRICS_EP_SESSIONS:
         handle_sessions(s, c, path);
         break;
+    case METRICS_EP_STREAMS:
+        handle_resume(s, c, path);
+        break;
     default:
         reply_err(s, c, METRICS_EP_OTHER, 404, NULL, "unknown_url", "Unknown request URL.");
         break;
@@ -670,61 +809,38 @@ void router_on_request(struct http_conn *c, void *arg)
 
 /* ---- streaming ----------------------------------------------------------------------------- */
 
-static void send_frame(struct http_conn *c, const char *json)
+/* Headers (with X-Stream-Id), then the chat stream's role chunk. */
+static void begin_stream(struct server *s, struct stream *st)
 {
-    char small[2048];
-    size_t len = strlen(json);
-    size_t need = sse_frame_data(small, sizeof small, json, len);
-    if (need <= sizeof small) {
-        http_conn_stream_write(c, small, need);
+    struct http_conn *c = st->conn;
+    if (st->started || !c)
         return;
-    }
-    char *big = malloc(need);
-    if (!big)
+    char headers[256];
+    stream_headers(st, headers, sizeof headers);
+    metrics_count_request(&s->metrics, st->req->ep, 200);
+    if (http_conn_stream_begin(c, 200, "text/event-stream; charset=utf-8", headers) < 0)
         return;
-    sse_frame_data(big, need, json, len);
-    http_conn_stream_write(c, big, need);
-    free(big);
-}
-
-static void send_chunk(struct http_conn *c, char *json)
-{
+    st->started = 1;
+    char *json = api_response_role_chunk(&st->req->resp);
     if (json)
-        send_frame(c, json);
+        streams_emit_json(s, st, json);
     free(json);
-}
-
-static void send_done(struct http_conn *c)
-{
-    char buf[32];
-    size_t n = sse_frame_done(buf, sizeof buf);
-    http_conn_stream_write(c, buf, n);
-}
-
-/* Headers, then the chat stream's role chunk. */
-static void begin_stream(struct server *s, struct http_conn *c, struct srv_req *r)
-{
-    if (r->started)
-        return;
-    r->started = 1;
-    metrics_count_request(&s->metrics, r->ep, 200);
-    if (http_conn_stream_begin(c, 200, "text/event-stream; charset=utf-8", SSE_HEADERS) < 0)
-        return;
-    send_chunk(c, api_response_role_chunk(&r->resp));
 }
 
 void router_on_stream_commit(struct http_conn *c, void *arg)
 {
     struct srv_req *r = c->user;
-    if (r && r->stream)
-        begin_stream(arg, c, r);
+    if (r && r->st)
+        begin_stream(arg, r->st);
 }
 
 void router_on_pause(struct http_conn *c, void *arg)
 {
     struct server *s = arg;
     struct srv_req *r = c->user;
-    if (r && !r->paused) {
+    if (r && r->st) {
+        streams_flow(s, r->st);
+    } else if (r && !r->paused) {
         r->paused = 1;
         engine_pause(s->engine, r->id);
     }
@@ -734,7 +850,9 @@ void router_on_resume(struct http_conn *c, void *arg)
 {
     struct server *s = arg;
     struct srv_req *r = c->user;
-    if (r && r->paused) {
+    if (r && r->st) {
+        streams_pump(s, r->st); /* what waited in the buffer, then the engine again */
+    } else if (r && r->paused) {
         r->paused = 0;
         engine_resume(s->engine, r->id);
     }
@@ -743,24 +861,24 @@ void router_on_resume(struct http_conn *c, void *arg)
 /* ---- engine events ----------------------------------------------------------------------------
  */
 
-static void on_token(struct server *s, struct http_conn *c, struct srv_req *r,
-                     const struct engine_event *ev)
+static void count_token(struct server *s, struct srv_req *r, const struct engine_event *ev)
 {
-    if (ev->token >= 0) {
-        double t = server_now();
-        if (r->n_tokens == 0)
-            metrics_hist_observe(&s->metrics.ttft, t - r->t_submit);
-        else
-            metrics_hist_observe(&s->metrics.itl, t - r->t_last);
-        r->t_last = t;
-        r->n_tokens++;
-        s->metrics.streamed_tokens++;
-    }
-    if (r->stream) {
-        begin_stream(s, c, r);
-        send_chunk(c, api_response_chunk(&r->resp, ev));
+    if (ev->token < 0)
         return;
-    }
+    double t = server_now();
+    if (r->n_tokens == 0)
+        metrics_hist_observe(&s->metrics.ttft, t - r->t_submit);
+    else
+        metrics_hist_observe(&s->metrics.itl, t - r->t_last);
+    r->t_last = t;
+    r->n_tokens++;
+    s->metrics.streamed_tokens++;
+}
+
+/* A non-streamed request's token: accumulated until DONE. */
+static void on_token(struct server *s, struct srv_req *r, const struct engine_event *ev)
+{
+    count_token(s, r, ev);
     if (r->overflow)
         return;
     if (api_response_add(&r->resp, ev) < 0) {
@@ -776,45 +894,39 @@ static void on_done(struct server *s, struct http_conn *c, struct srv_req *r,
     struct engine_event done = *ev;
     if (r->overflow)
         done.finish = ENGINE_FINISH_LENGTH;
-    if (r->stream) {
-        begin_stream(s, c, r);
-        send_chunk(c, api_response_final_chunk(&r->resp, &done));
-        if (r->resp.meta.include_usage)
-            send_chunk(c, api_response_usage_chunk(&r->resp, &done));
-        send_done(c);
-        req_done(s, c);
-        http_conn_stream_end(c);
-        return;
-    }
     char *body = api_response_body(&r->resp, &done);
     enum metrics_endpoint ep = r->ep;
     req_done(s, c);
     reply_json(s, c, ep, 200, body);
 }
 
-/* Ends the request on c with an error: a plain HTTP error while nothing was
- * sent, else an OpenAI error frame, [DONE] and the end of the stream. */
-static void fail_request(struct server *s, struct http_conn *c, struct srv_req *r,
-                         const struct api_error *err)
+/* Ends a stream with an error: a plain HTTP error while nothing was sent
+ * (its client is then attached: a stream is resumable only once started),
+ * else an OpenAI error frame followed by [DONE]. */
+static void fail_stream(struct server *s, struct stream *st, const struct api_error *err)
 {
-    const struct api_error e = *err;
-    enum metrics_endpoint ep = r->ep;
-    if (r->started) { /* headers are out: an error frame, then [DONE] */
-        char *json = api_error_json(&e);
-        send_chunk(c, json);
-        send_done(c);
-        req_done(s, c);
-        http_conn_stream_end(c);
+    if (!st->started) {
+        struct http_conn *c = st->conn;
+        const struct api_error e = *err;
+        enum metrics_endpoint ep = st->req->ep;
+        if (!c) {
+            streams_drop(s, st);
+            return;
+        }
+        req_done(s, c); /* drops st */
+        reply_error(s, c, ep, &e);
         return;
     }
-    req_done(s, c);
-    reply_error(s, c, ep, &e);
+    char *json = api_error_json(err);
+    if (json)
+        streams_emit_json(s, st, json);
+    free(json);
+    streams_emit_done(s, st);
 }
 
-static void on_error(struct server *s, struct http_conn *c, struct srv_req *r,
-                     const struct engine_event *ev)
+static void engine_error(const struct srv_req *r, const struct engine_event *ev,
+                         struct api_error *e)
 {
-    struct api_error e;
     int status = ev->status >= 400 && ev->status <= 599 ? ev->status : 500;
     const char *code = ev->code[0]     ? ev->code
                        : status == 409 ? "session_busy"
@@ -823,8 +935,42 @@ static void on_error(struct server *s, struct http_conn *c, struct srv_req *r,
     const char *param = ev->param[0] ? ev->param : NULL;
     if (param && strcmp(param, "prompt") == 0 && r->ep == METRICS_EP_CHAT)
         param = "messages"; /* the chat prompt is rendered from the messages */
-    api_error_set(&e, status, param, code, "%s", ev->message[0] ? ev->message : "engine error");
-    fail_request(s, c, r, &e);
+    api_error_set(e, status, param, code, "%s", ev->message[0] ? ev->message : "engine error");
+}
+
+/* Emits a chunk unless the stream ended meanwhile (an emit can end it). */
+static void emit(struct server *s, struct stream *st, char *json)
+{
+    if (json && !st->finished)
+        streams_emit_json(s, st, json);
+    free(json);
+}
+
+void router_on_stream_event(struct server *s, struct stream *st, const struct engine_event *ev)
+{
+    struct srv_req *r = st->req;
+    if (st->finished)
+        return; /* after a cut or a cancel: the engine's last word is not news */
+    switch (ev->kind) {
+    case ENGINE_EV_TOKEN:
+        count_token(s, r, ev);
+        begin_stream(s, st);
+        emit(s, st, api_response_chunk(&r->resp, ev));
+        break;
+    case ENGINE_EV_DONE:
+        begin_stream(s, st);
+        emit(s, st, api_response_final_chunk(&r->resp, ev));
+        if (r->resp.meta.include_usage)
+            emit(s, st, api_response_usage_chunk(&r->resp, ev));
+        streams_emit_done(s, st);
+        break;
+    case ENGINE_EV_ERROR: {
+        struct api_error e;
+        engine_error(r, ev, &e);
+        fail_stream(s, st, &e);
+        break;
+    }
+    }
 }
 
 void router_cut(struct server *s, struct http_conn *c)
@@ -836,7 +982,13 @@ void router_cut(struct server *s, struct http_conn *c)
     struct api_error e;
     api_error_set(&e, 503, NULL, "server_shutting_down",
                   "the server is shutting down; this request was cut at the drain timeout");
-    fail_request(s, c, r, &e);
+    if (r->st) {
+        fail_stream(s, r->st, &e);
+        return;
+    }
+    enum metrics_endpoint ep = r->ep;
+    req_done(s, c);
+    reply_error(s, c, ep, &e);
 }
 
 void router_on_event(struct server *s, struct http_conn *c, const struct engine_event *ev)
@@ -850,14 +1002,19 @@ void router_on_event(struct server *s, struct http_conn *c, const struct engine_
     case ENGINE_EV_SESSION:
         break;
     case ENGINE_EV_TOKEN:
-        on_token(s, c, r, ev);
+        on_token(s, r, ev);
         break;
     case ENGINE_EV_DONE:
         on_done(s, c, r, ev);
         break;
-    case ENGINE_EV_ERROR:
-        on_error(s, c, r, ev);
+    case ENGINE_EV_ERROR: {
+        struct api_error e;
+        engine_error(r, ev, &e);
+        enum metrics_endpoint ep = r->ep;
+        req_done(s, c);
+        reply_error(s, c, ep, &e);
         break;
+    }
     }
 }
 
@@ -866,7 +1023,13 @@ int router_forget(struct server *s, struct http_conn *c)
     struct srv_req *r = c->user;
     if (!r)
         return 0;
+    c->user = NULL;
+    if (r->st) { /* the stream goes on without a client, for a while */
+        streams_detach(s, r->st);
+        return 1;
+    }
     engine_cancel(s->engine, r->id); /* its KV slot is freed within one step */
-    req_done(s, c);
+    router_req_free(r);
+    server_request_done(s);
     return 1;
 }

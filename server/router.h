@@ -8,7 +8,8 @@
  * connections: a request id is (sequence number * max_conns + slot), so an
  * engine event finds its connection in O(1), and a late event for a closed
  * connection (or for an earlier request on a reused slot) finds nothing and
- * is dropped.
+ * is dropped. Streamed requests are found in the stream registry first
+ * (streams.h): their client may be on another connection, or on none.
  */
 #ifndef SS_ROUTER_H
 #define SS_ROUTER_H
@@ -20,6 +21,7 @@
 #include "server.h"
 #include "http_conn.h"
 #include "metrics.h"
+#include "streams.h"
 
 #define SERVER_MAX_KEYS 64
 #define SERVER_MAX_MODEL_NAMES 16
@@ -55,6 +57,7 @@ struct server {
     int64_t inflight; /* requests submitted and not finished */
 
     struct metrics metrics;
+    struct streams streams; /* resumable streams (streams.h) */
     int listening;
     int draining; /* SIGTERM/SIGINT: no new work, finish what runs */
     double drain_deadline;
@@ -74,7 +77,8 @@ struct srv_req {
     int paused;   /* engine_pause sent */
     double t_submit, t_last;
     int64_t n_tokens;
-    int tokenizing; /* the prompt is on a worker thread; not submitted yet */
+    int tokenizing;    /* the prompt is on a worker thread; not submitted yet */
+    struct stream *st; /* streamed: the stream that owns this request */
     /* session API requests: the sessions the engine described, answered at DONE */
     enum engine_request_kind kind;
     struct engine_session_info *infos;
@@ -85,6 +89,11 @@ struct srv_req {
  * (no keys), -2 when it carries none of them. Every key is compared in time
  * that depends only on the lengths. */
 int router_key_index(const struct server *s, const struct http_conn *c);
+
+/* Frees a request (its response state and itself). */
+void router_req_free(struct srv_req *r);
+/* An engine event for a streamed request (wherever its client is). */
+void router_on_stream_event(struct server *s, struct stream *st, const struct engine_event *ev);
 
 /* http_conn_ops callbacks (arg is the struct server). */
 int router_on_headers(struct http_conn *c, struct http_reject *rej, void *arg);

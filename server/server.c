@@ -60,6 +60,7 @@ void server_stop_engine(struct server *s)
 {
     if (!s->stopped || s->tokenizing > 0 || !s->engine)
         return;
+    streams_free(s); /* cancels what runs detached, closes the sweep timer */
     /* join the engine thread before closing the async handle it signals */
     engine_stop(s->engine);
     s->engine = NULL;
@@ -154,6 +155,7 @@ static void on_signal(uv_signal_t *h, int signum)
     for (int64_t i = 0; i < s->cfg.max_conns; i++)
         if (s->conns[i])
             http_conn_finish_and_close(s->conns[i]);
+    streams_drop_detached(s); /* nobody can come back for them now */
     if (s->inflight == 0)
         uv_timer_start(&s->drain_timer, on_drained, 0, 0);
     else
@@ -273,6 +275,11 @@ static void on_wake(uv_async_t *a)
     /* uv_async_send coalesces: drain until empty, never one event per wake */
     while ((n = engine_drain(s->engine, ev, EVENT_BATCH)) > 0) {
         for (size_t i = 0; i < n; i++) {
+            struct stream *st = streams_find_req(&s->streams, ev[i].id);
+            if (st) { /* a stream, wherever its client is */
+                router_on_stream_event(s, st, &ev[i]);
+                continue;
+            }
             struct http_conn *c = server_find(s, ev[i].id);
             if (c)
                 router_on_event(s, c, &ev[i]);
@@ -512,6 +519,14 @@ enum server_status server_run(const struct server_config *cfg)
         s->free_slots[i] = s->cfg.max_conns - 1 - i;
     s->n_free = s->cfg.max_conns;
     metrics_init(&s->metrics);
+    /* every connection's stream, plus those running or queued without one */
+    rc = streams_init(s, s->cfg.max_conns + s->cfg.max_seqs + s->cfg.max_queue,
+                      (size_t)s->cfg.stream_buffer, (size_t)s->cfg.stream_buffer_total,
+                      s->cfg.stream_grace);
+    if (rc < 0) {
+        fprintf(stderr, "error: streams: %s\n", strerror(-rc));
+        goto out_free;
+    }
     s->started_at = (int64_t)time(NULL);
     s->next_seq = 1;
 
@@ -613,12 +628,14 @@ out_close:
     uv_close((uv_handle_t *)&s->sigterm, NULL);
     uv_close((uv_handle_t *)&s->sigint, NULL);
     uv_close((uv_handle_t *)&s->drain_timer, NULL);
+    uv_close((uv_handle_t *)&s->streams.timer, NULL);
     uv_run(s->loop, UV_RUN_DEFAULT);
 out_free:
     if (s->loop)
         uv_loop_close(s->loop);
     free(s->conns);
     free(s->free_slots);
+    free(s->streams.buckets);
     free_keys(s);
     free(s);
     return code;

@@ -38,6 +38,10 @@ struct server_config {
     const char *session_dir; /* "" : sessions in memory only */
     int64_t session_disk_max;
     const char *kv_dtype;
+    /* resumable streams */
+    int64_t stream_buffer;       /* undelivered bytes one detached stream may buffer */
+    int64_t stream_buffer_total; /* bytes all stream buffers may hold */
+    double stream_grace;         /* seconds a stream waits for its client to come back */
     /* limits and timeouts (seconds) */
     int64_t max_body;
     int64_t max_body_total;

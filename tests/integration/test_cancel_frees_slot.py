@@ -1,5 +1,7 @@
 """A client that leaves mid-request cancels its sequence and frees its KV slot
-within a step; /metrics shows it."""
+within a step; /metrics shows it. A stream is cancelled at once with
+--stream-grace 0; with a grace period it runs on detached until then
+(test_resume.py)."""
 
 import json
 import time
@@ -21,7 +23,8 @@ def wait_all_free(server, timeout=10):
         time.sleep(0.1)
 
 
-def test_closing_a_stream_mid_way_frees_its_slot(server):
+def test_closing_a_stream_mid_way_frees_its_slot(start_server):
+    server = start_server("--stream-grace", "0")
     wait_all_free(server)
     before = server.metrics().get("streamsink_client_disconnects_total", 0)
     c = server.client()

@@ -95,7 +95,13 @@ def test_sse_framing_byte_for_byte(server):
     assert stream.endswith(b"data: [DONE]\n\n")
     frames = stream.split(b"\n\n")
     assert frames[-1] == b""
-    frames = [f for f in frames[:-1] if not f.startswith(b":")]  # keep-alive comments aside
+    # keep-alive comment lines (no blank line of their own) aside
+    frames = [re.sub(rb"\A(:[^\n]*\n)+", b"", f) for f in frames[:-1]]
+    assert re.fullmatch(rb"[0-9a-f]{32}", headers["x-stream-id"].encode())
+    # every event has an id (1, 2, ...: a reconnect names the last one it saw)
+    for i, f in enumerate(frames, 1):
+        assert f.startswith(b"id: %d\n" % i), f
+    frames = [f.partition(b"\n")[2] for f in frames]
     assert frames[-1] == b"data: [DONE]"
     for f in frames[:-1]:
         assert re.fullmatch(rb"data: \{.*\}", f), f

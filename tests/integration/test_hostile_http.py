@@ -260,7 +260,8 @@ def test_backpressure_starts_within_a_bounded_number_of_bytes(start_server):
 
 def test_a_reader_below_the_minimum_rate_is_closed_and_its_slot_freed(start_server):
     s = start_server("--max-seqs", "1", "--min-read-rate", "8192", "--write-stall-timeout", "4",
-                     "--high-water", "16384", "--low-water", "4096", "--sndbuf", "4096")
+                     "--high-water", "16384", "--low-water", "4096", "--sndbuf", "4096",
+                     "--stream-grace", "0")  # the closed stream is not kept for a resume
     c = s.connect(rcvbuf=4096)
     c.sendall(fat_stream_request())
     c.settimeout(1.0)
@@ -304,7 +305,9 @@ def test_a_stream_cut_by_shutdown_ends_with_an_error_event_and_done(start_server
     assert s.proc.wait(30) == 0
     _, _, out = parse_response(raw)  # dechunked: fails if the chunk terminator is missing
     assert raw.endswith(b"0\r\n\r\n"), raw[-200:]
-    events = [e[len(b"data: "):] for e in out.split(b"\n\n") if e.startswith(b"data: ")]
+    # each event is "id: N" then its data line
+    events = [line[len(b"data: "):] for e in out.split(b"\n\n") for line in e.split(b"\n")
+              if line.startswith(b"data: ")]
     assert events[-1] == b"[DONE]"
     err = json.loads(events[-2])["error"]
     assert err["code"] == "server_shutting_down"

@@ -23,7 +23,8 @@ def big_stream_request():
 
 def test_slow_reader_pauses_with_bounded_buffers_then_resumes(start_server):
     s = start_server("--high-water", str(HIGH), "--low-water", str(LOW),
-                     "--write-stall-timeout", "60", "--sndbuf", "8192")
+                     "--write-stall-timeout", "60", "--sndbuf", "8192",
+                     "--stream-grace", "0")  # the closed stream is not kept for a resume
     sock = s.connect(rcvbuf=4096)
     sock.sendall(big_stream_request())
     sock.recv(1024)  # headers and a first chunk; then stop reading
@@ -53,7 +54,8 @@ def test_slow_reader_pauses_with_bounded_buffers_then_resumes(start_server):
 
 def test_stalled_reader_is_closed_and_its_slot_freed(start_server):
     s = start_server("--high-water", str(HIGH), "--low-water", str(LOW),
-                     "--write-stall-timeout", "2", "--sndbuf", "8192")
+                     "--write-stall-timeout", "2", "--sndbuf", "8192",
+                     "--stream-grace", "0")  # the closed stream is not kept for a resume
     sock = s.connect(rcvbuf=4096)
     sock.sendall(big_stream_request())
     s.wait_metric("streamsink_write_stall_closes_total", lambda v: v >= 1, timeout=120)

@@ -57,7 +57,9 @@ SERVER_ARGS = ["--max-seqs", "8", "--max-queue", "64", "--max-conns", "64",
                "--sse-keepalive", "1", "--drain-timeout", str(DRAIN_S),
                "--write-stall-timeout", str(STALL_S), "--min-read-rate", str(MIN_READ_RATE),
                "--sndbuf", "4096", "--high-water", "16384", "--low-water", "4096",
-               "--max-body", str(MAX_BODY), "--window", "512"]
+               "--max-body", str(MAX_BODY), "--window", "512",
+               # a stream whose client left runs on detached for this long, then is cancelled
+               "--stream-grace", "2"]
 
 # the value each gauge must return to when nothing runs (the scrape itself is
 # the one open connection)
@@ -74,6 +76,9 @@ IDLE = {
     "streamsink_draining": 0,
     "streamsink_engine_healthy": 1,
     "streamsink_connections_open": 1,
+    "streamsink_streams": 0,  # detached and finished streams are gone after --stream-grace
+    "streamsink_streams_detached": 0,
+    "streamsink_stream_buffer_bytes": 0,
 }
 COUNTERS = ["streamsink_client_disconnects_total", "streamsink_write_stall_closes_total",
             "streamsink_slow_reader_closes_total", "streamsink_connections_accepted_total",

@@ -1,0 +1,179 @@
+/* test_streams.c: the pure parts of resumable streams: server/stream_buf.c
+ * (the replay buffer, stream ids, Last-Event-ID parsing) and server/siphash.c
+ * (the owner hash, against the reference vectors of the SipHash paper). */
+#include <errno.h>
+
+#include "server/siphash.h"
+#include "server/stream_buf.h"
+#include "test.h"
+
+/* Pushes "data: <text>\n\n" and returns its index. */
+static uint64_t push_text(struct stream_buf *b, const char *text)
+{
+    char frame[256];
+    int n = snprintf(frame, sizeof frame, "data: %s\n\n", text);
+    return stream_buf_push(b, frame, (size_t)n);
+}
+
+/* The concatenated frames of the undelivered events, delivering them. */
+static void deliver_all(struct stream_buf *b, char *out, size_t cap)
+{
+    size_t o = 0;
+    const struct stream_event *e;
+    while ((e = stream_buf_next(b)) != NULL) {
+        if (o + e->len < cap) {
+            memcpy(out + o, e->data, e->len);
+            o += e->len;
+        }
+        stream_buf_advance(b);
+    }
+    out[o] = 0;
+}
+
+TEST(stream_buf_numbers_events_from_one_and_frames_each_with_its_id)
+{
+    struct stream_buf b;
+    stream_buf_init(&b);
+    ASSERT_EQ(push_text(&b, "a"), 1);
+    ASSERT_EQ(push_text(&b, "b"), 2);
+    ASSERT_EQ(b.last, 2);
+    char out[256];
+    deliver_all(&b, out, sizeof out);
+    ASSERT_STREQ(out, "id: 1\ndata: a\n\nid: 2\ndata: b\n\n");
+    ASSERT_EQ(b.sent, 2);
+    ASSERT_EQ(b.unsent_bytes, 0);
+    ASSERT_EQ(b.bytes, strlen(out));
+    stream_buf_free(&b);
+}
+
+TEST(stream_buf_rewind_replays_exactly_the_events_after_the_last_id)
+{
+    struct stream_buf b;
+    stream_buf_init(&b);
+    char text[8], out[1024];
+    for (int i = 1; i <= 5; i++) {
+        snprintf(text, sizeof text, "t%d", i);
+        push_text(&b, text);
+    }
+    deliver_all(&b, out, sizeof out);
+    ASSERT_OK(stream_buf_rewind(&b, 3));
+    ASSERT_EQ(b.sent, 3);
+    deliver_all(&b, out, sizeof out);
+    ASSERT_STREQ(out, "id: 4\ndata: t4\n\nid: 5\ndata: t5\n\n");
+    ASSERT_OK(stream_buf_rewind(&b, 0)); /* from the start */
+    deliver_all(&b, out, sizeof out);
+    ASSERT(strncmp(out, "id: 1\ndata: t1\n\nid: 2\n", 22) == 0);
+    ASSERT_OK(stream_buf_rewind(&b, 5)); /* everything: nothing to send */
+    ASSERT(stream_buf_next(&b) == NULL);
+    ASSERT_EQ(b.unsent_bytes, 0);
+    ASSERT_EQ(stream_buf_rewind(&b, 6), -ERANGE);
+    ASSERT_EQ(stream_buf_rewind(&b, UINT64_MAX), -ERANGE);
+    stream_buf_free(&b);
+}
+
+TEST(stream_buf_trim_drops_only_delivered_events_oldest_first)
+{
+    struct stream_buf b;
+    stream_buf_init(&b);
+    for (int i = 0; i < 10; i++)
+        push_text(&b, "0123456789"); /* each frame: "id: N\n" + 18 bytes */
+    size_t all = b.bytes;
+    ASSERT_EQ(stream_buf_trim(&b, 0), 0); /* nothing delivered: nothing may go */
+    ASSERT_EQ(b.bytes, all);
+    for (int i = 0; i < 4; i++)
+        stream_buf_advance(&b);
+    size_t freed = stream_buf_trim(&b, 0);
+    ASSERT_EQ(freed, 4 * (6 + 18));
+    ASSERT_EQ(b.head->index, 5);
+    ASSERT_EQ(b.bytes, all - freed);
+    ASSERT_EQ(b.unsent_bytes, b.bytes);
+    ASSERT_EQ(stream_buf_oldest_resumable(&b), 4);
+    /* a client older than what is kept: gone, and the cursor does not move */
+    ASSERT_EQ(stream_buf_rewind(&b, 3), -ESTALE);
+    ASSERT_EQ(stream_buf_next(&b)->index, 5);
+    ASSERT_OK(stream_buf_rewind(&b, 4));
+    /* trim stops at max */
+    for (int i = 0; i < 6; i++)
+        stream_buf_advance(&b);
+    ASSERT(stream_buf_next(&b) == NULL);
+    stream_buf_trim(&b, 2 * 24 + 1);
+    ASSERT_EQ(b.head->index, 9); /* 9 and 10 (25 bytes each) fit in 49 */
+    stream_buf_trim(&b, 0);
+    ASSERT(b.head == NULL && b.tail == NULL && b.bytes == 0);
+    ASSERT_EQ(stream_buf_oldest_resumable(&b), 10);
+    ASSERT_OK(stream_buf_rewind(&b, 10)); /* the client has it all */
+    ASSERT_EQ(stream_buf_rewind(&b, 9), -ESTALE);
+    ASSERT_EQ(push_text(&b, "more"), 11); /* numbering goes on */
+    ASSERT_EQ(stream_buf_next(&b)->index, 11);
+    stream_buf_free(&b);
+}
+
+TEST(stream_ids_are_32_lowercase_hex_characters)
+{
+    unsigned char rnd[16];
+    for (int i = 0; i < 16; i++)
+        rnd[i] = (unsigned char)(i * 17 + 1);
+    char id[STREAM_ID_LEN + 1];
+    stream_id_format(id, rnd);
+    ASSERT_STREQ(id, "0112233445566778899aabbccddeef00"); /* 15 * 17 + 1 wraps to 0 */
+    ASSERT(stream_id_valid(id, strlen(id)));
+    ASSERT(!stream_id_valid(id, 31));
+    ASSERT(!stream_id_valid("0112233445566778899aabbccddeeff00", 33));
+    ASSERT(!stream_id_valid("0112233445566778899AABBCCDDEEFF0", 32));
+    ASSERT(!stream_id_valid("0112233445566778899aabbccddeeffg", 32));
+    ASSERT(!stream_id_valid("../../../../../../../../etc/pass", 32));
+    ASSERT(!stream_id_valid("0112233445566778899aabbccddeef%00", 32));
+    ASSERT(!stream_id_valid("", 0));
+    char nul[32];
+    memcpy(nul, id, 32);
+    nul[5] = 0;
+    ASSERT(!stream_id_valid(nul, 32));
+}
+
+TEST(last_event_id_parses_decimal_numbers_and_nothing_else)
+{
+    uint64_t v = 99;
+    ASSERT_OK(stream_event_id_parse("17", 2, &v));
+    ASSERT_EQ(v, 17);
+    ASSERT_OK(stream_event_id_parse(" 5\t", 3, &v));
+    ASSERT_EQ(v, 5);
+    ASSERT_OK(stream_event_id_parse("", 0, &v)); /* empty: none (EventSource) */
+    ASSERT_EQ(v, 0);
+    ASSERT_OK(stream_event_id_parse("  ", 2, &v));
+    ASSERT_EQ(v, 0);
+    ASSERT_OK(stream_event_id_parse("18446744073709551615", 20, &v));
+    ASSERT(v == UINT64_MAX);
+    const char *bad[] = {"-1",
+                         "+1",
+                         "abc",
+                         "1e3",
+                         "0x10",
+                         "1 2",
+                         "18446744073709551616",
+                         "999999999999999999999999",
+                         "3.0",
+                         "١",
+                         "7a"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        if (stream_event_id_parse(bad[i], strlen(bad[i]), &v) != -EINVAL)
+            FAIL_AT("'%s' was accepted as %llu", bad[i], (unsigned long long)v);
+    }
+}
+
+/* The SipHash paper, appendix A: key 00..0f, messages 00, 00 01, ... */
+TEST(siphash24_matches_the_reference_vectors)
+{
+    unsigned char key[16], msg[64];
+    for (int i = 0; i < 16; i++)
+        key[i] = (unsigned char)i;
+    for (int i = 0; i < 64; i++)
+        msg[i] = (unsigned char)i;
+    ASSERT(siphash24(key, msg, 0) == 0x726fdb47dd0e0e31ull);
+    ASSERT(siphash24(key, msg, 15) == 0xa129ca6149be45e5ull);
+    /* another key or message: another value */
+    ASSERT(siphash24(key, "sk-one", 6) != siphash24(key, "sk-two", 6));
+    key[0] ^= 1;
+    ASSERT(siphash24(key, msg, 15) != 0xa129ca6149be45e5ull);
+}
+
+TEST_MAIN()

@@ -567,7 +567,7 @@ static int try_admit(struct engine *e, struct engine_request *r)
             return 1;
         }
         if (rc < 0 || r->session_must_exist) {
-            kv_pool_release(&e->fwd.pool, s->kv.slot);
+            kv_pool_release(&e->dec.fwd.pool, s->kv.slot);
             s->state = SEQ_FREE;
             s->session[0] = 0;
             if (rc < 0 && se.status != 404)

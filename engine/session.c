@@ -202,7 +202,7 @@ static int model_digest(struct engine *e)
     EVP_MD_CTX *c = EVP_MD_CTX_new();
     unsigned int n = 0;
     int ok = c && EVP_DigestInit_ex(c, EVP_sha256(), NULL) == 1 &&
-             EVP_DigestUpdate(c, e->model.map, e->model.map_len) == 1 &&
+             EVP_DigestUpdate(c, e->dec.model.map, e->dec.model.map_len) == 1 &&
              EVP_DigestFinal_ex(c, e->model_digest, &n) == 1 && n == 32;
     EVP_MD_CTX_free(c);
     return ok ? 0 : -EIO;
@@ -249,12 +249,12 @@ void session_dir_close(struct engine *e)
 static int copy_cells(struct engine *e, const struct kv_seq *kv, const struct snapshot_meta *m,
                       uint8_t *k, uint8_t *v, int import)
 {
-    const struct backend_ops *op = e->backend.ops;
+    const struct backend_ops *op = e->dec.backend.ops;
     size_t cell_bytes = (size_t)m->head_dim * (m->dtype == KV_DTYPE_F16 ? 2u : 4u);
     int rc = 0;
     if (m->n_sink_cells > 0)
-        rc = import ? op->kv_import(&e->backend, kv->slot, 0, m->n_sink_cells, k, v, m->n_cells)
-                    : op->kv_export(&e->backend, kv->slot, 0, m->n_sink_cells, k, v, m->n_cells);
+        rc = import ? op->kv_import(&e->dec.backend, kv->slot, 0, m->n_sink_cells, k, v, m->n_cells)
+                    : op->kv_export(&e->dec.backend, kv->slot, 0, m->n_sink_cells, k, v, m->n_cells);
     int64_t off = m->n_sink_cells;
     for (int64_t p = m->win_pos0; rc == 0 && p < m->pos_next;) {
         int64_t cell = kv_seq_cell(kv, p);
@@ -262,8 +262,8 @@ static int copy_cells(struct engine *e, const struct kv_seq *kv, const struct sn
         if (len > m->pos_next - p)
             len = m->pos_next - p;
         uint8_t *hk = k + (size_t)off * cell_bytes, *hv = v + (size_t)off * cell_bytes;
-        rc = import ? op->kv_import(&e->backend, kv->slot, cell, len, hk, hv, m->n_cells)
-                    : op->kv_export(&e->backend, kv->slot, cell, len, hk, hv, m->n_cells);
+        rc = import ? op->kv_import(&e->dec.backend, kv->slot, cell, len, hk, hv, m->n_cells)
+                    : op->kv_export(&e->dec.backend, kv->slot, cell, len, hk, hv, m->n_cells);
         p += len;
         off += len;
     }
@@ -313,7 +313,7 @@ int session_save(struct engine *e, struct seq *s, char *err, size_t err_len)
     struct snapshot_meta m;
     memset(&m, 0, sizeof m);
     memcpy(m.model_digest, e->model_digest, 32);
-    const struct kv_geometry *g = &e->fwd.pool.geo;
+    const struct kv_geometry *g = &e->dec.fwd.pool.geo;
     m.dtype = g->dtype;
     m.n_layer = g->n_layer;
     m.n_kv_head = g->n_kv_head;
@@ -432,7 +432,7 @@ static int read_file(struct engine *e, const char *name, size_t max, uint8_t **o
 /* The largest snapshot this server could have written. */
 static size_t max_snapshot(const struct engine *e)
 {
-    const struct kv_geometry *g = &e->fwd.pool.geo;
+    const struct kv_geometry *g = &e->dec.fwd.pool.geo;
     struct snapshot_meta m;
     memset(&m, 0, sizeof m);
     m.dtype = KV_DTYPE_F32;
@@ -503,7 +503,7 @@ int session_restore(struct engine *e, struct seq *s, const char *id, int key,
         se->status = 404;
         return -1;
     }
-    const struct kv_geometry *g = &e->fwd.pool.geo;
+    const struct kv_geometry *g = &e->dec.fwd.pool.geo;
     if (m.dtype != g->dtype || m.n_layer != g->n_layer || m.n_kv_head != g->n_kv_head ||
         m.head_dim != g->head_dim || m.n_sinks > g->n_sinks || m.window > g->window) {
         free(buf);

@@ -970,6 +970,8 @@ void router_on_stream_event(struct server *s, struct stream *st, const struct en
         fail_stream(s, st, &e);
         break;
     }
+    case ENGINE_EV_SESSION: /* only session requests get these, never streamed */
+        break;
     }
 }
 

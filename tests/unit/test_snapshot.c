@@ -16,7 +16,7 @@
 #include <zlib.h>
 
 #include "test.h"
-#include "tiny_model.h"
+#include "support/tiny_model.h"
 
 #include "engine/backend.h"
 #include "engine/forward.h"

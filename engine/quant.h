@@ -33,11 +33,12 @@
  *         the high nibble of ql[64h+l], of ql[64h+32+l], and bits 0-1, 2-3, 4-5,
  *         6-7 of qh[32h+l] as their bits 4-5.
  *   Q3_K  uint8 hmask[32], uint8 qs[64], uint8 scales[12], f16 d           (110 bytes)
- *         16 sub-blocks of 16 with a 6-bit scale each, stored minus 32 (low
- *         nibbles of s[0..7], then their high nibbles; bits 4-5 from s[8 + i % 4]
- *         >> 2 (i / 4)); x = (d * sc) * (q - 4 * !hbit), q 2 bits: for half h and
- *         l < 32, group 4h+i takes bits 2i..2i+1 of qs[32h+l]; hbit is bit j of
- *         hmask[l] for group j.
+ *         16 sub-blocks of 16 with a signed 6-bit scale each, stored as sc + 32:
+ *         bits 0-3 of sub-block i's are the low nibble of s[i] (i < 8) or the
+ *         high nibble of s[i-8], bits 4-5 are bits 2(i/4)..2(i/4)+1 of s[8 + i%4];
+ *         x = (d * sc) * (q - 4 * !hbit), q 2 bits: for half h and l < 32, group
+ *         4h+i takes bits 2i..2i+1 of qs[32h+l]; hbit is bit j of hmask[l] for
+ *         group j.
  *
  * Matrix products quantize the activation row once per row (quant_prepare_act)
  * and then take integer dot products against every weight row; float weight

@@ -15,9 +15,19 @@
  *   gcc -std=c11 -D_GNU_SOURCE -O2 -Iengine tools/bench_matmul.c engine/quant.c \
  *       engine/cpu/matmul.c matmul_avx2.o matmul_avx512.o -lm -lpthread
  *   ./a.out [isa]      (isa: scalar, avx2 or avx512; default: best available)
+ *   ./a.out formats    (every weight format on Gemma 3 270M's shapes, on every
+ *                       ISA this CPU has, side by side: GB/s and rows/s at T = 1,
+ *                       GFLOP/s at T = 64; add gcc ... engine/quant_k.c and the
+ *                       matmul_kquant_*.c objects to the build above)
+ *
+ * Q5_0 and K-quant weights are random bytes with finite f16 scales (there is
+ * no quantizer for them here; the kernels' speed does not depend on the
+ * values).
  */
 #include "cpu/matmul.h"
 
+#include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -68,6 +78,124 @@ static double time_calls(enum cpu_isa isa, const struct shape *s, char *const *w
     return best;
 }
 
+/* Random but well-formed rows: quantized from random floats where quant.c has a
+ * quantizer, random bytes with finite f16 scales for Q5_0 and the K-quants. */
+static void fill_weights(enum qtype t, char *w, int64_t n, int64_t k, float *x)
+{
+    size_t row_bytes = qtype_row_bytes(t, k);
+    if (!qtype_is_k(t)) {
+        for (int64_t r = 0; r < n; r++) {
+            for (int64_t i = 0; i < k; i++)
+                x[i] = frand();
+            quant_quantize_row(t, x, w + (size_t)r * row_bytes, k);
+        }
+        return;
+    }
+    size_t bb = qtype_block_bytes(t);
+    size_t at[2] = {0, 2};
+    int ns = t == QTYPE_Q4_K || t == QTYPE_Q5_K ? 2 : 1;
+    if (t == QTYPE_Q3_K)
+        at[0] = offsetof(struct block_q3_k, d);
+    if (t == QTYPE_Q6_K)
+        at[0] = offsetof(struct block_q6_k, d);
+    for (size_t b = 0; b < row_bytes * (size_t)n / bb; b++) {
+        char *blk = w + b * bb;
+        for (size_t i = 0; i < bb; i++)
+            blk[i] = (char)(frand() * 127.0f);
+        for (int j = 0; j < ns; j++) {
+            uint16_t h = quant_f32_to_f16(ldexpf(frand(), -6));
+            memcpy(blk + at[j], &h, 2);
+        }
+    }
+}
+
+struct result {
+    double gbs, gbs_hot, rows_per_s, us; /* T = 1 */
+    double gflops, us64;                 /* T = 64 */
+};
+
+static int bench_shape(enum cpu_isa isa, const struct shape *s, struct result *res)
+{
+    size_t row_bytes = qtype_row_bytes(s->type, s->k);
+    size_t mat_bytes = row_bytes * (size_t)s->n;
+    int nw = (int)(LLC_BYTES / mat_bytes) + 1;
+    const int64_t tmax = 64;
+    char **w = malloc((size_t)nw * sizeof *w);
+    float *x = malloc((size_t)(s->k > s->n ? s->k : s->n) * sizeof *x);
+    char *act = malloc(quant_act_bytes(s->type, s->k) * (size_t)tmax);
+    float *y = malloc((size_t)(s->n * tmax) * sizeof *y);
+    if (!w || !x || !act || !y)
+        return -1;
+
+    w[0] = malloc(mat_bytes);
+    if (!w[0])
+        return -1;
+    fill_weights(s->type, w[0], s->n, s->k, x);
+    for (int i = 1; i < nw; i++) {
+        w[i] = malloc(mat_bytes);
+        if (!w[i])
+            return -1;
+        memcpy(w[i], w[0], mat_bytes);
+    }
+    for (int64_t t = 0; t < tmax; t++) {
+        for (int64_t i = 0; i < s->k; i++)
+            x[i] = frand();
+        cpu_prepare_act(isa, s->type, x, s->k, act + (size_t)t * quant_act_bytes(s->type, s->k));
+    }
+
+    double t1 = time_calls(isa, s, w, nw, act, 1, y);
+    double t1_hot = time_calls(isa, s, w, 1, act, 1, y);
+    double t64 = time_calls(isa, s, w, 1, act, tmax, y);
+    double flop = 2.0 * (double)s->n * (double)s->k;
+    res->gbs = (double)mat_bytes / t1 * 1e-9;
+    res->gbs_hot = (double)mat_bytes / t1_hot * 1e-9;
+    res->rows_per_s = (double)s->n / t1;
+    res->us = t1 * 1e6;
+    res->gflops = flop * (double)tmax / t64 * 1e-9;
+    res->us64 = t64 * 1e6;
+
+    for (int i = 0; i < nw; i++)
+        free(w[i]);
+    free(w);
+    free(x);
+    free(act);
+    free(y);
+    return 0;
+}
+
+/* Every format on Gemma 3 270M's shapes (D = 640, F = 2048, 4 x 256 query
+ * heads), on every ISA here, one line each. */
+static int bench_formats(void)
+{
+    static const struct shape shapes[] = {
+        {"ffn_up    2048x640  Q5_0", QTYPE_Q5_0, 2048, 640},
+        {"attn_o    640x1024  Q4_K", QTYPE_Q4_K, 640, 1024},
+        {"ffn_down  640x2048  Q4_K", QTYPE_Q4_K, 640, 2048},
+        {"ffn_down  640x2048  Q5_K", QTYPE_Q5_K, 640, 2048},
+        {"ffn_down  640x2048  Q6_K", QTYPE_Q6_K, 640, 2048},
+        {"ffn_down  640x2048  Q3_K", QTYPE_Q3_K, 640, 2048},
+        {"ffn_up    2048x640  Q8_0", QTYPE_Q8_0, 2048, 640},
+        {"ffn_up    2048x640  Q4_0", QTYPE_Q4_0, 2048, 640},
+        {"ffn_up    2048x640  Q4_1", QTYPE_Q4_1, 2048, 640},
+    };
+    printf("single thread; T=1: weight bytes / s and rows / s (matrix cycled through %u MiB); "
+           "T=64: GFLOP/s\n",
+           LLC_BYTES >> 20);
+    printf("%-25s %-7s %9s %9s %12s %9s %9s\n", "shape", "isa", "T=1 GB/s", "hot GB/s", "rows/s",
+           "T=1 us", "T=64 GF/s");
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        for (int i = CPU_ISA_SCALAR; i <= (int)cpu_isa_best(); i++) {
+            struct result r;
+            if (bench_shape((enum cpu_isa)i, &shapes[si], &r) < 0)
+                return 1;
+            printf("%-25s %-7s %9.2f %9.2f %12.0f %9.1f %9.1f\n", shapes[si].name,
+                   cpu_isa_name((enum cpu_isa)i), r.gbs, r.gbs_hot, r.rows_per_s, r.us, r.gflops);
+            fflush(stdout);
+        }
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     static const struct shape shapes[] = {
@@ -77,6 +205,8 @@ int main(int argc, char **argv)
         {"lm_head 49152x576   Q8_0", QTYPE_Q8_0, 49152, 576},
     };
     enum cpu_isa isa = cpu_isa_best();
+    if (argc > 1 && strcmp(argv[1], "formats") == 0)
+        return bench_formats();
     if (argc > 1) {
         for (int i = CPU_ISA_SCALAR; i <= CPU_ISA_AVX512; i++)
             if (strcmp(argv[1], cpu_isa_name((enum cpu_isa)i)) == 0 && i <= (int)cpu_isa_best())
@@ -86,53 +216,12 @@ int main(int argc, char **argv)
 
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         const struct shape *s = &shapes[si];
-        size_t row_bytes = qtype_row_bytes(s->type, s->k);
-        size_t mat_bytes = row_bytes * (size_t)s->n;
-        int nw = (int)(LLC_BYTES / mat_bytes) + 1;
-        const int64_t tmax = 64;
-        char **w = malloc((size_t)nw * sizeof *w);
-        float *x = malloc((size_t)(s->k > s->n ? s->k : s->n) * sizeof *x);
-        char *act = malloc(quant_act_bytes(s->type, s->k) * (size_t)tmax);
-        float *y = malloc((size_t)(s->n * tmax) * sizeof *y);
-        if (!w || !x || !act || !y)
+        struct result r;
+        if (bench_shape(isa, s, &r) < 0)
             return 1;
-
-        w[0] = malloc(mat_bytes);
-        if (!w[0])
-            return 1;
-        for (int64_t r = 0; r < s->n; r++) {
-            for (int64_t i = 0; i < s->k; i++)
-                x[i] = frand();
-            quant_quantize_row(s->type, x, w[0] + (size_t)r * row_bytes, s->k);
-        }
-        for (int i = 1; i < nw; i++) {
-            w[i] = malloc(mat_bytes);
-            if (!w[i])
-                return 1;
-            memcpy(w[i], w[0], mat_bytes);
-        }
-        for (int64_t t = 0; t < tmax; t++) {
-            for (int64_t i = 0; i < s->k; i++)
-                x[i] = frand();
-            cpu_prepare_act(isa, s->type, x, s->k,
-                            act + (size_t)t * quant_act_bytes(s->type, s->k));
-        }
-
-        double t1 = time_calls(isa, s, w, nw, act, 1, y);
-        double t1_hot = time_calls(isa, s, w, 1, act, 1, y);
-        double t64 = time_calls(isa, s, w, 1, act, tmax, y);
-        double flop = 2.0 * (double)s->n * (double)s->k;
         printf("%s  T=1: %6.1f GB/s (%6.1f GB/s cache-hot, %7.1f us)  T=64: %6.1f GFLOP/s "
                "(%7.1f us)\n",
-               s->name, (double)mat_bytes / t1 * 1e-9, (double)mat_bytes / t1_hot * 1e-9, t1 * 1e6,
-               flop * (double)tmax / t64 * 1e-9, t64 * 1e6);
-
-        for (int i = 0; i < nw; i++)
-            free(w[i]);
-        free(w);
-        free(x);
-        free(act);
-        free(y);
+               s->name, r.gbs, r.gbs_hot, r.us, r.gflops, r.us64);
     }
     return 0;
 }

@@ -15,6 +15,7 @@
 #include "matmul_kquant.h"
 
 #include <immintrin.h>
+#include <string.h>
 
 #define TILE_T 4          /* activation rows per tile */
 #define TILE_N 2          /* weight rows per tile */
@@ -81,6 +82,79 @@ INLINE void decode_at(const enum qtype type, const char *row, int64_t gi, struct
     kq_decode(type, row + (size_t)(gi / gpb) * kq_block_bytes(type), (int)(gi % gpb), out);
 }
 
+/* Groups gi and gi+1 (gi even; gi alone when !two, which only Q5_0 rows of an
+ * odd block count have) as one 64-byte vector q, the scale of each int32 lane
+ * and the two mins. Q4_K, Q5_K and Q6_K decode the pair at once: both groups
+ * come from the same 32 bytes of qs (Q4_K/Q5_K) or from 64 adjacent bytes of
+ * ql and the same 32 of qh (Q6_K). */
+INLINE void decode_pair(const enum qtype type, const char *row, int64_t gi, const int two,
+                        __m512i *q, __m512 *scale, float *mw0, float *mw1)
+{
+    const __m512i low4 = _mm512_set1_epi8(0x0f);
+
+    if (type == QTYPE_Q4_K || type == QTYPE_Q5_K) {
+        const char *blk = row + (size_t)(gi / 8) * kq_block_bytes(type);
+        const int g = (int)(gi % 8);
+        /* d, dmin and scales lead both layouts */
+        const struct block_q4_k *b = (const struct block_q4_k *)blk;
+        const uint8_t *qs = type == QTYPE_Q4_K ? b->qs : ((const struct block_q5_k *)blk)->qs;
+        float d = _cvtsh_ss(b->d), dmin = _cvtsh_ss(b->dmin);
+        int sc0, m0, sc1, m1;
+        kq_scale_min_k4(b->scales, g, &sc0, &m0);
+        kq_scale_min_k4(b->scales, g + 1, &sc1, &m1);
+        __m512i v = _mm512_broadcast_i64x4(kq_load32(qs + 16 * g));
+        v = _mm512_and_si512(_mm512_srlv_epi64(v, _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4)), low4);
+        if (type == QTYPE_Q5_K) {
+            const struct block_q5_k *b5 = (const struct block_q5_k *)blk;
+            __m512i h = _mm512_broadcast_i64x4(kq_load32(b5->qh));
+            __m512i sel =
+                join_i(_mm256_set1_epi8((char)(1 << g)), _mm256_set1_epi8((char)(2 << g)));
+            __mmask64 set = _mm512_test_epi8_mask(h, sel);
+            v = _mm512_or_si512(v, _mm512_maskz_mov_epi8(set, _mm512_set1_epi8(0x10)));
+        }
+        *q = v;
+        *scale = join_ps(_mm256_set1_ps(d * (float)sc0), _mm256_set1_ps(d * (float)sc1));
+        *mw0 = dmin * (float)m0;
+        *mw1 = dmin * (float)m1;
+        return;
+    }
+    if (type == QTYPE_Q6_K) {
+        const struct block_q6_k *b =
+            (const struct block_q6_k *)(row + (size_t)(gi / 8) * sizeof(struct block_q6_k));
+        const int g = (int)(gi % 8), h = g / 4, i = g % 4; /* i is 0 or 2 */
+        __m512i lo = _mm512_loadu_si512((const void *)(b->ql + 64 * h));
+        lo = _mm512_and_si512(_mm512_srli_epi16(lo, (unsigned)(4 * (i / 2))), low4);
+        __m512i hi = _mm512_broadcast_i64x4(kq_load32(b->qh + 32 * h));
+        hi = _mm512_srlv_epi64(hi, _mm512_setr_epi64(2 * i, 2 * i, 2 * i, 2 * i, 2 * i + 2,
+                                                     2 * i + 2, 2 * i + 2, 2 * i + 2));
+        hi = _mm512_slli_epi16(_mm512_and_si512(hi, _mm512_set1_epi8(3)), 4);
+        *q = _mm512_sub_epi8(_mm512_or_si512(lo, hi), _mm512_set1_epi8(32));
+        /* lanes 0-3, 4-7, 8-11, 12-15: scales 2g, 2g+1, 2g+2, 2g+3 */
+        int32_t s4;
+        memcpy(&s4, b->scales + 2 * g, 4);
+        __m128 sc = _mm_mul_ps(_mm_cvtepi32_ps(_mm_cvtepi8_epi32(_mm_cvtsi32_si128(s4))),
+                               _mm_set1_ps(_cvtsh_ss(b->d)));
+        *scale =
+            _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
+                                  _mm512_castps128_ps512(sc));
+        *mw0 = *mw1 = 0.0f;
+        return;
+    }
+    struct kq_group g0, g1;
+    decode_at(type, row, gi, &g0);
+    if (two) {
+        decode_at(type, row, gi + 1, &g1);
+    } else {
+        g1.q = _mm256_setzero_si256();
+        g1.scale = _mm256_setzero_ps();
+        g1.mw = 0.0f;
+    }
+    *q = join_i(g0.q, g1.q);
+    *scale = join_ps(g0.scale, g1.scale);
+    *mw0 = g0.mw;
+    *mw1 = g1.mw;
+}
+
 /* Groups gi and gi+1 (gi alone when !two) against the tile. */
 INLINE void kq_step(const enum qtype type, const int vnni, const int nt, const int nr,
                     const struct tile *p, int64_t gi, const int two, __m512 acc[TILE_T][TILE_N],
@@ -98,22 +172,13 @@ INLINE void kq_step(const enum qtype type, const int vnni, const int nt, const i
     }
 #pragma GCC unroll 4
     for (int r = 0; r < nr; r++) {
-        struct kq_group g0, g1;
-        const char *row = p->w + r * p->w_stride;
-        decode_at(type, row, gi, &g0);
-        if (two) {
-            decode_at(type, row, gi + 1, &g1);
-        } else {
-            g1.q = _mm256_setzero_si256();
-            g1.scale = _mm256_setzero_ps();
-            g1.mw = 0.0f;
-        }
+        __m512i q;
+        float mw0, mw1;
+        decode_pair(type, p->w + r * p->w_stride, gi, two, &q, &ws[r], &mw0, &mw1);
         if (kq_has_min(type)) {
-            mins[r] = _mm_fmadd_ps(_mm_set1_ps(g0.mw), s0, mins[r]);
-            mins[r] = _mm_fmadd_ps(_mm_set1_ps(g1.mw), s1, mins[r]);
+            mins[r] = _mm_fmadd_ps(_mm_set1_ps(mw0), s0, mins[r]);
+            mins[r] = _mm_fmadd_ps(_mm_set1_ps(mw1), s1, mins[r]);
         }
-        __m512i q = join_i(g0.q, g1.q);
-        ws[r] = join_ps(g0.scale, g1.scale);
         if (kq_signed(type)) {
             neg[r] = _mm512_movepi8_mask(q);
             q = _mm512_abs_epi8(q);

@@ -91,8 +91,57 @@ def llama_batch(a, model, threads, batches):
     return res
 
 
+def copy_gbps():
+    """Single-thread memory copy bandwidth (bytes read + written per second) of a
+    256 MiB buffer, best of 5: the ceiling for streaming weights on one core.
+    None without numpy."""
+    try:
+        import numpy as np
+    except ImportError:
+        return None
+    src = np.ones(32 << 20, dtype=np.float64)
+    dst = np.empty_like(src)
+    best = 0.0
+    for _ in range(5):
+        t = time.perf_counter()
+        np.copyto(dst, src)
+        best = max(best, 2 * src.nbytes / (time.perf_counter() - t) / 1e9)
+    return best
+
+
 def spread(xs):
     return f"{min(xs):.1f}/{statistics.median(xs):.1f}/{max(xs):.1f}"
+
+
+def print_table(a, res, copies):
+    flags = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    flags = line.split(":", 1)[1].strip()
+                if line.startswith("flags"):
+                    have = line.split(":", 1)[1].split()
+                    flags += " (" + " ".join(x for x in have if x.startswith(("avx", "fma", "f16c"))) + ")"
+                    break
+    except OSError:
+        pass
+    print(f"# peer_bench {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {flags}; "
+          f"{os.cpu_count()} CPUs; load average at end {os.getloadavg()[0]:.1f}; "
+          f"{a.reps} repetitions interleaved; {platform.machine()}")
+    if copies:
+        print(f"# memory copy, one thread, 256 MiB (read + write): {spread(copies)} GB/s "
+              "(min/median/max, one per repetition)")
+    print("| figure | model | threads | streamsink | llama.cpp | ratio | streamsink min/med/max "
+          "| llama.cpp min/med/max |")
+    print("|---|---|---|---|---|---|---|---|")
+    for (fig, model, t), (xa, xb) in res.items():
+        if not xa or not xb:
+            continue
+        ma, mb = statistics.median(xa), statistics.median(xb)
+        name = os.path.basename(model).split(".")[-2]
+        print(f"| {fig} | {name} | {t} | {ma:.1f} | {mb:.1f} | {ma / mb:.2f} | {spread(xa)} "
+              f"| {spread(xb)} |")
 
 
 def main():
@@ -119,7 +168,11 @@ def main():
         res.setdefault((fig, model, t), ([], []))[side].append(v)
 
     t_start = time.time()
+    copies = []
     for rep in range(a.reps):
+        c = copy_gbps()
+        if c:
+            copies.append(c)
         for model in a.models:
             for t in threads:
                 order = (0, 1) if (rep % 2 == 0) else (1, 0)
@@ -152,29 +205,11 @@ def main():
                             add(f"batch{bsz}", model, t, side, r[bsz])
                 print(f"rep {rep} {os.path.basename(model)} batch done "
                       f"({time.time() - t_start:.0f} s)", file=sys.stderr, flush=True)
+        if rep + 1 < a.reps:
+            print(f"## after repetition {rep + 1} of {a.reps}", flush=True)
+            print_table(a, res, copies)
 
-    flags = ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    flags = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    print(f"# peer_bench {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {flags}; "
-          f"{os.cpu_count()} CPUs; load average at end {os.getloadavg()[0]:.1f}; "
-          f"{a.reps} repetitions interleaved; {platform.machine()}")
-    print("| figure | model | threads | streamsink | llama.cpp | ratio | streamsink min/med/max "
-          "| llama.cpp min/med/max |")
-    print("|---|---|---|---|---|---|---|---|")
-    for (fig, model, t), (xa, xb) in res.items():
-        if not xa or not xb:
-            continue
-        ma, mb = statistics.median(xa), statistics.median(xb)
-        name = os.path.basename(model).split(".")[-2]
-        print(f"| {fig} | {name} | {t} | {ma:.1f} | {mb:.1f} | {ma / mb:.2f} | {spread(xa)} "
-              f"| {spread(xb)} |")
+    print_table(a, res, copies)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ done
 TEXT=$(mktemp)
 trap 'rm -f "$TEXT"' EXIT
 bible Gen1:1-Gen50:26 > "$TEXT"
-exec "$PY" tools/peer_bench.py --streamsink "$BUILD/streamsink" --bench-batch "$BUILD/bench_batch" \
+"$PY" tools/peer_bench.py --streamsink "$BUILD/streamsink" --bench-batch "$BUILD/bench_batch" \
   --llama-bench "$PEER_BIN/llama-bench" --llama-batched-bench "$PEER_BIN/llama-batched-bench" \
   --text "$TEXT" --reps "${REPS:-3}" --threads "${THREADS:-1,2}" \
   --figures "${FIGURES:-prompt,decode,ctx4096,batch}" --batches "${BATCHES:-1,4,8,16,32}" \

@@ -205,7 +205,10 @@ static void cpu_matmul(struct backend *b, const struct tensor *W, const float *x
         matmul_prepare_task(&j, 0, 1);
     else
         threadpool_run(c->tp, matmul_prepare_task, &j);
-    threadpool_run(c->tp, matmul_rows_task, &j);
+    /* a few parts per thread: a thread that runs late takes fewer of them */
+    int64_t blocks = (W->ne1 + MATMUL_ROW_BLOCK - 1) / MATMUL_ROW_BLOCK;
+    int64_t parts = 4 * (int64_t)threadpool_size(c->tp);
+    threadpool_run_parts(c->tp, matmul_rows_task, &j, (int)(parts < blocks ? parts : blocks));
 }
 
 static void cpu_rope(struct backend *b, float *q, float *qc, float *k)

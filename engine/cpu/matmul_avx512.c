@@ -291,6 +291,88 @@ INLINE void tile_quant(const enum qtype type, const int vnni, const int nt, cons
     }
 }
 
+/* Quantized weights against one activation row (decode), four weight rows at
+ * a time: the activation blocks are loaded once for four rows, and Q4_1's
+ * offset term is folded into the main loop, four rows in the lanes of one
+ * vector. Every output gets exactly the arithmetic of tile_quant (the same
+ * per-lane products, sums and fused multiply-adds in the same order; lanes
+ * are never combined differently), so a row's result does not depend on
+ * which path computed it and cpu_matmul_rows stays batch-invariant. */
+INLINE void quant_row4(const enum qtype type, const int vnni, const struct tile *p)
+{
+    const int64_t nb = p->k / QK;
+    const struct block_q8_act *a = (const struct block_q8_act *)p->a;
+    const char *w[4];
+    __m512 acc[4];
+    __m128 off = _mm_setzero_ps(); /* Q4_1, lane r: the offset sum of row r */
+
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; r++) {
+        w[r] = p->w + r * p->w_stride;
+        acc[r] = _mm512_setzero_ps();
+    }
+    for (int64_t b = 0; b < nb; b += 2) {
+        const int two = b + 1 < nb;
+        __m512 da;
+        __m512i qa = load_act2(p->a, b, two, &da);
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            __m512 dw;
+            __mmask64 neg;
+            __m512i wq = load_weights2(type, w[r], b, two, &neg, &dw);
+            __m512i sa = qa;
+            if (type != QTYPE_Q4_1)
+                sa = _mm512_mask_sub_epi8(qa, neg, _mm512_setzero_si512(), qa);
+            __m512i i = dot_u8s8(vnni, wq, sa);
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_mul_ps(dw, da), acc[r]);
+        }
+        if (type == QTYPE_Q4_1) {
+            /* the offsets of blocks b and b + 1, in block order */
+            for (int64_t bb = b; bb < b + 1 + two; bb++) {
+#define M_AT(r) ((short)((const struct block_q4_1 *)w[r])[bb].m)
+                __m128i m16 = _mm_setr_epi16(M_AT(0), M_AT(1), M_AT(2), M_AT(3), 0, 0, 0, 0);
+#undef M_AT
+                off = _mm_fmadd_ps(_mm_cvtph_ps(m16), _mm_set1_ps(a[bb].s), off);
+            }
+        }
+    }
+    const __m512 z = _mm512_setzero_ps();
+    float o[4];
+    _mm_storeu_ps(o, off);
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; r++) {
+        __m128 sums = hsum4(acc[r], z, z, z);
+        if (type == QTYPE_Q4_1)
+            sums = _mm_add_ps(sums, _mm_set_ss(o[r]));
+        p->y[r] = _mm_cvtss_f32(sums);
+    }
+}
+
+static void row4_q4_1(const struct tile *p)
+{
+    quant_row4(QTYPE_Q4_1, 0, p);
+}
+static void row4_q8_0(const struct tile *p)
+{
+    quant_row4(QTYPE_Q8_0, 0, p);
+}
+static void row4_q4_0(const struct tile *p)
+{
+    quant_row4(QTYPE_Q4_0, 0, p);
+}
+static void row4_q4_1_vnni(const struct tile *p)
+{
+    quant_row4(QTYPE_Q4_1, 1, p);
+}
+static void row4_q8_0_vnni(const struct tile *p)
+{
+    quant_row4(QTYPE_Q8_0, 1, p);
+}
+static void row4_q4_0_vnni(const struct tile *p)
+{
+    quant_row4(QTYPE_Q4_0, 1, p);
+}
+
 /* ---- F32, F16, BF16 weights against f32 activations --------------------- */
 
 INLINE __m512 load_float16(const enum qtype type, const char *row, int64_t i)
@@ -447,6 +529,29 @@ void cpu__matmul_rows_avx512(enum qtype t, const void *restrict w, int64_t k, in
     };
     int64_t chunk = p.w_stride ? (int64_t)(CHUNK_BYTES / p.w_stride) : TILE_N;
     chunk = chunk < TILE_N ? TILE_N : chunk - chunk % TILE_N;
+    void (*row4)(const struct tile *) = NULL;
+    if (t == QTYPE_Q4_1)
+        row4 = vnni ? row4_q4_1_vnni : row4_q4_1;
+    else if (t == QTYPE_Q8_0)
+        row4 = vnni ? row4_q8_0_vnni : row4_q8_0;
+    else if (t == QTYPE_Q4_0)
+        row4 = vnni ? row4_q4_0_vnni : row4_q4_0;
+    if (row4 && T == 1) {
+        /* decode: four rows at a time, the rest in tiles of TILE_N */
+        int64_t n = n0;
+        p.a = act;
+        for (; n + 4 <= n1; n += 4) {
+            p.w = (const char *)w + (size_t)n * p.w_stride;
+            p.y = y + n;
+            row4(&p);
+        }
+        for (; n < n1; n += TILE_N) {
+            p.w = (const char *)w + (size_t)n * p.w_stride;
+            p.y = y + n;
+            run(1, n1 - n < TILE_N ? (int)(n1 - n) : TILE_N, &p);
+        }
+        return;
+    }
     for (int64_t c0 = n0; c0 < n1; c0 += chunk) {
         int64_t c1 = n1 - c0 < chunk ? n1 : c0 + chunk;
         for (int64_t tt = 0; tt < T; tt += TILE_T) {

@@ -1,13 +1,20 @@
 /*
- * threadpool.c: see threadpool.h. A run is published by bumping a generation
- * counter; workers spin on it for a while (cheap to wake), then wait on a
- * condition variable. Completion is a counter the caller spins on.
+ * threadpool.c: see threadpool.h. A run is published as one 64-bit state
+ * word: generation (32 bits) | number of parts (16) | next unclaimed part
+ * (16). Every participant (the caller and each worker) claims parts with a
+ * compare-and-swap on that word, so a claim can only succeed for the
+ * generation it read, and a worker that wakes up late finds every part taken
+ * and goes back to waiting. The caller returns when the done counter reaches
+ * the number of parts; it never waits for a worker that has claimed nothing.
+ * The job (fn, arg) is read only after a successful claim: while a part of
+ * generation g is claimed and unfinished, the caller cannot publish g + 1.
  */
 #include "threadpool.h"
 
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
+#include <stdint.h>
 #include <stdlib.h>
 
 /* Spin this many pause rounds (a few tens of microseconds) before yielding
@@ -16,20 +23,22 @@
 #define SPIN_ROUNDS 20000
 #define YIELD_ROUNDS 200
 
+#define MAX_PARTS 65535
+
 struct worker {
     struct threadpool *tp;
     pthread_t thread;
-    int ith;
 };
 
 struct threadpool {
     int n;
     struct worker *workers;
-    void (*fn)(void *, int, int);
-    void *arg;
-    unsigned gen; /* bumped per run (atomic) */
-    int pending;  /* workers still running the current run (atomic) */
-    int stop;     /* atomic */
+    void (*fn)(void *, int, int); /* atomic: written by the caller between runs */
+    void *arg;                    /* atomic */
+    uint64_t state;               /* gen << 32 | parts << 16 | next (atomic) */
+    int done;                     /* parts finished in this run (atomic) */
+    int sleepers;                 /* workers in pthread_cond_wait or about to be (atomic) */
+    int stop;                     /* atomic */
     pthread_mutex_t mu;
     pthread_cond_t cv;
 };
@@ -41,15 +50,47 @@ static inline void cpu_relax(void)
 #endif
 }
 
+static inline uint32_t st_gen(uint64_t s)
+{
+    return (uint32_t)(s >> 32);
+}
+
+static inline int st_parts(uint64_t s)
+{
+    return (int)((s >> 16) & 0xffff);
+}
+
+static inline int st_next(uint64_t s)
+{
+    return (int)(s & 0xffff);
+}
+
+/* Runs parts of generation gen until none is left unclaimed (or the state has
+ * moved on to another generation). */
+static void work(struct threadpool *tp, uint32_t gen)
+{
+    uint64_t s = __atomic_load_n(&tp->state, __ATOMIC_ACQUIRE);
+    while (st_gen(s) == gen && st_next(s) < st_parts(s)) {
+        if (!__atomic_compare_exchange_n(&tp->state, &s, s + 1, 1, __ATOMIC_ACQ_REL,
+                                         __ATOMIC_ACQUIRE))
+            continue; /* s now holds the current word */
+        void (*fn)(void *, int, int) = __atomic_load_n(&tp->fn, __ATOMIC_RELAXED);
+        void *arg = __atomic_load_n(&tp->arg, __ATOMIC_RELAXED);
+        fn(arg, st_next(s), st_parts(s));
+        __atomic_fetch_add(&tp->done, 1, __ATOMIC_ACQ_REL);
+        s = __atomic_load_n(&tp->state, __ATOMIC_ACQUIRE);
+    }
+}
+
 static void *worker_main(void *p)
 {
     struct worker *w = p;
     struct threadpool *tp = w->tp;
-    unsigned seen = 0;
+    uint32_t seen = st_gen(__atomic_load_n(&tp->state, __ATOMIC_ACQUIRE));
     for (;;) {
-        unsigned g;
+        uint32_t g;
         int spins = 0;
-        while ((g = __atomic_load_n(&tp->gen, __ATOMIC_ACQUIRE)) == seen &&
+        while ((g = st_gen(__atomic_load_n(&tp->state, __ATOMIC_ACQUIRE))) == seen &&
                !__atomic_load_n(&tp->stop, __ATOMIC_ACQUIRE)) {
             if (++spins < SPIN_ROUNDS) {
                 cpu_relax();
@@ -60,16 +101,17 @@ static void *worker_main(void *p)
                 continue;
             }
             pthread_mutex_lock(&tp->mu);
-            while (__atomic_load_n(&tp->gen, __ATOMIC_ACQUIRE) == seen &&
+            __atomic_fetch_add(&tp->sleepers, 1, __ATOMIC_SEQ_CST);
+            while (st_gen(__atomic_load_n(&tp->state, __ATOMIC_SEQ_CST)) == seen &&
                    !__atomic_load_n(&tp->stop, __ATOMIC_ACQUIRE))
                 pthread_cond_wait(&tp->cv, &tp->mu);
+            __atomic_fetch_sub(&tp->sleepers, 1, __ATOMIC_SEQ_CST);
             pthread_mutex_unlock(&tp->mu);
         }
         if (__atomic_load_n(&tp->stop, __ATOMIC_ACQUIRE))
             return NULL;
         seen = g;
-        tp->fn(tp->arg, w->ith, tp->n);
-        __atomic_fetch_sub(&tp->pending, 1, __ATOMIC_ACQ_REL);
+        work(tp, g);
     }
 }
 
@@ -90,7 +132,6 @@ int threadpool_init(struct threadpool **out, int n_threads)
     }
     for (int i = 1; i < n_threads; i++) {
         tp->workers[i].tp = tp;
-        tp->workers[i].ith = i;
         if (pthread_create(&tp->workers[i].thread, NULL, worker_main, &tp->workers[i]) != 0) {
             tp->n = i; /* only join the ones that started */
             threadpool_free(tp);
@@ -122,25 +163,40 @@ int threadpool_size(const struct threadpool *tp)
     return tp->n;
 }
 
-void threadpool_run(struct threadpool *tp, void (*fn)(void *arg, int ith, int nth), void *arg)
+void threadpool_run_parts(struct threadpool *tp, void (*fn)(void *arg, int ith, int nth), void *arg,
+                          int n_parts)
 {
+    if (n_parts < 1)
+        n_parts = 1;
+    if (n_parts > MAX_PARTS)
+        n_parts = MAX_PARTS;
     if (tp->n == 1) {
-        fn(arg, 0, 1);
+        for (int i = 0; i < n_parts; i++)
+            fn(arg, i, n_parts);
         return;
     }
-    tp->fn = fn;
-    tp->arg = arg;
-    __atomic_store_n(&tp->pending, tp->n - 1, __ATOMIC_RELEASE);
-    pthread_mutex_lock(&tp->mu);
-    __atomic_fetch_add(&tp->gen, 1, __ATOMIC_ACQ_REL);
-    pthread_cond_broadcast(&tp->cv);
-    pthread_mutex_unlock(&tp->mu);
-    fn(arg, 0, tp->n);
+    /* every part of the previous run is finished, so no thread reads these */
+    __atomic_store_n(&tp->fn, fn, __ATOMIC_RELAXED);
+    __atomic_store_n(&tp->arg, arg, __ATOMIC_RELAXED);
+    __atomic_store_n(&tp->done, 0, __ATOMIC_RELAXED);
+    uint32_t gen = st_gen(__atomic_load_n(&tp->state, __ATOMIC_RELAXED)) + 1;
+    __atomic_store_n(&tp->state, (uint64_t)gen << 32 | (uint64_t)n_parts << 16, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&tp->sleepers, __ATOMIC_SEQ_CST) > 0) {
+        pthread_mutex_lock(&tp->mu);
+        pthread_cond_broadcast(&tp->cv);
+        pthread_mutex_unlock(&tp->mu);
+    }
+    work(tp, gen);
     int spins = 0;
-    while (__atomic_load_n(&tp->pending, __ATOMIC_ACQUIRE) > 0) {
+    while (__atomic_load_n(&tp->done, __ATOMIC_ACQUIRE) < n_parts) {
         if (++spins < SPIN_ROUNDS)
             cpu_relax();
         else
-            sched_yield(); /* the worker may be waiting for a CPU */
+            sched_yield(); /* a worker that claimed a part may be waiting for a CPU */
     }
+}
+
+void threadpool_run(struct threadpool *tp, void (*fn)(void *arg, int ith, int nth), void *arg)
+{
+    threadpool_run_parts(tp, fn, arg, tp->n);
 }

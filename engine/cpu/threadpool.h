@@ -1,8 +1,13 @@
 /*
  * threadpool.h: a fixed set of worker threads driven only from the engine
- * thread. threadpool_run(pool, fn, arg) calls fn(arg, i, n) once on every
- * thread i of n (the caller is thread 0) and returns when all are done. Workers
- * spin briefly between runs (a decode step issues hundreds of runs), then sleep.
+ * thread. threadpool_run(pool, fn, arg) calls fn(arg, i, n) exactly once for
+ * every part i of n (n = the pool size) and returns when all are done. Parts
+ * are claimed, not assigned: whichever thread is running takes the next
+ * unclaimed part, so a worker the OS has not scheduled yet costs nothing (the
+ * caller runs its part instead) and an oversubscribed machine slows a run
+ * down instead of stalling it. fn must therefore not assume that part i runs
+ * on thread i; results depend only on i and n. Workers spin briefly between
+ * runs (a decode step issues hundreds of runs), then sleep.
  */
 #ifndef SS_CPU_THREADPOOL_H
 #define SS_CPU_THREADPOOL_H
@@ -14,5 +19,9 @@ int threadpool_init(struct threadpool **out, int n_threads);
 void threadpool_free(struct threadpool *tp);
 int threadpool_size(const struct threadpool *tp);
 void threadpool_run(struct threadpool *tp, void (*fn)(void *arg, int ith, int nth), void *arg);
+/* The same with n_parts parts (1 <= n_parts <= 65535) instead of the pool
+ * size: finer parts balance better when threads run at unequal speeds. */
+void threadpool_run_parts(struct threadpool *tp, void (*fn)(void *arg, int ith, int nth), void *arg,
+                          int n_parts);
 
 #endif

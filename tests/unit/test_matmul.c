@@ -471,4 +471,57 @@ TEST(matmul_rows_matches_the_reference_on_smollm2_shapes)
     }
 }
 
+/* Batch invariance at the kernel level: a row's result is bit-identical
+ * whether it is computed for one activation row (decode, which has its own
+ * four-row path for some types) or as part of T rows, and whatever weight
+ * row range the call covers (so whether the row falls in a group of four or
+ * in the remainder). Chunked prefill equals token-by-token decode only if
+ * this holds. */
+TEST(matmul_rows_do_not_depend_on_batch_size_or_row_range)
+{
+    static const int64_t ks[] = {32, 64, 96, 576, 1536};
+    static const int64_t ranges[][2] = {{0, 37}, {1, 38}, {3, 30}, {5, 6}, {2, 9}};
+    enum { T = 7, N = 40 };
+    static float x[T][K_MAX];
+    _Alignas(64) static uint8_t w[N * K_MAX * 4];
+    _Alignas(64) static uint8_t act[T * K_MAX * 4];
+    static float ybatch[T * N], yone[N];
+    struct kernel kernels[8];
+    int nk = list_kernels(kernels);
+    long long compared = 0;
+
+    for (size_t ti = 0; ti < sizeof all_types / sizeof all_types[0]; ti++) {
+        enum qtype t = all_types[ti];
+        for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++) {
+            int64_t k = ks[ki];
+            size_t ab = quant_act_bytes(t, k);
+            make_weights(t, N, k, w);
+            for (int kk = 0; kk < nk; kk++) {
+                const struct kernel *kn = &kernels[kk];
+                if (kn->path >= PATH_EMU_BASE && k == 1536)
+                    continue; /* emulation is slow */
+                for (int tt = 0; tt < T; tt++) {
+                    fill(x[tt], k);
+                    kernel_prepare(kn, t, x[tt], k, act + (size_t)tt * ab);
+                }
+                kernel_matmul(kn, t, w, k, 0, N, act, T, ybatch, N);
+                for (size_t ri = 0; ri < sizeof ranges / sizeof ranges[0]; ri++) {
+                    int64_t n0 = ranges[ri][0], n1 = ranges[ri][1];
+                    for (int tt = 0; tt < T; tt++) {
+                        kernel_matmul(kn, t, w, k, n0, n1, act + (size_t)tt * ab, 1, yone, N);
+                        for (int64_t n = n0; n < n1; n++, compared++)
+                            if (memcmp(&yone[n], &ybatch[tt * N + n], sizeof(float)) != 0)
+                                FAIL_AT("%s %s K=%lld: row %lld of activation %d is %.9g alone "
+                                        "(rows [%lld,%lld)) and %.9g in a batch of %d",
+                                        kn->name, qtype_name(t), (long long)k, (long long)n, tt,
+                                        yone[n], (long long)n0, (long long)n1, ybatch[tt * N + n],
+                                        T);
+                    }
+                }
+            }
+        }
+    }
+    printf("  %lld outputs compared across %d kernels\n", compared, nk);
+}
+
 TEST_MAIN()

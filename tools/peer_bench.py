@@ -1,0 +1,216 @@
+#!/usr/bin/env python3
+"""peer_bench.py: streamsink vs llama.cpp on the same GGUF files, interleaved.
+
+Driven by tools/peer_bench.sh (which builds the peer and makes the model
+copies); standard library only. For every repetition, model and thread count,
+each figure is measured once on each side, the order alternating between
+repetitions (A B, B A, ...), so slow phases of a shared machine hit both.
+
+Figures (tokens/s):
+  prompt    512-token prompt.  A: streamsink run --prompt-tokens 512 --chunk 512;
+            B: llama-bench -p 512 -n 0.
+  decode    128 generated tokens after it.  A: the same run's decode figure;
+            B: llama-bench -p 0 -n 128.
+  ctx4096   128 tokens decoded at a 4,096-token context.  A: sinks:4 window
+            4,096, full and evicting (a 4,200-token prompt); B: llama-bench
+            -p 0 -n 128 -d 4096.
+  batch     aggregate decode of B sequences at a ~W-token context.  A:
+            bench_batch (B greedy streams, window W, prompt W); B:
+            llama-batched-bench -npp W -ntg STEPS -npl B. Measured at the
+            largest thread count only.
+Prints one row per (figure, model, threads): both medians, the ratio A/B and
+the spread min/median/max of each side.
+"""
+
+import argparse
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+
+def run(cmd, timeout=3600):
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                       timeout=timeout)
+    if p.returncode != 0:
+        sys.stderr.write(p.stdout + p.stderr)
+        raise RuntimeError(f"failed ({p.returncode}): {' '.join(cmd)}")
+    return p.stdout, p.stderr
+
+
+def ss_run(a, model, threads, ctx4096):
+    cmd = [a.streamsink, "run", "-m", model, "-f", a.text, "--ignore-eos", "-t", str(threads),
+           "--chunk", "512"]
+    if ctx4096:
+        cmd += ["--prompt-tokens", "4200", "--kv-policy", "sinks:4", "--ctx", "4096", "-n", "128"]
+    else:
+        cmd += ["--prompt-tokens", "512", "-n", "128"]
+    _, err = run(cmd)
+    p = re.search(r"^prompt: .*\(([0-9.]+) tokens/s\)", err, re.M)
+    d = re.search(r"^decode: .*\(([0-9.]+) tokens/s\)", err, re.M)
+    if not p or not d:
+        raise RuntimeError("streamsink run printed no speed lines:\n" + err)
+    return float(p.group(1)), float(d.group(1))
+
+
+def llama_bench(a, model, threads, args):
+    out, _ = run([a.llama_bench, "-m", model, "-t", str(threads), "-r", "1", "-o", "jsonl"] + args)
+    rows = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
+    if len(rows) != 1:
+        raise RuntimeError("llama-bench: expected one result row:\n" + out)
+    return float(rows[0]["avg_ts"])
+
+
+def ss_batch(a, model, threads, batches):
+    out, _ = run([a.bench_batch, "--model", model, "--threads", str(threads), "--window",
+                  str(a.batch_window), "--batches", ",".join(map(str, batches)), "--steps",
+                  str(a.batch_steps)])
+    res = {}
+    for m in re.finditer(r"^batch (\d+) rep \d+ tokens/s ([0-9.]+)", out, re.M):
+        res[int(m.group(1))] = float(m.group(2))
+    return res
+
+
+def llama_batch(a, model, threads, batches):
+    ctx = max(batches) * (a.batch_window + a.batch_steps) + 64
+    out, err = run([a.llama_batched_bench, "-m", model, "-t", str(threads), "-tb", str(threads),
+                    "-c", str(ctx), "-b", "2048", "-ub", "512", "-npp", str(a.batch_window),
+                    "-ntg", str(a.batch_steps), "-npl", ",".join(map(str, batches)),
+                    "--output-format", "jsonl"])
+    res = {}
+    for line in (out + "\n" + err).splitlines():
+        i = line.find("{")
+        if i < 0 or '"speed_tg"' not in line:
+            continue
+        r = json.loads(line[i:])
+        res[int(r["pl"])] = float(r["speed_tg"])
+    return res
+
+
+def copy_gbps():
+    """Single-thread memory copy bandwidth (bytes read + written per second) of a
+    256 MiB buffer, best of 5: the ceiling for streaming weights on one core.
+    None without numpy."""
+    try:
+        import numpy as np
+    except ImportError:
+        return None
+    src = np.ones(32 << 20, dtype=np.float64)
+    dst = np.empty_like(src)
+    best = 0.0
+    for _ in range(5):
+        t = time.perf_counter()
+        np.copyto(dst, src)
+        best = max(best, 2 * src.nbytes / (time.perf_counter() - t) / 1e9)
+    return best
+
+
+def spread(xs):
+    return f"{min(xs):.1f}/{statistics.median(xs):.1f}/{max(xs):.1f}"
+
+
+def print_table(a, res, copies):
+    flags = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    flags = line.split(":", 1)[1].strip()
+                if line.startswith("flags"):
+                    have = line.split(":", 1)[1].split()
+                    flags += " (" + " ".join(x for x in have if x.startswith(("avx", "fma", "f16c"))) + ")"
+                    break
+    except OSError:
+        pass
+    print(f"# peer_bench {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {flags}; "
+          f"{os.cpu_count()} CPUs; load average at end {os.getloadavg()[0]:.1f}; "
+          f"{a.reps} repetitions interleaved; {platform.machine()}")
+    if copies:
+        print(f"# memory copy, one thread, 256 MiB (read + write): {spread(copies)} GB/s "
+              "(min/median/max, one per repetition)")
+    print("| figure | model | threads | streamsink | llama.cpp | ratio | streamsink min/med/max "
+          "| llama.cpp min/med/max |")
+    print("|---|---|---|---|---|---|---|---|")
+    for (fig, model, t), (xa, xb) in res.items():
+        if not xa or not xb:
+            continue
+        ma, mb = statistics.median(xa), statistics.median(xb)
+        name = os.path.basename(model).split(".")[-2]
+        print(f"| {fig} | {name} | {t} | {ma:.1f} | {mb:.1f} | {ma / mb:.2f} | {spread(xa)} "
+              f"| {spread(xb)} |")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--streamsink", required=True)
+    ap.add_argument("--bench-batch", required=True)
+    ap.add_argument("--llama-bench", required=True)
+    ap.add_argument("--llama-batched-bench", required=True)
+    ap.add_argument("--text", required=True, help="prompt text file (4,200+ tokens)")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--figures", default="prompt,decode,ctx4096,batch")
+    ap.add_argument("--batches", default="1,4,8,16,32")
+    ap.add_argument("--batch-window", type=int, default=1024)
+    ap.add_argument("--batch-steps", type=int, default=32)
+    ap.add_argument("models", nargs="+")
+    a = ap.parse_args()
+    threads = [int(x) for x in a.threads.split(",")]
+    figures = a.figures.split(",")
+    batches = [int(x) for x in a.batches.split(",")]
+    res = {}  # (figure, model, threads) -> ([A...], [B...])
+
+    def add(fig, model, t, side, v):
+        res.setdefault((fig, model, t), ([], []))[side].append(v)
+
+    t_start = time.time()
+    copies = []
+    for rep in range(a.reps):
+        c = copy_gbps()
+        if c:
+            copies.append(c)
+        for model in a.models:
+            for t in threads:
+                order = (0, 1) if (rep % 2 == 0) else (1, 0)
+                for side in order:
+                    if side == 0:
+                        if "prompt" in figures or "decode" in figures:
+                            p, d = ss_run(a, model, t, False)
+                            add("prompt", model, t, 0, p)
+                            add("decode", model, t, 0, d)
+                        if "ctx4096" in figures:
+                            add("ctx4096", model, t, 0, ss_run(a, model, t, True)[1])
+                    else:
+                        if "prompt" in figures:
+                            add("prompt", model, t, 1,
+                                llama_bench(a, model, t, ["-p", "512", "-n", "0"]))
+                        if "decode" in figures:
+                            add("decode", model, t, 1,
+                                llama_bench(a, model, t, ["-p", "0", "-n", "128"]))
+                        if "ctx4096" in figures:
+                            add("ctx4096", model, t, 1,
+                                llama_bench(a, model, t, ["-p", "0", "-n", "128", "-d", "4096"]))
+                    print(f"rep {rep} {os.path.basename(model)} t={t} side={'AB'[side]} done "
+                          f"({time.time() - t_start:.0f} s)", file=sys.stderr, flush=True)
+            if "batch" in figures:
+                t = max(threads)
+                for side in ((0, 1) if rep % 2 == 0 else (1, 0)):
+                    r = (ss_batch if side == 0 else llama_batch)(a, model, t, batches)
+                    for bsz in batches:
+                        if bsz in r:
+                            add(f"batch{bsz}", model, t, side, r[bsz])
+                print(f"rep {rep} {os.path.basename(model)} batch done "
+                      f"({time.time() - t_start:.0f} s)", file=sys.stderr, flush=True)
+        if rep + 1 < a.reps:
+            print(f"## after repetition {rep + 1} of {a.reps}", flush=True)
+            print_table(a, res, copies)
+
+    print_table(a, res, copies)
+
+
+if __name__ == "__main__":
+    main()

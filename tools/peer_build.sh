@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Build the peer llama.cpp benchmarks (llama-bench, llama-batched-bench) for
+# tools/peer_bench.sh: downloads the pinned llama-cpp-python sdist from PyPI
+# and builds its vendored llama.cpp, CPU only, -DGGML_NATIVE=ON, into a cache
+# directory outside the repository. Never run by CI.
+#   usage: tools/peer_build.sh        (prints the bin directory on stdout)
+# Environment: PEER_DIR (default ~/.cache/streamsink/peer), PEER_VERSION
+# (default 0.3.36), PYTHON (default .venv/bin/python, else python3), JOBS (2).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PEER_DIR="${PEER_DIR:-$HOME/.cache/streamsink/peer}"
+PEER_VERSION="${PEER_VERSION:-0.3.36}"
+JOBS="${JOBS:-2}"
+PYTHON="${PYTHON:-}"
+if [ -z "$PYTHON" ]; then
+  if [ -x .venv/bin/python ]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
+fi
+SRC="$PEER_DIR/llama_cpp_python-$PEER_VERSION"
+BIN="$PEER_DIR/build-$PEER_VERSION/bin"
+if [ -x "$BIN/llama-bench" ] && [ -x "$BIN/llama-batched-bench" ]; then
+  echo "$BIN"
+  exit 0
+fi
+mkdir -p "$PEER_DIR"
+TARBALL="$PEER_DIR/llama_cpp_python-$PEER_VERSION.tar.gz"
+if [ ! -f "$TARBALL" ]; then
+  "$PYTHON" -m pip download --no-deps --no-binary :all: "llama-cpp-python==$PEER_VERSION" \
+    -d "$PEER_DIR" >&2
+fi
+if [ ! -d "$SRC" ]; then
+  tar -xzf "$TARBALL" -C "$PEER_DIR"
+fi
+LLAMA="$SRC/vendor/llama.cpp"
+[ -f "$LLAMA/CMakeLists.txt" ] || { echo "peer_build.sh: no vendored llama.cpp in $SRC" >&2; exit 1; }
+cmake -S "$LLAMA" -B "$PEER_DIR/build-$PEER_VERSION" -DCMAKE_BUILD_TYPE=Release \
+  -DGGML_NATIVE=ON -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DLLAMA_CURL=OFF \
+  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
+  -DLLAMA_BUILD_TOOLS=ON -DBUILD_SHARED_LIBS=OFF >&2
+nice cmake --build "$PEER_DIR/build-$PEER_VERSION" -j"$JOBS" --target llama-bench llama-batched-bench >&2
+echo "$BIN"

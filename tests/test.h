@@ -126,6 +126,23 @@ static inline const char *test_model_path(void)
     return buf;
 }
 
+/* The Gemma 3 270M file (the second model family): $STREAMSINK_GEMMA_MODEL, else
+ * the cache path where the default model lives. */
+static inline const char *test_gemma_path(void)
+{
+    const char *p = getenv("STREAMSINK_GEMMA_MODEL");
+    if (p && *p)
+        return p;
+    static char buf[4096];
+    const char *home = getenv("XDG_CACHE_HOME");
+    if (home && *home)
+        snprintf(buf, sizeof buf, "%s/streamsink/gemma-3-270m-q4_k_m.gguf", home);
+    else
+        snprintf(buf, sizeof buf, "%s/.cache/streamsink/gemma-3-270m-q4_k_m.gguf",
+                 getenv("HOME") ? getenv("HOME") : "/tmp");
+    return buf;
+}
+
 /* Skips the current test when the default model file is absent. */
 #define TEST_NEED_MODEL()                                                                          \
     do {                                                                                           \

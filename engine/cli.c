@@ -9,7 +9,6 @@
 #include <time.h>
 
 #include "engine.h"
-#include "probe.h"
 
 const char *cli_default_model(void)
 {
@@ -95,7 +94,7 @@ int cli_parse(int argc, char **argv, const struct cli_opt *opts, int n_opts, con
             ok = cli_parse_f32(a, v, (float)o->lo, (float)o->hi, o->dst) == 0;
             break;
         case CLI_BACKEND:
-            ok = backend_kind_parse(v, o->dst) == 0;
+            ok = engine_backend_parse(v, o->dst) == 0;
             if (!ok)
                 fprintf(stderr, "error: %s expects cpu or cuda, got '%s'\n", a, v);
             break;
@@ -152,85 +151,34 @@ char *cli_read_file(const char *path, size_t *len)
     return buf;
 }
 
-int cli_local_open(struct cli_local *c, const struct cli_local_config *cfg)
+int cli_open(struct decoder **d, const struct decoder_config *cfg)
 {
     char err[512] = "";
-    memset(c, 0, sizeof *c);
-    int rc = model_load(&c->model, cfg->model_path, err, sizeof err);
-    if (rc < 0) {
-        fprintf(stderr, "error: %s\n", err);
-        if (rc == -ENOENT && strcmp(cfg->model_path, cli_default_model()) == 0)
-            fprintf(stderr, "hint: run scripts/fetch-model.sh to fetch the default model\n");
-        return ENGINE_EXIT_MODEL;
-    }
-    rc = tok_load(&c->tok, &c->model.gguf, err, sizeof err);
-    if (rc < 0) {
-        fprintf(stderr, "error: %s: %s\n", cfg->model_path, err);
-        cli_local_close(c);
-        return ENGINE_EXIT_MODEL;
-    }
-    struct backend_config bc = {
-        .kind = cfg->backend, .n_threads = cfg->n_threads, .max_tokens = cfg->max_tokens};
-    rc = backend_init(&c->backend, &c->model, &bc, err, sizeof err);
-    if (rc < 0) {
-        fprintf(stderr, "error: %s\n", err);
-        cli_local_close(c);
-        return ENGINE_EXIT_RUNTIME;
-    }
-    c->have_backend = 1;
-    const struct model_hparams *hp = &c->model.hp;
-    int64_t window = cfg->window;
-    if (window <= 0 || window > hp->n_ctx_train)
-        window = hp->n_ctx_train; /* no window beyond what the model was trained on */
-    struct kv_geometry g = {
-        .n_layer = hp->n_layer,
-        .n_kv_head = hp->n_head_kv,
-        .head_dim = hp->head_dim,
-        .n_sinks = cfg->n_sinks,
-        .window = window,
-        .chunk = cfg->max_tokens,
-        .n_slots = cfg->n_slots,
-        .dtype = cfg->kv_dtype,
-    };
-    rc = fwd_init(&c->fwd, &c->model, &c->backend, &g, err, sizeof err);
-    if (rc < 0) {
-        fprintf(stderr, "error: %s\n", err);
-        cli_local_close(c);
-        return ENGINE_EXIT_RUNTIME;
-    }
-    c->have_fwd = 1;
-    return ENGINE_EXIT_OK;
+    int rc = decoder_open(d, cfg, err, sizeof err);
+    if (rc == 0)
+        return ENGINE_EXIT_OK;
+    fprintf(stderr, "error: %s\n", err);
+    if (rc == -ENOENT && strcmp(cfg->model_path, cli_default_model()) == 0)
+        fprintf(stderr, "hint: run scripts/fetch-model.sh to fetch the default model\n");
+    return engine_error_is_model(rc) ? ENGINE_EXIT_MODEL : ENGINE_EXIT_RUNTIME;
 }
 
-void cli_local_close(struct cli_local *c)
+void cli_warn_sinks(struct decoder *d)
 {
-    if (c->have_fwd)
-        fwd_free(&c->fwd);
-    if (c->have_backend)
-        c->backend.ops->free(&c->backend);
-    tok_free(c->tok);
-    model_free(&c->model);
-    memset(c, 0, sizeof *c);
-}
-
-void cli_local_warn_sinks(struct cli_local *c)
-{
-    enum model_normalizer nz = c->model.hp.normalizer;
-    if (nz != MODEL_NORM_SOFTMAX1 && nz != MODEL_NORM_SINK)
+    struct decoder_info in;
+    decoder_get_info(d, &in);
+    if (in.needs_sinks)
         return;
-    int32_t ids[1024];
-    int64_t n = tok_encode(c->tok, probe_builtin_text, strlen(probe_builtin_text),
-                           tok_add_bos(c->tok), 0, ids, 1024);
-    struct probe_result pr;
-    if (n <= 0 || n > 1024 || probe_run(&c->fwd, ids, n, &pr) < 0) {
+    struct decoder_sink_check sc;
+    decoder_sink_check(d, &sc);
+    if (!sc.ran) {
         fprintf(stderr, "note: sink probe skipped (the window is too small for it)\n");
         return;
     }
-    if (pr.sink_rate > PROBE_WARN_RATE)
+    if (sc.warn)
         fprintf(stderr,
                 "warning: this model is declared %s (evicts freely) but %.0f%% of its heads put "
                 "more than %.0f%% of their attention on the first token: window-only eviction "
                 "may hurt it (streamsink probe shows the details)\n",
-                model_normalizer_name(nz), 100.0 * pr.sink_rate, 100.0 * PROBE_SINK_MASS);
-    probe_free(&pr);
+                in.normalizer, 100.0 * sc.sink_rate, 100.0 * DECODER_PROBE_SINK_MASS);
 }

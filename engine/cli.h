@@ -1,7 +1,7 @@
 /*
- * cli.h: shared plumbing for the engine's command-line tools: flag parsing
- * helpers and a loaded "local" decoder (model + tokenizer + CPU backend +
- * forward state) used on the calling thread. Internal to engine/.
+ * cli.h: shared plumbing for the command-line tools: flag parsing helpers
+ * and opening a decoder (decoder.h) with one message and exit code per
+ * failure.
  */
 #ifndef SS_CLI_H
 #define SS_CLI_H
@@ -9,40 +9,18 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "backend.h"
-#include "forward.h"
-#include "kvcache.h"
-#include "model.h"
-#include "tokenizer.h"
+#include "decoder.h"
+#include "engine.h"
 
-struct cli_local {
-    struct model model;
-    struct tokenizer *tok;
-    struct backend backend;
-    struct fwd fwd;
-    int have_backend, have_fwd;
-};
-
-struct cli_local_config {
-    const char *model_path;
-    int n_threads;
-    enum backend_kind backend;
-    int64_t max_tokens; /* largest chunk per step */
-    int64_t n_sinks;    /* sink cells per slot */
-    int64_t window;     /* window cells per slot */
-    int64_t n_slots;
-    enum kv_dtype kv_dtype;
-};
-
-/* Loads everything; on failure prints one message to stderr and returns an
- * ENGINE_EXIT_* code (the model's errors give ENGINE_EXIT_MODEL). */
-int cli_local_open(struct cli_local *c, const struct cli_local_config *cfg);
-void cli_local_close(struct cli_local *c);
-/* For a model declared softmax1 or sink: runs the sink probe on a built-in
- * text and warns on stderr when its sink rate is above PROBE_WARN_RATE
- * (window-only eviction may then hurt it). Needs a free slot and a window of
- * a few hundred tokens; otherwise it says it skipped. */
-void cli_local_warn_sinks(struct cli_local *c);
+/* Opens a decoder; on failure prints one message to stderr (and a hint when
+ * the default model is missing) and returns an ENGINE_EXIT_* code:
+ * ENGINE_EXIT_MODEL when engine_error_is_model says the file is at fault. */
+int cli_open(struct decoder **d, const struct decoder_config *cfg);
+/* For a model that evicts freely (declared softmax1, sink or softpick): runs
+ * the load-time sink check and, by decoder_sink_check's one policy, warns on
+ * stderr when its sink rate says window-only eviction may hurt it. Says so
+ * when the window is too small for the check. */
+void cli_warn_sinks(struct decoder *d);
 
 /* Default model path: $STREAMSINK_MODEL or the cache path of scripts/fetch-model.sh. */
 const char *cli_default_model(void);
@@ -53,7 +31,7 @@ enum cli_opt_kind {
     CLI_I64,     /* int64_t *, in [lo, hi] */
     CLI_F32,     /* float *, in [lo, hi] */
     CLI_BOOL,    /* int *: set to 1, takes no value */
-    CLI_BACKEND, /* enum backend_kind *: cpu | cuda */
+    CLI_BACKEND, /* enum engine_backend *: cpu | cuda */
 };
 struct cli_opt {
     const char *shrt; /* "-m", or NULL */

@@ -3,7 +3,7 @@
  * retrofit of a vanilla model (DESIGN.md "Model files"): one sink logit per
  * head, set so that a null key takes over the job of the first token.
  *
- * Estimator. Under dense attention a head's query t (context >= PROBE_MIN_CTX)
+ * Estimator. Under dense attention a head's query t (context >= DECODER_PROBE_MIN_CTX)
  * puts a_t = e^{z_t0} / (e^{z_t0} + R_t) on the first position, where
  * R_t = Σ_{j>0} e^{z_tj}. Once the first token is evicted, a null key with
  * logit s gets σ(s − log R_t) of the query's attention. For one query the
@@ -20,11 +20,11 @@
  * very negative s (its null key stays silent) rather than an average of
  * arbitrary logits.
  *
- * probe_run only returns weights, not the logits z, so this file runs its own
- * copy of forward.c's step (same ops, same order) over the whole calibration
- * text in one dense step, and reads each layer's rotated q and k right after
- * the RoPE op. As a check it then runs probe_run on the same tokens and prints
- * the largest difference between its first-position mass and ours.
+ * The probe only returns weights, not the logits z, so this command runs the
+ * whole calibration text through the decoder in one dense step with an
+ * observer that asks for each layer's rotated q and k (decoder.h) and scores
+ * them itself. As a check it then runs the probe on the same tokens and
+ * prints the largest difference between its first-position mass and ours.
  */
 #include <errno.h>
 #include <math.h>
@@ -33,8 +33,8 @@
 #include <string.h>
 
 #include "cli.h"
+#include "decoder.h"
 #include "engine.h"
-#include "probe.h"
 
 static void usage(FILE *f)
 {
@@ -57,20 +57,23 @@ struct calib_acc {
     int64_t n_q;  /* queries counted per head */
     double *logr; /* [L*H][n_q] log Σ_{j>0} e^{z_tj} */
     double *mass; /* [L*H] Σ_t a_t */
+    double *z;    /* [T] one query's logits */
 };
 
-/* Scores every counted query of layer l against its keys 0..t (dense, one
- * sequence, T tokens starting at position 0): q (T, H*Dh) and k (T, Hkv*Dh),
- * both rotated at absolute positions. */
-static void calib_layer(const struct model_hparams *hp, int l, const float *q, const float *k,
-                        int64_t T, double *z, struct calib_acc *acc)
+/* The observer: scores every counted query of a layer against its keys 0..t
+ * (dense, one sequence, T tokens starting at position 0): q (T, H*Dh) and
+ * k (T, Hkv*Dh), both rotated at absolute positions. */
+static void calib_layer(void *arg, const struct decoder_layer_view *v)
 {
-    const int H = hp->n_head, Hkv = hp->n_head_kv, Dh = hp->head_dim;
+    struct calib_acc *acc = arg;
+    const int H = v->n_head, Hkv = v->n_head_kv, Dh = v->head_dim, l = v->layer;
+    const float *q = v->q, *k = v->k;
+    double *z = acc->z;
     const double scale = 1.0 / sqrt((double)Dh);
     for (int h = 0; h < H; h++) {
         const int hk = h / (H / Hkv);
         double *logr = acc->logr + ((size_t)l * H + h) * (size_t)acc->n_q;
-        for (int64_t t = PROBE_MIN_CTX; t < T; t++) {
+        for (int64_t t = DECODER_PROBE_MIN_CTX; t < v->T; t++) {
             const float *qt = q + (size_t)t * H * Dh + (size_t)h * Dh;
             double m = -INFINITY;
             for (int64_t j = 0; j <= t; j++) {
@@ -86,73 +89,30 @@ static void calib_layer(const struct model_hparams *hp, int l, const float *q, c
             for (int64_t j = 1; j <= t; j++)
                 r += exp(z[j] - m);
             double lr = m + log(r);
-            logr[t - PROBE_MIN_CTX] = lr;
+            logr[t - DECODER_PROBE_MIN_CTX] = lr;
             acc->mass[(size_t)l * H + h] += 1.0 / (1.0 + exp(lr - z[0])); /* a_t */
         }
     }
 }
 
-/* forward.c's fwd_step for one dense sequence of T tokens in one step, with
- * calib_layer after each layer's RoPE. Returns 0 or a negative errno. */
-static int calib_forward(struct fwd *f, struct kv_seq *seq, const int32_t *ids, int64_t T,
-                         struct calib_acc *acc)
+/* Runs ids[0..T) as one dense step of a fresh sequence with calib_layer
+ * observing every layer. Returns 0 or a negative errno. */
+static int calib_forward(struct decoder *d, const int32_t *ids, int64_t T, struct calib_acc *acc)
 {
-    const struct model_hparams *hp = &f->m->hp;
-    const struct model_weights *w = &f->m->w;
-    struct backend *b = f->b;
-    const struct backend_ops *op = b->ops;
-    struct backend_acts *a = &b->acts;
-    if (T > f->max_tokens || kv_seq_can_append(seq, &f->pool.geo, T) < 0)
-        return -EINVAL;
-    for (int64_t t = 0; t < T; t++) {
-        f->tokens[t] = ids[t];
-        f->pos[t] = t;
-        f->slot[t] = seq->slot;
-        f->cell[t] = kv_seq_cell(seq, t);
-        f->view[t] = kv_seq_view(seq, t);
-        f->seq[t] = seq;
+    const struct engine_policy dense = {ENGINE_POLICY_DENSE, 0};
+    const struct decoder_observer obs = {DECODER_OBSERVE_QK, calib_layer, acc};
+    int64_t seq = decoder_seq_open(d, &dense, T);
+    if (seq < 0)
+        return (int)seq;
+    int rc = decoder_set_observer(d, &obs);
+    if (rc == 0) {
+        struct decoder_input in = {seq, ids, T, DECODER_LOGITS_NONE};
+        int64_t r = decoder_step(d, &in, 1);
+        rc = r < 0 ? (int)r : 0;
+        decoder_set_observer(d, NULL);
     }
-    struct fwd_batch bt = {.T = T,
-                           .tokens = f->tokens,
-                           .pos = f->pos,
-                           .slot = f->slot,
-                           .cell = f->cell,
-                           .view = f->view,
-                           .seq = f->seq,
-                           .n_out = 0,
-                           .out_rows = f->out_rows};
-    double *z = malloc((size_t)T * sizeof *z);
-    if (!z)
-        return -ENOMEM;
-    if (op->begin_step(b, &bt) < 0) {
-        free(z);
-        return -EINVAL;
-    }
-    op->embed(b, a->x);
-    for (int l = 0; l < hp->n_layer; l++) {
-        const struct model_layer *ly = &w->layers[l];
-        op->rmsnorm(b, a->x, &ly->attn_norm, a->xb, T);
-        op->matmul(b, &ly->wq, a->xb, a->q, T);
-        op->matmul(b, &ly->wk, a->xb, a->k, T);
-        op->matmul(b, &ly->wv, a->xb, a->v, T);
-        op->rope(b, a->q, a->qc, a->k);
-        calib_layer(hp, l, a->q, a->k, T, z, acc); /* the one addition to fwd_step */
-        op->kv_store(b, l, a->k, a->v);
-        op->attention(b, l, a->q, a->qc, ly->attn_sinks, hp->normalizer, a->att, NULL);
-        op->matmul(b, &ly->wo, a->att, a->xb2, T);
-        op->add(b, a->x, a->xb2, T);
-        op->rmsnorm(b, a->x, &ly->ffn_norm, a->xb, T);
-        op->matmul(b, &ly->w_gate, a->xb, a->hb, T);
-        op->matmul(b, &ly->w_up, a->xb, a->hb2, T);
-        op->swiglu(b, a->hb, a->hb2, T);
-        op->matmul(b, &ly->w_down, a->hb, a->xb2, T);
-        op->add(b, a->x, a->xb2, T);
-    }
-    free(z);
-    if (op->sync(b) < 0)
-        return -EIO;
-    kv_seq_advance(seq, T);
-    return 0;
+    decoder_seq_close(d, seq);
+    return rc;
 }
 
 /* Solves mean_t σ(s − logr_t) = target for s (see the top of the file). */
@@ -181,7 +141,7 @@ int engine_cmd_calibrate(int argc, char **argv)
         {"-m", "--model", CLI_STR, &model, 0, 0, NULL},
         {NULL, "--text", CLI_STR, &text_path, 0, 0, NULL},
         {NULL, "--out", CLI_STR, &out_path, 0, 0, NULL},
-        {NULL, "--tokens", CLI_I64, &max_tok, PROBE_MIN_CTX + 1, 8192, NULL},
+        {NULL, "--tokens", CLI_I64, &max_tok, DECODER_PROBE_MIN_CTX + 1, 8192, NULL},
         {"-t", "--threads", CLI_I64, &threads, 1, 256, NULL},
     };
     int prc = cli_parse(argc, argv, opts, (int)(sizeof opts / sizeof opts[0]), "calibrate", usage);
@@ -198,52 +158,46 @@ int engine_cmd_calibrate(int argc, char **argv)
         fprintf(stderr, "error: cannot read %s: %s\n", text_path, strerror(errno));
         return ENGINE_EXIT_USAGE;
     }
-    struct cli_local L;
-    struct cli_local_config cfg = {.model_path = model,
-                                   .n_threads = (int)threads,
-                                   .max_tokens = max_tok,
-                                   .n_sinks = 0,
-                                   .window = max_tok,
-                                   .n_slots = 1,
-                                   .kv_dtype = KV_DTYPE_F32};
-    int rc = cli_local_open(&L, &cfg);
+    struct decoder *d;
+    struct decoder_config cfg = {.model_path = model,
+                                 .n_threads = (int)threads,
+                                 .max_tokens = max_tok,
+                                 .n_sinks = 0,
+                                 .window = max_tok,
+                                 .n_slots = 1,
+                                 .kv_dtype = ENGINE_KV_F32};
+    int rc = cli_open(&d, &cfg);
     if (rc != ENGINE_EXIT_OK) {
         free(text);
         return rc;
     }
-    const struct model_hparams *hp = &L.model.hp;
-    const int LH = hp->n_layer * hp->n_head;
+    struct decoder_info hp;
+    decoder_get_info(d, &hp);
+    const int LH = hp.n_layer * hp.n_head;
     int exit_code = ENGINE_EXIT_OK;
     struct calib_acc acc = {0};
-    struct probe_result pr = {0};
+    struct decoder_probe pr = {0};
     int64_t cap = (int64_t)len + 2;
     int32_t *ids = malloc((size_t)cap * sizeof *ids);
-    int64_t n = ids ? tok_encode(L.tok, text, len, tok_add_bos(L.tok), 0, ids, cap) : -ENOMEM;
+    int64_t n = ids ? decoder_tokenize(d, text, len, hp.add_bos, 0, ids, cap) : -ENOMEM;
     if (n > max_tok)
         n = max_tok;
-    if (n <= PROBE_MIN_CTX) {
+    if (n <= DECODER_PROBE_MIN_CTX) {
         fprintf(stderr, "error: calibration needs more than %d tokens of text (got %lld)\n",
-                PROBE_MIN_CTX, (long long)n);
+                DECODER_PROBE_MIN_CTX, (long long)n);
         exit_code = ENGINE_EXIT_USAGE;
         goto out;
     }
-    acc.n_q = n - PROBE_MIN_CTX;
+    acc.n_q = n - DECODER_PROBE_MIN_CTX;
     acc.logr = malloc((size_t)LH * (size_t)acc.n_q * sizeof *acc.logr);
     acc.mass = calloc((size_t)LH, sizeof *acc.mass);
-    if (!acc.logr || !acc.mass) {
+    acc.z = malloc((size_t)n * sizeof *acc.z);
+    if (!acc.logr || !acc.mass || !acc.z) {
         exit_code = ENGINE_EXIT_RUNTIME;
         goto out;
     }
-    int64_t slot;
-    if (kv_pool_acquire(&L.fwd.pool, &slot) < 0) {
-        exit_code = ENGINE_EXIT_RUNTIME;
-        goto out;
-    }
-    struct kv_seq seq;
-    kv_seq_init(&seq, &L.fwd.pool.geo, slot, (struct kv_policy){KV_POLICY_DENSE, 0}, n, 0);
-    rc = calib_forward(&L.fwd, &seq, ids, n, &acc);
-    kv_pool_release(&L.fwd.pool, slot);
-    if (rc < 0 || probe_run(&L.fwd, ids, n, &pr) < 0) {
+    rc = calib_forward(d, ids, n, &acc);
+    if (rc < 0 || decoder_probe_run(d, ids, n, &pr) < 0) {
         fprintf(stderr, "error: calibration forward failed (%d)\n", rc);
         exit_code = ENGINE_EXIT_RUNTIME;
         goto out;
@@ -258,16 +212,16 @@ int engine_cmd_calibrate(int argc, char **argv)
             "# sink logits from streamsink calibrate: %d layers x %d heads, one line per layer\n"
             "# model %s, %lld tokens of %s, %lld queries per head; estimator: mean null-key\n"
             "# mass under window-only = mean first-position mass under dense attention\n",
-            hp->n_layer, hp->n_head, hp->name, (long long)n, text_path, (long long)acc.n_q);
+            hp.n_layer, hp.n_head, hp.name, (long long)n, text_path, (long long)acc.n_q);
     double worst = 0;
     printf("layer  head  first1  sink_logit\n");
-    for (int l = 0; l < hp->n_layer; l++) {
-        for (int h = 0; h < hp->n_head; h++) {
-            int i = l * hp->n_head + h;
+    for (int l = 0; l < hp.n_layer; l++) {
+        for (int h = 0; h < hp.n_head; h++) {
+            int i = l * hp.n_head + h;
             double a = acc.mass[i] / (double)acc.n_q;
             double s = solve_sink(acc.logr + (size_t)i * (size_t)acc.n_q, acc.n_q, a);
-            double d = fabs(a - (double)pr.mass1[i]);
-            worst = d > worst ? d : worst;
+            double diff = fabs(a - (double)pr.mass1[i]);
+            worst = diff > worst ? diff : worst;
             fprintf(f, "%s%.6f", h ? " " : "", s);
             printf("%5d  %4d  %6.3f  %10.4f\n", l, h, a, s);
         }
@@ -278,11 +232,12 @@ int engine_cmd_calibrate(int argc, char **argv)
     printf("wrote %d sink logits to %s; first-position mass agrees with the probe to %.2e\n", LH,
            out_path, worst);
 out:
-    probe_free(&pr);
+    decoder_probe_free(&pr);
     free(acc.logr);
     free(acc.mass);
+    free(acc.z);
     free(ids);
     free(text);
-    cli_local_close(&L);
+    decoder_close(d);
     return exit_code;
 }

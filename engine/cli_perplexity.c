@@ -16,8 +16,8 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "decoder.h"
 #include "engine.h"
-#include "sampler.h"
 
 static void usage(FILE *f)
 {
@@ -61,7 +61,7 @@ int engine_cmd_perplexity(int argc, char **argv)
     const char *model = cli_default_model(), *text_path = NULL, *json = NULL;
     const char *policy_s = "auto";
     char policy_buf[32];
-    enum backend_kind backend = BACKEND_CPU;
+    enum engine_backend backend = ENGINE_BACKEND_CPU;
     int64_t window = 1024, max_tokens = 0, bin = 512, threads = 2, sinks = -1, stride = 1;
     int kv_f32 = 0, no_progress = 0, window_set = 0;
 
@@ -71,7 +71,7 @@ int engine_cmd_perplexity(int argc, char **argv)
         {NULL, "--policy", CLI_STR, &policy_s, 0, 0, NULL},
         {NULL, "--json", CLI_STR, &json, 0, 0, NULL},
         {NULL, "--window", CLI_I64, &window, 1, (double)((int64_t)1 << 32), &window_set},
-        {NULL, "--sinks", CLI_I64, &sinks, 0, KV_MAX_SINKS, NULL},
+        {NULL, "--sinks", CLI_I64, &sinks, 0, DECODER_MAX_SINKS, NULL},
         {NULL, "--max-tokens", CLI_I64, &max_tokens, 1, (double)((int64_t)1 << 40), NULL},
         {NULL, "--stride", CLI_I64, &stride, 1, 1 << 20, NULL},
         {NULL, "--bin", CLI_I64, &bin, 1, (double)((int64_t)1 << 30), NULL},
@@ -91,13 +91,13 @@ int engine_cmd_perplexity(int argc, char **argv)
         snprintf(policy_buf, sizeof policy_buf, "sinks:%lld", (long long)sinks);
         policy_s = policy_buf;
     }
-    struct kv_policy pol;
-    if (kv_policy_parse(policy_s, &pol) < 0) {
+    struct engine_policy pol;
+    if (engine_policy_parse(policy_s, &pol) < 0) {
         fprintf(stderr, "error: --policy '%s' (auto, window, sinks:N, dense or recompute)\n",
                 policy_s);
         return ENGINE_EXIT_USAGE;
     }
-    if (stride > 1 && pol.kind != KV_POLICY_RECOMPUTE) {
+    if (stride > 1 && pol.kind != ENGINE_POLICY_RECOMPUTE) {
         fprintf(stderr, "error: --stride is for --policy recompute (the others must feed every "
                         "token anyway)\n");
         return ENGINE_EXIT_USAGE;
@@ -111,37 +111,36 @@ int engine_cmd_perplexity(int argc, char **argv)
 
     /* Open once with the largest window any policy here may need; the
      * sequence itself gets the policy's window. */
-    int is_dense = pol.kind == KV_POLICY_DENSE, is_rec = pol.kind == KV_POLICY_RECOMPUTE;
-    struct cli_local L;
-    struct cli_local_config cfg = {
+    int is_dense = pol.kind == ENGINE_POLICY_DENSE, is_rec = pol.kind == ENGINE_POLICY_RECOMPUTE;
+    struct decoder *d;
+    struct decoder_config cfg = {
         .model_path = model,
         .n_threads = (int)threads,
         .backend = backend,
         .max_tokens = is_rec ? window : 1,
-        .n_sinks =
-            kv_policy_sinks(&pol) > KV_DEFAULT_SINKS ? kv_policy_sinks(&pol) : KV_DEFAULT_SINKS,
+        .n_sinks = pol.kind == ENGINE_POLICY_SINKS && pol.n_sinks > DECODER_DEFAULT_SINKS
+                       ? pol.n_sinks
+                       : DECODER_DEFAULT_SINKS,
         .window = is_dense && !window_set ? 0 : window,
         .n_slots = 1,
-        .kv_dtype = kv_f32 ? KV_DTYPE_F32 : KV_DTYPE_F16,
+        .kv_dtype = kv_f32 ? ENGINE_KV_F32 : ENGINE_KV_F16,
     };
-    int rc = cli_local_open(&L, &cfg);
+    int rc = cli_open(&d, &cfg);
     if (rc != ENGINE_EXIT_OK) {
         free(text);
         return rc;
     }
-    cli_local_warn_sinks(&L);
-    const struct kv_geometry *g = &L.fwd.pool.geo;
-    window = g->window;
-    pol = kv_policy_resolve(pol, L.model.hp.normalizer == MODEL_NORM_SOFTMAX);
-    char pname[32];
-    kv_policy_name(&pol, pname, sizeof pname);
+    cli_warn_sinks(d);
+    struct decoder_info info;
+    decoder_get_info(d, &info);
+    window = info.window;
 
     int exit_code = ENGINE_EXIT_OK;
     int64_t cap = (int64_t)text_len + 2;
     int32_t *ids = malloc((size_t)cap * sizeof *ids);
     double *nll = NULL;
-    int64_t *pos = NULL, n_done = 0;
-    int64_t n = ids ? tok_encode(L.tok, text, text_len, tok_add_bos(L.tok), 0, ids, cap) : -ENOMEM;
+    int64_t *pos = NULL, n_done = 0, seq = -1;
+    int64_t n = ids ? decoder_tokenize(d, text, text_len, info.add_bos, 0, ids, cap) : -ENOMEM;
     if (n < 2 || n > cap) {
         fprintf(stderr, "error: the text gives %lld tokens; at least 2 are needed\n", (long long)n);
         exit_code = ENGINE_EXIT_USAGE;
@@ -161,13 +160,13 @@ int engine_cmd_perplexity(int argc, char **argv)
         exit_code = ENGINE_EXIT_RUNTIME;
         goto out;
     }
-    struct kv_seq seq;
-    int64_t slot;
-    kv_pool_acquire(&L.fwd.pool, &slot);
-    struct kv_policy run_pol = is_rec ? (struct kv_policy){KV_POLICY_DENSE, 0} : pol;
-    kv_seq_init(&seq, g, slot, run_pol, window, 0);
-
-    const int64_t V = L.model.hp.n_vocab;
+    /* recompute runs dense in a sequence it empties before every scored token */
+    seq = decoder_seq_open(d, &pol, window);
+    if (seq < 0) {
+        fprintf(stderr, "error: cannot open a sequence (%lld)\n", (long long)seq);
+        exit_code = ENGINE_EXIT_RUNTIME;
+        goto out;
+    }
     const int show = !no_progress && isatty(2);
     double t0 = cli_now(), nll_sum = 0;
     for (int64_t t = 0; t < n_score; t++) {
@@ -176,12 +175,12 @@ int engine_cmd_perplexity(int argc, char **argv)
             continue;
         if (is_rec) { /* rebuild the window from scratch at positions 0.. */
             int64_t s0 = t + 1 > window ? t + 1 - window : 0;
-            kv_seq_init(&seq, g, slot, run_pol, window, 0);
-            struct fwd_input in = {&seq, ids + s0, t + 1 - s0, FWD_LOGITS_LAST};
-            r = fwd_step(&L.fwd, &in, 1);
+            decoder_seq_reset(d, seq);
+            struct decoder_input in = {seq, ids + s0, t + 1 - s0, DECODER_LOGITS_LAST};
+            r = decoder_step(d, &in, 1);
         } else {
-            struct fwd_input in = {&seq, ids + t, 1, FWD_LOGITS_LAST};
-            r = fwd_step(&L.fwd, &in, 1);
+            struct decoder_input in = {seq, ids + t, 1, DECODER_LOGITS_LAST};
+            r = decoder_step(d, &in, 1);
         }
         if (r < 0) {
             fprintf(stderr, "\nerror: forward step failed at token %lld (%lld)\n", (long long)t,
@@ -189,8 +188,7 @@ int engine_cmd_perplexity(int argc, char **argv)
             exit_code = ENGINE_EXIT_RUNTIME;
             goto out;
         }
-        const float *lg = L.fwd.logits;
-        nll[n_done] = sampler_logsumexp(lg, V) - (double)lg[ids[t + 1]];
+        nll[n_done] = decoder_nll(d, decoder_logits(d), ids[t + 1]);
         pos[n_done] = t;
         nll_sum += nll[n_done++];
         if (show && (n_done % 64 == 1 || t + stride >= n_score))
@@ -199,10 +197,15 @@ int engine_cmd_perplexity(int argc, char **argv)
     double el = cli_now() - t0;
     if (show)
         fprintf(stderr, "\n");
-    size_t kv_bytes = 2 * kv_geometry_slot_bytes(g);
+    size_t kv_bytes = info.kv_bytes_per_slot;
+    char pname[32];
+    if (is_rec) /* the sequence itself runs dense */
+        engine_policy_name(&pol, pname, sizeof pname);
+    else
+        decoder_seq_policy_name(d, seq, pname, sizeof pname);
     double ppl = exp(nll_sum / (double)n_done);
-    printf("model       %s\n", L.model.hp.name);
-    printf("normalizer  %s\n", model_normalizer_name(L.model.hp.normalizer));
+    printf("model       %s\n", info.name);
+    printf("normalizer  %s\n", info.normalizer);
     printf("policy      %s\n", pname);
     printf("window      %lld\n", (long long)window);
     printf("tokens      %lld scored%s\n", (long long)n_done,
@@ -231,8 +234,8 @@ int engine_cmd_perplexity(int argc, char **argv)
                 "{\"model\": \"%s\", \"normalizer\": \"%s\", \"policy\": \"%s\", \"window\": %lld, "
                 "\"tokens\": %lld, \"perplexity\": %.6f, \"kv_bytes\": %zu, "
                 "\"tokens_per_s\": %.2f, \"nll\": [",
-                L.model.hp.name, model_normalizer_name(L.model.hp.normalizer), pname,
-                (long long)window, (long long)n_done, ppl, kv_bytes, (double)n_done / el);
+                info.name, info.normalizer, pname, (long long)window, (long long)n_done, ppl,
+                kv_bytes, (double)n_done / el);
         for (int64_t t = 0; t < n_done; t++)
             fprintf(jf, "%s%.5f", t ? "," : "", nll[t]);
         fprintf(jf, "], \"scored\": [");
@@ -242,10 +245,11 @@ int engine_cmd_perplexity(int argc, char **argv)
         fclose(jf);
     }
 out:
+    decoder_seq_close(d, seq);
     free(nll);
     free(pos);
     free(ids);
     free(text);
-    cli_local_close(&L);
+    decoder_close(d);
     return exit_code;
 }

@@ -10,8 +10,8 @@
 #include <string.h>
 
 #include "cli.h"
+#include "decoder.h"
 #include "engine.h"
-#include "probe.h"
 
 static void usage(FILE *f)
 {
@@ -28,7 +28,7 @@ static void usage(FILE *f)
             "      --json FILE    also write the table as JSON\n"
             "  -t, --threads N    CPU threads (default 2)\n"
             "  -h, --help         this text\n",
-            PROBE_MIN_CTX, (double)PROBE_SINK_MASS);
+            DECODER_PROBE_MIN_CTX, (double)DECODER_PROBE_SINK_MASS);
 }
 
 int engine_cmd_probe(int argc, char **argv)
@@ -39,7 +39,7 @@ int engine_cmd_probe(int argc, char **argv)
         {"-m", "--model", CLI_STR, &model, 0, 0, NULL},
         {NULL, "--text", CLI_STR, &text_path, 0, 0, NULL},
         {NULL, "--json", CLI_STR, &json, 0, 0, NULL},
-        {NULL, "--tokens", CLI_I64, &max_tok, PROBE_MIN_CTX + 1, 1 << 20, NULL},
+        {NULL, "--tokens", CLI_I64, &max_tok, DECODER_PROBE_MIN_CTX + 1, 1 << 20, NULL},
         {"-t", "--threads", CLI_I64, &threads, 1, 256, NULL},
     };
     int prc = cli_parse(argc, argv, opts, (int)(sizeof opts / sizeof opts[0]), "probe", usage);
@@ -54,47 +54,49 @@ int engine_cmd_probe(int argc, char **argv)
             return ENGINE_EXIT_USAGE;
         }
     } else {
-        len = strlen(probe_builtin_text);
+        len = strlen(decoder_probe_text);
         text = malloc(len + 1);
         if (!text)
             return ENGINE_EXIT_RUNTIME;
-        memcpy(text, probe_builtin_text, len + 1);
+        memcpy(text, decoder_probe_text, len + 1);
     }
-    struct cli_local L;
-    struct cli_local_config cfg = {.model_path = model,
-                                   .n_threads = (int)threads,
-                                   .max_tokens = 256,
-                                   .n_sinks = 0,
-                                   .window = max_tok,
-                                   .n_slots = 1,
-                                   .kv_dtype = KV_DTYPE_F16};
-    int rc = cli_local_open(&L, &cfg);
+    struct decoder *d;
+    struct decoder_config cfg = {.model_path = model,
+                                 .n_threads = (int)threads,
+                                 .max_tokens = 256,
+                                 .n_sinks = 0,
+                                 .window = max_tok,
+                                 .n_slots = 1,
+                                 .kv_dtype = ENGINE_KV_F16};
+    int rc = cli_open(&d, &cfg);
     if (rc != ENGINE_EXIT_OK) {
         free(text);
         return rc;
     }
+    struct decoder_info info;
+    decoder_get_info(d, &info);
     int exit_code = ENGINE_EXIT_OK;
     int64_t cap = (int64_t)len + 2;
     int32_t *ids = malloc((size_t)cap * sizeof *ids);
-    int64_t n = ids ? tok_encode(L.tok, text, len, tok_add_bos(L.tok), 0, ids, cap) : -ENOMEM;
-    if (n > L.fwd.pool.geo.window)
-        n = L.fwd.pool.geo.window;
-    struct probe_result pr;
-    if (n <= PROBE_MIN_CTX || probe_run(&L.fwd, ids, n, &pr) < 0) {
+    int64_t n = ids ? decoder_tokenize(d, text, len, info.add_bos, 0, ids, cap) : -ENOMEM;
+    if (n > info.window)
+        n = info.window;
+    struct decoder_probe pr;
+    if (n <= DECODER_PROBE_MIN_CTX || decoder_probe_run(d, ids, n, &pr) < 0) {
         fprintf(stderr, "error: the probe needs more than %d tokens of text (got %lld)\n",
-                PROBE_MIN_CTX, (long long)n);
+                DECODER_PROBE_MIN_CTX, (long long)n);
         exit_code = ENGINE_EXIT_USAGE;
         goto out;
     }
-    printf("model %s, normalizer %s, %lld tokens, %lld queries per head\n", L.model.hp.name,
-           model_normalizer_name(L.model.hp.normalizer), (long long)n, (long long)pr.n_queries);
+    printf("model %s, normalizer %s, %lld tokens, %lld queries per head\n", info.name,
+           info.normalizer, (long long)n, (long long)pr.n_queries);
     printf("layer  head  first1  first4  first16\n");
     for (int l = 0; l < pr.n_layer; l++)
         for (int h = 0; h < pr.n_head; h++) {
             int i = l * pr.n_head + h;
             printf("%5d  %4d  %6.3f  %6.3f  %7.3f%s\n", l, h, (double)pr.mass1[i],
                    (double)pr.mass4[i], (double)pr.mass16[i],
-                   pr.mass1[i] > PROBE_SINK_MASS ? "  sink" : "");
+                   pr.mass1[i] > DECODER_PROBE_SINK_MASS ? "  sink" : "");
         }
     printf("layer means:\n");
     for (int l = 0; l < pr.n_layer; l++) {
@@ -108,7 +110,7 @@ int engine_cmd_probe(int argc, char **argv)
     }
     printf("sink rate %.3f (%d of %d heads put more than %.1f on the first token)\n",
            (double)pr.sink_rate, (int)(pr.sink_rate * (float)(pr.n_layer * pr.n_head) + 0.5f),
-           pr.n_layer * pr.n_head, (double)PROBE_SINK_MASS);
+           pr.n_layer * pr.n_head, (double)DECODER_PROBE_SINK_MASS);
     if (json) {
         FILE *jf = fopen(json, "w");
         if (jf) {
@@ -127,10 +129,10 @@ int engine_cmd_probe(int argc, char **argv)
             exit_code = ENGINE_EXIT_RUNTIME;
         }
     }
-    probe_free(&pr);
+    decoder_probe_free(&pr);
 out:
     free(ids);
     free(text);
-    cli_local_close(&L);
+    decoder_close(d);
     return exit_code;
 }

@@ -8,8 +8,8 @@
 #include <string.h>
 
 #include "cli.h"
+#include "decoder.h"
 #include "engine.h"
-#include "sampler.h"
 
 static void usage(FILE *f)
 {
@@ -50,10 +50,10 @@ int engine_cmd_run(int argc, char **argv)
 {
     const char *model = cli_default_model(), *prompt = NULL, *file = NULL;
     int64_t n_predict = 128, threads = 2, chunk = 256, ctx = 0, keep = 0;
-    struct kv_policy policy = {KV_POLICY_DENSE, 0};
+    struct engine_policy policy = {ENGINE_POLICY_DENSE, 0};
     int ignore_eos = 0, no_bos = 0, kv_f32 = 0;
-    enum backend_kind backend = BACKEND_CPU;
-    struct sampler_params sp = sampler_default_params();
+    enum engine_backend backend = ENGINE_BACKEND_CPU;
+    struct engine_sampling sp = engine_sampling_defaults();
     sp.temperature = 0.0f;
 
     const char *policy_s = NULL;
@@ -87,7 +87,7 @@ int engine_cmd_run(int argc, char **argv)
         return prc;
     sp.seed = (uint64_t)seed;
     if (policy_s &&
-        (kv_policy_parse(policy_s, &policy) < 0 || policy.kind == KV_POLICY_RECOMPUTE)) {
+        (engine_policy_parse(policy_s, &policy) < 0 || policy.kind == ENGINE_POLICY_RECOMPUTE)) {
         fprintf(stderr, "error: --kv-policy '%s' (dense, window, sinks:N or auto)\n", policy_s);
         return ENGINE_EXIT_USAGE;
     }
@@ -108,35 +108,38 @@ int engine_cmd_run(int argc, char **argv)
     }
 
     /* The window is sized before tokenizing from the byte length (a prompt has
-     * at most one token per byte, plus BOS); cli_local_open caps it at the
+     * at most one token per byte, plus BOS); the decoder caps it at the
      * model's context length. */
-    struct cli_local L;
+    struct decoder *d;
     int64_t window =
         ctx > 0 ? ctx : (keep > 0 && keep < (int64_t)plen ? keep : (int64_t)plen) + 2 + n_predict;
-    struct cli_local_config cfg = {
+    struct decoder_config cfg = {
         .model_path = model,
         .n_threads = (int)threads,
         .backend = backend,
         .max_tokens = chunk,
-        .n_sinks = kv_policy_sinks(&policy) > KV_DEFAULT_SINKS ? kv_policy_sinks(&policy)
-                                                               : KV_DEFAULT_SINKS,
+        .n_sinks = policy.kind == ENGINE_POLICY_SINKS && policy.n_sinks > DECODER_DEFAULT_SINKS
+                       ? policy.n_sinks
+                       : DECODER_DEFAULT_SINKS,
         .window = window,
         .n_slots = 1,
-        .kv_dtype = kv_f32 ? KV_DTYPE_F32 : KV_DTYPE_F16,
+        .kv_dtype = kv_f32 ? ENGINE_KV_F32 : ENGINE_KV_F16,
     };
-    int rc = cli_local_open(&L, &cfg);
+    int rc = cli_open(&d, &cfg);
     if (rc != ENGINE_EXIT_OK) {
         free(file_text);
         return rc;
     }
+    struct decoder_info info;
+    decoder_get_info(d, &info);
     int exit_code = ENGINE_EXIT_OK;
     int32_t *ids = NULL;
-    struct sampler smp;
-    int have_sampler = 0;
+    struct decoder_sampler *smp = NULL;
+    int64_t seq = -1;
     int64_t cap = (int64_t)plen + 2;
     ids = malloc((size_t)cap * sizeof *ids);
     int64_t n_prompt =
-        ids ? tok_encode(L.tok, prompt, plen, !no_bos && tok_add_bos(L.tok), 1, ids, cap) : -ENOMEM;
+        ids ? decoder_tokenize(d, prompt, plen, !no_bos && info.add_bos, 1, ids, cap) : -ENOMEM;
     if (n_prompt < 0 || n_prompt > cap) {
         fprintf(stderr, "error: tokenizing the prompt failed (%lld)\n", (long long)n_prompt);
         exit_code = ENGINE_EXIT_RUNTIME;
@@ -149,26 +152,26 @@ int engine_cmd_run(int argc, char **argv)
         exit_code = ENGINE_EXIT_USAGE;
         goto out;
     }
-    if (ctx > 0 && policy.kind == KV_POLICY_DENSE && n_prompt + n_predict > ctx) {
+    if (ctx > 0 && policy.kind == ENGINE_POLICY_DENSE && n_prompt + n_predict > ctx) {
         fprintf(stderr, "error: prompt (%lld tokens) + n (%lld) exceeds --ctx %lld\n",
                 (long long)n_prompt, (long long)n_predict, (long long)ctx);
         exit_code = ENGINE_EXIT_USAGE;
         goto out;
     }
-    if (sampler_init(&smp, &sp, L.model.hp.n_vocab) < 0) {
+    if (decoder_sampler_new(&smp, &sp, info.n_vocab) < 0) {
         fprintf(stderr, "error: bad sampling parameters\n");
         exit_code = ENGINE_EXIT_USAGE;
         goto out;
     }
-    have_sampler = 1;
 
-    struct kv_seq seq;
-    int64_t slot;
-    kv_pool_acquire(&L.fwd.pool, &slot);
-    window = L.fwd.pool.geo.window;
-    policy = kv_policy_resolve(policy, L.model.hp.normalizer == MODEL_NORM_SOFTMAX);
-    kv_seq_init(&seq, &L.fwd.pool.geo, slot, policy, window, 0);
-    if (policy.kind == KV_POLICY_DENSE && n_prompt > window) {
+    window = info.window;
+    seq = decoder_seq_open(d, &policy, window);
+    if (seq < 0) {
+        fprintf(stderr, "error: cannot open a sequence (%lld)\n", (long long)seq);
+        exit_code = ENGINE_EXIT_RUNTIME;
+        goto out;
+    }
+    if (policy.kind == ENGINE_POLICY_DENSE && n_prompt > window) {
         fprintf(stderr, "error: the prompt (%lld tokens) exceeds the context (%lld)\n",
                 (long long)n_prompt, (long long)window);
         exit_code = ENGINE_EXIT_USAGE;
@@ -178,9 +181,9 @@ int engine_cmd_run(int argc, char **argv)
     double t0 = cli_now();
     for (int64_t i = 0; i < n_prompt; i += chunk) {
         int64_t n = n_prompt - i < chunk ? n_prompt - i : chunk;
-        struct fwd_input in = {&seq, ids + i, n,
-                               i + n == n_prompt ? FWD_LOGITS_LAST : FWD_LOGITS_NONE};
-        int64_t r = fwd_step(&L.fwd, &in, 1);
+        struct decoder_input in = {seq, ids + i, n,
+                                   i + n == n_prompt ? DECODER_LOGITS_LAST : DECODER_LOGITS_NONE};
+        int64_t r = decoder_step(d, &in, 1);
         if (r < 0) {
             fprintf(stderr, "error: forward step failed (%lld)\n", (long long)r);
             exit_code = ENGINE_EXIT_RUNTIME;
@@ -188,28 +191,28 @@ int engine_cmd_run(int argc, char **argv)
         }
     }
     for (int64_t i = 0; i < n_prompt; i++)
-        sampler_accept(&smp, ids[i]);
+        decoder_sampler_accept(smp, ids[i]);
     double t1 = cli_now();
 
-    struct tok_stream ts = {{0}, 0};
+    struct decoder_text ts = {{0}, 0};
     char piece[1024];
     int64_t n_gen = 0;
     for (; n_gen < n_predict; n_gen++) {
-        int32_t next = sampler_sample(&smp, L.fwd.logits, NULL);
-        sampler_accept(&smp, next);
-        if (!ignore_eos && tok_is_eog(L.tok, next)) {
+        int32_t next = decoder_sampler_sample(smp, decoder_logits(d));
+        decoder_sampler_accept(smp, next);
+        if (!ignore_eos && decoder_token_is_eog(d, next)) {
             n_gen++;
             break;
         }
-        int64_t w = tok_stream_push(L.tok, &ts, next, piece, sizeof piece);
+        int64_t w = decoder_text_push(d, &ts, next, piece, sizeof piece);
         if (w > 0) {
             fwrite(piece, 1, (size_t)w, stdout);
             fflush(stdout);
         }
         if (n_gen + 1 == n_predict)
             break;
-        struct fwd_input in = {&seq, &next, 1, FWD_LOGITS_LAST};
-        int64_t r = fwd_step(&L.fwd, &in, 1);
+        struct decoder_input in = {seq, &next, 1, DECODER_LOGITS_LAST};
+        int64_t r = decoder_step(d, &in, 1);
         if (r == -ENOSPC) {
             fprintf(stderr, "\n[context full: %lld tokens]\n", (long long)window);
             n_gen++;
@@ -221,7 +224,7 @@ int engine_cmd_run(int argc, char **argv)
             goto out;
         }
     }
-    int64_t w = tok_stream_flush(&ts, piece, sizeof piece);
+    int64_t w = decoder_text_flush(&ts, piece, sizeof piece);
     if (w > 0)
         fwrite(piece, 1, (size_t)w, stdout);
     printf("\n");
@@ -233,10 +236,10 @@ int engine_cmd_run(int argc, char **argv)
     fprintf(stderr, "decode: %lld tokens in %.3f s (%.1f tokens/s)\n", (long long)steps, t2 - t1,
             steps > 0 ? (double)steps / (t2 - t1) : 0.0);
 out:
-    if (have_sampler)
-        sampler_free(&smp);
+    decoder_sampler_free(smp);
+    decoder_seq_close(d, seq);
     free(ids);
     free(file_text);
-    cli_local_close(&L);
+    decoder_close(d);
     return exit_code;
 }

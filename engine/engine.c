@@ -10,11 +10,9 @@
  * stalls running streams), then sample, emit events and retire finished
  * requests. Sequences are found by request id; nothing here knows HTTP.
  *
- * Sessions: a request with a session_id continues that session's stream in
- * the same KV slot: its prompt is appended after everything the session has
- * seen (including the last generated token). An idle session keeps its slot
- * until it expires or its slot is needed by a new sequence (least recently
- * used first).
+ * Sessions (session.c): a request with a session_id continues that
+ * session's stream in the same KV slot: its prompt is appended after
+ * everything the session has seen (including the last generated token).
  *
  * struct engine and struct seq are in engine_impl.h; loading the model and
  * filling engine_model_info is in engine_load.c.
@@ -35,6 +33,7 @@
 #include "model.h"
 #include "options.h"
 #include "queue.h"
+#include "session.h"
 #include "stop.h"
 #include "tokenizer.h"
 
@@ -144,10 +143,10 @@ static void seq_clear_request(struct seq *s)
     s->id = 0;
 }
 
-static void seq_release(struct engine *e, struct seq *s)
+void engine__seq_release(struct engine *e, struct seq *s)
 {
     seq_clear_request(s);
-    kv_pool_release(&e->fwd.pool, s->kv.slot);
+    kv_pool_release(&e->dec.fwd.pool, s->kv.slot);
     s->state = SEQ_FREE;
     s->session[0] = 0;
     s->has_next = 0;
@@ -188,10 +187,9 @@ static void seq_finish(struct engine *e, struct seq *s, enum engine_finish why, 
     queue_request_done(&e->q);
     if (s->session[0]) {
         seq_clear_request(s);
-        s->state = SEQ_IDLE;
-        s->last_used = now_s();
+        session_park(s, now_s());
     } else {
-        seq_release(e, s);
+        engine__seq_release(e, s);
     }
 }
 
@@ -200,41 +198,6 @@ static struct seq *find_running(struct engine *e, uint64_t id)
     for (int64_t i = 0; i < e->cfg.max_seqs; i++)
         if (e->seqs[i].state == SEQ_RUNNING && e->seqs[i].id == id)
             return &e->seqs[i];
-    return NULL;
-}
-
-static struct seq *find_session(struct engine *e, const char *sid)
-{
-    for (int64_t i = 0; i < e->cfg.max_seqs; i++)
-        if (e->seqs[i].state != SEQ_FREE && strcmp(e->seqs[i].session, sid) == 0)
-            return &e->seqs[i];
-    return NULL;
-}
-
-/* A free slot, or the least recently used idle session's slot; NULL if none. */
-static struct seq *take_slot(struct engine *e)
-{
-    struct seq *lru = NULL;
-    for (int64_t i = 0; i < e->cfg.max_seqs; i++) {
-        struct seq *s = &e->seqs[i];
-        if (s->state == SEQ_FREE) {
-            int64_t slot;
-            if (kv_pool_acquire(&e->fwd.pool, &slot) < 0)
-                return NULL;
-            s->kv.slot = slot;
-            return s;
-        }
-        if (s->state == SEQ_IDLE && (!lru || s->last_used < lru->last_used))
-            lru = s;
-    }
-    if (lru) {
-        seq_release(e, lru);
-        int64_t slot;
-        if (kv_pool_acquire(&e->fwd.pool, &slot) < 0)
-            return NULL;
-        lru->kv.slot = slot;
-        return lru;
-    }
     return NULL;
 }
 
@@ -272,7 +235,7 @@ static int64_t encode(const struct tokenizer *t, const char *text, size_t len, i
 static int64_t prompt_tokens(struct engine *e, struct engine_request *r, int bos, int32_t **out)
 {
     if (r->prompt) {
-        int64_t n = encode(e->tok, r->prompt, r->prompt_len, bos, r->parse_special, out);
+        int64_t n = encode(e->dec.tok, r->prompt, r->prompt_len, bos, r->parse_special, out);
         if (n < 0)
             emit_error(e, r->id, 500, NULL, NULL, "tokenizing the prompt failed");
         return n < 0 ? -1 : n;
@@ -296,7 +259,7 @@ static int64_t prompt_tokens(struct engine *e, struct engine_request *r, int bos
         emit_error(e, r->id, 500, NULL, NULL, "out of memory");
         return -1;
     }
-    ids[0] = tok_bos(e->tok);
+    ids[0] = tok_bos(e->dec.tok);
     if (r->n_prompt_ids > 0)
         memcpy(ids + 1, r->prompt_ids, (size_t)r->n_prompt_ids * sizeof *ids);
     *out = ids;
@@ -333,7 +296,7 @@ static int admit_into(struct engine *e, struct seq *s, struct engine_request *r,
     /* BOS starts a fresh sequence only: a session's prompt continues its
      * stream. The same rule for text and ids, so ids from engine_tokenize
      * give the text path's tokens. */
-    int bos = fresh && r->add_bos && tok_add_bos(e->tok) && tok_bos(e->tok) >= 0;
+    int bos = fresh && r->add_bos && tok_add_bos(e->dec.tok) && tok_bos(e->dec.tok) >= 0;
     if (stop_filter_init(&s->stop, (const char *const *)r->stop, ENGINE_MAX_STOP) < 0) {
         char msg[160];
         snprintf(msg, sizeof msg, "a stop string is longer than %d bytes", ENGINE_MAX_STOP_LEN);
@@ -354,8 +317,8 @@ static int admit_into(struct engine *e, struct seq *s, struct engine_request *r,
     if (fresh) {
         struct kv_policy pol =
             kv_policy_resolve(r->has_policy ? engine__kv_policy(r->policy) : e->default_policy,
-                              e->model.hp.normalizer == MODEL_NORM_SOFTMAX);
-        const struct kv_geometry *g = &e->fwd.pool.geo;
+                              e->dec.model.hp.normalizer == MODEL_NORM_SOFTMAX);
+        const struct kv_geometry *g = &e->dec.fwd.pool.geo;
         char msg[160] = "";
         if (pol.kind == KV_POLICY_RECOMPUTE)
             snprintf(msg, sizeof msg,
@@ -442,7 +405,7 @@ static int admit_into(struct engine *e, struct seq *s, struct engine_request *r,
 static int try_admit(struct engine *e, struct engine_request *r)
 {
     if (r->session_id[0]) {
-        struct seq *s = find_session(e, r->session_id);
+        struct seq *s = session_find(e, r->session_id);
         if (s && s->state == SEQ_RUNNING) {
             emit_error(e, r->id, 409, "session_id", "session_busy",
                        "this session is busy with another request");
@@ -458,11 +421,11 @@ static int try_admit(struct engine *e, struct engine_request *r)
             return 1;
         }
     }
-    struct seq *s = take_slot(e);
+    struct seq *s = session_take_slot(e);
     if (!s)
         return 0;
     if (admit_into(e, s, r, 1) < 0) {
-        kv_pool_release(&e->fwd.pool, s->kv.slot);
+        kv_pool_release(&e->dec.fwd.pool, s->kv.slot);
         s->state = SEQ_FREE;
         s->session[0] = 0;
         queue_request_done(&e->q);
@@ -531,16 +494,6 @@ static void admit_waiting(struct engine *e)
     e->n_waiting = j;
 }
 
-static void expire_sessions(struct engine *e)
-{
-    double t = now_s();
-    for (int64_t i = 0; i < e->cfg.max_seqs; i++) {
-        struct seq *s = &e->seqs[i];
-        if (s->state == SEQ_IDLE && t - s->last_used > (double)e->cfg.session_idle_s)
-            seq_release(e, s);
-    }
-}
-
 /* ---- one step ----------------------------------------------------------- */
 
 static void top_logprobs(const float *lg, int64_t V, int n, float lse, struct engine_event *ev)
@@ -591,11 +544,11 @@ static void after_logits(struct engine *e, struct seq *s, float *lg)
         ev.logprob = e->scratch[tok] - lse;
     e->stats.gen_tokens_total++;
 
-    if (tok_is_eog(e->tok, tok)) {
+    if (tok_is_eog(e->dec.tok, tok)) {
         seq_finish(e, s, ENGINE_FINISH_STOP, 1);
         return;
     }
-    int64_t w = tok_stream_push(e->tok, &s->ts, tok, e->piece, e->piece_cap);
+    int64_t w = tok_stream_push(e->dec.tok, &s->ts, tok, e->piece, e->piece_cap);
     size_t out_len = 0;
     int stopped = 0;
     if (w > 0)
@@ -610,7 +563,7 @@ static void after_logits(struct engine *e, struct seq *s, float *lg)
         seq_finish(e, s, ENGINE_FINISH_LENGTH, 1);
         return;
     }
-    if (kv_seq_can_append(&s->kv, &e->fwd.pool.geo, 1) < 0) { /* dense window full */
+    if (kv_seq_can_append(&s->kv, &e->dec.fwd.pool.geo, 1) < 0) { /* dense window full */
         seq_finish(e, s, ENGINE_FINISH_LENGTH, 1);
         return;
     }
@@ -624,7 +577,7 @@ static void fail_all_running(struct engine *e, const char *msg)
             emit_error(e, s->id, 500, NULL, NULL, msg);
             queue_request_done(&e->q);
             s->session[0] = 0;
-            seq_release(e, s);
+            engine__seq_release(e, s);
         }
     }
 }
@@ -662,7 +615,7 @@ static int step(struct engine *e)
     }
     if (n_in == 0)
         return 0;
-    int64_t rows = fwd_step(&e->fwd, e->inputs, n_in);
+    int64_t rows = decoder__step(&e->dec, e->inputs, n_in);
     if (rows < 0) {
         e->stats.healthy = rows != -EIO;
         fail_all_running(e, "the model step failed");
@@ -682,7 +635,7 @@ static int step(struct engine *e)
         }
         if (in->logits == FWD_LOGITS_NONE)
             continue;
-        float *lg = e->fwd.logits + row * e->info.n_vocab;
+        float *lg = e->dec.fwd.logits + row * e->info.n_vocab;
         row++;
         if (s->state == SEQ_RUNNING)
             after_logits(e, s, lg);
@@ -705,7 +658,7 @@ static void publish_stats(struct engine *e)
     }
     st->queued = e->n_waiting;
     st->slots_total = e->cfg.max_seqs;
-    st->slots_free = e->fwd.pool.n_free;
+    st->slots_free = e->dec.fwd.pool.n_free;
     queue_set_stats(&e->q, st);
 }
 
@@ -739,7 +692,7 @@ static void *engine_main(void *arg)
             e->wake(e->wake_arg);
         }
         if (!ran && now_s() - last_expire > 1.0) {
-            expire_sessions(e);
+            session_expire(e, now_s());
             last_expire = now_s();
         }
     }
@@ -770,12 +723,7 @@ static void engine_free(struct engine *e)
     free(e->piece);
     free(e->text_out);
     free((void *)e->info.chat_template);
-    if (e->have_fwd)
-        fwd_free(&e->fwd);
-    if (e->have_backend)
-        e->backend.ops->free(&e->backend);
-    tok_free(e->tok);
-    model_free(&e->model);
+    decoder__free(&e->dec);
     if (e->q.impl)
         queue_free(&e->q);
     pthread_mutex_destroy(&e->start_mu);
@@ -861,15 +809,15 @@ int64_t engine_tokenize(const struct engine *e, const char *text, size_t len, in
                         int32_t **out)
 {
     *out = NULL;
-    if (!e || !e->tok)
+    if (!e || !e->dec.tok)
         return -EINVAL;
-    return encode(e->tok, text, len, 0, parse_special, out); /* *out has room for >= 1 */
+    return encode(e->dec.tok, text, len, 0, parse_special, out); /* *out has room for >= 1 */
 }
 
 size_t engine_token_text(const struct engine *e, int32_t id, char *buf, size_t cap)
 {
     size_t len = 0;
-    const char *p = tok_piece(e->tok, id, &len);
+    const char *p = tok_piece(e->dec.tok, id, &len);
     if (!p || cap == 0)
         return 0;
     if (len > cap - 1)

@@ -3,7 +3,8 @@
  * engine_start, owned by its thread after start) and struct seq (one per KV
  * slot). Internal to engine/:
  *   engine.c       the scheduler: admit, step, emit, retire; the thread
- *   engine_load.c  the model, tokenizer, backend and buffers; engine_model_info
+ *   engine_load.c  the decoder (decoder_impl.h), the buffers; engine_model_info
+ *   session.c      sessions: parked slots, LRU, idle expiry (session.h)
  */
 #ifndef SS_ENGINE_IMPL_H
 #define SS_ENGINE_IMPL_H
@@ -13,6 +14,7 @@
 #include <stdint.h>
 
 #include "backend.h"
+#include "decoder_impl.h"
 #include "engine.h"
 #include "forward.h"
 #include "kvcache.h"
@@ -50,11 +52,7 @@ struct seq {
 struct engine {
     struct engine_config cfg;
     struct engine_model_info info;
-    struct model model;
-    struct tokenizer *tok;
-    struct backend backend;
-    struct fwd fwd;
-    int have_backend, have_fwd;
+    struct decoder dec; /* model, tokenizer, backend, forward state and KV pool */
     struct kv_policy default_policy;
     struct queue q;
     void (*wake)(void *);
@@ -84,5 +82,7 @@ struct engine {
  * everything the scheduler uses, filling e->info. Returns 0 or -errno with a
  * message in e->start_err; engine_free cleans up either way. */
 int engine__load(struct engine *e);
+/* Frees what s holds (request, KV slot, session name): s becomes SEQ_FREE. */
+void engine__seq_release(struct engine *e, struct seq *s);
 
 #endif

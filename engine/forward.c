@@ -62,24 +62,46 @@ void fwd_free(struct fwd *f)
     free(f->out_rows);
     free(f->view);
     free(f->seq);
-    free(f->probe);
+    free(f->first);
     memset(f, 0, sizeof *f);
 }
 
-int fwd_probe_enable(struct fwd *f)
+int fwd_set_observer(struct fwd *f, const struct decoder_observer *obs, int host_acts)
 {
-    if (f->probe)
-        return 0;
-    f->probe = calloc((size_t)f->m->hp.n_layer * (size_t)f->max_tokens * (size_t)f->m->hp.n_head *
-                          BACKEND_PROBE_K,
-                      sizeof(float));
-    return f->probe ? 0 : -ENOMEM;
+    _Static_assert(DECODER_FIRST_K == BACKEND_PROBE_K, "the observer sees the probe's weights");
+    if (obs && (obs->what & DECODER_OBSERVE_QK) && !host_acts)
+        return -ENOTSUP;
+    if (obs && (obs->what & DECODER_OBSERVE_FIRST) && !f->first) {
+        f->first = calloc((size_t)f->m->hp.n_layer * (size_t)f->max_tokens *
+                              (size_t)f->m->hp.n_head * BACKEND_PROBE_K,
+                          sizeof(float));
+        if (!f->first)
+            return -ENOMEM;
+    }
+    if (!obs || !(obs->what & DECODER_OBSERVE_FIRST)) {
+        free(f->first); /* unobserved steps take the fast attention path */
+        f->first = NULL;
+    }
+    f->obs = obs ? *obs : (struct decoder_observer){0};
+    return 0;
 }
 
-void fwd_probe_disable(struct fwd *f)
+/* The observer's view of layer l of a step of T tokens. */
+static void observe(const struct fwd *f, int l, int64_t T, int with_qk)
 {
-    free(f->probe);
-    f->probe = NULL;
+    const struct model_hparams *hp = &f->m->hp;
+    struct decoder_layer_view v = {
+        .layer = l,
+        .T = T,
+        .pos = f->pos,
+        .n_head = hp->n_head,
+        .n_head_kv = hp->n_head_kv,
+        .head_dim = hp->head_dim,
+        .first = f->first ? f->first + (size_t)l * (size_t)T * hp->n_head * BACKEND_PROBE_K : NULL,
+        .q = with_qk ? f->b->acts.q : NULL,
+        .k = with_qk ? f->b->acts.k : NULL,
+    };
+    f->obs.on_layer(f->obs.arg, &v);
 }
 
 /* Lays the inputs out as one batch of T tokens. */
@@ -137,6 +159,7 @@ int64_t fwd_step(struct fwd *f, const struct fwd_input *in, int n_in)
     int rc = op->begin_step(b, &bt);
     if (rc < 0)
         return rc; /* -EIO (a device failure) must reach the engine as such */
+    const int inline_obs = f->obs.on_layer && (f->obs.what & DECODER_OBSERVE_QK);
 
     op->embed(b, a->x); /* x (T, D) */
     for (int l = 0; l < hp->n_layer; l++) {
@@ -150,8 +173,10 @@ int64_t fwd_step(struct fwd *f, const struct fwd_input *in, int n_in)
         op->rope(b, a->q, a->qc, a->k);                 /* q, qc, k rotated */
         op->kv_store(b, l, a->k, a->v);                 /* into each token's cell */
         op->attention(b, l, a->q, a->qc, ly->attn_sinks, hp->normalizer, a->att,
-                      f->probe ? f->probe + (size_t)l * (size_t)T * hp->n_head * BACKEND_PROBE_K
+                      f->first ? f->first + (size_t)l * (size_t)T * hp->n_head * BACKEND_PROBE_K
                                : NULL);
+        if (inline_obs) /* host activations: q and k still hold this layer's */
+            observe(f, l, T, 1);
         op->matmul(b, &ly->wo, a->att, a->xb2, T); /* xb2 (T, D) */
         op->add(b, a->x, a->xb2, T);               /* residual */
 
@@ -170,6 +195,9 @@ int64_t fwd_step(struct fwd *f, const struct fwd_input *in, int n_in)
     }
     if (op->sync(b) < 0)
         return -EIO;
+    if (f->obs.on_layer && !inline_obs) /* the weights are the host's after sync */
+        for (int l = 0; l < hp->n_layer; l++)
+            observe(f, l, T, 0);
     for (int i = 0; i < n_in; i++)
         kv_seq_advance(in[i].seq, in[i].n);
     return bt.n_out;

@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "backend.h"
+#include "decoder.h"
 #include "kvcache.h"
 #include "model.h"
 
@@ -31,15 +32,16 @@ struct fwd {
     int64_t *pos, *slot, *cell, *out_rows;
     struct kv_view *view;
     const struct kv_seq **seq;
-    float *logits; /* (max_tokens, V) host */
-    float *probe;  /* NULL, or (L, max_tokens, H, BACKEND_PROBE_K) attention weights
-                      on each sequence's first positions (see fwd_probe_enable) */
+    float *logits;               /* (max_tokens, V) host */
+    struct decoder_observer obs; /* obs.on_layer NULL: none */
+    float *first; /* NULL, or (L, max_tokens, H, BACKEND_PROBE_K) attention weights on each
+                     sequence's first positions, while an observer asks for them */
 };
 
-/* Makes every later step record the sink probe into f->probe (the probe
- * takes a slower per-head attention path), until fwd_probe_disable. */
-int fwd_probe_enable(struct fwd *f);
-void fwd_probe_disable(struct fwd *f);
+/* Sets (obs) or clears (NULL) the observer every later step reports each
+ * layer to (decoder.h: struct decoder_observer). QK needs a backend whose
+ * activations are host memory (host_acts). Returns 0, -ENOTSUP or -ENOMEM. */
+int fwd_set_observer(struct fwd *f, const struct decoder_observer *obs, int host_acts);
 
 /* Sets up the pool (geometry g) and the backend's KV storage. */
 int fwd_init(struct fwd *f, const struct model *m, struct backend *b, const struct kv_geometry *g,

@@ -1,11 +1,15 @@
-/* probe.c: the sink probe (probe.h). */
-#include "probe.h"
+/*
+ * probe.c: the sink probe and the load-time sink check (decoder.h), measured
+ * through the decoder's observer: each observed layer adds its queries'
+ * weights on the first positions to per-head sums.
+ */
+#include "decoder_impl.h"
 
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
-const char probe_builtin_text[] =
+const char decoder_probe_text[] =
     "In the beginning God created the heaven and the earth. And the earth was without form, "
     "and void; and darkness was upon the face of the deep. And the Spirit of God moved upon "
     "the face of the waters. And God said, Let there be light: and there was light. And God "
@@ -20,26 +24,65 @@ const char probe_builtin_text[] =
     "dry land Earth; and the gathering together of the waters called he Seas: and God saw "
     "that it was good.";
 
-void probe_free(struct probe_result *r)
+void decoder_probe_free(struct decoder_probe *p)
 {
-    free(r->mass1);
-    free(r->mass4);
-    free(r->mass16);
-    memset(r, 0, sizeof *r);
+    free(p->mass1);
+    free(p->mass4);
+    free(p->mass16);
+    memset(p, 0, sizeof *p);
 }
 
-int probe_run(struct fwd *f, const int32_t *ids, int64_t n, struct probe_result *out)
+struct probe_acc {
+    int n_head;
+    double *acc; /* [L*H][3] sums of the mass on the first 1, 4, 16 positions */
+};
+
+/* One observed layer: every query at context >= DECODER_PROBE_MIN_CTX adds
+ * its heads' first-position masses (the probe runs one dense sequence from
+ * position 0, so a row's position is its context minus one). */
+static void probe_layer(void *arg, const struct decoder_layer_view *v)
 {
-    const struct model_hparams *hp = &f->m->hp;
+    struct probe_acc *p = arg;
+    const int H = p->n_head;
+    for (int64_t t = 0; t < v->T; t++) {
+        if (v->pos[t] < DECODER_PROBE_MIN_CTX)
+            continue;
+        for (int h = 0; h < H; h++) {
+            const float *w = v->first + ((size_t)t * H + h) * DECODER_FIRST_K;
+            double s = 0;
+            double *a = p->acc + ((size_t)v->layer * H + h) * 3;
+            for (int k = 0; k < DECODER_FIRST_K; k++) {
+                s += w[k];
+                if (k == 0)
+                    a[0] += s;
+                if (k == 3)
+                    a[1] += s;
+            }
+            a[2] += s;
+        }
+    }
+}
+
+int decoder_probe_run(struct decoder *d, const int32_t *ids, int64_t n, struct decoder_probe *out)
+{
+    struct fwd *f = &d->fwd;
+    const struct model_hparams *hp = &d->model.hp;
     const int L = hp->n_layer, H = hp->n_head;
     memset(out, 0, sizeof *out);
-    if (n <= PROBE_MIN_CTX || n > f->pool.geo.window)
+    if (n <= DECODER_PROBE_MIN_CTX || n > f->pool.geo.window)
         return -EINVAL;
-    if (fwd_probe_enable(f) < 0)
+    struct probe_acc pa = {H, calloc((size_t)L * H * 3, sizeof(double))};
+    if (!pa.acc)
         return -ENOMEM;
+    const struct decoder_observer obs = {DECODER_OBSERVE_FIRST, probe_layer, &pa};
+    if (fwd_set_observer(f, &obs, 0) < 0) {
+        free(pa.acc);
+        return -ENOMEM;
+    }
     int64_t slot;
     if (kv_pool_acquire(&f->pool, &slot) < 0) {
-        fwd_probe_disable(f);
+        fwd_set_observer(f, NULL, 0);
+        free(pa.acc);
         return -EBUSY;
     }
     out->n_layer = L;
@@ -47,9 +90,8 @@ int probe_run(struct fwd *f, const int32_t *ids, int64_t n, struct probe_result 
     out->mass1 = calloc((size_t)L * H, sizeof(float));
     out->mass4 = calloc((size_t)L * H, sizeof(float));
     out->mass16 = calloc((size_t)L * H, sizeof(float));
-    double *acc = calloc((size_t)L * H * 3, sizeof(double));
     int rc = 0;
-    if (!out->mass1 || !out->mass4 || !out->mass16 || !acc) {
+    if (!out->mass1 || !out->mass4 || !out->mass16) {
         rc = -ENOMEM;
         goto done;
     }
@@ -65,40 +107,42 @@ int probe_run(struct fwd *f, const int32_t *ids, int64_t n, struct probe_result 
             rc = (int)r;
             goto done;
         }
-        for (int l = 0; l < L; l++) {
-            for (int64_t t = 0; t < T; t++) {
-                if (i0 + t < PROBE_MIN_CTX)
-                    continue;
-                for (int h = 0; h < H; h++) {
-                    const float *w = f->probe + (((size_t)l * T + t) * H + h) * BACKEND_PROBE_K;
-                    double s = 0;
-                    double *a = acc + ((size_t)l * H + h) * 3;
-                    for (int k = 0; k < BACKEND_PROBE_K; k++) {
-                        s += w[k];
-                        if (k == 0)
-                            a[0] += s;
-                        if (k == 3)
-                            a[1] += s;
-                    }
-                    a[2] += s;
-                }
-            }
-        }
     }
-    out->n_queries = n - PROBE_MIN_CTX;
+    out->n_queries = n - DECODER_PROBE_MIN_CTX;
     int sinks = 0;
     for (int i = 0; i < L * H; i++) {
-        out->mass1[i] = (float)(acc[i * 3 + 0] / (double)out->n_queries);
-        out->mass4[i] = (float)(acc[i * 3 + 1] / (double)out->n_queries);
-        out->mass16[i] = (float)(acc[i * 3 + 2] / (double)out->n_queries);
-        sinks += out->mass1[i] > PROBE_SINK_MASS;
+        out->mass1[i] = (float)(pa.acc[i * 3 + 0] / (double)out->n_queries);
+        out->mass4[i] = (float)(pa.acc[i * 3 + 1] / (double)out->n_queries);
+        out->mass16[i] = (float)(pa.acc[i * 3 + 2] / (double)out->n_queries);
+        sinks += out->mass1[i] > DECODER_PROBE_SINK_MASS;
     }
     out->sink_rate = (float)sinks / (float)(L * H);
 done:
-    free(acc);
-    fwd_probe_disable(f); /* later steps take the fast attention path again */
+    free(pa.acc);
+    fwd_set_observer(f, NULL, 0); /* later steps take the fast attention path again */
     kv_pool_release(&f->pool, slot);
     if (rc < 0)
-        probe_free(out);
+        decoder_probe_free(out);
     return rc;
+}
+
+void decoder_sink_check(struct decoder *d, struct decoder_sink_check *out)
+{
+    int32_t ids[1024];
+    struct decoder_probe pr;
+    memset(out, 0, sizeof *out);
+    out->sink_rate = out->first_mass = -1.0f;
+    int64_t n = tok_encode(d->tok, decoder_probe_text, strlen(decoder_probe_text),
+                           tok_add_bos(d->tok), 0, ids, 1024);
+    if (n <= 0 || n > 1024 || decoder_probe_run(d, ids, n, &pr) < 0)
+        return;
+    double mass = 0;
+    for (int i = 0; i < pr.n_layer * pr.n_head; i++)
+        mass += pr.mass1[i];
+    out->ran = 1;
+    out->sink_rate = pr.sink_rate;
+    out->first_mass = (float)(mass / (pr.n_layer * pr.n_head));
+    out->warn =
+        d->model.hp.normalizer != MODEL_NORM_SOFTMAX && pr.sink_rate > DECODER_PROBE_WARN_RATE;
+    decoder_probe_free(&pr);
 }

@@ -5,6 +5,7 @@
  */
 #include "quant.h"
 
+#include <assert.h>
 #include <math.h>
 #include <string.h>
 
@@ -19,7 +20,7 @@ int qtype_supported(int t)
     case QTYPE_Q4_1:
         return 1;
     default:
-        return 0;
+        return qtype_is_k(t);
     }
 }
 
@@ -48,7 +49,13 @@ int64_t qtype_block_values(int t)
     case QTYPE_Q8_0:
     case QTYPE_Q4_0:
     case QTYPE_Q4_1:
+    case QTYPE_Q5_0:
         return QK;
+    case QTYPE_Q3_K:
+    case QTYPE_Q4_K:
+    case QTYPE_Q5_K:
+    case QTYPE_Q6_K:
+        return QK_K;
     default:
         return 0;
     }
@@ -68,6 +75,16 @@ size_t qtype_block_bytes(int t)
         return sizeof(struct block_q4_0);
     case QTYPE_Q4_1:
         return sizeof(struct block_q4_1);
+    case QTYPE_Q5_0:
+        return sizeof(struct block_q5_0);
+    case QTYPE_Q3_K:
+        return sizeof(struct block_q3_k);
+    case QTYPE_Q4_K:
+        return sizeof(struct block_q4_k);
+    case QTYPE_Q5_K:
+        return sizeof(struct block_q5_k);
+    case QTYPE_Q6_K:
+        return sizeof(struct block_q6_k);
     default:
         return 0;
     }
@@ -243,6 +260,9 @@ void quant_quantize_row(enum qtype t, const float *restrict src, void *restrict 
         for (int64_t b = 0; b < n / QK; b++)
             quantize_q4_1(src + b * QK, (struct block_q4_1 *)dst + b);
         break;
+    default: /* Q5_0 and the K-quants: read from files, never written here */
+        assert(!"quant_quantize_row: no quantizer for this type");
+        break;
     }
 }
 
@@ -289,6 +309,9 @@ void quant_dequant_row(enum qtype t, const void *restrict src, float *restrict d
             }
         }
         break;
+    default:
+        quant__dequant_row_k(t, src, dst, n);
+        break;
     }
 }
 
@@ -302,6 +325,11 @@ size_t quant_act_bytes(enum qtype t, int64_t k)
     case QTYPE_Q8_0:
     case QTYPE_Q4_0:
     case QTYPE_Q4_1:
+    case QTYPE_Q5_0:
+    case QTYPE_Q3_K:
+    case QTYPE_Q4_K:
+    case QTYPE_Q5_K:
+    case QTYPE_Q6_K:
         return (size_t)(k / QK) * sizeof(struct block_q8_act);
     }
     return 0;
@@ -386,6 +414,9 @@ float quant_dot_ref(enum qtype t, const void *restrict w, const void *restrict a
             sum += (double)(quant_f16_to_f32(wb->d) * aq[b].d * (float)isum);
             sum += (double)(quant_f16_to_f32(wb->m) * aq[b].s);
         }
+        break;
+    default:
+        sum = quant__dot_ref_k(t, w, aq, k);
         break;
     }
     return (float)sum;

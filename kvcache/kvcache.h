@@ -130,6 +130,25 @@ struct kv_view {
         pos_cache; /* position to rotate the query at for sink keys: p0 + n_sinks + win_len - 1 */
 };
 struct kv_view kv_seq_view(const struct kv_seq *seq, int64_t pos);
+
+/* A contiguous run of cells [cell, cell + len). */
+struct kv_run {
+    int64_t cell;
+    int64_t len;
+};
+#define KV_VIEW_RUNS 3
+/* The cells of view v of seq as runs in visit order, which is position order:
+ *   run[0]  the sinks, cells 0 .. v->n_sinks-1;
+ *   run[1]  the window from cell sink_base + win_start mod R up to the ring's
+ *           end (or the window's);
+ *   run[2]  the rest of the window after the wrap, from cell sink_base
+ *           (len 0 when the window does not wrap).
+ * Visit index i of the view is the i-th cell of the concatenated runs; runs
+ * may be empty. v may be any view of seq with win_len <= R (kv_seq_view's, or
+ * one covering the union of several queries' windows). The only place outside
+ * kv_seq_cell that knows the ring's arithmetic. */
+void kv_view_runs(const struct kv_seq *seq, const struct kv_view *v,
+                  struct kv_run run[KV_VIEW_RUNS]);
 /* Records that n tokens were stored; updates pos_next and n_evicted. */
 void kv_seq_advance(struct kv_seq *seq, int64_t n);
 

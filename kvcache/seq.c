@@ -58,6 +58,19 @@ struct kv_view kv_seq_view(const struct kv_seq *seq, int64_t pos)
     return v;
 }
 
+void kv_view_runs(const struct kv_seq *seq, const struct kv_view *v,
+                  struct kv_run run[KV_VIEW_RUNS])
+{
+    assert(v->n_sinks >= 0 && v->n_sinks <= seq->sink_base);
+    assert(v->win_len >= 0 && v->win_len <= seq->ring);
+    assert(v->win_len == 0 || v->win_start >= 0);
+    int64_t c0 = v->win_len > 0 ? v->win_start % seq->ring : 0;
+    int64_t len1 = v->win_len < seq->ring - c0 ? v->win_len : seq->ring - c0;
+    run[0] = (struct kv_run){0, v->n_sinks};
+    run[1] = (struct kv_run){seq->sink_base + c0, len1};
+    run[2] = (struct kv_run){seq->sink_base, v->win_len - len1};
+}
+
 void kv_seq_advance(struct kv_seq *seq, int64_t n)
 {
     seq->pos_next += n;

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Runs every test from a fresh clone: installs dependencies, fetches the
-# default model, checks formatting, builds with warnings as errors, runs the
-# unit, invariant and reference tests, then the unit tests again under
+# default model and Gemma 3 270M, checks formatting, builds with warnings as
+# errors, runs the unit, invariant and reference tests, then the unit tests again under
 # AddressSanitizer + UndefinedBehaviorSanitizer, the threaded ones under
 # ThreadSanitizer, and every fuzz target for a bounded time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 export STREAMSINK_MODEL="$(STREAMSINK_VENV=.venv bash scripts/fetch-model.sh)"
+# Gemma 3 270M (253 MB): the Q5_0/K-quant tests check every tensor of it
+export STREAMSINK_GEMMA_MODEL="$(STREAMSINK_VENV=.venv bash scripts/fetch-model.sh gemma3-270m)"
 
 echo "== clang-format"
 files=$(git ls-files '*.c' '*.h' '*.cu' '*.cuh')

@@ -2,8 +2,9 @@
  * http_conn.c: one HTTP/1.1 connection (see http_conn.h for its life).
  *
  * Invariants:
- *   - every callback checks c->state first; only set_state() changes it, and
- *     set_state() arms the one timer for the new state;
+ *   - every callback checks c->state first; only set_state() changes it (the
+ *     legal moves are one table, next_states), and set_state() arms the one
+ *     timer for the new state;
  *   - the struct is freed only in the last of the two close callbacks (TCP
  *     handle and timer), never inside a read or write callback;
  *   - every buffer a client fills is bounded: the URL and the headers we keep
@@ -13,6 +14,7 @@
  */
 #include "http_conn.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,10 +52,16 @@ const char *http_conn_state_name(enum http_conn_state s)
         return "reading";
     case HTTP_CONN_WAITING:
         return "waiting";
+    case HTTP_CONN_HELD:
+        return "held";
     case HTTP_CONN_STREAMING:
         return "streaming";
     case HTTP_CONN_DRAINING:
         return "draining";
+    case HTTP_CONN_LINGERING:
+        return "lingering";
+    case HTTP_CONN_BROKEN:
+        return "broken";
     case HTTP_CONN_CLOSING:
         return "closing";
     }
@@ -67,7 +75,20 @@ size_t http_conn_write_queue(const struct http_conn *c)
 
 int http_conn_idle(const struct http_conn *c)
 {
-    return c->state == HTTP_CONN_READING && !c->msg_begun;
+    return c->state == HTTP_CONN_READING && !c->request_begun;
+}
+
+/* A complete request is with the application, no response bytes sent yet. */
+static int awaiting_response(const struct http_conn *c)
+{
+    return c->state == HTTP_CONN_WAITING || c->state == HTTP_CONN_HELD;
+}
+
+/* Input that arrives now is discarded: the last response is flushing or
+ * flushed, and nothing after it is read as HTTP. */
+static int discarding(const struct http_conn *c)
+{
+    return c->state == HTTP_CONN_LINGERING || (c->state == HTTP_CONN_DRAINING && c->close_after);
 }
 
 /* ---- status lines ---------------------------------------------------------------- */
@@ -124,7 +145,7 @@ const char *http_status_text(int status)
 
 static void arm(struct http_conn *c, uint64_t ms, uint64_t repeat)
 {
-    if (c->broken)
+    if (c->state == HTTP_CONN_BROKEN)
         return; /* a close is already due on the next tick */
     uv_timer_stop(&c->timer);
     if (ms > 0)
@@ -137,10 +158,13 @@ static void arm_for_state(struct http_conn *c)
     const struct http_limits *l = c->lim;
     switch (c->state) {
     case HTTP_CONN_READING:
-        arm(c, c->msg_begun ? l->read_timeout_ms : l->keepalive_timeout_ms, 0);
+        arm(c, c->request_begun ? l->read_timeout_ms : l->keepalive_timeout_ms, 0);
         break;
     case HTTP_CONN_WAITING:
-        arm(c, c->stream_held ? l->sse_keepalive_ms : 0, l->sse_keepalive_ms);
+        arm(c, 0, 0); /* the application answers when it can */
+        break;
+    case HTTP_CONN_HELD:
+        arm(c, l->sse_keepalive_ms, l->sse_keepalive_ms);
         break;
     case HTTP_CONN_STREAMING:
         if (c->paused)
@@ -149,7 +173,12 @@ static void arm_for_state(struct http_conn *c)
             arm(c, l->sse_keepalive_ms, l->sse_keepalive_ms);
         break;
     case HTTP_CONN_DRAINING:
-        arm(c, c->shutdown_sent ? LINGER_MS : l->write_stall_timeout_ms, 0);
+        arm(c, l->write_stall_timeout_ms, 0);
+        break;
+    case HTTP_CONN_LINGERING:
+        arm(c, LINGER_MS, 0);
+        break;
+    case HTTP_CONN_BROKEN: /* close_soon armed the zero timeout */
         break;
     case HTTP_CONN_CLOSING:
         uv_timer_stop(&c->timer);
@@ -157,10 +186,31 @@ static void arm_for_state(struct http_conn *c)
     }
 }
 
+#define TO(s) (1u << (s))
+/* The connection's life, as RFC 9112 tells it: a request arrives (READING),
+ * is answered whole or streamed, and once the response is complete the
+ * connection either persists (keep-alive: the next request) or ends (the
+ * last response: FIN, then lingering close). Errors found while reading are
+ * answered like any response (READING -> WAITING). BROKEN and CLOSING are
+ * entered from anywhere (close_soon, http_conn_close) and left only for
+ * CLOSING. */
+static const unsigned next_states[] = {
+    [HTTP_CONN_READING] = TO(HTTP_CONN_WAITING),
+    [HTTP_CONN_WAITING] = TO(HTTP_CONN_HELD) | TO(HTTP_CONN_STREAMING) | TO(HTTP_CONN_DRAINING),
+    [HTTP_CONN_HELD] = TO(HTTP_CONN_STREAMING) | TO(HTTP_CONN_DRAINING),
+    [HTTP_CONN_STREAMING] = TO(HTTP_CONN_DRAINING),
+    [HTTP_CONN_DRAINING] = TO(HTTP_CONN_READING) | TO(HTTP_CONN_LINGERING),
+    [HTTP_CONN_LINGERING] = 0,
+    [HTTP_CONN_BROKEN] = 0,
+    [HTTP_CONN_CLOSING] = 0,
+};
+
+/* The one place the state changes (besides entering BROKEN and CLOSING). */
 static void set_state(struct http_conn *c, enum http_conn_state s)
 {
-    if (c->state == HTTP_CONN_CLOSING)
-        return; /* closing is final */
+    if (c->state == HTTP_CONN_CLOSING || c->state == HTTP_CONN_BROKEN)
+        return; /* a close is under way: final */
+    assert(next_states[c->state] & TO(s));
     c->state = s;
     if (s == HTTP_CONN_READING)
         c->idle_since = uv_now(c->tcp.loop);
@@ -209,7 +259,8 @@ void http_conn_close(struct http_conn *c)
 {
     if (c->state == HTTP_CONN_CLOSING)
         return;
-    c->closed_in = c->state;
+    if (c->state != HTTP_CONN_BROKEN) /* close_soon recorded the state it broke in */
+        c->closed_in = c->state;
     c->state = HTTP_CONN_CLOSING;
     c->ops->on_close(c, c->ops->arg);
     uv_timer_stop(&c->timer);
@@ -234,6 +285,8 @@ static void on_write(uv_write_t *w, int status)
         http_conn_close(c);
         return;
     }
+    if (c->state == HTTP_CONN_BROKEN)
+        return; /* closing on the next tick */
     c->bytes_sent += len;
     size_t q = http_conn_write_queue(c);
     if (too_slow(c, q)) {
@@ -286,17 +339,18 @@ static int too_slow(struct http_conn *c, size_t queued)
  * its c->user: close on the next loop tick, not inside this call. */
 static void close_soon(struct http_conn *c)
 {
-    if (c->broken || c->state == HTTP_CONN_CLOSING)
+    if (c->state == HTTP_CONN_BROKEN || c->state == HTTP_CONN_CLOSING)
         return;
+    c->closed_in = c->state;
+    c->state = HTTP_CONN_BROKEN;
     uv_timer_stop(&c->timer);
-    c->broken = 1;
     uv_timer_start(&c->timer, on_timeout, 0, 0);
 }
 
 /* Queues the concatenation of n pieces as one write. */
 static int write_parts(struct http_conn *c, const char *const *parts, const size_t *lens, int n)
 {
-    if (c->state == HTTP_CONN_CLOSING || c->broken)
+    if (c->state == HTTP_CONN_CLOSING || c->state == HTTP_CONN_BROKEN)
         return -ECONNRESET;
     size_t total = 0;
     for (int i = 0; i < n; i++)
@@ -343,7 +397,7 @@ static int write_raw(struct http_conn *c, const char *data, size_t len)
 
 static int keep_alive(const struct http_conn *c)
 {
-    return c->req.keep_alive && !c->close_after && !c->no_keepalive;
+    return c->req.keep_alive && !c->close_after;
 }
 
 /* Status line and headers into buf. */
@@ -367,7 +421,7 @@ static size_t format_head(struct http_conn *c, char *buf, size_t cap, int status
 /* The response is complete: next request, or close once flushed. */
 static void finish_response(struct http_conn *c)
 {
-    if (c->state == HTTP_CONN_CLOSING)
+    if (c->state == HTTP_CONN_CLOSING || c->state == HTTP_CONN_BROKEN)
         return;
     if (!keep_alive(c))
         c->close_after = 1;
@@ -375,38 +429,38 @@ static void finish_response(struct http_conn *c)
     c->req.body = NULL;
     c->req.body_len = c->req.body_cap = 0;
     body_release(c);
-    c->stream_held = 0;
     set_state(c, HTTP_CONN_DRAINING);
     after_flush(c);
 }
 
-/* In DRAINING: once the queue is low (keep-alive) or empty (close), move on. */
+/* In DRAINING: once the queue is low (keep-alive) or empty (the last
+ * response), move on: to the next request, or to the lingering close. */
 static void after_flush(struct http_conn *c)
 {
+    assert(c->state == HTTP_CONN_DRAINING);
     size_t q = http_conn_write_queue(c);
     if (c->close_after) {
-        if (q > 0 || c->shutdown_sent)
+        if (q > 0)
             return;
         if (c->peer_eof) { /* the client is done sending: nothing to linger for */
             close_soon(c);
             return;
         }
-        c->shutdown_sent = 1;
         c->linger_until = uv_now(c->tcp.loop) + LINGER_MAX_MS;
         if (uv_shutdown(&c->shutdown_req, (uv_stream_t *)&c->tcp, NULL) < 0) {
             close_soon(c);
             return;
         }
         c->rpos = c->rlen = 0; /* lingering: read and discard until the client's FIN */
+        set_state(c, HTTP_CONN_LINGERING);
         if (c->read_stopped)
             start_reading(c);
-        arm_for_state(c); /* linger for the client's FIN, then close */
         return;
     }
     if (q > c->lim->low_water)
         return;
     /* next request: the parser resumes where it paused */
-    c->msg_begun = 0;
+    c->request_begun = 0;
     c->status = 0;
     llhttp_resume(&c->parser);
     set_state(c, HTTP_CONN_READING);
@@ -419,7 +473,7 @@ static void after_flush(struct http_conn *c)
 int http_conn_respond(struct http_conn *c, int status, const char *content_type,
                       const char *extra_headers, const char *body, size_t len)
 {
-    if (c->state != HTTP_CONN_WAITING)
+    if (!awaiting_response(c))
         return -EINVAL;
     char head[2048];
     c->chunked = 0;
@@ -458,7 +512,7 @@ int http_conn_respond_error(struct http_conn *c, int status, const char *param, 
 int http_conn_stream_begin(struct http_conn *c, int status, const char *content_type,
                            const char *extra_headers)
 {
-    if (c->state != HTTP_CONN_WAITING)
+    if (!awaiting_response(c))
         return -EINVAL;
     char head[2048];
     c->status = status;
@@ -466,7 +520,6 @@ int http_conn_stream_begin(struct http_conn *c, int status, const char *content_
     c->chunked = c->req.http_major == 1 && c->req.http_minor >= 1;
     if (!c->chunked)
         c->close_after = 1;
-    c->stream_held = 0;
     size_t hl = format_head(c, head, sizeof head, status, content_type, extra_headers, 0, 0);
     int rc = write_raw(c, head, hl);
     if (rc < 0)
@@ -511,21 +564,18 @@ int http_conn_stream_end(struct http_conn *c)
 
 void http_conn_hold_stream(struct http_conn *c)
 {
-    if (c->state != HTTP_CONN_WAITING)
-        return;
-    c->stream_held = 1;
-    arm_for_state(c);
+    if (c->state == HTTP_CONN_WAITING)
+        set_state(c, HTTP_CONN_HELD);
 }
 
 void http_conn_finish_and_close(struct http_conn *c)
 {
-    c->no_keepalive = 1;
+    int was_last = c->close_after;
+    c->close_after = 1; /* whatever is in progress is the last response */
     if (http_conn_idle(c))
         http_conn_close(c);
-    else if (c->state == HTTP_CONN_DRAINING && !c->close_after) {
-        c->close_after = 1;
-        after_flush(c);
-    }
+    else if (c->state == HTTP_CONN_DRAINING && !was_last)
+        after_flush(c); /* it was draining to keep alive: now to close */
 }
 
 /* An error found while reading: answer it and close (lingering). */
@@ -533,9 +583,10 @@ static void reject_with(struct http_conn *c, int status, const char *code, const
                         const char *message)
 {
     c->close_after = 1;
-    if (c->state != HTTP_CONN_READING && c->state != HTTP_CONN_WAITING)
+    if (c->state == HTTP_CONN_READING)
+        set_state(c, HTTP_CONN_WAITING); /* answered like any request */
+    if (!awaiting_response(c))
         return;
-    set_state(c, HTTP_CONN_WAITING);
     http_conn_respond_error(c, status, NULL, code && code[0] ? code : NULL,
                             extra && extra[0] ? extra : NULL, message);
 }
@@ -551,19 +602,17 @@ static void on_timeout(uv_timer_t *t)
 {
     struct http_conn *c = t->data;
     static const char ka[] = ": keep-alive\n\n";
-    if (c->broken) {
-        http_conn_close(c);
-        return;
-    }
     switch (c->state) {
     case HTTP_CONN_READING:
-        if (c->msg_begun)
+        if (c->request_begun)
             reject(c, 408, "the request did not arrive within the read timeout");
         else
             http_conn_close(c); /* idle keep-alive connection */
         break;
     case HTTP_CONN_WAITING:
-        if (c->stream_held && c->ops->on_stream_commit)
+        break; /* no deadline while the application works */
+    case HTTP_CONN_HELD:
+        if (c->ops->on_stream_commit)
             c->ops->on_stream_commit(c, c->ops->arg);
         if (c->state == HTTP_CONN_STREAMING)
             http_conn_stream_write(c, ka, sizeof ka - 1);
@@ -578,7 +627,9 @@ static void on_timeout(uv_timer_t *t)
             http_conn_stream_write(c, ka, sizeof ka - 1);
         }
         break;
-    case HTTP_CONN_DRAINING:
+    case HTTP_CONN_DRAINING:  /* the client read nothing for write_stall_timeout */
+    case HTTP_CONN_LINGERING: /* no FIN within the linger time */
+    case HTTP_CONN_BROKEN:    /* the tick close_soon asked for */
         http_conn_close(c);
         break;
     case HTTP_CONN_CLOSING:
@@ -609,7 +660,7 @@ static int on_message_begin(llhttp_t *p)
     char *body = c->req.body;
     memset(&c->req, 0, sizeof c->req);
     c->req.body = body; /* reused allocation is freed at finish; here it is NULL */
-    c->msg_begun = 1;
+    c->request_begun = 1;
     c->header_bytes = 0;
     c->err_status = 0;
     memset(&c->rej, 0, sizeof c->rej);
@@ -963,8 +1014,8 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 {
     struct http_conn *c = h->data;
     (void)suggested;
-    if (c->close_after && c->state == HTTP_CONN_DRAINING)
-        c->rpos = c->rlen = 0; /* lingering: what arrives is discarded */
+    if (discarding(c))
+        c->rpos = c->rlen = 0; /* what arrives is discarded */
     *buf = uv_buf_init(c->rbuf + c->rlen, (unsigned int)(sizeof c->rbuf - c->rlen));
 }
 
@@ -972,15 +1023,15 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 {
     struct http_conn *c = s->data;
     (void)buf;
-    if (c->state == HTTP_CONN_CLOSING)
-        return;
+    if (c->state == HTTP_CONN_CLOSING || c->state == HTTP_CONN_BROKEN)
+        return;                /* BROKEN: closing on the next tick */
     if (nread == UV_ENOBUFS) { /* buffer full of pipelined requests: wait */
         uv_read_stop(s);
         c->read_stopped = 1;
         return;
     }
     if (nread < 0) {
-        if (nread == UV_EOF && c->state == HTTP_CONN_DRAINING && !c->shutdown_sent) {
+        if (nread == UV_EOF && c->state == HTTP_CONN_DRAINING) {
             /* a complete response is still flushing: finish it, then close */
             c->peer_eof = 1;
             c->close_after = 1;
@@ -989,7 +1040,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
             after_flush(c);
             return;
         }
-        if (c->state == HTTP_CONN_READING && c->msg_begun && nread == UV_EOF) {
+        if (c->state == HTTP_CONN_READING && c->request_begun && nread == UV_EOF) {
             llhttp_errno_t e = llhttp_finish(&c->parser);
             if (e != HPE_OK && e != HPE_PAUSED) {
                 http_conn_close(c); /* the client gave up mid-request */
@@ -1002,9 +1053,9 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     }
     if (nread == 0)
         return;
-    if (c->close_after && c->state == HTTP_CONN_DRAINING) {
-        /* lingering after an error: discard, and wait a little longer for the FIN */
-        if (c->shutdown_sent && uv_now(c->tcp.loop) < c->linger_until)
+    if (discarding(c)) {
+        /* the last response is out: discard, and wait a little longer for the FIN */
+        if (c->state == HTTP_CONN_LINGERING && uv_now(c->tcp.loop) < c->linger_until)
             arm(c, LINGER_MS, 0);
         return;
     }

@@ -2,16 +2,27 @@
  * http_conn.h: one HTTP/1.1 connection on the loop thread. Internal to
  * server/ (and its tests).
  *
- * Life of a connection (one enum, every transition in set_state()):
+ * Life of a connection (RFC 9112): one enum, every transition in set_state()
+ * in http_conn.c, which checks it against the table drawn here.
  *
- *   READING ---request parsed---> WAITING ---stream_begin---> STREAMING
- *      ^                            |  respond()                  | stream_end()
- *      |                            v                             v
- *      +------ keep-alive, write queue below the low-water mark -- DRAINING
- *                                                                  | Connection: close,
- *   any state --- http_conn_close() ---> CLOSING (both handles     | error, timeout
- *                                        closing; freed in the     v
- *                                        last close callback)   CLOSING
+ *            request line, headers, body            on_request
+ *   +----> READING -------------------------------> WAITING --hold_stream--> HELD
+ *   |        |  (idle until the first byte;            |  respond()            |
+ *   |        |   read deadline from it)                |  stream_begin()       | keep-alive tick:
+ *   |        | bad request / 408: answer                v                       | stream_begin()
+ *   |        +--> WAITING (the error response)      STREAMING <----------------+
+ *   |                                                  |  stream_end()
+ *   | keep-alive: flushed below low water              v
+ *   +---------------------------------------------- DRAINING (response complete)
+ *                                                      | the last response (Connection: close,
+ *                                                      | HTTP/1.0 stream, upgrade, error,
+ *                                                      v shutdown): flushed, FIN sent
+ *                                                   LINGERING: discard input until the client's
+ *                                                      | FIN or the linger deadline
+ *                                                      v
+ *   any state ---- http_conn_close() --------------> CLOSING (both handles closing; freed in the
+ *   any state ---- a write fails -----> BROKEN ----> last close callback)
+ *                                  (closes on the next loop tick)
  *
  * One request at a time: llhttp's on_message_complete pauses the parser, the
  * bytes after it (pipelined requests) stay in the read buffer, and the parser
@@ -65,10 +76,13 @@
 #define HTTP_RBUF_SIZE 16384 /* read buffer: pipelined bytes wait here */
 
 enum http_conn_state {
-    HTTP_CONN_READING = 0, /* reading a request (or idle between requests) */
-    HTTP_CONN_WAITING,     /* request handed to ops->on_request; no response bytes yet */
+    HTTP_CONN_READING = 0, /* a request may arrive: idle, or its line, headers and body arriving */
+    HTTP_CONN_WAITING,     /* request complete and with ops->on_request; no response bytes yet */
+    HTTP_CONN_HELD,        /* WAITING, with a stream coming: SSE keep-alive ticks may commit it */
     HTTP_CONN_STREAMING,   /* response headers sent; body going out in pieces */
     HTTP_CONN_DRAINING,    /* response complete; flushing before the next request or close */
+    HTTP_CONN_LINGERING,   /* last response flushed, FIN sent: discarding input until the FIN */
+    HTTP_CONN_BROKEN,      /* a write failed inside an application call: closing on the next tick */
     HTTP_CONN_CLOSING,     /* uv_close called on both handles; waiting for the callbacks */
 };
 
@@ -107,7 +121,7 @@ struct http_conn_ops {
     /* A complete request is in c->req. Answer with http_conn_respond*, or
      * http_conn_stream_begin + writes + http_conn_stream_end, now or later. */
     void (*on_request)(struct http_conn *c, void *arg);
-    /* Optional: a keep-alive tick while WAITING with c->stream_held set; the
+    /* Optional: a keep-alive tick while HELD (http_conn_hold_stream); the
      * handler commits its stream (http_conn_stream_begin) or does nothing. */
     void (*on_stream_commit)(struct http_conn *c, void *arg);
     /* Optional backpressure hooks (write queue crossed the marks). */
@@ -150,7 +164,6 @@ struct http_conn {
     const struct http_conn_ops *ops;
 
     struct http_request req;
-    int msg_begun;          /* bytes of the current request have arrived */
     size_t header_bytes;    /* request line + headers so far */
     int err_status;         /* 400/413/414/431/503 chosen by a parser callback */
     struct http_reject rej; /* err_status's message when a hook or a header check chose it */
@@ -171,26 +184,50 @@ struct http_conn {
 
     char rbuf[HTTP_RBUF_SIZE];
     size_t rpos, rlen; /* unparsed bytes are rbuf[rpos..rlen) */
+
+    /* Flags beside the state, each for something the state does not say:
+     *  request_begun  READING only: the first byte of a request has arrived
+     *                 (the read deadline runs, not the keep-alive one). Idle
+     *                 and mid-request are both READING because the server's
+     *                 connection reclaim looks at them together.
+     *  read_stopped   reading paused because the read buffer is full of
+     *                 pipelined bytes: flow control of the read half, in any
+     *                 state that reads.
+     *  in_parse       conn_parse is on the stack (a handler answered at once):
+     *                 a re-entrancy guard, not a stage of the connection.
+     *  chunked        the framing of the current response (Transfer-Encoding:
+     *                 chunked or raw until close), chosen at stream_begin.
+     *  close_after    the persistence decision (RFC 9112 9.3) that this
+     *                 response is the last, made whenever it becomes known:
+     *                 from the request (Connection: close, HTTP/1.0 stream,
+     *                 upgrade), an error, or a shutdown; read when the
+     *                 response ends and by its Connection header.
+     *  paused         the write queue went above high water and ops->on_pause
+     *                 ran: backpressure on the write half, independent of
+     *                 which request or response is in progress.
+     *  peer_eof       the client's FIN arrived while a complete response was
+     *                 still flushing (the read half is done): close after the
+     *                 flush instead of lingering.
+     *  stalled, slow  why the connection was closed (write-stall timeout,
+     *                 below min_read_rate), set just before http_conn_close
+     *                 for the server's metrics. */
+    int request_begun;
     int read_stopped;
     int in_parse;
+    int chunked;
+    int close_after;
+    int paused;
+    int peer_eof;
+    int stalled;
+    int slow;
 
-    int chunked;      /* the response body uses chunked transfer coding */
-    int close_after;  /* close once the current response is flushed */
-    int no_keepalive; /* the application asked: finish the current response, then close */
-    int paused;       /* write queue above high water; ops->on_pause ran */
-    int stream_held;  /* a stream is coming: keep-alive ticks call on_stream_commit */
-    int shutdown_sent;
-    int broken; /* a write failed: closing on the next loop tick */
     int n_handles_open;
     int status;                     /* status of the current response, once sent */
-    int stalled;                    /* closed by the write-stall timeout */
-    int slow;                       /* closed for reading below min_read_rate */
-    int peer_eof;                   /* the client half-closed after a complete response */
     uint64_t idle_since;            /* loop time (ms) the connection became idle */
     uint64_t linger_until;          /* loop time (ms) lingering ends at the latest */
     uint64_t bytes_sent;            /* bytes whose writes completed */
     uint64_t rate_t0, rate_b0;      /* backlog window: start (ms, 0 none) and bytes_sent then */
-    enum http_conn_state closed_in; /* the state http_conn_close was called in */
+    enum http_conn_state closed_in; /* the state a close began in (before BROKEN, if it broke) */
 
     /* application state */
     uint64_t user_id;
@@ -219,8 +256,8 @@ int http_conn_stream_write(struct http_conn *c, const char *data, size_t len);
 /* The last piece was written: finishes the request. */
 int http_conn_stream_end(struct http_conn *c);
 
-/* While WAITING: a stream response is coming, so SSE keep-alive ticks may
- * commit it early through ops->on_stream_commit. */
+/* While WAITING: a stream response is coming (HELD), so SSE keep-alive ticks
+ * may commit it early through ops->on_stream_commit. */
 void http_conn_hold_stream(struct http_conn *c);
 
 /* Idempotent: unregisters via ops->on_close, closes both handles; memory is

@@ -126,9 +126,9 @@ static inline const char *test_model_path(void)
     return buf;
 }
 
-/* The Gemma 3 270M file (the second model family): $STREAMSINK_GEMMA_MODEL, else
- * the cache path where the default model lives. */
-static inline const char *test_gemma_path(void)
+/* Path of the Gemma 3 270M file (env STREAMSINK_GEMMA_MODEL, else the cache
+ * path of `scripts/fetch-model.sh gemma3-270m`). */
+static inline const char *test_gemma_model_path(void)
 {
     const char *p = getenv("STREAMSINK_GEMMA_MODEL");
     if (p && *p)
@@ -142,6 +142,16 @@ static inline const char *test_gemma_path(void)
                  getenv("HOME") ? getenv("HOME") : "/tmp");
     return buf;
 }
+
+/* Skips the current test when the Gemma model file is absent; a file that is
+ * present must then load, or the test fails. */
+#define TEST_NEED_GEMMA_MODEL()                                                                    \
+    do {                                                                                           \
+        FILE *f_ = fopen(test_gemma_model_path(), "rb");                                           \
+        if (!f_)                                                                                   \
+            TEST_SKIP("no Gemma model file (run scripts/fetch-model.sh gemma3-270m)");             \
+        fclose(f_);                                                                                \
+    } while (0)
 
 /* Skips the current test when the default model file is absent. */
 #define TEST_NEED_MODEL()                                                                          \

@@ -268,7 +268,6 @@ static struct attn_keys keys_for(const struct cpu_ctx *c, int64_t t, int layer, 
 {
     const struct fwd_batch *bt = c->batch;
     const struct kv_view *vw = &bt->view[t];
-    const struct kv_seq *seq = bt->seq[t];
     const size_t esz = c->kv_f16 ? 2 : 4;
     size_t base = kv_geometry_offset(&c->geo, bt->slot[t], layer, g, 0) * esz;
     struct attn_keys keys = {
@@ -277,15 +276,15 @@ static struct attn_keys keys_for(const struct cpu_ctx *c, int64_t t, int layer, 
         .f16 = c->kv_f16,
         .head_dim = Dh,
     };
-    keys.run_start[0] = 0;
-    keys.run_len[0] = vw->n_sinks;
-    keys.run_uses_qc[0] = 1;
-    int64_t c0 = vw->win_start % seq->ring;
-    int64_t len1 = vw->win_len < seq->ring - c0 ? vw->win_len : seq->ring - c0;
-    keys.run_start[1] = seq->sink_base + c0;
-    keys.run_len[1] = len1;
-    keys.run_start[2] = seq->sink_base;
-    keys.run_len[2] = vw->win_len - len1;
+    struct kv_run run[KV_VIEW_RUNS];
+    _Static_assert(KV_VIEW_RUNS == sizeof keys.run_start / sizeof keys.run_start[0],
+                   "attn_keys holds one entry per kv_view run");
+    kv_view_runs(bt->seq[t], vw, run);
+    for (int r = 0; r < KV_VIEW_RUNS; r++) {
+        keys.run_start[r] = run[r].cell;
+        keys.run_len[r] = run[r].len;
+        keys.run_uses_qc[r] = r == 0; /* run 0 holds the sinks */
+    }
     return keys;
 }
 

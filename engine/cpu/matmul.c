@@ -8,6 +8,7 @@
  */
 #include "matmul.h"
 #include "matmul_impl.h"
+#include "matmul_kquant.h"
 
 #include <assert.h>
 #include <cpuid.h>
@@ -81,13 +82,16 @@ const char *cpu_isa_name(enum cpu_isa isa)
 
 static int is_quantized(enum qtype t)
 {
-    return t == QTYPE_Q8_0 || t == QTYPE_Q4_0 || t == QTYPE_Q4_1;
+    return t == QTYPE_Q8_0 || t == QTYPE_Q4_0 || t == QTYPE_Q4_1 || qtype_is_k(t);
 }
 
 void cpu_prepare_act(enum cpu_isa isa, enum qtype t, const float *restrict x, int64_t k,
                      void *restrict dst)
 {
     assert(qtype_supported(t) && (!is_quantized(t) || k % QK == 0));
+    /* every quantized type takes the same Q8 activation row */
+    if (qtype_is_k(t))
+        t = QTYPE_Q8_0;
     switch (isa) {
     case CPU_ISA_AVX512:
         cpu__prepare_act_avx512(t, x, k, dst);
@@ -107,6 +111,14 @@ void cpu_matmul_rows(enum cpu_isa isa, enum qtype t, const void *restrict w, int
 {
     assert(qtype_supported(t) && (!is_quantized(t) || k % QK == 0));
     assert(0 <= n0 && n0 <= n1 && (T <= 1 || ldy >= n1));
+    if (qtype_is_k(t) && isa == CPU_ISA_AVX512) {
+        cpu__matmul_rows_kquant_avx512(t, w, k, n0, n1, act, T, y, ldy, cpu__has_vnni());
+        return;
+    }
+    if (qtype_is_k(t) && isa == CPU_ISA_AVX2) {
+        cpu__matmul_rows_kquant_avx2(t, w, k, n0, n1, act, T, y, ldy);
+        return;
+    }
     switch (isa) {
     case CPU_ISA_AVX512:
         cpu__matmul_rows_avx512(t, w, k, n0, n1, act, T, y, ldy, cpu__has_vnni());

@@ -451,6 +451,8 @@ void cpu__matmul_rows_avx2(enum qtype t, const void *restrict w, int64_t k, int6
     case QTYPE_BF16:
         run = run_bf16;
         break;
+    default: /* Q5_0 and the K-quants: matmul_kquant_*.c */
+        break;
     }
 
     struct tile p = {

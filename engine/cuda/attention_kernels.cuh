@@ -8,7 +8,8 @@
  * Every query sees the keys kvcache.h gives it, read in place from the KV
  * buffers: its sequence's sink cells 0 .. n_sinks-1 (scored with qc, the query
  * rotated at its in-cache position) and its window, positions win_start ..
- * win_start+win_len-1 in ring cells sink_base + p % ring (scored with q).
+ * win_start+win_len-1 (scored with q), in the cells kv_view_runs gave the
+ * host (kernel_args.cuh): the kernels walk runs and never see the ring.
  * Visit order: sinks, then the window in position order.
  *
  * Normalizers through one online pass (DESIGN.md): the running max starts at
@@ -70,15 +71,17 @@ __device__ __forceinline__ int64_t max64(int64_t a, int64_t b)
     return a > b ? a : b;
 }
 
-/* Cell of visit index v (< n_sinks + win_len) for a token; c0 = win_start % ring. */
-__device__ __forceinline__ int64_t visit_cell(const cuda_tok &t, int64_t c0, int64_t v)
+/* Cell of visit index v: the v-th cell of the concatenated runs
+ * (kv_view_runs, packed on the host; v below the runs' total length). */
+__device__ __forceinline__ int64_t run_cell(const kv_run *run, int64_t v)
 {
-    if (v < t.n_sinks)
-        return v;
-    int64_t c = c0 + (v - t.n_sinks);
-    if (c >= t.ring)
-        c -= t.ring;
-    return t.sink_base + c;
+#pragma unroll
+    for (int r = 0; r < KV_VIEW_RUNS - 1; r++) {
+        if (v < run[r].len)
+            return run[r].cell + v;
+        v -= run[r].len;
+    }
+    return run[KV_VIEW_RUNS - 1].cell + v;
 }
 
 /* Eight consecutive values of a K or V row as f32 (zeros when !ok). */
@@ -202,14 +205,13 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_split_kernel(cuda_attn_
         tk.slot * a.geo.per_slot + (int64_t)a.layer * a.geo.per_layer + (int64_t)g * a.geo.per_head;
     const KV *K = static_cast<const KV *>(a.k) + base;
     const KV *V = static_cast<const KV *>(a.v) + base;
-    const int64_t c0 = tk.ring > 0 ? tk.win_start % tk.ring : 0;
 
     /* 1. scores: LPK lanes per key row, reduced with shuffles inside the group */
     for (int j0 = warp * KPW; j0 < n; j0 += ATT_WARPS * KPW) {
         const int j = j0 + sub;
         const bool ok = j < n;
         const int64_t v = v0 + j;
-        const int64_t cell = ok ? visit_cell(tk, c0, v) : 0;
+        const int64_t cell = ok ? run_cell(tk.run, v) : 0;
         const bool sink = v < tk.n_sinks;
         float kf[8];
         load8(kf, K + cell * DH + piece * 8, ok);
@@ -276,7 +278,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_split_kernel(cuda_attn_
     for (int j0 = warp * KPW; j0 < n; j0 += ATT_WARPS * KPW) {
         const int j = j0 + sub;
         const bool ok = j < n;
-        const int64_t cell = ok ? visit_cell(tk, c0, v0 + j) : 0;
+        const int64_t cell = ok ? run_cell(tk.run, v0 + j) : 0;
         float vf[8];
         load8(vf, V + cell * DH + piece * 8, ok);
 #pragma unroll
@@ -506,15 +508,9 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_prefill_kernel(cuda_att
     }
 
     /* the window, scored with the absolute-position queries: token i sees
-     * positions [win_start_i, win_start_i + win_len_i) */
-    int64_t p_lo = INT64_MAX, p_hi = INT64_MIN;
-    for (int i = 0; i < nt; i++) {
-        const cuda_tok &ti = a.tok[tl.first + i];
-        if (ti.win_len > 0) {
-            p_lo = min64(p_lo, ti.win_start);
-            p_hi = max64(p_hi, ti.win_start + ti.win_len);
-        }
-    }
+     * positions [win_start_i, win_start_i + win_len_i), all inside the
+     * tile's union [p_lo, p_hi), whose cells are the tile's runs */
+    const int64_t p_lo = tl.win_start, p_hi = tl.win_start + tl.win_len;
     if (p_lo < p_hi) {
         __syncthreads();
         for (int idx = tid; idx < rows * DH; idx += ATT_THREADS) {
@@ -523,14 +519,10 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_prefill_kernel(cuda_att
         }
         for (int64_t p0 = p_lo; p0 < p_hi; p0 += PRE_KEYS) {
             const int nkt = (int)min64(PRE_KEYS, p_hi - p0);
-            const int64_t c_first = p0 % t0.ring;
             __syncthreads();
             for (int idx = tid; idx < nkt * DH; idx += ATT_THREADS) {
                 const int j = idx / DH, e = idx % DH;
-                int64_t c = c_first + j;
-                if (c >= t0.ring)
-                    c -= t0.ring;
-                const int64_t cell = t0.sink_base + c;
+                const int64_t cell = run_cell(tl.run, p0 - p_lo + j);
                 kf[j * (DH + 1) + e] = to_f32(K[cell * DH + e]);
                 vf[j * DH + e] = to_f32(V[cell * DH + e]);
             }
@@ -581,7 +573,7 @@ __global__ void attention_probe_kernel(cuda_attn_args a, float *probe)
         cell = rel;
         q = a.qc + qo;
     } else if (p >= tk.win_start && p < tk.win_start + tk.win_len) {
-        cell = tk.sink_base + p % tk.ring;
+        cell = run_cell(tk.run, tk.n_sinks + (p - tk.win_start));
         q = a.q + qo;
     }
     float w = 0.0f;

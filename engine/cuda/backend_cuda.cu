@@ -692,17 +692,7 @@ static int cuda_begin_step(struct backend *b, const struct fwd_batch *bt)
     for (int64_t t = 0; t < bt->T; t++) {
         const struct kv_seq *s = bt->seq[t];
         const struct kv_view *v = &bt->view[t];
-        struct cuda_tok *k = &tok[t];
-        memset(k, 0, sizeof *k);
-        k->slot = bt->slot[t];
-        k->cell = bt->cell[t];
-        k->n_sinks = v->n_sinks;
-        k->win_start = v->win_start;
-        k->win_len = v->win_len;
-        k->ring = s->ring;
-        k->sink_base = s->sink_base;
-        k->pos_first = s->pos_first;
-        k->token = bt->tokens[t];
+        cuda_tok_pack(&tok[t], s, v, bt->slot[t], bt->cell[t], bt->tokens[t]);
         /* angles in double on the host, as the CPU backend does */
         rope_cos_sin(bt->pos[t], hp->rope_base, hp->rope_dim, cs_abs + t * hp->rope_dim);
         rope_cos_sin(v->pos_cache, hp->rope_base, hp->rope_dim, cs_cache + t * hp->rope_dim);
@@ -717,7 +707,7 @@ static int cuda_begin_step(struct backend *b, const struct fwd_batch *bt)
         if (e - t >= PREFILL_MIN_RUN) {
             for (int64_t f = t; f < e; f += c->tile_tokens) {
                 int64_t n = e - f < c->tile_tokens ? e - f : c->tile_tokens;
-                tiles[c->n_tiles++] = (struct cuda_tile){(int32_t)f, (int32_t)n};
+                tiles[c->n_tiles++] = cuda_tile_pack(tok, bt->seq[t], (int32_t)f, (int32_t)n);
             }
         } else {
             for (int64_t f = t; f < e; f++)

@@ -1,12 +1,18 @@
 /*
  * kernel_args.cuh: the plain structs the attention kernels take (the step's
- * per-token metadata and one layer's arguments). No CUDA header is included
- * here: include cuda_fp16.h (or an emulation of it) first, for __half.
+ * per-token metadata and one layer's arguments) and the host functions that
+ * pack them. Which cells a token sees comes from kv_view_runs (kvcache.h),
+ * called here on the host: the kernels walk the runs it returns and know
+ * nothing of the ring, so the ring's arithmetic lives in one place for the
+ * CPU backend, the CUDA backend and the emulation test. No CUDA header is
+ * included here: include cuda_fp16.h (or an emulation of it) first, for
+ * __half.
  */
 #ifndef SS_CUDA_KERNEL_ARGS_CUH
 #define SS_CUDA_KERNEL_ARGS_CUH
 
 #include <stdint.h>
+#include <string.h>
 
 #ifndef restrict
 #define SS_UNDEF_RESTRICT
@@ -32,8 +38,9 @@ struct cuda_tok {
     int64_t n_sinks;   /* kv_view: sink cells 0 .. n_sinks-1 */
     int64_t win_start; /* kv_view: window positions win_start .. +win_len-1 */
     int64_t win_len;
-    int64_t ring; /* kv_seq: window position p lives in cell sink_base + p % ring */
-    int64_t sink_base;
+    /* kv_view_runs: visit index v (sinks, then the window in position order)
+     * is the v-th cell of these runs; the kernels never see the ring */
+    struct kv_run run[KV_VIEW_RUNS];
     int64_t pos_first; /* kv_seq: the sequence's first position (probe) */
     int32_t token;
     int32_t pad;
@@ -43,7 +50,55 @@ struct cuda_tok {
 struct cuda_tile {
     int32_t first; /* token index of the first */
     int32_t count; /* <= the tile size the step was built with */
+    /* the union of the tokens' windows, positions win_start .. +win_len-1
+     * (win_len 0: no token has a window), and its cells as kv_view_runs
+     * gives them (run[0] is empty: the sinks are read by cell) */
+    int64_t win_start;
+    int64_t win_len;
+    struct kv_run run[KV_VIEW_RUNS];
 };
+
+/* Host side: fills token k's metadata from its sequence and view. */
+static inline void cuda_tok_pack(struct cuda_tok *k, const struct kv_seq *s,
+                                 const struct kv_view *v, int64_t slot, int64_t cell, int32_t token)
+{
+    memset(k, 0, sizeof *k);
+    k->slot = slot;
+    k->cell = cell;
+    k->n_sinks = v->n_sinks;
+    k->win_start = v->win_start;
+    k->win_len = v->win_len;
+    kv_view_runs(s, v, k->run);
+    k->pos_first = s->pos_first;
+    k->token = token;
+}
+
+/* Host side: the tile of count tokens from tok[first] (consecutive positions
+ * of sequence s, packed by cuda_tok_pack). Their windows overlap, so their
+ * union is one run of positions, at most W + count - 1 <= the ring long. */
+static inline struct cuda_tile cuda_tile_pack(const struct cuda_tok *tok, const struct kv_seq *s,
+                                              int32_t first, int32_t count)
+{
+    struct cuda_tile tl;
+    memset(&tl, 0, sizeof tl);
+    tl.first = first;
+    tl.count = count;
+    int64_t lo = INT64_MAX, hi = INT64_MIN;
+    for (int32_t i = first; i < first + count; i++)
+        if (tok[i].win_len > 0) {
+            lo = tok[i].win_start < lo ? tok[i].win_start : lo;
+            hi = tok[i].win_start + tok[i].win_len > hi ? tok[i].win_start + tok[i].win_len : hi;
+        }
+    struct kv_view u = {0, 0, 0, 0};
+    if (lo < hi) {
+        u.win_start = lo;
+        u.win_len = hi - lo;
+    }
+    tl.win_start = u.win_start;
+    tl.win_len = u.win_len;
+    kv_view_runs(s, &u, tl.run);
+    return tl;
+}
 
 /* Element offsets into a K or V buffer, [slot][layer][kv_head][cell][Dh]
  * (kv_geometry_offset). */

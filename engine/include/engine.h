@@ -112,7 +112,7 @@ struct engine_model_info {
     const char *chat_template; /* tokenizer.chat_template or NULL; valid until engine_stop */
     int32_t bos, eos;
     int add_bos; /* the tokenizer prepends BOS to a fresh sequence's text */
-    /* sink probe at load, on a built-in text (engine/probe.h): share of heads
+    /* sink probe at load, on a built-in text (decoder.h: decoder_sink_check): share of heads
      * whose mean first-position attention mass exceeds 0.3, and the mean
      * first-position mass over all heads; -1 if the probe could not run */
     float probe_sink_rate;
@@ -186,10 +186,16 @@ struct engine_event { /* copied by value across the queue */
 
 /* Loads the model and starts the engine thread. wake(arg) is called from the
  * engine thread when events are ready (the server passes a function that calls
- * uv_async_send). Returns 0, or an ENGINE_EXIT_* style negative errno with a
- * message in err. */
+ * uv_async_send). Returns 0, or a negative errno with a message in err
+ * (engine_error_is_model(rc) says whether the model file is at fault). */
 int engine_start(struct engine **out, const struct engine_config *cfg, void (*wake)(void *arg),
                  void *wake_arg, char *err, size_t err_len);
+/* 1 when an engine_start (or decoder_open) failure means the model file is
+ * missing, truncated, corrupt or unsupported; 0 for the machine's failures
+ * (memory, threads, the CUDA device or its libraries). The one rule the
+ * server and the commands both use. */
+int engine_error_is_model(int rc);
+
 /* Valid until engine_stop. Any thread. */
 const struct engine_model_info *engine_model_info(const struct engine *e);
 

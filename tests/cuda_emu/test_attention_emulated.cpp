@@ -414,17 +414,7 @@ template <typename KV, int DH> struct rig {
         tok.resize(T);
         for (int64_t t = 0; t < T; t++) {
             const kv_seq &s = seqs[seq_of[t]];
-            cuda_tok &k = tok[t];
-            memset(&k, 0, sizeof k);
-            k.slot = s.slot;
-            k.cell = kv_seq_cell(&s, pos[t]);
-            k.n_sinks = view[t].n_sinks;
-            k.win_start = view[t].win_start;
-            k.win_len = view[t].win_len;
-            k.ring = s.ring;
-            k.sink_base = s.sink_base;
-            k.pos_first = s.pos_first;
-            k.token = (int32_t)t;
+            cuda_tok_pack(&tok[t], &s, &view[t], s.slot, kv_seq_cell(&s, pos[t]), (int32_t)t);
         }
         for (int64_t t = 0; t < T;) {
             int64_t e = t + 1;
@@ -433,7 +423,8 @@ template <typename KV, int DH> struct rig {
             if (e - t >= PREFILL_MIN_RUN) {
                 for (int64_t f = t; f < e; f += tile_tokens) {
                     int64_t n = e - f < tile_tokens ? e - f : tile_tokens;
-                    tiles.push_back(cuda_tile{(int32_t)f, (int32_t)n});
+                    tiles.push_back(
+                        cuda_tile_pack(tok.data(), &seqs[seq_of[t]], (int32_t)f, (int32_t)n));
                 }
             } else {
                 for (int64_t f = t; f < e; f++)
@@ -488,12 +479,14 @@ template <typename KV, int DH> struct rig {
         }
     }
 
-    /* token t's visit index v (sinks, then the window in position order) -> cell */
+    /* token t's visit index v (sinks, then the window in position order) ->
+     * cell, one position at a time (kv_seq_cell), independently of the runs
+     * the kernels and the CPU reference walk */
     int64_t visit_cell(int64_t t, int64_t v) const
     {
         const kv_view &vw = view[t];
         const kv_seq &s = seqs[seq_of[t]];
-        return v < vw.n_sinks ? v : s.sink_base + (vw.win_start + v - vw.n_sinks) % s.ring;
+        return kv_seq_cell(&s, v < vw.n_sinks ? s.pos_first + v : vw.win_start + v - vw.n_sinks);
     }
 
     /* query head h of token t on its key v, in double */
@@ -529,9 +522,12 @@ template <typename KV, int DH> struct rig {
         return true;
     }
 
-    static bool window_wraps(const cuda_tok &k)
+    /* Does token t's window run past the ring's end (its last cell below its first)? */
+    bool window_wraps(int64_t t) const
     {
-        return k.win_len > 0 && k.win_start % k.ring + k.win_len > k.ring;
+        const kv_view &vw = view[t];
+        return vw.win_len > 0 &&
+               visit_cell(t, vw.n_sinks + vw.win_len - 1) < visit_cell(t, vw.n_sinks);
     }
 
     void coverage() const
@@ -540,7 +536,7 @@ template <typename KV, int DH> struct rig {
             const cuda_tok &k = tok[d];
             g_cov[COV_DEC_3_SPLITS] |= k.n_sinks + k.win_len > 2 * CUDA_ATT_SPLIT;
             g_cov[COV_DEC_ZERO_WINDOW] |= k.win_len == 0;
-            g_cov[COV_DEC_WINDOW_WRAPS] |= window_wraps(k);
+            g_cov[COV_DEC_WINDOW_WRAPS] |= window_wraps(d);
         }
         for (size_t i = 0; i < tiles.size(); i++) {
             const cuda_tile &tl = tiles[i];
@@ -549,7 +545,7 @@ template <typename KV, int DH> struct rig {
                 g_cov[COV_RUN_SPLIT] = true;
             for (int j = 0; j < tl.count; j++) {
                 const cuda_tok &k = tok[tl.first + j];
-                g_cov[COV_TILE_WINDOW_WRAPS] |= window_wraps(k);
+                g_cov[COV_TILE_WINDOW_WRAPS] |= window_wraps(tl.first + j);
                 if (j > 0) {
                     g_cov[COV_TILE_STORE_WRAPS] |= k.cell < tok[tl.first + j - 1].cell;
                     g_cov[COV_TILE_MIXED_SINKS] |= k.n_sinks != tok[tl.first].n_sinks;
@@ -570,10 +566,7 @@ template <typename KV, int DH> struct rig {
                         low_block(d, g, v0, std::min<int64_t>(v0 + CUDA_ATT_SPLIT, nk));
         }
         for (const cuda_tile &tl : tiles) {
-            int64_t p_lo = INT64_MAX;
-            for (int j = 0; j < tl.count; j++)
-                if (tok[tl.first + j].win_len > 0)
-                    p_lo = std::min(p_lo, tok[tl.first + j].win_start);
+            const int64_t p_lo = tl.win_start;
             for (int j = 0; j < tl.count; j++) {
                 const cuda_tok &k = tok[tl.first + j];
                 int64_t n_first = std::min<int64_t>(k.n_sinks, PRE_KEYS);
@@ -627,15 +620,13 @@ template <typename KV, int DH> struct rig {
                 keys.v = vmem.data() + base;
                 keys.f16 = std::is_same<KV, __half>::value;
                 keys.head_dim = DH;
-                keys.run_start[0] = 0;
-                keys.run_len[0] = vw->n_sinks;
-                keys.run_uses_qc[0] = 1;
-                int64_t c0 = vw->win_start % seq->ring;
-                int64_t len1 = vw->win_len < seq->ring - c0 ? vw->win_len : seq->ring - c0;
-                keys.run_start[1] = seq->sink_base + c0;
-                keys.run_len[1] = len1;
-                keys.run_start[2] = seq->sink_base;
-                keys.run_len[2] = vw->win_len - len1;
+                kv_run run[KV_VIEW_RUNS];
+                kv_view_runs(seq, vw, run);
+                for (int r = 0; r < KV_VIEW_RUNS; r++) {
+                    keys.run_start[r] = run[r].cell;
+                    keys.run_len[r] = run[r].len;
+                    keys.run_uses_qc[r] = r == 0;
+                }
                 /* attention_probe_task */
                 float visit_w[ATTN_PROBE_K];
                 int64_t lim = seq->pos_first + BACKEND_PROBE_K;

@@ -204,7 +204,7 @@ static void on_request(struct http_conn *c, void *arg)
 static void on_stream_commit(struct http_conn *c, void *arg)
 {
     (void)arg;
-    if (c != R.pending || c->state != HTTP_CONN_WAITING)
+    if (c != R.pending || c->state != HTTP_CONN_HELD)
         fail("on_stream_commit for a request that is not held");
     http_conn_stream_begin(c, 200, "text/event-stream", NULL);
 }
@@ -349,7 +349,7 @@ static void answer_pending(void)
     if (!c)
         return;
     R.pending = NULL;
-    if (c->state == HTTP_CONN_WAITING) {
+    if (c->state == HTTP_CONN_WAITING || c->state == HTTP_CONN_HELD) {
         answer(c, R.requests - 1);
     } else if (c->state == HTTP_CONN_STREAMING) { /* committed by a keep-alive tick */
         http_conn_stream_write(c, "data: late\n\n", 12);

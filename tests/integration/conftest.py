@@ -33,6 +33,16 @@ def default_model():
     return os.path.join(cache, "streamsink", "SmolLM2-135M-Instruct.Q4_1.gguf")
 
 
+def default_gemma_model():
+    """Gemma 3 270M Q4_K_M: $STREAMSINK_GEMMA_MODEL, else the cache path of
+    `scripts/fetch-model.sh gemma3-270m`."""
+    p = os.environ.get("STREAMSINK_GEMMA_MODEL")
+    if p:
+        return p
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "streamsink", "gemma-3-270m-q4_k_m.gguf")
+
+
 @pytest.fixture(scope="session")
 def binary(request):
     b = request.config.getoption("--streamsink-bin") or os.environ.get("STREAMSINK_BIN")
@@ -47,6 +57,16 @@ def model():
     m = default_model()
     if not os.path.exists(m):
         pytest.skip(f"no model at {m} (run scripts/fetch-model.sh)")
+    return m
+
+
+@pytest.fixture(scope="session")
+def gemma_model():
+    """Skips only when the file is absent; a present but broken file fails the
+    tests that use it."""
+    m = default_gemma_model()
+    if not os.path.exists(m):
+        pytest.skip(f"no Gemma model at {m} (run scripts/fetch-model.sh gemma3-270m)")
     return m
 
 

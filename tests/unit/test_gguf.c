@@ -1049,10 +1049,10 @@ TEST(unsupported_tensor_type_is_named_in_the_error)
 {
     const struct tspec ts[] = {
         {"a", 1, {8, 1, 1, 1}, QTYPE_F32, -1},
-        {"blk.0.ffn_up.weight", 2, {256, 4, 1, 1}, 12, -1},
+        {"blk.0.ffn_up.weight", 2, {256, 4, 1, 1}, 10, -1},
     };
     struct wbuf w = build(3, NULL, ts, 2, 32);
-    ASSERT_REJECTS(w, "tensor 'blk.0.ffn_up.weight' has unsupported tensor type Q4_K (12)");
+    ASSERT_REJECTS(w, "tensor 'blk.0.ffn_up.weight' has unsupported tensor type Q2_K (10)");
     free(w.p);
     const struct tspec ts2[] = {{"x", 1, {8, 1, 1, 1}, 4000000000u, -1}};
     w = build(3, NULL, ts2, 1, 32);
@@ -1107,6 +1107,35 @@ TEST(bad_shapes_are_rejected)
     free(w.p);
 }
 
+/* K-quant rows are whole 256-value super-blocks; Q5_0 rows whole 32-value
+ * blocks, with the byte sizes of their layouts. */
+TEST(k_quant_tensors_parse_with_their_block_sizes)
+{
+    const struct tspec ts[] = {
+        {"q5_0", 2, {640, 3, 1, 1}, QTYPE_Q5_0, -1}, {"q4_k", 2, {512, 2, 1, 1}, QTYPE_Q4_K, -1},
+        {"q6_k", 2, {256, 5, 1, 1}, QTYPE_Q6_K, -1}, {"q5_k", 2, {256, 1, 1, 1}, QTYPE_Q5_K, -1},
+        {"q3_k", 2, {256, 1, 1, 1}, QTYPE_Q3_K, -1},
+    };
+    static const size_t nbytes[] = {3 * 20 * 22, 2 * 2 * 144, 5 * 210, 176, 110};
+    struct wbuf w = build(3, NULL, ts, 5, 32);
+    struct gguf_file g;
+    char err[256];
+    ASSERT_OK(parse(&g, &w, err, sizeof err));
+    for (int i = 0; i < 5; i++) {
+        const struct gguf_tensor *t = gguf_find_tensor(&g, ts[i].name);
+        ASSERT(t != NULL);
+        ASSERT_EQ(t->type, (int)ts[i].type);
+        ASSERT_EQ(t->nbytes, nbytes[i]);
+    }
+    gguf_free(&g);
+    free(w.p);
+
+    const struct tspec odd[] = {{"odd", 2, {640, 2, 1, 1}, QTYPE_Q4_K, 0}};
+    w = build(3, NULL, odd, 1, 32);
+    ASSERT_REJECTS(w, "tensor 'odd': ne[0] = 640 is not a multiple of the Q4_K block (256 values)");
+    free(w.p);
+}
+
 TEST(tensor_offset_far_past_the_data_section_is_rejected)
 {
     const struct tspec ts[] = {
@@ -1128,7 +1157,7 @@ TEST(tensor_offset_far_past_the_data_section_is_rejected)
 
 TEST(names_with_odd_bytes_are_printed_safely)
 {
-    const struct tspec ts[] = {{"bad\nname'\x01", 1, {8, 1, 1, 1}, 12, -1}};
+    const struct tspec ts[] = {{"bad\nname'\x01", 1, {8, 1, 1, 1}, 10, -1}};
     struct wbuf w = build(3, NULL, ts, 1, 32);
     ASSERT_REJECTS(w, "tensor 'bad?name?\?' has unsupported");
     free(w.p);

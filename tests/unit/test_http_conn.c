@@ -44,7 +44,8 @@ struct srv {
     /* counters (loop thread) */
     int accepted, requests, closes, frees, pauses, resumes, stalls, commits;
     int closed_waiting, closed_streaming;
-    int free_before_close; /* a free for a conn whose on_close had not run */
+    int closed_in[HTTP_CONN_CLOSING + 1]; /* closes by the state they began in */
+    int free_before_close;                /* a free for a conn whose on_close had not run */
     size_t max_queue;
     size_t flood_total, flood_target;
     struct http_conn *flooder;
@@ -87,6 +88,20 @@ static void on_request(struct http_conn *c, void *arg)
     }
     if (strncmp(url, "/hang", 5) == 0)
         return; /* never answered: the client hangs up */
+    if (strncmp(url, "/slowheld", 9) == 0 && S.n_slow < 8) {
+        http_conn_hold_stream(c); /* a stream was expected, but on_later answers whole */
+        S.slow[S.n_slow++] = c;
+        return;
+    }
+    if (strncmp(url, "/shutdown", 9) == 0) {
+        /* what the server does on SIGTERM: every connection finishes what it
+         * is doing and closes (an idle one at once), this one included */
+        for (int i = 0; i < MAX_CONNS; i++)
+            if (S.conns[i])
+                http_conn_finish_and_close(S.conns[i]); /* may clear S.conns[i] */
+        http_conn_respond(c, 200, "text/plain", NULL, "bye", 3);
+        return;
+    }
     if (strncmp(url, "/held", 5) == 0) {
         http_conn_hold_stream(c); /* a stream is coming; keep-alive ticks commit it */
         return;
@@ -115,7 +130,7 @@ static void on_later(uv_timer_t *t)
         struct http_conn *c = S.slow[i];
         char body[256];
         int n = snprintf(body, sizeof body, "%s %zu", c->req.url, c->req.body_len);
-        if (c->state == HTTP_CONN_WAITING)
+        if (c->state == HTTP_CONN_WAITING || c->state == HTTP_CONN_HELD)
             http_conn_respond(c, 200, "text/plain", NULL, body, (size_t)n);
     }
     S.n_slow = 0;
@@ -154,6 +169,8 @@ static void on_close(struct http_conn *c, void *arg)
         S.closed_waiting++;
     if (c->closed_in == HTTP_CONN_STREAMING)
         S.closed_streaming++;
+    if (c->closed_in >= 0 && c->closed_in <= HTTP_CONN_CLOSING)
+        S.closed_in[c->closed_in]++;
     if (c == S.flooder)
         S.flooder = NULL;
     for (int i = 0; i < S.n_slow; i++)
@@ -751,6 +768,115 @@ TEST(http_conn_sends_sse_keepalives_and_commits_a_held_stream_on_the_first_tick)
     const char *body = strstr(cl->buf, "\r\n\r\n");
     ASSERT(body != NULL);
     ASSERT(strncmp(body + 4, "e\r\n: keep-alive\n\n\r\ne\r\n: keep-alive\n\n\r\n", 36) == 0);
+    free(cl);
+}
+
+/* An error response is the last: the server half-closes after it, discards
+ * what the client still sends (no reset, so the client reads the answer),
+ * and closes on the client's FIN. */
+static void cl_linger(struct client *cl)
+{
+    int fd = cl_connect(cl->port, 0);
+    cl_sends(fd, "POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\n\r\n");
+    char more[1000];
+    memset(more, 'a', sizeof more);
+    for (int i = 0; i < 4; i++) { /* the body the server refused keeps coming */
+        cl_send(fd, more, sizeof more);
+        ms_sleep(20);
+    }
+    cl_read_until(cl, fd, NULL, 0, 3000);           /* the 413, then the server's FIN */
+    cl->n = (int)send(fd, "late", 4, MSG_NOSIGNAL); /* our half is still open */
+    ms_sleep(100);
+    close(fd);
+    ms_sleep(100);
+}
+
+TEST(http_conn_lingers_after_an_error_response_until_the_clients_fin)
+{
+    struct http_limits lim = default_limits();
+    srv_start(&lim);
+    struct client *cl = calloc(1, sizeof *cl);
+    cl->fn = cl_linger;
+    run_with_client(cl);
+    ASSERT(strncmp(cl->buf, "HTTP/1.1 413 ", 13) == 0);
+    ASSERT(strstr(cl->buf, "Connection: close\r\n") != NULL);
+    ASSERT(cl->eof);
+    ASSERT_EQ(cl->n, 4);
+    ASSERT_EQ(S.requests, 0);
+    ASSERT_EQ(S.closes, 1);
+    ASSERT_EQ(S.closed_in[HTTP_CONN_LINGERING], 1);
+    free(cl);
+}
+
+/* One idle keep-alive connection, then a request that shuts the server down:
+ * the idle one closes at once, the busy one after its response. */
+static void cl_shutdown(struct client *cl)
+{
+    int a = cl_connect(cl->port, 0);
+    cl_sends(a, "GET /first HTTP/1.1\r\nHost: x\r\n\r\n");
+    cl_read_until(cl, a, "/first 0", 1, 2000);
+    int b = cl_connect(cl->port, 0);
+    ms_sleep(50); /* b is accepted before its request arrives */
+    cl_sends(b, "GET /shutdown HTTP/1.1\r\nHost: x\r\n\r\n");
+    size_t before = cl->len;
+    cl_read_until(cl, b, NULL, 0, 2000);
+    cl->n = (int)(cl->len - before); /* b's bytes */
+    int b_eof = cl->eof;
+    cl->eof = 0;
+    cl_read_until(cl, a, NULL, 0, 2000);
+    cl->eof = cl->eof && b_eof;
+    close(a);
+    close(b);
+}
+
+TEST(http_conn_finish_and_close_closes_idle_at_once_and_busy_after_the_response)
+{
+    struct http_limits lim = default_limits();
+    srv_start(&lim);
+    struct client *cl = calloc(1, sizeof *cl);
+    cl->fn = cl_shutdown;
+    run_with_client(cl);
+    ASSERT_EQ(S.requests, 2);
+    const char *bye = strstr(cl->buf, "HTTP/1.1 200 OK\r\n");
+    ASSERT(bye != NULL);
+    bye = strstr(bye + 1, "HTTP/1.1 200 OK\r\n"); /* b's response */
+    ASSERT(bye != NULL);
+    ASSERT(strstr(bye, "Connection: close\r\n") != NULL);
+    ASSERT(strstr(bye, "\r\n\r\nbye") != NULL);
+    ASSERT(cl->eof); /* both closed by the server */
+    ASSERT_EQ(S.closes, 2);
+    ASSERT_EQ(S.closed_in[HTTP_CONN_READING], 1); /* a: idle */
+    ASSERT_EQ(S.free_before_close, 0);
+    free(cl);
+}
+
+/* A request marked as a coming stream (HELD) that is answered whole before
+ * any keep-alive tick: an ordinary response, and the connection persists. */
+static void cl_held_answered_whole(struct client *cl)
+{
+    int fd = cl_connect(cl->port, 0);
+    cl_sends(fd, "GET /slowheld HTTP/1.1\r\nHost: x\r\n\r\n");
+    cl_read_until(cl, fd, "/slowheld 0", 1, 2000);
+    cl_sends(fd, "GET /after HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    cl_read_until(cl, fd, NULL, 0, 2000);
+    close(fd);
+}
+
+TEST(http_conn_answers_a_held_request_whole_and_keeps_the_connection)
+{
+    struct http_limits lim = default_limits();
+    srv_start(&lim);
+    struct client *cl = calloc(1, sizeof *cl);
+    cl->fn = cl_held_answered_whole;
+    uv_timer_start(&S.later, on_later, 50, 50);
+    run_with_client(cl);
+    ASSERT(strncmp(cl->buf, "HTTP/1.1 200 OK\r\n", 17) == 0);
+    ASSERT(strstr(cl->buf, "Content-Length: 11\r\n") != NULL);
+    ASSERT(strstr(cl->buf, "Transfer-Encoding") == NULL);
+    ASSERT(strstr(cl->buf, "/after 0") != NULL);
+    ASSERT_EQ(S.requests, 2);
+    ASSERT_EQ(S.accepted, 1);
+    ASSERT_EQ(S.commits, 0);
     free(cl);
 }
 

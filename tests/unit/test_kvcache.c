@@ -125,6 +125,112 @@ TEST(views_match_brute_force_and_cells_never_collide)
             }
 }
 
+/* Cell that holds position pos, found by searching the owner table the
+ * stream filled (no ring arithmetic), or -1 when no cell holds it. */
+static int64_t owner_cell(const int64_t *owner, int64_t n_cells, int64_t pos)
+{
+    int64_t found = -1;
+    for (int64_t c = 0; c < n_cells; c++)
+        if (owner[c] == pos) {
+            if (found >= 0)
+                return -2; /* two cells claim one position: a broken oracle */
+            found = c;
+        }
+    return found;
+}
+
+/* The runs of view v, concatenated, are the cells the owner table holds for
+ * the view's positions in order: the sinks p0 .. p0+n_sinks-1, then the
+ * window win_start .. win_start+win_len-1. Returns 0 or the failing index+1. */
+static int64_t runs_match_owner(const struct kv_seq *seq, const struct kv_view *v,
+                                const int64_t *owner, int64_t n_cells)
+{
+    struct kv_run run[KV_VIEW_RUNS];
+    kv_view_runs(seq, v, run);
+    int64_t visit = 0, total = 0;
+    for (int r = 0; r < KV_VIEW_RUNS; r++) {
+        if (run[r].len < 0)
+            return -1;
+        total += run[r].len;
+    }
+    if (total != v->n_sinks + v->win_len)
+        return -1;
+    for (int r = 0; r < KV_VIEW_RUNS; r++)
+        for (int64_t i = 0; i < run[r].len; i++, visit++) {
+            int64_t pos =
+                visit < v->n_sinks ? seq->pos_first + visit : v->win_start + visit - v->n_sinks;
+            int64_t cell = run[r].cell + i;
+            if (cell < 0 || cell >= n_cells || cell != owner_cell(owner, n_cells, pos))
+                return visit + 1;
+            /* sink runs stay in the sink cells, window runs in the ring */
+            if ((visit < v->n_sinks) != (cell < seq->sink_base))
+                return visit + 1;
+        }
+    return 0;
+}
+
+/* kv_view_runs against a brute-force oracle over many geometries: S_max 0..5
+ * and every S <= S_max, windows from 1 to W_max, chunks 1..4, starts that put
+ * the wrap point everywhere in the ring (and far past 2^32), streams from
+ * below the capacity S + W to several rings past it. The oracle stores each
+ * position of the stream in kv_seq_cell's cell, remembers which position each
+ * cell holds, and reads the view's cells back by search. Besides each
+ * query's own view, the union of a chunk's windows (what a prefill tile
+ * loads) is checked the same way. */
+TEST(view_runs_match_a_brute_force_oracle_for_every_wrap)
+{
+    int64_t n_views = 0, n_wrapped = 0, n_empty_window = 0;
+    for (int64_t smax = 0; smax <= 5; smax++)
+        for (int64_t S = 0; S <= smax; S++)
+            for (int64_t wmax = 1; wmax <= 9; wmax += 4)
+                for (int64_t W = 1; W <= wmax; W += (W < 3 ? 1 : 3))
+                    for (int64_t C = 1; C <= 4; C++) {
+                        struct kv_geometry g = geo(smax, wmax, C, 1);
+                        const int64_t R = wmax + C, cells = smax + R;
+                        int64_t starts[] = {0, 1, 5, R - 1, ((int64_t)1 << 33) + 3};
+                        for (int a = 0; a < 5; a++) {
+                            int64_t p0 = starts[a];
+                            struct kv_seq seq;
+                            struct kv_policy pol = {S ? KV_POLICY_SINKS : KV_POLICY_WINDOW, S};
+                            ASSERT_OK(kv_seq_init(&seq, &g, 0, pol, W, p0));
+                            int64_t owner[64];
+                            ASSERT(cells <= 64);
+                            for (int i = 0; i < 64; i++)
+                                owner[i] = -1;
+                            const int64_t len = 3 * (S + R) + 2;
+                            for (int64_t p = p0; p < p0 + len; p += C) {
+                                for (int64_t q = p; q < p + C; q++)
+                                    owner[kv_seq_cell(&seq, q)] = q;
+                                int64_t u_lo = INT64_MAX, u_hi = INT64_MIN;
+                                for (int64_t q = p; q < p + C; q++) {
+                                    struct kv_view v = kv_seq_view(&seq, q);
+                                    ASSERT_EQ(runs_match_owner(&seq, &v, owner, cells), 0);
+                                    struct kv_run run[KV_VIEW_RUNS];
+                                    kv_view_runs(&seq, &v, run);
+                                    n_views++;
+                                    n_wrapped += run[2].len > 0;
+                                    n_empty_window += v.win_len == 0;
+                                    if (v.win_len > 0) {
+                                        u_lo = v.win_start < u_lo ? v.win_start : u_lo;
+                                        u_hi = v.win_start + v.win_len > u_hi
+                                                   ? v.win_start + v.win_len
+                                                   : u_hi;
+                                    }
+                                }
+                                if (u_lo < u_hi) {
+                                    struct kv_view u = {0, u_lo, u_hi - u_lo, 0};
+                                    ASSERT_EQ(runs_match_owner(&seq, &u, owner, cells), 0);
+                                }
+                                kv_seq_advance(&seq, C);
+                            }
+                        }
+                    }
+    /* the sweep reached the cases it is for */
+    ASSERT(n_views > 10000);
+    ASSERT(n_wrapped > 1000);
+    ASSERT(n_empty_window > 0);
+}
+
 TEST(dense_refuses_past_its_window_and_chunks_above_the_room)
 {
     struct kv_geometry g = geo(4, 16, 8, 1);

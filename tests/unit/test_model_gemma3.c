@@ -368,12 +368,9 @@ TEST(gemma3_270m_file_hparams)
     struct model m;
     char err[256] = "";
     int rc;
-    FILE *f = fopen(test_gemma_path(), "rb");
 
-    if (!f)
-        TEST_SKIP("no Gemma 3 file");
-    fclose(f);
-    rc = model_open(&m, test_gemma_path(), MODEL_NO_FORWARD, err, sizeof err);
+    TEST_NEED_GEMMA_MODEL();
+    rc = model_open(&m, test_gemma_model_path(), MODEL_NO_FORWARD, err, sizeof err);
     if (rc < 0 && strstr(err, "unsupported tensor type")) {
         printf("  %s\n", err);
         TEST_SKIP("this build does not read all of the file's tensor types");

@@ -7,8 +7,8 @@
  * case of tests/fixtures/tokenizer_ids_gemma3.txt (made by
  * tools/make_spm_tokenizer_fixture.py), decode(encode(x)) == x, the streaming
  * detokenizer, byte fallback for invalid UTF-8, control tokens, long inputs.
- * Those tests skip when the file is absent (test_gemma_path()); a file that is
- * present must load.
+ * Those tests skip when the file is absent (test_gemma_model_path()); a
+ * file that is present must load.
  *
  * On small vocabularies built in memory: the merge order (highest score,
  * leftmost on ties) against a brute-force oracle that rescans every pair after
@@ -147,7 +147,7 @@ static struct tokenizer *real_tok(void)
     if (real.tried)
         return real.t;
     real.tried = 1;
-    fd = open(test_gemma_path(), O_RDONLY);
+    fd = open(test_gemma_model_path(), O_RDONLY);
     if (fd < 0 || fstat(fd, &st) < 0) {
         if (fd >= 0)
             close(fd);
@@ -180,8 +180,7 @@ static struct tokenizer *real_tok(void)
     struct tokenizer *t = real_tok();                                                              \
     if (!t) {                                                                                      \
         ASSERT(!real.map || !"Gemma file present but did not load");                               \
-        TEST_SKIP("no Gemma 3 file ("                                                              \
-                  "~/.cache/streamsink/gemma-3-270m-q4_k_m.gguf)");                                \
+        TEST_SKIP("no Gemma 3 file (run scripts/fetch-model.sh gemma3-270m)");                     \
     }
 
 /* ---- the fixture --------------------------------------------------------- */

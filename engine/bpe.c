@@ -61,7 +61,7 @@ static void byte_alphabet(uint32_t byte_cp[256])
 
 /* ---- hash tables ---- */
 
-static uint64_t hash_bytes(const char *s, size_t n)
+uint64_t tok__hash_bytes(const char *s, size_t n)
 {
     uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a */
 
@@ -103,7 +103,7 @@ static int vocab_index_init(struct vocab_index *v, const struct gguf_str *tokens
         return -ENOMEM;
     memset(v->slots, 0xff, (v->mask + 1) * sizeof *v->slots);
     for (size_t i = 0; i < n; i++) {
-        size_t h = hash_bytes(tokens[i].ptr, tokens[i].len) & v->mask;
+        size_t h = tok__hash_bytes(tokens[i].ptr, tokens[i].len) & v->mask;
 
         /* A later duplicate replaces an earlier one, as in HF's vocab map. */
         while (v->slots[h] >= 0) {
@@ -119,7 +119,7 @@ static int vocab_index_init(struct vocab_index *v, const struct gguf_str *tokens
 
 static int32_t vocab_index_find(const struct vocab_index *v, const char *s, size_t n)
 {
-    size_t h = hash_bytes(s, n) & v->mask;
+    size_t h = tok__hash_bytes(s, n) & v->mask;
 
     while (v->slots[h] >= 0) {
         const struct gguf_str *o = &v->tokens[v->slots[h]];
@@ -166,6 +166,13 @@ void tok_free(struct tokenizer *t)
     free(t->merges);
     free(t->specials);
     free(t->special_text);
+    free(t->trie);
+    free(t->trie_any);
+    free(t->trie_user);
+    free(t->spm_scores);
+    free(t->spm_raw);
+    free(t->spm_raw_off);
+    free(t->spm_slots);
     free(t);
 }
 
@@ -274,55 +281,118 @@ out:
     return rc;
 }
 
-static int special_cmp(const void *pa, const void *pb)
+static int32_t trie_child(const struct tokenizer *t, int32_t node, uint8_t b)
 {
-    const struct special *a = pa;
-    const struct special *b = pb;
+    uint64_t key;
+    size_t h;
 
-    if (a->first != b->first)
-        return a->first < b->first ? -1 : 1;
-    if (a->len != b->len)
-        return a->len > b->len ? -1 : 1; /* longest first */
-    return a->id < b->id ? -1 : a->id > b->id;
+    if (node == 0)
+        return t->trie_root[b];
+    key = (uint64_t)node << 8 | b;
+    h = hash_pair(key) & t->trie_mask;
+    while (t->trie[h].child >= 0) {
+        if (t->trie[h].key == key)
+            return t->trie[h].child;
+        h = (h + 1) & t->trie_mask;
+    }
+    return -1;
+}
+
+/* The node reached from node by byte b, made if missing; *n_nodes counts them. */
+static int32_t trie_add(struct tokenizer *t, int32_t node, uint8_t b, int32_t *n_nodes)
+{
+    int32_t c = trie_child(t, node, b);
+    uint64_t key = (uint64_t)node << 8 | b;
+    size_t h;
+
+    if (c >= 0)
+        return c;
+    c = (*n_nodes)++;
+    if (node == 0) {
+        t->trie_root[b] = c;
+        return c;
+    }
+    h = hash_pair(key) & t->trie_mask;
+    while (t->trie[h].child >= 0)
+        h = (h + 1) & t->trie_mask;
+    t->trie[h] = (struct trie_edge){.key = key, .child = c};
+    return c;
+}
+
+/* Copies token text s into out, with every ' ' spelled '▁' when spm (added
+ * tokens are matched in SentencePiece's normalized text); returns the bytes
+ * written, or only counts them when out is NULL. */
+static size_t special_spelling(struct gguf_str s, int spm, char *out)
+{
+    size_t n = 0;
+
+    for (size_t i = 0; i < s.len; i++) {
+        if (spm && s.ptr[i] == ' ') {
+            if (out)
+                memcpy(out + n, "\xE2\x96\x81", 3);
+            n += 3;
+        } else {
+            if (out)
+                out[n] = s.ptr[i];
+            n++;
+        }
+    }
+    return n;
 }
 
 static int build_specials(struct tokenizer *t, const struct gguf_str *tokens, const int32_t *types)
 {
+    int spm = t->kind == TOK_SPM;
     size_t total = 0;
     int32_t n = 0;
+    int32_t n_nodes = 1;
 
+    for (int b = 0; b < 256; b++)
+        t->trie_root[b] = -1;
     if (!types)
         return 0;
     for (size_t i = 0; i < t->n_vocab; i++) {
         if ((types[i] == TOK_TYPE_CONTROL || types[i] == TOK_TYPE_USER_DEFINED) &&
             tokens[i].len > 0) {
             n++;
-            total += tokens[i].len;
+            total += special_spelling(tokens[i], spm, NULL);
         }
     }
+    if (total > INT32_MAX / 2)
+        return -ENOMEM;
     t->specials = malloc((size_t)(n ? n : 1) * sizeof *t->specials);
     t->special_text = malloc(total ? total : 1);
-    if (!t->specials || !t->special_text)
+    t->trie_mask = table_size(total) - 1;
+    t->trie = malloc((t->trie_mask + 1) * sizeof *t->trie);
+    t->trie_any = malloc((total + 1) * sizeof *t->trie_any);
+    t->trie_user = malloc((total + 1) * sizeof *t->trie_user);
+    if (!t->specials || !t->special_text || !t->trie || !t->trie_any || !t->trie_user)
         return -ENOMEM;
+    for (size_t i = 0; i <= t->trie_mask; i++)
+        t->trie[i].child = -1;
+    memset(t->trie_any, 0xff, (total + 1) * sizeof *t->trie_any);
+    memset(t->trie_user, 0xff, (total + 1) * sizeof *t->trie_user);
     total = 0;
     for (size_t i = 0; i < t->n_vocab; i++) {
         if ((types[i] == TOK_TYPE_CONTROL || types[i] == TOK_TYPE_USER_DEFINED) &&
             tokens[i].len > 0) {
-            struct special *sp = &t->specials[t->n_special++];
+            int32_t k = t->n_special++;
+            struct special *sp = &t->specials[k];
+            int32_t node = 0;
+
             sp->off = total;
-            sp->len = tokens[i].len;
-            sp->first = (uint8_t)tokens[i].ptr[0];
+            sp->len = special_spelling(tokens[i], spm, t->special_text + total);
             sp->id = (int32_t)i;
             sp->control = types[i] == TOK_TYPE_CONTROL;
-            memcpy(t->special_text + total, tokens[i].ptr, tokens[i].len);
-            total += tokens[i].len;
+            total += sp->len;
+            for (size_t j = 0; j < sp->len; j++)
+                node = trie_add(t, node, (uint8_t)t->special_text[sp->off + j], &n_nodes);
+            /* the same text twice: the lower id wins */
+            if (t->trie_any[node] < 0)
+                t->trie_any[node] = k;
+            if (!sp->control && t->trie_user[node] < 0)
+                t->trie_user[node] = k;
         }
-    }
-    qsort(t->specials, (size_t)t->n_special, sizeof *t->specials, special_cmp);
-    for (int b = 0, k = 0; b <= 256; b++) {
-        while (k < t->n_special && t->specials[k].first < b)
-            k++;
-        t->special_first[b] = k;
     }
     return 0;
 }
@@ -415,9 +485,12 @@ int tok_load(struct tokenizer **out, const struct gguf_file *g, char *err, size_
         rc = -EINVAL;
         goto fail;
     }
-    if (!gguf_str_eq(model, "gpt2")) {
+    if (gguf_str_eq(model, "llama")) {
+        t->kind = TOK_SPM;
+    } else if (!gguf_str_eq(model, "gpt2")) {
         snprintf(err, err_len,
-                 "tokenizer.ggml.model is '%s': only 'gpt2' (byte-level BPE) is supported",
+                 "tokenizer.ggml.model is '%s': only 'gpt2' (byte-level BPE) and 'llama' "
+                 "(SentencePiece) are supported",
                  printable(model, buf, sizeof buf));
         rc = -EINVAL;
         goto fail;
@@ -462,23 +535,31 @@ int tok_load(struct tokenizer **out, const struct gguf_file *g, char *err, size_
         rc = -EINVAL;
         goto fail;
     }
-    load_pre(t, g);
-
-    rc = vocab_index_init(&vocab, tokens, t->n_vocab);
-    if (rc < 0)
-        goto oom;
-    byte_alphabet(byte_cp);
-    for (int b = 0; b < 256; b++) {
-        char s[4];
-        t->byte_tok[b] = vocab_index_find(&vocab, s, utf8_put(byte_cp[b], s));
+    if (t->kind == TOK_SPM) {
+        rc = tok__spm_load(t, g, tokens, types, err, err_len);
+        if (rc == -ENOMEM)
+            goto oom;
+        if (rc < 0)
+            goto fail;
+    } else {
+        load_pre(t, g);
+        rc = vocab_index_init(&vocab, tokens, t->n_vocab);
+        if (rc < 0)
+            goto oom;
+        byte_alphabet(byte_cp);
+        for (int b = 0; b < 256; b++) {
+            char s[4];
+            t->byte_tok[b] = vocab_index_find(&vocab, s, utf8_put(byte_cp[b], s));
+        }
+        rc = build_merges(t, g, &vocab, err, err_len);
+        if (rc == -ENOMEM)
+            goto oom;
+        if (rc < 0)
+            goto fail;
+        if ((rc = tok__build_pieces(t, tokens, byte_cp)) < 0)
+            goto oom;
     }
-    rc = build_merges(t, g, &vocab, err, err_len);
-    if (rc == -ENOMEM)
-        goto oom;
-    if (rc < 0)
-        goto fail;
-    if ((rc = tok__build_pieces(t, tokens, byte_cp)) < 0 ||
-        (rc = build_specials(t, tokens, types)) < 0 || (rc = build_eog(t, tokens)) < 0)
+    if ((rc = build_specials(t, tokens, types)) < 0 || (rc = build_eog(t, tokens)) < 0)
         goto oom;
     for (uint32_t c = 0; c < 128; c++)
         t->ascii_class[c] = (uint8_t)tok__classify(c);
@@ -671,17 +752,22 @@ void tok__bpe_word(struct encoder *e, const uint8_t *w, size_t n)
 static const struct special *find_special(const struct tokenizer *t, const uint8_t *s, size_t n,
                                           size_t from, int parse_special, size_t *at)
 {
+    const int32_t *match = parse_special ? t->trie_any : t->trie_user;
+
     for (size_t i = from; i < n; i++) {
-        int32_t k0 = t->special_first[s[i]];
-        int32_t k1 = t->special_first[s[i] + 1];
-        for (int32_t k = k0; k < k1; k++) {
-            const struct special *sp = &t->specials[k];
-            if (sp->control && !parse_special)
-                continue;
-            if (sp->len <= n - i && memcmp(t->special_text + sp->off, s + i, sp->len) == 0) {
-                *at = i;
-                return sp;
-            }
+        int32_t node = t->trie_root[s[i]];
+        int32_t best = -1;
+
+        for (size_t j = i + 1; node >= 0; j++) {
+            if (match[node] >= 0)
+                best = match[node];
+            if (j == n)
+                break;
+            node = trie_child(t, node, s[j]);
+        }
+        if (best >= 0) {
+            *at = i;
+            return &t->specials[best];
         }
     }
     return NULL;
@@ -692,10 +778,18 @@ int64_t tok_encode(const struct tokenizer *t, const char *text, size_t len, int 
 {
     const uint8_t *s = (const uint8_t *)text;
     struct encoder e = {.t = t, .out = out, .cap = out ? cap : 0};
+    uint8_t *norm = NULL;
     size_t i = 0;
 
     if (!t || (!text && len > 0) || cap < 0)
         return -EINVAL;
+    if (t->kind == TOK_SPM) {
+        /* added tokens are matched in the normalized text (spm.c) */
+        int rc = tok__spm_normalize(t, s, len, &norm, &len);
+        if (rc < 0)
+            return rc;
+        s = norm;
+    }
     if (add_bos && t->bos >= 0)
         emit(&e, t->bos);
     while (i < len && !e.err) {
@@ -703,7 +797,10 @@ int64_t tok_encode(const struct tokenizer *t, const char *text, size_t len, int 
         const struct special *sp =
             t->n_special ? find_special(t, s, len, i, parse_special, &at) : NULL;
 
-        tok__encode_stretch(&e, s + i, at - i);
+        if (t->kind == TOK_SPM)
+            tok__spm_stretch(&e, s + i, at - i);
+        else
+            tok__encode_stretch(&e, s + i, at - i);
         if (!sp)
             break;
         emit(&e, sp->id);
@@ -713,5 +810,8 @@ int64_t tok_encode(const struct tokenizer *t, const char *text, size_t len, int 
     free(e.prev);
     free(e.next);
     free(e.heap);
+    free(norm);
+    free(e.spm_sym);
+    free(e.spm_heap);
     return e.err ? e.err : e.n;
 }

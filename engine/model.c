@@ -1,6 +1,6 @@
 /*
  * model.c: maps a GGUF file (or reads it into memory: MODEL_NO_MMAP), reads
- * the Llama hyperparameters and binds every weight as a view into the map,
+ * the Llama or Gemma 3 hyperparameters and binds every weight as a view into the map,
  * checking type and shape. The normalizer follows the README's convention:
  * <arch>.attention.normalizer if present, else "sink" when blk.N.attn_sinks
  * tensors exist, else "softmax". Also the SIGBUS guard for mapped files
@@ -10,6 +10,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -258,6 +259,81 @@ static int bind(const struct model *m, struct tensor *t, const char *name, int64
     return 0;
 }
 
+/* Reads an optional float hyperparameter "<arch>.<key>" (dflt when absent);
+ * it must be finite and within [lo, hi]. */
+static int get_hp_f(const struct model *m, const char *key, double lo, double hi, double dflt,
+                    double *out, char *err, size_t err_len)
+{
+    char full[160];
+    snprintf(full, sizeof full, "%s.%s", m->hp.arch, key);
+    int rc = gguf_get_f64(&m->gguf, full, out);
+    if (rc == -ENOENT) {
+        *out = dflt;
+        return 0;
+    }
+    if (rc < 0) {
+        snprintf(err, err_len, "model: %s has a bad type", full);
+        return -EINVAL;
+    }
+    if (!(*out >= lo && *out <= hi)) {
+        snprintf(err, err_len, "model: %s = %g out of range [%g, %g]", full, *out, lo, hi);
+        return -EINVAL;
+    }
+    return 0;
+}
+
+/* Gemma 3's own hyperparameters. What the file does not say follows
+ * llama.cpp's loader and Hugging Face's Gemma3TextConfig defaults: every 6th
+ * layer global, the rest local; local RoPE base 10,000; query scale
+ * 1/sqrt(query_pre_attn_scalar) with query_pre_attn_scalar = Dh (true for
+ * every size but 27B, whose file must carry attention.scale); no soft-capping. */
+static int read_gemma3(struct model *m, char *err, size_t err_len)
+{
+    struct model_hparams *hp = &m->hp;
+    int64_t v;
+    double d;
+    int rc;
+
+    if ((rc = get_hp(m, "attention.value_length", 2, MODEL_MAX_HEAD_DIM, hp->head_dim, 0, &v, err,
+                     err_len)) < 0)
+        return rc;
+    if (v != hp->head_dim) {
+        snprintf(err, err_len, "model: %s.attention.value_length %lld != key_length %d", hp->arch,
+                 (long long)v, hp->head_dim);
+        return -EINVAL;
+    }
+    if (hp->rope_dim != hp->head_dim) {
+        snprintf(err, err_len, "model: partial RoPE (%d of %d dims) is not supported for %s",
+                 hp->rope_dim, hp->head_dim, hp->arch);
+        return -ENOTSUP;
+    }
+    hp->rope_neox = 1;
+    if ((rc = get_hp(m, "attention.sliding_window", 1, (int64_t)1 << 30, 0, 1, &v, err, err_len)) <
+        0)
+        return rc;
+    hp->n_swa = (int)v;
+    if ((rc = get_hp(m, "attention.sliding_window_pattern", 1, 1024, 6, 0, &v, err, err_len)) < 0)
+        return rc;
+    hp->swa_period = (int)v;
+    if ((rc = get_hp_f(m, "rope.freq_base_swa", 1.0001, 1e12, 10000.0, &d, err, err_len)) < 0)
+        return rc;
+    hp->rope_base_local = d;
+    if ((rc = get_hp_f(m, "attention.scale", 1e-6, 1e6, hp->attn_scale, &d, err, err_len)) < 0)
+        return rc;
+    hp->attn_scale = (float)d;
+    if ((rc = get_hp_f(m, "final_logit_softcapping", 0, 1e6, 0, &d, err, err_len)) < 0)
+        return rc;
+    hp->final_softcap = (float)d;
+    if ((rc = get_hp_f(m, "attn_logit_softcapping", 0, 1e6, 0, &d, err, err_len)) < 0)
+        return rc;
+    if (d != 0) {
+        snprintf(err, err_len, "model: %s.attn_logit_softcapping (%g) is not supported", hp->arch,
+                 d);
+        return -ENOTSUP;
+    }
+    return 0;
+}
+
 static int read_hparams(struct model *m, char *err, size_t err_len)
 {
     struct model_hparams *hp = &m->hp;
@@ -267,8 +343,13 @@ static int read_hparams(struct model *m, char *err, size_t err_len)
         snprintf(err, err_len, "model: general.architecture missing");
         return -EINVAL;
     }
-    if (strcmp(hp->arch, "llama") != 0) {
-        snprintf(err, err_len, "model: architecture '%s' is not supported (llama only)", hp->arch);
+    if (strcmp(hp->arch, "llama") == 0) {
+        hp->arch_kind = MODEL_ARCH_LLAMA;
+    } else if (strcmp(hp->arch, "gemma3") == 0) {
+        hp->arch_kind = MODEL_ARCH_GEMMA3;
+    } else {
+        snprintf(err, err_len, "model: architecture '%s' is not supported (llama, gemma3)",
+                 hp->arch);
         return -ENOTSUP;
     }
     if (gguf_get_cstr(&m->gguf, "general.name", hp->name, sizeof hp->name) < 0)
@@ -289,13 +370,16 @@ static int read_hparams(struct model *m, char *err, size_t err_len)
                      err_len)) < 0)
         return rc;
     hp->n_head_kv = (int)v;
-    if (hp->n_head % hp->n_head_kv != 0 || hp->n_embd % hp->n_head != 0) {
+    if (hp->n_head % hp->n_head_kv != 0 ||
+        (hp->arch_kind == MODEL_ARCH_LLAMA && hp->n_embd % hp->n_head != 0)) {
         snprintf(err, err_len, "model: %d heads, %d kv heads, dim %d do not divide", hp->n_head,
                  hp->n_head_kv, hp->n_embd);
         return -EINVAL;
     }
-    if ((rc = get_hp(m, "attention.key_length", 2, MODEL_MAX_HEAD_DIM, hp->n_embd / hp->n_head, 0,
-                     &v, err, err_len)) < 0)
+    /* Gemma's heads are not D / H wide (Gemma 3 270M: 4 x 256 for D = 640): the
+     * file must say */
+    if ((rc = get_hp(m, "attention.key_length", 2, MODEL_MAX_HEAD_DIM, hp->n_embd / hp->n_head,
+                     hp->arch_kind == MODEL_ARCH_GEMMA3, &v, err, err_len)) < 0)
         return rc;
     hp->head_dim = (int)v;
     if (hp->head_dim > MODEL_MAX_HEAD_DIM) { /* no key_length: D / H */
@@ -305,7 +389,8 @@ static int read_hparams(struct model *m, char *err, size_t err_len)
                  hp->head_dim, MODEL_MAX_HEAD_DIM);
         return -EINVAL;
     }
-    if (hp->head_dim % 2 != 0 || hp->head_dim * hp->n_head != hp->n_embd) {
+    if (hp->head_dim % 2 != 0 ||
+        (hp->arch_kind == MODEL_ARCH_LLAMA && hp->head_dim * hp->n_head != hp->n_embd)) {
         snprintf(err, err_len, "model: head dim %d x %d heads != embedding %d", hp->head_dim,
                  hp->n_head, hp->n_embd);
         return -EINVAL;
@@ -339,6 +424,9 @@ static int read_hparams(struct model *m, char *err, size_t err_len)
     }
     if (gguf_get_i64(&m->gguf, "general.file_type", &v) == 0)
         hp->file_type = (int)v;
+    hp->attn_scale = (float)(1.0 / sqrt((double)hp->head_dim));
+    if (hp->arch_kind == MODEL_ARCH_GEMMA3 && (rc = read_gemma3(m, err, err_len)) < 0)
+        return rc;
 
     const struct gguf_tensor *emb = gguf_find_tensor(&m->gguf, "token_embd.weight");
     if (!emb) {
@@ -428,6 +516,23 @@ static int bind_weights(struct model *m, char *err, size_t err_len)
                 0)
                 return rc;
         }
+        if (hp->arch_kind == MODEL_ARCH_GEMMA3) {
+            struct {
+                struct tensor *t;
+                const char *suffix;
+                int64_t ne0;
+            } g3[] = {
+                {&ly->attn_q_norm, "attn_q_norm", hp->head_dim},
+                {&ly->attn_k_norm, "attn_k_norm", hp->head_dim},
+                {&ly->post_attn_norm, "post_attention_norm", D},
+                {&ly->post_ffw_norm, "post_ffw_norm", D},
+            };
+            for (size_t i = 0; i < sizeof g3 / sizeof g3[0]; i++) {
+                snprintf(name, sizeof name, "blk.%d.%s.weight", l, g3[i].suffix);
+                if ((rc = bind(m, g3[i].t, name, g3[i].ne0, 1, 1, err, err_len)) < 0)
+                    return rc;
+            }
+        }
         float *sinks = m->sinks_mem + (size_t)l * (size_t)hp->n_head;
         ly->attn_sinks = sinks; /* zeros: softmax1 is sink with s_h = 0 */
         if (hp->normalizer == MODEL_NORM_SINK) {
@@ -471,6 +576,14 @@ int model_open(struct model *m, const char *path, unsigned flags, char *err, siz
     rc = bind_weights(m, err, err_len);
     if (rc < 0)
         goto fail;
+    if (m->hp.arch_kind != MODEL_ARCH_LLAMA && !(flags & MODEL_NO_FORWARD)) {
+        snprintf(err, err_len,
+                 "model: architecture '%s' loads, but its forward pass is not "
+                 "implemented yet",
+                 m->hp.arch);
+        rc = -ENOTSUP;
+        goto fail;
+    }
     return 0;
 fail:
     model_free(m);

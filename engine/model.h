@@ -1,5 +1,5 @@
 /*
- * model.h: a Llama-architecture model loaded from a GGUF file: hyperparameters
+ * model.h: a Llama- or Gemma 3-architecture model loaded from a GGUF file: hyperparameters
  * (the blueprint, never changes) and weights (views into the read-only mmap).
  * Internal to engine/. Every tensor's type and shape is checked at load, so
  * the forward pass can trust them.
@@ -35,8 +35,14 @@ struct tensor { /* a view of a 2-D weight: ne1 rows of ne0 values */
     size_t row_bytes;
 };
 
+enum model_arch {
+    MODEL_ARCH_LLAMA = 0, /* Llama, SmolLM2, TinyLlama */
+    MODEL_ARCH_GEMMA3,    /* Gemma 3 (text): sandwich norms, q/k norms, local + global layers */
+};
+
 struct model_hparams {
     char arch[32];
+    enum model_arch arch_kind;
     char name[128];
     int n_layer;         /* L */
     int n_embd;          /* D */
@@ -48,10 +54,25 @@ struct model_hparams {
     int64_t n_ctx_train; /* context length the model was trained with */
     float norm_eps;
     double rope_base;
-    int rope_dim; /* rotated dims per head (== Dh for llama) */
+    int rope_dim;  /* rotated dims per head (== Dh for llama) */
+    int rope_neox; /* 1: rotate pairs (i, i + rope_dim/2) (Gemma); 0: adjacent pairs (GGUF
+                      Llama files, whose converter permuted Q and K) */
     enum model_normalizer normalizer;
     int file_type; /* dominant weight type, for messages */
+    /* Gemma 3 (zero / defaults for llama) */
+    int n_swa;              /* sliding window of the local layers, in tokens (0: none) */
+    int swa_period;         /* layer l is global iff (l + 1) % swa_period == 0 (0: all global) */
+    double rope_base_local; /* RoPE base of the local layers (rope_base: the global ones) */
+    float attn_scale;       /* query scale before q.k: 1/sqrt(Dh) unless the file says */
+    float final_softcap;    /* logits = c * tanh(logits / c); 0: none */
 };
+
+/* 1 if layer l attends over a sliding window of hp->n_swa tokens (Gemma 3's
+ * local layers), 0 if over the whole context the KV policy keeps. */
+static inline int model_layer_is_local(const struct model_hparams *hp, int l)
+{
+    return hp->n_swa > 0 && hp->swa_period > 0 && (l + 1) % hp->swa_period != 0;
+}
 
 struct model_layer {
     struct tensor attn_norm; /* (D) f32 */
@@ -64,6 +85,11 @@ struct model_layer {
     struct tensor w_up;      /* (F, D) */
     struct tensor w_down;    /* (D, F) */
     const float *attn_sinks; /* (H) per-head sink logits, NULL if none (copied, aligned) */
+    /* Gemma 3 only (data NULL otherwise); norms as stored, 1 + w already folded in */
+    struct tensor attn_q_norm;    /* (Dh) f32: RMSNorm of each query head before RoPE */
+    struct tensor attn_k_norm;    /* (Dh) f32: the same for each key head */
+    struct tensor post_attn_norm; /* (D) f32: on the attention output, before the residual */
+    struct tensor post_ffw_norm;  /* (D) f32: on the FFN output, before the residual */
 };
 
 struct model_weights {
@@ -96,6 +122,9 @@ int model_load(struct model *m, const char *path, char *err, size_t err_len);
  * checks the two agree). */
 #define MODEL_EXIT_CHANGED 3
 #define MODEL_NO_MMAP 1u /* read the file into memory instead of mapping it */
+/* Accept an architecture whose forward pass is not written yet (gemma3), for
+ * tools and tests that only read its hyperparameters and weights. */
+#define MODEL_NO_FORWARD 2u
 /* model_load with flags (MODEL_NO_MMAP). */
 int model_open(struct model *m, const char *path, unsigned flags, char *err, size_t err_len);
 /* Safe on a zeroed or half-built model. Does not free m itself. */

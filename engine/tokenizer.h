@@ -1,7 +1,13 @@
 /*
- * tokenizer.h: GPT-2 byte-level BPE built from a GGUF file's tokenizer.ggml.*
- * metadata (tokens, merges, token_type, bos/eos ids, add_bos_token, pre).
+ * tokenizer.h: the tokenizer of a GGUF file, from its tokenizer.ggml.* metadata.
+ * tokenizer.ggml.model chooses the kind:
+ *   "gpt2"  byte-level BPE (tokens, merges, token_type, bos/eos ids,
+ *           add_bos_token, pre), exact against Hugging Face `tokenizers`;
+ *   "llama" SentencePiece BPE (tokens, scores, token_type, add_space_prefix):
+ *           merges by score, <0xXX> byte fallback, '▁' for space (Llama 2,
+ *           Gemma), exact against `sentencepiece` (spm.c has the details).
  *
+ * For "gpt2":
  * Pre-tokenizers (tokenizer.ggml.pre): "gpt2"/"default" use GPT-2's split
  * pattern; "smollm" first isolates every digit, then applies GPT-2's pattern.
  * Unicode categories come from utf8proc. Control tokens (token_type 3) are
@@ -10,6 +16,7 @@
  * tokens. Token ids are those of Hugging Face `tokenizers` (tokenizer_impl.h lists
  * the deliberate differences).
  *
+ * The rules for added tokens (CONTROL, USER_DEFINED) hold for both kinds.
  * Decoding maps each token back to its raw bytes. tok_stream holds back the
  * bytes of a UTF-8 character split across tokens, so a streamed piece is never
  * a broken sequence.

@@ -2,13 +2,16 @@
  * tokenizer_impl.h: GPT-2 byte-level BPE from a GGUF file's tokenizer.ggml.*
  * metadata, exact against Hugging Face `tokenizers` (tests/unit/test_tokenizer.c
  * checks every case of tests/fixtures/tokenizer_ids.txt, which
- * tools/make_tokenizer_fixture.py makes with HF).
+ * tools/make_tokenizer_fixture.py makes with HF). SentencePiece vocabularies
+ * (kind TOK_SPM) share step 1 and the decoding; spm.c describes the rest
+ * (tests/unit/test_tokenizer_spm.c, tools/make_spm_tokenizer_fixture.py).
  *
  * Encoding does what HF does, in three steps:
  *   1. added tokens: the text is cut at the strings of CONTROL tokens (only
  *      with parse_special) and USER_DEFINED tokens (always, as HF matches
  *      non-special added tokens always); leftmost match first, the longest at
- *      that place;
+ *      that place (a byte trie: each place costs at most the longest added
+ *      token's length);
  *   2. pre-tokenizer, on each stretch between those: "smollm" first isolates
  *      every \p{N} code point (HF Digits(individual_digits=true)), then GPT-2's
  *      pattern cuts each remaining stretch into words:
@@ -46,6 +49,8 @@
  *   pretok.c  UTF-8 and Unicode classes (utf8proc); step 2, the pre-tokenizers
  *   bpe.c     vocab and merges from GGUF (tok_load); steps 1 and 3; tok_encode
  *   detok.c   token pieces (bytes_to_unicode reversed); the tok_stream decoder
+ *   spm.c     SentencePiece vocabularies (tokenizer.ggml.model "llama"): loading,
+ *             the encoding of a stretch between added tokens, pieces
  */
 #ifndef SS_TOKENIZER_IMPL_H
 #define SS_TOKENIZER_IMPL_H
@@ -77,12 +82,22 @@ struct merge_slot { /* open addressing; id < 0 marks an empty slot */
 struct special { /* a CONTROL or USER_DEFINED token, matched as a whole string */
     size_t off;  /* its text in tokenizer.special_text */
     size_t len;
-    uint8_t first; /* its first byte */
     int32_t id;
     int control; /* matched only with parse_special */
 };
 
+struct trie_edge { /* open addressing; child < 0 marks an empty slot */
+    uint64_t key;  /* parent node << 8 | byte */
+    int32_t child;
+};
+
+enum tok_kind {
+    TOK_BPE, /* tokenizer.ggml.model "gpt2": byte-level BPE (bpe.c) */
+    TOK_SPM, /* "llama": SentencePiece BPE by score, byte fallback (spm.c) */
+};
+
 struct tokenizer {
+    enum tok_kind kind;
     size_t n_vocab;    /* 1 .. INT32_MAX */
     char *pieces;      /* decoded bytes of every token, back to back */
     size_t *piece_off; /* [n_vocab + 1]: token i is pieces[piece_off[i] .. piece_off[i+1]) */
@@ -90,12 +105,28 @@ struct tokenizer {
 
     struct merge_slot *merges; /* [merge_mask + 1] */
     size_t merge_mask;
-    int32_t byte_tok[256]; /* token of each single byte, -1 if the vocab has none */
+    int32_t byte_tok[256]; /* token of each single byte (SPM: <0xXX>), -1 if none */
 
-    struct special *specials; /* sorted by first byte, then longest first */
+    /* SPM only (spm.c) */
+    float *spm_scores;    /* [n_vocab] tokenizer.ggml.scores: higher merges first */
+    char *spm_raw;        /* token texts as stored ('▁' for space), back to back */
+    size_t *spm_raw_off;  /* [n_vocab + 1] */
+    int32_t *spm_slots;   /* [spm_mask + 1] open addressing over NORMAL and USER_DEFINED */
+    size_t spm_mask;      /* tokens by raw text; -1 marks an empty slot */
+    size_t spm_max_len;   /* longest of those, in bytes */
+    int add_space_prefix; /* tokenizer.ggml.add_space_prefix (default 1) */
+
+    struct special *specials; /* sorted by id */
     int32_t n_special;
-    int32_t special_first[257]; /* specials starting with byte b: [first[b], first[b+1]) */
     char *special_text;
+    /* A byte trie of the specials' texts, so matching at a place costs at most
+     * the longest special's length, however many specials share a prefix
+     * (Gemma has 6,000 starting with '<'). Node 0 is the root. */
+    int32_t trie_root[256]; /* child of the root for each byte, -1 if none */
+    struct trie_edge *trie; /* [trie_mask + 1] the other edges */
+    size_t trie_mask;
+    int32_t *trie_any;  /* [n_nodes] the special (index) spelled by the node, -1 if none */
+    int32_t *trie_user; /* [n_nodes] the same, USER_DEFINED only (matched without parse_special) */
 
     uint8_t ascii_class[128]; /* enum char_class of each ASCII code point */
     int split_digits;         /* pre = smollm */
@@ -122,8 +153,17 @@ struct encoder { /* one tok_encode call */
     int32_t *next;
     struct bpe_item *heap;
     size_t scratch_cap; /* symbols */
+    /* SPM scratch (spm.c), grown to the longest stretch */
+    const uint8_t *spm_text; /* the stretch being merged */
+    struct spm_sym *spm_sym;
+    struct spm_item *spm_heap;
+    size_t spm_cap; /* symbols of spm_sym */
     int err;
 };
+
+struct gguf_file;
+struct spm_sym;
+struct spm_item;
 
 /* pretok.c */
 size_t tok__utf8_next(const uint8_t *s, size_t n, uint32_t *cp);
@@ -132,6 +172,17 @@ void tok__encode_stretch(struct encoder *e, const uint8_t *s, size_t n);
 
 /* bpe.c */
 void tok__bpe_word(struct encoder *e, const uint8_t *w, size_t n);
+uint64_t tok__hash_bytes(const char *s, size_t n);
+
+/* spm.c */
+int tok__spm_load(struct tokenizer *t, const struct gguf_file *g, const struct gguf_str *tokens,
+                  const int32_t *types, char *err, size_t err_len);
+/* The text as SentencePiece's normalizer leaves it: ' ' -> '▁', and a leading
+ * '▁' with add_space_prefix. *out is malloc'd (caller frees). */
+int tok__spm_normalize(const struct tokenizer *t, const uint8_t *s, size_t n, uint8_t **out,
+                       size_t *out_len);
+/* Encodes s[0..n), a stretch of normalized text between added tokens. */
+void tok__spm_stretch(struct encoder *e, const uint8_t *s, size_t n);
 
 /* detok.c */
 int tok__build_pieces(struct tokenizer *t, const struct gguf_str *tokens,

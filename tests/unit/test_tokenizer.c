@@ -842,7 +842,7 @@ TEST(tokenizer_rejects_bad_metadata_with_a_message)
     char err[256];
 
     s = syn_default();
-    s.model = "llama";
+    s.model = "bert";
     ASSERT_EQ(syn_load(&s, &t, err, sizeof err), -EINVAL);
     ASSERT(t == NULL && strstr(err, "gpt2") != NULL);
 

@@ -3,29 +3,56 @@
 30 layers x 9 heads = 270 scalars), everything else frozen, under window-only
 attention, so that a null key learns to do the evicted first token's job.
 
-Command that made tools/data/sinks_trained.txt (2 shared CPU cores):
+Commands that made the committed files (2 shared CPU cores, one thread each;
+the machine was heavily loaded, so the times in their headers are wall times
+at a small share of one core):
 
-    nice /root/refvenv/bin/python tools/train_sinks.py \
-        --model ~/.cache/streamsink/SmolLM2-135M-Instruct.Q4_1.gguf \
-        --steps 30 --seq 320 --window 128 --threads 1 --out tools/data/sinks_trained.txt
+    M=~/.cache/streamsink/SmolLM2-135M-Instruct.Q4_1.gguf
+    # tools/data/sinks_trained.txt: 30 steps of a 90-step schedule, from sinks_trained30.txt
+    nice /root/refvenv/bin/python tools/train_sinks.py --model $M --steps 90 --stop-after 30 \
+        --windows 64,128,256 --loss-tokens 160 --lr 0.05 \
+        --init tools/data/sinks_trained30.txt --threads 1 --out tools/data/sinks_trained.txt
+    # tools/data/sinks_fit.txt: the layer-wise fit (fit_sinks), no training
+    nice /root/refvenv/bin/python tools/train_sinks.py --model $M --fit \
+        --windows 128,256,1024 --fit-tokens 384 --threads 1 --out tools/data/sinks_fit.txt
+
+tools/data/sinks_trained30.txt came from the first version of this script:
+30 steps of 320-token slices of the KJV without Revelation, window 128, lr 0.1,
+init 0 (its header says so).
 
 Then tools/retrofit_sinks.py builds the GGUF from the downloaded model and that file.
-`--write-texts DIR` only writes the texts of the retrofit table: kjv_revelation.txt
-(held out; perplexity and probe) and kjv_matthew200.txt (`streamsink calibrate`).
+`--write-texts DIR` only writes the evaluation texts (tools/retrofit_eval.py uses them):
+kjv_revelation.txt, coreutils_manual.txt and debian_history.txt (held out of training)
+and kjv_matthew200.txt (`streamsink calibrate`). `--eval FILE` only prints the
+window-only perplexity of this script's forward on a text, for quick comparisons;
+the figures in docs/results.md come from `streamsink perplexity`.
 
 The forward is written here from the GGUF (weights dequantized with the gguf
 package, float32): RMSNorm, pairwise-adjacent RoPE (the converter already
-permuted Q and K), GQA, SwiGLU, tied output. Attention is window-only: query t
-sees keys t-W+1..t at their absolute positions (the engine's `window` policy;
-a contiguous window keeps true distances), normalized with the `sink`
-normalizer e^{z_i} / (e^{s_h} + Σ_j e^{z_j}). The loss is next-token
-cross-entropy on positions t >= W only, where the first token is out of reach,
-because those are the queries whose sink must now be the null key.
-Data: the King James Bible minus Revelation (`bible`, Debian bible-kjv);
-Revelation is the held-out text of the perplexity table. Sinks start at 0
-(softmax1), so the result is independent of `streamsink calibrate`.
+permuted Q and K), GQA, SwiGLU, tied output. Attention is the engine's `window`
+policy (kvcache/kvcache.h): query t sees keys max(0, t-W+1)..t, each at its
+absolute position, which inside a contiguous window gives true distances, so
+RoPE, being relative, sees what the server's cache gives it. Normalizer: `sink`,
+e^{z_i} / (e^{s_h} + sum_j e^{z_j}). The loss is next-token cross-entropy on
+positions t >= W only, where the first token is out of reach, because those are
+the queries whose sink must now be the null key.
+
+Each step takes one window from --windows (in turn) and one text source (in
+turn), and a random slice of W + --loss-tokens tokens of it (seeded generator),
+so one run covers several windows and several kinds of text. The sources are
+texts that every Debian system has, none of them an evaluation text: the King
+James Bible without Revelation (`bible`, Debian bible-kjv), the GNU manuals of
+sed, grep, gzip, diffutils and findutils (/usr/share/info) and the GPL-3
+(/usr/share/common-licenses). Held out: Revelation, the coreutils manual, the
+Debian project history (package debian-history). Given its seed the run is
+deterministic (one thread, deterministic kernels).
+
+--sink-values also trains one value vector per head (the null key then adds
+e^{s_h} v_h to the numerator): an engine extension the GGUF convention does not
+have; the vectors go to OUT.values.npy for evaluation with --eval only.
 """
 import argparse
+import gzip
 import math
 import os
 import re
@@ -40,6 +67,14 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from make_tokenizer_fixture import build_tokenizer  # noqa: E402
 
+INFO = "/usr/share/info"
+TRAIN_INFO = ["sed.info.gz", "grep.info.gz", "gzip.info.gz", "diffutils.info.gz",
+              "find.info.gz", "find.info-1.gz", "find.info-2.gz"]
+LICENSE = "/usr/share/common-licenses/GPL-3"
+COREUTILS = os.path.join(INFO, "coreutils.info.gz")
+HISTORY = "/usr/share/doc/debian-history/docs/project-history.en.txt.gz"
+EVAL_CHARS = 16000
+
 
 def kjv_books():
     """{book abbreviation: [verse text]} from `bible` (Debian bible-kjv)."""
@@ -53,20 +88,41 @@ def kjv_books():
     return books
 
 
-def kjv_train_text():
-    return "\n".join("\n".join(v) for b, v in kjv_books().items() if b != "Rev")
+def read_text(path):
+    op = gzip.open if path.endswith(".gz") else open
+    with op(path, "rt", encoding="utf-8", errors="replace") as f:
+        return f.read()
+
+
+def train_sources():
+    """[(name, text)]: the training texts, none of them an evaluation text."""
+    src = [("kjv-without-revelation",
+            "\n".join("\n".join(v) for b, v in kjv_books().items() if b != "Rev"))]
+    manuals = [read_text(os.path.join(INFO, n)) for n in TRAIN_INFO
+               if os.path.exists(os.path.join(INFO, n))]
+    src.append(("gnu-manuals", "\n".join(manuals)))
+    src.append(("gpl-3", read_text(LICENSE)))
+    return src
+
+
+def eval_texts():
+    """{file name: text}: the held-out texts and the calibration text."""
+    books = kjv_books()
+    core = read_text(COREUTILS)
+    core = core[core.index("\n1 Introduction\n") + 1:]
+    hist = read_text(HISTORY)
+    hist = hist[re.search(r"Chapter\s1\.\s+Introduction", hist).start():]
+    return {"kjv_revelation.txt": "\n".join(books["Rev"]) + "\n",
+            "kjv_matthew200.txt": "\n".join(books["Mat"][:200]) + "\n",
+            "coreutils_manual.txt": core[:EVAL_CHARS],
+            "debian_history.txt": hist[:EVAL_CHARS]}
 
 
 def write_texts(d):
-    """The evaluation texts of the retrofit table: Revelation (held out of
-    training) for perplexity and probe, the first 200 verses of Matthew for
-    `streamsink calibrate`."""
-    books = kjv_books()
     os.makedirs(d, exist_ok=True)
-    for name, verses in (("kjv_revelation.txt", books["Rev"]),
-                         ("kjv_matthew200.txt", books["Mat"][:200])):
+    for name, text in eval_texts().items():
         with open(os.path.join(d, name), "w") as f:
-            f.write("\n".join(verses) + "\n")
+            f.write(text)
         print(f"wrote {os.path.join(d, name)}")
 
 
@@ -86,6 +142,17 @@ def load_weights(path):
     return kv, w
 
 
+def read_scalars(path, L, H):
+    rows = []
+    for line in open(path):
+        line = line.split("#", 1)[0].strip()
+        if line:
+            rows.append([float(x) for x in line.split()])
+    if len(rows) != L or any(len(r) != H for r in rows):
+        sys.exit(f"{path}: expected {L} lines of {H} numbers")
+    return torch.tensor(rows, dtype=torch.float32)
+
+
 def rope_tables(T, dh, base):
     i = torch.arange(dh // 2, dtype=torch.float64)
     a = torch.arange(T, dtype=torch.float64)[:, None] * base ** (-2.0 * i / dh)[None, :]
@@ -97,7 +164,9 @@ def rope(x, c, s):
     return torch.stack((x0 * c - x1 * s, x0 * s + x1 * c), dim=-1).flatten(-2)
 
 
-def forward_loss(kv, w, sinks, ids, window, n_skip):
+def forward_nll(kv, w, sinks, ids, window, sink_v=None):
+    """Per-token NLL of ids[1:] under the window policy with sink logits
+    sinks [L, H] (None: vanilla softmax) and optional sink values [L, H, Dh]."""
     arch = kv["general.architecture"]
     L = int(kv[f"{arch}.block_count"])
     H = int(kv[f"{arch}.attention.head_count"])
@@ -127,16 +196,91 @@ def forward_loss(kv, w, sinks, ids, window, n_skip):
         v = v.repeat_interleave(H // Hkv, dim=0)
         z = (q @ k.transpose(-1, -2)) / math.sqrt(Dh)
         z = z.masked_fill(~mask, float("-inf"))
-        zz = torch.cat([z, sinks[l].view(H, 1, 1).expand(H, T, 1)], dim=-1)
-        a = torch.softmax(zz, dim=-1)[..., :-1]
-        o = (a @ v).transpose(0, 1).reshape(T, D)
+        if sinks is None:
+            o = torch.softmax(z, dim=-1) @ v
+        else:
+            zz = torch.cat([z, sinks[l].view(H, 1, 1).expand(H, T, 1)], dim=-1)
+            a = torch.softmax(zz, dim=-1)
+            o = a[..., :-1] @ v
+            if sink_v is not None:
+                o = o + a[..., -1:] * sink_v[l].view(H, 1, Dh)
+        o = o.transpose(0, 1).reshape(T, D)
         x = x + o @ w[p + "attn_output.weight"].T
         h = rms(x, w[p + "ffn_norm.weight"])
         x = x + (F.silu(h @ w[p + "ffn_gate.weight"].T) * (h @ w[p + "ffn_up.weight"].T)) \
             @ w[p + "ffn_down.weight"].T
     out = w.get("output.weight", emb)
-    xs = rms(x[n_skip:-1], w["output_norm.weight"])
-    return F.cross_entropy(xs @ out.T, ids[n_skip + 1:])
+    xs = rms(x[:-1], w["output_norm.weight"])
+    return F.cross_entropy(xs @ out.T, ids[1:], reduction="none")
+
+
+def fit_sinks(kv, w, seqs, n_pin=4, grid=None):
+    """Layer-wise fit of the sink logits, no backpropagation. seqs: [(ids, W)].
+    Every sequence runs through the retrofit (window-only, null key) layer by
+    layer. At each layer and head the window-only output with a null key of
+    logit s is o(s) = c_t(s) o_win,t with c_t = 1 / (1 + e^{s - log R_t}),
+    R_t = sum_j e^{z_tj} over the window; the target is the vanilla output
+    with the first n_pin tokens visible as well (`sinks:n_pin`, true
+    positions), o_pin,t. s minimizes sum_{t >= W} |W_o,h (c_t(s) o_win,t - o_pin,t)|^2
+    on a grid, then the layer runs with it and the next layer is fitted."""
+    arch = kv["general.architecture"]
+    L = int(kv[f"{arch}.block_count"])
+    H = int(kv[f"{arch}.attention.head_count"])
+    Hkv = int(kv[f"{arch}.attention.head_count_kv"])
+    eps = float(kv[f"{arch}.attention.layer_norm_rms_epsilon"])
+    base = float(kv.get(f"{arch}.rope.freq_base", 10000.0))
+    emb = w["token_embd.weight"]
+    D = emb.shape[1]
+    Dh = D // H
+    grid = torch.arange(-8.0, 16.0001, 0.05) if grid is None else grid
+
+    def rms(x, g):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * g
+
+    xs = [emb[ids] for ids, _ in seqs]
+    sinks = torch.zeros(L, H)
+    for l in range(L):
+        p = f"blk.{l}."
+        Wo = w[p + "attn_output.weight"]  # [D, H*Dh]
+        err = torch.zeros(H, len(grid), dtype=torch.float64)
+        outs = []
+        for i, (ids, W) in enumerate(seqs):
+            x, T = xs[i], ids.shape[0]
+            c, s = rope_tables(T, Dh, base)
+            t = torch.arange(T)
+            win = (t[None, :] <= t[:, None]) & (t[None, :] > t[:, None] - W)
+            pin = win | ((t[None, :] < n_pin) & (t[None, :] <= t[:, None]))
+            h = rms(x, w[p + "attn_norm.weight"])
+            q = (h @ w[p + "attn_q.weight"].T).view(T, H, Dh).transpose(0, 1)
+            k = (h @ w[p + "attn_k.weight"].T).view(T, Hkv, Dh).transpose(0, 1)
+            v = (h @ w[p + "attn_v.weight"].T).view(T, Hkv, Dh).transpose(0, 1)
+            q, k = rope(q, c, s), rope(k, c, s)
+            k = k.repeat_interleave(H // Hkv, dim=0)
+            v = v.repeat_interleave(H // Hkv, dim=0)
+            z = (q @ k.transpose(-1, -2)) / math.sqrt(Dh)
+            zw = z.masked_fill(~win, float("-inf"))
+            logr = torch.logsumexp(zw, dim=-1)  # [H, T]
+            o_win = torch.softmax(zw, dim=-1) @ v  # [H, T, Dh]
+            o_pin = torch.softmax(z.masked_fill(~pin, float("-inf")), dim=-1) @ v
+            for hh in range(H):
+                wo = Wo[:, hh * Dh:(hh + 1) * Dh]
+                a = (o_win[hh, W:] @ wo.T).double()
+                b = (o_pin[hh, W:] @ wo.T).double()
+                A, B = (a * a).sum(-1), (a * b).sum(-1)  # [n]
+                cc = torch.sigmoid(logr[hh, W:].double()[None, :] - grid.double()[:, None])
+                err[hh] += (cc * cc * A[None, :] - 2 * cc * B[None, :]).sum(-1)
+            outs.append((o_win, logr))
+        sinks[l] = grid[err.argmin(-1)]
+        for i, (ids, W) in enumerate(seqs):
+            o_win, logr = outs[i]
+            cc = torch.sigmoid(logr - sinks[l].view(H, 1))  # [H, T]
+            o = (o_win * cc[..., None]).transpose(0, 1).reshape(ids.shape[0], D)
+            x = xs[i] + o @ Wo.T
+            hf = rms(x, w[p + "ffn_norm.weight"])
+            xs[i] = x + (F.silu(hf @ w[p + "ffn_gate.weight"].T) * (hf @ w[p + "ffn_up.weight"].T)) \
+                @ w[p + "ffn_down.weight"].T
+        print(f"layer {l:2d} sinks " + " ".join(f"{v:+.2f}" for v in sinks[l].tolist()), flush=True)
+    return sinks
 
 
 def main():
@@ -145,50 +289,125 @@ def main():
     ap.add_argument("--out")
     ap.add_argument("--write-texts", metavar="DIR",
                     help="only write the evaluation and calibration texts into DIR")
-    ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--seq", type=int, default=320)
-    ap.add_argument("--window", type=int, default=128)
-    ap.add_argument("--lr", type=float, default=0.1)
+    ap.add_argument("--eval", metavar="FILE",
+                    help="only print window-only perplexity on FILE (--init sinks, or "
+                         "vanilla softmax with --vanilla)")
+    ap.add_argument("--eval-tokens", type=int, default=2048)
+    ap.add_argument("--vanilla", action="store_true")
+    ap.add_argument("--init", help="start from these sink logits (default: all 0, softmax1)")
+    ap.add_argument("--init-values", help="with --eval: sink value vectors (.npy)")
+    ap.add_argument("--steps", type=int, default=90, help="length of the cosine schedule")
+    ap.add_argument("--stop-after", type=int, default=0,
+                    help="stop after this many steps of the schedule (default: all)")
+    ap.add_argument("--windows", default="64,128,256")
+    ap.add_argument("--loss-tokens", type=int, default=160,
+                    help="scored tokens per step, after the first W")
+    ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--sink-values", action="store_true",
+                    help="also train one value vector per head (not in the GGUF convention)")
+    ap.add_argument("--fit", action="store_true",
+                    help="no training: the layer-wise fit of fit_sinks on one slice of "
+                         "--fit-tokens tokens after the window per source and window")
+    ap.add_argument("--fit-tokens", type=int, default=384)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--threads", type=int, default=1)
     a = ap.parse_args()
     if a.write_texts:
         return write_texts(a.write_texts)
-    if not a.model or not a.out:
-        ap.error("--model and --out are required")
+    if not a.model or not (a.out or a.eval):
+        ap.error("--model and --out (or --eval) are required")
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
+    torch.use_deterministic_algorithms(True)
+    windows = [int(x) for x in a.windows.split(",")]
 
     kv, w = load_weights(a.model)
     arch = kv["general.architecture"]
     L = int(kv[f"{arch}.block_count"])
     H = int(kv[f"{arch}.attention.head_count"])
+    Dh = int(kv[f"{arch}.embedding_length"]) // H
     tok, _ = build_tokenizer(a.model)
-    ids = torch.tensor(tok.encode(kjv_train_text()).ids, dtype=torch.long)
-    print(f"{L} x {H} sink logits; {len(ids)} training tokens; window {a.window}, "
-          f"sequences of {a.seq}, loss on positions >= {a.window}", flush=True)
+    if a.eval:  # --init may list several files here, each evaluated in turn
+        ids = torch.tensor(tok.encode(open(a.eval).read()).ids[:a.eval_tokens], dtype=torch.long)
+        sv = torch.from_numpy(np.load(a.init_values)) if a.init_values else None
+        cands = [("vanilla", None)] if a.vanilla else []
+        cands += [(os.path.basename(f), read_scalars(f, L, H))
+                  for f in (a.init.split(",") if a.init else [])]
+        with torch.no_grad():
+            for W in windows:
+                for name, sk in cands:
+                    nll = forward_nll(kv, w, sk, ids, W, sv if sk is not None else None)
+                    print(f"{os.path.basename(a.eval)} W={W} {name} window tokens={len(nll)} "
+                          f"ppl={math.exp(nll.mean()):.3f} "
+                          f"ppl(t>={W})={math.exp(nll[W:].mean()):.3f}", flush=True)
+        return
+    init = read_scalars(a.init, L, H) if a.init else torch.zeros(L, H)
 
-    sinks = torch.zeros(L, H, requires_grad=True)  # softmax1 to start
-    opt = torch.optim.Adam([sinks], lr=a.lr)
+    sources = [(n, torch.tensor(tok.encode(t).ids, dtype=torch.long)) for n, t in train_sources()]
+    print(f"{L} x {H} sink logits{' + values' if a.sink_values else ''}; windows {windows}; "
+          f"{a.loss_tokens} scored tokens per step; sources: "
+          + ", ".join(f"{n} ({len(i)} tokens)" for n, i in sources), flush=True)
+
+    if a.fit:
+        g = torch.Generator().manual_seed(a.seed)
+        seqs = []
+        for W in windows:
+            for name, ids in sources:
+                n = W + a.fit_tokens + 1
+                st = int(torch.randint(0, len(ids) - n, (1,), generator=g))
+                seqs.append((ids[st:st + n], W))
+        t0 = time.time()
+        with torch.no_grad():
+            sinks = fit_sinks(kv, w, seqs)
+        el = time.time() - t0
+        with open(a.out, "w") as f:
+            f.write(f"# sink logits from tools/train_sinks.py --fit: {L} layers x {H} heads, "
+                    f"one line per layer\n# layer-wise fit to the sinks:4 outputs, windows "
+                    f"{a.windows}, {a.fit_tokens} tokens per source and window, seed {a.seed}; "
+                    f"sources {', '.join(n for n, _ in sources)}; {el:.0f}s on one thread\n")
+            for row in sinks.tolist():
+                f.write(" ".join(f"{v:.6f}" for v in row) + "\n")
+        print(f"wrote {a.out} ({el:.0f}s)")
+        return
+
+    sinks = init.clone().requires_grad_(True)
+    params = [sinks]
+    sink_v = None
+    if a.sink_values:
+        sink_v = torch.zeros(L, H, Dh, requires_grad=True)
+        params.append(sink_v)
+    opt = torch.optim.Adam(params, lr=a.lr)
     g = torch.Generator().manual_seed(a.seed)
     t0 = time.time()
-    for step in range(a.steps):
+    n_run = a.stop_after if 0 < a.stop_after < a.steps else a.steps
+    for step in range(n_run):
         for pg in opt.param_groups:
             pg["lr"] = a.lr * 0.5 * (1 + math.cos(math.pi * step / a.steps))
-        st = int(torch.randint(0, len(ids) - a.seq, (1,), generator=g))
-        loss = forward_loss(kv, w, sinks, ids[st:st + a.seq], a.window, a.window)
+        W = windows[step % len(windows)]
+        name, ids = sources[(step // len(windows)) % len(sources)]
+        n = W + a.loss_tokens + 1
+        st = int(torch.randint(0, len(ids) - n, (1,), generator=g))
+        nll = forward_nll(kv, w, sinks, ids[st:st + n], W, sink_v)
+        loss = nll[W:].mean()
         opt.zero_grad()
         loss.backward()
         opt.step()
-        print(f"step {step:3d} loss {loss.item():.4f} mean sink {sinks.mean().item():+.3f} "
-              f"({time.time() - t0:.0f}s)", flush=True)
-    with open(a.out, "w") as f:
-        f.write(f"# sink logits from tools/train_sinks.py: {L} layers x {H} heads, one line "
-                f"per layer\n# {a.steps} steps of {a.seq} tokens, window {a.window}, Adam lr "
-                f"{a.lr} cosine, init 0, KJV without Revelation; {time.time() - t0:.0f}s\n")
-        for row in sinks.detach().tolist():
-            f.write(" ".join(f"{v:.6f}" for v in row) + "\n")
-    print(f"wrote {a.out}")
+        print(f"step {step:3d} W {W:4d} {name:22s} loss {loss.item():.4f} "
+              f"mean sink {sinks.mean().item():+.3f} ({time.time() - t0:.0f}s)", flush=True)
+        if (step + 1) % 10 == 0 or step + 1 == n_run:  # the file after every 10 steps
+            el = time.time() - t0
+            with open(a.out + ".part", "w") as f:
+                f.write(f"# sink logits from tools/train_sinks.py: {L} layers x {H} heads, one "
+                        f"line per layer\n# {step + 1} of {a.steps} steps, windows {a.windows}, "
+                        f"{a.loss_tokens} scored tokens per step, Adam lr {a.lr} cosine, seed "
+                        f"{a.seed}, init {os.path.basename(a.init) if a.init else '0'}; sources "
+                        f"{', '.join(n for n, _ in sources)}; {el:.0f}s on one thread\n")
+                for row in sinks.detach().tolist():
+                    f.write(" ".join(f"{v:.6f}" for v in row) + "\n")
+            os.replace(a.out + ".part", a.out)
+            if sink_v is not None:
+                np.save(a.out + ".values.npy", sink_v.detach().numpy())
+    print(f"wrote {a.out} ({time.time() - t0:.0f}s)")
 
 
 if __name__ == "__main__":

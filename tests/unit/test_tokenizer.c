@@ -13,6 +13,7 @@
  * ASan/UBSan).
  */
 #include "support/gguf_writer.h"
+#include "support/rng.h"
 #include "support/utf8_check.h"
 #include "test.h"
 
@@ -888,8 +889,8 @@ TEST(tokenizer_survives_truncated_and_corrupted_files)
             len = (size_t)trial * w.len / 1000; /* truncated */
         } else {
             for (int k = 0; k < 1 + trial % 8; k++) { /* a few random bytes changed */
-                rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-                copy[(rng >> 33) % w.len] = (uint8_t)(rng >> 20);
+                uint64_t r = test_rng_u64(&rng);
+                copy[(r >> 33) % w.len] = (uint8_t)(r >> 20);
             }
         }
         if (gguf_parse(&g, copy, len, err, sizeof err) < 0)

@@ -19,7 +19,7 @@
 
 #include "gguf.h"
 #include "tokenizer.h"
-#include "utf8_check.h"
+#include "support/utf8_check.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -253,8 +253,9 @@ static int copy_cells(struct engine *e, const struct kv_seq *kv, const struct sn
     size_t cell_bytes = (size_t)m->head_dim * (m->dtype == KV_DTYPE_F16 ? 2u : 4u);
     int rc = 0;
     if (m->n_sink_cells > 0)
-        rc = import ? op->kv_import(&e->dec.backend, kv->slot, 0, m->n_sink_cells, k, v, m->n_cells)
-                    : op->kv_export(&e->dec.backend, kv->slot, 0, m->n_sink_cells, k, v, m->n_cells);
+        rc = import
+                 ? op->kv_import(&e->dec.backend, kv->slot, 0, m->n_sink_cells, k, v, m->n_cells)
+                 : op->kv_export(&e->dec.backend, kv->slot, 0, m->n_sink_cells, k, v, m->n_cells);
     int64_t off = m->n_sink_cells;
     for (int64_t p = m->win_pos0; rc == 0 && p < m->pos_next;) {
         int64_t cell = kv_seq_cell(kv, p);

@@ -1,6 +1,6 @@
 /*
  * bench_cuda.c: decode and prefill speed of a backend with full windows, and
- * the attention op's achieved memory bandwidth (issue 6; run by
+ * the attention op's achieved memory bandwidth (run by
  * tools/gpu-check.sh). Works with --backend cpu too (small settings), which
  * is how the tool itself is checked on machines without a GPU.
  *

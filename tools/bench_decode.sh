@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Decoder benchmark (issue 2): prompt tokens/s for a 512-token prompt and
+# Decoder benchmark: prompt tokens/s for a 512-token prompt and
 # decode tokens/s for 128 tokens, for SmolLM2-135M Q4_1 and a Q8_0 copy made
 # by tools/requant_gguf.py, on 2 threads. Each configuration runs REPS times
 # (default 5); the median of each figure is printed, all from one run.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Steady-state sliding-window decode (issue 3): SmolLM2-135M Q4_1 with a full
+# Steady-state sliding-window decode: SmolLM2-135M Q4_1 with a full
 # 4,096-token window (sinks:4 + 4,092 window tokens after a 4,200-token prompt),
 # so every decode step evicts one token. Prints the median decode tokens/s of
 # REPS runs (default 5) on THREADS threads (default 2), f16 KV.

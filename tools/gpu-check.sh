@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# gpu-check.sh: the CUDA backend's one device check (issue 6). Builds what it
+# gpu-check.sh: the CUDA backend's one device check. Builds what it
 # needs, runs the CUDA tests and the benchmark, prints one table, and writes
 # the full log into LOGDIR.
 #

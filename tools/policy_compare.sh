@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # policy_compare.sh: latency and throughput of KV policies under concurrent load
-# (issue 7, item 6). For each policy and each concurrency level it starts a
+# For each policy and each concurrency level it starts a
 # fresh `streamsink serve` (one KV slot per session), runs tools/loadgen.py
 # (N sessions of TOKENS generated tokens each, closed loop), stops the server
 # with SIGTERM, and at the end writes OUT/README.md (a markdown table with the

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The StreamingLLM table for SmolLM2-135M (issue 3): perplexity on the King
+# The StreamingLLM table for SmolLM2-135M: perplexity on the King
 # James Bible (Debian's bible-kjv, dumped with the `bible` program) under each
 # KV policy, windows 256 and 1024, 20,000 scored tokens. recompute re-runs the
 # whole window for each scored token (O(W) per token), so it scores every

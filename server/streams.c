@@ -255,11 +255,14 @@ void streams_pump(struct server *s, struct stream *st)
         c->user = NULL;
         st->conn = NULL;
         st->deadline = server_now() + s->streams.grace;
-        http_conn_stream_end(c);
         if (s->streams.grace > 0 && !s->draining && !s->stopped)
             start_sweep(s);
         else
             streams_drop(s, st);
+        /* last: ending the response may run the connection's next pipelined
+         * request (a resume of this very stream, a request that evicts it),
+         * so st must not be touched after this */
+        http_conn_stream_end(c);
         return;
     }
     streams_flow(s, st);

@@ -510,3 +510,34 @@ def test_with_no_grace_a_disconnect_cancels_at_once(start_server):
     s.wait_metric("streamsink_kv_slots_free", lambda v: v == total, timeout=10)
     assert s.metrics()["streamsink_streams"] == 0
     assert error_of(s.get(f"/v1/streams/{sid}")) == (404, "stream_not_found")
+
+
+def test_a_resume_pipelined_behind_its_own_stream_is_answered_once(start_server):
+    # The client sends GET /v1/streams/{id} on the same connection while the
+    # stream still runs. With no grace period the stream is gone once its
+    # response ends, so the pipelined GET, run as that response ends, must
+    # find nothing (404) rather than replay a stream that is being freed.
+    s = start_server("--stream-grace", "0")
+    body = {"model": "smol", "prompt": ENDLESS, "max_tokens": 24, "temperature": 0,
+            "stream": True}
+    sse = post_stream(s, "/v1/completions", body, headers={})
+    sid = sse.headers["x-stream-id"]
+    sse.sock.sendall(f"GET /v1/streams/{sid} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    events = []
+    collect(sse, False, events)
+    check_ids(events)
+    sse.rest()
+    leftover = sse.raw
+    assert leftover.startswith(b"0\r\n\r\n"), leftover[:40]
+    second = SSE.__new__(SSE)
+    second.sock, second.raw, second.body = sse.sock, leftover[5:], b""
+    second.chunked, second.eof = False, False
+    second.status, second.headers = second._head()
+    assert second.status == 404, (second.status, second.raw)
+    n = int(second.headers["content-length"])
+    while len(second.raw) < n and not second.eof:
+        second._recv()
+    assert json.loads(second.raw[:n])["error"]["code"] == "stream_not_found"
+    sse.sock.close()
+    assert s.get("/health")[0] == 200
+    assert s.metrics()["streamsink_streams"] == 0

@@ -551,6 +551,11 @@ static int try_admit(struct engine *e, struct engine_request *r)
             return 1;
         }
     }
+    if (r->session_id[0] && session_disk_foreign(e, r->session_id, r->key_index)) {
+        session_not_found(e, r); /* before any slot is taken or the file read */
+        request_over(e, r);
+        return 1;
+    }
     struct seq *s = session_take_slot(e);
     if (!s)
         return 0;

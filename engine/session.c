@@ -567,6 +567,24 @@ void session_describe(const struct engine *e, const struct seq *s, struct engine
     }
 }
 
+int session_disk_foreign(struct engine *e, const char *id, int key)
+{
+    char name[ENGINE_SESSION_ID_MAX + 8];
+    if (e->dir_fd < 0 || file_name(name, sizeof name, id, SNAP_EXT) < 0)
+        return 0;
+    int fd = openat(e->dir_fd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0)
+        return 0;
+    uint8_t hdr[SNAPSHOT_FIXED_HEADER + ENGINE_SESSION_ID_MAX];
+    ssize_t n = pread(fd, hdr, sizeof hdr, 0);
+    close(fd);
+    struct snapshot_meta m;
+    char why[160];
+    if (n <= 0 || snapshot_decode_header(hdr, (size_t)n, &m, why, sizeof why) < 0)
+        return 0; /* unreadable: the full read says why */
+    return strcmp(m.id, id) == 0 && m.owner_key != key;
+}
+
 int session_describe_disk(struct engine *e, const char *id, int key,
                           struct engine_session_info *out)
 {

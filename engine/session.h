@@ -49,6 +49,11 @@ struct session_err {
 int session_restore(struct engine *e, struct seq *s, const char *id, int key,
                     struct session_err *se);
 
+/* 1 if id's snapshot belongs to another key, judged from its header alone,
+ * before a slot is taken or the file read (such a file is never moved aside
+ * for another key's request); else 0. */
+int session_disk_foreign(struct engine *e, const char *id, int key);
+
 /* Descriptions for the session API. */
 void session_describe(const struct engine *e, const struct seq *s, struct engine_session_info *out);
 /* The snapshot of id if key owns it: 0, or -ENOENT. */

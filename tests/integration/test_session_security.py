@@ -144,3 +144,35 @@ def test_idle_sessions_expire_while_the_engine_is_busy(start_server, tmp_path, w
     os.kill(s.proc.pid, 0)
     st, r = call(s, "DELETE", "/v1/sessions/idle")
     assert st == 204
+
+
+def test_another_keys_snapshot_is_judged_by_its_header_and_left_alone(binary, model, tmp_path):
+    # Key B names key A's session, which is on disk and damaged past its
+    # header. B must get the 404 of a session that does not exist for it,
+    # without the server reading A's whole file, telling B what is wrong
+    # with it, or moving A's file aside.
+    d = tmp_path / "sessions"
+    d.mkdir()
+    args = ["--session-dir", str(d), "--api-key", "key-a", "--api-key", "key-b"]
+    s1 = Server(binary, model, args)
+    try:
+        st, r = complete(s1, PROMPT, "of-a", max_tokens=4, key="key-a")
+        assert st == 200, r
+    finally:
+        assert s1.stop() == 0, s1.log()
+    snap = d / "of-a.snap"
+    data = bytearray(snap.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    snap.write_bytes(bytes(data))
+    s2 = Server(binary, model, args)
+    try:
+        for body in ({"session_create": False}, {}):
+            st, r = complete(s2, " What is my secret?", "of-a", max_tokens=4, key="key-b",
+                             **body)
+            assert st == 404, r
+            assert r["error"]["code"] == "session_not_found"
+        assert snap.exists() and not (d / "of-a.bad").exists()
+        st, r = complete(s2, " What is my secret?", "of-a", max_tokens=4, key="key-a")
+        assert st == 422 and r["error"]["code"] == "session_snapshot_invalid", r
+    finally:
+        assert s2.stop() == 0, s2.log()

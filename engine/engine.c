@@ -832,6 +832,8 @@ static void *engine_main(void *arg)
     int rc = engine__load(e);
     if (rc == 0)
         rc = session_dir_open(e, e->start_err, sizeof e->start_err);
+    if (rc == 0)
+        publish_stats(e); /* before the server may answer /health and /metrics */
     pthread_mutex_lock(&e->start_mu);
     e->started = 1;
     e->start_rc = rc;
@@ -841,7 +843,6 @@ static void *engine_main(void *arg)
         return NULL;
 
     double last_expire = now_s();
-    publish_stats(e);
     while (!queue_closed(&e->q)) {
         int busy = 0;
         for (int64_t i = 0; i < e->cfg.max_seqs; i++)

@@ -86,7 +86,7 @@ struct engine {
     struct session_saving *saving; /* [SESSION_SAVES_MAX] */
     struct ptrq to_writer, from_writer;
     pthread_t writer;
-    int writer_on;
+    int writer_on, saves_draining;
     uint64_t save_order;
 };
 

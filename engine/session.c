@@ -139,8 +139,9 @@ void session_save_all(struct engine *e)
         return;
     for (int64_t i = 0; i < e->cfg.max_seqs; i++) {
         struct seq *s = &e->seqs[i];
-        if (s->state == SEQ_IDLE && s->session[0])
-            session_save(e, s, 0, NULL, 0);
+        char why[200];
+        if (s->state == SEQ_IDLE && s->session[0] && session_save(e, s, 0, why, sizeof why) < 0)
+            fprintf(stderr, "streamsink: session '%s' is lost: %s\n", s->session, why);
     }
     session_saves_drain(e);
 }
@@ -404,6 +405,10 @@ static void finish(struct engine *e, struct session_saving *w)
         engine__save_answer(e, answer, w->m.owner_key, w->m.id, w->rc, w->why);
     struct seq *s = session_find(e, w->m.id);
     struct session_saving *newest = pending(e, w->m.id);
+    if (w->rc < 0 && e->saves_draining && s && newest == w)
+        fprintf(stderr,
+                "streamsink: session '%s' is lost: its snapshot could not be written (%s)\n",
+                w->m.id, w->why);
     if (w->rc == 0 || (s && s->owner_key == w->m.owner_key) || newest != w) {
         /* written, or the session is in memory again or saved again (newer) */
         free(w->buf);
@@ -596,6 +601,7 @@ void session_saves_drain(struct engine *e)
 {
     if (!e->writer_on)
         return;
+    e->saves_draining = 1;
     session_saves_settle(e, NULL);
     /* held saves get one more try each; what still fails is lost, and said so */
     for (int i = 0; i < SESSION_SAVES_MAX; i++)

@@ -1,13 +1,18 @@
 """A session snapshot is written off the engine thread: while a large session
 (window 2048, f32 KV: about 94 MB) is saved, another running stream keeps
 emitting tokens, and the engine thread's share of the save (the KV copy) is
-a small part of the whole (checksum, write, fsync, rename)."""
+a small part of the whole (checksum, write, fsync, rename). A write that
+fails keeps the snapshot in memory, and SIGTERM says what it could not
+write."""
 
+import os
+import resource
+import signal
 import threading
 import time
 
 from conftest import Server
-from session_util import call, complete
+from session_util import call, complete, continuation
 
 LONG = ("The history of the river Thames begins long before London. In the last ice age the "
         "river flowed far to the north, through the Vale of St Albans, until a great sheet of "
@@ -73,3 +78,53 @@ def test_a_stream_keeps_running_while_a_large_session_is_written(binary, model, 
         assert st == 200, r
     finally:
         assert s.stop() == 0, s.log()
+
+
+TURN2 = " and in the centuries that followed"
+
+
+def test_a_failed_write_keeps_the_snapshot_in_memory_and_sigterm_names_what_is_lost(
+        binary, model, tmp_path):
+    """RLIMIT_FSIZE makes every snapshot write fail (EFBIG, as a full disk
+    fails with ENOSPC). With one slot, session b pushes session a out: a's
+    KV is copied out and its slot freed, the write fails, and the copy is
+    held. a then comes back from that copy exactly as if it never left
+    (same tokens and logprobs as on a server where it stayed in memory).
+    SIGTERM tries once more and names the sessions it could not write."""
+    ref = Server(binary, model, ["--window", "64"])
+    try:
+        st, r = complete(ref, LONG, "a", max_tokens=8)
+        assert st == 200, r
+        st, r = complete(ref, TURN2, "a", max_tokens=24)
+        assert st == 200, r
+        want = continuation(r)
+    finally:
+        assert ref.stop() == 0, ref.log()
+
+    d = tmp_path / "sessions"
+    d.mkdir()
+    old_lim = resource.getrlimit(resource.RLIMIT_FSIZE)
+    old_sig = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (256 * 1024, old_lim[1]))
+    try:
+        s = Server(binary, model, ["--session-dir", str(d), "--window", "64", "--max-seqs", "1"])
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, old_lim)
+        signal.signal(signal.SIGXFSZ, old_sig)
+    try:
+        st, r = complete(s, LONG, "a", max_tokens=8)
+        assert st == 200, r
+        st, r = complete(s, LONG, "b", max_tokens=8)  # the only slot: a leaves memory
+        assert st == 200, r
+        s.wait_metric("streamsink_snapshot_saves_held", lambda v: v == 1)
+        assert s.metrics()["streamsink_session_save_failures_total"] >= 1
+        assert os.listdir(d) == []  # nothing written, no temp file left behind
+        st, r = complete(s, TURN2, "a", max_tokens=24, session_create=False)
+        assert st == 200, r
+        assert r["session"]["restored"] is True  # from the held copy
+        assert continuation(r) == want
+    finally:
+        assert s.stop() == 0, s.log()
+    log = s.log()
+    assert "session 'a' is lost" in log, log
+    assert "session 'b' is lost" in log, log

@@ -6,12 +6,15 @@
  *
  * Writes are atomic: a temp file in the same directory, fsync, rename over
  * the old snapshot, fsync of the directory; a reader sees the old file or
- * the new one, never a mix. Everything here runs on the engine thread, so
- * two saves or a save and a restore of one session never interleave within
- * a process; replicas sharing the directory see whole files only.
+ * the new one, never a mix; replicas sharing the directory see whole files
+ * only.
  *
- * Snapshot I/O runs on the engine thread and stalls its steps for as long as
- * it takes (docs/serving.md#sessions has the measured times).
+ * The engine thread copies a leaving session's header and KV cells into a
+ * buffer (struct session_saving) and frees its slot; one writer thread
+ * checksums, writes and renames, in order, and hands the buffer back. At
+ * most SESSION_SAVES_MAX buffers exist. A request for a session whose buffer
+ * is not yet written restores from the buffer; a failed write keeps it for
+ * another try (docs/serving.md#sessions).
  */
 #include "session.h"
 

@@ -445,6 +445,26 @@ static void list_one(struct engine *e, const struct engine_session_info *in, voi
     emit_session(e, *(const uint64_t *)arg, in);
 }
 
+void engine__save_answer(struct engine *e, uint64_t id, int key, const char *sid, int rc,
+                         const char *why)
+{
+    struct engine_session_info in;
+    if (rc < 0) {
+        emit_error(e, id, rc == -ENOTSUP ? 400 : 500, NULL,
+                   rc == -ENOTSUP ? "sessions_not_persistent" : "session_save_failed", why);
+        return;
+    }
+    struct seq *s = session_find(e, sid);
+    if (s && s->owner_key == key)
+        session_describe(e, s, &in);
+    else if (session_describe_disk(e, sid, key, &in) < 0) {
+        memset(&in, 0, sizeof in); /* deleted or replaced by another replica since */
+        snprintf(in.id, sizeof in.id, "%s", sid);
+    }
+    emit_session(e, id, &in);
+    emit_done(e, id);
+}
+
 /* The session requests: save, get, list, delete (key-bound). */
 static void session_command(struct engine *e, struct engine_request *r)
 {
@@ -452,6 +472,8 @@ static void session_command(struct engine *e, struct engine_request *r)
     struct seq *s = r->session_id[0] ? session_find(e, r->session_id) : NULL;
     if (s && s->owner_key != r->key_index)
         s = NULL; /* another key's session does not exist for this one */
+    if (!s && r->session_id[0])
+        session_saves_settle(e, r->session_id); /* its file is being written */
     switch (r->kind) {
     case ENGINE_REQ_SESSION_SAVE: {
         char why[200];
@@ -469,16 +491,10 @@ static void session_command(struct engine *e, struct engine_request *r)
                        "this session is busy with a request; save it when the request is over");
             return;
         }
-        int rc = session_save(e, s, why, sizeof why);
-        if (rc < 0) {
-            emit_error(e, r->id, rc == -ENOTSUP ? 400 : 500, NULL,
-                       rc == -ENOTSUP ? "sessions_not_persistent" : "session_save_failed", why);
-            return;
-        }
-        session_describe(e, s, &in);
-        emit_session(e, r->id, &in);
-        emit_done(e, r->id);
-        return;
+        int rc = session_save(e, s, r->id, why, sizeof why);
+        if (rc < 0)
+            engine__save_answer(e, r->id, r->key_index, r->session_id, rc, why);
+        return; /* answered when the writer is done */
     }
     case ENGINE_REQ_SESSION_GET:
         if (s)
@@ -510,6 +526,7 @@ static void session_command(struct engine *e, struct engine_request *r)
         int found = s != NULL;
         if (s)
             engine__seq_release(e, s);
+        session_saves_forget(e, r->session_id, r->key_index); /* nothing written after */
         found |= session_delete_disk(e, r->session_id, r->key_index) == 0;
         if (found)
             emit_done(e, r->id);
@@ -848,6 +865,7 @@ static void *engine_main(void *arg)
         for (int64_t i = 0; i < e->cfg.max_seqs; i++)
             busy |= e->seqs[i].state == SEQ_RUNNING && !e->seqs[i].paused;
         handle_commands(e, busy ? 0 : 1000);
+        session_saves_poll(e);
         admit_waiting(e);
         queue_wait_room(&e->q, (size_t)(3 * e->cfg.max_seqs + 4));
         step(e);

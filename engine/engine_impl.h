@@ -82,6 +82,12 @@ struct engine {
     int dir_fd;               /* -1: none */
     uint8_t model_digest[32]; /* SHA-256 of the model file */
     uint64_t tmp_seq;         /* temp file names */
+    /* the session writer thread (session.c): saves handed over and back */
+    struct session_saving *saving; /* [SESSION_SAVES_MAX] */
+    struct ptrq to_writer, from_writer;
+    pthread_t writer;
+    int writer_on, saves_draining;
+    uint64_t save_order;
 };
 
 /* Runs on the engine thread before it serves: opens the model and builds
@@ -90,5 +96,9 @@ struct engine {
 int engine__load(struct engine *e);
 /* Frees what s holds (request, KV slot, session name): s becomes SEQ_FREE. */
 void engine__seq_release(struct engine *e, struct seq *s);
+/* Answers an explicit save (request id) once the writer is done with it:
+ * rc 0 (the session id described), or -errno with why. */
+void engine__save_answer(struct engine *e, uint64_t id, int key, const char *sid, int rc,
+                         const char *why);
 
 #endif

@@ -28,7 +28,7 @@ struct queue_impl {
     struct ring_cmd in;
     struct ring_ev out;
     size_t submit_cap, inflight;
-    int closed;
+    int closed, poked;
     struct engine_stats stats;
 };
 
@@ -133,7 +133,7 @@ size_t queue_take(struct queue *q, struct queue_cmd *out, size_t max, int wait_m
 {
     struct queue_impl *qi = q->impl;
     pthread_mutex_lock(&qi->mu);
-    if (qi->in.len == 0 && wait_ms != 0 && !qi->closed) {
+    if (qi->in.len == 0 && wait_ms != 0 && !qi->closed && !qi->poked) {
         if (wait_ms < 0) {
             pthread_cond_wait(&qi->more, &qi->mu);
         } else {
@@ -148,6 +148,7 @@ size_t queue_take(struct queue *q, struct queue_cmd *out, size_t max, int wait_m
             pthread_cond_timedwait(&qi->more, &qi->mu, &ts);
         }
     }
+    qi->poked = 0;
     size_t n = 0;
     while (n < max && qi->in.len > 0) {
         out[n++] = qi->in.buf[qi->in.head];
@@ -217,6 +218,15 @@ void queue_get_stats(struct queue *q, struct engine_stats *s)
     pthread_mutex_unlock(&qi->mu);
 }
 
+void queue_poke(struct queue *q)
+{
+    struct queue_impl *qi = q->impl;
+    pthread_mutex_lock(&qi->mu);
+    qi->poked = 1;
+    pthread_cond_broadcast(&qi->more);
+    pthread_mutex_unlock(&qi->mu);
+}
+
 void queue_close(struct queue *q)
 {
     struct queue_impl *qi = q->impl;
@@ -234,4 +244,107 @@ int queue_closed(struct queue *q)
     int c = qi->closed;
     pthread_mutex_unlock(&qi->mu);
     return c;
+}
+
+/* ---- ptrq ---------------------------------------------------------------------------------- */
+
+struct ptrq_impl {
+    pthread_mutex_t mu;
+    pthread_cond_t more, room;
+    void **buf;
+    size_t cap, head, len;
+    int closed;
+};
+
+int ptrq_init(struct ptrq *q, size_t cap)
+{
+    struct ptrq_impl *pi = calloc(1, sizeof *pi);
+    void **buf = calloc(cap ? cap : 1, sizeof *buf);
+    if (!pi || !buf) {
+        free(pi);
+        free(buf);
+        return -ENOMEM;
+    }
+    pi->buf = buf;
+    pi->cap = cap ? cap : 1;
+    pthread_mutex_init(&pi->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&pi->more, &ca);
+    pthread_cond_init(&pi->room, &ca);
+    pthread_condattr_destroy(&ca);
+    q->impl = pi;
+    return 0;
+}
+
+void ptrq_free(struct ptrq *q)
+{
+    struct ptrq_impl *pi = q->impl;
+    if (!pi)
+        return;
+    pthread_mutex_destroy(&pi->mu);
+    pthread_cond_destroy(&pi->more);
+    pthread_cond_destroy(&pi->room);
+    free(pi->buf);
+    free(pi);
+    q->impl = NULL;
+}
+
+int ptrq_put(struct ptrq *q, void *p)
+{
+    struct ptrq_impl *pi = q->impl;
+    pthread_mutex_lock(&pi->mu);
+    while (pi->len == pi->cap && !pi->closed)
+        pthread_cond_wait(&pi->room, &pi->mu);
+    int rc = -ESHUTDOWN;
+    if (!pi->closed) {
+        pi->buf[(pi->head + pi->len) % pi->cap] = p;
+        pi->len++;
+        pthread_cond_broadcast(&pi->more);
+        rc = 0;
+    }
+    pthread_mutex_unlock(&pi->mu);
+    return rc;
+}
+
+void *ptrq_get(struct ptrq *q, int wait_ms)
+{
+    struct ptrq_impl *pi = q->impl;
+    struct timespec ts;
+    if (wait_ms > 0) {
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        ts.tv_sec += wait_ms / 1000;
+        ts.tv_nsec += (long)(wait_ms % 1000) * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+    }
+    pthread_mutex_lock(&pi->mu);
+    while (pi->len == 0 && !pi->closed && wait_ms != 0) {
+        if (wait_ms < 0)
+            pthread_cond_wait(&pi->more, &pi->mu);
+        else if (pthread_cond_timedwait(&pi->more, &pi->mu, &ts) == ETIMEDOUT)
+            break;
+    }
+    void *p = NULL;
+    if (pi->len > 0) {
+        p = pi->buf[pi->head];
+        pi->head = (pi->head + 1) % pi->cap;
+        pi->len--;
+        pthread_cond_broadcast(&pi->room);
+    }
+    pthread_mutex_unlock(&pi->mu);
+    return p;
+}
+
+void ptrq_close(struct ptrq *q)
+{
+    struct ptrq_impl *pi = q->impl;
+    pthread_mutex_lock(&pi->mu);
+    pi->closed = 1;
+    pthread_cond_broadcast(&pi->more);
+    pthread_cond_broadcast(&pi->room);
+    pthread_mutex_unlock(&pi->mu);
 }

@@ -54,8 +54,26 @@ size_t queue_drain(struct queue *q, struct engine_event *out, size_t max);
 void queue_set_stats(struct queue *q, const struct engine_stats *s);
 void queue_get_stats(struct queue *q, struct engine_stats *s);
 
+/* Any thread: wakes the engine thread from queue_take without a command
+ * (the session writer finished a save). */
+void queue_poke(struct queue *q);
+
 /* Wakes the engine thread and makes queue_submit fail from now on. */
 void queue_close(struct queue *q);
 int queue_closed(struct queue *q);
+
+/* A bounded FIFO of pointers between two threads (the session writer's
+ * jobs and results). */
+struct ptrq {
+    void *impl;
+};
+int ptrq_init(struct ptrq *q, size_t cap);
+void ptrq_free(struct ptrq *q);
+/* Blocks while full. -ESHUTDOWN after ptrq_close. */
+int ptrq_put(struct ptrq *q, void *p);
+/* The oldest pointer, or NULL: none within wait_ms (0: do not wait; < 0:
+ * until one comes or ptrq_close and the FIFO is empty). */
+void *ptrq_get(struct ptrq *q, int wait_ms);
+void ptrq_close(struct ptrq *q);
 
 #endif

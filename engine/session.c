@@ -6,12 +6,15 @@
  *
  * Writes are atomic: a temp file in the same directory, fsync, rename over
  * the old snapshot, fsync of the directory; a reader sees the old file or
- * the new one, never a mix. Everything here runs on the engine thread, so
- * two saves or a save and a restore of one session never interleave within
- * a process; replicas sharing the directory see whole files only.
+ * the new one, never a mix; replicas sharing the directory see whole files
+ * only.
  *
- * Snapshot I/O runs on the engine thread and stalls its steps for as long as
- * it takes (docs/serving.md#sessions has the measured times).
+ * The engine thread copies a leaving session's header and KV cells into a
+ * buffer (struct session_saving) and frees its slot; one writer thread
+ * checksums, writes and renames, in order, and hands the buffer back. At
+ * most SESSION_SAVES_MAX buffers exist. A request for a session whose buffer
+ * is not yet written restores from the buffer; a failed write keeps it for
+ * another try (docs/serving.md#sessions).
  */
 #include "session.h"
 
@@ -30,6 +33,29 @@
 #include "snapshot.h"
 
 #define SNAP_EXT ".snap"
+
+/* A save handed to the writer thread. The engine thread fills it (header and
+ * KV copied out of the backend) and owns it except between ptrq_put on
+ * to_writer and ptrq_get on from_writer; the writer reads buf and writes only
+ * its checksum, rc and why. */
+struct session_saving {
+    int state; /* SAVE_FREE, SAVE_QUEUED (with the writer), SAVE_HELD (failed, kept) */
+    uint64_t order;
+    struct snapshot_meta m;
+    uint8_t *buf, *k, *v;
+    size_t len;
+    char name[ENGINE_SESSION_ID_MAX + 8], tmp[ENGINE_SESSION_ID_MAX + 64];
+    uint64_t answer_id; /* an explicit save waiting for its answer, or 0 */
+    double t0, retry_at;
+    int rc;
+    char why[320];
+};
+
+enum { SAVE_FREE, SAVE_QUEUED, SAVE_HELD };
+
+static int session_writer_start(struct engine *e);
+static struct session_saving *pending(struct engine *e, const char *id);
+static void count_saves(struct engine *e);
 
 static double mono_s(void)
 {
@@ -52,7 +78,7 @@ struct seq *session_find(struct engine *e, const char *sid)
  * session whose save fails stays (0 returned only when it left). */
 static int leave(struct engine *e, struct seq *s, double now)
 {
-    if (e->dir_fd >= 0 && s->session[0] && session_save(e, s, NULL, 0) < 0) {
+    if (e->dir_fd >= 0 && s->session[0] && session_save(e, s, 0, NULL, 0) < 0) {
         s->last_used = now; /* try again after another idle period */
         return -1;
     }
@@ -116,9 +142,11 @@ void session_save_all(struct engine *e)
         return;
     for (int64_t i = 0; i < e->cfg.max_seqs; i++) {
         struct seq *s = &e->seqs[i];
-        if (s->state == SEQ_IDLE && s->session[0])
-            session_save(e, s, NULL, 0);
+        char why[200];
+        if (s->state == SEQ_IDLE && s->session[0] && session_save(e, s, 0, why, sizeof why) < 0)
+            fprintf(stderr, "streamsink: session '%s' is lost: %s\n", s->session, why);
     }
+    session_saves_drain(e);
 }
 
 /* ---- the directory ------------------------------------------------------------------------- */
@@ -232,11 +260,28 @@ int session_dir_open(struct engine *e, char *err, size_t err_len)
         return -EIO;
     }
     disk_scan(e, NULL);
+    if (session_writer_start(e) < 0) {
+        snprintf(err, err_len, "engine: starting the session writer thread failed");
+        return -EAGAIN;
+    }
     return 0;
 }
 
 void session_dir_close(struct engine *e)
 {
+    if (e->writer_on) {
+        ptrq_close(&e->to_writer);
+        pthread_join(e->writer, NULL);
+        e->writer_on = 0;
+        for (int i = 0; i < SESSION_SAVES_MAX; i++)
+            free(e->saving[i].buf);
+    }
+    if (e->to_writer.impl)
+        ptrq_free(&e->to_writer);
+    if (e->from_writer.impl)
+        ptrq_free(&e->from_writer);
+    free(e->saving);
+    e->saving = NULL;
     if (e->dir_fd >= 0)
         close(e->dir_fd);
     e->dir_fd = -1;
@@ -299,93 +344,285 @@ static void observe(double *sum, double *max, int64_t *hist, double dt)
             hist[i]++;
 }
 
-int session_save(struct engine *e, struct seq *s, char *err, size_t err_len)
+#define RETRY_S 5.0
+
+static void *writer_main(void *arg)
+{
+    struct engine *e = arg;
+    struct session_saving *w;
+    while ((w = ptrq_get(&e->to_writer, -1))) {
+        snapshot_seal(w->buf, w->len);
+        int rc = 0;
+        int fd = openat(e->dir_fd, w->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+        if (fd < 0) {
+            rc = -errno;
+            snprintf(w->why, sizeof w->why, "creating %s: %s", w->tmp, strerror(-rc));
+        } else {
+            rc = write_all(fd, w->buf, w->len);
+            if (rc == 0 && fsync(fd) < 0)
+                rc = -errno;
+            if (close(fd) < 0 && rc == 0)
+                rc = -errno;
+            if (rc == 0 && renameat(e->dir_fd, w->tmp, e->dir_fd, w->name) < 0)
+                rc = -errno;
+            if (rc < 0) {
+                unlinkat(e->dir_fd, w->tmp, 0);
+                snprintf(w->why, sizeof w->why, "writing the snapshot: %s", strerror(-rc));
+            } else {
+                fsync(e->dir_fd); /* the rename itself survives a crash */
+            }
+        }
+        w->rc = rc;
+        ptrq_put(&e->from_writer, w);
+        queue_poke(&e->q);
+    }
+    return NULL;
+}
+
+static void count_saves(struct engine *e)
+{
+    int64_t q = 0, h = 0;
+    for (int i = 0; e->saving && i < SESSION_SAVES_MAX; i++) {
+        q += e->saving[i].state == SAVE_QUEUED;
+        h += e->saving[i].state == SAVE_HELD;
+    }
+    e->stats.snapshot_saves_inflight = q;
+    e->stats.snapshot_saves_held = h;
+}
+
+/* The writer is done with w: account for it, answer an explicit save, free
+ * w or hold its bytes for another try. */
+static void finish(struct engine *e, struct session_saving *w)
+{
+    uint64_t answer = w->answer_id;
+    w->answer_id = 0;
+    if (w->rc == 0) {
+        disk_scan(e, w->name);
+        e->stats.saves_total++;
+        observe(&e->stats.save_seconds_total, &e->stats.save_seconds_max, e->stats.save_hist,
+                mono_s() - w->t0);
+    } else {
+        e->stats.save_failures_total++;
+    }
+    if (answer)
+        engine__save_answer(e, answer, w->m.owner_key, w->m.id, w->rc, w->why);
+    struct seq *s = session_find(e, w->m.id);
+    struct session_saving *newest = pending(e, w->m.id);
+    if (w->rc < 0 && e->saves_draining && s && newest == w)
+        fprintf(stderr,
+                "streamsink: session '%s' is lost: its snapshot could not be written (%s)\n",
+                w->m.id, w->why);
+    if (w->rc == 0 || (s && s->owner_key == w->m.owner_key) || newest != w) {
+        /* written, or the session is in memory again or saved again (newer) */
+        free(w->buf);
+        w->buf = NULL;
+        w->state = SAVE_FREE;
+    } else {
+        w->state = SAVE_HELD; /* the only copy: kept for another try */
+        w->retry_at = mono_s() + RETRY_S;
+        fprintf(stderr, "streamsink: saving session '%s' failed (%s); kept in memory, retrying\n",
+                w->m.id, w->why);
+    }
+    count_saves(e);
+}
+
+/* Takes the writer's finished saves; waits up to wait_ms for one. Returns
+ * how many. */
+static int collect(struct engine *e, int wait_ms)
+{
+    if (!e->writer_on)
+        return 0;
+    int n = 0;
+    struct session_saving *w;
+    while ((w = ptrq_get(&e->from_writer, n ? 0 : wait_ms))) {
+        finish(e, w);
+        n++;
+    }
+    return n;
+}
+
+static int queued(const struct engine *e, const char *id)
+{
+    for (int i = 0; e->saving && i < SESSION_SAVES_MAX; i++)
+        if (e->saving[i].state == SAVE_QUEUED && (!id || strcmp(e->saving[i].m.id, id) == 0))
+            return 1;
+    return 0;
+}
+
+static void hand_over(struct engine *e, struct session_saving *w)
+{
+    snprintf(w->tmp, sizeof w->tmp, ".tmp-%s-%ld-%llu", w->m.id, (long)getpid(),
+             (unsigned long long)e->tmp_seq++);
+    w->state = SAVE_QUEUED;
+    w->rc = 0;
+    w->why[0] = 0;
+    count_saves(e);
+    ptrq_put(&e->to_writer, w); /* never full: it holds SESSION_SAVES_MAX */
+}
+
+void session_saves_poll(struct engine *e)
+{
+    collect(e, 0);
+    double now = mono_s();
+    for (int i = 0; e->saving && i < SESSION_SAVES_MAX; i++)
+        if (e->saving[i].state == SAVE_HELD && now >= e->saving[i].retry_at)
+            hand_over(e, &e->saving[i]);
+}
+
+void session_saves_settle(struct engine *e, const char *id)
+{
+    while (queued(e, id))
+        collect(e, -1);
+}
+
+void session_saves_forget(struct engine *e, const char *id, int key)
+{
+    session_saves_settle(e, id);
+    for (int i = 0; e->saving && i < SESSION_SAVES_MAX; i++) {
+        struct session_saving *w = &e->saving[i];
+        if (w->state == SAVE_HELD && w->m.owner_key == key && strcmp(w->m.id, id) == 0) {
+            free(w->buf);
+            w->buf = NULL;
+            w->state = SAVE_FREE;
+        }
+    }
+    count_saves(e);
+}
+
+/* The newest save of id not yet on disk, or NULL. */
+static struct session_saving *pending(struct engine *e, const char *id)
+{
+    struct session_saving *best = NULL;
+    for (int i = 0; e->saving && i < SESSION_SAVES_MAX; i++) {
+        struct session_saving *w = &e->saving[i];
+        if (w->state != SAVE_FREE && strcmp(w->m.id, id) == 0 && (!best || w->order > best->order))
+            best = w;
+    }
+    return best;
+}
+
+int session_save(struct engine *e, struct seq *s, uint64_t answer_id, char *err, size_t err_len)
 {
     char dummy[8];
     if (!err) {
         err = dummy;
         err_len = sizeof dummy;
     }
-    if (e->dir_fd < 0) {
+    if (e->dir_fd < 0 || !e->writer_on) {
         snprintf(err, err_len, "this server keeps sessions in memory only (no --session-dir)");
         return -ENOTSUP;
     }
     double t0 = mono_s();
-    struct snapshot_meta m;
-    memset(&m, 0, sizeof m);
-    memcpy(m.model_digest, e->model_digest, 32);
+    /* a free place; when every place is taken, wait for the writer */
+    struct session_saving *w = NULL;
+    for (;;) {
+        collect(e, 0);
+        for (int i = 0; !w && i < SESSION_SAVES_MAX; i++)
+            if (e->saving[i].state == SAVE_FREE)
+                w = &e->saving[i];
+        if (w)
+            break;
+        if (!queued(e, NULL)) {
+            e->stats.save_failures_total++;
+            snprintf(err, err_len,
+                     "%d earlier snapshots could not be written and are held in memory; "
+                     "the session stays in memory",
+                     SESSION_SAVES_MAX);
+            return -ENOSPC;
+        }
+        collect(e, -1);
+    }
+    struct snapshot_meta *m = &w->m;
+    memset(m, 0, sizeof *m);
+    memcpy(m->model_digest, e->model_digest, 32);
     const struct kv_geometry *g = &e->dec.fwd.pool.geo;
-    m.dtype = g->dtype;
-    m.n_layer = g->n_layer;
-    m.n_kv_head = g->n_kv_head;
-    m.head_dim = g->head_dim;
-    m.policy = s->kv.policy;
-    m.owner_key = s->owner_key;
-    m.n_sinks = s->kv.n_sinks;
-    m.window = s->kv.window;
-    m.pos_first = s->kv.pos_first;
-    m.pos_next = s->kv.pos_next;
-    snapshot_meta_cells(&m);
-    m.next_tok = s->has_next ? s->next_tok : 0;
-    m.has_next = s->has_next;
-    m.saved_at = (int64_t)time(NULL);
-    snprintf(m.id, sizeof m.id, "%s", s->session);
+    m->dtype = g->dtype;
+    m->n_layer = g->n_layer;
+    m->n_kv_head = g->n_kv_head;
+    m->head_dim = g->head_dim;
+    m->policy = s->kv.policy;
+    m->owner_key = s->owner_key;
+    m->n_sinks = s->kv.n_sinks;
+    m->window = s->kv.window;
+    m->pos_first = s->kv.pos_first;
+    m->pos_next = s->kv.pos_next;
+    snapshot_meta_cells(m);
+    m->next_tok = s->has_next ? s->next_tok : 0;
+    m->has_next = s->has_next;
+    m->saved_at = (int64_t)time(NULL);
+    snprintf(m->id, sizeof m->id, "%s", s->session);
 
-    char name[ENGINE_SESSION_ID_MAX + 8], tmp[ENGINE_SESSION_ID_MAX + 64];
-    int rc = file_name(name, sizeof name, m.id, SNAP_EXT);
+    int rc = file_name(w->name, sizeof w->name, m->id, SNAP_EXT);
     if (rc < 0) {
         snprintf(err, err_len, "session id not usable as a file name");
-        goto out;
+        goto fail;
     }
-    size_t len = snapshot_size(&m);
-    uint8_t *buf = malloc(len);
-    if (!buf) {
+    w->len = snapshot_size(m);
+    w->buf = malloc(w->len);
+    if (!w->buf) {
         rc = -ENOMEM;
-        snprintf(err, err_len, "out of memory for a %zu-byte snapshot", len);
-        goto out;
+        snprintf(err, err_len, "out of memory for a %zu-byte snapshot", w->len);
+        goto fail;
     }
-    uint8_t *k, *v;
-    snapshot_encode_header(&m, buf, &k, &v);
-    rc = copy_cells(e, &s->kv, &m, k, v, 0);
+    snapshot_encode_header(m, w->buf, &w->k, &w->v);
+    rc = copy_cells(e, &s->kv, m, w->k, w->v, 0);
     if (rc < 0) {
-        free(buf);
+        free(w->buf);
+        w->buf = NULL;
         snprintf(err, err_len, "reading the KV cells from the backend failed");
-        goto out;
+        goto fail;
     }
-    snapshot_seal(buf, len);
-    snprintf(tmp, sizeof tmp, ".tmp-%s-%ld-%llu", m.id, (long)getpid(),
-             (unsigned long long)e->tmp_seq++);
-    int fd = openat(e->dir_fd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (fd < 0) {
-        rc = -errno;
-        free(buf);
-        snprintf(err, err_len, "creating %s: %s", tmp, strerror(-rc));
-        goto out;
-    }
-    rc = write_all(fd, buf, len);
-    free(buf);
-    if (rc == 0 && fsync(fd) < 0)
-        rc = -errno;
-    if (close(fd) < 0 && rc == 0)
-        rc = -errno;
-    if (rc == 0 && renameat(e->dir_fd, tmp, e->dir_fd, name) < 0)
-        rc = -errno;
-    if (rc < 0) {
-        unlinkat(e->dir_fd, tmp, 0);
-        snprintf(err, err_len, "writing the snapshot: %s", strerror(-rc));
-        goto out;
-    }
-    fsync(e->dir_fd); /* the rename itself survives a crash */
-    disk_scan(e, name);
-out:
-    if (rc < 0) {
-        e->stats.save_failures_total++;
-        return rc;
-    }
-    e->stats.saves_total++;
-    observe(&e->stats.save_seconds_total, &e->stats.save_seconds_max, e->stats.save_hist,
-            mono_s() - t0);
+    w->t0 = t0;
+    w->order = ++e->save_order;
+    w->answer_id = answer_id;
+    hand_over(e, w);
+    double dt = mono_s() - t0;
+    e->stats.save_engine_seconds_total += dt;
+    if (dt > e->stats.save_engine_seconds_max)
+        e->stats.save_engine_seconds_max = dt;
     return 0;
+fail:
+    e->stats.save_failures_total++;
+    return rc;
+}
+
+static int session_writer_start(struct engine *e)
+{
+    e->saving = calloc(SESSION_SAVES_MAX, sizeof *e->saving);
+    if (!e->saving)
+        return -ENOMEM;
+    if (ptrq_init(&e->to_writer, SESSION_SAVES_MAX) < 0 ||
+        ptrq_init(&e->from_writer, SESSION_SAVES_MAX) < 0)
+        return -ENOMEM;
+    if (pthread_create(&e->writer, NULL, writer_main, e) != 0)
+        return -EAGAIN;
+    e->writer_on = 1;
+    return 0;
+}
+
+void session_saves_drain(struct engine *e)
+{
+    if (!e->writer_on)
+        return;
+    e->saves_draining = 1;
+    session_saves_settle(e, NULL);
+    /* held saves get one more try each; what still fails is lost, and said so */
+    for (int i = 0; i < SESSION_SAVES_MAX; i++)
+        if (e->saving[i].state == SAVE_HELD)
+            hand_over(e, &e->saving[i]);
+    session_saves_settle(e, NULL);
+    for (int i = 0; i < SESSION_SAVES_MAX; i++) {
+        struct session_saving *w = &e->saving[i];
+        if (w->state == SAVE_HELD) {
+            fprintf(stderr,
+                    "streamsink: session '%s' is lost: its snapshot could not be written (%s)\n",
+                    w->m.id, w->why);
+            free(w->buf);
+            w->buf = NULL;
+            w->state = SAVE_FREE;
+        }
+    }
+    count_saves(e);
 }
 
 /* ---- restore ------------------------------------------------------------------------------- */
@@ -464,15 +701,27 @@ int session_restore(struct engine *e, struct seq *s, const char *id, int key,
     if (file_name(name, sizeof name, id, SNAP_EXT) < 0)
         return 0;
     double t0 = mono_s();
-    uint8_t *buf;
+    uint8_t *buf = NULL;
     size_t len;
-    int rc = read_file(e, name, max_snapshot(e), &buf, &len);
-    if (rc == -ENOENT)
-        return 0;
     struct snapshot_meta m;
     const uint8_t *k = NULL, *v = NULL;
     char why[200] = "";
-    if (rc == -EFBIG)
+    /* a save still with the writer, or held after a failed write, is newer
+     * than any file: restored from memory (the writer only reads its cells) */
+    struct session_saving *w = pending(e, id);
+    int rc = 0;
+    if (w) {
+        m = w->m;
+        k = w->k;
+        v = w->v;
+    } else {
+        rc = read_file(e, name, max_snapshot(e), &buf, &len);
+    }
+    if (rc == -ENOENT)
+        return 0;
+    if (w)
+        ; /* made by this process: valid */
+    else if (rc == -EFBIG)
         snprintf(why, sizeof why, "the file is larger than any snapshot this server writes");
     else if (rc < 0)
         snprintf(why, sizeof why, "reading it failed: %s", strerror(-rc));
@@ -530,6 +779,12 @@ int session_restore(struct engine *e, struct seq *s, const char *id, int key,
     s->kv.n_evicted = m.n_evicted;
     rc = copy_cells(e, &s->kv, &m, (uint8_t *)k, (uint8_t *)v, 1);
     free(buf);
+    if (rc == 0 && w && w->state == SAVE_HELD) { /* in memory again: its slot is the copy */
+        free(w->buf);
+        w->buf = NULL;
+        w->state = SAVE_FREE;
+        count_saves(e);
+    }
     if (rc < 0) {
         se->status = 500;
         snprintf(se->message, sizeof se->message, "session '%s': writing its KV cells failed", id);

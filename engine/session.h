@@ -31,9 +31,25 @@ void session_save_all(struct engine *e);
 int session_dir_open(struct engine *e, char *err, size_t err_len);
 void session_dir_close(struct engine *e);
 
-/* Writes s (a session, idle) to DIR/<id>.snap atomically; s stays in memory.
- * 0, or -errno with a reason in err (which may be NULL). */
-int session_save(struct engine *e, struct seq *s, char *err, size_t err_len);
+/* At most this many snapshots are in memory between the engine thread and
+ * the disk (copied out of the KV cache, not yet written, or held after a
+ * failed write); a save beyond it waits for the writer. */
+#define SESSION_SAVES_MAX 2
+
+/* Copies s (a session, idle) out of its KV slot and hands the copy to the
+ * writer thread, which writes DIR/<id>.snap atomically; s may leave memory
+ * at once. answer_id: an explicit save, answered (engine__save_answer) when
+ * the file is written or the write failed; 0 for none. 0, or -errno with a
+ * reason in err (which may be NULL): then nothing was handed over. */
+int session_save(struct engine *e, struct seq *s, uint64_t answer_id, char *err, size_t err_len);
+/* Engine thread, every turn: takes the writer's results, retries held saves. */
+void session_saves_poll(struct engine *e);
+/* Waits until no save of id (NULL: of any session) is with the writer. */
+void session_saves_settle(struct engine *e, const char *id);
+/* A deleted session: waits for its saves and drops the held ones. */
+void session_saves_forget(struct engine *e, const char *id, int key);
+/* Engine stop: waits for every save, retries held ones once, reports losses. */
+void session_saves_drain(struct engine *e);
 
 /* Why a restore failed: an HTTP status (404: no such session for this key),
  * an error code and a message for the client. */

@@ -287,9 +287,18 @@ size_t metrics_render(const struct metrics *m, const struct metrics_live *live,
         counter(&o, "streamsink_session_disk_evictions_total",
                 "Snapshots deleted to stay under --session-disk-max",
                 (double)es->disk_evictions_total);
+        gauge(&o, "streamsink_snapshot_saves_inflight",
+              "Session snapshots copied out of the KV cache and not yet written",
+              (double)es->snapshot_saves_inflight);
+        gauge(&o, "streamsink_snapshot_saves_held",
+              "Session snapshots whose write failed, kept in memory for another try",
+              (double)es->snapshot_saves_held);
+        counter(&o, "streamsink_session_save_engine_seconds_total",
+                "Engine-thread time of session saves (the KV copy; streams wait for it)",
+                es->save_engine_seconds_total);
         snap_hist(&o, "streamsink_session_save_seconds",
-                  "Time to write one session snapshot (engine thread)", es->save_hist,
-                  es->saves_total, es->save_seconds_total);
+                  "Time to save one session snapshot, copy to rename (mostly on the writer thread)",
+                  es->save_hist, es->saves_total, es->save_seconds_total);
         snap_hist(&o, "streamsink_session_restore_seconds",
                   "Time to read and restore one session snapshot (engine thread)", es->restore_hist,
                   es->restores_total, es->restore_seconds_total);

@@ -5,10 +5,12 @@ For each window W: starts `streamsink serve --window W --session-dir TMP`,
 fills a session past its window (a prompt of about W + 256 tokens), saves it
 REPS times with POST /v1/sessions/{id}/save, restarts the server and restores
 it REPS times (a restart pushes the session out of memory, SIGTERM writes it,
-then a 1-token request reads it back). Times are the
-engine's own (streamsink_session_{save,restore}_seconds from /metrics, which
-include the KV copy, the checksum, write + fsync + rename, or read + check +
-copy in) and the client's round trip; medians are printed.
+then a 1-token request reads it back). Save times: the engine thread's share
+(streamsink_session_save_engine_seconds_total: the KV copy, the time every
+stream waits), the whole save (streamsink_session_save_seconds: copy, then
+checksum, write + fsync + rename on the writer thread) and the client's round
+trip (answered after the rename). Restore times: the engine's own (read +
+check + copy in) and the client's. Medians are printed.
 
   tools/bench_session_snapshot.py [--windows 1024,4096] [--reps 5] [--kv-dtype f16]
 
@@ -48,9 +50,9 @@ def main():
     a = ap.parse_args()
     model = default_model()
     print(f"model {os.path.basename(model)}, kv {a.kv_dtype}, reps {a.reps}")
-    print("| window | tokens stored | snapshot bytes | save median (engine) | save median "
-          "(client) | restore median (engine) | restore median (client) |")
-    print("|---|---|---|---|---|---|---|")
+    print("| window | tokens stored | snapshot bytes | save median (engine thread) | save median "
+          "(total) | save median (client) | restore median (engine) | restore median (client) |")
+    print("|---|---|---|---|---|---|---|---|")
     for w in [int(x) for x in a.windows.split(",")]:
         with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as d:
             args = ["--window", str(w), "--session-dir", d, "--kv-dtype", a.kv_dtype,
@@ -63,14 +65,20 @@ def main():
                               "session_id": "bench"}, timeout=1800)
                 assert st == 200, r
                 stored = r["session"]["tokens_seen"]
-                saves, saves_c = [], []
+                saves, saves_e, saves_c = [], [], []
                 for _ in range(a.reps):
+                    n0 = metric(s, "streamsink_session_saves_total")
                     before = metric(s, "streamsink_session_save_seconds_sum")
+                    before_e = metric(s, "streamsink_session_save_engine_seconds_total")
                     t0 = time.perf_counter()
                     st, r = call(s, "POST", "/v1/sessions/bench/save")
                     saves_c.append(time.perf_counter() - t0)
                     assert st == 200, r
+                    # the counters are published after the engine turn that answered
+                    s.wait_metric("streamsink_session_saves_total", lambda v: v >= n0 + 1)
                     saves.append(metric(s, "streamsink_session_save_seconds_sum") - before)
+                    saves_e.append(metric(s, "streamsink_session_save_engine_seconds_total") -
+                                   before_e)
                 size = r["bytes"]
             finally:
                 s.stop()
@@ -91,7 +99,8 @@ def main():
                 finally:  # SIGTERM writes it again for the next restart
                     s.stop()
             ms = lambda xs: f"{1000 * statistics.median(xs):.1f} ms"  # noqa: E731
-            print(f"| {w} | {stored} | {size} | {ms(saves)} | {ms(saves_c)} | {ms(rest)} | "
+            print(f"| {w} | {stored} | {size} | {ms(saves_e)} | {ms(saves)} | {ms(saves_c)} | "
+                  f"{ms(rest)} | "
                   f"{ms(rest_c)} |", flush=True)
 
 

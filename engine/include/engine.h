@@ -269,6 +269,10 @@ struct engine_stats {
     int64_t sessions_on_disk, snapshot_bytes, disk_evictions_total;
     int64_t saves_total, save_failures_total, restores_total, restore_failures_total;
     double save_seconds_total, restore_seconds_total, save_seconds_max, restore_seconds_max;
+    /* the engine thread's part of the saves (the KV copy); the rest is the writer's */
+    double save_engine_seconds_total, save_engine_seconds_max;
+    int64_t snapshot_saves_inflight; /* handed to the writer, not yet written */
+    int64_t snapshot_saves_held;     /* write failed; kept in memory for another try */
     /* cumulative histograms: [i] counts durations <= ENGINE_SNAP_BUCKET_BOUNDS[i] */
     int64_t save_hist[ENGINE_SNAP_BUCKETS], restore_hist[ENGINE_SNAP_BUCKETS];
 };

@@ -164,4 +164,67 @@ TEST(queue_outbox_is_bounded_and_drains_in_order)
     queue_free(&q);
 }
 
+/* ptrq: the session writer's FIFOs. A producer and a consumer thread through
+ * a FIFO of 2 (the producer blocks while it is full): every pointer arrives
+ * once, in order; results come back through a second FIFO. */
+#define JOBS 5000
+static struct ptrq JOBQ, DONEQ;
+static long job_vals[JOBS];
+
+static void *ptrq_worker(void *arg)
+{
+    (void)arg;
+    long *p;
+    while ((p = ptrq_get(&JOBQ, -1))) {
+        *p = -*p; /* the worker writes what it was handed */
+        if (ptrq_put(&DONEQ, p) < 0)
+            return NULL;
+    }
+    return NULL;
+}
+
+TEST(ptrq_moves_every_pointer_in_order_and_close_ends_the_waiter)
+{
+    ASSERT_OK(ptrq_init(&JOBQ, 2));
+    ASSERT_OK(ptrq_init(&DONEQ, 2));
+    pthread_t w;
+    ASSERT_OK(pthread_create(&w, NULL, ptrq_worker, NULL));
+    long next_done = 0;
+    for (long i = 0; i < JOBS; i++) {
+        job_vals[i] = i + 1;
+        /* at most two jobs outstanding, as the engine keeps SESSION_SAVES_MAX */
+        while (i - next_done >= 2) {
+            long *p = ptrq_get(&DONEQ, -1);
+            ASSERT(p == &job_vals[next_done]);
+            ASSERT_EQ(*p, -(next_done + 1));
+            next_done++;
+        }
+        ASSERT_OK(ptrq_put(&JOBQ, &job_vals[i]));
+    }
+    while (next_done < JOBS) {
+        long *p = ptrq_get(&DONEQ, -1);
+        ASSERT(p == &job_vals[next_done]);
+        ASSERT_EQ(*p, -(next_done + 1));
+        next_done++;
+    }
+    ASSERT(ptrq_get(&DONEQ, 0) == NULL);  /* empty: no wait */
+    ASSERT(ptrq_get(&DONEQ, 20) == NULL); /* empty: waits 20 ms, then none */
+    ptrq_close(&JOBQ);
+    pthread_join(w, NULL); /* close wakes the worker blocked in ptrq_get */
+    ASSERT_EQ(ptrq_put(&JOBQ, &job_vals[0]), -ESHUTDOWN);
+    ptrq_free(&JOBQ);
+    ptrq_free(&DONEQ);
+}
+
+TEST(queue_poke_ends_one_wait_without_a_command)
+{
+    struct queue q;
+    ASSERT_OK(queue_init(&q, 2, 8, 4));
+    struct queue_cmd c[2];
+    queue_poke(&q);
+    ASSERT_EQ(queue_take(&q, c, 2, -1), 0); /* returns at once: poked */
+    ASSERT_EQ(queue_take(&q, c, 2, 30), 0); /* the poke was used up: waits 30 ms */
+    queue_free(&q);
+}
+
 TEST_MAIN()

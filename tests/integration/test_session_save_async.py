@@ -1,0 +1,130 @@
+"""A session snapshot is written off the engine thread: while a large session
+(window 2048, f32 KV: about 94 MB) is saved, another running stream keeps
+emitting tokens, and the engine thread's share of the save (the KV copy) is
+a small part of the whole (checksum, write, fsync, rename). A write that
+fails keeps the snapshot in memory, and SIGTERM says what it could not
+write."""
+
+import os
+import resource
+import signal
+import threading
+import time
+
+from conftest import Server
+from session_util import call, complete, continuation
+
+LONG = ("The history of the river Thames begins long before London. In the last ice age the "
+        "river flowed far to the north, through the Vale of St Albans, until a great sheet of "
+        "ice pushed it south to roughly its present course. ")
+
+
+def test_a_stream_keeps_running_while_a_large_session_is_written(binary, model, tmp_path):
+    d = tmp_path / "sessions"
+    d.mkdir()
+    s = Server(binary, model, ["--session-dir", str(d), "--window", "2048", "--kv-dtype", "f32",
+                               "--max-prompt", "0"])
+    try:
+        st, r = complete(s, LONG * 48, "big", max_tokens=1)
+        assert st == 200, r
+        assert r["session"]["tokens_seen"] > 2048  # the whole window is stored
+
+        times = []
+        started = threading.Event()
+
+        def stream():
+            c = s.client()
+            for ch in c.completions.create(model="smol", prompt="1, 2, 3, 4, 5,", max_tokens=400,
+                                           temperature=0, stream=True):
+                if ch.choices and ch.choices[0].text:
+                    times.append(time.monotonic())
+                    started.set()
+
+        t = threading.Thread(target=stream)
+        t.start()
+        assert started.wait(60)
+        time.sleep(0.2)
+        before = s.metrics()
+        t0 = time.monotonic()
+        st, info = call(s, "POST", "/v1/sessions/big/save")
+        t1 = time.monotonic()
+        t.join()
+        # the counters are published after the engine turn that answered
+        s.wait_metric("streamsink_session_saves_total",
+                      lambda v: v >= before["streamsink_session_saves_total"] + 1)
+        after = s.metrics()
+        assert st == 200, info
+        assert (d / "big.snap").stat().st_size > 90_000_000
+        during = [x for x in times if t0 < x < t1]
+        # the engine answered the save only after the writer's fsync and rename;
+        # a save on the engine thread stops every stream for all of that time
+        assert len(during) >= 3, (len(during), t1 - t0)
+        assert len(times) > len(during) + 10  # the stream went on before and after
+        saves = after["streamsink_session_saves_total"] - before["streamsink_session_saves_total"]
+        assert saves == 1
+        eng = (after["streamsink_session_save_engine_seconds_total"] -
+               before["streamsink_session_save_engine_seconds_total"])
+        total = (after["streamsink_session_save_seconds_sum"] -
+                 before["streamsink_session_save_seconds_sum"])
+        assert 0 < eng < total
+        assert after["streamsink_snapshot_saves_inflight"] == 0
+        assert after["streamsink_snapshot_saves_held"] == 0
+        gaps = [b - a for a, b in zip(times, times[1:])]
+        print(f"save {total * 1e3:.0f} ms (engine thread {eng * 1e3:.0f} ms), "
+              f"{len(during)} tokens during it, largest gap {max(gaps) * 1e3:.0f} ms")
+
+        # what was written is what a restart restores
+        st, r = complete(s, " and then", "big", max_tokens=4)
+        assert st == 200, r
+    finally:
+        assert s.stop() == 0, s.log()
+
+
+TURN2 = " and in the centuries that followed"
+
+
+def test_a_failed_write_keeps_the_snapshot_in_memory_and_sigterm_names_what_is_lost(
+        binary, model, tmp_path):
+    """RLIMIT_FSIZE makes every snapshot write fail (EFBIG, as a full disk
+    fails with ENOSPC). With one slot, session b pushes session a out: a's
+    KV is copied out and its slot freed, the write fails, and the copy is
+    held. a then comes back from that copy exactly as if it never left
+    (same tokens and logprobs as on a server where it stayed in memory).
+    SIGTERM tries once more and names the sessions it could not write."""
+    ref = Server(binary, model, ["--window", "64"])
+    try:
+        st, r = complete(ref, LONG, "a", max_tokens=8)
+        assert st == 200, r
+        st, r = complete(ref, TURN2, "a", max_tokens=24)
+        assert st == 200, r
+        want = continuation(r)
+    finally:
+        assert ref.stop() == 0, ref.log()
+
+    d = tmp_path / "sessions"
+    d.mkdir()
+    old_lim = resource.getrlimit(resource.RLIMIT_FSIZE)
+    old_sig = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (256 * 1024, old_lim[1]))
+    try:
+        s = Server(binary, model, ["--session-dir", str(d), "--window", "64", "--max-seqs", "1"])
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, old_lim)
+        signal.signal(signal.SIGXFSZ, old_sig)
+    try:
+        st, r = complete(s, LONG, "a", max_tokens=8)
+        assert st == 200, r
+        st, r = complete(s, LONG, "b", max_tokens=8)  # the only slot: a leaves memory
+        assert st == 200, r
+        s.wait_metric("streamsink_snapshot_saves_held", lambda v: v == 1)
+        assert s.metrics()["streamsink_session_save_failures_total"] >= 1
+        assert os.listdir(d) == []  # nothing written, no temp file left behind
+        st, r = complete(s, TURN2, "a", max_tokens=24, session_create=False)
+        assert st == 200, r
+        assert r["session"]["restored"] is True  # from the held copy
+        assert continuation(r) == want
+    finally:
+        assert s.stop() == 0, s.log()
+    log = s.log()
+    assert "session 'a' is lost" in log, log
+    assert "session 'b' is lost" in log, log

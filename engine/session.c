@@ -195,7 +195,7 @@ static void disk_scan(struct engine *e, const char *keep)
             ents = p;
             cap = nc;
         }
-        snprintf(ents[n].name, sizeof ents[n].name, "%s", de->d_name);
+        memcpy(ents[n].name, de->d_name, l + 1); /* l < sizeof name: checked above */
         ents[n].bytes = (int64_t)st.st_size;
         ents[n].mtime = (double)st.st_mtim.tv_sec + (double)st.st_mtim.tv_nsec * 1e-9;
         total += ents[n].bytes;
@@ -743,8 +743,9 @@ int session_restore(struct engine *e, struct seq *s, const char *id, int key,
             se->status = 422;
             snprintf(se->code, sizeof se->code, "session_snapshot_invalid");
         }
-        snprintf(se->message, sizeof se->message, "session '%s' cannot be restored: %s%s", id, why,
-                 se->status == 422 ? " (the file was moved aside to <id>.bad)" : "");
+        if (snprintf(se->message, sizeof se->message, "session '%s' cannot be restored: %s%s", id,
+                     why, se->status == 422 ? " (the file was moved aside to <id>.bad)" : "") < 0)
+            se->message[0] = 0; /* a long reason is cut to the message's size */
         e->stats.restore_failures_total++;
         return -1;
     }

@@ -50,7 +50,7 @@ TEST(stream_buf_rewind_replays_exactly_the_events_after_the_last_id)
 {
     struct stream_buf b;
     stream_buf_init(&b);
-    char text[8], out[1024];
+    char text[16], out[1024];
     for (int i = 1; i <= 5; i++) {
         snprintf(text, sizeof text, "t%d", i);
         push_text(&b, text);

@@ -621,35 +621,35 @@ static void emit(struct encoder *e, int32_t id)
     e->n++;
 }
 
-static int item_less(const struct bpe_item *a, const struct bpe_item *b)
+static int merge_before(const struct tok_merge *a, const struct tok_merge *b)
 {
-    return a->rank != b->rank ? a->rank < b->rank : a->pos < b->pos;
+    return a->key != b->key ? a->key < b->key : a->pos < b->pos;
 }
 
-static void heap_push(struct bpe_item *h, size_t *n, struct bpe_item it)
+void tok__merge_push(struct tok_merge *h, size_t *n, struct tok_merge it)
 {
     size_t i = (*n)++;
 
-    while (i > 0 && item_less(&it, &h[(i - 1) / 2])) {
+    while (i > 0 && merge_before(&it, &h[(i - 1) / 2])) {
         h[i] = h[(i - 1) / 2];
         i = (i - 1) / 2;
     }
     h[i] = it;
 }
 
-static struct bpe_item heap_pop(struct bpe_item *h, size_t *n)
+struct tok_merge tok__merge_pop(struct tok_merge *h, size_t *n)
 {
-    struct bpe_item top = h[0];
-    struct bpe_item last = h[--*n];
+    struct tok_merge top = h[0];
+    struct tok_merge last = h[--*n];
     size_t i = 0;
 
     for (;;) {
         size_t c = 2 * i + 1;
         if (c >= *n)
             break;
-        if (c + 1 < *n && item_less(&h[c + 1], &h[c]))
+        if (c + 1 < *n && merge_before(&h[c + 1], &h[c]))
             c++;
-        if (!item_less(&h[c], &last))
+        if (!merge_before(&h[c], &last))
             break;
         h[i] = h[c];
         i = c;
@@ -659,7 +659,7 @@ static struct bpe_item heap_pop(struct bpe_item *h, size_t *n)
     return top;
 }
 
-static int reserve_scratch(struct encoder *e, size_t n)
+int tok__reserve(struct encoder *e, size_t n)
 {
     size_t cap = e->scratch_cap ? e->scratch_cap : 64;
     void *p;
@@ -667,19 +667,12 @@ static int reserve_scratch(struct encoder *e, size_t n)
     if (n <= e->scratch_cap)
         return 0;
     if (n > INT32_MAX / 4)
-        return -E2BIG; /* one word of over 500M bytes */
+        return -E2BIG; /* a word or stretch of over 500M bytes */
     while (cap < n)
         cap *= 2;
     if (!(p = realloc(e->sym, cap * sizeof *e->sym)))
         return -ENOMEM;
     e->sym = p;
-    if (!(p = realloc(e->prev, cap * sizeof *e->prev)))
-        return -ENOMEM;
-    e->prev = p;
-    if (!(p = realloc(e->next, cap * sizeof *e->next)))
-        return -ENOMEM;
-    e->next = p;
-    /* at most n - 1 initial pairs plus two per merge */
     if (!(p = realloc(e->heap, 3 * cap * sizeof *e->heap)))
         return -ENOMEM;
     e->heap = p;
@@ -689,10 +682,10 @@ static int reserve_scratch(struct encoder *e, size_t n)
 
 static void push_pair(struct encoder *e, size_t *nh, int32_t pos)
 {
-    const struct merge_slot *m = merge_find(e->t, e->sym[pos], e->sym[e->next[pos]]);
+    const struct merge_slot *m = merge_find(e->t, e->sym[pos].id, e->sym[e->sym[pos].next].id);
 
     if (m)
-        heap_push(e->heap, nh, (struct bpe_item){.rank = m->rank, .pos = pos, .id = m->id});
+        tok__merge_push(e->heap, nh, (struct tok_merge){.key = m->rank, .pos = pos, .aux = m->id});
 }
 
 /* BPE on one word (bytes w[0..n)), as HF's BPE::merge_word: lowest rank
@@ -703,7 +696,7 @@ void tok__bpe_word(struct encoder *e, const uint8_t *w, size_t n)
     const struct tokenizer *t = e->t;
     int32_t ns = 0;
     size_t nh = 0;
-    int rc = reserve_scratch(e, n);
+    int rc = tok__reserve(e, n);
 
     if (rc < 0) {
         e->err = rc;
@@ -713,38 +706,38 @@ void tok__bpe_word(struct encoder *e, const uint8_t *w, size_t n)
         int32_t id = t->byte_tok[w[i]];
         if (id < 0)
             continue; /* no token for this byte: HF drops it (no unk token) */
-        e->sym[ns] = id;
-        e->prev[ns] = ns - 1;
-        e->next[ns] = ns + 1;
+        e->sym[ns] = (struct tok_sym){.id = id, .prev = ns - 1, .next = ns + 1};
         ns++;
     }
     if (ns == 0)
         return;
-    e->next[ns - 1] = -1;
+    e->sym[ns - 1].next = -1;
     for (int32_t i = 0; i + 1 < ns; i++)
         push_pair(e, &nh, i);
     while (nh > 0) {
-        struct bpe_item top = heap_pop(e->heap, &nh);
-        int32_t right = e->next[top.pos];
+        struct tok_merge top = tok__merge_pop(e->heap, &nh);
+        struct tok_sym *a = &e->sym[top.pos];
+        struct tok_sym *b;
         const struct merge_slot *m;
 
-        if (e->sym[top.pos] < 0 || right < 0)
+        if (a->id < 0 || a->next < 0)
             continue;
-        m = merge_find(t, e->sym[top.pos], e->sym[right]);
-        if (!m || m->id != top.id)
+        b = &e->sym[a->next];
+        m = merge_find(t, a->id, b->id);
+        if (!m || m->id != top.aux)
             continue;
-        e->sym[top.pos] = top.id;
-        e->sym[right] = -1;
-        e->next[top.pos] = e->next[right];
-        if (e->next[right] >= 0)
-            e->prev[e->next[right]] = top.pos;
-        if (e->prev[top.pos] >= 0)
-            push_pair(e, &nh, e->prev[top.pos]);
-        if (e->next[top.pos] >= 0)
+        a->id = top.aux;
+        b->id = -1;
+        a->next = b->next;
+        if (b->next >= 0)
+            e->sym[b->next].prev = top.pos;
+        if (a->prev >= 0)
+            push_pair(e, &nh, a->prev);
+        if (a->next >= 0)
             push_pair(e, &nh, top.pos);
     }
-    for (int32_t i = 0; i >= 0; i = e->next[i])
-        emit(e, e->sym[i]);
+    for (int32_t i = 0; i >= 0; i = e->sym[i].next)
+        emit(e, e->sym[i].id);
 }
 
 /* The leftmost added token in s[from..n) (the longest there); *at gets its
@@ -807,11 +800,7 @@ int64_t tok_encode(const struct tokenizer *t, const char *text, size_t len, int 
         i = at + sp->len;
     }
     free(e.sym);
-    free(e.prev);
-    free(e.next);
     free(e.heap);
     free(norm);
-    free(e.spm_sym);
-    free(e.spm_heap);
     return e.err ? e.err : e.n;
 }

@@ -57,19 +57,6 @@ enum spm_type {
     SPM_BYTE = 6,
 };
 
-struct spm_sym {  /* one symbol of the stretch being merged */
-    int32_t off;  /* bytes [off, off + len) of the normalized text; len 0 once merged */
-    int32_t len;  /* into its left neighbour */
-    int32_t prev; /* linked list of live symbols, -1 at the ends */
-    int32_t next;
-};
-
-struct spm_item { /* a candidate merge of symbol left with its right neighbour */
-    float score;
-    int32_t left;
-    int32_t size; /* bytes of the pair when pushed */
-};
-
 /* ---- the vocabulary: raw token text -> id of a mergeable token ---- */
 
 static size_t slot_count(size_t n)
@@ -234,68 +221,6 @@ static void emit(struct encoder *e, int32_t id)
     e->n++;
 }
 
-/* Higher score first, then the leftmost. */
-static int item_before(const struct spm_item *a, const struct spm_item *b)
-{
-    return a->score != b->score ? a->score > b->score : a->left < b->left;
-}
-
-static void heap_push(struct spm_item *h, size_t *n, struct spm_item it)
-{
-    size_t i = (*n)++;
-
-    while (i > 0 && item_before(&it, &h[(i - 1) / 2])) {
-        h[i] = h[(i - 1) / 2];
-        i = (i - 1) / 2;
-    }
-    h[i] = it;
-}
-
-static struct spm_item heap_pop(struct spm_item *h, size_t *n)
-{
-    struct spm_item top = h[0];
-    struct spm_item last = h[--*n];
-    size_t i = 0;
-
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= *n)
-            break;
-        if (c + 1 < *n && item_before(&h[c + 1], &h[c]))
-            c++;
-        if (!item_before(&h[c], &last))
-            break;
-        h[i] = h[c];
-        i = c;
-    }
-    if (*n > 0)
-        h[i] = last;
-    return top;
-}
-
-/* Room for a stretch of m bytes (at most m symbols). */
-static int reserve(struct encoder *e, size_t m)
-{
-    size_t cap = e->spm_cap ? e->spm_cap : 64;
-    void *p;
-
-    if (m > INT32_MAX / 4)
-        return -E2BIG; /* a stretch of over 500M bytes without an added token */
-    if (m <= e->spm_cap)
-        return 0;
-    while (cap < m)
-        cap *= 2;
-    if (!(p = realloc(e->spm_sym, cap * sizeof *e->spm_sym)))
-        return -ENOMEM;
-    e->spm_sym = p;
-    /* at most m - 1 initial pairs plus two per merge */
-    if (!(p = realloc(e->spm_heap, 3 * cap * sizeof *e->spm_heap)))
-        return -ENOMEM;
-    e->spm_heap = p;
-    e->spm_cap = cap;
-    return 0;
-}
-
 int tok__spm_normalize(const struct tokenizer *t, const uint8_t *s, size_t n, uint8_t **out,
                        size_t *out_len)
 {
@@ -327,14 +252,15 @@ int tok__spm_normalize(const struct tokenizer *t, const uint8_t *s, size_t n, ui
 
 static void push_pair(struct encoder *e, size_t *nh, int32_t left)
 {
-    const struct spm_sym *a = &e->spm_sym[left];
-    const struct spm_sym *b = &e->spm_sym[a->next];
+    const struct tok_sym *a = &e->sym[left];
+    const struct tok_sym *b = &e->sym[a->next];
     int32_t size = a->len + b->len;
     int32_t id = vocab_find(e->t, e->spm_text + a->off, (size_t)size);
 
-    if (id >= 0)
-        heap_push(e->spm_heap, nh,
-                  (struct spm_item){.score = e->t->spm_scores[id], .left = left, .size = size});
+    if (id >= 0) /* higher score first */
+        tok__merge_push(
+            e->heap, nh,
+            (struct tok_merge){.key = -(double)e->t->spm_scores[id], .pos = left, .aux = size});
 }
 
 /* The tokens of one final symbol: itself, or its bytes. */
@@ -366,7 +292,7 @@ void tok__spm_stretch(struct encoder *e, const uint8_t *s, size_t n)
 
     if (n == 0)
         return;
-    if ((rc = reserve(e, n)) < 0) {
+    if ((rc = tok__reserve(e, n)) < 0) {
         e->err = rc;
         return;
     }
@@ -376,38 +302,38 @@ void tok__spm_stretch(struct encoder *e, const uint8_t *s, size_t n)
     for (size_t i = 0; i < n;) {
         uint32_t cp;
         size_t l = tok__utf8_next(s + i, n - i, &cp);
-        e->spm_sym[ns] =
-            (struct spm_sym){.off = (int32_t)i, .len = (int32_t)l, .prev = ns - 1, .next = ns + 1};
+        e->sym[ns] =
+            (struct tok_sym){.off = (int32_t)i, .len = (int32_t)l, .prev = ns - 1, .next = ns + 1};
         ns++;
         i += l;
     }
-    e->spm_sym[ns - 1].next = -1;
+    e->sym[ns - 1].next = -1;
 
     /* merge by score */
     for (int32_t i = 0; i + 1 < ns; i++)
         push_pair(e, &nh, i);
     while (nh > 0) {
-        struct spm_item top = heap_pop(e->spm_heap, &nh);
-        struct spm_sym *a = &e->spm_sym[top.left];
-        struct spm_sym *b;
+        struct tok_merge top = tok__merge_pop(e->heap, &nh);
+        struct tok_sym *a = &e->sym[top.pos];
+        struct tok_sym *b;
 
         if (a->len == 0 || a->next < 0)
             continue;
-        b = &e->spm_sym[a->next];
-        if (b->len == 0 || a->len + b->len != top.size)
+        b = &e->sym[a->next];
+        if (b->len == 0 || a->len + b->len != top.aux)
             continue;
         a->len += b->len;
         b->len = 0;
         a->next = b->next;
         if (b->next >= 0)
-            e->spm_sym[b->next].prev = top.left;
+            e->sym[b->next].prev = top.pos;
         if (a->prev >= 0)
             push_pair(e, &nh, a->prev);
         if (a->next >= 0)
-            push_pair(e, &nh, top.left);
+            push_pair(e, &nh, top.pos);
     }
 
     /* emit, with byte fallback */
-    for (int32_t i = 0; i >= 0; i = e->spm_sym[i].next)
-        emit_symbol(e, s + e->spm_sym[i].off, (size_t)e->spm_sym[i].len);
+    for (int32_t i = 0; i >= 0; i = e->sym[i].next)
+        emit_symbol(e, s + e->sym[i].off, (size_t)e->sym[i].len);
 }

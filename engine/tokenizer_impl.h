@@ -136,10 +136,24 @@ struct tokenizer {
     char warning[200];
 };
 
-struct bpe_item { /* a candidate merge of symbol pos with its right neighbour */
-    int32_t rank;
+/* One symbol of the word (BPE) or stretch (SPM) being merged, in a linked
+ * list of live symbols (-1 at the ends). */
+struct tok_sym {
+    int32_t id;  /* BPE: its token; -1 once merged into its left neighbour */
+    int32_t off; /* SPM: bytes [off, off + len) of the text; len 0 once merged */
+    int32_t len;
+    int32_t prev;
+    int32_t next;
+};
+
+/* A candidate merge of symbol pos with its right neighbour. The heap pops the
+ * lowest key first, the leftmost on ties: BPE keys by merge rank (aux = the
+ * merged token), SPM by minus the merged piece's score (aux = the pair's bytes
+ * when pushed). A double holds both exactly. */
+struct tok_merge {
+    double key;
     int32_t pos;
-    int32_t id;
+    int32_t aux;
 };
 
 struct encoder { /* one tok_encode call */
@@ -147,23 +161,20 @@ struct encoder { /* one tok_encode call */
     int32_t *out;
     int64_t cap;
     int64_t n;
-    /* BPE scratch, grown to the longest word */
-    int32_t *sym;  /* token of each symbol; -1 once merged into its left neighbour */
-    int32_t *prev; /* linked list of live symbols */
-    int32_t *next;
-    struct bpe_item *heap;
-    size_t scratch_cap; /* symbols */
-    /* SPM scratch (spm.c), grown to the longest stretch */
-    const uint8_t *spm_text; /* the stretch being merged */
-    struct spm_sym *spm_sym;
-    struct spm_item *spm_heap;
-    size_t spm_cap; /* symbols of spm_sym */
+    /* merge scratch, grown to the longest word or stretch (tok__reserve) */
+    struct tok_sym *sym;
+    struct tok_merge *heap;  /* at most n - 1 initial pairs plus two per merge */
+    size_t scratch_cap;      /* symbols */
+    const uint8_t *spm_text; /* the stretch being merged (spm.c) */
     int err;
 };
 
 struct gguf_file;
-struct spm_sym;
-struct spm_item;
+
+/* bpe.c: the merge scratch and its heap, shared by both vocabularies */
+int tok__reserve(struct encoder *e, size_t n_sym);
+void tok__merge_push(struct tok_merge *h, size_t *n, struct tok_merge it);
+struct tok_merge tok__merge_pop(struct tok_merge *h, size_t *n);
 
 /* pretok.c */
 size_t tok__utf8_next(const uint8_t *s, size_t n, uint32_t *cp);

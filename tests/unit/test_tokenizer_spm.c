@@ -5,7 +5,7 @@
  * On the real Gemma 3 270M file: token ids identical to sentencepiece (and to
  * transformers' GGUF loader, but for the one documented difference) for every
  * case of tests/fixtures/tokenizer_ids_gemma3.txt (made by
- * tools/make_spm_tokenizer_fixture.py), decode(encode(x)) == x, the streaming
+ * tools/make_spm_tokenizer_fixture.py), tok_check_decode(tok_check_encode(x)) == x, the streaming
  * detokenizer, byte fallback for invalid UTF-8, control tokens, long inputs.
  * Those tests skip when the file is absent (test_gemma_model_path()); a
  * file that is present must load.
@@ -15,11 +15,13 @@
  * every merge, byte fallback and the unknown token, add_space_prefix, which
  * token types may be merge results, load errors, damaged files.
  */
+#include "support/gguf_writer.h"
+#include "support/tok_check.h"
+#include "support/utf8_check.h"
 #include "test.h"
 
 #include "gguf.h"
 #include "tokenizer.h"
-#include "support/utf8_check.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -34,262 +36,12 @@
 
 #define SPACE_MARK "\xE2\x96\x81"
 
-/* ---- helpers ------------------------------------------------------------ */
+/* ---- the real Gemma 3 file, loaded once, and the fixture ------------------ */
 
-static int32_t *encode(const struct tokenizer *t, const char *s, size_t len, int bos, int special,
-                       int64_t *n)
-{
-    int64_t need = tok_encode(t, s, len, bos, special, NULL, 0);
-    int32_t *ids;
-
-    *n = need;
-    if (need < 0)
-        return NULL;
-    ids = malloc((size_t)(need ? need : 1) * sizeof *ids);
-    if (!ids)
-        return NULL;
-    *n = tok_encode(t, s, len, bos, special, ids, need);
-    return ids;
-}
-
-static char *decode(const struct tokenizer *t, const int32_t *ids, int64_t n, size_t *len)
-{
-    size_t total = 0;
-    char *out;
-
-    for (int64_t i = 0; i < n; i++) {
-        size_t l;
-        if (!tok_piece(t, ids[i], &l))
-            return NULL;
-        total += l;
-    }
-    out = malloc(total + 1);
-    if (!out)
-        return NULL;
-    *len = 0;
-    for (int64_t i = 0; i < n; i++) {
-        size_t l;
-        const char *p = tok_piece(t, ids[i], &l);
-        memcpy(out + *len, p, l);
-        *len += l;
-    }
-    out[*len] = '\0';
-    return out;
-}
-
-static int roundtrips(const struct tokenizer *t, const char *s, size_t len, int special)
-{
-    int64_t n;
-    int32_t *ids = encode(t, s, len, 0, special, &n);
-    size_t back_len = 0;
-    char *back = ids ? decode(t, ids, n, &back_len) : NULL;
-    int ok = back && back_len == len && memcmp(back, s, len) == 0;
-
-    free(ids);
-    free(back);
-    return ok;
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static char *read_file(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    char *buf = NULL;
-    long n;
-
-    *len = 0;
-    if (!f)
-        return NULL;
-    if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0 &&
-        (buf = malloc((size_t)n + 1)) != NULL) {
-        *len = fread(buf, 1, (size_t)n, f);
-        buf[*len] = '\0';
-    }
-    fclose(f);
-    return buf;
-}
-
-static void print_text(const char *s, size_t len)
-{
-    fputs("    text: \"", stderr);
-    for (size_t i = 0; i < len && i < 120; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (c >= 0x20 && c < 0x7f && c != '\\')
-            fputc(c, stderr);
-        else
-            fprintf(stderr, "\\x%02x", c);
-    }
-    fputs(len > 120 ? "\"...\n" : "\"\n", stderr);
-}
-
-/* ---- the real Gemma 3 file, loaded once ---------------------------------- */
-
-static struct {
-    int tried;
-    void *map;
-    size_t len;
-    struct gguf_file g;
-    struct tokenizer *t;
-} real;
-
-static struct tokenizer *real_tok(void)
-{
-    char err[256];
-    struct stat st;
-    int fd;
-
-    if (real.tried)
-        return real.t;
-    real.tried = 1;
-    fd = open(test_gemma_model_path(), O_RDONLY);
-    if (fd < 0 || fstat(fd, &st) < 0) {
-        if (fd >= 0)
-            close(fd);
-        return NULL;
-    }
-    real.len = (size_t)st.st_size;
-    real.map = mmap(NULL, real.len, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
-    close(fd);
-    if (real.map == MAP_FAILED) {
-        real.map = NULL;
-        return NULL;
-    }
-    /* The tokenizer reads metadata only: a tensor count of 0 (in this private
-     * copy-on-write mapping) keeps the test independent of the tensor types the
-     * build can load. */
-    if (real.len >= 24)
-        memset((char *)real.map + 8, 0, 8);
-    if (gguf_parse(&real.g, real.map, real.len, err, sizeof err) < 0) {
-        printf("gguf_parse: %s\n", err);
-        return NULL;
-    }
-    if (tok_load(&real.t, &real.g, err, sizeof err) < 0) {
-        printf("tok_load: %s\n", err);
-        return NULL;
-    }
-    return real.t;
-}
-
+static struct tok_real real;
 #define REAL_TOK(t)                                                                                \
-    struct tokenizer *t = real_tok();                                                              \
-    if (!t) {                                                                                      \
-        ASSERT(!real.map || !"Gemma file present but did not load");                               \
-        TEST_SKIP("no Gemma 3 file (run scripts/fetch-model.sh gemma3-270m)");                     \
-    }
-
-/* ---- the fixture --------------------------------------------------------- */
-
-struct fixture_case {
-    char *text;
-    size_t len;
-    int32_t *ids;
-    int64_t n_ids;
-    int special;
-    int roundtrips;
-};
-
-static struct {
-    int loaded;
-    struct fixture_case *c;
-    int n;
-} fx;
-
-static int hexval(int c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    return -1;
-}
-
-static int parse_case(char *line, struct fixture_case *c)
-{
-    char *hex = strchr(line, '\t');
-    char *ids = hex ? strchr(hex + 1, '\t') : NULL;
-    size_t nhex;
-
-    if (!ids)
-        return -1;
-    *hex++ = '\0';
-    *ids++ = '\0';
-    c->special = strchr(line, 's') != NULL;
-    c->roundtrips = strchr(line, 'r') != NULL;
-    nhex = strlen(hex);
-    if (nhex % 2)
-        return -1;
-    c->len = nhex / 2;
-    c->text = malloc(c->len + 1);
-    c->ids = malloc((strlen(ids) / 2 + 1) * sizeof *c->ids);
-    if (!c->text || !c->ids)
-        return -1;
-    for (size_t i = 0; i < c->len; i++) {
-        int hi = hexval(hex[2 * i]);
-        int lo = hexval(hex[2 * i + 1]);
-        if (hi < 0 || lo < 0)
-            return -1;
-        c->text[i] = (char)(hi << 4 | lo);
-    }
-    c->text[c->len] = '\0';
-    c->n_ids = 0;
-    for (char *p = ids; *p;) {
-        char *end;
-        long v = strtol(p, &end, 10);
-        if (end == p)
-            return -1;
-        c->ids[c->n_ids++] = (int32_t)v;
-        p = end;
-        while (*p == ' ')
-            p++;
-    }
-    return 0;
-}
-
-static int load_fixture(void)
-{
-    const char *path = SS_FIXTURES_DIR "/tokenizer_ids_gemma3.txt";
-    size_t len;
-    char *buf;
-    char *line;
-    char *save = NULL;
-    int cap = 0;
-
-    if (fx.loaded)
-        return fx.n;
-    fx.loaded = 1;
-    buf = read_file(path, &len);
-    if (!buf) {
-        printf("cannot read %s\n", path);
-        return fx.n = -1;
-    }
-    for (line = strtok_r(buf, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
-        if (line[0] == '#')
-            continue;
-        if (fx.n == cap) {
-            struct fixture_case *nc;
-            cap = cap * 2 + 64;
-            nc = realloc(fx.c, (size_t)cap * sizeof *nc);
-            if (!nc)
-                break;
-            fx.c = nc;
-        }
-        memset(&fx.c[fx.n], 0, sizeof fx.c[fx.n]);
-        if (parse_case(line, &fx.c[fx.n]) < 0) {
-            printf("%s: bad line %d\n", path, fx.n);
-            fx.n = -1;
-            break;
-        }
-        fx.n++;
-    }
-    free(buf);
-    return fx.n;
-}
+    TOK_REAL(t, real, test_gemma_model_path(), 1, "scripts/fetch-model.sh gemma3-270m")
+static struct tok_fixture fx = {.path = SS_FIXTURES_DIR "/tokenizer_ids_gemma3.txt"};
 
 /* ---- real-file tests ------------------------------------------------------ */
 
@@ -319,53 +71,9 @@ TEST(spm_loads_gemma3_metadata)
 
 TEST(spm_ids_match_sentencepiece_for_every_fixture_case)
 {
-    int bad = 0;
-
     REAL_TOK(t);
-    ASSERT(load_fixture() > 0);
-    for (int i = 0; i < fx.n; i++) {
-        const struct fixture_case *c = &fx.c[i];
-        int64_t got_n;
-        int32_t *got = encode(t, c->text, c->len, 0, c->special, &got_n);
-        int64_t k = 0;
-
-        ASSERT(got != NULL);
-        while (k < got_n && k < c->n_ids && got[k] == c->ids[k])
-            k++;
-        if ((k < got_n || k < c->n_ids) && bad++ < 5) {
-            fprintf(stderr,
-                    "  case %d (special=%d): %lld ids, reference %lld, first diff at %lld:", i,
-                    c->special, (long long)got_n, (long long)c->n_ids, (long long)k);
-            for (int64_t j = k; j < k + 6; j++)
-                fprintf(stderr, " %d/%d", j < got_n ? got[j] : -1, j < c->n_ids ? c->ids[j] : -1);
-            fputc('\n', stderr);
-            print_text(c->text, c->len);
-        }
-        free(got);
-    }
-    printf("  %d cases, %d differ from the reference\n", fx.n, bad);
-    ASSERT_EQ(bad, 0);
-}
-
-static int stream_equals(const struct tokenizer *t, const int32_t *ids, int64_t n, const char *want,
-                         size_t want_len)
-{
-    struct tok_stream st = {0};
-    size_t got = 0;
-    char buf[1024];
-    int ok = 1;
-
-    for (int64_t i = 0; i < n && ok; i++) {
-        int64_t w = tok_stream_push(t, &st, ids[i], buf, sizeof buf);
-        if (w < 0 || !test_valid_utf8((unsigned char *)buf, (size_t)w) ||
-            got + (size_t)w > want_len || memcmp(want + got, buf, (size_t)w) != 0)
-            ok = 0;
-        else
-            got += (size_t)w;
-    }
-    if (ok && tok_stream_flush(&st, buf, sizeof buf) != 0)
-        ok = 0;
-    return ok && got == want_len;
+    ASSERT(tok_fixture_load(&fx) > 0);
+    ASSERT_EQ(tok_fixture_mismatches(t, &fx), 0);
 }
 
 TEST(spm_decode_and_stream_give_the_text_back_for_every_fixture_case)
@@ -373,19 +81,19 @@ TEST(spm_decode_and_stream_give_the_text_back_for_every_fixture_case)
     int checked = 0;
 
     REAL_TOK(t);
-    ASSERT(load_fixture() > 0);
+    ASSERT(tok_fixture_load(&fx) > 0);
     for (int i = 0; i < fx.n; i++) {
-        const struct fixture_case *c = &fx.c[i];
+        const struct tok_case *c = &fx.c[i];
         if (!c->roundtrips) {
             /* a literal U+2581 is SentencePiece's space: it decodes as ' ' */
             ASSERT(memmem(c->text, c->len, SPACE_MARK, 3) != NULL);
             continue;
         }
-        if (!roundtrips(t, c->text, c->len, c->special) ||
-            !stream_equals(t, c->ids, c->n_ids, c->text, c->len))
-            print_text(c->text, c->len);
-        ASSERT(roundtrips(t, c->text, c->len, c->special));
-        ASSERT(stream_equals(t, c->ids, c->n_ids, c->text, c->len));
+        if (!tok_check_roundtrips(t, c->text, c->len, c->special) ||
+            !tok_check_stream_equals(t, c->ids, c->n_ids, c->text, c->len))
+            tok_check_print_text(c->text, c->len);
+        ASSERT(tok_check_roundtrips(t, c->text, c->len, c->special));
+        ASSERT(tok_check_stream_equals(t, c->ids, c->n_ids, c->text, c->len));
         checked++;
     }
     printf("  %d of %d cases round-trip (the others hold a literal U+2581)\n", checked, fx.n);
@@ -400,14 +108,14 @@ TEST(spm_byte_fallback_round_trips_invalid_utf8_and_unknown_characters)
     int32_t *ids;
 
     REAL_TOK(t);
-    ASSERT(roundtrips(t, text, sizeof text - 1, 0));
-    ids = encode(t, "\xf3\xb0\x80\x81", 4, 0, 0, &n);
+    ASSERT(tok_check_roundtrips(t, text, sizeof text - 1, 0));
+    ids = tok_check_encode(t, "\xf3\xb0\x80\x81", 4, 0, 0, &n);
     ASSERT(ids);
     ASSERT_EQ(n, 4); /* U+F0001 falls back to its four byte tokens */
     ASSERT_EQ(ids[0], 238 + 0xF3);
     ASSERT_EQ(ids[3], 238 + 0x81);
     free(ids);
-    ids = encode(t, "\xff", 1, 0, 0, &n);
+    ids = tok_check_encode(t, "\xff", 1, 0, 0, &n);
     ASSERT(ids && n == 1 && ids[0] == 238 + 0xFF);
     free(ids);
 }
@@ -422,8 +130,8 @@ TEST(spm_matches_control_tokens_only_when_asked_and_user_tokens_always)
     int has_bold = 0;
 
     REAL_TOK(t);
-    on = encode(t, text, strlen(text), 1, 1, &n_on);
-    off = encode(t, text, strlen(text), 0, 0, &n_off);
+    on = tok_check_encode(t, text, strlen(text), 1, 1, &n_on);
+    off = tok_check_encode(t, text, strlen(text), 0, 0, &n_off);
     ASSERT(on && off);
     ASSERT_EQ(on[0], 2);   /* BOS */
     ASSERT_EQ(on[1], 105); /* <start_of_turn> */
@@ -434,31 +142,10 @@ TEST(spm_matches_control_tokens_only_when_asked_and_user_tokens_always)
         has_bold |= off[i] == 200; /* <b>, user-defined: matched either way */
     }
     ASSERT(has_bold);
-    ASSERT(roundtrips(t, text, strlen(text), 1));
-    ASSERT(roundtrips(t, text, strlen(text), 0));
+    ASSERT(tok_check_roundtrips(t, text, strlen(text), 1));
+    ASSERT(tok_check_roundtrips(t, text, strlen(text), 0));
     free(on);
     free(off);
-}
-
-static int encode_long(const struct tokenizer *t, const char *what, const char *text, size_t len)
-{
-    double t0 = now_s();
-    int64_t n;
-    int32_t *ids = encode(t, text, len, 0, 0, &n);
-    double dt = now_s() - t0;
-    size_t back_len = 0;
-    char *back;
-    int ok;
-
-    if (!ids)
-        return 0;
-    printf("  %s: %zu bytes -> %lld tokens in %.3f s (%.1f MB/s)\n", what, len, (long long)n, dt,
-           (double)len / dt / 1e6);
-    back = decode(t, ids, n, &back_len);
-    ok = back && back_len == len && memcmp(back, text, len) == 0;
-    free(back);
-    free(ids);
-    return ok;
 }
 
 TEST(spm_encodes_long_inputs)
@@ -470,91 +157,44 @@ TEST(spm_encodes_long_inputs)
     uint64_t rng = 12345;
 
     REAL_TOK(t);
-    corpus = read_file(SS_FIXTURES_DIR "/tokenizer_corpus.txt", &corpus_len);
+    corpus = tok_check_read_file(SS_FIXTURES_DIR "/tokenizer_corpus.txt", &corpus_len);
     text = malloc(1 << 21);
     ASSERT(corpus && corpus_len > 0 && corpus_len < 100000 && text);
     while (len + corpus_len < 800000) {
         memcpy(text + len, corpus, corpus_len);
         len += corpus_len;
     }
-    ASSERT(encode_long(t, "mixed text", text, len));
+    ASSERT(tok_check_encode_long(t, "mixed text", text, len));
     /* One stretch with no added token in it: no newline, no double space. */
     for (len = 0; len + 2 <= 400000; len += 2)
         memcpy(text + len, "a ", 2);
-    ASSERT(encode_long(t, "200k x 'a '", text, len));
+    ASSERT(tok_check_encode_long(t, "200k x 'a '", text, len));
     memset(text, 'a', 400000);
-    ASSERT(encode_long(t, "400k x 'a'", text, 400000));
+    ASSERT(tok_check_encode_long(t, "400k x 'a'", text, 400000));
     memset(text, ' ', 400000);
-    ASSERT(encode_long(t, "400k spaces", text, 400000));
+    ASSERT(tok_check_encode_long(t, "400k spaces", text, 400000));
     for (len = 0; len + 4 <= 800000; len += 4)
         memcpy(text + len, "\xF0\x9F\x98\x80", 4);
-    ASSERT(encode_long(t, "200k emoji", text, len));
+    ASSERT(tok_check_encode_long(t, "200k emoji", text, len));
     for (len = 0; len + 4 <= 800000; len += 4)
         memcpy(text + len, "\xf3\xb0\x80\x81", 4); /* byte fallback */
-    ASSERT(encode_long(t, "200k unknown characters", text, len));
+    ASSERT(tok_check_encode_long(t, "200k unknown characters", text, len));
     /* 6249 control and 165 user-defined tokens start with '<', '\n', '\t' or ' ' */
     memset(text, '<', 400000);
-    ASSERT(encode_long(t, "400k x '<'", text, 400000));
+    ASSERT(tok_check_encode_long(t, "400k x '<'", text, 400000));
     for (len = 0; len + 8 <= 400000; len += 8)
         memcpy(text + len, "<unused9", 8);
-    ASSERT(encode_long(t, "50k x '<unused9'", text, len));
+    ASSERT(tok_check_encode_long(t, "50k x '<unused9'", text, len));
     for (len = 0; len < 400000; len++) {
         rng = rng * 6364136223846793005ull + 1442695040888963407ull;
         text[len] = (char)(rng >> 56);
     }
-    ASSERT(encode_long(t, "400k random bytes", text, len));
+    ASSERT(tok_check_encode_long(t, "400k random bytes", text, len));
     free(text);
     free(corpus);
 }
 
 /* ---- small vocabularies built in memory ------------------------------------ */
-
-struct wbuf {
-    uint8_t *p;
-    size_t len;
-    size_t cap;
-};
-
-static void w_bytes(struct wbuf *w, const void *src, size_t n)
-{
-    if (w->len + n > w->cap) {
-        size_t cap = w->cap ? w->cap : 256;
-        uint8_t *p;
-        while (cap < w->len + n)
-            cap *= 2;
-        p = realloc(w->p, cap);
-        if (!p) {
-            fprintf(stderr, "test_tokenizer_spm: out of memory\n");
-            exit(1);
-        }
-        w->p = p;
-        w->cap = cap;
-    }
-    memcpy(w->p + w->len, src, n);
-    w->len += n;
-}
-
-static void w_u32(struct wbuf *w, uint32_t v)
-{
-    w_bytes(w, &v, 4);
-}
-
-static void w_u64(struct wbuf *w, uint64_t v)
-{
-    w_bytes(w, &v, 8);
-}
-
-static void w_str(struct wbuf *w, const char *s)
-{
-    w_u64(w, strlen(s));
-    w_bytes(w, s, strlen(s));
-}
-
-static void w_key(struct wbuf *w, const char *key, enum gguf_type type)
-{
-    w_str(w, key);
-    w_u32(w, type);
-}
 
 /* A synthetic SentencePiece file: <unk> (id 0), the 256 <0xXX> byte tokens
  * (ids 1..256, when bytes is set), then piece[] with score[] and type[]. */
@@ -575,60 +215,60 @@ static int32_t syn_id(const struct syn *s, int i)
     return 1 + (s->bytes ? 256 : 0) + i;
 }
 
-static struct wbuf syn_file(const struct syn *s)
+static struct gw_buf syn_file(const struct syn *s)
 {
-    struct wbuf w = {0};
+    struct gw_buf w = {0};
     uint64_t n_kv = 0;
     size_t n_kv_at;
     uint64_t n_tok = 1 + (s->bytes ? 256 : 0) + (uint64_t)s->n;
     char name[8];
 
-    w_bytes(&w, "GGUF", 4);
-    w_u32(&w, 3);
-    w_u64(&w, 0);
+    gw_bytes(&w, "GGUF", 4);
+    gw_u32(&w, 3);
+    gw_u64(&w, 0);
     n_kv_at = w.len;
-    w_u64(&w, 0);
-    w_key(&w, "tokenizer.ggml.model", GGUF_TYPE_STRING);
-    w_str(&w, s->model ? s->model : "llama");
-    w_key(&w, "tokenizer.ggml.tokens", GGUF_TYPE_ARRAY);
-    w_u32(&w, GGUF_TYPE_STRING);
-    w_u64(&w, n_tok);
-    w_str(&w, "<unk>");
+    gw_u64(&w, 0);
+    gw_key(&w, "tokenizer.ggml.model", GGUF_TYPE_STRING);
+    gw_str(&w, s->model ? s->model : "llama");
+    gw_key(&w, "tokenizer.ggml.tokens", GGUF_TYPE_ARRAY);
+    gw_u32(&w, GGUF_TYPE_STRING);
+    gw_u64(&w, n_tok);
+    gw_str(&w, "<unk>");
     for (int b = 0; s->bytes && b < 256; b++) {
         snprintf(name, sizeof name, "<0x%02X>", b);
-        w_str(&w, name);
+        gw_str(&w, name);
     }
     for (int i = 0; i < s->n; i++)
-        w_str(&w, s->piece[i]);
-    w_key(&w, "tokenizer.ggml.token_type", GGUF_TYPE_ARRAY);
-    w_u32(&w, GGUF_TYPE_INT32);
-    w_u64(&w, n_tok);
+        gw_str(&w, s->piece[i]);
+    gw_key(&w, "tokenizer.ggml.token_type", GGUF_TYPE_ARRAY);
+    gw_u32(&w, GGUF_TYPE_INT32);
+    gw_u64(&w, n_tok);
     for (uint64_t i = 0; i < n_tok; i++) {
         int32_t ty = i == 0                   ? 2
                      : (s->bytes && i <= 256) ? 6
                                               : s->type[i - 1 - (s->bytes ? 256 : 0)];
-        w_bytes(&w, &ty, 4);
+        gw_bytes(&w, &ty, 4);
     }
     n_kv += 3;
     if (s->scores) {
         uint64_t n_sc = s->scores == -1 ? n_tok - 1 : n_tok;
-        w_key(&w, "tokenizer.ggml.scores", GGUF_TYPE_ARRAY);
-        w_u32(&w, s->scores == 2 ? GGUF_TYPE_INT32 : GGUF_TYPE_FLOAT32);
-        w_u64(&w, n_sc);
+        gw_key(&w, "tokenizer.ggml.scores", GGUF_TYPE_ARRAY);
+        gw_u32(&w, s->scores == 2 ? GGUF_TYPE_INT32 : GGUF_TYPE_FLOAT32);
+        gw_u64(&w, n_sc);
         for (uint64_t i = 0; i < n_sc; i++) {
             size_t first = 1 + (s->bytes ? 256 : 0);
             float v = i < first ? 0.0f : s->score[i - first];
-            w_bytes(&w, &v, 4);
+            gw_bytes(&w, &v, 4);
         }
         n_kv++;
     }
-    w_key(&w, "tokenizer.ggml.unknown_token_id", GGUF_TYPE_UINT32);
-    w_u32(&w, 0);
+    gw_key(&w, "tokenizer.ggml.unknown_token_id", GGUF_TYPE_UINT32);
+    gw_u32(&w, 0);
     n_kv++;
     if (s->prefix >= 0) {
         uint8_t v = (uint8_t)s->prefix;
-        w_key(&w, "tokenizer.ggml.add_space_prefix", GGUF_TYPE_BOOL);
-        w_bytes(&w, &v, 1);
+        gw_key(&w, "tokenizer.ggml.add_space_prefix", GGUF_TYPE_BOOL);
+        gw_bytes(&w, &v, 1);
         n_kv++;
     }
     memcpy(w.p + n_kv_at, &n_kv, 8);
@@ -637,7 +277,7 @@ static struct wbuf syn_file(const struct syn *s)
 
 static int syn_load(const struct syn *s, struct tokenizer **t, char *err, size_t err_len)
 {
-    struct wbuf w = syn_file(s);
+    struct gw_buf w = syn_file(s);
     struct gguf_file g;
     int rc = gguf_parse(&g, w.p, w.len, err, err_len);
 
@@ -795,7 +435,7 @@ TEST(spm_merges_highest_score_first_leftmost_on_ties_as_a_brute_force_oracle)
             ng = tok_encode(t, text, strlen(text), 0, 0, got, 512);
             if (ng != nw || memcmp(got, want, (size_t)nw * sizeof *got) != 0) {
                 fprintf(stderr, "  prefix=%d: %lld ids, oracle %d\n", prefix, (long long)ng, nw);
-                print_text(text, strlen(text));
+                tok_check_print_text(text, strlen(text));
             }
             ASSERT_EQ(ng, nw);
             ASSERT(memcmp(got, want, (size_t)nw * sizeof *got) == 0);
@@ -899,7 +539,7 @@ TEST(spm_rejects_bad_metadata_with_a_message)
 TEST(spm_survives_truncated_and_corrupted_files)
 {
     struct syn s = syn_default();
-    struct wbuf w = syn_file(&s);
+    struct gw_buf w = syn_file(&s);
     uint8_t *copy = malloc(w.len);
     uint64_t rng = 0x9E3779B97F4A7C15ull;
     int loaded = 0;

@@ -119,6 +119,11 @@ void cpu_matmul_rows(enum cpu_isa isa, enum qtype t, const void *restrict w, int
         cpu__matmul_rows_kquant_avx2(t, w, k, n0, n1, act, T, y, ldy);
         return;
     }
+    if (isa == CPU_ISA_AVX512 && cpu__has_vnni() &&
+        (t == QTYPE_Q4_0 || t == QTYPE_Q4_1 || t == QTYPE_Q8_0)) {
+        cpu__matmul_rows16_avx512_vnni(t, w, k, n0, n1, act, T, y, ldy);
+        return;
+    }
     switch (isa) {
     case CPU_ISA_AVX512:
         cpu__matmul_rows_avx512(t, w, k, n0, n1, act, T, y, ldy, cpu__has_vnni());

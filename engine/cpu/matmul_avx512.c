@@ -11,6 +11,11 @@
  * has AVX512-VNNI (vnni != 0) and VPMADDUBSW + VPMADDWD otherwise. Signed
  * weights (Q8_0, Q4_0) go in as |w| with sign(w) moved onto the activation
  * bytes (a masked subtract: AVX-512 has no VPSIGNB).
+ *
+ * On CPUs with VNNI, cpu_matmul_rows takes Q4_0, Q4_1 and Q8_0 weights to
+ * matmul_rows16_avx512.c instead (sixteen rows per vector, faster at every
+ * T). The vnni != 0 quantized kernels here are then no longer reached from
+ * cpu_matmul_rows; tests/unit/test_matmul.c still runs them.
  */
 #include "matmul_impl.h"
 

@@ -24,6 +24,13 @@ void cpu__matmul_rows_avx512(enum qtype t, const void *restrict w, int64_t k, in
                              int64_t n1, const void *restrict act, int64_t T, float *restrict y,
                              int64_t ldy, int vnni);
 
+/* AVX-512 F + BW + VL + DQ and AVX512-VNNI, Q4_0, Q4_1 and Q8_0 weights only:
+ * sixteen weight rows per vector, one per int32 lane (matmul_rows16_avx512.c).
+ * What cpu_matmul_rows runs for those types when the CPU has VNNI. */
+void cpu__matmul_rows16_avx512_vnni(enum qtype t, const void *restrict w, int64_t k, int64_t n0,
+                                    int64_t n1, const void *restrict act, int64_t T,
+                                    float *restrict y, int64_t ldy);
+
 /* 1 when the CPU has AVX512-VNNI (cached). */
 int cpu__has_vnni(void);
 

@@ -104,6 +104,8 @@ void emu_matmul_rows_avx512(enum qtype t, const void *restrict w, int64_t k, int
 enum path {
     PATH_DISPATCH,    /* cpu_prepare_act / cpu_matmul_rows with an ISA */
     PATH_AVX512_BASE, /* cpu__matmul_rows_avx512 with vnni = 0 on a VNNI CPU */
+    PATH_AVX512_TWO,  /* cpu__matmul_rows_avx512 with vnni = 1 (the dispatch takes the
+                         sixteen-row kernel for quantized weights) */
     PATH_EMU_BASE,    /* SIMDe-emulated AVX-512, vnni = 0 */
     PATH_EMU_VNNI,    /* SIMDe-emulated AVX-512, vnni = 1 */
 };
@@ -120,6 +122,7 @@ static void kernel_prepare(const struct kernel *kn, enum qtype t, const float *x
     switch (kn->path) {
     case PATH_DISPATCH:
     case PATH_AVX512_BASE:
+    case PATH_AVX512_TWO:
         cpu_prepare_act(kn->isa, t, x, k, dst);
         break;
     case PATH_EMU_BASE:
@@ -140,6 +143,9 @@ static void kernel_matmul(const struct kernel *kn, enum qtype t, const void *w, 
         break;
     case PATH_AVX512_BASE:
         cpu__matmul_rows_avx512(t, w, k, n0, n1, act, T, y, ldy, 0);
+        break;
+    case PATH_AVX512_TWO:
+        cpu__matmul_rows_avx512(t, w, k, n0, n1, act, T, y, ldy, 1);
         break;
     case PATH_EMU_BASE:
     case PATH_EMU_VNNI:
@@ -165,9 +171,11 @@ static int list_kernels(struct kernel *out)
     if (best >= CPU_ISA_AVX512) {
         out[n++] = (struct kernel){cpu__has_vnni() ? "avx512-vnni" : "avx512", PATH_DISPATCH,
                                    CPU_ISA_AVX512};
-        if (cpu__has_vnni())
+        if (cpu__has_vnni()) {
             out[n++] = (struct kernel){"avx512 without vnni", PATH_AVX512_BASE, CPU_ISA_AVX512};
-        else if (!printed)
+            out[n++] =
+                (struct kernel){"avx512-vnni two-row tiles", PATH_AVX512_TWO, CPU_ISA_AVX512};
+        } else if (!printed)
             printf("skip avx512-vnni: this CPU has AVX-512 without VNNI\n");
     } else if (!printed) {
         printf("skip avx512: not available (or capped by STREAMSINK_ISA)\n");
@@ -522,6 +530,59 @@ TEST(matmul_rows_do_not_depend_on_batch_size_or_row_range)
         }
     }
     printf("  %lld outputs compared across %d kernels\n", compared, nk);
+}
+
+/* Long batches (prefill chunks): T = 70 activation rows, more than the
+ * sixteen-row kernel keeps corrections for at once (64), K = 1536, more
+ * blocks than it transposes at once (32), and N = 37 (two full groups of
+ * sixteen and a partial one). Every output within the reference tolerance
+ * and bit-identical to the same row computed alone. */
+TEST(matmul_rows_handles_long_batches_and_partial_row_groups)
+{
+    enum { T = 70, N = 37, K = 1536 };
+    static float x[K_MAX];
+    _Alignas(64) static uint8_t w[N * K * 4];
+    _Alignas(64) static uint8_t act[T * K * 4];
+    static float y[T * N], yone[N];
+    static const enum qtype types[] = {QTYPE_Q8_0, QTYPE_Q4_0, QTYPE_Q4_1};
+    struct kernel kernels[8];
+    int nk = list_kernels(kernels);
+    long long checked = 0;
+
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        enum qtype t = types[ti];
+        size_t rb = qtype_row_bytes(t, K), ab = quant_act_bytes(t, K);
+        make_weights(t, N, K, w);
+        for (int kk = 0; kk < nk; kk++) {
+            const struct kernel *kn = &kernels[kk];
+            if (kn->path >= PATH_EMU_BASE || kn->isa == CPU_ISA_SCALAR)
+                continue; /* slow, and covered by the tests above */
+            for (int tt = 0; tt < T; tt++) {
+                fill(x, K);
+                kernel_prepare(kn, t, x, K, act + (size_t)tt * ab);
+            }
+            kernel_matmul(kn, t, w, K, 0, N, act, T, y, N);
+            for (int tt = 0; tt < T; tt++) {
+                const uint8_t *ar = act + (size_t)tt * ab;
+                kernel_matmul(kn, t, w, K, 0, N, ar, 1, yone, N);
+                for (int64_t n = 0; n < N; n++, checked++) {
+                    int nt = 0;
+                    double mag = dot_magnitude(t, w + (size_t)n * rb, ar, K, &nt);
+                    double tol = (nt + 4) * 0x1p-24 * mag + FLT_MIN;
+                    float ref = quant_dot_ref(t, w + (size_t)n * rb, ar, K);
+                    if (!(fabs(y[tt * N + n] - ref) <= tol))
+                        FAIL_AT("%s %s: y[%d][%lld] = %.9g vs reference %.9g", kn->name,
+                                qtype_name(t), tt, (long long)n, y[tt * N + n], ref);
+                    if (memcmp(&y[tt * N + n], &yone[n], sizeof(float)) != 0)
+                        FAIL_AT("%s %s: row %lld of activation %d is %.9g in a batch of %d and "
+                                "%.9g alone",
+                                kn->name, qtype_name(t), (long long)n, tt, y[tt * N + n], T,
+                                yone[n]);
+                }
+            }
+        }
+    }
+    printf("  %lld outputs checked\n", checked);
 }
 
 TEST_MAIN()

@@ -1,0 +1,269 @@
+/*
+ * matmul_rows16_avx512.c: the AVX512-VNNI kernel for Q4_0, Q4_1 and Q8_0
+ * weights behind cpu_matmul_rows (matmul.h), for every T (decode and
+ * prefill alike). Compiled with AVX-512 F, BW, VL and DQ (plus AVX2, FMA,
+ * F16C); matmul.c calls into this file only after CPUID says the CPU has
+ * them and AVX512-VNNI.
+ *
+ * Layout. Weight rows are taken sixteen at a time, one row per int32 lane of
+ * a 512-bit vector. For each block of 32 values the sixteen rows' quants are
+ * transposed into eight vectors; vector j holds values 4j .. 4j+3 of every
+ * row, as unsigned bytes (Q4: the nibble q in 0..15; Q8_0: w + 128). One
+ * VPDPBUSD against the activation's four bytes 4j .. 4j+3, broadcast, then
+ * adds four products to each of the sixteen rows: the activation is loaded
+ * once for sixteen rows and nothing is summed across lanes. The transposed
+ * quants and the rows' f32 scales of up to CHUNK_BLOCKS blocks go into a
+ * scratch buffer on the stack (L1-sized) and serve every activation row of
+ * the call, eight at a time.
+ *
+ * Arithmetic, per output (weight row n, activation row t), over the blocks b
+ * in order:
+ *     i   = sum_j u_j a_j - bias * sum_j a_j      (exact int32: the block's
+ *                                                   integer dot product)
+ *     acc = fma((float)i, d_w * d_a, acc)
+ *     acc = fma(m_w, s_a, acc)                     (Q4_1 only)
+ * with bias 8 for Q4_0, 128 for Q8_0 and 0 for Q4_1. Every step is one lane
+ * of one vector instruction, and neither the lane nor the order depends on T,
+ * on the row range of the call or on the row's place in its group of
+ * sixteen, so a row's result is bit-identical however it is batched.
+ */
+#include "matmul_impl.h"
+
+#include <immintrin.h>
+#include <string.h>
+
+#define GROUP 16        /* weight rows per group: one per int32 lane */
+#define CHUNK_BLOCKS 32 /* blocks per scratch fill: 16 KiB of quants */
+#define TILE_T 8        /* activation rows per register tile */
+#define TOKEN_BLOCK 64  /* activation rows whose corrections are kept at once */
+
+#define INLINE static inline __attribute__((always_inline))
+
+/* acc + VPDPBUSD(u, s), as inline asm so that this file is compiled without
+ * -mavx512vnni (see matmul_avx512.c). */
+INLINE __m512i dpbusd(__m512i acc, __m512i u, __m512i s)
+{
+    __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s));
+    return acc;
+}
+
+/* One group's blocks, transposed: q[b][j] lane r = values 4j .. 4j+3 of row r
+ * in block b, as unsigned bytes; d (and m, Q4_1) lane r = row r's scale. */
+struct packed {
+    __m512i q[CHUNK_BLOCKS][8];
+    __m512 d[CHUNK_BLOCKS];
+    __m512 m[CHUNK_BLOCKS];
+};
+
+/* Lane r of v[j] = the j-th dword of the 16 bytes at row[r] + off. */
+INLINE void transpose16x4(const char *const row[GROUP], size_t off, __m512i v[4])
+{
+    __m512i z[4];
+    /* z[k]'s 128-bit lane i holds row 4i + k, so the transpose below puts row
+     * 4i + k in int32 lane 4i + k: rows in natural order */
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        __m512i x = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(row[k] + off)));
+        x = _mm512_inserti32x4(x, _mm_loadu_si128((const __m128i *)(row[4 + k] + off)), 1);
+        x = _mm512_inserti32x4(x, _mm_loadu_si128((const __m128i *)(row[8 + k] + off)), 2);
+        z[k] = _mm512_inserti32x4(x, _mm_loadu_si128((const __m128i *)(row[12 + k] + off)), 3);
+    }
+    __m512i t0 = _mm512_unpacklo_epi32(z[0], z[1]);
+    __m512i t1 = _mm512_unpackhi_epi32(z[0], z[1]);
+    __m512i t2 = _mm512_unpacklo_epi32(z[2], z[3]);
+    __m512i t3 = _mm512_unpackhi_epi32(z[2], z[3]);
+    v[0] = _mm512_unpacklo_epi64(t0, t2);
+    v[1] = _mm512_unpackhi_epi64(t0, t2);
+    v[2] = _mm512_unpacklo_epi64(t1, t3);
+    v[3] = _mm512_unpackhi_epi64(t1, t3);
+}
+
+/* Transposes blocks b0 .. b0+nb-1 of the group's rows into P. idx[r] is row
+ * r's byte offset from row[0]. */
+INLINE void pack(const enum qtype type, const char *const row[GROUP], __m512i idx, int64_t b0,
+                 int nb, struct packed *P)
+{
+    const __m512i lo4 = _mm512_set1_epi8(0x0f);
+    const size_t bs = type == QTYPE_Q8_0   ? sizeof(struct block_q8_0)
+                      : type == QTYPE_Q4_0 ? sizeof(struct block_q4_0)
+                                           : sizeof(struct block_q4_1);
+    const size_t qoff = type == QTYPE_Q4_1 ? 4 : 2; /* the quants follow d (and m) */
+
+    for (int bb = 0; bb < nb; bb++) {
+        const size_t off = (size_t)(b0 + bb) * bs;
+        __m512i v[8];
+        transpose16x4(row, off + qoff, v);
+        if (type == QTYPE_Q8_0) {
+            transpose16x4(row, off + qoff + 16, v + 4);
+            const __m512i flip = _mm512_set1_epi8((char)0x80);
+#pragma GCC unroll 8
+            for (int j = 0; j < 8; j++)
+                P->q[bb][j] = _mm512_xor_si512(v[j], flip);
+        } else {
+            /* byte i of a Q4 block: value i in the low nibble, i + 16 high */
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) {
+                P->q[bb][j] = _mm512_and_si512(v[j], lo4);
+                P->q[bb][j + 4] = _mm512_and_si512(_mm512_srli_epi16(v[j], 4), lo4);
+            }
+        }
+        /* d (and m) are the block's first four bytes */
+        __m512i dm = _mm512_i32gather_epi32(idx, row[0] + off, 1);
+        P->d[bb] = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm));
+        if (type == QTYPE_Q4_1)
+            P->m[bb] = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dm, 16)));
+    }
+}
+
+/* The sum of a Q8 activation block's 32 quants. */
+INLINE int32_t act_sum(const struct block_q8_act *a)
+{
+    __m256i q =
+        _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)a->qs), _mm256_set1_epi8((char)0x80));
+    __m256i s = _mm256_sad_epu8(q, _mm256_setzero_si256());
+    __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    s2 = _mm_add_epi64(s2, _mm_unpackhi_epi64(s2, s2));
+    return _mm_cvtsi128_si32(s2) - 32 * 128;
+}
+
+INLINE int32_t load_i32(const void *p)
+{
+    int32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* nt activation rows (a, a_stride apart, positioned at the chunk's first
+ * block) against the packed group: f[t] lane r += row r's blocks. corr[t][b]
+ * = -bias * sum of activation row t's block b. */
+INLINE void tile(const enum qtype type, const int nt, const struct packed *P, int nb, const char *a,
+                 size_t a_stride, const int32_t (*corr)[CHUNK_BLOCKS], __m512 f[TILE_T])
+{
+    for (int bb = 0; bb < nb; bb++) {
+        __m512i i[TILE_T];
+#pragma GCC unroll 8
+        for (int t = 0; t < nt; t++)
+            i[t] = _mm512_set1_epi32(type == QTYPE_Q4_1 ? 0 : corr[t][bb]);
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) {
+            const __m512i w = P->q[bb][j];
+#pragma GCC unroll 8
+            for (int t = 0; t < nt; t++) {
+                const struct block_q8_act *ab =
+                    (const struct block_q8_act *)(a + (size_t)t * a_stride) + bb;
+                i[t] = dpbusd(i[t], w, _mm512_set1_epi32(load_i32(ab->qs + 4 * j)));
+            }
+        }
+        const __m512 d = P->d[bb];
+#pragma GCC unroll 8
+        for (int t = 0; t < nt; t++) {
+            const struct block_q8_act *ab =
+                (const struct block_q8_act *)(a + (size_t)t * a_stride) + bb;
+            f[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i[t]),
+                                   _mm512_mul_ps(d, _mm512_set1_ps(ab->d)), f[t]);
+            if (type == QTYPE_Q4_1)
+                f[t] = _mm512_fmadd_ps(P->m[bb], _mm512_set1_ps(ab->s), f[t]);
+        }
+    }
+}
+
+/* Calls tile with nt as a constant. */
+INLINE void tile_n(const enum qtype type, int nt, const struct packed *P, int nb, const char *a,
+                   size_t a_stride, const int32_t (*corr)[CHUNK_BLOCKS], __m512 f[TILE_T])
+{
+    switch (nt) {
+    case 8:
+        tile(type, 8, P, nb, a, a_stride, corr, f);
+        break;
+    case 7:
+        tile(type, 7, P, nb, a, a_stride, corr, f);
+        break;
+    case 6:
+        tile(type, 6, P, nb, a, a_stride, corr, f);
+        break;
+    case 5:
+        tile(type, 5, P, nb, a, a_stride, corr, f);
+        break;
+    case 4:
+        tile(type, 4, P, nb, a, a_stride, corr, f);
+        break;
+    case 3:
+        tile(type, 3, P, nb, a, a_stride, corr, f);
+        break;
+    case 2:
+        tile(type, 2, P, nb, a, a_stride, corr, f);
+        break;
+    default:
+        tile(type, 1, P, nb, a, a_stride, corr, f);
+        break;
+    }
+}
+
+INLINE void rows16(const enum qtype type, const void *restrict w, int64_t k, int64_t n0, int64_t n1,
+                   const void *restrict act, int64_t T, float *restrict y, int64_t ldy)
+{
+    const int bias = type == QTYPE_Q8_0 ? 128 : type == QTYPE_Q4_0 ? 8 : 0;
+    const size_t row_bytes = qtype_row_bytes(type, k);
+    const size_t a_stride = quant_act_bytes(type, k);
+    const int64_t nbk = k / QK;
+    _Alignas(64) struct packed P;
+    int32_t corr[TOKEN_BLOCK][CHUNK_BLOCKS];
+
+    for (int64_t t0 = 0; t0 < T; t0 += TOKEN_BLOCK) {
+        const int64_t tn = T - t0 < TOKEN_BLOCK ? T - t0 : TOKEN_BLOCK;
+        const char *a0 = (const char *)act + (size_t)t0 * a_stride;
+        for (int64_t b0 = 0; b0 < nbk; b0 += CHUNK_BLOCKS) {
+            const int nb = nbk - b0 < CHUNK_BLOCKS ? (int)(nbk - b0) : CHUNK_BLOCKS;
+            if (bias)
+                for (int64_t t = 0; t < tn; t++)
+                    for (int bb = 0; bb < nb; bb++)
+                        corr[t][bb] =
+                            -bias *
+                            act_sum((const struct block_q8_act *)(a0 + (size_t)t * a_stride) + b0 +
+                                    bb);
+            for (int64_t g = n0; g < n1; g += GROUP) {
+                const int nr = n1 - g < GROUP ? (int)(n1 - g) : GROUP;
+                const __mmask16 live = (__mmask16)((1u << nr) - 1);
+                const char *row[GROUP];
+                int32_t idx_r[GROUP];
+                /* lanes past the last row repeat it; their results are not stored */
+                for (int r = 0; r < GROUP; r++) {
+                    int rr = r < nr ? r : nr - 1;
+                    idx_r[r] = (int32_t)((size_t)rr * row_bytes);
+                    row[r] = (const char *)w + (size_t)(g + rr) * row_bytes;
+                }
+                pack(type, row, _mm512_loadu_si512(idx_r), b0, nb, &P);
+                for (int64_t tt = 0; tt < tn; tt += TILE_T) {
+                    const int nt = tn - tt < TILE_T ? (int)(tn - tt) : TILE_T;
+                    float *yt = y + (t0 + tt) * ldy + g;
+                    __m512 f[TILE_T];
+                    for (int t = 0; t < nt; t++)
+                        f[t] = b0 == 0 ? _mm512_setzero_ps()
+                                       : _mm512_maskz_loadu_ps(live, yt + t * ldy);
+                    tile_n(type, nt, &P, nb,
+                           a0 + (size_t)tt * a_stride + (size_t)b0 * sizeof(struct block_q8_act),
+                           a_stride, (const int32_t(*)[CHUNK_BLOCKS])corr[tt], f);
+                    for (int t = 0; t < nt; t++)
+                        _mm512_mask_storeu_ps(yt + t * ldy, live, f[t]);
+                }
+            }
+        }
+    }
+}
+
+void cpu__matmul_rows16_avx512_vnni(enum qtype t, const void *restrict w, int64_t k, int64_t n0,
+                                    int64_t n1, const void *restrict act, int64_t T,
+                                    float *restrict y, int64_t ldy)
+{
+    switch (t) {
+    case QTYPE_Q4_0:
+        rows16(QTYPE_Q4_0, w, k, n0, n1, act, T, y, ldy);
+        break;
+    case QTYPE_Q4_1:
+        rows16(QTYPE_Q4_1, w, k, n0, n1, act, T, y, ldy);
+        break;
+    default:
+        rows16(QTYPE_Q8_0, w, k, n0, n1, act, T, y, ldy);
+        break;
+    }
+}

@@ -405,14 +405,14 @@ static void finish(struct engine *e, struct session_saving *w)
         e->stats.save_failures_total++;
     }
     if (answer)
-        engine__save_answer(e, answer, w->m.owner_key, w->m.id, w->rc, w->why);
+        engine__save_answer(e, answer, w->m.owner, w->m.id, w->rc, w->why);
     struct seq *s = session_find(e, w->m.id);
     struct session_saving *newest = pending(e, w->m.id);
     if (w->rc < 0 && e->saves_draining && s && newest == w)
         fprintf(stderr,
                 "streamsink: session '%s' is lost: its snapshot could not be written (%s)\n",
                 w->m.id, w->why);
-    if (w->rc == 0 || (s && s->owner_key == w->m.owner_key) || newest != w) {
+    if (w->rc == 0 || (s && s->owner == w->m.owner) || newest != w) {
         /* written, or the session is in memory again or saved again (newer) */
         free(w->buf);
         w->buf = NULL;
@@ -475,18 +475,21 @@ void session_saves_settle(struct engine *e, const char *id)
         collect(e, -1);
 }
 
-void session_saves_forget(struct engine *e, const char *id, int key)
+int session_saves_forget(struct engine *e, const char *id, uint64_t key)
 {
+    int n = 0;
     session_saves_settle(e, id);
     for (int i = 0; e->saving && i < SESSION_SAVES_MAX; i++) {
         struct session_saving *w = &e->saving[i];
-        if (w->state == SAVE_HELD && w->m.owner_key == key && strcmp(w->m.id, id) == 0) {
+        if (w->state == SAVE_HELD && w->m.owner == key && strcmp(w->m.id, id) == 0) {
             free(w->buf);
             w->buf = NULL;
             w->state = SAVE_FREE;
+            n++;
         }
     }
     count_saves(e);
+    return n;
 }
 
 /* The newest save of id not yet on disk, or NULL. */
@@ -541,7 +544,7 @@ int session_save(struct engine *e, struct seq *s, uint64_t answer_id, char *err,
     m->n_kv_head = g->n_kv_head;
     m->head_dim = g->head_dim;
     m->policy = s->kv.policy;
-    m->owner_key = s->owner_key;
+    m->owner = s->owner;
     m->n_sinks = s->kv.n_sinks;
     m->window = s->kv.window;
     m->pos_first = s->kv.pos_first;
@@ -691,7 +694,7 @@ static void move_aside(struct engine *e, const char *id)
     disk_scan(e, NULL);
 }
 
-int session_restore(struct engine *e, struct seq *s, const char *id, int key,
+int session_restore(struct engine *e, struct seq *s, const char *id, uint64_t key,
                     struct session_err *se)
 {
     memset(se, 0, sizeof *se);
@@ -749,7 +752,19 @@ int session_restore(struct engine *e, struct seq *s, const char *id, int key,
         e->stats.restore_failures_total++;
         return -1;
     }
-    if (m.owner_key != key) { /* another key's session does not exist for this one */
+    if (m.owner_unknown) { /* version 1: its owner was a place in a key list, now unknown */
+        free(buf);
+        se->status = 409;
+        snprintf(se->code, sizeof se->code, "session_snapshot_incompatible");
+        if (snprintf(se->message, sizeof se->message,
+                     "session '%s' is a snapshot of format version 1 whose owner cannot be "
+                     "known; it is kept, not restored",
+                     id) < 0)
+            se->message[0] = 0; /* a long id is cut to the message's size */
+        e->stats.restore_failures_total++;
+        return -1;
+    }
+    if (m.owner != key) { /* another key's session does not exist for this one */
         free(buf);
         se->status = 404;
         return -1;
@@ -794,7 +809,7 @@ int session_restore(struct engine *e, struct seq *s, const char *id, int key,
     }
     s->next_tok = m.next_tok;
     s->has_next = m.has_next;
-    s->owner_key = m.owner_key;
+    s->owner = m.owner;
     snprintf(s->session, sizeof s->session, "%s", id);
     e->stats.restores_total++;
     observe(&e->stats.restore_seconds_total, &e->stats.restore_seconds_max, e->stats.restore_hist,
@@ -823,7 +838,7 @@ void session_describe(const struct engine *e, const struct seq *s, struct engine
     }
 }
 
-int session_disk_foreign(struct engine *e, const char *id, int key)
+int session_disk_foreign(struct engine *e, const char *id, uint64_t key)
 {
     char name[ENGINE_SESSION_ID_MAX + 8];
     if (e->dir_fd < 0 || file_name(name, sizeof name, id, SNAP_EXT) < 0)
@@ -838,10 +853,11 @@ int session_disk_foreign(struct engine *e, const char *id, int key)
     char why[160];
     if (n <= 0 || snapshot_decode_header(hdr, (size_t)n, &m, why, sizeof why) < 0)
         return 0; /* unreadable: the full read says why */
-    return strcmp(m.id, id) == 0 && m.owner_key != key;
+    /* a version-1 file of a key is nobody's: its restore says why it is refused */
+    return strcmp(m.id, id) == 0 && !m.owner_unknown && m.owner != key;
 }
 
-int session_describe_disk(struct engine *e, const char *id, int key,
+int session_describe_disk(struct engine *e, const char *id, uint64_t key,
                           struct engine_session_info *out)
 {
     memset(out, 0, sizeof *out);
@@ -859,7 +875,7 @@ int session_describe_disk(struct engine *e, const char *id, int key,
     struct snapshot_meta m;
     char why[160];
     if (!ok || snapshot_decode_header(hdr, (size_t)n, &m, why, sizeof why) < 0 ||
-        strcmp(m.id, id) != 0 || m.owner_key != key)
+        strcmp(m.id, id) != 0 || m.owner_unknown || m.owner != key)
         return -ENOENT;
     snprintf(out->id, sizeof out->id, "%s", id);
     out->tokens_seen = m.pos_next - m.pos_first + (m.has_next ? 1 : 0);
@@ -870,7 +886,42 @@ int session_describe_disk(struct engine *e, const char *id, int key,
     return 0;
 }
 
-int session_list_disk(struct engine *e, int key,
+int session_describe_held(struct engine *e, const char *id, uint64_t key,
+                          struct engine_session_info *out)
+{
+    memset(out, 0, sizeof *out);
+    struct session_saving *w = pending(e, id);
+    if (!w || session_find(e, id) || w->m.owner != key)
+        return -ENOENT;
+    const struct snapshot_meta *m = &w->m;
+    snprintf(out->id, sizeof out->id, "%s", id);
+    out->tokens_seen = m->pos_next - m->pos_first + (m->has_next ? 1 : 0);
+    out->position = m->pos_next;
+    kv_policy_name(&m->policy, out->policy, sizeof out->policy);
+    struct stat st;
+    if (fstatat(e->dir_fd, w->name, &st, 0) == 0) { /* an older snapshot */
+        out->on_disk = 1;
+        out->bytes = (int64_t)st.st_size;
+    }
+    return 0;
+}
+
+void session_list_held(struct engine *e, uint64_t key,
+                       void (*each)(struct engine *e, const struct engine_session_info *in,
+                                    void *arg),
+                       void *arg)
+{
+    for (int i = 0; e->saving && i < SESSION_SAVES_MAX; i++) {
+        struct session_saving *w = &e->saving[i];
+        struct engine_session_info in;
+        /* each session once: from its newest save */
+        if (w->state != SAVE_FREE && pending(e, w->m.id) == w &&
+            session_describe_held(e, w->m.id, key, &in) == 0)
+            each(e, &in, arg);
+    }
+}
+
+int session_list_disk(struct engine *e, uint64_t key,
                       void (*each)(struct engine *e, const struct engine_session_info *in,
                                    void *arg),
                       void *arg)
@@ -894,8 +945,8 @@ int session_list_disk(struct engine *e, int key,
         char id[ENGINE_SESSION_ID_MAX];
         memcpy(id, de->d_name, l - strlen(SNAP_EXT));
         id[l - strlen(SNAP_EXT)] = 0;
-        if (session_find(e, id))
-            continue; /* listed from memory */
+        if (session_find(e, id) || pending(e, id))
+            continue; /* listed from memory, or from its save not yet on disk */
         struct engine_session_info in;
         if (session_describe_disk(e, id, key, &in) == 0)
             each(e, &in, arg);
@@ -904,7 +955,7 @@ int session_list_disk(struct engine *e, int key,
     return 0;
 }
 
-int session_delete_disk(struct engine *e, const char *id, int key)
+int session_delete_disk(struct engine *e, const char *id, uint64_t key)
 {
     struct engine_session_info in;
     if (session_describe_disk(e, id, key, &in) < 0)

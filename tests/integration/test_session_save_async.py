@@ -128,3 +128,48 @@ def test_a_failed_write_keeps_the_snapshot_in_memory_and_sigterm_names_what_is_l
     log = s.log()
     assert "session 'a' is lost" in log, log
     assert "session 'b' is lost" in log, log
+
+
+def test_a_session_held_in_memory_after_a_failed_write_is_listed_and_described(binary, model,
+                                                                               tmp_path):
+    """A session that left its KV slot but whose snapshot could not be
+    written exists only as the held copy: the session API must still show it
+    (listed, described, deletable), and only to its key."""
+    d = tmp_path / "sessions"
+    d.mkdir()
+    old_lim = resource.getrlimit(resource.RLIMIT_FSIZE)
+    old_sig = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (256 * 1024, old_lim[1]))
+    try:
+        s = Server(binary, model, ["--session-dir", str(d), "--window", "64", "--max-seqs", "1",
+                                   "--api-key", "key-a", "--api-key", "key-b"])
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, old_lim)
+        signal.signal(signal.SIGXFSZ, old_sig)
+    try:
+        st, r = complete(s, LONG, "held", max_tokens=8, key="key-a")
+        assert st == 200, r
+        seen = r["session"]["tokens_seen"]
+        st, r = complete(s, LONG, "other", max_tokens=8, key="key-b")  # "held" leaves its slot
+        assert st == 200, r
+        s.wait_metric("streamsink_snapshot_saves_held", lambda v: v == 1)
+        assert not (d / "held.snap").exists()
+        st, r = call(s, "GET", "/v1/sessions", key="key-a")
+        assert st == 200, r
+        assert [x["id"] for x in r["data"]] == ["held"], r
+        info = r["data"][0]
+        assert info["in_memory"] is False and info["on_disk"] is False, info
+        assert info["tokens_seen"] == seen, info
+        st, r = call(s, "GET", "/v1/sessions/held", key="key-a")
+        assert st == 200 and r["id"] == "held" and r["tokens_seen"] == seen, r
+        st, r = call(s, "GET", "/v1/sessions/held", key="key-b")
+        assert st == 404, r
+        st, r = call(s, "GET", "/v1/sessions", key="key-b")
+        assert [x["id"] for x in r["data"]] == ["other"], r
+        st, r = call(s, "DELETE", "/v1/sessions/held", key="key-a")
+        assert st == 204, r
+        assert s.metrics()["streamsink_snapshot_saves_held"] == 0
+        st, r = call(s, "GET", "/v1/sessions", key="key-a")
+        assert r["data"] == [], r
+    finally:
+        assert s.stop() == 0, s.log()

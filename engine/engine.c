@@ -534,6 +534,7 @@ static void session_command(struct engine *e, struct engine_request *r)
         int found = s != NULL;
         if (s)
             engine__seq_release(e, s);
+        session_loads_forget(e, r->session_id); /* read, not restored: gone too */
         found |= session_saves_forget(e, r->session_id, r->owner) > 0; /* nothing written after */
         found |= session_delete_disk(e, r->session_id, r->owner) == 0;
         if (found)
@@ -552,6 +553,8 @@ static void session_command(struct engine *e, struct engine_request *r)
 static int try_admit(struct engine *e, struct engine_request *r)
 {
     if (r->kind != ENGINE_REQ_GENERATE) {
+        if (session_load_busy(e, r->session_id))
+            return 0; /* after the restore whose file is being read */
         session_command(e, r);
         request_over(e, r);
         return 1;
@@ -581,6 +584,8 @@ static int try_admit(struct engine *e, struct engine_request *r)
         request_over(e, r);
         return 1;
     }
+    if (r->session_id[0] && session_restore_wait(e, r->session_id))
+        return 0; /* its snapshot is being read off the engine thread */
     struct seq *s = session_take_slot(e);
     if (!s)
         return 0;
@@ -692,6 +697,7 @@ static void admit_waiting(struct engine *e)
             s->paused = 1; /* paused while it waited */
     }
     e->n_waiting = j;
+    session_loads_gc(e);
 }
 
 /* ---- one step ----------------------------------------------------------- */

@@ -90,7 +90,8 @@ struct engine {
     uint8_t model_digest[32]; /* SHA-256 of the model file */
     uint64_t tmp_seq;         /* temp file names */
     /* the session writer thread (session.c): saves handed over and back */
-    struct session_saving *saving; /* [SESSION_SAVES_MAX] */
+    struct session_saving *saving;   /* [SESSION_SAVES_MAX] */
+    struct session_loading *loading; /* [SESSION_LOADS_MAX]: restores read off the thread */
     struct ptrq to_writer, from_writer;
     pthread_t writer;
     int writer_on, saves_draining;

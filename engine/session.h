@@ -59,6 +59,24 @@ struct session_err {
     char code[32];
     char message[160];
 };
+/* At most this many snapshot files are being read for restores (or read
+ * and waiting for a KV slot) at once. */
+#define SESSION_LOADS_MAX 2
+
+/* Before a request restores session id from the directory: 1 when it must
+ * wait, because the session IO thread is reading and checking its file (the
+ * engine thread is woken when it is done), 0 when session_restore may run
+ * now (the file is read, there is none, or the session is in a save still
+ * in memory). So the engine thread only copies the cells in. */
+int session_restore_wait(struct engine *e, const char *id);
+/* 1 while the file of id (any session when id is "") is being read: session
+ * requests naming it wait, so that they keep their order with the restore. */
+int session_load_busy(struct engine *e, const char *id);
+/* Drops the files read for id (NULL: every one) that no restore used yet. */
+void session_loads_forget(struct engine *e, const char *id);
+/* Drops the files read for requests that are gone (cancelled meanwhile). */
+void session_loads_gc(struct engine *e);
+
 /* Reads session id from the directory into s, which holds a fresh KV slot:
  * 1 restored (s is the session, idle, owned by key), 0 no snapshot, -1
  * failed with se filled (a corrupt, truncated, foreign-model or

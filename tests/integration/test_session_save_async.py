@@ -80,6 +80,59 @@ def test_a_stream_keeps_running_while_a_large_session_is_written(binary, model, 
         assert s.stop() == 0, s.log()
 
 
+def test_a_stream_keeps_running_while_a_large_session_is_restored(binary, model, tmp_path):
+    """The restore's file is read and checked (about 94 MB, its CRC-32) by the
+    session IO thread; the engine thread only copies the cells into the slot,
+    so a running stream keeps emitting tokens meanwhile."""
+    d = tmp_path / "sessions"
+    d.mkdir()
+    args = ["--session-dir", str(d), "--window", "2048", "--kv-dtype", "f32", "--max-prompt", "0"]
+    s = Server(binary, model, args)
+    try:
+        st, r = complete(s, LONG * 48, "big", max_tokens=1)
+        assert st == 200, r
+    finally:
+        assert s.stop() == 0, s.log()
+    assert (d / "big.snap").stat().st_size > 90_000_000
+    s = Server(binary, model, args)
+    try:
+        times = []
+        started = threading.Event()
+
+        def stream():
+            c = s.client()
+            for ch in c.completions.create(model="smol", prompt="1, 2, 3, 4, 5,", max_tokens=400,
+                                           temperature=0, stream=True):
+                if ch.choices and ch.choices[0].text:
+                    times.append(time.monotonic())
+                    started.set()
+
+        t = threading.Thread(target=stream)
+        t.start()
+        assert started.wait(60)
+        time.sleep(0.2)
+        t0 = time.monotonic()
+        st, r = complete(s, " and then", "big", max_tokens=1, session_create=False)
+        t1 = time.monotonic()
+        t.join()
+        assert st == 200, r
+        assert r["session"]["restored"] is True
+        m = s.metrics()
+        assert m["streamsink_session_restores_total"] == 1
+        during = [x for x in times if t0 < x < t1]
+        # a restore that reads the file on the engine thread stops every stream
+        # for the read and the checksum
+        assert len(during) >= 3, (len(during), t1 - t0)
+        eng = m["streamsink_session_restore_seconds_sum"]  # the engine thread's part
+        assert 0 < eng < 0.5 * (t1 - t0), (eng, t1 - t0)
+        gaps = [b - a for a, b in zip(times, times[1:])]
+        print(f"restore + 1 token {(t1 - t0) * 1e3:.0f} ms (engine thread "
+              f"{m['streamsink_session_restore_seconds_sum'] * 1e3:.0f} ms), {len(during)} tokens "
+              f"during it, largest gap {max(gaps) * 1e3:.0f} ms")
+    finally:
+        assert s.stop() == 0, s.log()
+
+
 TURN2 = " and in the centuries that followed"
 
 

@@ -83,7 +83,7 @@ struct api_parse_ctx {
     const struct api_chat_template *chat;
     const char *session_header; /* X-Session-Id, or NULL (the body's session_id wins) */
     uint64_t id;                /* engine request id */
-    int key_index;              /* the API key the request carried (-1: open server) */
+    uint64_t owner;             /* who asks: engine_request.owner */
     uint64_t default_seed;      /* seed when the body gives none */
     int64_t max_stop_len;       /* longest stop string accepted (bytes) */
     /* The model names this server answers to (its id, then any aliases). A

@@ -1029,7 +1029,7 @@ int api_request_parse(const struct api_parse_ctx *ctx, enum api_endpoint ep, con
     memset(err, 0, sizeof *err);
     meta->endpoint = ep;
     out->id = ctx->id;
-    out->key_index = ctx->key_index;
+    out->owner = ctx->owner;
     out->add_bos = 1;
     out->parse_special = 1;
 

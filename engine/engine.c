@@ -338,7 +338,7 @@ static int admit_into(struct engine *e, struct seq *s, struct engine_request *r,
             return -1;
         }
         s->has_next = 0;
-        s->owner_key = r->key_index;
+        s->owner = r->owner;
     }
     int64_t pending = s->has_next ? 1 : 0;
     if (n + pending == 0) {
@@ -445,7 +445,7 @@ static void list_one(struct engine *e, const struct engine_session_info *in, voi
     emit_session(e, *(const uint64_t *)arg, in);
 }
 
-void engine__save_answer(struct engine *e, uint64_t id, int key, const char *sid, int rc,
+void engine__save_answer(struct engine *e, uint64_t id, uint64_t key, const char *sid, int rc,
                          const char *why)
 {
     struct engine_session_info in;
@@ -455,7 +455,7 @@ void engine__save_answer(struct engine *e, uint64_t id, int key, const char *sid
         return;
     }
     struct seq *s = session_find(e, sid);
-    if (s && s->owner_key == key)
+    if (s && s->owner == key)
         session_describe(e, s, &in);
     else if (session_describe_disk(e, sid, key, &in) < 0) {
         memset(&in, 0, sizeof in); /* deleted or replaced by another replica since */
@@ -470,15 +470,21 @@ static void session_command(struct engine *e, struct engine_request *r)
 {
     struct engine_session_info in;
     struct seq *s = r->session_id[0] ? session_find(e, r->session_id) : NULL;
-    if (s && s->owner_key != r->key_index)
+    if (s && s->owner != r->owner)
         s = NULL; /* another key's session does not exist for this one */
     if (!s && r->session_id[0])
         session_saves_settle(e, r->session_id); /* its file is being written */
     switch (r->kind) {
     case ENGINE_REQ_SESSION_SAVE: {
         char why[200];
+        if (!s && session_describe_held(e, r->session_id, r->owner, &in) == 0) {
+            emit_error(e, r->id, 500, NULL, "session_save_failed",
+                       "this session's last snapshot could not be written; it is held in "
+                       "memory and the write is tried again every few seconds");
+            return;
+        }
         if (!s) {
-            if (session_describe_disk(e, r->session_id, r->key_index, &in) == 0) {
+            if (session_describe_disk(e, r->session_id, r->owner, &in) == 0) {
                 emit_session(e, r->id, &in); /* not in memory: its snapshot is current */
                 emit_done(e, r->id);
             } else {
@@ -493,13 +499,14 @@ static void session_command(struct engine *e, struct engine_request *r)
         }
         int rc = session_save(e, s, r->id, why, sizeof why);
         if (rc < 0)
-            engine__save_answer(e, r->id, r->key_index, r->session_id, rc, why);
+            engine__save_answer(e, r->id, r->owner, r->session_id, rc, why);
         return; /* answered when the writer is done */
     }
     case ENGINE_REQ_SESSION_GET:
         if (s)
             session_describe(e, s, &in);
-        if (s || session_describe_disk(e, r->session_id, r->key_index, &in) == 0) {
+        if (s || session_describe_held(e, r->session_id, r->owner, &in) == 0 ||
+            session_describe_disk(e, r->session_id, r->owner, &in) == 0) {
             emit_session(e, r->id, &in);
             emit_done(e, r->id);
         } else {
@@ -509,12 +516,13 @@ static void session_command(struct engine *e, struct engine_request *r)
     case ENGINE_REQ_SESSION_LIST:
         for (int64_t i = 0; i < e->cfg.max_seqs; i++) {
             struct seq *q = &e->seqs[i];
-            if (q->state != SEQ_FREE && q->session[0] && q->owner_key == r->key_index) {
+            if (q->state != SEQ_FREE && q->session[0] && q->owner == r->owner) {
                 session_describe(e, q, &in);
                 emit_session(e, r->id, &in);
             }
         }
-        session_list_disk(e, r->key_index, list_one, &r->id);
+        session_list_held(e, r->owner, list_one, &r->id); /* not yet (or not) written */
+        session_list_disk(e, r->owner, list_one, &r->id);
         emit_done(e, r->id);
         return;
     case ENGINE_REQ_SESSION_DELETE: {
@@ -526,8 +534,9 @@ static void session_command(struct engine *e, struct engine_request *r)
         int found = s != NULL;
         if (s)
             engine__seq_release(e, s);
-        session_saves_forget(e, r->session_id, r->key_index); /* nothing written after */
-        found |= session_delete_disk(e, r->session_id, r->key_index) == 0;
+        session_loads_forget(e, r->session_id); /* read, not restored: gone too */
+        found |= session_saves_forget(e, r->session_id, r->owner) > 0; /* nothing written after */
+        found |= session_delete_disk(e, r->session_id, r->owner) == 0;
         if (found)
             emit_done(e, r->id);
         else
@@ -544,13 +553,15 @@ static void session_command(struct engine *e, struct engine_request *r)
 static int try_admit(struct engine *e, struct engine_request *r)
 {
     if (r->kind != ENGINE_REQ_GENERATE) {
+        if (session_load_busy(e, r->session_id))
+            return 0; /* after the restore whose file is being read */
         session_command(e, r);
         request_over(e, r);
         return 1;
     }
     if (r->session_id[0]) {
         struct seq *s = session_find(e, r->session_id);
-        if (s && s->owner_key != r->key_index) {
+        if (s && s->owner != r->owner) {
             session_not_found(e, r);
             request_over(e, r);
             return 1;
@@ -568,17 +579,19 @@ static int try_admit(struct engine *e, struct engine_request *r)
             return 1;
         }
     }
-    if (r->session_id[0] && session_disk_foreign(e, r->session_id, r->key_index)) {
+    if (r->session_id[0] && session_disk_foreign(e, r->session_id, r->owner)) {
         session_not_found(e, r); /* before any slot is taken or the file read */
         request_over(e, r);
         return 1;
     }
+    if (r->session_id[0] && session_restore_wait(e, r->session_id))
+        return 0; /* its snapshot is being read off the engine thread */
     struct seq *s = session_take_slot(e);
     if (!s)
         return 0;
     if (r->session_id[0]) { /* not in memory: on disk, or gone, or new */
         struct session_err se;
-        int rc = session_restore(e, s, r->session_id, r->key_index, &se);
+        int rc = session_restore(e, s, r->session_id, r->owner, &se);
         if (rc == 1) {
             s->state = SEQ_IDLE;
             s->last_used = now_s();
@@ -625,7 +638,7 @@ static void handle_commands(struct engine *e, int wait_ms)
             switch (c->kind) {
             case QUEUE_CMD_SUBMIT:
                 if (e->n_waiting < e->cfg.max_seqs + e->cfg.max_queue) {
-                    e->waiting[e->n_waiting++] = c->req;
+                    e->waiting[e->n_waiting++] = (struct waiting_req){c->req, 0};
                 } else { /* cannot happen: queue_submit bounds requests in flight */
                     emit_error(e, c->id, 429, NULL, "rate_limit_exceeded",
                                "the server is at capacity");
@@ -640,8 +653,8 @@ static void handle_commands(struct engine *e, int wait_ms)
                     break;
                 }
                 for (int64_t j = 0; j < e->n_waiting; j++) {
-                    if (e->waiting[j].id == c->id) {
-                        engine_request_free(&e->waiting[j]);
+                    if (e->waiting[j].req.id == c->id) {
+                        engine_request_free(&e->waiting[j].req);
                         memmove(&e->waiting[j], &e->waiting[j + 1],
                                 (size_t)(e->n_waiting - j - 1) * sizeof *e->waiting);
                         e->n_waiting--;
@@ -654,8 +667,14 @@ static void handle_commands(struct engine *e, int wait_ms)
             case QUEUE_CMD_PAUSE:
             case QUEUE_CMD_RESUME: {
                 struct seq *s = find_running(e, c->id);
-                if (s)
+                if (s) {
                     s->paused = c->kind == QUEUE_CMD_PAUSE;
+                    break;
+                }
+                /* still waiting for a slot: remembered for its admission */
+                for (int64_t j = 0; j < e->n_waiting; j++)
+                    if (e->waiting[j].req.id == c->id)
+                        e->waiting[j].paused = c->kind == QUEUE_CMD_PAUSE;
                 break;
             }
             }
@@ -667,10 +686,18 @@ static void admit_waiting(struct engine *e)
 {
     int64_t j = 0;
     for (int64_t i = 0; i < e->n_waiting; i++) {
-        if (!try_admit(e, &e->waiting[i]))
+        uint64_t id = e->waiting[i].req.id;
+        int paused = e->waiting[i].paused;
+        if (!try_admit(e, &e->waiting[i].req)) {
             e->waiting[j++] = e->waiting[i]; /* keep FIFO order */
+            continue;
+        }
+        struct seq *s = paused ? find_running(e, id) : NULL;
+        if (s)
+            s->paused = 1; /* paused while it waited */
     }
     e->n_waiting = j;
+    session_loads_gc(e);
 }
 
 /* ---- one step ----------------------------------------------------------- */
@@ -885,7 +912,7 @@ static void *engine_main(void *arg)
             seq_finish(e, &e->seqs[i], ENGINE_FINISH_CANCELLED, 0);
     }
     for (int64_t i = 0; i < e->n_waiting; i++)
-        engine_request_free(&e->waiting[i]);
+        engine_request_free(&e->waiting[i].req);
     e->n_waiting = 0;
     session_save_all(e); /* sessions outlive the process when there is a directory */
     e->wake(e->wake_arg);

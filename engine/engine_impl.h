@@ -46,9 +46,16 @@ struct seq {
     int64_t n_gen, usage_prompt;
     int paused;
     char session[ENGINE_SESSION_ID_MAX];
-    int owner_key;         /* the API key index that created the session (-1: open) */
+    uint64_t owner;        /* who created the session (engine_request.owner) */
     int created, restored; /* this request started the session / read it from disk */
     double last_used;
+};
+
+/* A request waiting for a slot, and the last pause or resume sent for it
+ * (a sequence admitted later starts paused if its client asked so). */
+struct waiting_req {
+    struct engine_request req;
+    int paused;
 };
 
 struct engine {
@@ -66,8 +73,8 @@ struct engine {
     int started, start_rc;
     char start_err[256];
     /* engine-thread state */
-    struct seq *seqs;               /* [max_seqs], index == KV slot */
-    struct engine_request *waiting; /* FIFO of admitted-but-slotless requests */
+    struct seq *seqs;            /* [max_seqs], index == KV slot */
+    struct waiting_req *waiting; /* FIFO of admitted-but-slotless requests */
     int64_t n_waiting;
     struct fwd_input *inputs;
     int *input_seq;
@@ -83,7 +90,8 @@ struct engine {
     uint8_t model_digest[32]; /* SHA-256 of the model file */
     uint64_t tmp_seq;         /* temp file names */
     /* the session writer thread (session.c): saves handed over and back */
-    struct session_saving *saving; /* [SESSION_SAVES_MAX] */
+    struct session_saving *saving;   /* [SESSION_SAVES_MAX] */
+    struct session_loading *loading; /* [SESSION_LOADS_MAX]: restores read off the thread */
     struct ptrq to_writer, from_writer;
     pthread_t writer;
     int writer_on, saves_draining;
@@ -98,7 +106,7 @@ int engine__load(struct engine *e);
 void engine__seq_release(struct engine *e, struct seq *s);
 /* Answers an explicit save (request id) once the writer is done with it:
  * rc 0 (the session id described), or -errno with why. */
-void engine__save_answer(struct engine *e, uint64_t id, int key, const char *sid, int rc,
+void engine__save_answer(struct engine *e, uint64_t id, uint64_t key, const char *sid, int rc,
                          const char *why);
 
 #endif

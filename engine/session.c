@@ -34,11 +34,17 @@
 
 #define SNAP_EXT ".snap"
 
+/* What a scan of the directory found (disk_scan). */
+struct disk_count {
+    int64_t files, bytes, evicted;
+};
+
 /* A save handed to the writer thread. The engine thread fills it (header and
  * KV copied out of the backend) and owns it except between ptrq_put on
  * to_writer and ptrq_get on from_writer; the writer reads buf and writes only
  * its checksum, rc and why. */
 struct session_saving {
+    int kind;  /* JOB_SAVE: the first member of every job the writer thread takes */
     int state; /* SAVE_FREE, SAVE_QUEUED (with the writer), SAVE_HELD (failed, kept) */
     uint64_t order;
     struct snapshot_meta m;
@@ -49,9 +55,33 @@ struct session_saving {
     double t0, retry_at;
     int rc;
     char why[320];
+    struct disk_count scan; /* the directory after the write (the writer's disk_count) */
+    int scan_ok;
 };
 
 enum { SAVE_FREE, SAVE_QUEUED, SAVE_HELD };
+enum { JOB_SAVE = 1, JOB_LOAD };
+
+/* A snapshot file read and checked by the writer thread (the session IO
+ * thread) for a request that waits for it, so that the engine thread only
+ * copies the cells into a slot. The engine thread owns it except between
+ * ptrq_put on to_writer and ptrq_get on from_writer. */
+struct session_loading {
+    int kind;  /* JOB_LOAD */
+    int state; /* LOAD_FREE, LOAD_QUEUED (with the IO thread), LOAD_DONE (read, not yet used) */
+    char id[ENGINE_SESSION_ID_MAX];
+    char name[ENGINE_SESSION_ID_MAX + 8];
+    size_t max;
+    uint8_t *buf; /* the file */
+    size_t len;
+    int rc;                 /* reading: 0, -ENOENT, -EFBIG or another -errno */
+    int dec_rc;             /* snapshot_decode of buf (when rc is 0) */
+    struct snapshot_meta m; /* ... and what it found, with k and v inside buf */
+    const uint8_t *k, *v;
+    char why[200];
+};
+
+enum { LOAD_FREE, LOAD_QUEUED, LOAD_DONE };
 
 static int session_writer_start(struct engine *e);
 static struct session_saving *pending(struct engine *e, const char *id);
@@ -159,9 +189,11 @@ static int file_name(char *buf, size_t cap, const char *id, const char *ext)
     return n > 0 && (size_t)n < cap ? 0 : -ENAMETOOLONG;
 }
 
-/* Recounts the snapshots in the directory and, over --session-disk-max,
- * deletes the least recently written ones (never keep, the one just saved). */
-static void disk_scan(struct engine *e, const char *keep)
+/* Recounts the snapshots in the directory and, over max bytes (0: no
+ * bound), deletes the least recently written ones (never keep, the one just
+ * saved). Touches nothing of the engine: the writer thread runs it after
+ * each write. Returns 0, or -1 when the directory could not be read. */
+static int disk_count(int dir_fd, int64_t max, const char *keep, struct disk_count *out)
 {
     struct ent {
         char name[ENGINE_SESSION_ID_MAX + 8];
@@ -169,12 +201,13 @@ static void disk_scan(struct engine *e, const char *keep)
         double mtime;
     } *ents = NULL;
     size_t n = 0, cap = 0;
-    int fd = dup(e->dir_fd);
+    memset(out, 0, sizeof *out);
+    int fd = dup(dir_fd);
     DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
     if (!d) {
         if (fd >= 0)
             close(fd);
-        return;
+        return -1;
     }
     rewinddir(d);
     int64_t total = 0;
@@ -185,7 +218,7 @@ static void disk_scan(struct engine *e, const char *keep)
             strcmp(de->d_name + l - strlen(SNAP_EXT), SNAP_EXT) != 0)
             continue;
         struct stat st;
-        if (fstatat(e->dir_fd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(st.st_mode))
+        if (fstatat(dir_fd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(st.st_mode))
             continue;
         if (n == cap) {
             size_t nc = cap ? 2 * cap : 64;
@@ -203,7 +236,7 @@ static void disk_scan(struct engine *e, const char *keep)
     }
     closedir(d);
     int64_t count = (int64_t)n;
-    while (e->cfg.session_disk_max > 0 && total > e->cfg.session_disk_max) {
+    while (max > 0 && total > max) {
         size_t old = n;
         for (size_t i = 0; i < n; i++) {
             if (ents[i].bytes < 0 || (keep && strcmp(ents[i].name, keep) == 0))
@@ -213,16 +246,32 @@ static void disk_scan(struct engine *e, const char *keep)
         }
         if (old == n)
             break;
-        if (unlinkat(e->dir_fd, ents[old].name, 0) == 0) {
+        if (unlinkat(dir_fd, ents[old].name, 0) == 0) {
             total -= ents[old].bytes;
             count--;
-            e->stats.disk_evictions_total++;
+            out->evicted++;
         }
         ents[old].bytes = -1;
     }
     free(ents);
-    e->stats.sessions_on_disk = count;
-    e->stats.snapshot_bytes = total;
+    out->files = count;
+    out->bytes = total;
+    return 0;
+}
+
+static void count_apply(struct engine *e, const struct disk_count *c)
+{
+    e->stats.sessions_on_disk = c->files;
+    e->stats.snapshot_bytes = c->bytes;
+    e->stats.disk_evictions_total += c->evicted;
+}
+
+/* disk_count on the engine thread (start, a file moved aside or deleted). */
+static void disk_scan(struct engine *e, const char *keep)
+{
+    struct disk_count c;
+    if (disk_count(e->dir_fd, e->cfg.session_disk_max, keep, &c) == 0)
+        count_apply(e, &c);
 }
 
 static int model_digest(struct engine *e)
@@ -276,6 +325,10 @@ void session_dir_close(struct engine *e)
         for (int i = 0; i < SESSION_SAVES_MAX; i++)
             free(e->saving[i].buf);
     }
+    for (int i = 0; e->loading && i < SESSION_LOADS_MAX; i++)
+        free(e->loading[i].buf);
+    free(e->loading);
+    e->loading = NULL;
     if (e->to_writer.impl)
         ptrq_free(&e->to_writer);
     if (e->from_writer.impl)
@@ -346,11 +399,32 @@ static void observe(double *sum, double *max, int64_t *hist, double dt)
 
 #define RETRY_S 5.0
 
+static int read_file(struct engine *e, const char *name, size_t max, uint8_t **out, size_t *len);
+
+/* The IO thread's read of a snapshot for a restore: the file and its
+ * checks (checksum, layout), which are what takes time; the engine thread
+ * then copies the cells in. */
+static void load(struct engine *e, struct session_loading *l)
+{
+    l->rc = read_file(e, l->name, l->max, &l->buf, &l->len);
+    l->dec_rc = 0;
+    l->why[0] = 0;
+    if (l->rc == 0)
+        l->dec_rc = snapshot_decode(l->buf, l->len, &l->m, &l->k, &l->v, l->why, sizeof l->why);
+}
+
 static void *writer_main(void *arg)
 {
     struct engine *e = arg;
-    struct session_saving *w;
-    while ((w = ptrq_get(&e->to_writer, -1))) {
+    void *job;
+    while ((job = ptrq_get(&e->to_writer, -1))) {
+        if (*(const int *)job == JOB_LOAD) {
+            load(e, job);
+            ptrq_put(&e->from_writer, job);
+            queue_poke(&e->q);
+            continue;
+        }
+        struct session_saving *w = job;
         snapshot_seal(w->buf, w->len);
         int rc = 0;
         int fd = openat(e->dir_fd, w->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
@@ -373,6 +447,9 @@ static void *writer_main(void *arg)
             }
         }
         w->rc = rc;
+        /* the directory's count and the --session-disk-max rule, off the engine thread */
+        w->scan_ok =
+            rc == 0 && disk_count(e->dir_fd, e->cfg.session_disk_max, w->name, &w->scan) == 0;
         ptrq_put(&e->from_writer, w);
         queue_poke(&e->q);
     }
@@ -397,7 +474,8 @@ static void finish(struct engine *e, struct session_saving *w)
     uint64_t answer = w->answer_id;
     w->answer_id = 0;
     if (w->rc == 0) {
-        disk_scan(e, w->name);
+        if (w->scan_ok)
+            count_apply(e, &w->scan);
         e->stats.saves_total++;
         observe(&e->stats.save_seconds_total, &e->stats.save_seconds_max, e->stats.save_hist,
                 mono_s() - w->t0);
@@ -405,14 +483,14 @@ static void finish(struct engine *e, struct session_saving *w)
         e->stats.save_failures_total++;
     }
     if (answer)
-        engine__save_answer(e, answer, w->m.owner_key, w->m.id, w->rc, w->why);
+        engine__save_answer(e, answer, w->m.owner, w->m.id, w->rc, w->why);
     struct seq *s = session_find(e, w->m.id);
     struct session_saving *newest = pending(e, w->m.id);
     if (w->rc < 0 && e->saves_draining && s && newest == w)
         fprintf(stderr,
                 "streamsink: session '%s' is lost: its snapshot could not be written (%s)\n",
                 w->m.id, w->why);
-    if (w->rc == 0 || (s && s->owner_key == w->m.owner_key) || newest != w) {
+    if (w->rc == 0 || (s && s->owner == w->m.owner) || newest != w) {
         /* written, or the session is in memory again or saved again (newer) */
         free(w->buf);
         w->buf = NULL;
@@ -433,12 +511,94 @@ static int collect(struct engine *e, int wait_ms)
     if (!e->writer_on)
         return 0;
     int n = 0;
-    struct session_saving *w;
-    while ((w = ptrq_get(&e->from_writer, n ? 0 : wait_ms))) {
-        finish(e, w);
+    void *job;
+    while ((job = ptrq_get(&e->from_writer, n ? 0 : wait_ms))) {
+        if (*(const int *)job == JOB_LOAD)
+            ((struct session_loading *)job)->state = LOAD_DONE; /* used by its request */
+        else
+            finish(e, job);
         n++;
     }
     return n;
+}
+
+/* ---- restores read by the IO thread --------------------------------------------------------- */
+
+static size_t max_snapshot(const struct engine *e);
+
+static struct session_loading *loading_of(struct engine *e, const char *id)
+{
+    for (int i = 0; e->loading && i < SESSION_LOADS_MAX; i++)
+        if (e->loading[i].state != LOAD_FREE && strcmp(e->loading[i].id, id) == 0)
+            return &e->loading[i];
+    return NULL;
+}
+
+static void loading_free(struct session_loading *l)
+{
+    free(l->buf);
+    l->buf = NULL;
+    l->state = LOAD_FREE;
+}
+
+int session_restore_wait(struct engine *e, const char *id)
+{
+    if (!e->writer_on || !e->loading || pending(e, id))
+        return 0; /* no IO thread, or restored from a save still in memory */
+    struct session_loading *l = loading_of(e, id);
+    if (l)
+        return l->state == LOAD_QUEUED;
+    char name[ENGINE_SESSION_ID_MAX + 8];
+    struct stat st;
+    if (file_name(name, sizeof name, id, SNAP_EXT) < 0 ||
+        fstatat(e->dir_fd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+        return 0; /* no file (a new session), or the restore says why */
+    for (int i = 0; i < SESSION_LOADS_MAX; i++) {
+        l = &e->loading[i];
+        if (l->state != LOAD_FREE)
+            continue;
+        memset(l, 0, sizeof *l);
+        l->kind = JOB_LOAD;
+        l->state = LOAD_QUEUED;
+        snprintf(l->id, sizeof l->id, "%s", id);
+        memcpy(l->name, name, sizeof name);
+        l->max = max_snapshot(e);
+        ptrq_put(&e->to_writer, l); /* never full: it holds every save and load */
+        return 1;
+    }
+    return 1; /* every read place is taken: wait for one */
+}
+
+int session_load_busy(struct engine *e, const char *id)
+{
+    for (int i = 0; e->loading && i < SESSION_LOADS_MAX; i++)
+        if (e->loading[i].state == LOAD_QUEUED && (!id[0] || strcmp(e->loading[i].id, id) == 0))
+            return 1;
+    return 0;
+}
+
+void session_loads_forget(struct engine *e, const char *id)
+{
+    for (int i = 0; e->loading && i < SESSION_LOADS_MAX; i++) {
+        struct session_loading *l = &e->loading[i];
+        if (l->state == LOAD_DONE && (!id || strcmp(l->id, id) == 0))
+            loading_free(l);
+    }
+}
+
+void session_loads_gc(struct engine *e)
+{
+    for (int i = 0; e->loading && i < SESSION_LOADS_MAX; i++) {
+        struct session_loading *l = &e->loading[i];
+        if (l->state != LOAD_DONE)
+            continue;
+        int wanted = 0;
+        for (int64_t j = 0; j < e->n_waiting && !wanted; j++)
+            wanted = e->waiting[j].req.kind == ENGINE_REQ_GENERATE &&
+                     strcmp(e->waiting[j].req.session_id, l->id) == 0;
+        if (!wanted) /* its request was cancelled while the file was read */
+            loading_free(l);
+    }
 }
 
 static int queued(const struct engine *e, const char *id)
@@ -475,18 +635,21 @@ void session_saves_settle(struct engine *e, const char *id)
         collect(e, -1);
 }
 
-void session_saves_forget(struct engine *e, const char *id, int key)
+int session_saves_forget(struct engine *e, const char *id, uint64_t key)
 {
+    int n = 0;
     session_saves_settle(e, id);
     for (int i = 0; e->saving && i < SESSION_SAVES_MAX; i++) {
         struct session_saving *w = &e->saving[i];
-        if (w->state == SAVE_HELD && w->m.owner_key == key && strcmp(w->m.id, id) == 0) {
+        if (w->state == SAVE_HELD && w->m.owner == key && strcmp(w->m.id, id) == 0) {
             free(w->buf);
             w->buf = NULL;
             w->state = SAVE_FREE;
+            n++;
         }
     }
     count_saves(e);
+    return n;
 }
 
 /* The newest save of id not yet on disk, or NULL. */
@@ -541,7 +704,7 @@ int session_save(struct engine *e, struct seq *s, uint64_t answer_id, char *err,
     m->n_kv_head = g->n_kv_head;
     m->head_dim = g->head_dim;
     m->policy = s->kv.policy;
-    m->owner_key = s->owner_key;
+    m->owner = s->owner;
     m->n_sinks = s->kv.n_sinks;
     m->window = s->kv.window;
     m->pos_first = s->kv.pos_first;
@@ -591,8 +754,11 @@ static int session_writer_start(struct engine *e)
     e->saving = calloc(SESSION_SAVES_MAX, sizeof *e->saving);
     if (!e->saving)
         return -ENOMEM;
-    if (ptrq_init(&e->to_writer, SESSION_SAVES_MAX) < 0 ||
-        ptrq_init(&e->from_writer, SESSION_SAVES_MAX) < 0)
+    e->loading = calloc(SESSION_LOADS_MAX, sizeof *e->loading);
+    if (!e->loading)
+        return -ENOMEM;
+    if (ptrq_init(&e->to_writer, SESSION_SAVES_MAX + SESSION_LOADS_MAX) < 0 ||
+        ptrq_init(&e->from_writer, SESSION_SAVES_MAX + SESSION_LOADS_MAX) < 0)
         return -ENOMEM;
     if (pthread_create(&e->writer, NULL, writer_main, e) != 0)
         return -EAGAIN;
@@ -691,7 +857,7 @@ static void move_aside(struct engine *e, const char *id)
     disk_scan(e, NULL);
 }
 
-int session_restore(struct engine *e, struct seq *s, const char *id, int key,
+int session_restore(struct engine *e, struct seq *s, const char *id, uint64_t key,
                     struct session_err *se)
 {
     memset(se, 0, sizeof *se);
@@ -709,23 +875,39 @@ int session_restore(struct engine *e, struct seq *s, const char *id, int key,
     /* a save still with the writer, or held after a failed write, is newer
      * than any file: restored from memory (the writer only reads its cells) */
     struct session_saving *w = pending(e, id);
-    int rc = 0;
+    struct session_loading *l = w ? NULL : loading_of(e, id);
+    int rc = 0, dec_rc = 0;
     if (w) {
         m = w->m;
         k = w->k;
         v = w->v;
-    } else {
+    } else if (l && l->state == LOAD_DONE) { /* read and checked by the IO thread */
+        rc = l->rc;
+        buf = l->buf;
+        l->buf = NULL;
+        dec_rc = l->dec_rc;
+        m = l->m;
+        k = l->k;
+        v = l->v;
+        if (dec_rc < 0)
+            snprintf(why, sizeof why, "%s", l->why);
+        loading_free(l);
+    } else { /* no IO thread: read here */
         rc = read_file(e, name, max_snapshot(e), &buf, &len);
+        if (rc == 0)
+            dec_rc = snapshot_decode(buf, len, &m, &k, &v, why, sizeof why);
     }
-    if (rc == -ENOENT)
+    if (rc == -ENOENT) {
+        free(buf);
         return 0;
+    }
     if (w)
         ; /* made by this process: valid */
     else if (rc == -EFBIG)
         snprintf(why, sizeof why, "the file is larger than any snapshot this server writes");
     else if (rc < 0)
         snprintf(why, sizeof why, "reading it failed: %s", strerror(-rc));
-    else if (snapshot_decode(buf, len, &m, &k, &v, why, sizeof why) < 0)
+    else if (dec_rc < 0)
         ; /* why says it */
     else if (strcmp(m.id, id) != 0)
         snprintf(why, sizeof why, "the file holds another session");
@@ -749,7 +931,19 @@ int session_restore(struct engine *e, struct seq *s, const char *id, int key,
         e->stats.restore_failures_total++;
         return -1;
     }
-    if (m.owner_key != key) { /* another key's session does not exist for this one */
+    if (m.owner_unknown) { /* version 1: its owner was a place in a key list, now unknown */
+        free(buf);
+        se->status = 409;
+        snprintf(se->code, sizeof se->code, "session_snapshot_incompatible");
+        if (snprintf(se->message, sizeof se->message,
+                     "session '%s' is a snapshot of format version 1 whose owner cannot be "
+                     "known; it is kept, not restored",
+                     id) < 0)
+            se->message[0] = 0; /* a long id is cut to the message's size */
+        e->stats.restore_failures_total++;
+        return -1;
+    }
+    if (m.owner != key) { /* another key's session does not exist for this one */
         free(buf);
         se->status = 404;
         return -1;
@@ -794,7 +988,7 @@ int session_restore(struct engine *e, struct seq *s, const char *id, int key,
     }
     s->next_tok = m.next_tok;
     s->has_next = m.has_next;
-    s->owner_key = m.owner_key;
+    s->owner = m.owner;
     snprintf(s->session, sizeof s->session, "%s", id);
     e->stats.restores_total++;
     observe(&e->stats.restore_seconds_total, &e->stats.restore_seconds_max, e->stats.restore_hist,
@@ -823,7 +1017,7 @@ void session_describe(const struct engine *e, const struct seq *s, struct engine
     }
 }
 
-int session_disk_foreign(struct engine *e, const char *id, int key)
+int session_disk_foreign(struct engine *e, const char *id, uint64_t key)
 {
     char name[ENGINE_SESSION_ID_MAX + 8];
     if (e->dir_fd < 0 || file_name(name, sizeof name, id, SNAP_EXT) < 0)
@@ -838,10 +1032,11 @@ int session_disk_foreign(struct engine *e, const char *id, int key)
     char why[160];
     if (n <= 0 || snapshot_decode_header(hdr, (size_t)n, &m, why, sizeof why) < 0)
         return 0; /* unreadable: the full read says why */
-    return strcmp(m.id, id) == 0 && m.owner_key != key;
+    /* a version-1 file of a key is nobody's: its restore says why it is refused */
+    return strcmp(m.id, id) == 0 && !m.owner_unknown && m.owner != key;
 }
 
-int session_describe_disk(struct engine *e, const char *id, int key,
+int session_describe_disk(struct engine *e, const char *id, uint64_t key,
                           struct engine_session_info *out)
 {
     memset(out, 0, sizeof *out);
@@ -859,7 +1054,7 @@ int session_describe_disk(struct engine *e, const char *id, int key,
     struct snapshot_meta m;
     char why[160];
     if (!ok || snapshot_decode_header(hdr, (size_t)n, &m, why, sizeof why) < 0 ||
-        strcmp(m.id, id) != 0 || m.owner_key != key)
+        strcmp(m.id, id) != 0 || m.owner_unknown || m.owner != key)
         return -ENOENT;
     snprintf(out->id, sizeof out->id, "%s", id);
     out->tokens_seen = m.pos_next - m.pos_first + (m.has_next ? 1 : 0);
@@ -870,7 +1065,42 @@ int session_describe_disk(struct engine *e, const char *id, int key,
     return 0;
 }
 
-int session_list_disk(struct engine *e, int key,
+int session_describe_held(struct engine *e, const char *id, uint64_t key,
+                          struct engine_session_info *out)
+{
+    memset(out, 0, sizeof *out);
+    struct session_saving *w = pending(e, id);
+    if (!w || session_find(e, id) || w->m.owner != key)
+        return -ENOENT;
+    const struct snapshot_meta *m = &w->m;
+    snprintf(out->id, sizeof out->id, "%s", id);
+    out->tokens_seen = m->pos_next - m->pos_first + (m->has_next ? 1 : 0);
+    out->position = m->pos_next;
+    kv_policy_name(&m->policy, out->policy, sizeof out->policy);
+    struct stat st;
+    if (fstatat(e->dir_fd, w->name, &st, 0) == 0) { /* an older snapshot */
+        out->on_disk = 1;
+        out->bytes = (int64_t)st.st_size;
+    }
+    return 0;
+}
+
+void session_list_held(struct engine *e, uint64_t key,
+                       void (*each)(struct engine *e, const struct engine_session_info *in,
+                                    void *arg),
+                       void *arg)
+{
+    for (int i = 0; e->saving && i < SESSION_SAVES_MAX; i++) {
+        struct session_saving *w = &e->saving[i];
+        struct engine_session_info in;
+        /* each session once: from its newest save */
+        if (w->state != SAVE_FREE && pending(e, w->m.id) == w &&
+            session_describe_held(e, w->m.id, key, &in) == 0)
+            each(e, &in, arg);
+    }
+}
+
+int session_list_disk(struct engine *e, uint64_t key,
                       void (*each)(struct engine *e, const struct engine_session_info *in,
                                    void *arg),
                       void *arg)
@@ -894,8 +1124,8 @@ int session_list_disk(struct engine *e, int key,
         char id[ENGINE_SESSION_ID_MAX];
         memcpy(id, de->d_name, l - strlen(SNAP_EXT));
         id[l - strlen(SNAP_EXT)] = 0;
-        if (session_find(e, id))
-            continue; /* listed from memory */
+        if (session_find(e, id) || pending(e, id))
+            continue; /* listed from memory, or from its save not yet on disk */
         struct engine_session_info in;
         if (session_describe_disk(e, id, key, &in) == 0)
             each(e, &in, arg);
@@ -904,7 +1134,7 @@ int session_list_disk(struct engine *e, int key,
     return 0;
 }
 
-int session_delete_disk(struct engine *e, const char *id, int key)
+int session_delete_disk(struct engine *e, const char *id, uint64_t key)
 {
     struct engine_session_info in;
     if (session_describe_disk(e, id, key, &in) < 0)

@@ -46,8 +46,9 @@ int session_save(struct engine *e, struct seq *s, uint64_t answer_id, char *err,
 void session_saves_poll(struct engine *e);
 /* Waits until no save of id (NULL: of any session) is with the writer. */
 void session_saves_settle(struct engine *e, const char *id);
-/* A deleted session: waits for its saves and drops the held ones. */
-void session_saves_forget(struct engine *e, const char *id, int key);
+/* A deleted session: waits for its saves and drops the held ones. Returns
+ * how many held saves of key's session id it dropped. */
+int session_saves_forget(struct engine *e, const char *id, uint64_t key);
 /* Engine stop: waits for every save, retries held ones once, reports losses. */
 void session_saves_drain(struct engine *e);
 
@@ -58,29 +59,59 @@ struct session_err {
     char code[32];
     char message[160];
 };
+/* At most this many snapshot files are being read for restores (or read
+ * and waiting for a KV slot) at once. */
+#define SESSION_LOADS_MAX 2
+
+/* Before a request restores session id from the directory: 1 when it must
+ * wait, because the session IO thread is reading and checking its file (the
+ * engine thread is woken when it is done), 0 when session_restore may run
+ * now (the file is read, there is none, or the session is in a save still
+ * in memory). So the engine thread only copies the cells in. */
+int session_restore_wait(struct engine *e, const char *id);
+/* 1 while the file of id (any session when id is "") is being read: session
+ * requests naming it wait, so that they keep their order with the restore. */
+int session_load_busy(struct engine *e, const char *id);
+/* Drops the files read for id (NULL: every one) that no restore used yet. */
+void session_loads_forget(struct engine *e, const char *id);
+/* Drops the files read for requests that are gone (cancelled meanwhile). */
+void session_loads_gc(struct engine *e);
+
 /* Reads session id from the directory into s, which holds a fresh KV slot:
  * 1 restored (s is the session, idle, owned by key), 0 no snapshot, -1
  * failed with se filled (a corrupt, truncated, foreign-model or
  * other-version file is moved aside to <id>.bad). */
-int session_restore(struct engine *e, struct seq *s, const char *id, int key,
+int session_restore(struct engine *e, struct seq *s, const char *id, uint64_t key,
                     struct session_err *se);
 
 /* 1 if id's snapshot belongs to another key, judged from its header alone,
  * before a slot is taken or the file read (such a file is never moved aside
  * for another key's request); else 0. */
-int session_disk_foreign(struct engine *e, const char *id, int key);
+int session_disk_foreign(struct engine *e, const char *id, uint64_t key);
 
 /* Descriptions for the session API. */
 void session_describe(const struct engine *e, const struct seq *s, struct engine_session_info *out);
 /* The snapshot of id if key owns it: 0, or -ENOENT. */
-int session_describe_disk(struct engine *e, const char *id, int key,
+int session_describe_disk(struct engine *e, const char *id, uint64_t key,
                           struct engine_session_info *out);
-/* Calls each for every session of key on disk and not in memory. */
-int session_list_disk(struct engine *e, int key,
+/* A session of key that is in no KV slot and exists only as a save not yet
+ * on disk (with the writer, or held after a failed write): 0 with out
+ * filled from its newest save (on_disk says whether an older file exists),
+ * or -ENOENT. */
+int session_describe_held(struct engine *e, const char *id, uint64_t key,
+                          struct engine_session_info *out);
+/* Calls each for every session of key not in a KV slot whose newest state
+ * is a save not yet on disk (session_describe_held). */
+void session_list_held(struct engine *e, uint64_t key,
+                       void (*each)(struct engine *e, const struct engine_session_info *in,
+                                    void *arg),
+                       void *arg);
+/* Calls each for every session of key on disk, not in memory and not held. */
+int session_list_disk(struct engine *e, uint64_t key,
                       void (*each)(struct engine *e, const struct engine_session_info *in,
                                    void *arg),
                       void *arg);
 /* Deletes the snapshot of id if key owns it: 0, or -ENOENT. */
-int session_delete_disk(struct engine *e, const char *id, int key);
+int session_delete_disk(struct engine *e, const char *id, uint64_t key);
 
 #endif

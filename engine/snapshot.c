@@ -84,6 +84,11 @@ size_t snapshot_kv_bytes(const struct snapshot_meta *m)
            (m->dtype == KV_DTYPE_F16 ? 2u : 4u);
 }
 
+size_t snapshot_header_fixed(uint32_t version)
+{
+    return version == 1 ? SNAPSHOT_V1_FIXED_HEADER : SNAPSHOT_FIXED_HEADER;
+}
+
 size_t snapshot_size(const struct snapshot_meta *m)
 {
     return SNAPSHOT_FIXED_HEADER + strlen(m->id) + 2 * snapshot_kv_bytes(m) + 4;
@@ -103,7 +108,7 @@ void snapshot_encode_header(const struct snapshot_meta *m, uint8_t *b, uint8_t *
     put32(b + 64, (uint32_t)m->n_kv_head);
     put32(b + 68, (uint32_t)m->head_dim);
     put32(b + 72, (uint32_t)m->policy.kind);
-    put32(b + 76, (uint32_t)m->owner_key);
+    put32(b + 76, 0); /* reserved */
     put64(b + 80, (uint64_t)m->policy.n_sinks);
     put64(b + 88, (uint64_t)m->n_sinks);
     put64(b + 96, (uint64_t)m->window);
@@ -116,8 +121,9 @@ void snapshot_encode_header(const struct snapshot_meta *m, uint8_t *b, uint8_t *
     put32(b + 152, (uint32_t)m->next_tok);
     put32(b + 156, (uint32_t)(m->has_next != 0));
     put64(b + 160, (uint64_t)m->saved_at);
-    b[168] = (uint8_t)(idl & 0xFF);
-    b[169] = (uint8_t)(idl >> 8);
+    put64(b + 168, m->owner);
+    b[176] = (uint8_t)(idl & 0xFF);
+    b[177] = (uint8_t)(idl >> 8);
     memcpy(b + SNAPSHOT_FIXED_HEADER, m->id, idl);
     *k = b + h;
     *v = *k + snapshot_kv_bytes(m);
@@ -143,21 +149,23 @@ int snapshot_decode_header(const uint8_t *b, size_t len, struct snapshot_meta *m
     if (memcmp(b, magic, 8) != 0)
         BAD("not a streamsink session snapshot (bad magic)");
     uint32_t ver = get32(b + 8);
-    if (ver != SNAPSHOT_VERSION) {
-        snprintf(err, err_len, "snapshot format version %u; this server reads version %d", ver,
-                 SNAPSHOT_VERSION);
+    if (ver != 1 && ver != SNAPSHOT_VERSION) {
+        snprintf(err, err_len, "snapshot format version %u; this server reads versions 1 and %d",
+                 ver, SNAPSHOT_VERSION);
         return -EPROTONOSUPPORT;
     }
-    if (len < SNAPSHOT_FIXED_HEADER)
+    m->version = ver;
+    size_t fixed = snapshot_header_fixed(ver);
+    if (len < fixed)
         BAD("truncated: %zu bytes, shorter than a header", len);
-    size_t idl = (size_t)b[168] | (size_t)b[169] << 8;
+    size_t idl = (size_t)b[fixed - 2] | (size_t)b[fixed - 1] << 8;
     if (idl == 0 || idl >= ENGINE_SESSION_ID_MAX)
         BAD("bad session id length %zu", idl);
-    if (get32(b + 12) != SNAPSHOT_FIXED_HEADER + idl)
+    if (get32(b + 12) != fixed + idl)
         BAD("bad header length");
-    if (len < SNAPSHOT_FIXED_HEADER + idl)
+    if (len < fixed + idl)
         BAD("truncated inside the header");
-    memcpy(m->id, b + SNAPSHOT_FIXED_HEADER, idl);
+    memcpy(m->id, b + fixed, idl);
     m->id[idl] = 0;
     if (!engine_session_id_valid(m->id))
         BAD("bad session id");
@@ -176,9 +184,16 @@ int snapshot_decode_header(const uint8_t *b, size_t len, struct snapshot_meta *m
     if (pk != KV_POLICY_WINDOW && pk != KV_POLICY_SINKS && pk != KV_POLICY_DENSE)
         BAD("bad policy %u", pk);
     m->policy.kind = (enum kv_policy_kind)pk;
-    m->owner_key = (int32_t)get32(b + 76);
-    if (m->owner_key < -1)
-        BAD("bad owner");
+    if (ver == 1) { /* the index of a key in the key list of the server that wrote it */
+        int32_t idx = (int32_t)get32(b + 76);
+        if (idx < -1)
+            BAD("bad owner");
+        m->owner_unknown = idx >= 0;
+    } else {
+        if (get32(b + 76) != 0)
+            BAD("bad reserved field");
+        m->owner = get64(b + 168);
+    }
     m->policy.n_sinks = (int64_t)get64(b + 80);
     m->n_sinks = (int64_t)get64(b + 88);
     m->window = (int64_t)get64(b + 96);
@@ -219,7 +234,7 @@ int snapshot_decode(const uint8_t *b, size_t len, struct snapshot_meta *m, const
         BAD("%s: the file has %zu bytes, its header says %llu",
             len < total ? "truncated" : "trailing bytes", len, (unsigned long long)total);
     /* n_cells <= 2^62 and the dims <= 2^16 each: check the product fits */
-    size_t h = SNAPSHOT_FIXED_HEADER + strlen(m->id);
+    size_t h = snapshot_header_fixed(m->version) + strlen(m->id);
     size_t esz = m->dtype == KV_DTYPE_F16 ? 2 : 4;
     size_t row = (size_t)m->n_layer * (size_t)m->n_kv_head * (size_t)m->head_dim * esz;
     if (len < h + 4 || (uint64_t)m->n_cells > (len - h - 4) / 2 / row)

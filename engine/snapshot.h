@@ -5,22 +5,23 @@
  *
  * Everything a session needs to continue bit for bit: its KV cells as stored
  * (f16 or f32), its absolute positions, the token sampled last and not yet
- * fed, its policy, the API key it belongs to, and the model file's SHA-256
+ * fed, its policy, its owner (a keyed hash of the API key it belongs to,
+ * computed by the server), and the model file's SHA-256
  * (a snapshot of another model is refused). The sampler is not stored: it
  * lives per request (each request seeds its own), so an idle session has none.
  *
- * Layout, little-endian, version 1:
+ * Layout, little-endian, version 2:
  *
  *   off  size  field
  *     0     8  magic "SSNAPKV\0"
- *     8     4  version (1)
- *    12     4  header bytes H (170 + id length): where the KV data starts
+ *     8     4  version (2)
+ *    12     4  header bytes H (178 + id length): where the KV data starts
  *    16     8  file bytes (all of it, the checksum included)
  *    24    32  SHA-256 of the model file
  *    56     4  KV dtype (0 f16, 1 f32)
  *    60     4  layers L        64  4  kv heads Hkv      68  4  head dim Dh
  *    72     4  policy kind (window 1, sinks 2, dense 3)
- *    76     4  owner: API key index (-1: open server)
+ *    76     4  reserved (0)
  *    80     8  policy sinks N (sinks:N)
  *    88     8  sinks S kept by the sequence   96  8  window W
  *   104     8  pos_first p0                  112  8  pos_next
@@ -28,11 +29,19 @@
  *   136     8  sink cells ns                 144  8  first window position w0
  *   152     4  next token                    156  4  next token pending (0/1)
  *   160     8  saved at (unix seconds)
- *   168     2  id length, then the id ([A-Za-z0-9_-])
+ *   168     8  owner: keyed hash of the API key that made it (0: an open server)
+ *   176     2  id length, then the id ([A-Za-z0-9_-])
  *     H        K: [L][Hkv][n][Dh] cells in position order (the ns sinks p0..,
  *              then positions w0 .. pos_next-1), in the dtype
  *              V: the same
  *   end-4   4  CRC-32 (zlib) of every byte before it
+ *
+ * Version 1 (read, never written) is the same without the owner hash: the
+ * owner was the index of the API key in the server's key list (int32 at 76;
+ * -1: an open server), the id length at 168 and H = 170 + id length. An
+ * index means nothing once the key list changes, so a version-1 snapshot of
+ * a key decodes with owner_unknown set (the server refuses to restore it and
+ * keeps the file); one of an open server decodes with owner 0.
  *
  * The window cells stored are the last min(W, stored) positions: what the
  * next query can see (it sees W - 1 of them plus itself).
@@ -46,15 +55,18 @@
 #include "engine.h"
 #include "kvcache.h"
 
-#define SNAPSHOT_VERSION 1
-#define SNAPSHOT_FIXED_HEADER 170 /* header bytes before the id */
+#define SNAPSHOT_VERSION 2
+#define SNAPSHOT_FIXED_HEADER 178    /* header bytes before the id */
+#define SNAPSHOT_V1_FIXED_HEADER 170 /* ... in version 1 */
 
 struct snapshot_meta {
     uint8_t model_digest[32];
     enum kv_dtype dtype;
     int n_layer, n_kv_head, head_dim;
     struct kv_policy policy; /* resolved: window, sinks:N or dense */
-    int32_t owner_key;
+    uint32_t version;        /* decoded: the file's format version */
+    uint64_t owner;          /* keyed hash of the owner's API key; 0: an open server */
+    int owner_unknown;       /* decoded: a version-1 snapshot of a key (owner not known) */
     int64_t n_sinks, window, pos_first, pos_next, n_evicted;
     int64_t n_cells, n_sink_cells, win_pos0;
     int32_t next_tok;
@@ -68,7 +80,9 @@ struct snapshot_meta {
 void snapshot_meta_cells(struct snapshot_meta *m);
 /* Bytes of K (= of V) for m. */
 size_t snapshot_kv_bytes(const struct snapshot_meta *m);
-/* Bytes of the whole snapshot for m. */
+/* Header bytes before the id in a snapshot of that format version. */
+size_t snapshot_header_fixed(uint32_t version);
+/* Bytes of the whole snapshot for m (written as the current version). */
 size_t snapshot_size(const struct snapshot_meta *m);
 /* Writes m's header at buf (snapshot_size(m) bytes); the caller fills K at
  * *k and V at *v (snapshot_kv_bytes each), then calls snapshot_seal. */

@@ -244,6 +244,10 @@ size_t metrics_render(const struct metrics *m, const struct metrics_live *live,
         counter(&o, "streamsink_streams_evicted_total",
                 "Finished streams dropped before their grace period ended to make room",
                 (double)live->streams_evicted);
+        counter(&o, "streamsink_streams_detach_limited_total",
+                "Running streams without a client cancelled because their owner had more than "
+                "--max-detached",
+                (double)live->streams_detach_limited);
     }
     if (es) {
         gauge(&o, "streamsink_active_sequences", "Sequences running in the engine",

@@ -62,16 +62,17 @@ struct metrics_live {
     size_t low_water;
     int draining; /* SIGTERM received */
     /* resumable streams (streams.h) */
-    int64_t streams;            /* in the registry: running, or finished and resumable */
-    int64_t streams_detached;   /* running with no client attached */
-    int64_t streams_full;       /* ... of them, paused with a full buffer */
-    size_t stream_buffer_bytes; /* SSE bytes buffered by all streams */
-    size_t stream_buffer_max;   /* --stream-buffer */
-    size_t stream_buffer_total; /* --stream-buffer-total */
-    uint64_t stream_resumes;    /* successful GET /v1/streams/{id} */
-    uint64_t stream_takeovers;  /* ... that closed another client's connection */
-    uint64_t streams_expired;   /* running streams cancelled after the grace period */
-    uint64_t streams_evicted;   /* finished streams dropped early for room */
+    int64_t streams;                 /* in the registry: running, or finished and resumable */
+    int64_t streams_detached;        /* running with no client attached */
+    int64_t streams_full;            /* ... of them, paused with a full buffer */
+    size_t stream_buffer_bytes;      /* SSE bytes buffered by all streams */
+    size_t stream_buffer_max;        /* --stream-buffer */
+    size_t stream_buffer_total;      /* --stream-buffer-total */
+    uint64_t stream_resumes;         /* successful GET /v1/streams/{id} */
+    uint64_t stream_takeovers;       /* ... that closed another client's connection */
+    uint64_t streams_expired;        /* running streams cancelled after the grace period */
+    uint64_t streams_evicted;        /* finished streams dropped early for room */
+    uint64_t streams_detach_limited; /* detached streams cancelled over --max-detached */
 };
 
 void metrics_init(struct metrics *m);

@@ -28,6 +28,7 @@
 #include <time.h>
 
 #include "log.h"
+#include "owner.h"
 #include "siphash.h"
 #include "sse.h"
 
@@ -116,6 +117,7 @@ static void live_stats(struct server *s, struct metrics_live *l)
     l->stream_takeovers = ss->takeovers;
     l->streams_expired = ss->expired;
     l->streams_evicted = ss->evicted;
+    l->streams_detach_limited = ss->detach_limited;
     l->high_water = s->lim.high_water;
     l->low_water = s->lim.low_water;
     l->draining = s->draining;
@@ -224,17 +226,36 @@ static int authorized(const struct server *s, const struct http_conn *c)
     return router_key_index(s, c) != -2;
 }
 
-/* Who owns what an authorized request starts (a resumable stream): an
- * opaque value derived from the key it presented, the same for every
- * request with that key and different for another key (a keyed hash, so no
- * copy of the key is kept and it cannot be guessed). 0 when the API is open. */
+/* Who owns what an authorized request starts (a resumable stream, a
+ * session): an opaque value derived from the key it presented, the same for
+ * every request with that key, whatever its place in the key list, and
+ * different for another key (a keyed hash, owner.h: no copy of the key is
+ * kept and it cannot be guessed). 0 when the API is open. */
 static uint64_t owner_of(const struct server *s, const struct http_conn *c)
 {
     size_t len;
     const char *token = s->n_keys ? bearer_token(c, &len) : NULL;
     if (!token)
         return 0;
-    return siphash24(s->streams.owner_key, token, len) | 1;
+    return owner_of_token(s->owner_secret, token, len);
+}
+
+/* Whose detached streams a stream counts among (--max-detached): its
+ * owner's when the API has keys; on an open server, where everyone is owner
+ * 0, the client's IP address's (hashed with the owner hash key). */
+static uint64_t group_of(const struct server *s, const struct http_conn *c)
+{
+    if (s->n_keys)
+        return owner_of(s, c);
+    struct sockaddr_storage peer;
+    int len = sizeof peer;
+    if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&peer, &len) < 0)
+        return 0;
+    if (peer.ss_family == AF_INET)
+        return siphash24(s->owner_secret, &((struct sockaddr_in *)&peer)->sin_addr, 4);
+    if (peer.ss_family == AF_INET6)
+        return siphash24(s->owner_secret, &((struct sockaddr_in6 *)&peer)->sin6_addr, 16);
+    return 0;
 }
 
 /* ---- API requests --------------------------------------------------------------------------- */
@@ -379,7 +400,7 @@ static void handle_generate(struct server *s, struct http_conn *c, enum api_endp
         .chat = &s->chat,
         .session_header = c->req.session_id[0] ? c->req.session_id : NULL,
         .id = id,
-        .key_index = router_key_index(s, c),
+        .owner = owner_of(s, c),
         .default_seed = fresh_seed(),
         .max_stop_len = ENGINE_MAX_STOP_LEN,
         .model_names = s->model_names,
@@ -410,7 +431,7 @@ static void handle_generate(struct server *s, struct http_conn *c, enum api_endp
     r->id = id;
     r->ep = mep;
     r->stream = meta.stream;
-    if (r->stream && !streams_create(s, r, c, owner_of(s, c))) {
+    if (r->stream && !streams_create(s, r, c, owner_of(s, c), group_of(s, c))) {
         router_req_free(r);
         free(t);
         engine_request_free(&req);
@@ -537,7 +558,7 @@ static void handle_sessions(struct server *s, struct http_conn *c, const char *p
     memset(&req, 0, sizeof req);
     req.id = rid;
     req.kind = kind;
-    req.key_index = router_key_index(s, c);
+    req.owner = owner_of(s, c);
     snprintf(req.session_id, sizeof req.session_id, "%s", id);
     r->id = rid;
     r->ep = METRICS_EP_SESSIONS;

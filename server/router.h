@@ -38,6 +38,7 @@ struct server {
 
     char *keys[SERVER_MAX_KEYS]; /* accepted API keys; none: open */
     size_t n_keys;
+    unsigned char owner_secret[16];                  /* the hash key of owners (owner.h) */
     const char *model_names[SERVER_MAX_MODEL_NAMES]; /* model_id, then --model-alias names */
     size_t n_model_names;
     char alias_buf[1024];

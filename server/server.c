@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "owner.h"
 #include "router.h"
 
 #define EVENT_BATCH 64
@@ -523,6 +524,7 @@ enum server_status server_run(const struct server_config *cfg)
     rc = streams_init(s, s->cfg.max_conns + s->cfg.max_seqs + s->cfg.max_queue,
                       (size_t)s->cfg.stream_buffer, (size_t)s->cfg.stream_buffer_total,
                       s->cfg.stream_grace);
+    s->streams.max_detached = s->cfg.max_detached;
     if (rc < 0) {
         fprintf(stderr, "error: streams: %s\n", strerror(-rc));
         goto out_free;
@@ -546,6 +548,13 @@ enum server_status server_run(const struct server_config *cfg)
         fprintf(stderr, "error: %s\n", err);
         code = engine_error_is_model(rc) ? SERVER_BAD_MODEL : SERVER_FAILED;
         s->engine = NULL;
+        goto out_close;
+    }
+    /* after the engine has checked the session directory; an open server
+     * has one owner (0) and needs no secret */
+    if (owner_secret_load(s->n_keys ? s->cfg.session_dir : NULL, s->owner_secret, err, sizeof err) <
+        0) {
+        fprintf(stderr, "error: %s\n", err);
         goto out_close;
     }
     s->info = engine_model_info(s->engine);

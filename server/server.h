@@ -42,6 +42,7 @@ struct server_config {
     int64_t stream_buffer;       /* undelivered bytes one detached stream may buffer */
     int64_t stream_buffer_total; /* bytes all stream buffers may hold */
     double stream_grace;         /* seconds a stream waits for its client to come back */
+    int64_t max_detached;        /* running streams without a client one owner may keep (0: any) */
     /* limits and timeouts (seconds) */
     int64_t max_body;
     int64_t max_body_total;

@@ -69,6 +69,15 @@ int stream_buf_rewind(struct stream_buf *b, uint64_t last_id);
  * Returns the bytes freed. */
 size_t stream_buf_trim(struct stream_buf *b, size_t max);
 
+/* 1 if a and b, two stream ids of STREAM_ID_LEN characters, are the same,
+ * in time that does not depend on where they differ (an id is a bearer
+ * secret: an early exit would leak how much of a guess is right). */
+int stream_id_equal(const char *a, const char *b);
+
+/* The allocator of events: malloc. A weak symbol, so that a test binary
+ * can inject allocation failures by defining its own. */
+void *stream_buf_alloc(size_t n);
+
 /* 1 if s[0..len) is a well-formed stream id: exactly STREAM_ID_LEN
  * characters of [0-9a-f]. */
 int stream_id_valid(const char *s, size_t len);

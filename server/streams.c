@@ -57,12 +57,6 @@ int streams_init(struct server *s, int64_t cap, size_t max_bytes, size_t max_tot
     ss->buckets = calloc(ss->n_buckets, sizeof *ss->buckets);
     if (!ss->buckets)
         return -ENOMEM;
-    int rc = random_bytes(ss->owner_key, sizeof ss->owner_key);
-    if (rc < 0) {
-        free(ss->buckets);
-        ss->buckets = NULL;
-        return rc;
-    }
     uv_timer_init(s->loop, &ss->timer);
     ss->timer.data = s;
     return 0;
@@ -89,10 +83,15 @@ struct stream *streams_find_req(const struct streams *ss, uint64_t req_id)
 
 struct stream *streams_find_sid(const struct streams *ss, const char *sid)
 {
-    for (struct stream *st = ss->head; st; st = st->next)
-        if (memcmp(st->sid, sid, STREAM_ID_LEN) == 0)
-            return st;
-    return NULL;
+    /* every id is compared in full, in constant time: the position of a
+     * match or of a near miss does not show in the time taken */
+    struct stream *found = NULL;
+    for (struct stream *st = ss->head; st; st = st->next) {
+        int same = stream_id_equal(st->sid, sid);
+        if (same && !found && !st->dead)
+            found = st;
+    }
+    return found;
 }
 
 static void unlink_stream(struct streams *ss, struct stream *st)
@@ -145,7 +144,7 @@ static int evict_one(struct server *s)
 }
 
 struct stream *streams_create(struct server *s, struct srv_req *r, struct http_conn *c,
-                              uint64_t owner)
+                              uint64_t owner, uint64_t group)
 {
     struct streams *ss = &s->streams;
     unsigned char rnd[16];
@@ -161,6 +160,7 @@ struct stream *streams_create(struct server *s, struct srv_req *r, struct http_c
     }
     stream_id_format(st->sid, rnd);
     st->owner = owner;
+    st->group = group;
     st->req_id = r->id;
     st->req = r;
     st->conn = c;
@@ -268,8 +268,12 @@ void streams_pump(struct server *s, struct stream *st)
     streams_flow(s, st);
 }
 
-/* Out of memory for an event: the request ends; what is buffered stays
- * resumable. st may be gone when this returns. */
+/* Out of memory for an event: the stream has lost an event, so it ends: its
+ * request is cancelled, its client (if any) disconnected, and it is no
+ * longer resumable (a resume would replay a stream with a hole and no
+ * [DONE]). It is not freed here: whoever emitted into it (the router, which
+ * may go on with the next chunk of the same engine event) still holds it;
+ * the sweep frees it. */
 static void out_of_memory(struct server *s, struct stream *st)
 {
     log_msg(LOG_ERROR, "out of memory buffering a stream: cancelling it");
@@ -279,11 +283,20 @@ static void out_of_memory(struct server *s, struct stream *st)
             engine_cancel(s->engine, st->req_id);
         server_request_done(s);
     }
-    if (st->conn)
-        http_conn_close(st->conn); /* detaches (or drops) st */
+    st->dead = 1;
+    st->full = 0;
+    st->deadline = 0; /* the next sweep frees it */
+    struct http_conn *c = st->conn;
+    if (c) {
+        st->conn = NULL;
+        if (c->user == st->req)
+            c->user = NULL; /* closing c must not detach or drop st */
+        http_conn_close(c);
+    }
+    start_sweep(s);
 }
 
-/* Appends a framed event. Returns 0, or -ENOMEM when st may be gone. */
+/* Appends a framed event. Returns 0, or -ENOMEM (st is then dead, not freed). */
 static int push(struct server *s, struct stream *st, const char *frame, size_t len)
 {
     size_t before = st->buf.bytes;
@@ -335,6 +348,41 @@ void streams_emit_done(struct server *s, struct stream *st)
 
 /* ---- attach and detach ------------------------------------------------------------------ */
 
+/* A running stream with no client: it holds a KV slot nobody reads. */
+static int running_detached(const struct stream *st)
+{
+    return !st->conn && !st->finished && !st->dead;
+}
+
+/* st just detached: while its group has more running detached streams than
+ * --max-detached, the one detached longest is cancelled (one client cannot
+ * hold every KV slot by starting streams and dropping them). */
+static void limit_detached(struct server *s, struct stream *st)
+{
+    struct streams *ss = &s->streams;
+    if (ss->max_detached <= 0)
+        return;
+    for (;;) {
+        int64_t n = 0;
+        struct stream *oldest = NULL;
+        for (struct stream *o = ss->head; o; o = o->next) {
+            if (o->group != st->group || !running_detached(o))
+                continue;
+            n++;
+            if (o != st && (!oldest || o->deadline < oldest->deadline))
+                oldest = o;
+        }
+        if (n <= ss->max_detached || !oldest)
+            return;
+        ss->detach_limited++;
+        log_msg(LOG_INFO,
+                "an owner has more than %lld streams without a client; cancelled the one "
+                "detached longest",
+                (long long)ss->max_detached);
+        streams_drop(s, oldest);
+    }
+}
+
 void streams_detach(struct server *s, struct stream *st)
 {
     st->conn = NULL;
@@ -345,6 +393,7 @@ void streams_detach(struct server *s, struct stream *st)
     st->deadline = server_now() + s->streams.grace;
     streams_flow(s, st);
     start_sweep(s);
+    limit_detached(s, st);
 }
 
 int streams_attach(struct server *s, struct stream *st, struct http_conn *c, uint64_t last_id,

@@ -41,6 +41,7 @@ struct http_conn;
 struct stream {
     char sid[STREAM_ID_LEN + 1];
     uint64_t owner;  /* who may resume it (router's owner_of) */
+    uint64_t group;  /* whose detached streams it counts among (--max-detached) */
     uint64_t req_id; /* the engine request */
     struct srv_req *req;
     struct stream_buf buf;
@@ -49,6 +50,7 @@ struct stream {
     int finished;           /* the last event ([DONE]) is in the buffer */
     int engine_paused;      /* engine_pause sent */
     int full;               /* paused because its buffer (or all of them) is full */
+    int dead;               /* lost an event (out of memory): not resumable, freed by the sweep */
     double deadline;        /* detached: dropped at this time (server_now) */
     struct stream *hnext;   /* hash chain by req_id */
     struct stream *prev, *next;
@@ -65,11 +67,12 @@ struct streams {
     double grace;     /* --stream-grace seconds; 0: a disconnect cancels at once */
     uv_timer_t timer; /* the grace-period sweep, running while any are detached */
     int timer_on;
-    unsigned char owner_key[16]; /* random: the key of the owner hash */
-    uint64_t resumes;            /* clients attached with GET /v1/streams/{id} */
-    uint64_t takeovers;          /* ... of them, to a stream that had a client (closed) */
-    uint64_t expired;            /* running streams cancelled at the end of the grace period */
-    uint64_t evicted;            /* finished streams dropped early to make room for a new one */
+    uint64_t resumes;        /* clients attached with GET /v1/streams/{id} */
+    uint64_t takeovers;      /* ... of them, to a stream that had a client (closed) */
+    uint64_t expired;        /* running streams cancelled at the end of the grace period */
+    uint64_t evicted;        /* finished streams dropped early to make room for a new one */
+    int64_t max_detached;    /* --max-detached: running detached streams per group (0: any) */
+    uint64_t detach_limited; /* ... cancelled, oldest first, over that limit */
 };
 
 /* Sets up the registry on s->loop. Returns 0 or a negative errno. */
@@ -78,10 +81,11 @@ int streams_init(struct server *s, int64_t cap, size_t max_bytes, size_t max_tot
 void streams_free(struct server *s);
 
 /* A new stream for r (a streamed request on c, not yet submitted), owned by
- * owner. The stream takes r. Returns NULL (r untouched) if out of memory,
- * out of randomness or full. */
+ * owner and counted in group for --max-detached (the owner, or the client's
+ * address on an open server). The stream takes r. Returns NULL (r
+ * untouched) if out of memory, out of randomness or full. */
 struct stream *streams_create(struct server *s, struct srv_req *r, struct http_conn *c,
-                              uint64_t owner);
+                              uint64_t owner, uint64_t group);
 struct stream *streams_find_req(const struct streams *ss, uint64_t req_id);
 struct stream *streams_find_sid(const struct streams *ss, const char *sid);
 
@@ -97,7 +101,8 @@ void streams_flow(struct server *s, struct stream *st);
 
 /* c closed under the stream: detach it (resumable for the grace period) or,
  * when it cannot be resumed (headers not sent, grace 0, shutting down), drop
- * it. */
+ * it. Past --max-detached running detached streams in its group, the one
+ * detached longest is cancelled. */
 void streams_detach(struct server *s, struct stream *st);
 /* Attaches c (a GET /v1/streams/{id}) to st from event last_id on; an
  * attached connection is closed first. Returns 0 (the response is under

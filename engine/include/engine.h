@@ -126,17 +126,19 @@ enum engine_request_kind {
     ENGINE_REQ_GENERATE = 0,   /* a completion (prompt -> tokens) */
     ENGINE_REQ_SESSION_SAVE,   /* write session_id to session_dir now (stays in memory) */
     ENGINE_REQ_SESSION_GET,    /* one ENGINE_EV_SESSION for session_id, then DONE */
-    ENGINE_REQ_SESSION_LIST,   /* one ENGINE_EV_SESSION per session of key_index, then DONE */
+    ENGINE_REQ_SESSION_LIST,   /* one ENGINE_EV_SESSION per session of owner, then DONE */
     ENGINE_REQ_SESSION_DELETE, /* drop session_id from memory and disk, then DONE */
 };
 
 struct engine_request {
     uint64_t id; /* chosen by the caller, unique among live requests */
     enum engine_request_kind kind;
-    /* Who asks: the index of the API key the request carried, or -1 on an
-     * open server. A session belongs to the key that created it: for any
-     * other key it does not exist (404 session_not_found). */
-    int key_index;
+    /* Who asks: an opaque 64-bit name of the API key the request carried
+     * (the server's keyed hash of the key, never 0), or 0 on an open
+     * server. A session belongs to the owner that created it: for any other
+     * it does not exist (404 session_not_found). It is stored in snapshots,
+     * so it must not depend on the key's place in the key list. */
+    uint64_t owner;
     char *prompt; /* UTF-8 text (malloc'd; owned by the request), or NULL */
     size_t prompt_len;
     int32_t *prompt_ids; /* token ids (malloc'd; owned), used when prompt is NULL */

@@ -541,3 +541,75 @@ def test_a_resume_pipelined_behind_its_own_stream_is_answered_once(start_server)
     sse.sock.close()
     assert s.get("/health")[0] == 200
     assert s.metrics()["streamsink_streams"] == 0
+
+
+def start_and_drop(s, n, headers):
+    """Starts n endless streams, reads two events of each, drops each
+    connection; returns their stream ids, oldest first."""
+    sids = []
+    body = {"model": "smol", "prompt": ENDLESS, "max_tokens": 100000, "temperature": 0,
+            "stream": True}
+    for _ in range(n):
+        sse = post_stream(s, "/v1/completions", body, headers=headers)
+        assert sse.status == 200, sse.raw
+        sids.append(sse.headers["x-stream-id"])
+        collect(sse, False, [], stop_after=2)
+        sse.sock.close()
+        time.sleep(0.2)  # detached in this order
+    return sids
+
+
+def test_one_client_cannot_hold_every_slot_with_detached_streams(start_server):
+    """Four streams dropped by one peer (an open server: the owner is the
+    peer's address) with --max-detached 2: the two oldest are cancelled and
+    free their KV slots, the two newest stay resumable."""
+    s = start_server("--stream-grace", "60", "--max-seqs", "4", "--max-detached", "2")
+    total = s.metrics()["streamsink_kv_slots_total"]
+    assert total == 4
+    sids = start_and_drop(s, 4, {})
+    s.wait_metric("streamsink_streams_detach_limited_total", lambda v: v == 2, timeout=20)
+    s.wait_metric("streamsink_kv_slots_free", lambda v: v >= 2, timeout=20)
+    m = s.metrics()
+    assert m["streamsink_streams_detached"] == 2
+    assert m["streamsink_active_sequences"] == 2
+    for sid in sids[:2]:
+        assert error_of(s.get(f"/v1/streams/{sid}")) == (404, "stream_not_found")
+    for sid in sids[2:]:
+        sse = resume(s, sid, 1, headers={})
+        assert sse.status == 200
+        assert [e for e, _ in collect_n(sse, 1)] == ["2"]
+        sse.sock.close()
+    # another request is served at once: the slots the limit freed
+    sse = post_stream(s, "/v1/completions", {"model": "smol", "prompt": "Hi", "max_tokens": 2,
+                                             "stream": True}, headers={})
+    assert sse.status == 200
+    sse.rest()
+    sse.sock.close()
+
+
+def test_the_detached_limit_counts_each_api_key_on_its_own(start_server):
+    s = start_server("--stream-grace", "60", "--max-seqs", "4", "--max-detached", "2",
+                     "--api-key", "key-a", "--api-key", "key-b")
+    a = {"Authorization": "Bearer key-a"}
+    b = {"Authorization": "Bearer key-b"}
+    sids_b = start_and_drop(s, 1, b)
+    sids_a = start_and_drop(s, 3, a)
+    s.wait_metric("streamsink_streams_detach_limited_total", lambda v: v == 1, timeout=20)
+    time.sleep(0.5)
+    m = s.metrics()
+    assert m["streamsink_streams_detach_limited_total"] == 1
+    assert m["streamsink_streams_detached"] == 3
+    assert error_of(s.get(f"/v1/streams/{sids_a[0]}", headers=a)) == (404, "stream_not_found")
+    for sid, h in ((sids_a[1], a), (sids_a[2], a), (sids_b[0], b)):
+        sse = resume(s, sid, 1, headers=h)
+        assert sse.status == 200, sid
+        sse.sock.close()
+
+
+def collect_n(sse, n):
+    out = []
+    for eid, data in sse.events():
+        out.append((eid, data))
+        if len(out) == n:
+            break
+    return out

@@ -80,6 +80,59 @@ def test_a_stream_keeps_running_while_a_large_session_is_written(binary, model, 
         assert s.stop() == 0, s.log()
 
 
+def test_a_stream_keeps_running_while_a_large_session_is_restored(binary, model, tmp_path):
+    """The restore's file is read and checked (about 94 MB, its CRC-32) by the
+    session IO thread; the engine thread only copies the cells into the slot,
+    so a running stream keeps emitting tokens meanwhile."""
+    d = tmp_path / "sessions"
+    d.mkdir()
+    args = ["--session-dir", str(d), "--window", "2048", "--kv-dtype", "f32", "--max-prompt", "0"]
+    s = Server(binary, model, args)
+    try:
+        st, r = complete(s, LONG * 48, "big", max_tokens=1)
+        assert st == 200, r
+    finally:
+        assert s.stop() == 0, s.log()
+    assert (d / "big.snap").stat().st_size > 90_000_000
+    s = Server(binary, model, args)
+    try:
+        times = []
+        started = threading.Event()
+
+        def stream():
+            c = s.client()
+            for ch in c.completions.create(model="smol", prompt="1, 2, 3, 4, 5,", max_tokens=400,
+                                           temperature=0, stream=True):
+                if ch.choices and ch.choices[0].text:
+                    times.append(time.monotonic())
+                    started.set()
+
+        t = threading.Thread(target=stream)
+        t.start()
+        assert started.wait(60)
+        time.sleep(0.2)
+        t0 = time.monotonic()
+        st, r = complete(s, " and then", "big", max_tokens=1, session_create=False)
+        t1 = time.monotonic()
+        t.join()
+        assert st == 200, r
+        assert r["session"]["restored"] is True
+        m = s.metrics()
+        assert m["streamsink_session_restores_total"] == 1
+        during = [x for x in times if t0 < x < t1]
+        # a restore that reads the file on the engine thread stops every stream
+        # for the read and the checksum
+        assert len(during) >= 3, (len(during), t1 - t0)
+        eng = m["streamsink_session_restore_seconds_sum"]  # the engine thread's part
+        assert 0 < eng < 0.5 * (t1 - t0), (eng, t1 - t0)
+        gaps = [b - a for a, b in zip(times, times[1:])]
+        print(f"restore + 1 token {(t1 - t0) * 1e3:.0f} ms (engine thread "
+              f"{m['streamsink_session_restore_seconds_sum'] * 1e3:.0f} ms), {len(during)} tokens "
+              f"during it, largest gap {max(gaps) * 1e3:.0f} ms")
+    finally:
+        assert s.stop() == 0, s.log()
+
+
 TURN2 = " and in the centuries that followed"
 
 
@@ -128,3 +181,48 @@ def test_a_failed_write_keeps_the_snapshot_in_memory_and_sigterm_names_what_is_l
     log = s.log()
     assert "session 'a' is lost" in log, log
     assert "session 'b' is lost" in log, log
+
+
+def test_a_session_held_in_memory_after_a_failed_write_is_listed_and_described(binary, model,
+                                                                               tmp_path):
+    """A session that left its KV slot but whose snapshot could not be
+    written exists only as the held copy: the session API must still show it
+    (listed, described, deletable), and only to its key."""
+    d = tmp_path / "sessions"
+    d.mkdir()
+    old_lim = resource.getrlimit(resource.RLIMIT_FSIZE)
+    old_sig = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (256 * 1024, old_lim[1]))
+    try:
+        s = Server(binary, model, ["--session-dir", str(d), "--window", "64", "--max-seqs", "1",
+                                   "--api-key", "key-a", "--api-key", "key-b"])
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, old_lim)
+        signal.signal(signal.SIGXFSZ, old_sig)
+    try:
+        st, r = complete(s, LONG, "held", max_tokens=8, key="key-a")
+        assert st == 200, r
+        seen = r["session"]["tokens_seen"]
+        st, r = complete(s, LONG, "other", max_tokens=8, key="key-b")  # "held" leaves its slot
+        assert st == 200, r
+        s.wait_metric("streamsink_snapshot_saves_held", lambda v: v == 1)
+        assert not (d / "held.snap").exists()
+        st, r = call(s, "GET", "/v1/sessions", key="key-a")
+        assert st == 200, r
+        assert [x["id"] for x in r["data"]] == ["held"], r
+        info = r["data"][0]
+        assert info["in_memory"] is False and info["on_disk"] is False, info
+        assert info["tokens_seen"] == seen, info
+        st, r = call(s, "GET", "/v1/sessions/held", key="key-a")
+        assert st == 200 and r["id"] == "held" and r["tokens_seen"] == seen, r
+        st, r = call(s, "GET", "/v1/sessions/held", key="key-b")
+        assert st == 404, r
+        st, r = call(s, "GET", "/v1/sessions", key="key-b")
+        assert [x["id"] for x in r["data"]] == ["other"], r
+        st, r = call(s, "DELETE", "/v1/sessions/held", key="key-a")
+        assert st == 204, r
+        assert s.metrics()["streamsink_snapshot_saves_held"] == 0
+        st, r = call(s, "GET", "/v1/sessions", key="key-a")
+        assert r["data"] == [], r
+    finally:
+        assert s.stop() == 0, s.log()

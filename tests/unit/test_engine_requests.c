@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "support/engine_rig.h"
 #include "test.h"
@@ -212,6 +213,76 @@ TEST(max_prompt_tokens_counts_bos_the_same_in_both_paths)
         free(b);
         rig_close(&rig);
     }
+}
+
+/* ---- a pause that comes while the request waits for a slot ------------------- */
+
+/* Two requests' tokens and ends, as the events come. */
+struct two {
+    uint64_t id[2];
+    int n[2], done[2];
+};
+
+/* Drains events for about ms milliseconds, or until request k ends. */
+static void drain_for(struct rig *r, int ms, struct two *t, int k)
+{
+    struct engine_event ev[32];
+    for (int waited = 0; waited < ms && !t->done[k];) {
+        size_t got = engine_drain(r->e, ev, 32);
+        for (size_t i = 0; i < got; i++) {
+            for (int j = 0; j < 2; j++) {
+                if (ev[i].id != t->id[j])
+                    continue;
+                if (ev[i].kind == ENGINE_EV_TOKEN && ev[i].token >= 0)
+                    t->n[j]++;
+                else if (ev[i].kind != ENGINE_EV_TOKEN)
+                    t->done[j] = 1;
+            }
+        }
+        if (got == 0) {
+            struct timespec ts = {0, 10 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+            waited += 10;
+        }
+    }
+}
+
+TEST(a_pause_sent_while_the_request_waits_for_a_slot_holds_once_it_is_admitted)
+{
+    struct rig rig;
+    struct engine_config c = rig_config(RIG_FIXTURE);
+    c.max_seqs = 1; /* one slot: the second request waits behind the first */
+    c.max_queue = 4;
+    ASSERT_OK(rig_open(&rig, &c));
+    int32_t ids[8] = {'a', 'b', 'c', 'd', 'e', 'f', 'g', 'h'};
+    struct engine_request qa = rig_greedy(&rig, 1000000);
+    rig_set_ids(&qa, ids, 8, 1);
+    struct engine_request qb = rig_greedy(&rig, 5);
+    rig_set_ids(&qb, ids, 8, 1);
+    struct two t = {{qa.id, qb.id}, {0, 0}, {0, 0}};
+    ASSERT_OK(engine_submit(rig.e, &qa));
+    for (int i = 0; i < 100 && t.n[0] == 0 && !t.done[0]; i++)
+        drain_for(&rig, 100, &t, 0);
+    ASSERT(t.n[0] > 0 && !t.done[0]); /* a holds the only slot */
+    ASSERT_OK(engine_submit(rig.e, &qb));
+    engine_pause(rig.e, t.id[1]);  /* b is queued, not running */
+    engine_cancel(rig.e, t.id[0]); /* b gets the slot */
+    for (int i = 0; i < 100 && !t.done[0]; i++)
+        drain_for(&rig, 100, &t, 0);
+    ASSERT(t.done[0]);
+    drain_for(&rig, 600, &t, 1);
+    ASSERT_EQ(t.n[1], 0); /* admitted paused: no token until it is resumed */
+    ASSERT(!t.done[1]);
+    struct engine_stats st;
+    engine_get_stats(rig.e, &st);
+    ASSERT_EQ(st.active_seqs, 1);
+    ASSERT_EQ(st.paused_seqs, 1);
+    engine_resume(rig.e, t.id[1]);
+    for (int i = 0; i < 100 && !t.done[1]; i++)
+        drain_for(&rig, 100, &t, 1);
+    ASSERT(t.done[1]);
+    ASSERT(t.n[1] >= 1 && t.n[1] <= 5);
+    rig_close(&rig);
 }
 
 TEST_MAIN()

@@ -33,7 +33,7 @@ static struct snapshot_meta sample_meta(void)
     m.n_kv_head = 1;
     m.head_dim = 4;
     m.policy = (struct kv_policy){KV_POLICY_SINKS, 2};
-    m.owner_key = 3;
+    m.owner = 0xF00DCAFE12345679ull;
     m.n_sinks = 2;
     m.window = 5;
     m.pos_first = 1000;
@@ -103,7 +103,9 @@ TEST(snapshot_round_trip_gives_back_every_field_and_byte)
     ASSERT_EQ(d.dtype, m.dtype);
     ASSERT_EQ(d.policy.kind, m.policy.kind);
     ASSERT_EQ(d.policy.n_sinks, m.policy.n_sinks);
-    ASSERT_EQ(d.owner_key, 3);
+    ASSERT(d.owner == 0xF00DCAFE12345679ull);
+    ASSERT_EQ(d.version, SNAPSHOT_VERSION);
+    ASSERT_EQ(d.owner_unknown, 0);
     ASSERT_EQ(d.pos_first, m.pos_first);
     ASSERT_EQ(d.pos_next, m.pos_next);
     ASSERT_EQ(d.n_cells, m.n_cells);
@@ -162,12 +164,12 @@ TEST(snapshot_of_another_version_says_so)
     struct snapshot_meta m = sample_meta(), d;
     size_t len;
     uint8_t *buf = build(&m, &len);
-    put32le(buf + 8, 2);
+    put32le(buf + 8, 3);
     reseal(buf, len);
     const uint8_t *k, *v;
     char err[200];
     ASSERT_EQ(snapshot_decode(buf, len, &d, &k, &v, err, sizeof err), -EPROTONOSUPPORT);
-    ASSERT(strstr(err, "version 2") != NULL);
+    ASSERT(strstr(err, "version 3") != NULL);
     free(buf);
 }
 
@@ -178,8 +180,8 @@ TEST(snapshot_with_fields_that_disagree_is_refused_even_with_a_good_checksum)
     uint8_t *buf = build(&m, &len);
     const uint8_t *k, *v;
     char err[200];
-    static const size_t fields[] = {12,  16,  56,  60,  72,  80,  88,  96,
-                                    104, 112, 120, 128, 136, 144, 156, 168};
+    static const size_t fields[] = {12,  16,  56,  60,  72,  76,  80,  88, 96,
+                                    104, 112, 120, 128, 136, 144, 156, 176};
     for (size_t f = 0; f < sizeof fields / sizeof fields[0]; f++) {
         uint8_t *c = malloc(len);
         memcpy(c, buf, len);
@@ -235,10 +237,60 @@ TEST(snapshot_written_by_an_independent_python_writer_decodes)
         fprintf(stderr, "  %s\n", err);
     ASSERT_OK(rc);
     ASSERT_STREQ(m.id, "seed-1");
-    ASSERT_EQ(m.owner_key, -1);
+    ASSERT_EQ(m.version, 1); /* the previous format, of an open server: owner 0 */
+    ASSERT(m.owner == 0);
+    ASSERT_EQ(m.owner_unknown, 0);
     ASSERT_EQ(m.n_cells, 7);
     ASSERT_EQ(m.next_tok, 7);
     ASSERT_EQ(k[1], 7);
+}
+
+/* The same snapshot in the version-1 layout (snapshot.h): no owner hash, the
+ * key index at 76, the id length at 168. Caller frees. */
+static uint8_t *to_version_1(const uint8_t *v2, size_t len, int32_t key_index, size_t *out_len)
+{
+    size_t n = len - 8;
+    uint8_t *b = malloc(n);
+    memcpy(b, v2, 168);
+    memcpy(b + 168, v2 + 176, len - 176);
+    size_t idl = (size_t)b[168] | (size_t)b[169] << 8;
+    put32le(b + 8, 1);
+    put32le(b + 12, (uint32_t)(170 + idl));
+    put32le(b + 16, (uint32_t)n);
+    put32le(b + 20, 0);
+    put32le(b + 76, (uint32_t)key_index);
+    reseal(b, n);
+    *out_len = n;
+    return b;
+}
+
+TEST(snapshot_of_version_1_decodes_with_its_owner_unknown_when_it_names_a_key)
+{
+    struct snapshot_meta m = sample_meta(), d;
+    size_t len, n;
+    uint8_t *buf = build(&m, &len);
+    const uint8_t *k, *v;
+    char err[200] = "";
+    uint8_t *old = to_version_1(buf, len, 2, &n);
+    int rc = snapshot_decode(old, n, &d, &k, &v, err, sizeof err);
+    if (rc < 0)
+        fprintf(stderr, "  %s\n", err);
+    ASSERT_OK(rc);
+    ASSERT_EQ(d.version, 1);
+    ASSERT_EQ(d.owner_unknown, 1);
+    ASSERT(d.owner == 0);
+    ASSERT_STREQ(d.id, "sess_abc-1");
+    ASSERT_EQ(d.n_cells, m.n_cells);
+    ASSERT_EQ(k[0], 5); /* the KV data right after the shorter header */
+    free(old);
+    old = to_version_1(buf, len, -1, &n); /* an open server's */
+    ASSERT_OK(snapshot_decode(old, n, &d, &k, &v, err, sizeof err));
+    ASSERT_EQ(d.owner_unknown, 0);
+    put32le(old + 76, (uint32_t)-2);
+    reseal(old, n);
+    ASSERT_EQ(snapshot_decode(old, n, &d, &k, &v, err, sizeof err), -EINVAL);
+    free(old);
+    free(buf);
 }
 
 /* Feeds tokens into two rigs; exports rig a's stored cells (as a snapshot

@@ -130,6 +130,17 @@ TEST(stream_ids_are_32_lowercase_hex_characters)
     ASSERT(!stream_id_valid(nul, 32));
 }
 
+TEST(stream_ids_compare_equal_only_when_every_character_is)
+{
+    ASSERT(stream_id_equal("0123456789abcdef0123456789abcdef", "0123456789abcdef0123456789abcdef"));
+    ASSERT(
+        !stream_id_equal("0123456789abcdef0123456789abcdef", "1123456789abcdef0123456789abcdef"));
+    ASSERT(
+        !stream_id_equal("0123456789abcdef0123456789abcdef", "0123456789abcdef0123456789abcdee"));
+    ASSERT(
+        !stream_id_equal("0123456789abcdef0123456789abcdef", "0123456789abcdef0123456789abcde\0"));
+}
+
 TEST(last_event_id_parses_decimal_numbers_and_nothing_else)
 {
     uint64_t v = 99;

@@ -10,7 +10,7 @@
 
 static struct kv_geometry geo(int64_t s, int64_t w, int64_t c, int64_t slots)
 {
-    return (struct kv_geometry){2, 2, 8, s, w, c, slots, KV_DTYPE_F16};
+    return (struct kv_geometry){2, 2, 8, s, w, c, slots, KV_DTYPE_F16, 0, 0};
 }
 
 TEST(policy_names_parse_and_round_trip)
@@ -261,7 +261,7 @@ TEST(seq_init_rejects_auto_and_too_many_sinks)
 TEST(offsets_are_64_bit_for_large_pools)
 {
     /* 30 layers x 8 heads x (4 + 2^20 + 512) cells x 128 dims x 64 slots > 2^32 */
-    struct kv_geometry g = {30, 8, 128, 4, (int64_t)1 << 20, 512, 64, KV_DTYPE_F16};
+    struct kv_geometry g = {30, 8, 128, 4, (int64_t)1 << 20, 512, 64, KV_DTYPE_F16, 0, 0};
     size_t off = kv_geometry_offset(&g, 63, 29, 7, kv_geometry_cells(&g) - 1);
     ASSERT(off > ((size_t)1 << 32));
     ASSERT_EQ(off + 128, kv_geometry_slot_bytes(&g) / 2 * 64);

@@ -122,9 +122,9 @@ static int rig_open(struct rig *r, enum kv_dtype dt, int reference)
         model_free(&r->m);
         return -1;
     }
-    /* dense global layers over the whole prompt; fwd_init adds the local layers */
+    /* global layers: up to 4 sinks + MAX_IDS; fwd_init adds the local layers */
     struct kv_geometry g = {
-        r->m.hp.n_layer, r->m.hp.n_head_kv, r->m.hp.head_dim, 0, MAX_IDS, CHUNK, 1, dt, 0, 0};
+        r->m.hp.n_layer, r->m.hp.n_head_kv, r->m.hp.head_dim, 4, MAX_IDS, CHUNK, 1, dt, 0, 0};
     if (fwd_init(&r->f, &r->m, &r->b, &g, err, sizeof err) < 0) {
         fprintf(stderr, "%s\n", err);
         r->b.ops->free(&r->b);
@@ -252,6 +252,108 @@ TEST(fast_product_matches_transformers_at_every_position)
     TEST_NEED_GEMMA_MODEL();
     int f = 0;
     check_all(KV_DTYPE_F16, 0, &f);
+    ASSERT(!f);
+}
+
+/* Decoding one token at a time equals prefilling in chunks of CHUNK
+ * (invariant 2) across the local layers' 512-token boundary, with the global
+ * layers dense and with them at sinks:4 + a 256 window (shorter than the
+ * local one, so the two kinds of ring wrap at different places). Positions
+ * P0 .. P1-1 of the long prompt are compared after a common prefill of the
+ * first P0. The K-quant kernels combine block sums in the same order for one
+ * row and for a tile, and the attention blocks are fixed by key index, so
+ * the logits should be identical; the bound is test_chunked_prefill's
+ * SMOL_TOL (1e-3), since one ulp re-quantized upstream could move them. */
+#define P0 448
+#define P1 (P0 + 2 * CHUNK + 24)
+#define STEP_TOL 1e-3
+
+static float *step_logits(const struct ref_prompt *p, struct kv_policy pol, int64_t window,
+                          int64_t chunk, int64_t *n_vocab, int *failed)
+{
+    struct rig r;
+    if (rig_open(&r, KV_DTYPE_F16, 0) < 0) {
+        *failed = 1;
+        return NULL;
+    }
+    const int64_t V = r.m.hp.n_vocab;
+    *n_vocab = V;
+    float *out = malloc((size_t)(P1 - P0) * (size_t)V * sizeof(float));
+    struct kv_seq seq;
+    if (!out || kv_seq_init(&seq, &r.f.pool.geo, 0, pol, window, 0) < 0) {
+        *failed = 1;
+        goto done;
+    }
+    for (int64_t i0 = 0; i0 < P1;) {
+        int64_t n =
+            i0 < P0 ? (P0 - i0 < CHUNK ? P0 - i0 : CHUNK) : (P1 - i0 < chunk ? P1 - i0 : chunk);
+        struct fwd_input in = {&seq, p->ids + i0, n, i0 < P0 ? FWD_LOGITS_NONE : FWD_LOGITS_ALL};
+        int64_t rows = fwd_step(&r.f, &in, 1);
+        if (rows != (i0 < P0 ? 0 : n)) {
+            fprintf(stderr, "  fwd_step returned %lld\n", (long long)rows);
+            *failed = 1;
+            goto done;
+        }
+        if (i0 >= P0)
+            memcpy(out + (size_t)(i0 - P0) * (size_t)V, r.f.logits,
+                   (size_t)n * (size_t)V * sizeof(float));
+        i0 += n;
+    }
+done:
+    rig_close(&r);
+    if (*failed) {
+        free(out);
+        return NULL;
+    }
+    return out;
+}
+
+static void token_by_token_equals_chunks(struct kv_policy pol, int64_t window, int *failed)
+{
+    const struct ref_prompt *p = NULL;
+    for (int i = 0; i < n_prompts; i++)
+        if (prompts[i].n >= P1)
+            p = &prompts[i];
+    if (!p) {
+        *failed = 1;
+        return;
+    }
+    int64_t V = 0;
+    float *one = step_logits(p, pol, window, 1, &V, failed);
+    float *many = one ? step_logits(p, pol, window, CHUNK, &V, failed) : NULL;
+    if (!one || !many) {
+        free(one);
+        *failed = 1;
+        return;
+    }
+    double worst = 0;
+    for (int64_t i = 0; i < (P1 - P0) * V; i++) {
+        double d = fabs((double)one[i] - (double)many[i]);
+        worst = d > worst ? d : worst;
+    }
+    char name[32];
+    kv_policy_name(&pol, name, sizeof name);
+    printf("  global layers %s, window %lld: positions %d..%d, largest difference %.3g\n", name,
+           (long long)window, P0, P1 - 1, worst);
+    if (!(worst <= STEP_TOL))
+        *failed = 1;
+    free(one);
+    free(many);
+}
+
+TEST(token_by_token_equals_chunks_across_the_local_window_dense)
+{
+    TEST_NEED_GEMMA_MODEL();
+    int f = 0;
+    token_by_token_equals_chunks((struct kv_policy){KV_POLICY_DENSE, 0}, MAX_IDS, &f);
+    ASSERT(!f);
+}
+
+TEST(token_by_token_equals_chunks_with_global_sinks_and_a_shorter_window)
+{
+    TEST_NEED_GEMMA_MODEL();
+    int f = 0;
+    token_by_token_equals_chunks((struct kv_policy){KV_POLICY_SINKS, 4}, 256, &f);
     ASSERT(!f);
 }
 

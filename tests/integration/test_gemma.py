@@ -5,6 +5,7 @@ the Gemma file is absent (scripts/fetch-model.sh gemma3-270m)."""
 import pytest
 
 from conftest import Server
+from session_util import call, complete
 
 
 @pytest.fixture(scope="module")
@@ -57,3 +58,21 @@ def test_gemma_streams_past_the_local_window(gemma):
             usage = ch.usage
     assert usage is not None and usage.prompt_tokens > 512  # the local layers slide
     assert "".join(pieces).strip()
+
+
+def test_gemma_session_save_is_refused_clearly_and_the_session_stays_usable(binary, gemma_model,
+                                                                          tmp_path):
+    d = tmp_path / "sessions"
+    d.mkdir()
+    s = Server(binary, gemma_model, ["--max-seqs", "2", "--window", "1024",
+                                     "--session-dir", str(d)])
+    try:
+        status, body = complete(s, "The capital of France is", "g1", max_tokens=4)
+        assert status == 200, body
+        status, body = call(s, "POST", "/v1/sessions/g1/save")
+        assert status == 400, body
+        assert "local attention layers" in body["error"]["message"], body
+        status, body = complete(s, " and", "g1", max_tokens=4)  # still in memory
+        assert status == 200, body
+    finally:
+        assert s.stop() == 0, s.log()

@@ -48,6 +48,7 @@ enum api_chat_format {
     API_CHAT_CHATML = 0, /* <|im_start|>role\ncontent<|im_end|>\n (SmolLM2, Qwen, ...) */
     API_CHAT_LLAMA3,     /* <|start_header_id|>role<|end_header_id|>\n\ncontent<|eot_id|> */
     API_CHAT_LLAMA2,     /* [INST] <<SYS>>\n..\n<</SYS>>\n\nuser [/INST] assistant </s><s> */
+    API_CHAT_GEMMA,      /* <start_of_turn>user\n[system\n\n]content<end_of_turn>\n (Gemma) */
 };
 
 struct api_chat_template {

@@ -28,6 +28,8 @@ const char *api_chat_format_name(enum api_chat_format f)
         return "llama3";
     case API_CHAT_LLAMA2:
         return "llama2";
+    case API_CHAT_GEMMA:
+        return "gemma";
     case API_CHAT_CHATML:
     default:
         return "chatml";
@@ -83,6 +85,9 @@ void api_chat_template_init(struct api_chat_template *t, const char *tmpl)
         t->format = API_CHAT_CHATML;
         t->recognized = 1;
         find_default_system(t, tmpl);
+    } else if (strstr(tmpl, "<start_of_turn>")) {
+        t->format = API_CHAT_GEMMA;
+        t->recognized = 1;
     } else if (strstr(tmpl, "[INST]")) {
         t->format = API_CHAT_LLAMA2;
         t->recognized = 1;
@@ -159,6 +164,37 @@ static void render_llama3(struct sbuf *b, const struct api_chat_message *m, size
     puts_(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
 }
 
+/* Gemma: two roles, user and model; a system message opens the first user
+ * turn, followed by a blank line (as Gemma 3's own template does). */
+static void render_gemma(struct sbuf *b, const struct api_chat_message *m, size_t n)
+{
+    size_t i = 0;
+    const char *sys = NULL;
+    size_t sys_len = 0;
+    if (n > 0 && strcmp(norm_role(m[0].role), "system") == 0) {
+        sys = m[0].content;
+        sys_len = m[0].content_len;
+        i = 1;
+    }
+    for (; i < n; i++) {
+        int model = strcmp(m[i].role, "assistant") == 0;
+        puts_(b, model ? "<start_of_turn>model\n" : "<start_of_turn>user\n");
+        if (sys && !model) {
+            put(b, sys, sys_len);
+            puts_(b, "\n\n");
+            sys = NULL;
+        }
+        put(b, m[i].content, m[i].content_len);
+        puts_(b, "<end_of_turn>\n");
+    }
+    if (sys) { /* only a system message: it is the user's turn */
+        puts_(b, "<start_of_turn>user\n");
+        put(b, sys, sys_len);
+        puts_(b, "<end_of_turn>\n");
+    }
+    puts_(b, "<start_of_turn>model\n");
+}
+
 /* Llama-2: the system prompt goes inside the first [INST]; each assistant
  * answer closes its turn with </s> and the next user turn opens with <s>. */
 static void render_llama2(struct sbuf *b, const struct api_chat_message *m, size_t n)
@@ -211,6 +247,9 @@ int api_chat_render(const struct api_chat_template *t, const struct api_chat_mes
         break;
     case API_CHAT_LLAMA2:
         render_llama2(&b, msgs, n);
+        break;
+    case API_CHAT_GEMMA:
+        render_gemma(&b, msgs, n);
         break;
     case API_CHAT_CHATML:
     default:

@@ -28,8 +28,12 @@ struct fwd_batch {
     const int64_t *cell;             /* [T] cell the token's K/V are stored in */
     const struct kv_view *view;      /* [T] what each token's query sees */
     const struct kv_seq *const *seq; /* [T] the token's sequence (for cell lookups) */
-    int64_t n_out;                   /* rows whose logits are wanted */
-    const int64_t *out_rows;         /* [n_out] token indices */
+    /* local layers (kv_geometry.swa_period > 0; NULL otherwise): the cell and
+     * the view of each token in the local layers' own rings (kv_seq_local) */
+    const int64_t *cell_local;        /* [T] */
+    const struct kv_view *view_local; /* [T] */
+    int64_t n_out;                    /* rows whose logits are wanted */
+    const int64_t *out_rows;          /* [n_out] token indices */
 };
 
 struct backend_acts { /* activation buffers, sized for max_tokens rows */
@@ -59,14 +63,17 @@ struct backend_ops {
     int (*begin_step)(struct backend *b, const struct fwd_batch *batch);
     /* x[t] = embedding row of tokens[t]                          x: (T, D) */
     void (*embed)(struct backend *b, float *x);
-    /* out = x / rms(x) * w                                        (T, D) */
+    /* out = x / rms(x) * w, each row of w.ne0 values: (rows, D), or per head
+     * (rows = T*H, w.ne0 = Dh) for Gemma's query and key norms */
     void (*rmsnorm)(struct backend *b, const float *x, const struct tensor *w, float *out,
                     int64_t rows);
     /* y = x W^T                                   x: (rows, W.ne0), y: (rows, W.ne1) */
     void (*matmul)(struct backend *b, const struct tensor *W, const float *x, float *y,
                    int64_t rows);
-    /* q -> q rotated at pos, qc rotated at view.pos_cache; k rotated at pos (in place) */
-    void (*rope)(struct backend *b, float *q, float *qc, float *k);
+    /* q -> q rotated at pos, qc rotated at view.pos_cache; k rotated at pos (in
+     * place), with layer's RoPE base (Gemma's local layers have their own) and
+     * the model's pair layout (adjacent, or NEOX halves) */
+    void (*rope)(struct backend *b, int layer, float *q, float *qc, float *k);
     /* stores k, v of every token into its cell of layer l */
     void (*kv_store)(struct backend *b, int layer, const float *k, const float *v);
     /* att[t, h] = normalizer-weighted sum of V over the keys token t sees,
@@ -100,6 +107,12 @@ struct backend_ops {
                      void *host_v, int64_t host_cells);
     int (*kv_import)(struct backend *b, int64_t slot, int64_t cell0, int64_t n, const void *host_k,
                      const void *host_v, int64_t host_cells);
+    /* Gemma 3's own element-wise ops (the CUDA backend does not run Gemma 3 yet
+     * and refuses such a model at init, so it leaves these two NULL) */
+    /* hb = gelu_tanh(hb) * hb2 (GeGLU)                             (T, F) */
+    void (*geglu)(struct backend *b, float *hb, const float *hb2, int64_t rows);
+    /* x *= s                                                       (rows, D) */
+    void (*scale)(struct backend *b, float *x, float s, int64_t rows);
 };
 
 struct backend {

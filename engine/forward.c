@@ -1,18 +1,34 @@
 /*
- * forward.c: the Llama decoder, one batched step, against backend.h.
+ * forward.c: the decoder, one batched step, against backend.h: Llama and
+ * Gemma 3, each layer written out beside the other.
  *
  * Letters: L layers, D model dim, H query heads, Hkv kv heads, Dh head dim,
  * F ffn dim, V vocab; T tokens in this step, S sinks, W window.
  *
- * For each layer (Touvron et al. 2023, "LLaMA"):
+ * Llama, each layer (Touvron et al. 2023, "LLaMA"):
  *     h = x + Wo · Attn(RoPE(Wq · norm(x)), RoPE(Wk · norm(x)), Wv · norm(x))
  *     x = h + W2 · (silu(W1 · norm(h)) * (W3 · norm(h)))
- * then logits = Wout · norm(x). Attention runs over the keys kvcache.h says a
- * token sees (pinned sinks + its window), with the model's normalizer.
+ * then logits = Wout · norm(x).
+ *
+ * Gemma 3 (Gemma Team 2025, "Gemma 3 Technical Report"): x starts as the
+ * embedding times sqrt(D); each layer
+ *     q = RoPE(qnorm(Wq · norm(x))), k = RoPE(knorm(Wk · norm(x))), v = Wv · norm(x)
+ *     h = x + postnorm(Wo · Attn(q, k, v))
+ *     x = h + postnorm(W2 · (gelu_tanh(W1 · norm(h)) * (W3 · norm(h))))
+ * with qnorm/knorm RMSNorms over each head's Dh values, NEOX RoPE, and five
+ * local layers (a sliding window of their own, RoPE base 10^4) to every
+ * global one (RoPE base 10^6); logits = Wout · norm(x), soft-capped if the
+ * file says so. The file's norm weights already hold 1 + w (the GGUF
+ * converter folds in Gemma's "1 +"), so every norm is the plain RMSNorm.
+ *
+ * Attention runs over the keys kvcache.h says a token sees (a global layer:
+ * pinned sinks + its window, per the policy; a local layer: the model's own
+ * window), with the model's normalizer.
  */
 #include "forward.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,13 +40,16 @@ int fwd_init(struct fwd *f, const struct model *m, struct backend *b, const stru
     f->m = m;
     f->b = b;
     f->max_tokens = b->max_tokens;
-    int rc = kv_pool_init(&f->pool, g, err, err_len);
+    struct kv_geometry geo = *g; /* a model's local layers are part of the model */
+    geo.swa_period = m->hp.n_swa > 0 ? m->hp.swa_period : 0;
+    geo.swa_window = m->hp.n_swa > 0 ? m->hp.n_swa : 0;
+    int rc = kv_pool_init(&f->pool, &geo, err, err_len);
     if (rc < 0)
         return rc;
-    rc = b->ops->kv_alloc(b, g);
+    rc = b->ops->kv_alloc(b, &geo);
     if (rc < 0) {
         snprintf(err, err_len, "kv cache: cannot allocate %zu bytes",
-                 2 * kv_geometry_slot_bytes(g) * (size_t)g->n_slots);
+                 2 * kv_geometry_slot_bytes(&geo) * (size_t)geo.n_slots);
         fwd_free(f);
         return rc;
     }
@@ -41,10 +60,12 @@ int fwd_init(struct fwd *f, const struct model *m, struct backend *b, const stru
     f->cell = calloc(T, sizeof *f->cell);
     f->out_rows = calloc(T, sizeof *f->out_rows);
     f->view = calloc(T, sizeof *f->view);
+    f->cell_local = calloc(T, sizeof *f->cell_local);
+    f->view_local = calloc(T, sizeof *f->view_local);
     f->seq = calloc(T, sizeof *f->seq);
     f->logits = b->acts.logits; /* the backend's host rows (pinned on CUDA) */
     if (!f->tokens || !f->pos || !f->slot || !f->cell || !f->out_rows || !f->view || !f->seq ||
-        !f->logits) {
+        !f->cell_local || !f->view_local || !f->logits) {
         snprintf(err, err_len, "forward: out of memory");
         fwd_free(f);
         return -ENOMEM;
@@ -61,6 +82,8 @@ void fwd_free(struct fwd *f)
     free(f->cell);
     free(f->out_rows);
     free(f->view);
+    free(f->cell_local);
+    free(f->view_local);
     free(f->seq);
     free(f->first);
     memset(f, 0, sizeof *f);
@@ -108,13 +131,15 @@ static void observe(const struct fwd *f, int l, int64_t T, int with_qk)
 static int64_t build_batch(struct fwd *f, const struct fwd_input *in, int n_in,
                            struct fwd_batch *bt)
 {
+    const struct kv_geometry *geo = &f->pool.geo;
     int64_t T = 0, n_out = 0;
     for (int i = 0; i < n_in; i++) {
         const struct fwd_input *s = &in[i];
         if (s->n <= 0 || T + s->n > f->max_tokens)
             return -EINVAL;
-        if (kv_seq_can_append(s->seq, &f->pool.geo, s->n) < 0)
+        if (kv_seq_can_append(s->seq, geo, s->n) < 0)
             return -ENOSPC;
+        struct kv_seq local = geo->swa_period > 0 ? kv_seq_local(s->seq, geo) : *s->seq;
         for (int64_t j = 0; j < s->n; j++) {
             if (s->tokens[j] < 0 || s->tokens[j] >= f->m->hp.n_vocab)
                 return -EINVAL;
@@ -124,6 +149,8 @@ static int64_t build_batch(struct fwd *f, const struct fwd_input *in, int n_in,
             f->slot[T] = s->seq->slot;
             f->cell[T] = kv_seq_cell(s->seq, p);
             f->view[T] = kv_seq_view(s->seq, p);
+            f->cell_local[T] = kv_seq_cell(&local, p);
+            f->view_local[T] = kv_seq_view(&local, p);
             f->seq[T] = s->seq;
             if (s->logits == FWD_LOGITS_ALL || (s->logits == FWD_LOGITS_LAST && j == s->n - 1))
                 f->out_rows[n_out++] = T;
@@ -138,10 +165,87 @@ static int64_t build_batch(struct fwd *f, const struct fwd_input *in, int n_in,
         .cell = f->cell,
         .view = f->view,
         .seq = f->seq,
+        .cell_local = geo->swa_period > 0 ? f->cell_local : NULL,
+        .view_local = geo->swa_period > 0 ? f->view_local : NULL,
         .n_out = n_out,
         .out_rows = f->out_rows,
     };
     return T;
+}
+
+/* Shared by both layers: q, k rotated at layer l's RoPE, stored, attended.
+ * q, k, v hold the projections; att gets the attention output (T, H*Dh). */
+static void attend(struct fwd *f, int l, int64_t T, int inline_obs)
+{
+    const struct model_hparams *hp = &f->m->hp;
+    const struct model_layer *ly = &f->m->w.layers[l];
+    const struct backend_ops *op = f->b->ops;
+    struct backend *b = f->b;
+    struct backend_acts *a = &b->acts;
+
+    op->rope(b, l, a->q, a->qc, a->k); /* q, qc, k rotated */
+    op->kv_store(b, l, a->k, a->v);    /* into each token's cell */
+    op->attention(b, l, a->q, a->qc, ly->attn_sinks, hp->normalizer, a->att,
+                  f->first ? f->first + (size_t)l * (size_t)T * hp->n_head * BACKEND_PROBE_K
+                           : NULL);
+    if (inline_obs) /* host activations: q and k still hold this layer's */
+        observe(f, l, T, 1);
+}
+
+static void llama_layer(struct fwd *f, int l, int64_t T, int inline_obs)
+{
+    const struct model_layer *ly = &f->m->w.layers[l];
+    const struct backend_ops *op = f->b->ops;
+    struct backend *b = f->b;
+    struct backend_acts *a = &b->acts;
+
+    /* attention block: pre-norm, projections, RoPE, cache, attend, project back */
+    op->rmsnorm(b, a->x, &ly->attn_norm, a->xb, T); /* xb (T, D) */
+    op->matmul(b, &ly->wq, a->xb, a->q, T);         /* q (T, H*Dh) */
+    op->matmul(b, &ly->wk, a->xb, a->k, T);         /* k (T, Hkv*Dh) */
+    op->matmul(b, &ly->wv, a->xb, a->v, T);         /* v (T, Hkv*Dh) */
+    attend(f, l, T, inline_obs);                    /* att (T, H*Dh) */
+    op->matmul(b, &ly->wo, a->att, a->xb2, T);      /* xb2 (T, D) */
+    op->add(b, a->x, a->xb2, T);                    /* residual */
+
+    /* feed-forward block: pre-norm, SwiGLU, project back */
+    op->rmsnorm(b, a->x, &ly->ffn_norm, a->xb, T);
+    op->matmul(b, &ly->w_gate, a->xb, a->hb, T);  /* hb (T, F) */
+    op->matmul(b, &ly->w_up, a->xb, a->hb2, T);   /* hb2 (T, F) */
+    op->swiglu(b, a->hb, a->hb2, T);              /* hb = silu(hb) * hb2 */
+    op->matmul(b, &ly->w_down, a->hb, a->xb2, T); /* xb2 (T, D) */
+    op->add(b, a->x, a->xb2, T);                  /* residual */
+}
+
+static void gemma_layer(struct fwd *f, int l, int64_t T, int inline_obs)
+{
+    const struct model_hparams *hp = &f->m->hp;
+    const struct model_layer *ly = &f->m->w.layers[l];
+    const struct backend_ops *op = f->b->ops;
+    struct backend *b = f->b;
+    struct backend_acts *a = &b->acts;
+
+    /* attention block: pre-norm, projections, per-head q/k norms, RoPE, cache,
+     * attend, project back, post-norm, residual */
+    op->rmsnorm(b, a->x, &ly->attn_norm, a->xb, T);                  /* xb (T, D) */
+    op->matmul(b, &ly->wq, a->xb, a->q, T);                          /* q (T, H*Dh) */
+    op->matmul(b, &ly->wk, a->xb, a->k, T);                          /* k (T, Hkv*Dh) */
+    op->matmul(b, &ly->wv, a->xb, a->v, T);                          /* v (T, Hkv*Dh) */
+    op->rmsnorm(b, a->q, &ly->attn_q_norm, a->q, T * hp->n_head);    /* each (Dh) head */
+    op->rmsnorm(b, a->k, &ly->attn_k_norm, a->k, T * hp->n_head_kv); /* each (Dh) head */
+    attend(f, l, T, inline_obs);                                     /* att (T, H*Dh) */
+    op->matmul(b, &ly->wo, a->att, a->xb2, T);                       /* xb2 (T, D) */
+    op->rmsnorm(b, a->xb2, &ly->post_attn_norm, a->xb2, T);
+    op->add(b, a->x, a->xb2, T); /* residual */
+
+    /* feed-forward block: pre-norm, GeGLU, project back, post-norm, residual */
+    op->rmsnorm(b, a->x, &ly->ffn_norm, a->xb, T);
+    op->matmul(b, &ly->w_gate, a->xb, a->hb, T);  /* hb (T, F) */
+    op->matmul(b, &ly->w_up, a->xb, a->hb2, T);   /* hb2 (T, F) */
+    op->geglu(b, a->hb, a->hb2, T);               /* hb = gelu_tanh(hb) * hb2 */
+    op->matmul(b, &ly->w_down, a->hb, a->xb2, T); /* xb2 (T, D) */
+    op->rmsnorm(b, a->xb2, &ly->post_ffw_norm, a->xb2, T);
+    op->add(b, a->x, a->xb2, T); /* residual */
 }
 
 int64_t fwd_step(struct fwd *f, const struct fwd_input *in, int n_in)
@@ -152,6 +256,7 @@ int64_t fwd_step(struct fwd *f, const struct fwd_input *in, int n_in)
     struct backend *b = f->b;
     struct backend_acts *a = &b->acts;
     struct fwd_batch bt;
+    const int gemma = hp->arch_kind == MODEL_ARCH_GEMMA3;
 
     int64_t T = build_batch(f, in, n_in, &bt);
     if (T < 0)
@@ -162,31 +267,13 @@ int64_t fwd_step(struct fwd *f, const struct fwd_input *in, int n_in)
     const int inline_obs = f->obs.on_layer && (f->obs.what & DECODER_OBSERVE_QK);
 
     op->embed(b, a->x); /* x (T, D) */
+    if (gemma)          /* sqrt(D) rounded to f32, as Gemma's reference scales it */
+        op->scale(b, a->x, (float)sqrt((double)hp->n_embd), T);
     for (int l = 0; l < hp->n_layer; l++) {
-        const struct model_layer *ly = &w->layers[l];
-
-        /* attention block: pre-norm, projections, RoPE, cache, attend, project back */
-        op->rmsnorm(b, a->x, &ly->attn_norm, a->xb, T); /* xb (T, D) */
-        op->matmul(b, &ly->wq, a->xb, a->q, T);         /* q (T, H*Dh) */
-        op->matmul(b, &ly->wk, a->xb, a->k, T);         /* k (T, Hkv*Dh) */
-        op->matmul(b, &ly->wv, a->xb, a->v, T);         /* v (T, Hkv*Dh) */
-        op->rope(b, a->q, a->qc, a->k);                 /* q, qc, k rotated */
-        op->kv_store(b, l, a->k, a->v);                 /* into each token's cell */
-        op->attention(b, l, a->q, a->qc, ly->attn_sinks, hp->normalizer, a->att,
-                      f->first ? f->first + (size_t)l * (size_t)T * hp->n_head * BACKEND_PROBE_K
-                               : NULL);
-        if (inline_obs) /* host activations: q and k still hold this layer's */
-            observe(f, l, T, 1);
-        op->matmul(b, &ly->wo, a->att, a->xb2, T); /* xb2 (T, D) */
-        op->add(b, a->x, a->xb2, T);               /* residual */
-
-        /* feed-forward block: pre-norm, SwiGLU, project back */
-        op->rmsnorm(b, a->x, &ly->ffn_norm, a->xb, T);
-        op->matmul(b, &ly->w_gate, a->xb, a->hb, T);  /* hb (T, F) */
-        op->matmul(b, &ly->w_up, a->xb, a->hb2, T);   /* hb2 (T, F) */
-        op->swiglu(b, a->hb, a->hb2, T);              /* hb = silu(hb) * hb2 */
-        op->matmul(b, &ly->w_down, a->hb, a->xb2, T); /* xb2 (T, D) */
-        op->add(b, a->x, a->xb2, T);                  /* residual */
+        if (gemma)
+            gemma_layer(f, l, T, inline_obs);
+        else
+            llama_layer(f, l, T, inline_obs);
     }
     if (bt.n_out > 0) {
         op->gather(b, a->x, a->xo); /* xo (n_out, D) */
@@ -195,6 +282,11 @@ int64_t fwd_step(struct fwd *f, const struct fwd_input *in, int n_in)
     }
     if (op->sync(b) < 0)
         return -EIO;
+    if (hp->final_softcap > 0) { /* host rows after sync: logits = c tanh(logits / c) */
+        const float cap = hp->final_softcap;
+        for (int64_t i = 0; i < bt.n_out * hp->n_vocab; i++)
+            f->logits[i] = cap * tanhf(f->logits[i] / cap);
+    }
     if (f->obs.on_layer && !inline_obs) /* the weights are the host's after sync */
         for (int l = 0; l < hp->n_layer; l++)
             observe(f, l, T, 0);

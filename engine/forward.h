@@ -1,5 +1,5 @@
 /*
- * forward.h: one batched step of the Llama forward pass over any mix of
+ * forward.h: one batched step of the Llama or Gemma 3 forward pass over any mix of
  * sequences (decode tokens and prefill chunks), written once against
  * backend.h. Internal to engine/.
  */
@@ -31,6 +31,8 @@ struct fwd {
     int32_t *tokens;
     int64_t *pos, *slot, *cell, *out_rows;
     struct kv_view *view;
+    int64_t *cell_local; /* the token's cell and view in the local layers */
+    struct kv_view *view_local;
     const struct kv_seq **seq;
     float *logits;               /* (max_tokens, V) host */
     struct decoder_observer obs; /* obs.on_layer NULL: none */
@@ -43,7 +45,8 @@ struct fwd {
  * activations are host memory (host_acts). Returns 0, -ENOTSUP or -ENOMEM. */
 int fwd_set_observer(struct fwd *f, const struct decoder_observer *obs, int host_acts);
 
-/* Sets up the pool (geometry g) and the backend's KV storage. */
+/* Sets up the pool (geometry g) and the backend's KV storage. The model's
+ * local layers (Gemma 3) are added to g: f->pool.geo is the geometry used. */
 int fwd_init(struct fwd *f, const struct model *m, struct backend *b, const struct kv_geometry *g,
              char *err, size_t err_len);
 void fwd_free(struct fwd *f);

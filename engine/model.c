@@ -576,14 +576,6 @@ int model_open(struct model *m, const char *path, unsigned flags, char *err, siz
     rc = bind_weights(m, err, err_len);
     if (rc < 0)
         goto fail;
-    if (m->hp.arch_kind != MODEL_ARCH_LLAMA && !(flags & MODEL_NO_FORWARD)) {
-        snprintf(err, err_len,
-                 "model: architecture '%s' loads, but its forward pass is not "
-                 "implemented yet",
-                 m->hp.arch);
-        rc = -ENOTSUP;
-        goto fail;
-    }
     return 0;
 fail:
     model_free(m);

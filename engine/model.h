@@ -122,9 +122,6 @@ int model_load(struct model *m, const char *path, char *err, size_t err_len);
  * checks the two agree). */
 #define MODEL_EXIT_CHANGED 3
 #define MODEL_NO_MMAP 1u /* read the file into memory instead of mapping it */
-/* Accept an architecture whose forward pass is not written yet (gemma3), for
- * tools and tests that only read its hyperparameters and weights. */
-#define MODEL_NO_FORWARD 2u
 /* model_load with flags (MODEL_NO_MMAP). */
 int model_open(struct model *m, const char *path, unsigned flags, char *err, size_t err_len);
 /* Safe on a zeroed or half-built model. Does not free m itself. */

@@ -27,3 +27,17 @@ void rope_apply(float *x, int n_head, int head_dim, int rope_dim, const float *c
         }
     }
 }
+
+void rope_apply_neox(float *x, int n_head, int head_dim, int rope_dim, const float *cs)
+{
+    const int half = rope_dim / 2;
+    for (int h = 0; h < n_head; h++) {
+        float *v = x + (int64_t)h * head_dim;
+        for (int i = 0; i < half; i++) {
+            float c = cs[2 * i], s = cs[2 * i + 1];
+            float x0 = v[i], x1 = v[i + half];
+            v[i] = x0 * c - x1 * s;
+            v[i + half] = x0 * s + x1 * c;
+        }
+    }
+}

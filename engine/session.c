@@ -675,6 +675,13 @@ int session_save(struct engine *e, struct seq *s, uint64_t answer_id, char *err,
         snprintf(err, err_len, "this server keeps sessions in memory only (no --session-dir)");
         return -ENOTSUP;
     }
+    if (e->dec.fwd.pool.geo.swa_period > 0) { /* local layers keep rings of their own */
+        snprintf(err, err_len,
+                 "sessions of a model with local attention layers (%s) are kept in "
+                 "memory only",
+                 e->dec.model.hp.arch);
+        return -ENOTSUP;
+    }
     double t0 = mono_s();
     /* a free place; when every place is taken, wait for the writer */
     struct session_saving *w = NULL;

@@ -74,14 +74,28 @@ struct kv_geometry {
     int64_t chunk;   /* C_max: most tokens one step may add to a sequence */
     int64_t n_slots; /* sequences that can be resident at once */
     enum kv_dtype dtype;
+    /* Local layers (a model's own sliding-window layers, as Gemma 3's). 0: every
+     * layer is global. Else layer l is local iff (l + 1) % swa_period != 0. A
+     * local layer's window is part of the model, not of the policy: it keeps
+     * no sinks and exactly the last swa_window positions, in a ring of its own
+     * of swa_window + chunk cells from cell 0, whatever the sequence's policy.
+     * Global layers follow the policy (S_max + W_max + C_max cells). */
+    int swa_period;
+    int64_t swa_window;
 };
 
-/* Cells per slot: S_max + W_max + C_max. */
+/* 1 if layer l is local (see swa_period). */
+int kv_geometry_layer_is_local(const struct kv_geometry *g, int layer);
+/* Cells per slot of a global layer: S_max + W_max + C_max. */
 int64_t kv_geometry_cells(const struct kv_geometry *g);
+/* Cells per slot of layer l: kv_geometry_cells for a global layer,
+ * swa_window + C_max for a local one. */
+int64_t kv_geometry_layer_cells(const struct kv_geometry *g, int layer);
 /* Bytes of K (or of V) for one slot, all layers. */
 size_t kv_geometry_slot_bytes(const struct kv_geometry *g);
 /* Element offset of (slot, layer, kv head, cell) in a K or V buffer laid out
- * [slot][layer][kv_head][cell][Dh]: one head's keys are contiguous. */
+ * [slot][layer][kv_head][cell][Dh], each layer with its own number of cells
+ * (kv_geometry_layer_cells): one head's keys are contiguous. */
 size_t kv_geometry_offset(const struct kv_geometry *g, int64_t slot, int layer, int head,
                           int64_t cell);
 
@@ -149,6 +163,11 @@ struct kv_run {
  * kv_seq_cell that knows the ring's arithmetic. */
 void kv_view_runs(const struct kv_seq *seq, const struct kv_view *v,
                   struct kv_run run[KV_VIEW_RUNS]);
+/* The sequence as a local layer of g sees it (g->swa_period > 0): the same
+ * positions, no sinks, a window of g->swa_window in a ring of swa_window +
+ * chunk cells starting at cell 0. kv_seq_cell, kv_seq_view and kv_view_runs on
+ * the result give a local layer's cells and views. */
+struct kv_seq kv_seq_local(const struct kv_seq *seq, const struct kv_geometry *g);
 /* Records that n tokens were stored; updates pos_next and n_evicted. */
 void kv_seq_advance(struct kv_seq *seq, int64_t n);
 

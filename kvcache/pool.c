@@ -11,6 +11,25 @@ int64_t kv_geometry_cells(const struct kv_geometry *g)
     return g->n_sinks + g->window + g->chunk;
 }
 
+int kv_geometry_layer_is_local(const struct kv_geometry *g, int layer)
+{
+    return g->swa_period > 0 && (layer + 1) % g->swa_period != 0;
+}
+
+int64_t kv_geometry_layer_cells(const struct kv_geometry *g, int layer)
+{
+    return kv_geometry_layer_is_local(g, layer) ? g->swa_window + g->chunk : kv_geometry_cells(g);
+}
+
+/* Cells of one kv head summed over layers 0 .. layer-1. */
+static size_t cells_before(const struct kv_geometry *g, int layer)
+{
+    size_t n_global = g->swa_period > 0 ? (size_t)(layer / g->swa_period) : (size_t)layer;
+    size_t n_local = (size_t)layer - n_global;
+    size_t local_cells = g->swa_period > 0 ? (size_t)(g->swa_window + g->chunk) : 0;
+    return n_global * (size_t)kv_geometry_cells(g) + n_local * local_cells;
+}
+
 static size_t elem_bytes(enum kv_dtype t)
 {
     return t == KV_DTYPE_F32 ? 4 : 2;
@@ -18,37 +37,42 @@ static size_t elem_bytes(enum kv_dtype t)
 
 size_t kv_geometry_slot_bytes(const struct kv_geometry *g)
 {
-    return (size_t)g->n_layer * (size_t)g->n_kv_head * (size_t)kv_geometry_cells(g) *
-           (size_t)g->head_dim * elem_bytes(g->dtype);
+    return cells_before(g, g->n_layer) * (size_t)g->n_kv_head * (size_t)g->head_dim *
+           elem_bytes(g->dtype);
 }
 
 size_t kv_geometry_offset(const struct kv_geometry *g, int64_t slot, int layer, int head,
                           int64_t cell)
 {
-    size_t cells = (size_t)kv_geometry_cells(g);
-    size_t per_head = cells * (size_t)g->head_dim;
-    size_t per_layer = per_head * (size_t)g->n_kv_head;
-    size_t per_slot = per_layer * (size_t)g->n_layer;
-    return (size_t)slot * per_slot + (size_t)layer * per_layer + (size_t)head * per_head +
-           (size_t)cell * (size_t)g->head_dim;
+    size_t dh = (size_t)g->head_dim, hkv = (size_t)g->n_kv_head;
+    size_t per_slot = cells_before(g, g->n_layer) * hkv * dh;
+    size_t per_head = (size_t)kv_geometry_layer_cells(g, layer) * dh;
+    return (size_t)slot * per_slot + cells_before(g, layer) * hkv * dh + (size_t)head * per_head +
+           (size_t)cell * dh;
 }
 
 int kv_pool_init(struct kv_pool *pool, const struct kv_geometry *g, char *err, size_t err_len)
 {
     memset(pool, 0, sizeof *pool);
     if (g->n_layer <= 0 || g->n_kv_head <= 0 || g->head_dim <= 0 || g->n_sinks < 0 ||
-        g->n_sinks > KV_MAX_SINKS || g->window <= 0 || g->chunk <= 0 || g->n_slots <= 0) {
+        g->n_sinks > KV_MAX_SINKS || g->window <= 0 || g->chunk <= 0 || g->n_slots <= 0 ||
+        g->swa_period < 0 || (g->swa_period > 0 && g->swa_window <= 0)) {
         snprintf(err, err_len,
                  "kv pool: invalid geometry (layers %d, kv heads %d, head dim %d, "
-                 "sinks %lld, window %lld, chunk %lld, slots %lld)",
+                 "sinks %lld, window %lld, chunk %lld, slots %lld, local period %d window %lld)",
                  g->n_layer, g->n_kv_head, g->head_dim, (long long)g->n_sinks, (long long)g->window,
-                 (long long)g->chunk, (long long)g->n_slots);
+                 (long long)g->chunk, (long long)g->n_slots, g->swa_period,
+                 (long long)g->swa_window);
         return -EINVAL;
     }
     /* the whole pool (K and V) must be addressable with size_t */
-    double total = 2.0 * (double)g->n_slots * (double)g->n_layer * (double)g->n_kv_head *
-                   (double)kv_geometry_cells(g) * (double)g->head_dim * 4.0;
-    if (total > 9.0e18 || g->window > ((int64_t)1 << 40) || g->chunk > ((int64_t)1 << 30)) {
+    double cells = (double)kv_geometry_cells(g); /* the larger of a global and a local layer's */
+    if (g->swa_period > 0 && (double)g->swa_window + (double)g->chunk > cells)
+        cells = (double)g->swa_window + (double)g->chunk;
+    double total = 2.0 * (double)g->n_slots * (double)g->n_layer * (double)g->n_kv_head * cells *
+                   (double)g->head_dim * 4.0;
+    if (total > 9.0e18 || g->window > ((int64_t)1 << 40) || g->chunk > ((int64_t)1 << 30) ||
+        g->swa_window > ((int64_t)1 << 40)) {
         snprintf(err, err_len, "kv pool: geometry too large");
         return -EINVAL;
     }

@@ -71,6 +71,20 @@ void kv_view_runs(const struct kv_seq *seq, const struct kv_view *v,
     run[2] = (struct kv_run){seq->sink_base, v->win_len - len1};
 }
 
+struct kv_seq kv_seq_local(const struct kv_seq *seq, const struct kv_geometry *g)
+{
+    assert(g->swa_period > 0 && g->swa_window > 0);
+    struct kv_seq l = *seq;
+    l.policy = (struct kv_policy){KV_POLICY_WINDOW, 0};
+    l.n_sinks = 0;
+    l.window = g->swa_window;
+    l.ring = g->swa_window + g->chunk;
+    l.sink_base = 0;
+    int64_t stored = seq->pos_next - seq->pos_first;
+    l.n_evicted = stored > l.window ? stored - l.window : 0;
+    return l;
+}
+
 void kv_seq_advance(struct kv_seq *seq, int64_t n)
 {
     seq->pos_next += n;

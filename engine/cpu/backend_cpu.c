@@ -27,9 +27,10 @@ struct cpu_ctx {
     int reference_matmul; /* f32 dot products with dequantized weights */
     struct attn_kernels akr;
     const struct fwd_batch *batch;
-    float *cs_abs;   /* (T, rope_dim) cos/sin at absolute positions */
-    float *cs_cache; /* (T, rope_dim) cos/sin at in-cache positions */
-    void *act;       /* prepared activation rows */
+    float *cs_abs;       /* (T, rope_dim) cos/sin at absolute positions */
+    float *cs_cache;     /* (T, rope_dim) cos/sin at in-cache positions */
+    float *cs_abs_local; /* (T, rope_dim) cos/sin at absolute positions, local layers' base */
+    void *act;           /* prepared activation rows */
     size_t act_cap;
     struct kv_geometry geo;
     void *kmem, *vmem;   /* KV storage */
@@ -55,6 +56,7 @@ static void cpu_free(struct backend *b)
         threadpool_free(c->tp);
         free(c->cs_abs);
         free(c->cs_cache);
+        free(c->cs_abs_local);
         free(c->act);
         free(c->kmem);
         free(c->attn_part);
@@ -81,8 +83,11 @@ static int cpu_kv_alloc(struct backend *b, const struct kv_geometry *g)
         return -ENOMEM;
     c->geo = *g;
     c->kv_f16 = g->dtype == KV_DTYPE_F16;
-    /* a query sees at most S + W keys */
-    c->attn_blocks = (g->n_sinks + g->window + ATTN_KEY_BLOCK - 1) / ATTN_KEY_BLOCK;
+    /* a query sees at most S + W keys in a global layer, swa_window in a local one */
+    int64_t most_keys = g->n_sinks + g->window;
+    if (g->swa_period > 0 && g->swa_window > most_keys)
+        most_keys = g->swa_window;
+    c->attn_blocks = (most_keys + ATTN_KEY_BLOCK - 1) / ATTN_KEY_BLOCK;
     if (c->attn_blocks > ATTN_MAX_BLOCKS)
         return -EINVAL;
     const struct model_hparams *hp = &b->model->hp;
@@ -104,6 +109,9 @@ static int cpu_begin_step(struct backend *b, const struct fwd_batch *batch)
         rope_cos_sin(batch->pos[t], hp->rope_base, hp->rope_dim, c->cs_abs + t * hp->rope_dim);
         rope_cos_sin(batch->view[t].pos_cache, hp->rope_base, hp->rope_dim,
                      c->cs_cache + t * hp->rope_dim);
+        if (hp->n_swa > 0)
+            rope_cos_sin(batch->pos[t], hp->rope_base_local, hp->rope_dim,
+                         c->cs_abs_local + t * hp->rope_dim);
     }
     return 0;
 }
@@ -211,20 +219,23 @@ static void cpu_matmul(struct backend *b, const struct tensor *W, const float *x
     threadpool_run_parts(c->tp, matmul_rows_task, &j, (int)(parts < blocks ? parts : blocks));
 }
 
-static void cpu_rope(struct backend *b, float *q, float *qc, float *k)
+static void cpu_rope(struct backend *b, int layer, float *q, float *qc, float *k)
 {
     struct cpu_ctx *c = b->ctx;
     const struct model_hparams *hp = &b->model->hp;
     const int64_t dq = (int64_t)hp->n_head * hp->head_dim;
     const int64_t dk = (int64_t)hp->n_head_kv * hp->head_dim;
+    const int local = model_layer_is_local(hp, layer);
+    const float *cs_abs = local ? c->cs_abs_local : c->cs_abs;
+    /* local layers keep no sinks, so their qc is never scored */
+    const float *cs_cache = local ? c->cs_abs_local : c->cs_cache;
+    void (*apply)(float *, int, int, int, const float *) =
+        hp->rope_neox ? rope_apply_neox : rope_apply;
     for (int64_t t = 0; t < c->batch->T; t++) {
         memcpy(qc + t * dq, q + t * dq, (size_t)dq * sizeof(float));
-        rope_apply(q + t * dq, hp->n_head, hp->head_dim, hp->rope_dim,
-                   c->cs_abs + t * hp->rope_dim);
-        rope_apply(qc + t * dq, hp->n_head, hp->head_dim, hp->rope_dim,
-                   c->cs_cache + t * hp->rope_dim);
-        rope_apply(k + t * dk, hp->n_head_kv, hp->head_dim, hp->rope_dim,
-                   c->cs_abs + t * hp->rope_dim);
+        apply(q + t * dq, hp->n_head, hp->head_dim, hp->rope_dim, cs_abs + t * hp->rope_dim);
+        apply(qc + t * dq, hp->n_head, hp->head_dim, hp->rope_dim, cs_cache + t * hp->rope_dim);
+        apply(k + t * dk, hp->n_head_kv, hp->head_dim, hp->rope_dim, cs_abs + t * hp->rope_dim);
     }
 }
 
@@ -245,10 +256,11 @@ static void cpu_kv_store(struct backend *b, int layer, const float *k, const flo
     const struct model_hparams *hp = &b->model->hp;
     const size_t esz = c->kv_f16 ? 2 : 4;
     const int Dh = hp->head_dim;
+    const int64_t *cell =
+        kv_geometry_layer_is_local(&c->geo, layer) ? c->batch->cell_local : c->batch->cell;
     for (int64_t t = 0; t < c->batch->T; t++) {
         for (int g = 0; g < hp->n_head_kv; g++) {
-            size_t off =
-                kv_geometry_offset(&c->geo, c->batch->slot[t], layer, g, c->batch->cell[t]) * esz;
+            size_t off = kv_geometry_offset(&c->geo, c->batch->slot[t], layer, g, cell[t]) * esz;
             const int64_t src = t * (int64_t)hp->n_head_kv * Dh + (int64_t)g * Dh;
             store_row((char *)c->kmem + off, k + src, Dh, c->kv_f16);
             store_row((char *)c->vmem + off, v + src, Dh, c->kv_f16);
@@ -265,12 +277,27 @@ struct attn_job {
     float *probe;
 };
 
+/* The view token t's query has in layer (a local layer's own, or the
+ * policy's), and the sequence as that layer stores it. */
+static const struct kv_view *view_for(const struct cpu_ctx *c, int64_t t, int layer,
+                                      struct kv_seq *seq)
+{
+    const struct fwd_batch *bt = c->batch;
+    if (kv_geometry_layer_is_local(&c->geo, layer)) {
+        *seq = kv_seq_local(bt->seq[t], &c->geo);
+        return &bt->view_local[t];
+    }
+    *seq = *bt->seq[t];
+    return &bt->view[t];
+}
+
 /* The keys token t's query sees in kv head g, as runs of cells in visit
  * order: sinks (scored with qc), then the window ring, possibly wrapping. */
 static struct attn_keys keys_for(const struct cpu_ctx *c, int64_t t, int layer, int g, int Dh)
 {
     const struct fwd_batch *bt = c->batch;
-    const struct kv_view *vw = &bt->view[t];
+    struct kv_seq seq;
+    const struct kv_view *vw = view_for(c, t, layer, &seq);
     const size_t esz = c->kv_f16 ? 2 : 4;
     size_t base = kv_geometry_offset(&c->geo, bt->slot[t], layer, g, 0) * esz;
     struct attn_keys keys = {
@@ -282,7 +309,7 @@ static struct attn_keys keys_for(const struct cpu_ctx *c, int64_t t, int layer, 
     struct kv_run run[KV_VIEW_RUNS];
     _Static_assert(KV_VIEW_RUNS == sizeof keys.run_start / sizeof keys.run_start[0],
                    "attn_keys holds one entry per kv_view run");
-    kv_view_runs(bt->seq[t], vw, run);
+    kv_view_runs(&seq, vw, run);
     for (int r = 0; r < KV_VIEW_RUNS; r++) {
         keys.run_start[r] = run[r].cell;
         keys.run_len[r] = run[r].len;
@@ -300,13 +327,14 @@ static void attention_probe_task(void *arg, int ith, int nth)
     const struct model_hparams *hp = &j->b->model->hp;
     const struct fwd_batch *bt = c->batch;
     const int H = hp->n_head, Dh = hp->head_dim, group = hp->n_head / hp->n_head_kv;
-    const float scale = 1.0f / sqrtf((float)Dh);
+    const float scale = hp->attn_scale;
     int64_t n_tasks = bt->T * H;
     for (int64_t i = n_tasks * ith / nth; i < n_tasks * (ith + 1) / nth; i++) {
         int64_t t = i / H;
         int h = (int)(i % H);
-        const struct kv_view *vw = &bt->view[t];
-        const struct kv_seq *seq = bt->seq[t];
+        struct kv_seq seq_l;
+        const struct kv_view *vw = view_for(c, t, j->layer, &seq_l);
+        const struct kv_seq *seq = &seq_l;
         struct attn_keys keys = keys_for(c, t, j->layer, h / group, Dh);
         float visit_w[ATTN_PROBE_K];
         int64_t lim = seq->pos_first + BACKEND_PROBE_K;
@@ -344,7 +372,7 @@ static void attention_task(void *arg, int ith, int nth)
     const struct model_hparams *hp = &j->b->model->hp;
     const struct fwd_batch *bt = c->batch;
     const int H = hp->n_head, Hkv = hp->n_head_kv, Dh = hp->head_dim, G = H / Hkv;
-    const float scale = 1.0f / sqrtf((float)Dh);
+    const float scale = hp->attn_scale;
     const int64_t NB = c->attn_blocks, n_tasks = bt->T * Hkv * NB;
     const int64_t part = (int64_t)G * (Dh + 2); /* floats of one task's partial state */
     for (int64_t i = n_tasks * ith / nth; i < n_tasks * (ith + 1) / nth; i++) {
@@ -404,6 +432,28 @@ static void cpu_swiglu(struct backend *b, float *hb, const float *hb2, int64_t r
     }
 }
 
+/* GELU, tanh approximation (Hendrycks and Gimpel 2016; PyTorch's
+ * gelu(approximate="tanh"), Gemma's hidden activation) */
+static float gelu_tanh(float x)
+{
+    const float k = 0.7978845608028654f; /* sqrt(2 / pi) */
+    return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
+}
+
+static void cpu_geglu(struct backend *b, float *hb, const float *hb2, int64_t rows)
+{
+    const int64_t n = rows * b->model->hp.n_ff;
+    for (int64_t i = 0; i < n; i++)
+        hb[i] = gelu_tanh(hb[i]) * hb2[i];
+}
+
+static void cpu_scale(struct backend *b, float *x, float s, int64_t rows)
+{
+    const int64_t n = rows * b->model->hp.n_embd;
+    for (int64_t i = 0; i < n; i++)
+        x[i] *= s;
+}
+
 static void cpu_add(struct backend *b, float *x, const float *y, int64_t rows)
 {
     const int64_t n = rows * b->model->hp.n_embd;
@@ -447,6 +497,8 @@ static int kv_copy(struct backend *b, int64_t slot, int64_t cell0, int64_t n, vo
 {
     struct cpu_ctx *c = b->ctx;
     const struct kv_geometry *g = &c->geo;
+    if (g->swa_period > 0) /* local layers keep positions in cells of their own */
+        return -ENOTSUP;
     if (slot < 0 || slot >= g->n_slots || cell0 < 0 || n < 0 || n > host_cells ||
         cell0 + n > kv_geometry_cells(g))
         return -EINVAL;
@@ -494,6 +546,8 @@ static const struct backend_ops cpu_ops = {
     .kv_store = cpu_kv_store,
     .attention = cpu_attention,
     .swiglu = cpu_swiglu,
+    .geglu = cpu_geglu,
+    .scale = cpu_scale,
     .add = cpu_add,
     .gather = cpu_gather,
     .logits = cpu_logits,
@@ -545,6 +599,7 @@ int backend_cpu_init(struct backend *b, const struct model *m, const struct back
     a->logits = xalloc(T * (size_t)hp->n_vocab * 4);
     c->cs_abs = xalloc(T * (size_t)hp->rope_dim * 4);
     c->cs_cache = xalloc(T * (size_t)hp->rope_dim * 4);
+    c->cs_abs_local = xalloc(T * (size_t)hp->rope_dim * 4);
     size_t kmax = D > F ? D : F;
     if (DQ > kmax)
         kmax = DQ;
@@ -553,7 +608,8 @@ int backend_cpu_init(struct backend *b, const struct model *m, const struct back
     c->act_cap = (T > (size_t)cfg->n_threads ? T : (size_t)cfg->n_threads) * kmax * 4;
     c->act = xalloc(c->act_cap);
     if (!a->x || !a->xb || !a->xb2 || !a->q || !a->qc || !a->k || !a->v || !a->att || !a->hb ||
-        !a->hb2 || !a->xo || !a->logits || !c->cs_abs || !c->cs_cache || !c->act)
+        !a->hb2 || !a->xo || !a->logits || !c->cs_abs || !c->cs_cache || !c->cs_abs_local ||
+        !c->act)
         goto oom;
     return 0;
 oom:

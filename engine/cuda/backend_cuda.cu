@@ -257,8 +257,9 @@ static void cuda_matmul(struct backend *b, const struct tensor *W, const float *
         ctx_of(b)->record_err = 1;
 }
 
-static void cuda_rope(struct backend *b, float *q, float *qc, float *kk)
+static void cuda_rope(struct backend *b, int layer, float *q, float *qc, float *kk)
 {
+    (void)layer; /* one RoPE base for every layer: gemma3 is refused at init */
     struct cmd *k = record(b, CMD_ROPE);
     if (!k)
         return;
@@ -876,10 +877,10 @@ static void cuda_free(struct backend *b)
 }
 
 static const struct backend_ops cuda_ops = {
-    "cuda",       cuda_free,     cuda_kv_alloc,  cuda_begin_step, cuda_embed,
-    cuda_rmsnorm, cuda_matmul,   cuda_rope,      cuda_kv_store,   cuda_attention,
-    cuda_swiglu,  cuda_add,      cuda_gather,    cuda_logits,     cuda_sync,
-    cuda_copy_in, cuda_copy_out, cuda_kv_export, cuda_kv_import,
+    "cuda",         cuda_free,   cuda_kv_alloc, cuda_begin_step, cuda_embed,    cuda_rmsnorm,
+    cuda_matmul,    cuda_rope,   cuda_kv_store, cuda_attention,  cuda_swiglu,   cuda_add,
+    cuda_gather,    cuda_logits, cuda_sync,     cuda_copy_in,    cuda_copy_out, cuda_kv_export,
+    cuda_kv_import, NULL,        NULL, /* geglu, scale: Gemma 3 only, refused at init */
 };
 
 extern "C" int backend_cuda_device_count(void)
@@ -954,6 +955,11 @@ extern "C" int backend_cuda_init(struct backend *b, const struct model *m,
         snprintf(err, err_len, "cuda backend: device %d does not exist (%d found)", cfg->device,
                  n_dev);
         return -ENODEV;
+    }
+    if (hp->arch_kind != MODEL_ARCH_LLAMA) {
+        snprintf(err, err_len, "cuda backend: the %s forward pass runs on the cpu backend only",
+                 hp->arch);
+        return -ENOTSUP;
     }
     if (hp->n_head_kv <= 0 || hp->n_head % hp->n_head_kv != 0)
         return snprintf(err, err_len, "cuda backend: bad head counts"), -EINVAL;

@@ -303,8 +303,8 @@ static void ops_case(int *failed, int head_dim, int n_head, int n_head_kv, enum 
 
     bad |= rig_random(&r, c->acts.q, g->acts.q, T * DQ, 1.0);
     bad |= rig_random(&r, c->acts.k, g->acts.k, T * DKV, 1.0);
-    c->ops->rope(c, c->acts.q, c->acts.qc, c->acts.k);
-    g->ops->rope(g, g->acts.q, g->acts.qc, g->acts.k);
+    c->ops->rope(c, 0, c->acts.q, c->acts.qc, c->acts.k);
+    g->ops->rope(g, 0, g->acts.q, g->acts.qc, g->acts.k);
     bad |= rig_compare(&r, "rope q", c->acts.q, g->acts.q, T * DQ) > TOL_ELEM;
     bad |= rig_compare(&r, "rope qc", c->acts.qc, g->acts.qc, T * DQ) > TOL_ELEM;
     bad |= rig_compare(&r, "rope k", c->acts.k, g->acts.k, T * DKV) > TOL_ELEM;

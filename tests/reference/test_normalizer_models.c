@@ -137,8 +137,8 @@ static int rig_open(struct rig *r, const char *name, int64_t window)
         model_free(&r->m);
         return -1;
     }
-    struct kv_geometry g = {r->m.hp.n_layer, r->m.hp.n_head_kv, r->m.hp.head_dim, 4, window, 1, 1,
-                            KV_DTYPE_F32};
+    struct kv_geometry g = {
+        r->m.hp.n_layer, r->m.hp.n_head_kv, r->m.hp.head_dim, 4, window, 1, 1, KV_DTYPE_F32, 0, 0};
     if (fwd_init(&r->f, &r->m, &r->b, &g, err, sizeof err) < 0) {
         fprintf(stderr, "  %s\n", err);
         r->b.ops->free(&r->b);

@@ -106,7 +106,7 @@ static int rig_open(struct rig *r, int64_t chunk, enum kv_dtype dt, int referenc
     if (backend_cpu_init(&r->b, &r->m, &bc, err, sizeof err) < 0)
         return -1;
     struct kv_geometry g = {
-        r->m.hp.n_layer, r->m.hp.n_head_kv, r->m.hp.head_dim, 0, MAX_IDS, chunk, 1, dt};
+        r->m.hp.n_layer, r->m.hp.n_head_kv, r->m.hp.head_dim, 0, MAX_IDS, chunk, 1, dt, 0, 0};
     if (fwd_init(&r->f, &r->m, &r->b, &g, err, sizeof err) < 0)
         return -1;
     return 0;

@@ -86,6 +86,7 @@ int tiny_model_init(struct tiny_model *tm, const struct tiny_config *c)
     hp->norm_eps = c->norm_eps;
     hp->rope_base = c->rope_base;
     hp->rope_dim = c->head_dim;
+    hp->attn_scale = (float)(1.0 / sqrt((double)c->head_dim)); /* as model.c sets it */
     hp->normalizer = c->normalizer;
     hp->file_type = (int)c->wtype;
 

@@ -485,6 +485,17 @@ TEST(api_chat_template_recognizes_llama3_and_llama2_and_falls_back_to_chatml)
     ASSERT_STREQ(out, "[INST] <<SYS>>\nS\n<</SYS>>\n\nU [/INST] A </s><s>[INST] V [/INST]");
     free(out);
 
+    /* Gemma: the fixture's chat prompt (tools/make_gemma_logits_fixture.py) is
+     * the user turn rendered this way */
+    api_chat_template_init(&t, "{{ '<start_of_turn>' + role + '\\n' }}");
+    ASSERT_EQ(t.format, API_CHAT_GEMMA);
+    ASSERT_EQ(t.recognized, 1);
+    ASSERT_OK(api_chat_render(&t, m2, 4, 1, &out, &len));
+    ASSERT_STREQ(out,
+                 "<start_of_turn>user\nS\n\nU<end_of_turn>\n<start_of_turn>model\nA<end_of_turn>\n"
+                 "<start_of_turn>user\nV<end_of_turn>\n<start_of_turn>model\n");
+    free(out);
+
     api_chat_template_init(&t, "{{ something we have never seen }}");
     ASSERT_EQ(t.format, API_CHAT_CHATML);
     ASSERT_EQ(t.recognized, 0);

@@ -10,7 +10,7 @@
 
 static struct kv_geometry geo(int64_t s, int64_t w, int64_t c, int64_t slots)
 {
-    return (struct kv_geometry){2, 2, 8, s, w, c, slots, KV_DTYPE_F16};
+    return (struct kv_geometry){2, 2, 8, s, w, c, slots, KV_DTYPE_F16, 0, 0};
 }
 
 TEST(policy_names_parse_and_round_trip)
@@ -231,6 +231,93 @@ TEST(view_runs_match_a_brute_force_oracle_for_every_wrap)
     ASSERT(n_empty_window > 0);
 }
 
+/* Local layers (kv_geometry.swa_period) against a brute-force sliding-window
+ * oracle: whatever the global policy (dense, window, sinks), a local layer's
+ * query at q sees no sinks and exactly the positions max(p0, q - Wl + 1) .. q,
+ * in the cells its own ring of Wl + C cells stored them in; the global view
+ * is the one the same sequence has without local layers. */
+TEST(local_layers_see_exactly_their_trained_window_whatever_the_policy)
+{
+    int64_t n_views = 0, n_slid = 0;
+    struct kv_policy pols[] = {{KV_POLICY_DENSE, 0}, {KV_POLICY_WINDOW, 0}, {KV_POLICY_SINKS, 2}};
+    for (int64_t wl = 1; wl <= 9; wl += 2)
+        for (int64_t C = 1; C <= 4; C++)
+            for (int pi = 0; pi < 3; pi++) {
+                struct kv_geometry g = geo(2, 64, C, 1), g0 = g;
+                g.swa_period = 3;
+                g.swa_window = wl;
+                const int64_t R = wl + C;
+                int64_t starts[] = {0, 3, ((int64_t)1 << 33) + 1};
+                for (int a = 0; a < 3; a++) {
+                    int64_t p0 = starts[a];
+                    struct kv_seq seq, seq0;
+                    ASSERT_OK(kv_seq_init(&seq, &g, 0, pols[pi], 64, p0));
+                    ASSERT_OK(kv_seq_init(&seq0, &g0, 0, pols[pi], 64, p0));
+                    int64_t owner[64];
+                    for (int i = 0; i < 64; i++)
+                        owner[i] = -1;
+                    for (int64_t p = p0; p < p0 + 60; p += C) {
+                        struct kv_seq loc = kv_seq_local(&seq, &g);
+                        ASSERT_EQ(loc.ring, R);
+                        ASSERT_EQ(loc.sink_base, 0);
+                        for (int64_t q = p; q < p + C; q++) {
+                            int64_t cell = kv_seq_cell(&loc, q);
+                            ASSERT(cell >= 0 && cell < R);
+                            owner[cell] = q;
+                        }
+                        for (int64_t q = p; q < p + C; q++) {
+                            struct kv_view v = kv_seq_view(&loc, q);
+                            int64_t lo = q - wl + 1 > p0 ? q - wl + 1 : p0;
+                            ASSERT_EQ(v.n_sinks, 0);
+                            ASSERT_EQ(v.win_start, lo);
+                            ASSERT_EQ(v.win_len, q - lo + 1);
+                            ASSERT_EQ(runs_match_owner(&loc, &v, owner, R), 0);
+                            struct kv_view vg = kv_seq_view(&seq, q), vg0 = kv_seq_view(&seq0, q);
+                            ASSERT_EQ(vg.n_sinks, vg0.n_sinks);
+                            ASSERT_EQ(vg.win_start, vg0.win_start);
+                            ASSERT_EQ(vg.win_len, vg0.win_len);
+                            ASSERT_EQ(vg.pos_cache, vg0.pos_cache);
+                            ASSERT_EQ(kv_seq_cell(&seq, q), kv_seq_cell(&seq0, q));
+                            n_views++;
+                            n_slid += lo > p0;
+                        }
+                        ASSERT_OK(kv_seq_can_append(&seq, &g, C));
+                        kv_seq_advance(&seq, C);
+                        kv_seq_advance(&seq0, C);
+                        if (pols[pi].kind == KV_POLICY_DENSE && seq.pos_next - p0 + C > 64)
+                            break;
+                    }
+                }
+            }
+    ASSERT(n_views > 1000);
+    ASSERT(n_slid > 500);
+}
+
+/* Layers of different sizes tile a slot: each (layer, head) run of cells
+ * starts where the previous one ends, local layers hold Wl + C cells and
+ * global ones S + W + C, and the slots follow each other. */
+TEST(per_layer_cells_tile_the_slot_without_overlap)
+{
+    struct kv_geometry g = {18, 1, 256, 4, 2048, 64, 3, KV_DTYPE_F16, 6, 512};
+    size_t next = 0;
+    int n_local = 0;
+    for (int64_t slot = 0; slot < g.n_slots; slot++)
+        for (int l = 0; l < g.n_layer; l++) {
+            int local = kv_geometry_layer_is_local(&g, l);
+            ASSERT_EQ(local, (l + 1) % 6 != 0);
+            n_local += slot == 0 && local;
+            int64_t cells = kv_geometry_layer_cells(&g, l);
+            ASSERT_EQ(cells, local ? 512 + 64 : 4 + 2048 + 64);
+            for (int h = 0; h < g.n_kv_head; h++) {
+                ASSERT_EQ(kv_geometry_offset(&g, slot, l, h, 0), next);
+                next += (size_t)cells * 256;
+            }
+        }
+    ASSERT_EQ(n_local, 15);
+    ASSERT_EQ(next * 2, kv_geometry_slot_bytes(&g) * 3);
+    ASSERT_EQ(kv_geometry_slot_bytes(&g), (size_t)(15 * 576 + 3 * 2116) * 256 * 2);
+}
+
 TEST(dense_refuses_past_its_window_and_chunks_above_the_room)
 {
     struct kv_geometry g = geo(4, 16, 8, 1);
@@ -261,7 +348,7 @@ TEST(seq_init_rejects_auto_and_too_many_sinks)
 TEST(offsets_are_64_bit_for_large_pools)
 {
     /* 30 layers x 8 heads x (4 + 2^20 + 512) cells x 128 dims x 64 slots > 2^32 */
-    struct kv_geometry g = {30, 8, 128, 4, (int64_t)1 << 20, 512, 64, KV_DTYPE_F16};
+    struct kv_geometry g = {30, 8, 128, 4, (int64_t)1 << 20, 512, 64, KV_DTYPE_F16, 0, 0};
     size_t off = kv_geometry_offset(&g, 63, 29, 7, kv_geometry_cells(&g) - 1);
     ASSERT(off > ((size_t)1 << 32));
     ASSERT_EQ(off + 128, kv_geometry_slot_bytes(&g) / 2 * 64);

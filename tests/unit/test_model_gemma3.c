@@ -244,7 +244,7 @@ TEST(gemma3_hparams_and_layer_pattern_are_read)
     char err[256] = "";
     int local = 0;
 
-    ASSERT_OK(g3_open(&c, &m, MODEL_NO_FORWARD, err, sizeof err));
+    ASSERT_OK(g3_open(&c, &m, 0, err, sizeof err));
     if (err[0])
         printf("  %s\n", err);
     ASSERT_EQ(m.hp.arch_kind, MODEL_ARCH_GEMMA3);
@@ -285,7 +285,7 @@ TEST(gemma3_optional_keys_override_the_defaults)
     c.rope_swa = 20000;
     c.scale = 0.125;
     c.final_softcap = 30;
-    ASSERT_OK(g3_open(&c, &m, MODEL_NO_FORWARD, err, sizeof err));
+    ASSERT_OK(g3_open(&c, &m, 0, err, sizeof err));
     ASSERT_EQ(m.hp.swa_period, 4);
     ASSERT(model_layer_is_local(&m.hp, 2) && !model_layer_is_local(&m.hp, 3));
     ASSERT_NEAR(m.hp.rope_base_local, 20000, 1e-6);
@@ -294,23 +294,12 @@ TEST(gemma3_optional_keys_override_the_defaults)
     model_free(&m);
 }
 
-TEST(gemma3_without_a_forward_pass_is_refused_with_a_clear_error)
-{
-    struct g3 c = g3_default();
-    struct model m;
-    char err[256] = "";
-
-    ASSERT_EQ(g3_open(&c, &m, 0, err, sizeof err), -ENOTSUP);
-    printf("  %s\n", err);
-    ASSERT(strstr(err, "gemma3") && strstr(err, "forward pass"));
-}
-
 /* Opens c and expects rc with want in the message. */
 static int fails_with(const struct g3 *c, int rc, const char *want)
 {
     struct model m;
     char err[256] = "";
-    int got = g3_open(c, &m, MODEL_NO_FORWARD, err, sizeof err);
+    int got = g3_open(c, &m, 0, err, sizeof err);
 
     printf("  %s\n", err);
     if (got == 0)
@@ -370,7 +359,7 @@ TEST(gemma3_270m_file_hparams)
     int rc;
 
     TEST_NEED_GEMMA_MODEL();
-    rc = model_open(&m, test_gemma_model_path(), MODEL_NO_FORWARD, err, sizeof err);
+    rc = model_open(&m, test_gemma_model_path(), 0, err, sizeof err);
     if (rc < 0 && strstr(err, "unsupported tensor type")) {
         printf("  %s\n", err);
         TEST_SKIP("this build does not read all of the file's tensor types");

@@ -181,7 +181,8 @@ static void matmul_rows_task(void *arg, int ith, int nth)
 
 /* The reference product: each weight row dequantized to f32, dotted in double
  * with the f32 activations. No activation quantization, so the only error
- * left against an f32 implementation is summation order. Slow; for tests. */
+ * left against an f32 implementation is summation order (in double, four
+ * interleaved partial sums). Slow; for tests. */
 static void matmul_reference_task(void *arg, int ith, int nth)
 {
     struct matmul_job *j = arg;
@@ -192,10 +193,14 @@ static void matmul_reference_task(void *arg, int ith, int nth)
                           K);
         for (int64_t t = 0; t < j->rows; t++) {
             const float *xr = j->x + t * K;
-            double s = 0;
-            for (int64_t k = 0; k < K; k++)
-                s += (double)wr[k] * (double)xr[k];
-            j->y[t * N + n] = (float)s;
+            double s[4] = {0, 0, 0, 0}; /* four chains, so the compiler can vectorize */
+            int64_t k = 0;
+            for (; k + 4 <= K; k += 4)
+                for (int i = 0; i < 4; i++)
+                    s[i] += (double)wr[k + i] * (double)xr[k + i];
+            for (; k < K; k++)
+                s[0] += (double)wr[k] * (double)xr[k];
+            j->y[t * N + n] = (float)((s[0] + s[1]) + (s[2] + s[3]));
         }
     }
 }

@@ -85,6 +85,9 @@ struct model_layer {
     struct tensor w_up;      /* (F, D) */
     struct tensor w_down;    /* (D, F) */
     const float *attn_sinks; /* (H) per-head sink logits, NULL if none (copied, aligned) */
+    /* (H, Dh) f32 per-query-head sink values (blk.N.attn_sinks_v, copied, aligned): the
+     * sink normalizer's virtual key carries v_h; data NULL if the file has none (zero) */
+    struct tensor attn_sinks_v;
     /* Gemma 3 only (data NULL otherwise); norms as stored, 1 + w already folded in */
     struct tensor attn_q_norm;    /* (Dh) f32: RMSNorm of each query head before RoPE */
     struct tensor attn_k_norm;    /* (Dh) f32: the same for each key head */
@@ -103,8 +106,9 @@ struct model {
     struct model_hparams hp;
     struct model_weights w;
     struct gguf_file gguf;
-    float *sinks_mem; /* [L*H] attn_sinks copies (or all zeros for softmax1) */
-    void *map;        /* the file's bytes: a mapping of it, or an anonymous copy (no_mmap) */
+    float *sinks_mem;   /* [L*H] attn_sinks copies (or all zeros for softmax1) */
+    float *sinks_v_mem; /* [L*H*Dh] attn_sinks_v copies, NULL if the file has none */
+    void *map;          /* the file's bytes: a mapping of it, or an anonymous copy (no_mmap) */
     size_t map_len;
     int fd;
     int mapped; /* map is a mapping of the file (registered with the SIGBUS guard) */

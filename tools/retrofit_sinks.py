@@ -5,17 +5,22 @@
         --scalars tools/data/sinks_calibrated.txt --out /tmp/smollm2-sinks-cal.gguf
     python3 tools/retrofit_sinks.py --model ... --scalars tools/data/sinks_trained.txt \
         --out /tmp/smollm2-sinks-trained.gguf
+    python3 tools/retrofit_sinks.py --model ... --scalars tools/data/sinks_trained_v.txt \
+        --values tools/data/sinks_values.f32 --out /tmp/smollm2-sinks-values.gguf
     python3 tools/retrofit_sinks.py --model ... --softmax1 --out /tmp/smollm2-softmax1.gguf
 
 The scalars file holds one line per layer of H sink logits ('#' lines are comments),
-as written by `streamsink calibrate` and tools/train_sinks.py.
+as written by `streamsink calibrate` and tools/train_sinks.py. The values file
+(--values, tools/train_sinks.py --sink-values) holds the sink value vectors as raw
+little-endian float32, layer by layer, head by head, head_dim each.
 
 The file is spliced at the byte level (no gguf package needed, stdlib only), so
 every original weight stays byte-identical: the GGUF data section is copied
 unchanged and tensor offsets are relative to it, so the original tensor infos
 keep their offsets. Added: the key <arch>.attention.normalizer (= "sink", or
 "softmax1" with --softmax1), and for sink one F32 tensor blk.N.attn_sinks of
-shape [H] per layer, appended after the original data (README, "The GGUF
+shape [H] per layer (with --values also blk.N.attn_sinks_v, shape [head_dim, H]),
+appended after the original data (README, "The GGUF
 normalizer convention"). The output is checked by re-reading it.
 """
 import argparse
@@ -106,13 +111,19 @@ def main():
     g = ap.add_mutually_exclusive_group(required=True)
     g.add_argument("--scalars", help="sink logits, one line per layer")
     g.add_argument("--softmax1", action="store_true", help="normalizer softmax1, no tensors")
+    ap.add_argument("--values", help="with --scalars: sink value vectors (raw float32, "
+                                     "layers x heads x head_dim) -> blk.N.attn_sinks_v")
     a = ap.parse_args()
+    if a.values and not a.scalars:
+        ap.error("--values needs --scalars")
 
     buf = open(a.model, "rb").read()
     kv, kv_end, tensors, infos_end, align, data_start = parse(buf)
     arch = kv["general.architecture"][1]
     n_layer = kv[f"{arch}.block_count"][1]
     n_head = kv[f"{arch}.attention.head_count"][1]
+    head_dim = kv.get(f"{arch}.attention.key_length",
+                      (T_U32, kv[f"{arch}.embedding_length"][1] // n_head))[1]
     norm_key = f"{arch}.attention.normalizer"
     if norm_key in kv or any("attn_sinks" in t[0] for t in tensors):
         sys.exit(f"{a.model} already declares a normalizer or has sink tensors")
@@ -124,16 +135,30 @@ def main():
     n_new = 0
     if a.scalars:
         rows = read_scalars(a.scalars, n_layer, n_head)
+        vals = None
+        if a.values:
+            vals = open(a.values, "rb").read()
+            per = n_head * head_dim * 4
+            if len(vals) != n_layer * per:
+                sys.exit(f"{a.values}: expected {n_layer} x {n_head} x {head_dim} float32 "
+                         f"({n_layer * per} bytes), got {len(vals)} bytes")
+            vals = [vals[l * per:(l + 1) * per] for l in range(n_layer)]
         off = (len(data) + align - 1) // align * align
         new_data = b"\0" * (off - len(data))
-        for l, row in enumerate(rows):
-            new_infos += gguf_str(f"blk.{l}.attn_sinks") + struct.pack("<IQIQ", 1, n_head,
-                                                                       GGML_F32, off)
-            blob = struct.pack(f"<{n_head}f", *row)
+
+        def add(name, dims, blob):
+            nonlocal new_infos, new_data, off, n_new
+            new_infos += gguf_str(name) + struct.pack("<I", len(dims)) + b"".join(
+                struct.pack("<Q", d) for d in dims) + struct.pack("<IQ", GGML_F32, off)
             pad = (-len(blob)) % align
             new_data += blob + b"\0" * pad
             off += len(blob) + pad
             n_new += 1
+
+        for l, row in enumerate(rows):
+            add(f"blk.{l}.attn_sinks", [n_head], struct.pack(f"<{n_head}f", *row))
+            if vals:
+                add(f"blk.{l}.attn_sinks_v", [head_dim, n_head], vals[l])
     n_t, n_kv = len(tensors), len(kv)
     head = GGUF_MAGIC + struct.pack("<IQQ", 3, n_t + n_new, n_kv + 1)
     body = buf[24:kv_end] + new_kv + buf[kv_end:infos_end] + new_infos
@@ -150,7 +175,7 @@ def main():
     assert out[ds2:ds2 + len(data)] == data
     digest = hashlib.sha256(data).hexdigest()[:16]
     print(f"wrote {a.out}: {n_t} original tensors byte-identical (data sha256 {digest}...), "
-          f"normalizer {kv2[norm_key][1]}, {n_new} attn_sinks tensors")
+          f"normalizer {kv2[norm_key][1]}, {n_new} sink tensors")
 
 
 if __name__ == "__main__":

@@ -16,11 +16,18 @@ at a small share of one core):
     nice /root/refvenv/bin/python tools/train_sinks.py --model $M --fit \
         --windows 128,256,1024 --fit-tokens 384 --threads 1 --out tools/data/sinks_fit.txt
 
+    # tools/data/sinks_trained_v.txt + tools/data/sinks_values.f32: logits and one value
+    # vector per query head (blk.N.attn_sinks_v), trained together from sinks_trained.txt
+    nice /root/refvenv/bin/python tools/train_sinks.py --model $M --steps 120 \
+        --windows 64,128,256 --loss-tokens 160 --lr 0.02 --lr-values 0.05 \
+        --init tools/data/sinks_trained.txt --sink-values tools/data/sinks_values.f32 \
+        --keep-every 30 --threads 1 --out tools/data/sinks_trained_v.txt
+
 tools/data/sinks_trained30.txt came from the first version of this script:
 30 steps of 320-token slices of the KJV without Revelation, window 128, lr 0.1,
 init 0 (its header says so).
 
-Then tools/retrofit_sinks.py builds the GGUF from the downloaded model and that file.
+Then tools/retrofit_sinks.py builds the GGUF from the downloaded model and those files.
 `--write-texts DIR` only writes the evaluation texts (tools/retrofit_eval.py uses them):
 kjv_revelation.txt, coreutils_manual.txt and debian_history.txt (held out of training)
 and kjv_matthew200.txt (`streamsink calibrate`). `--eval FILE` only prints the
@@ -35,7 +42,8 @@ absolute position, which inside a contiguous window gives true distances, so
 RoPE, being relative, sees what the server's cache gives it. Normalizer: `sink`,
 e^{z_i} / (e^{s_h} + sum_j e^{z_j}). The loss is next-token cross-entropy on
 positions t >= W only, where the first token is out of reach, because those are
-the queries whose sink must now be the null key.
+the queries whose sink must now be the null key. K (after RoPE) and V are
+rounded to f16, as the engine's default KV cache stores them (--kv-f32: not).
 
 Each step takes one window from --windows (in turn) and one text source (in
 turn), and a random slice of W + --loss-tokens tokens of it (seeded generator),
@@ -47,15 +55,20 @@ sed, grep, gzip, diffutils and findutils (/usr/share/info) and the GPL-3
 Debian project history (package debian-history). Given its seed the run is
 deterministic (one thread, deterministic kernels).
 
---sink-values also trains one value vector per head (the null key then adds
-e^{s_h} v_h to the numerator): an engine extension the GGUF convention does not
-have; the vectors go to OUT.values.npy for evaluation with --eval only.
+--sink-values FILE also trains one value vector per query head, v_h (Dh floats),
+so that the output is (e^{s_h} v_h + sum_i e^{z_i} v_i) / (e^{s_h} + sum_i e^{z_i}):
+the tensors blk.N.attn_sinks_v of docs/gguf-normalizer.md. FILE is raw little-endian
+float32, layer by layer, head by head (tools/retrofit_sinks.py --values reads it).
+Every step is one forward and one backward of the frozen model in float32 on one
+thread: 6-12 s for W = 64-256 with 160 scored tokens on an idle core of the build
+machine, about twice that when it is loaded.
 """
 import argparse
 import gzip
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -164,9 +177,26 @@ def rope(x, c, s):
     return torch.stack((x0 * c - x1 * s, x0 * s + x1 * c), dim=-1).flatten(-2)
 
 
-def forward_nll(kv, w, sinks, ids, window, sink_v=None):
-    """Per-token NLL of ids[1:] under the window policy with sink logits
-    sinks [L, H] (None: vanilla softmax) and optional sink values [L, H, Dh]."""
+def read_values(path, L, H, Dh):
+    """Sink value vectors [L, H, Dh] from a raw little-endian float32 file
+    (tools/retrofit_sinks.py --values reads the same layout)."""
+    a = np.fromfile(path, dtype="<f4")
+    if a.size != L * H * Dh:
+        sys.exit(f"{path}: expected {L} x {H} x {Dh} float32, got {a.size} numbers")
+    return torch.from_numpy(a.reshape(L, H, Dh).astype(np.float32))
+
+
+def write_values(path, v):
+    np.ascontiguousarray(v.detach().numpy(), dtype="<f4").tofile(path + ".part")
+    os.replace(path + ".part", path)
+
+
+def forward_nll(kv, w, sinks, ids, window, sink_v=None, score_from=0, kv_f16=True):
+    """Per-token NLL of ids[score_from + 1:] under the window policy with sink
+    logits sinks [L, H] (None: vanilla softmax) and optional sink values
+    [L, H, Dh] (the null key's value: its weight times v_h joins the output).
+    kv_f16 rounds the cached K (after RoPE) and V to f16, as the engine's
+    default KV cache stores them."""
     arch = kv["general.architecture"]
     L = int(kv[f"{arch}.block_count"])
     H = int(kv[f"{arch}.attention.head_count"])
@@ -192,6 +222,8 @@ def forward_nll(kv, w, sinks, ids, window, sink_v=None):
         k = (h @ w[p + "attn_k.weight"].T).view(T, Hkv, Dh).transpose(0, 1)
         v = (h @ w[p + "attn_v.weight"].T).view(T, Hkv, Dh).transpose(0, 1)
         q, k = rope(q, c, s), rope(k, c, s)
+        if kv_f16:
+            k, v = k.half().float(), v.half().float()
         k = k.repeat_interleave(H // Hkv, dim=0)
         v = v.repeat_interleave(H // Hkv, dim=0)
         z = (q @ k.transpose(-1, -2)) / math.sqrt(Dh)
@@ -210,8 +242,8 @@ def forward_nll(kv, w, sinks, ids, window, sink_v=None):
         x = x + (F.silu(h @ w[p + "ffn_gate.weight"].T) * (h @ w[p + "ffn_up.weight"].T)) \
             @ w[p + "ffn_down.weight"].T
     out = w.get("output.weight", emb)
-    xs = rms(x[:-1], w["output_norm.weight"])
-    return F.cross_entropy(xs @ out.T, ids[1:], reduction="none")
+    xs = rms(x[score_from:-1], w["output_norm.weight"])
+    return F.cross_entropy(xs @ out.T, ids[score_from + 1:], reduction="none")
 
 
 def fit_sinks(kv, w, seqs, n_pin=4, grid=None):
@@ -295,7 +327,9 @@ def main():
     ap.add_argument("--eval-tokens", type=int, default=2048)
     ap.add_argument("--vanilla", action="store_true")
     ap.add_argument("--init", help="start from these sink logits (default: all 0, softmax1)")
-    ap.add_argument("--init-values", help="with --eval: sink value vectors (.npy)")
+    ap.add_argument("--init-values",
+                    help="start from (or with --eval, use) these sink value vectors "
+                         "(raw float32, layers x heads x head_dim; default: all 0)")
     ap.add_argument("--steps", type=int, default=90, help="length of the cosine schedule")
     ap.add_argument("--stop-after", type=int, default=0,
                     help="stop after this many steps of the schedule (default: all)")
@@ -303,12 +337,21 @@ def main():
     ap.add_argument("--loss-tokens", type=int, default=160,
                     help="scored tokens per step, after the first W")
     ap.add_argument("--lr", type=float, default=0.05)
-    ap.add_argument("--sink-values", action="store_true",
-                    help="also train one value vector per head (not in the GGUF convention)")
+    ap.add_argument("--sink-values", metavar="FILE",
+                    help="also train one value vector per query head (blk.N.attn_sinks_v) "
+                         "and write them to FILE (raw float32, layers x heads x head_dim)")
+    ap.add_argument("--lr-values", type=float, default=0.02,
+                    help="peak Adam learning rate of the value vectors")
+    ap.add_argument("--freeze-logits", action="store_true",
+                    help="with --sink-values: train the value vectors only")
+    ap.add_argument("--kv-f32", action="store_true",
+                    help="keep K and V in f32 (default: rounded to f16 like the engine's cache)")
     ap.add_argument("--fit", action="store_true",
                     help="no training: the layer-wise fit of fit_sinks on one slice of "
                          "--fit-tokens tokens after the window per source and window")
     ap.add_argument("--fit-tokens", type=int, default=384)
+    ap.add_argument("--keep-every", type=int, default=0,
+                    help="also keep a copy of the files every this many steps (OUT.stepN)")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--threads", type=int, default=1)
     a = ap.parse_args()
@@ -329,14 +372,15 @@ def main():
     tok, _ = build_tokenizer(a.model)
     if a.eval:  # --init may list several files here, each evaluated in turn
         ids = torch.tensor(tok.encode(open(a.eval).read()).ids[:a.eval_tokens], dtype=torch.long)
-        sv = torch.from_numpy(np.load(a.init_values)) if a.init_values else None
+        sv = read_values(a.init_values, L, H, Dh) if a.init_values else None
         cands = [("vanilla", None)] if a.vanilla else []
         cands += [(os.path.basename(f), read_scalars(f, L, H))
                   for f in (a.init.split(",") if a.init else [])]
         with torch.no_grad():
             for W in windows:
                 for name, sk in cands:
-                    nll = forward_nll(kv, w, sk, ids, W, sv if sk is not None else None)
+                    nll = forward_nll(kv, w, sk, ids, W, sv if sk is not None else None,
+                                      kv_f16=not a.kv_f32)
                     print(f"{os.path.basename(a.eval)} W={W} {name} window tokens={len(nll)} "
                           f"ppl={math.exp(nll.mean()):.3f} "
                           f"ppl(t>={W})={math.exp(nll[W:].mean()):.3f}", flush=True)
@@ -370,43 +414,55 @@ def main():
         print(f"wrote {a.out} ({el:.0f}s)")
         return
 
-    sinks = init.clone().requires_grad_(True)
-    params = [sinks]
+    sinks = init.clone().requires_grad_(not a.freeze_logits)
+    groups = [{"params": [sinks], "lr": a.lr, "peak": a.lr}] if not a.freeze_logits else []
     sink_v = None
     if a.sink_values:
-        sink_v = torch.zeros(L, H, Dh, requires_grad=True)
-        params.append(sink_v)
-    opt = torch.optim.Adam(params, lr=a.lr)
+        v0 = read_values(a.init_values, L, H, Dh) if a.init_values else torch.zeros(L, H, Dh)
+        sink_v = v0.clone().requires_grad_(True)
+        groups.append({"params": [sink_v], "lr": a.lr_values, "peak": a.lr_values})
+    opt = torch.optim.Adam(groups)
     g = torch.Generator().manual_seed(a.seed)
     t0 = time.time()
     n_run = a.stop_after if 0 < a.stop_after < a.steps else a.steps
     for step in range(n_run):
         for pg in opt.param_groups:
-            pg["lr"] = a.lr * 0.5 * (1 + math.cos(math.pi * step / a.steps))
+            pg["lr"] = pg["peak"] * 0.5 * (1 + math.cos(math.pi * step / a.steps))
         W = windows[step % len(windows)]
         name, ids = sources[(step // len(windows)) % len(sources)]
         n = W + a.loss_tokens + 1
         st = int(torch.randint(0, len(ids) - n, (1,), generator=g))
-        nll = forward_nll(kv, w, sinks, ids[st:st + n], W, sink_v)
-        loss = nll[W:].mean()
+        nll = forward_nll(kv, w, sinks, ids[st:st + n], W, sink_v, score_from=W,
+                          kv_f16=not a.kv_f32)
+        loss = nll.mean()
         opt.zero_grad()
         loss.backward()
         opt.step()
+        vn = f" |v| {sink_v.detach().norm(dim=-1).mean().item():.3f}" if sink_v is not None else ""
         print(f"step {step:3d} W {W:4d} {name:22s} loss {loss.item():.4f} "
-              f"mean sink {sinks.mean().item():+.3f} ({time.time() - t0:.0f}s)", flush=True)
+              f"mean sink {sinks.mean().item():+.3f}{vn} ({time.time() - t0:.0f}s)", flush=True)
         if (step + 1) % 10 == 0 or step + 1 == n_run:  # the file after every 10 steps
             el = time.time() - t0
             with open(a.out + ".part", "w") as f:
                 f.write(f"# sink logits from tools/train_sinks.py: {L} layers x {H} heads, one "
                         f"line per layer\n# {step + 1} of {a.steps} steps, windows {a.windows}, "
-                        f"{a.loss_tokens} scored tokens per step, Adam lr {a.lr} cosine, seed "
+                        f"{a.loss_tokens} scored tokens per step, Adam lr {a.lr} cosine"
+                        + (f" (logits frozen)" if a.freeze_logits else "")
+                        + (f", values lr {a.lr_values} -> {os.path.basename(a.sink_values)}"
+                           f" (init {os.path.basename(a.init_values) if a.init_values else '0'})"
+                           if a.sink_values else "")
+                        + f", {'f32' if a.kv_f32 else 'f16'} K/V, seed "
                         f"{a.seed}, init {os.path.basename(a.init) if a.init else '0'}; sources "
                         f"{', '.join(n for n, _ in sources)}; {el:.0f}s on one thread\n")
                 for row in sinks.detach().tolist():
                     f.write(" ".join(f"{v:.6f}" for v in row) + "\n")
             os.replace(a.out + ".part", a.out)
             if sink_v is not None:
-                np.save(a.out + ".values.npy", sink_v.detach().numpy())
+                write_values(a.sink_values, sink_v)
+            if a.keep_every and (step + 1) % a.keep_every == 0:  # intermediate copies
+                shutil.copyfile(a.out, f"{a.out}.step{step + 1}")
+                if sink_v is not None:
+                    shutil.copyfile(a.sink_values, f"{a.sink_values}.step{step + 1}")
     print(f"wrote {a.out} ({time.time() - t0:.0f}s)")
 
 

@@ -2,7 +2,8 @@
  * attention.c: one query row against the keys it sees, with every normalizer
  * of DESIGN.md through one online pass (attention.h).
  *
- *   softmax / softmax1 / sink:  m = s_h, l = 1 (vanilla: m = -inf, l = 0)
+ *   softmax / softmax1 / sink:  m = s_h, l = 1 (vanilla: m = -inf, l = 0),
+ *     acc = v_h, the sink's value (sink with attn_sinks_v; else acc = 0)
  *     for each key: z = q.k * scale; m' = max(m, z);
  *                   acc = acc e^(m-m') + e^(z-m') v;  l = l e^(m-m') + e^(z-m')
  *     out = acc / l           (l == 0 only when there are no keys: out = 0)
@@ -109,7 +110,7 @@ void cpu_attention_kernels(struct attn_kernels *out, int use_avx2)
 
 void cpu_attention_row(const struct attn_kernels *kr, const float *q, const float *qc,
                        const struct attn_keys *keys, float scale, enum model_normalizer norm,
-                       float sink, float *out)
+                       float sink, const float *sink_v, float *out)
 {
     const int n = keys->head_dim;
     const size_t esz = keys->f16 ? 2 : 4;
@@ -130,7 +131,9 @@ void cpu_attention_row(const struct attn_kernels *kr, const float *q, const floa
         l = 0.0f;
     } else {
         m = norm == MODEL_NORM_SOFTMAX1 ? 0.0f : sink;
-        l = 1.0f; /* the virtual key: e^(s_h - m) with m = s_h, zero value */
+        l = 1.0f; /* the virtual key: e^(s_h - m) with m = s_h, value v_h (or zero) */
+        if (norm == MODEL_NORM_SINK && sink_v)
+            memcpy(out, sink_v, (size_t)n * sizeof(float));
     }
     for (int r = 0; r < 3; r++) {
         const float *qq = keys->run_uses_qc[r] ? qc : q;
@@ -260,10 +263,10 @@ void cpu_attention_span(const struct attn_kernels *kr, int nq, const float *q, c
 
 void cpu_attention_merge(const struct attn_kernels *kr, int n, const float *m, const float *l,
                          const float *acc, int64_t acc_stride, int head_dim,
-                         enum model_normalizer norm, float sink, float *out)
+                         enum model_normalizer norm, float sink, const float *sink_v, float *out)
 {
     const int softpick = norm == MODEL_NORM_SOFTPICK;
-    /* the sink term is one more partial state: (m, l) = (s_h, 1), acc = 0 */
+    /* the sink term is one more partial state: (m, l) = (s_h, 1), acc = v_h (or 0) */
     float M = -INFINITY;
     if (norm == MODEL_NORM_SOFTMAX1)
         M = 0.0f;
@@ -276,6 +279,8 @@ void cpu_attention_merge(const struct attn_kernels *kr, int n, const float *m, c
     if (m_sink > -INFINITY)
         L = expf(m_sink - M);
     memset(out, 0, (size_t)head_dim * sizeof(float));
+    if (norm == MODEL_NORM_SINK && sink_v)
+        kr->axpy(out, L, sink_v, head_dim, 0);
     for (int i = 0; i < n; i++) {
         if (!(m[i] > -INFINITY))
             continue; /* an empty span */

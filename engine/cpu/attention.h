@@ -58,10 +58,11 @@ void cpu_attention_kernels(struct attn_kernels *out, int use_avx2);
 
 /* out (Dh) = attention of query q (and qc for sink runs) over keys. scale is
  * 1/sqrt(Dh). norm picks the normalizer; sink is s_h (ignored for softmax and
- * softpick). acc is Dh floats of scratch. */
+ * softpick); sink_v is v_h, the sink's value vector (Dh floats; NULL: zero;
+ * read for the sink normalizer only). */
 void cpu_attention_row(const struct attn_kernels *kr, const float *q, const float *qc,
                        const struct attn_keys *keys, float scale, enum model_normalizer norm,
-                       float sink, float *out);
+                       float sink, const float *sink_v, float *out);
 
 /*
  * The split form used by the backend (grouped-query aware, flash-decoding):
@@ -76,10 +77,11 @@ void cpu_attention_span(const struct attn_kernels *kr, int nq, const float *q, c
                         const struct attn_keys *keys, int64_t v0, int64_t v1, float scale,
                         int softpick, float *m, float *l, float *acc);
 /* Merges n partial states of one head (m[i], l[i], acc + i * acc_stride) with
- * the sink term of the normalizer and writes the normalized output (Dh). */
+ * the sink term of the normalizer (logit sink, value sink_v as in
+ * cpu_attention_row) and writes the normalized output (Dh). */
 void cpu_attention_merge(const struct attn_kernels *kr, int n, const float *m, const float *l,
                          const float *acc, int64_t acc_stride, int head_dim,
-                         enum model_normalizer norm, float sink, float *out);
+                         enum model_normalizer norm, float sink, const float *sink_v, float *out);
 
 /* AVX2 row kernels (attention_avx2.c; call only when the CPU has AVX2+FMA+F16C). */
 float cpu__attn_dot_avx2(const float *q, const void *k, int n, int f16);

@@ -350,8 +350,9 @@ static void attention_probe_task(void *arg, int ith, int nth)
         if (vw->win_len > 0 && vw->win_start < lim)
             keys.probe_n += lim - vw->win_start < vw->win_len ? lim - vw->win_start : vw->win_len;
         const int64_t off = t * (int64_t)H * Dh + (int64_t)h * Dh;
+        const float *sv = j->b->model->w.layers[j->layer].attn_sinks_v.data;
         cpu_attention_row(&c->akr, j->q + off, j->qc + off, &keys, scale, j->norm, j->sinks[h],
-                          j->att + off);
+                          sv ? sv + (int64_t)h * Dh : NULL, j->att + off);
         float *pr = j->probe + (t * H + h) * BACKEND_PROBE_K;
         memset(pr, 0, BACKEND_PROBE_K * sizeof(float));
         for (int64_t v = 0; v < keys.probe_n && v < ATTN_PROBE_K; v++) {
@@ -413,6 +414,7 @@ static void cpu_attention(struct backend *b, int layer, const float *q, const fl
     }
     threadpool_run(c->tp, attention_task, &j);
     const int64_t part = (int64_t)G * (Dh + 2);
+    const float *sv = b->model->w.layers[layer].attn_sinks_v.data; /* (H, Dh) or NULL */
     float m[ATTN_MAX_BLOCKS], l[ATTN_MAX_BLOCKS];
     for (int64_t t = 0; t < T; t++) {
         for (int h = 0; h < H; h++) {
@@ -423,7 +425,8 @@ static void cpu_attention(struct backend *b, int layer, const float *q, const fl
                 l[blk] = st0[blk * part + G + k];
             }
             cpu_attention_merge(&c->akr, (int)NB, m, l, st0 + 2 * G + (int64_t)k * Dh, part, Dh,
-                                norm, sinks[h], att + (t * H + h) * Dh);
+                                norm, sinks[h], sv ? sv + (int64_t)h * Dh : NULL,
+                                att + (t * H + h) * Dh);
         }
     }
 }

@@ -14,6 +14,8 @@
  *
  * Normalizers through one online pass (DESIGN.md): the running max starts at
  * s_h and the running sum at 1 (softmax1: s_h = 0; sink: the learned logit),
+ * and for sink the accumulator at the sink's value v_h (a.sinks_v; zero
+ * without it),
  * vanilla softmax at -inf and 0; softpick keeps relu(e^(z-m) - e^(-m)) as the
  * weight and |e^(z-m) - e^(-m)| in the denominator, both rescaled by
  * e^(m-m') when the max moves (m floored at SOFTPICK_M_FLOOR), and divides by
@@ -24,8 +26,9 @@
  * token). A block scores CUDA_ATT_SPLIT consecutive visit indices against
  * all G query heads of its kv head, so each K and V row is read once per
  * group (grouped-query aware), and writes a partial state (m, l, acc) per
- * head. The sink term lives in split 0's state only, so the exact merge adds
- * it once. Splits are fixed by visit index, never by batch size.
+ * head. The sink term (its weight, and its value e^(s_h - m) v_h in the
+ * accumulator) lives in split 0's state only, so the exact merge adds it once. Splits are fixed by
+ * visit index, never by batch size.
  *
  * Prefill (attention_prefill_kernel): one block per (tile of consecutive
  * tokens of one sequence, kv head). K/V tiles of 32 keys are staged in
@@ -142,6 +145,13 @@ __device__ __forceinline__ void sink_init(const cuda_attn_args &a, int h, float 
         *m = -INFINITY;
         *l = 0.0f;
     }
+}
+
+/* The sink term's value for query head h, column e, in the frame m = s_h:
+ * v_h[e] for the sink normalizer with sink values, else 0. */
+__device__ __forceinline__ float sink_value(const cuda_attn_args &a, int h, int e)
+{
+    return a.norm == MODEL_NORM_SINK && a.sinks_v ? a.sinks_v[(int64_t)h * a.Dh + e] : 0.0f;
 }
 
 __device__ __forceinline__ float warp_max(float x)
@@ -320,6 +330,13 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_split_kernel(cuda_attn_
 #pragma unroll
         for (int w = 0; w < ATT_WARPS; w++)
             s += red[w * G * DH + i];
+        if (split == 0 && a.norm == MODEL_NORM_SINK && a.sinks_v) {
+            /* the sink's value with its weight e^(s_h - mx) in this split's frame */
+            const int h = i / DH;
+            float m0, l0;
+            sink_init(a, g * G + h, &m0, &l0);
+            s += l0 * expf(m0 - mh[h]) * sink_value(a, g * G + h, i % DH);
+        }
         part[2 * G + i] = s;
     }
     if (tid < G) {
@@ -481,8 +498,8 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_prefill_kernel(cuda_att
 
     if (tid < rows)
         sink_init(a, g * G + tid % G, &m[tid], &l[tid]);
-    for (int idx = tid; idx < rows * DH; idx += ATT_THREADS)
-        acc[idx] = 0.0f;
+    for (int idx = tid; idx < rows * DH; idx += ATT_THREADS) /* weight 1 in the frame m = s_h */
+        acc[idx] = sink_value(a, g * G + (idx / DH) % G, idx % DH);
 
     /* the sinks, scored with the in-cache queries; token i sees cells < its n_sinks */
     int64_t max_sinks = 0;

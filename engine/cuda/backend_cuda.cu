@@ -383,6 +383,11 @@ static int issue_attention(struct backend *b, const struct cmd *k)
     a.tiles = (const struct cuda_tile *)(c->dmeta + c->ml.tiles);
     a.part = c->part;
     a.sinks = k->K >= 0 ? (const float *)(c->dmeta + c->ml.sinks) + k->K : NULL;
+    /* the sink values were uploaded with the weights (f32) */
+    const void *sv = b->model->w.layers[k->layer].attn_sinks_v.data;
+    a.sinks_v = sv && k->norm == MODEL_NORM_SINK ? (const float *)weight_dev(c, sv, 1) : NULL;
+    if (sv && k->norm == MODEL_NORM_SINK && !a.sinks_v)
+        return -EIO;
     a.geo = c->kgeo;
     a.layer = k->layer;
     a.norm = k->norm;
@@ -1004,10 +1009,10 @@ extern "C" int backend_cuda_init(struct backend *b, const struct model *m,
             rc = upload(c, &m->w.output, 0, err, err_len);
         for (int l = 0; rc == 0 && l < hp->n_layer; l++) {
             const struct model_layer *ly = &m->w.layers[l];
-            const struct tensor *f32s[] = {&ly->attn_norm, &ly->ffn_norm};
+            const struct tensor *f32s[] = {&ly->attn_norm, &ly->ffn_norm, &ly->attn_sinks_v};
             const struct tensor *f16s[] = {&ly->wq,     &ly->wk,   &ly->wv,    &ly->wo,
                                            &ly->w_gate, &ly->w_up, &ly->w_down};
-            for (size_t i = 0; rc == 0 && i < 2; i++)
+            for (size_t i = 0; rc == 0 && i < 3; i++)
                 rc = upload(c, f32s[i], 1, err, err_len);
             for (size_t i = 0; rc == 0 && i < 7; i++)
                 rc = upload(c, f16s[i], 0, err, err_len);

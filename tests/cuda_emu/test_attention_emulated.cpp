@@ -51,6 +51,11 @@
  * partial and split tiles, positions past 2^31, a decode split and a
  * prefill row's first key tile scoring below -100) was not reached.
  *
+ * The sink normalizer runs with sink values (cuda_attn_args.sinks_v, one
+ * random vector per query head; head 0's logit 6 makes its output nearly
+ * its v_h): the prefill accumulator starts at v_h, split 0 adds it with its
+ * weight, the merge counts it once.
+ *
  * Checks, each printed as "emu-vs-cpu NAME REL" (REL = max |emu - cpu| over
  * max |cpu|, infinite on NaN):
  * - NAME.decode / NAME.prefill: the attention output rows of the decode and
@@ -597,7 +602,7 @@ template <typename KV, int DH> struct rig {
     }
 
     /* The CPU reference: attention_probe_task for every (token, head). */
-    void reference(int norm, const float *sinks, std::vector<float> &out,
+    void reference(int norm, const float *sinks, const float *sinks_v, std::vector<float> &out,
                    std::vector<float> &probe) const
     {
         attn_kernels kr;
@@ -635,7 +640,7 @@ template <typename KV, int DH> struct rig {
                 const int64_t off = (t * H + h) * DH;
                 cpu_attention_row(&kr, q.data() + off, qc.data() + off, &keys, scale,
                                   (model_normalizer)norm, sinks ? sinks[h] : 0.0f,
-                                  out.data() + off);
+                                  sinks_v ? sinks_v + (int64_t)h * DH : nullptr, out.data() + off);
                 float *pr = probe.data() + (t * H + h) * BACKEND_PROBE_K;
                 for (int64_t v = 0; v < keys.probe_n && v < ATTN_PROBE_K; v++) {
                     int64_t rel =
@@ -652,7 +657,8 @@ template <typename KV, int DH> struct rig {
      * would agree with them, so it is held to this. Softpick's m is the row's
      * max score: every row there scores above -64 somewhere, where the -64
      * floor of the running max changes nothing. */
-    void reference_f64(int norm, const float *sinks, std::vector<float> &out) const
+    void reference_f64(int norm, const float *sinks, const float *sinks_v,
+                       std::vector<float> &out) const
     {
         out.assign((size_t)T * H * DH, 0.0f);
         std::vector<double> z, o(DH);
@@ -670,8 +676,11 @@ template <typename KV, int DH> struct rig {
                 if (virt)
                     l = exp(zs - m);
                 if (!(m > -INFINITY))
-                    continue; /* no keys, no sink term: zeros */
-                std::fill(o.begin(), o.end(), 0.0);
+                    continue;                /* no keys, no sink term: zeros */
+                for (int e = 0; e < DH; e++) /* the sink's value, weight e^(s_h - m) */
+                    o[e] = norm == MODEL_NORM_SINK && sinks_v
+                               ? l * (double)sinks_v[(int64_t)h * DH + e]
+                               : 0.0;
                 for (int64_t v = 0; v < nk; v++) {
                     const size_t off = kv_geometry_offset(&geo, seqs[seq_of[t]].slot, LAYER, h / G,
                                                           visit_cell(t, v));
@@ -698,7 +707,7 @@ template <typename KV, int DH> struct rig {
     };
 
     /* The emulated kernels, launched as attention.cu launches them. */
-    result emulate(int norm, const float *sinks, const std::string &name)
+    result emulate(int norm, const float *sinks, const float *sinks_v, const std::string &name)
     {
         const float fnan = NAN;
         __half hnan;
@@ -724,6 +733,7 @@ template <typename KV, int DH> struct rig {
         a.tiles = tiles.data();
         a.part = part.data();
         a.sinks = sinks;
+        a.sinks_v = sinks_v;
         a.geo = kgeo;
         a.layer = LAYER;
         a.norm = norm;
@@ -796,16 +806,22 @@ template <typename KV, int DH> struct rig {
         if (H > 2)
             sinks[2] = -6.0f;
         const float *sp = norm == MODEL_NORM_SINK ? sinks.data() : nullptr;
+        /* sink values (blk.N.attn_sinks_v), N(0, 4): head 0's dominant sink
+         * makes its output nearly v_0; softmax1 and softpick get none */
+        std::vector<float> sinks_v((size_t)H * DH);
+        for (float &x : sinks_v)
+            x = nrand(2.0);
+        const float *svp = norm == MODEL_NORM_SINK ? sinks_v.data() : nullptr;
 
         std::vector<float> ref_out, ref_probe;
-        reference(norm, sp, ref_out, ref_probe);
+        reference(norm, sp, svp, ref_out, ref_probe);
         std::vector<float> a, b;
         bool low = false;
         for (const seq_spec &s : sc.seqs)
             low |= s.low_n > 0;
         if (low) {
             std::vector<float> f64_out;
-            reference_f64(norm, sp, f64_out);
+            reference_f64(norm, sp, svp, f64_out);
             for (bool decode : {true, false}) {
                 rows(ref_out, decode, a);
                 rows(f64_out, decode, b);
@@ -814,7 +830,7 @@ template <typename KV, int DH> struct rig {
             }
         }
         cuda_emu::cfg().schedule = cuda_emu::SCHED_FORWARD;
-        const result r = emulate(norm, sp, name);
+        const result r = emulate(norm, sp, svp, name);
 
         if (!dec.empty()) {
             rows(r.out, true, a);
@@ -842,7 +858,7 @@ template <typename KV, int DH> struct rig {
             return;
         for (int s : {cuda_emu::SCHED_REVERSE, cuda_emu::SCHED_SHUFFLE}) {
             cuda_emu::cfg().schedule = s;
-            const result o = emulate(norm, sp, name + "." + cuda_emu::schedule_name(s));
+            const result o = emulate(norm, sp, svp, name + "." + cuda_emu::schedule_name(s));
             cuda_emu::cfg().schedule = cuda_emu::SCHED_FORWARD;
             size_t diff = 0;
             for (size_t i = 0; i < r.out.size(); i++)

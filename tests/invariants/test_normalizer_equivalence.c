@@ -113,7 +113,7 @@ static void op_run(const struct attn_kernels *kr, const struct op_case *c, const
         keys.run_start[r] = start[r];
         keys.run_len[r] = len[r];
     }
-    cpu_attention_row(kr, c->q, c->q, &keys, 1.0f / sqrtf((float)c->dh), norm, sink, out);
+    cpu_attention_row(kr, c->q, c->q, &keys, 1.0f / sqrtf((float)c->dh), norm, sink, NULL, out);
 }
 
 /* Scores in double of the first nk real keys (cells 1..nk), as the naive
@@ -129,9 +129,9 @@ static void naive_scores(const struct op_case *c, int nk, double *z)
     }
 }
 
-/* Two-pass softmax over the first nk real keys plus a sink term s (s = -inf:
- * vanilla; no keys and no sink term: zeros). */
-static void naive_sink_n(const struct op_case *c, int nk, double s, double *out)
+/* Two-pass softmax over the first nk real keys plus a sink term s with value
+ * sv (NULL: zero; s = -inf: vanilla; no keys and no sink term: zeros). */
+static void naive_sink_nv(const struct op_case *c, int nk, double s, const float *sv, double *out)
 {
     double z[N_KEYS], m = s, den;
     naive_scores(c, nk, z);
@@ -142,11 +142,16 @@ static void naive_sink_n(const struct op_case *c, int nk, double s, double *out)
     for (int j = 0; j < nk; j++)
         den += exp(z[j] - m);
     for (int i = 0; i < c->dh; i++) {
-        double a = 0;
+        double a = sv && !isinf(s) ? exp(s - m) * (double)sv[i] : 0.0;
         for (int j = 0; j < nk; j++)
             a += exp(z[j] - m) * (double)c->vf[(j + 1) * c->dh + i];
         out[i] = den > 0 ? a / den : 0.0;
     }
+}
+
+static void naive_sink_n(const struct op_case *c, int nk, double s, double *out)
+{
+    naive_sink_nv(c, nk, s, NULL, out);
 }
 
 static void naive_sink(const struct op_case *c, double s, double *out)
@@ -279,6 +284,116 @@ TEST(sink_term_equals_vanilla_softmax_with_one_zero_value_key_at_the_op_level)
     printf("  sink(s) vs vanilla+virtual key: first max diff %.3g, last %.3g; vs naive %.3g "
            "(%d kernel sets, f32+f16, Dh 16+64)\n",
            worst_first, worst_last, worst_naive, nk);
+}
+
+/*
+ * Sink values (gguf-normalizer.md, blk.N.attn_sinks_v): the sink term with
+ * logit s and value v_h == vanilla softmax with one extra key of logit s and
+ * value v_h, and == the formula (e^s v_h + sum_i e^{z_i} v_i) / (e^s + sum_i
+ * e^{z_i}) in double, through the row form and the split form (1..7 spans,
+ * including empty ones and no keys at all), scalar and AVX2 kernels, f32 and
+ * f16 keys. The virtual key placed first does the same float operations as
+ * the sink term (acc starts at v_h with weight 1): tolerance 0, as above.
+ * v_h ~ N(0, 4) is stored in f16 precision in cell 0 so that the f16-keys
+ * case holds the very same vector; OP_TOL as above. Other normalizers
+ * ignore v_h: softmax1 and softpick with and without it are identical.
+ */
+TEST(sink_values_equal_one_extra_key_with_that_value_and_the_formula)
+{
+    static const float sinks[] = {-3.0f, 0.0f, 1.25f, 8.0f};
+    static const int n_keys[] = {N_KEYS, 3, 1, 0};
+    static const int splits[] = {1, 2, 3, 7};
+    struct attn_kernels kr[2];
+    const char *names[2];
+    int nk_sets = kernel_sets(kr, names);
+    double worst_first = 0, worst_naive = 0, worst_split = 0;
+    for (int ki = 0; ki < nk_sets; ki++)
+        for (int f16 = 0; f16 <= 1; f16++)
+            for (int dhi = 0; dhi < 2; dhi++)
+                for (size_t si = 0; si < sizeof sinks / sizeof sinks[0]; si++) {
+                    const int dh = dhi ? 64 : 16;
+                    const float s = sinks[si];
+                    struct op_case *c = &g_case;
+                    uint64_t seed = 4242 + si * 13 + (uint64_t)dh + (uint64_t)f16;
+                    op_case_fill(c, dh, f16, seed);
+                    op_case_set_virtual(c, s);
+                    float sv[MAX_DH];
+                    for (int i = 0; i < dh; i++) {
+                        uint16_t h = quant_f32_to_f16((float)(2.0 * test_rng_normal(&seed)));
+                        sv[i] = quant_f16_to_f32(h);
+                        c->vf[i] = sv[i];
+                        c->vh[i] = h;
+                    }
+                    float o_sink[MAX_DH], o_first[MAX_DH];
+                    double o_naive[MAX_DH];
+                    struct attn_keys keys = {
+                        .k = f16 ? (const void *)c->kh : (const void *)c->kf,
+                        .v = f16 ? (const void *)c->vh : (const void *)c->vf,
+                        .f16 = f16,
+                        .head_dim = dh,
+                    };
+                    const float scale = 1.0f / sqrtf((float)dh);
+                    keys.run_start[0] = 1;
+                    keys.run_len[0] = N_KEYS;
+                    cpu_attention_row(&kr[ki], c->q, c->q, &keys, scale, MODEL_NORM_SINK, s, sv,
+                                      o_sink);
+                    keys.run_start[0] = 0;
+                    keys.run_len[0] = N_KEYS + 1;
+                    cpu_attention_row(&kr[ki], c->q, c->q, &keys, scale, MODEL_NORM_SOFTMAX, 0.0f,
+                                      sv /* ignored */, o_first);
+                    naive_sink_nv(c, N_KEYS, s, sv, o_naive);
+                    double d1 = diff_f(o_sink, o_first, dh), d2 = diff_d(o_sink, o_naive, dh);
+                    worst_first = d1 > worst_first ? d1 : worst_first;
+                    worst_naive = d2 > worst_naive ? d2 : worst_naive;
+                    if (!(d1 <= 0.0) || !(d2 <= OP_TOL))
+                        fprintf(stderr,
+                                "  %s f16=%d Dh=%d s=%g row: vs key first %.3g, naive %.3g\n",
+                                names[ki], f16, dh, (double)s, d1, d2);
+                    ASSERT(d1 <= 0.0);
+                    ASSERT(d2 <= OP_TOL);
+                    /* the split form, over cells 1..nk */
+                    for (size_t kn = 0; kn < 4; kn++)
+                        for (size_t sp_i = 0; sp_i < 4; sp_i++) {
+                            const int nk = n_keys[kn], S = splits[sp_i];
+                            float m[8], l[8], acc[8 * MAX_DH], o[MAX_DH];
+                            double n[MAX_DH];
+                            keys.run_start[0] = 1;
+                            keys.run_len[0] = nk;
+                            for (int sp = 0; sp < S; sp++)
+                                cpu_attention_span(&kr[ki], 1, c->q, c->q, &keys,
+                                                   (int64_t)nk * sp / S, (int64_t)nk * (sp + 1) / S,
+                                                   scale, 0, &m[sp], &l[sp], acc + sp * MAX_DH);
+                            cpu_attention_merge(&kr[ki], S, m, l, acc, MAX_DH, dh, MODEL_NORM_SINK,
+                                                s, sv, o);
+                            naive_sink_nv(c, nk, s, sv, n);
+                            double d = diff_d(o, n, dh);
+                            worst_split = d > worst_split ? d : worst_split;
+                            if (!(d <= OP_TOL))
+                                fprintf(stderr, "  %s f16=%d Dh=%d s=%g keys=%d splits=%d: %.3g\n",
+                                        names[ki], f16, dh, (double)s, nk, S, d);
+                            ASSERT(d <= OP_TOL);
+                        }
+                    /* no keys at all: the output is v_h itself */
+                    keys.run_len[0] = 0;
+                    cpu_attention_row(&kr[ki], c->q, c->q, &keys, scale, MODEL_NORM_SINK, s, sv,
+                                      o_sink);
+                    for (int i = 0; i < dh; i++)
+                        ASSERT(fabs((double)o_sink[i] - (double)sv[i]) <= OP_TOL);
+                    /* softmax1 and softpick ignore it */
+                    keys.run_len[0] = N_KEYS;
+                    static const enum model_normalizer others[] = {MODEL_NORM_SOFTMAX1,
+                                                                   MODEL_NORM_SOFTPICK};
+                    for (int oi = 0; oi < 2; oi++) {
+                        float a[MAX_DH], b[MAX_DH];
+                        cpu_attention_row(&kr[ki], c->q, c->q, &keys, scale, others[oi], s, sv, a);
+                        cpu_attention_row(&kr[ki], c->q, c->q, &keys, scale, others[oi], s, NULL,
+                                          b);
+                        ASSERT(diff_f(a, b, dh) <= 0.0);
+                    }
+                }
+    printf("  sink values: vs extra key first %.3g, row vs formula %.3g, spans+merge vs formula "
+           "%.3g (%d kernel sets, f32+f16, Dh 16+64)\n",
+           worst_first, worst_naive, worst_split, nk_sets);
 }
 
 TEST(softmax1_equals_sink_zero_and_vanilla_matches_the_naive_loop)
@@ -432,7 +547,8 @@ TEST(split_key_spans_merged_with_the_sink_term_match_the_naive_loops)
                                                (int64_t)nk * (sp + 1) / S, 1.0f / 8.0f,
                                                norms[ni] == MODEL_NORM_SOFTPICK, &m[sp], &l[sp],
                                                acc + sp * MAX_DH);
-                        cpu_attention_merge(&kr[ki], S, m, l, acc, MAX_DH, dh, norms[ni], sink, o);
+                        cpu_attention_merge(&kr[ki], S, m, l, acc, MAX_DH, dh, norms[ni], sink,
+                                            NULL, o);
                         double n[MAX_DH];
                         if (norms[ni] == MODEL_NORM_SOFTPICK)
                             naive_softpick_n(c, nk, n);
@@ -505,7 +621,8 @@ TEST(softpick_survives_spans_whose_scores_are_all_below_minus_88)
             keys.run_len[0] = nk;
             float o[MAX_DH];
             /* the row path: its first 60 keys are cold */
-            cpu_attention_row(&kr[ki], c->q, c->q, &keys, 1.0f / 8.0f, MODEL_NORM_SOFTPICK, 0, o);
+            cpu_attention_row(&kr[ki], c->q, c->q, &keys, 1.0f / 8.0f, MODEL_NORM_SOFTPICK, 0, NULL,
+                              o);
             double d = diff_d(o, n, dh);
             worst = d > worst ? d : worst;
             if (!(d <= OP_TOL))
@@ -518,7 +635,8 @@ TEST(softpick_survives_spans_whose_scores_are_all_below_minus_88)
                     cpu_attention_span(&kr[ki], 1, c->q, c->q, &keys, (int64_t)nk * sp / S,
                                        (int64_t)nk * (sp + 1) / S, 1.0f / 8.0f, 1, &m[sp], &l[sp],
                                        acc + sp * MAX_DH);
-                cpu_attention_merge(&kr[ki], S, m, l, acc, MAX_DH, dh, MODEL_NORM_SOFTPICK, 0, o);
+                cpu_attention_merge(&kr[ki], S, m, l, acc, MAX_DH, dh, MODEL_NORM_SOFTPICK, 0, NULL,
+                                    o);
                 d = diff_d(o, n, dh);
                 worst = d > worst ? d : worst;
                 if (!(d <= OP_TOL))

@@ -87,12 +87,12 @@ def test_bad_snapshots_get_a_clear_error_and_are_moved_aside(binary, model, tmp_
     data[len(data) // 2] ^= 0x10
     p["flip"].write_bytes(bytes(data))
     data = bytearray(p["version"].read_bytes())
-    data[8:12] = (3).to_bytes(4, "little")
+    data[8:12] = (4).to_bytes(4, "little")  # newer than any this server reads
     p["version"].write_bytes(reseal(data))
     data = bytearray(p["model"].read_bytes())
     data[24] ^= 0xFF  # the model file's SHA-256
     p["model"].write_bytes(reseal(data))
-    why = {"trunc": "truncated", "flip": "checksum", "version": "version 3",
+    why = {"trunc": "truncated", "flip": "checksum", "version": "version 4",
            "model": "another model"}
     s2 = Server(binary, model, args)
     try:

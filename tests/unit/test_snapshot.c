@@ -330,6 +330,36 @@ TEST(snapshot_written_by_an_independent_python_writer_decodes)
     ASSERT_EQ(k[1], 7);
 }
 
+TEST(snapshot_with_local_layers_written_by_an_independent_python_writer_decodes)
+{
+    /* tests/fuzz/corpus/fuzz_snapshot_decode/valid_f16_local3 was written from
+     * the version-3 layout in snapshot.h by a few lines of Python (struct,
+     * zlib): layer 0 local (window 3), layer 1 global, 12 positions stored */
+    const char *path = SS_FIXTURES_DIR "/../fuzz/corpus/fuzz_snapshot_decode/valid_f16_local3";
+    FILE *f = fopen(path, "rb");
+    ASSERT(f != NULL);
+    uint8_t buf[1024];
+    size_t n = fread(buf, 1, sizeof buf, f);
+    fclose(f);
+    struct snapshot_meta m;
+    const uint8_t *k, *v;
+    char err[200] = "";
+    int rc = snapshot_decode(buf, n, &m, &k, &v, err, sizeof err);
+    if (rc < 0)
+        fprintf(stderr, "  %s\n", err);
+    ASSERT_OK(rc);
+    ASSERT_STREQ(m.id, "seed-3");
+    ASSERT_EQ(m.version, 3);
+    ASSERT_EQ(m.swa_period, 2);
+    ASSERT_EQ(m.swa_window, 3);
+    ASSERT_EQ(m.n_local_cells, 3);
+    ASSERT_EQ(m.local_pos0, 1009);
+    ASSERT_EQ(m.n_cells, 7);
+    ASSERT_EQ(snapshot_kv_bytes(&m), (3 + 7) * 4 * 2);
+    ASSERT_EQ(k[1], 7);
+    ASSERT_EQ(v[1], 7);
+}
+
 /* The same snapshot in the version-1 layout (snapshot.h): no owner hash, the
  * key index at 76, the id length at 168. Caller frees. */
 static uint8_t *to_version_1(const uint8_t *v2, size_t len, int32_t key_index, size_t *out_len)

@@ -97,16 +97,18 @@ struct backend_ops {
      * memory, for tests and tools; only between steps (after sync). 0 or -EIO. */
     int (*copy_in)(struct backend *b, float *dst, const float *host_src, int64_t n);
     int (*copy_out)(struct backend *b, float *host_dst, const float *src, int64_t n);
-    /* Session snapshots: copies cells cell0 .. cell0+n-1 of every (layer, kv
-     * head) of one slot between KV storage and host memory, in the storage
-     * dtype (f16 or f32), bit for bit. Host layout, for K and for V alike:
-     * [L][Hkv][host_cells][Dh], the run going to (coming from) cells 0 .. n-1
-     * of each (layer, head) row of the host array. Only between steps.
-     * 0, -EINVAL (outside the slot or n > host_cells), or -EIO. */
-    int (*kv_export)(struct backend *b, int64_t slot, int64_t cell0, int64_t n, void *host_k,
-                     void *host_v, int64_t host_cells);
-    int (*kv_import)(struct backend *b, int64_t slot, int64_t cell0, int64_t n, const void *host_k,
-                     const void *host_v, int64_t host_cells);
+    /* Session snapshots: copies cells cell0 .. cell0+n-1 of every kv head of
+     * one layer of one slot between KV storage and host memory, in the
+     * storage dtype (f16 or f32), bit for bit. Cells are the layer's own
+     * (kv_geometry_layer_cells: a local layer has a ring of its own). Host
+     * layout, for K and for V alike: [Hkv][host_cells][Dh], the run going to
+     * (coming from) cells 0 .. n-1 of each head's row of the host array. Only
+     * between steps. 0, -EINVAL (outside the slot or layer, or n >
+     * host_cells), or -EIO. */
+    int (*kv_export)(struct backend *b, int64_t slot, int layer, int64_t cell0, int64_t n,
+                     void *host_k, void *host_v, int64_t host_cells);
+    int (*kv_import)(struct backend *b, int64_t slot, int layer, int64_t cell0, int64_t n,
+                     const void *host_k, const void *host_v, int64_t host_cells);
     /* Gemma 3's own element-wise ops (the CUDA backend does not run Gemma 3 yet
      * and refuses such a model at init, so it leaves these two NULL) */
     /* hb = gelu_tanh(hb) * hb2 (GeGLU)                             (T, F) */

@@ -342,29 +342,50 @@ void session_dir_close(struct engine *e)
 
 /* ---- save ---------------------------------------------------------------------------------- */
 
-/* Copies the stored cells of s (sinks, then window positions in order) between
- * the backend and K/V laid out [L][Hkv][m->n_cells][Dh]. */
-static int copy_cells(struct engine *e, const struct kv_seq *kv, const struct snapshot_meta *m,
-                      uint8_t *k, uint8_t *v, int import)
+/* Copies one layer's run of positions p0 .. pos_next-1 of kv (in its ring
+ * from cell kv->sink_base) to or from host cells off.. of K/V. */
+static int copy_run(struct backend *b, const struct kv_seq *kv, int layer, int64_t p0,
+                    int64_t pos_next, uint8_t *k, uint8_t *v, int64_t off, int64_t host_cells,
+                    size_t cell_bytes, int import)
 {
-    const struct backend_ops *op = e->dec.backend.ops;
-    size_t cell_bytes = (size_t)m->head_dim * (m->dtype == KV_DTYPE_F16 ? 2u : 4u);
+    const struct backend_ops *op = b->ops;
     int rc = 0;
-    if (m->n_sink_cells > 0)
-        rc = import
-                 ? op->kv_import(&e->dec.backend, kv->slot, 0, m->n_sink_cells, k, v, m->n_cells)
-                 : op->kv_export(&e->dec.backend, kv->slot, 0, m->n_sink_cells, k, v, m->n_cells);
-    int64_t off = m->n_sink_cells;
-    for (int64_t p = m->win_pos0; rc == 0 && p < m->pos_next;) {
+    for (int64_t p = p0; rc == 0 && p < pos_next;) {
         int64_t cell = kv_seq_cell(kv, p);
         int64_t len = kv->ring - p % kv->ring; /* up to the end of the ring */
-        if (len > m->pos_next - p)
-            len = m->pos_next - p;
+        if (len > pos_next - p)
+            len = pos_next - p;
         uint8_t *hk = k + (size_t)off * cell_bytes, *hv = v + (size_t)off * cell_bytes;
-        rc = import ? op->kv_import(&e->dec.backend, kv->slot, cell, len, hk, hv, m->n_cells)
-                    : op->kv_export(&e->dec.backend, kv->slot, cell, len, hk, hv, m->n_cells);
+        rc = import ? op->kv_import(b, kv->slot, layer, cell, len, hk, hv, host_cells)
+                    : op->kv_export(b, kv->slot, layer, cell, len, hk, hv, host_cells);
         p += len;
         off += len;
+    }
+    return rc;
+}
+
+int session_copy_cells(struct backend *b, const struct kv_geometry *g, const struct kv_seq *kv,
+                       const struct snapshot_meta *m, uint8_t *k, uint8_t *v, int import)
+{
+    const struct backend_ops *op = b->ops;
+    size_t cell_bytes = (size_t)m->head_dim * (m->dtype == KV_DTYPE_F16 ? 2u : 4u);
+    struct kv_seq local = g->swa_period > 0 ? kv_seq_local(kv, g) : *kv;
+    int rc = 0;
+    for (int l = 0; rc == 0 && l < m->n_layer; l++) {
+        size_t at = snapshot_layer_offset(m, l);
+        uint8_t *lk = k + at, *lv = v + at;
+        int64_t n = snapshot_layer_cells(m, l);
+        if (snapshot_layer_is_local(m, l)) {
+            rc = copy_run(b, &local, l, m->local_pos0, m->pos_next, lk, lv, 0, n, cell_bytes,
+                          import);
+            continue;
+        }
+        if (m->n_sink_cells > 0)
+            rc = import ? op->kv_import(b, kv->slot, l, 0, m->n_sink_cells, lk, lv, n)
+                        : op->kv_export(b, kv->slot, l, 0, m->n_sink_cells, lk, lv, n);
+        if (rc == 0)
+            rc = copy_run(b, kv, l, m->win_pos0, m->pos_next, lk, lv, m->n_sink_cells, n,
+                          cell_bytes, import);
     }
     return rc;
 }
@@ -675,13 +696,6 @@ int session_save(struct engine *e, struct seq *s, uint64_t answer_id, char *err,
         snprintf(err, err_len, "this server keeps sessions in memory only (no --session-dir)");
         return -ENOTSUP;
     }
-    if (e->dec.fwd.pool.geo.swa_period > 0) { /* local layers keep rings of their own */
-        snprintf(err, err_len,
-                 "sessions of a model with local attention layers (%s) are kept in "
-                 "memory only",
-                 e->dec.model.hp.arch);
-        return -ENOTSUP;
-    }
     double t0 = mono_s();
     /* a free place; when every place is taken, wait for the writer */
     struct session_saving *w = NULL;
@@ -716,6 +730,8 @@ int session_save(struct engine *e, struct seq *s, uint64_t answer_id, char *err,
     m->window = s->kv.window;
     m->pos_first = s->kv.pos_first;
     m->pos_next = s->kv.pos_next;
+    m->swa_period = g->swa_period;
+    m->swa_window = g->swa_period > 0 ? g->swa_window : 0;
     snapshot_meta_cells(m);
     m->next_tok = s->has_next ? s->next_tok : 0;
     m->has_next = s->has_next;
@@ -735,7 +751,7 @@ int session_save(struct engine *e, struct seq *s, uint64_t answer_id, char *err,
         goto fail;
     }
     snapshot_encode_header(m, w->buf, &w->k, &w->v);
-    rc = copy_cells(e, &s->kv, m, w->k, w->v, 0);
+    rc = session_copy_cells(&e->dec.backend, g, &s->kv, m, w->k, w->v, 0);
     if (rc < 0) {
         free(w->buf);
         w->buf = NULL;
@@ -851,6 +867,8 @@ static size_t max_snapshot(const struct engine *e)
     m.n_kv_head = g->n_kv_head;
     m.head_dim = g->head_dim;
     m.n_cells = g->n_sinks + g->window;
+    m.swa_period = g->swa_period;
+    m.n_local_cells = g->swa_period > 0 ? g->swa_window : 0;
     return SNAPSHOT_FIXED_HEADER + ENGINE_SESSION_ID_MAX + 2 * snapshot_kv_bytes(&m) + 4;
 }
 
@@ -970,6 +988,18 @@ int session_restore(struct engine *e, struct seq *s, const char *id, uint64_t ke
         e->stats.restore_failures_total++;
         return -1;
     }
+    int64_t g_swa_window = g->swa_period > 0 ? g->swa_window : 0;
+    if (m.swa_period != g->swa_period || m.swa_window != g_swa_window) {
+        free(buf);
+        se->status = 409;
+        snprintf(se->code, sizeof se->code, "session_snapshot_incompatible");
+        snprintf(se->message, sizeof se->message,
+                 "session '%s' was saved with local attention layers of period %d and window "
+                 "%lld; this server's model has period %d and window %lld (0: none)",
+                 id, m.swa_period, (long long)m.swa_window, g->swa_period, (long long)g_swa_window);
+        e->stats.restore_failures_total++;
+        return -1;
+    }
     if (kv_seq_init(&s->kv, g, s->kv.slot, m.policy, m.window, m.pos_first) < 0) {
         free(buf);
         se->status = 500;
@@ -979,7 +1009,7 @@ int session_restore(struct engine *e, struct seq *s, const char *id, uint64_t ke
     }
     s->kv.pos_next = m.pos_next;
     s->kv.n_evicted = m.n_evicted;
-    rc = copy_cells(e, &s->kv, &m, (uint8_t *)k, (uint8_t *)v, 1);
+    rc = session_copy_cells(&e->dec.backend, g, &s->kv, &m, (uint8_t *)k, (uint8_t *)v, 1);
     free(buf);
     if (rc == 0 && w && w->state == SAVE_HELD) { /* in memory again: its slot is the copy */
         free(w->buf);

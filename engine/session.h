@@ -12,6 +12,7 @@
 #define SS_SESSION_H
 
 #include "engine_impl.h"
+#include "snapshot.h"
 
 /* The seq (running or idle) of session sid, or NULL. */
 struct seq *session_find(struct engine *e, const char *sid);
@@ -30,6 +31,14 @@ void session_save_all(struct engine *e);
  * 0 when there is no directory. -errno with a message in err. */
 int session_dir_open(struct engine *e, char *err, size_t err_len);
 void session_dir_close(struct engine *e);
+
+/* Copies the cells a snapshot holds (snapshot.h: per layer, a global
+ * layer's sinks then window positions, a local layer's last positions, each
+ * in position order) between slot kv->slot of backend b (geometry g) and K/V
+ * laid out as m says: import 0 reads the backend into k/v, 1 writes k/v
+ * into it. 0 or the backend's error. */
+int session_copy_cells(struct backend *b, const struct kv_geometry *g, const struct kv_seq *kv,
+                       const struct snapshot_meta *m, uint8_t *k, uint8_t *v, int import);
 
 /* At most this many snapshots are in memory between the engine thread and
  * the disk (copied out of the KV cache, not yet written, or held after a

@@ -76,30 +76,62 @@ void snapshot_meta_cells(struct snapshot_meta *m)
     m->n_cells = m->n_sink_cells + nw;
     int64_t kept = m->n_sinks + m->window;
     m->n_evicted = stored > kept ? stored - kept : 0;
+    m->n_local_cells = 0;
+    if (m->swa_period > 0)
+        m->n_local_cells = stored < m->swa_window ? stored : m->swa_window;
+    m->local_pos0 = m->pos_next - m->n_local_cells;
+}
+
+int snapshot_layer_is_local(const struct snapshot_meta *m, int layer)
+{
+    return m->swa_period > 0 && (layer + 1) % m->swa_period != 0;
+}
+
+int64_t snapshot_layer_cells(const struct snapshot_meta *m, int layer)
+{
+    return snapshot_layer_is_local(m, layer) ? m->n_local_cells : m->n_cells;
+}
+
+size_t snapshot_layer_offset(const struct snapshot_meta *m, int layer)
+{
+    size_t cells = 0;
+    for (int l = 0; l < layer; l++)
+        cells += (size_t)snapshot_layer_cells(m, l);
+    return cells * (size_t)m->n_kv_head * (size_t)m->head_dim *
+           (m->dtype == KV_DTYPE_F16 ? 2u : 4u);
 }
 
 size_t snapshot_kv_bytes(const struct snapshot_meta *m)
 {
-    return (size_t)m->n_layer * (size_t)m->n_kv_head * (size_t)m->n_cells * (size_t)m->head_dim *
-           (m->dtype == KV_DTYPE_F16 ? 2u : 4u);
+    return snapshot_layer_offset(m, m->n_layer);
 }
 
 size_t snapshot_header_fixed(uint32_t version)
 {
-    return version == 1 ? SNAPSHOT_V1_FIXED_HEADER : SNAPSHOT_FIXED_HEADER;
+    return version == 1   ? SNAPSHOT_V1_FIXED_HEADER
+           : version == 2 ? SNAPSHOT_V2_FIXED_HEADER
+                          : SNAPSHOT_FIXED_HEADER;
+}
+
+uint32_t snapshot_write_version(const struct snapshot_meta *m)
+{
+    return m->swa_period > 0 ? 3 : 2;
 }
 
 size_t snapshot_size(const struct snapshot_meta *m)
 {
-    return SNAPSHOT_FIXED_HEADER + strlen(m->id) + 2 * snapshot_kv_bytes(m) + 4;
+    return snapshot_header_fixed(snapshot_write_version(m)) + strlen(m->id) +
+           2 * snapshot_kv_bytes(m) + 4;
 }
 
 void snapshot_encode_header(const struct snapshot_meta *m, uint8_t *b, uint8_t **k, uint8_t **v)
 {
+    uint32_t ver = snapshot_write_version(m);
+    size_t fixed = snapshot_header_fixed(ver);
     size_t idl = strlen(m->id);
-    size_t h = SNAPSHOT_FIXED_HEADER + idl;
+    size_t h = fixed + idl;
     memcpy(b, magic, 8);
-    put32(b + 8, SNAPSHOT_VERSION);
+    put32(b + 8, ver);
     put32(b + 12, (uint32_t)h);
     put64(b + 16, (uint64_t)snapshot_size(m));
     memcpy(b + 24, m->model_digest, 32);
@@ -122,9 +154,16 @@ void snapshot_encode_header(const struct snapshot_meta *m, uint8_t *b, uint8_t *
     put32(b + 156, (uint32_t)(m->has_next != 0));
     put64(b + 160, (uint64_t)m->saved_at);
     put64(b + 168, m->owner);
-    b[176] = (uint8_t)(idl & 0xFF);
-    b[177] = (uint8_t)(idl >> 8);
-    memcpy(b + SNAPSHOT_FIXED_HEADER, m->id, idl);
+    if (ver >= 3) {
+        put32(b + 176, (uint32_t)m->swa_period);
+        put32(b + 180, 0); /* reserved */
+        put64(b + 184, (uint64_t)m->swa_window);
+        put64(b + 192, (uint64_t)m->n_local_cells);
+        put64(b + 200, (uint64_t)m->local_pos0);
+    }
+    b[fixed - 2] = (uint8_t)(idl & 0xFF);
+    b[fixed - 1] = (uint8_t)(idl >> 8);
+    memcpy(b + fixed, m->id, idl);
     *k = b + h;
     *v = *k + snapshot_kv_bytes(m);
 }
@@ -149,8 +188,8 @@ int snapshot_decode_header(const uint8_t *b, size_t len, struct snapshot_meta *m
     if (memcmp(b, magic, 8) != 0)
         BAD("not a streamsink session snapshot (bad magic)");
     uint32_t ver = get32(b + 8);
-    if (ver != 1 && ver != SNAPSHOT_VERSION) {
-        snprintf(err, err_len, "snapshot format version %u; this server reads versions 1 and %d",
+    if (ver < 1 || ver > SNAPSHOT_VERSION) {
+        snprintf(err, err_len, "snapshot format version %u; this server reads versions 1 to %d",
                  ver, SNAPSHOT_VERSION);
         return -EPROTONOSUPPORT;
     }
@@ -209,9 +248,21 @@ int snapshot_decode_header(const uint8_t *b, size_t len, struct snapshot_meta *m
         BAD("bad window or positions");
     if (pk == KV_POLICY_DENSE && m->pos_next - m->pos_first > m->window)
         BAD("a dense session holds more than its window");
+    if (ver >= 3) {
+        uint32_t period = get32(b + 176);
+        m->swa_window = (int64_t)get64(b + 184);
+        if (get32(b + 180) != 0)
+            BAD("bad reserved field");
+        if (period > MAX_DIM || (period == 0 && m->swa_window != 0) ||
+            (period > 0 && (m->swa_window < 1 || m->swa_window > MAX_POS)))
+            BAD("bad local layers: period %u, window %lld", period, (long long)m->swa_window);
+        m->swa_period = (int)period;
+    }
     snapshot_meta_cells(m); /* the derived fields must agree with the stored ones */
     if ((int64_t)get64(b + 120) != m->n_evicted || (int64_t)get64(b + 128) != m->n_cells ||
-        (int64_t)get64(b + 136) != m->n_sink_cells || (int64_t)get64(b + 144) != m->win_pos0)
+        (int64_t)get64(b + 136) != m->n_sink_cells || (int64_t)get64(b + 144) != m->win_pos0 ||
+        (ver >= 3 &&
+         ((int64_t)get64(b + 192) != m->n_local_cells || (int64_t)get64(b + 200) != m->local_pos0)))
         BAD("cell counts do not match the positions");
     m->next_tok = (int32_t)get32(b + 152);
     uint32_t hn = get32(b + 156);
@@ -233,12 +284,19 @@ int snapshot_decode(const uint8_t *b, size_t len, struct snapshot_meta *m, const
     if (total != len)
         BAD("%s: the file has %zu bytes, its header says %llu",
             len < total ? "truncated" : "trailing bytes", len, (unsigned long long)total);
-    /* n_cells <= 2^62 and the dims <= 2^16 each: check the product fits */
+    /* the cell counts <= 2^62 and the dims <= 2^16 each: check the product fits */
     size_t h = snapshot_header_fixed(m->version) + strlen(m->id);
     size_t esz = m->dtype == KV_DTYPE_F16 ? 2 : 4;
-    size_t row = (size_t)m->n_layer * (size_t)m->n_kv_head * (size_t)m->head_dim * esz;
-    if (len < h + 4 || (uint64_t)m->n_cells > (len - h - 4) / 2 / row)
+    size_t row = (size_t)m->n_kv_head * (size_t)m->head_dim * esz; /* one layer's cell */
+    if (len < h + 4)
         BAD("truncated: the KV cells do not fit the file");
+    uint64_t room = (len - h - 4) / 2 / row, cells = 0;
+    for (int l = 0; l < m->n_layer; l++) {
+        uint64_t c = (uint64_t)snapshot_layer_cells(m, l);
+        if (c > room - cells)
+            BAD("truncated: the KV cells do not fit the file");
+        cells += c;
+    }
     size_t kvb = snapshot_kv_bytes(m);
     if (h + 2 * kvb + 4 != len)
         BAD("the file size does not match its KV cells");

@@ -10,12 +10,14 @@
  * (a snapshot of another model is refused). The sampler is not stored: it
  * lives per request (each request seeds its own), so an idle session has none.
  *
- * Layout, little-endian, version 2:
+ * Two layouts are written: version 2 for a model whose layers are all
+ * global, version 3 for one with local sliding-window layers (Gemma 3's),
+ * whose cells a version-2 reader would misplace. Little-endian, version 3:
  *
  *   off  size  field
  *     0     8  magic "SSNAPKV\0"
- *     8     4  version (2)
- *    12     4  header bytes H (178 + id length): where the KV data starts
+ *     8     4  version (3)
+ *    12     4  header bytes H (210 + id length): where the KV data starts
  *    16     8  file bytes (all of it, the checksum included)
  *    24    32  SHA-256 of the model file
  *    56     4  KV dtype (0 f16, 1 f32)
@@ -30,21 +32,34 @@
  *   152     4  next token                    156  4  next token pending (0/1)
  *   160     8  saved at (unix seconds)
  *   168     8  owner: keyed hash of the API key that made it (0: an open server)
- *   176     2  id length, then the id ([A-Za-z0-9_-])
- *     H        K: [L][Hkv][n][Dh] cells in position order (the ns sinks p0..,
- *              then positions w0 .. pos_next-1), in the dtype
+ *   176     4  local layers' period P (0: every layer is global; else layer l
+ *              is local iff (l + 1) % P != 0, kv_geometry.swa_period)
+ *   180     4  reserved (0)
+ *   184     8  local window Wl (kv_geometry.swa_window; 0 when P is 0)
+ *   192     8  local cells nl = min(Wl, pos_next - p0) (0 when P is 0)
+ *   200     8  first local position l0 = pos_next - nl
+ *   208     2  id length, then the id ([A-Za-z0-9_-])
+ *     H        K: layer after layer, each [Hkv][n_l][Dh] cells in position
+ *              order, in the dtype: for a global layer n_l = n (the ns sinks
+ *              p0.., then positions w0 .. pos_next-1); for a local layer
+ *              n_l = nl (positions l0 .. pos_next-1)
  *              V: the same
  *   end-4   4  CRC-32 (zlib) of every byte before it
  *
- * Version 1 (read, never written) is the same without the owner hash: the
- * owner was the index of the API key in the server's key list (int32 at 76;
- * -1: an open server), the id length at 168 and H = 170 + id length. An
- * index means nothing once the key list changes, so a version-1 snapshot of
- * a key decodes with owner_unknown set (the server refuses to restore it and
- * keeps the file); one of an open server decodes with owner 0.
+ * Version 2 (written when every layer is global) is version 3 without the
+ * local layers' fields: the id length at 176, H = 178 + id length, K
+ * [L][Hkv][n][Dh]. Version 1 (read, never written) is version 2
+ * without the owner hash: the owner was the index of the API key in the
+ * server's key list (int32 at 76; -1: an open server), the id length at 168
+ * and H = 170 + id length. An index means nothing once the key list
+ * changes, so a version-1 snapshot of a key decodes with owner_unknown set
+ * (the server refuses to restore it and keeps the file); one of an open
+ * server decodes with owner 0.
  *
  * The window cells stored are the last min(W, stored) positions: what the
- * next query can see (it sees W - 1 of them plus itself).
+ * next query can see (it sees W - 1 of them plus itself). A local layer
+ * keeps no sinks and the last min(Wl, stored) positions, whatever the
+ * policy.
  */
 #ifndef SS_SNAPSHOT_H
 #define SS_SNAPSHOT_H
@@ -55,8 +70,9 @@
 #include "engine.h"
 #include "kvcache.h"
 
-#define SNAPSHOT_VERSION 2
-#define SNAPSHOT_FIXED_HEADER 178    /* header bytes before the id */
+#define SNAPSHOT_VERSION 3           /* the newest this server reads and writes */
+#define SNAPSHOT_FIXED_HEADER 210    /* header bytes before the id, version 3 (the most) */
+#define SNAPSHOT_V2_FIXED_HEADER 178 /* ... in version 2 */
 #define SNAPSHOT_V1_FIXED_HEADER 170 /* ... in version 1 */
 
 struct snapshot_meta {
@@ -69,20 +85,32 @@ struct snapshot_meta {
     int owner_unknown;       /* decoded: a version-1 snapshot of a key (owner not known) */
     int64_t n_sinks, window, pos_first, pos_next, n_evicted;
     int64_t n_cells, n_sink_cells, win_pos0;
+    int swa_period;                    /* local layers (kv_geometry.swa_period); 0: all global */
+    int64_t swa_window;                /* their window (0 when swa_period is 0) */
+    int64_t n_local_cells, local_pos0; /* derived: cells a local layer stores, from */
     int32_t next_tok;
     int has_next;
     int64_t saved_at;
     char id[ENGINE_SESSION_ID_MAX];
 };
 
-/* Fills the derived cell fields (n_evicted, n_sink_cells, win_pos0, n_cells)
- * from policy, n_sinks, window and positions. */
+/* Fills the derived cell fields (n_evicted, n_sink_cells, win_pos0, n_cells,
+ * n_local_cells, local_pos0) from policy, n_sinks, window, swa_period,
+ * swa_window and positions. */
 void snapshot_meta_cells(struct snapshot_meta *m);
+/* 1 if layer l of m is local (swa_period, as kv_geometry_layer_is_local). */
+int snapshot_layer_is_local(const struct snapshot_meta *m, int layer);
+/* Cells stored for layer l: n_local_cells for a local layer, else n_cells. */
+int64_t snapshot_layer_cells(const struct snapshot_meta *m, int layer);
+/* Byte offset of layer l's cells inside K (= inside V). */
+size_t snapshot_layer_offset(const struct snapshot_meta *m, int layer);
 /* Bytes of K (= of V) for m. */
 size_t snapshot_kv_bytes(const struct snapshot_meta *m);
 /* Header bytes before the id in a snapshot of that format version. */
 size_t snapshot_header_fixed(uint32_t version);
-/* Bytes of the whole snapshot for m (written as the current version). */
+/* The version m is written as: 3 with local layers (swa_period > 0), else 2. */
+uint32_t snapshot_write_version(const struct snapshot_meta *m);
+/* Bytes of the whole snapshot for m (written as snapshot_write_version). */
 size_t snapshot_size(const struct snapshot_meta *m);
 /* Writes m's header at buf (snapshot_size(m) bytes); the caller fills K at
  * *k and V at *v (snapshot_kv_bytes each), then calls snapshot_seal. */

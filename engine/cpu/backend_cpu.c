@@ -500,46 +500,42 @@ static int cpu_copy(struct backend *b, float *dst, const float *src, int64_t n)
 /* ---- KV snapshots ------------------------------------------------------------------------- */
 
 /* dir 0: storage -> host (export), 1: host -> storage (import) */
-static int kv_copy(struct backend *b, int64_t slot, int64_t cell0, int64_t n, void *hk, void *hv,
-                   int64_t host_cells, int dir)
+static int kv_copy(struct backend *b, int64_t slot, int layer, int64_t cell0, int64_t n, void *hk,
+                   void *hv, int64_t host_cells, int dir)
 {
     struct cpu_ctx *c = b->ctx;
     const struct kv_geometry *g = &c->geo;
-    if (g->swa_period > 0) /* local layers keep positions in cells of their own */
-        return -ENOTSUP;
-    if (slot < 0 || slot >= g->n_slots || cell0 < 0 || n < 0 || n > host_cells ||
-        cell0 + n > kv_geometry_cells(g))
+    if (slot < 0 || slot >= g->n_slots || layer < 0 || layer >= g->n_layer || cell0 < 0 || n < 0 ||
+        n > host_cells || cell0 + n > kv_geometry_layer_cells(g, layer))
         return -EINVAL;
     const size_t esz = c->kv_f16 ? 2 : 4;
     const size_t row = (size_t)g->head_dim * esz;
-    for (int l = 0; l < g->n_layer; l++) {
-        for (int h = 0; h < g->n_kv_head; h++) {
-            size_t off = kv_geometry_offset(g, slot, l, h, cell0) * esz;
-            size_t hoff = ((size_t)l * (size_t)g->n_kv_head + (size_t)h) * (size_t)host_cells * row;
-            char *sk = (char *)c->kmem + off, *sv = (char *)c->vmem + off;
-            char *dk = (char *)hk + hoff, *dv = (char *)hv + hoff;
-            if (dir == 0) {
-                memcpy(dk, sk, (size_t)n * row);
-                memcpy(dv, sv, (size_t)n * row);
-            } else {
-                memcpy(sk, dk, (size_t)n * row);
-                memcpy(sv, dv, (size_t)n * row);
-            }
+    for (int h = 0; h < g->n_kv_head; h++) {
+        size_t off = kv_geometry_offset(g, slot, layer, h, cell0) * esz;
+        size_t hoff = (size_t)h * (size_t)host_cells * row;
+        char *sk = (char *)c->kmem + off, *sv = (char *)c->vmem + off;
+        char *dk = (char *)hk + hoff, *dv = (char *)hv + hoff;
+        if (dir == 0) {
+            memcpy(dk, sk, (size_t)n * row);
+            memcpy(dv, sv, (size_t)n * row);
+        } else {
+            memcpy(sk, dk, (size_t)n * row);
+            memcpy(sv, dv, (size_t)n * row);
         }
     }
     return 0;
 }
 
-static int cpu_kv_export(struct backend *b, int64_t slot, int64_t cell0, int64_t n, void *hk,
-                         void *hv, int64_t host_cells)
+static int cpu_kv_export(struct backend *b, int64_t slot, int layer, int64_t cell0, int64_t n,
+                         void *hk, void *hv, int64_t host_cells)
 {
-    return kv_copy(b, slot, cell0, n, hk, hv, host_cells, 0);
+    return kv_copy(b, slot, layer, cell0, n, hk, hv, host_cells, 0);
 }
 
-static int cpu_kv_import(struct backend *b, int64_t slot, int64_t cell0, int64_t n, const void *hk,
-                         const void *hv, int64_t host_cells)
+static int cpu_kv_import(struct backend *b, int64_t slot, int layer, int64_t cell0, int64_t n,
+                         const void *hk, const void *hv, int64_t host_cells)
 {
-    return kv_copy(b, slot, cell0, n, (void *)hk, (void *)hv, host_cells, 1);
+    return kv_copy(b, slot, layer, cell0, n, (void *)hk, (void *)hv, host_cells, 1);
 }
 
 static const struct backend_ops cpu_ops = {

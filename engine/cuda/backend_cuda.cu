@@ -788,27 +788,29 @@ static int cuda_copy_out(struct backend *b, float *dst, const float *src, int64_
     return copy_on_stream(ctx_of(b), dst, src, (size_t)n * sizeof(float), cudaMemcpyDeviceToHost);
 }
 
-/* Session snapshots: one strided copy per direction and tensor; the
- * (layer, head) rows of a slot are kgeo.per_head elements apart on the
+/* Session snapshots: one strided copy per direction and tensor; the kv
+ * head rows of one layer of a slot are kgeo.per_head elements apart on the
  * device and host_cells * Dh apart on the host. */
-static int kv_copy(struct backend *b, int64_t slot, int64_t cell0, int64_t n, void *hk, void *hv,
-                   int64_t host_cells, cudaMemcpyKind kind)
+static int kv_copy(struct backend *b, int64_t slot, int layer, int64_t cell0, int64_t n, void *hk,
+                   void *hv, int64_t host_cells, cudaMemcpyKind kind)
 {
     struct cuda_ctx *c = ctx_of(b);
     const struct model_hparams *hp = &b->model->hp;
     int rc = 0;
-    if (slot < 0 || cell0 < 0 || n < 0 || n > host_cells || cell0 + n > c->kgeo.cells ||
-        (size_t)slot * (size_t)c->kgeo.per_slot >= c->kv_elems)
+    if (slot < 0 || layer < 0 || layer >= hp->n_layer || cell0 < 0 || n < 0 || n > host_cells ||
+        cell0 + n > c->kgeo.cells || (size_t)slot * (size_t)c->kgeo.per_slot >= c->kv_elems)
         return -EINVAL;
     if (n == 0)
         return 0;
     const size_t esz = c->kv_f16 ? 2 : 4;
     const size_t dev_off =
-        ((size_t)slot * (size_t)c->kgeo.per_slot + (size_t)cell0 * hp->head_dim) * esz;
+        ((size_t)slot * (size_t)c->kgeo.per_slot + (size_t)layer * (size_t)c->kgeo.per_layer +
+         (size_t)cell0 * hp->head_dim) *
+        esz;
     const size_t dpitch = (size_t)c->kgeo.per_head * esz;
     const size_t hpitch = (size_t)host_cells * (size_t)hp->head_dim * esz;
     const size_t width = (size_t)n * (size_t)hp->head_dim * esz;
-    const size_t rows = (size_t)hp->n_layer * (size_t)hp->n_head_kv;
+    const size_t rows = (size_t)hp->n_head_kv;
     char *dk = (char *)c->kmem + dev_off, *dv = (char *)c->vmem + dev_off;
     CUDA_TRY(cudaSetDevice(c->device));
     if (kind == cudaMemcpyDeviceToHost) {
@@ -824,16 +826,17 @@ fail:
     return rc;
 }
 
-static int cuda_kv_export(struct backend *b, int64_t slot, int64_t cell0, int64_t n, void *hk,
-                          void *hv, int64_t host_cells)
+static int cuda_kv_export(struct backend *b, int64_t slot, int layer, int64_t cell0, int64_t n,
+                          void *hk, void *hv, int64_t host_cells)
 {
-    return kv_copy(b, slot, cell0, n, hk, hv, host_cells, cudaMemcpyDeviceToHost);
+    return kv_copy(b, slot, layer, cell0, n, hk, hv, host_cells, cudaMemcpyDeviceToHost);
 }
 
-static int cuda_kv_import(struct backend *b, int64_t slot, int64_t cell0, int64_t n, const void *hk,
-                          const void *hv, int64_t host_cells)
+static int cuda_kv_import(struct backend *b, int64_t slot, int layer, int64_t cell0, int64_t n,
+                          const void *hk, const void *hv, int64_t host_cells)
 {
-    return kv_copy(b, slot, cell0, n, (void *)hk, (void *)hv, host_cells, cudaMemcpyHostToDevice);
+    return kv_copy(b, slot, layer, cell0, n, (void *)hk, (void *)hv, host_cells,
+                   cudaMemcpyHostToDevice);
 }
 
 static void cuda_free(struct backend *b)

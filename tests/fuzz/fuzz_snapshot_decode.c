@@ -37,7 +37,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     char err[200];
     if (snapshot_decode(buf, size, &m, &k, &v, err, sizeof err) == 0) {
         size_t kvb = snapshot_kv_bytes(&m);
-        if (k < buf || v + kvb > buf + size || snapshot_size(&m) != size)
+        size_t want = snapshot_header_fixed(m.version) + strlen(m.id) + 2 * kvb + 4;
+        if (k < buf || v + kvb > buf + size || want != size)
             abort();
         if (kvb > 0)
             sink = (uint8_t)(k[0] ^ k[kvb - 1] ^ v[0] ^ v[kvb - 1]);

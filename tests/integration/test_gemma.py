@@ -1,11 +1,13 @@
 """Gemma 3 270M served end to end with the official openai client: completions
 (streamed and not, greedy, the same text), a chat in Gemma's turn format, and
-a stream that runs past the local layers' 512-token window. Skips only when
+a stream that runs past the local layers' 512-token window, and a session
+past that window saved, restored by the next process and continued exactly.
+Skips only when
 the Gemma file is absent (scripts/fetch-model.sh gemma3-270m)."""
 import pytest
 
 from conftest import Server
-from session_util import call, complete
+from session_util import call, complete, continuation
 
 
 @pytest.fixture(scope="module")
@@ -60,19 +62,41 @@ def test_gemma_streams_past_the_local_window(gemma):
     assert "".join(pieces).strip()
 
 
-def test_gemma_session_save_is_refused_clearly_and_the_session_stays_usable(binary, gemma_model,
-                                                                          tmp_path):
+def test_gemma_session_past_the_local_window_continues_after_a_restart_exactly(binary,
+                                                                             gemma_model,
+                                                                             tmp_path):
+    # a session longer than the local layers' 512-token window is saved (POST
+    # .../save, then again on SIGTERM), read back by the next process and
+    # continued: the same tokens and logprobs as the same session continued
+    # without leaving memory
     d = tmp_path / "sessions"
     d.mkdir()
-    s = Server(binary, gemma_model, ["--max-seqs", "2", "--window", "1024",
-                                     "--session-dir", str(d)])
+    args = ["--max-seqs", "2", "--window", "1024", "--session-dir", str(d)]
+    prompt = "The river ran past the old mill and under the stone bridge. " * 50
+    turn2 = " Then the rain came, and"
+    s1 = Server(binary, gemma_model, args)
     try:
-        status, body = complete(s, "The capital of France is", "g1", max_tokens=4)
+        for sid in ("g-ref", "g-live"):
+            status, r = complete(s1, prompt, sid, max_tokens=8)
+            assert status == 200, r
+            assert r["session"]["tokens_seen"] > 512  # the local layers slid
+        status, body = call(s1, "POST", "/v1/sessions/g-live/save")
         assert status == 200, body
-        status, body = call(s, "POST", "/v1/sessions/g1/save")
-        assert status == 400, body
-        assert "local attention layers" in body["error"]["message"], body
-        status, body = complete(s, " and", "g1", max_tokens=4)  # still in memory
-        assert status == 200, body
+        status, r = complete(s1, turn2, "g-ref", max_tokens=16)
+        assert status == 200, r
+        assert r["session"]["restored"] is False and r["session"]["created"] is False
+        ref = continuation(r)
     finally:
-        assert s.stop() == 0, s.log()
+        assert s1.stop() == 0, s1.log()
+    data = (d / "g-live.snap").read_bytes()
+    assert data[8:12] == (3).to_bytes(4, "little")  # the layout with local layers
+    assert int.from_bytes(data[176:180], "little") == 6  # every sixth layer is global
+    assert int.from_bytes(data[184:192], "little") == 512
+    s2 = Server(binary, gemma_model, args)
+    try:
+        status, r = complete(s2, turn2, "g-live", max_tokens=16, session_create=False)
+        assert status == 200, r
+        assert r["session"]["restored"] is True
+        assert continuation(r) == ref
+    finally:
+        assert s2.stop() == 0, s2.log()

@@ -10,6 +10,7 @@ the session API lists, describes and deletes, bound to the key."""
 import os
 import resource
 import signal
+import struct
 
 import pytest
 
@@ -87,12 +88,12 @@ def test_bad_snapshots_get_a_clear_error_and_are_moved_aside(binary, model, tmp_
     data[len(data) // 2] ^= 0x10
     p["flip"].write_bytes(bytes(data))
     data = bytearray(p["version"].read_bytes())
-    data[8:12] = (3).to_bytes(4, "little")
+    data[8:12] = (4).to_bytes(4, "little")  # newer than any this server reads
     p["version"].write_bytes(reseal(data))
     data = bytearray(p["model"].read_bytes())
     data[24] ^= 0xFF  # the model file's SHA-256
     p["model"].write_bytes(reseal(data))
-    why = {"trunc": "truncated", "flip": "checksum", "version": "version 3",
+    why = {"trunc": "truncated", "flip": "checksum", "version": "version 4",
            "model": "another model"}
     s2 = Server(binary, model, args)
     try:
@@ -110,6 +111,54 @@ def test_bad_snapshots_get_a_clear_error_and_are_moved_aside(binary, model, tmp_
         st, r = complete(s2, TURN2, "bad-good", max_tokens=4)
         assert st == 200 and r["session"]["restored"] is True
         assert s2.metrics()["streamsink_session_restore_failures_total"] == 4
+    finally:
+        assert s2.stop() == 0, s2.log()
+
+
+def to_local_layers(data, period):
+    """A version-2 snapshot (every layer global) rewritten as version 3 of a
+    model whose layers are all local (period > layers), with a local window
+    equal to the global cells stored: the same KV bytes, a consistent file
+    (layout in engine/snapshot.h). Period 0: version 3 with no local layers."""
+    n = struct.unpack_from("<Q", data, 128)[0]  # cells stored
+    pos_next = struct.unpack_from("<Q", data, 112)[0]
+    idl = data[176] | data[177] << 8
+    if period == 0:  # no local layers: no local window, no local cells
+        n = 0
+    body = bytearray(data[:176]) + struct.pack("<IIQQQ", period, 0, n, n, pos_next - n) + \
+        data[176:]
+    body[8:12] = struct.pack("<I", 3)
+    body[12:16] = struct.pack("<I", 210 + idl)
+    body[16:24] = struct.pack("<Q", len(body))
+    return reseal(bytes(body))
+
+
+def test_a_snapshot_of_other_local_layers_is_incompatible_and_kept(binary, model, tmp_path):
+    d = tmp_path / "sessions"
+    d.mkdir()
+    args = ["--session-dir", str(d), "--window", WINDOW]
+    s1 = Server(binary, model, args)
+    try:
+        st, r = complete(s1, LONG, "loc", max_tokens=4)
+        assert st == 200, r
+    finally:
+        assert s1.stop() == 0, s1.log()
+    f = d / "loc.snap"
+    data = f.read_bytes()
+    assert data[8:12] == (2).to_bytes(4, "little")  # SmolLM2's layers are all global
+    changed = to_local_layers(data, 64)
+    f.write_bytes(changed)
+    s2 = Server(binary, model, args)
+    try:
+        st, r = complete(s2, TURN2, "loc", max_tokens=4, session_create=False)
+        assert st == 409, r
+        assert r["error"]["code"] == "session_snapshot_incompatible", r
+        assert "local attention layers of period 64" in r["error"]["message"], r
+        assert f.read_bytes() == changed  # kept, not moved aside
+        f.write_bytes(to_local_layers(data, 0))  # period 0: every layer global again
+        st, r = complete(s2, TURN2, "loc", max_tokens=4, session_create=False)
+        assert st == 200, r
+        assert r["session"]["restored"] is True
     finally:
         assert s2.stop() == 0, s2.log()
 

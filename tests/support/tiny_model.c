@@ -85,6 +85,9 @@ int tiny_model_init(struct tiny_model *tm, const struct tiny_config *c)
     hp->n_ctx_train = 1 << 20;
     hp->norm_eps = c->norm_eps;
     hp->rope_base = c->rope_base;
+    hp->rope_base_local = c->rope_base;
+    hp->n_swa = c->n_swa;
+    hp->swa_period = c->swa_period;
     hp->rope_dim = c->head_dim;
     hp->attn_scale = (float)(1.0 / sqrt((double)c->head_dim)); /* as model.c sets it */
     hp->normalizer = c->normalizer;

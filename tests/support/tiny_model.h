@@ -48,6 +48,11 @@ struct tiny_config {
     float sink_mean;  /* sink logits s_h ~ N(sink_mean, sink_sigma) for MODEL_NORM_SINK */
     float sink_sigma;
     uint64_t seed;
+    /* local sliding-window layers, as Gemma 3's (model_hparams n_swa and
+     * swa_period; 0: every layer global): layer l is local iff
+     * (l + 1) % swa_period != 0 and sees the last n_swa positions */
+    int swa_period;
+    int n_swa;
 };
 
 struct tiny_config tiny_config_default(void);

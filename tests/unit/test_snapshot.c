@@ -20,6 +20,7 @@
 
 #include "engine/backend.h"
 #include "engine/forward.h"
+#include "engine/session.h"
 #include "engine/snapshot.h"
 
 static struct snapshot_meta sample_meta(void)
@@ -104,7 +105,7 @@ TEST(snapshot_round_trip_gives_back_every_field_and_byte)
     ASSERT_EQ(d.policy.kind, m.policy.kind);
     ASSERT_EQ(d.policy.n_sinks, m.policy.n_sinks);
     ASSERT(d.owner == 0xF00DCAFE12345679ull);
-    ASSERT_EQ(d.version, SNAPSHOT_VERSION);
+    ASSERT_EQ(d.version, 2); /* every layer global: the version-2 layout */
     ASSERT_EQ(d.owner_unknown, 0);
     ASSERT_EQ(d.pos_first, m.pos_first);
     ASSERT_EQ(d.pos_next, m.pos_next);
@@ -159,17 +160,101 @@ TEST(snapshot_every_bit_flip_is_refused)
     free(buf);
 }
 
+/* sample_meta of a model with local layers: layer 0 local (window 3),
+ * layer 1 global; written as version 3. */
+static struct snapshot_meta sample_meta_local(void)
+{
+    struct snapshot_meta m = sample_meta();
+    m.swa_period = 2;
+    m.swa_window = 3;
+    snapshot_meta_cells(&m);
+    return m;
+}
+
+TEST(snapshot_with_local_layers_is_version_3_and_round_trips)
+{
+    struct snapshot_meta m = sample_meta_local(), d;
+    ASSERT_EQ(m.n_local_cells, 3); /* the last 3 of 12 positions */
+    ASSERT_EQ(m.local_pos0, 1009);
+    ASSERT(snapshot_layer_is_local(&m, 0) && !snapshot_layer_is_local(&m, 1));
+    ASSERT_EQ(snapshot_layer_cells(&m, 0), 3);
+    ASSERT_EQ(snapshot_layer_cells(&m, 1), 7);
+    ASSERT_EQ(snapshot_layer_offset(&m, 1), 1 * 3 * 4 * 2);
+    ASSERT_EQ(snapshot_kv_bytes(&m), 1 * (3 + 7) * 4 * 2);
+    size_t len;
+    uint8_t *buf = build(&m, &len);
+    ASSERT_EQ(len, 210 + strlen(m.id) + 2 * snapshot_kv_bytes(&m) + 4);
+    ASSERT_EQ(buf[8], 3);
+    const uint8_t *k, *v;
+    char err[200] = "";
+    int rc = snapshot_decode(buf, len, &d, &k, &v, err, sizeof err);
+    if (rc < 0)
+        fprintf(stderr, "  %s\n", err);
+    ASSERT_OK(rc);
+    ASSERT_EQ(d.version, 3);
+    ASSERT_EQ(d.swa_period, 2);
+    ASSERT_EQ(d.swa_window, 3);
+    ASSERT_EQ(d.n_local_cells, 3);
+    ASSERT_EQ(d.local_pos0, 1009);
+    ASSERT(d.owner == m.owner);
+    ASSERT_STREQ(d.id, "sess_abc-1");
+    ASSERT_EQ(k[0], 5);
+    ASSERT_EQ(v[0], 11);
+    ASSERT(k + snapshot_kv_bytes(&m) == v);
+    /* a short session: the local layers hold every position */
+    m.pos_next = m.pos_first + 2;
+    snapshot_meta_cells(&m);
+    ASSERT_EQ(m.n_local_cells, 2);
+    ASSERT_EQ(m.local_pos0, m.pos_first);
+    free(buf);
+}
+
+TEST(snapshot_with_local_layers_refuses_every_truncation_flip_and_disagreeing_field)
+{
+    struct snapshot_meta m = sample_meta_local(), d;
+    size_t len;
+    uint8_t *buf = build(&m, &len);
+    char err[200];
+    const uint8_t *k, *v;
+    for (size_t n = 0; n < len; n++) {
+        uint8_t *cut = malloc(n ? n : 1);
+        memcpy(cut, buf, n);
+        int rc = snapshot_decode(cut, n, &d, &k, &v, err, sizeof err);
+        free(cut);
+        if (rc != -EINVAL)
+            FAIL_AT("a snapshot cut to %zu of %zu bytes gave %d", n, len, rc);
+    }
+    for (size_t i = 0; i < len; i++) {
+        buf[i] ^= 0x10;
+        if (snapshot_decode(buf, len, &d, &k, &v, err, sizeof err) >= 0)
+            FAIL_AT("a flip at byte %zu went unnoticed", i);
+        buf[i] ^= 0x10;
+    }
+    /* period, reserved, local window, local cells, first local position, id length */
+    static const size_t fields[] = {176, 180, 184, 192, 200, 208};
+    for (size_t f = 0; f < sizeof fields / sizeof fields[0]; f++) {
+        uint8_t *c = malloc(len);
+        memcpy(c, buf, len);
+        c[fields[f]] ^= 0x41;
+        reseal(c, len);
+        if (snapshot_decode(c, len, &d, &k, &v, err, sizeof err) >= 0)
+            FAIL_AT("a changed byte at offset %zu was accepted", fields[f]);
+        free(c);
+    }
+    free(buf);
+}
+
 TEST(snapshot_of_another_version_says_so)
 {
     struct snapshot_meta m = sample_meta(), d;
     size_t len;
     uint8_t *buf = build(&m, &len);
-    put32le(buf + 8, 3);
+    put32le(buf + 8, SNAPSHOT_VERSION + 1);
     reseal(buf, len);
     const uint8_t *k, *v;
     char err[200];
     ASSERT_EQ(snapshot_decode(buf, len, &d, &k, &v, err, sizeof err), -EPROTONOSUPPORT);
-    ASSERT(strstr(err, "version 3") != NULL);
+    ASSERT(strstr(err, "version 4") != NULL);
     free(buf);
 }
 
@@ -200,7 +285,7 @@ TEST(snapshot_id_with_path_characters_is_refused)
     snprintf(m.id, sizeof m.id, "abcd");
     size_t len;
     uint8_t *buf = build(&m, &len);
-    memcpy(buf + SNAPSHOT_FIXED_HEADER, "../x", 4);
+    memcpy(buf + SNAPSHOT_V2_FIXED_HEADER, "../x", 4); /* a model without local layers */
     reseal(buf, len);
     const uint8_t *k, *v;
     char err[200];
@@ -243,6 +328,36 @@ TEST(snapshot_written_by_an_independent_python_writer_decodes)
     ASSERT_EQ(m.n_cells, 7);
     ASSERT_EQ(m.next_tok, 7);
     ASSERT_EQ(k[1], 7);
+}
+
+TEST(snapshot_with_local_layers_written_by_an_independent_python_writer_decodes)
+{
+    /* tests/fuzz/corpus/fuzz_snapshot_decode/valid_f16_local3 was written from
+     * the version-3 layout in snapshot.h by a few lines of Python (struct,
+     * zlib): layer 0 local (window 3), layer 1 global, 12 positions stored */
+    const char *path = SS_FIXTURES_DIR "/../fuzz/corpus/fuzz_snapshot_decode/valid_f16_local3";
+    FILE *f = fopen(path, "rb");
+    ASSERT(f != NULL);
+    uint8_t buf[1024];
+    size_t n = fread(buf, 1, sizeof buf, f);
+    fclose(f);
+    struct snapshot_meta m;
+    const uint8_t *k, *v;
+    char err[200] = "";
+    int rc = snapshot_decode(buf, n, &m, &k, &v, err, sizeof err);
+    if (rc < 0)
+        fprintf(stderr, "  %s\n", err);
+    ASSERT_OK(rc);
+    ASSERT_STREQ(m.id, "seed-3");
+    ASSERT_EQ(m.version, 3);
+    ASSERT_EQ(m.swa_period, 2);
+    ASSERT_EQ(m.swa_window, 3);
+    ASSERT_EQ(m.n_local_cells, 3);
+    ASSERT_EQ(m.local_pos0, 1009);
+    ASSERT_EQ(m.n_cells, 7);
+    ASSERT_EQ(snapshot_kv_bytes(&m), (3 + 7) * 4 * 2);
+    ASSERT_EQ(k[1], 7);
+    ASSERT_EQ(v[1], 7);
 }
 
 /* The same snapshot in the version-1 layout (snapshot.h): no owner hash, the
@@ -293,23 +408,31 @@ TEST(snapshot_of_version_1_decodes_with_its_owner_unknown_when_it_names_a_key)
     free(buf);
 }
 
-/* Feeds tokens into two rigs; exports rig a's stored cells (as a snapshot
- * holds them), imports them into rig b at the same positions, then checks
- * that the next tokens give bit-identical logits in both. */
-static void continue_after_copy(int *failed, enum kv_dtype dt, struct kv_policy pol)
+/* Feeds tokens into two rigs; saves rig a's session as a snapshot (the
+ * cells copied out by session_copy_cells, encoded, sealed), decodes it,
+ * imports it into rig b at the same positions, then checks that the next
+ * tokens give bit-identical logits in both. swa_period > 0 gives the tiny
+ * model local layers with a window of swa_window. */
+static void continue_after_copy(int *failed, enum kv_dtype dt, struct kv_policy pol, int swa_period,
+                                int swa_window, int64_t n1)
 {
     struct tiny_config tc = tiny_config_default();
+    tc.n_layer = 3;
+    tc.swa_period = swa_period;
+    tc.n_swa = swa_window;
     struct tiny_model tm;
     ASSERT_OK(tiny_model_init(&tm, &tc));
-    const int64_t W = 8, C = 4, n1 = 34, n2 = 6;
+    const int64_t W = 8, C = 4, n2 = 6;
     struct tiny_rig_config rc = {pol, W, C, 100, dt, 1, 0};
     struct tiny_rig a, b;
     ASSERT_OK(tiny_rig_open(&a, &tm.m, &rc));
     ASSERT_OK(tiny_rig_open(&b, &tm.m, &rc));
+    const struct kv_geometry *g = &a.f.pool.geo;
+    ASSERT_EQ(g->swa_period, swa_period);
     int32_t toks[64];
     tiny_tokens(toks, n1 + n2, tc.n_vocab, 7);
     ASSERT_OK(tiny_rig_feed(&a, toks, n1, C, NULL));
-    /* what a snapshot holds */
+    /* what a save holds */
     struct snapshot_meta m;
     memset(&m, 0, sizeof m);
     m.dtype = dt;
@@ -321,43 +444,43 @@ static void continue_after_copy(int *failed, enum kv_dtype dt, struct kv_policy 
     m.window = W;
     m.pos_first = a.seq.pos_first;
     m.pos_next = a.seq.pos_next;
+    m.swa_period = swa_period;
+    m.swa_window = swa_period > 0 ? swa_window : 0;
+    snprintf(m.id, sizeof m.id, "s");
     snapshot_meta_cells(&m);
-    ASSERT(m.n_evicted > 0); /* the window slid before the copy */
-    size_t kvb = snapshot_kv_bytes(&m);
-    uint8_t *k = malloc(kvb), *v = malloc(kvb);
-    size_t cell_bytes = (size_t)tc.head_dim * (dt == KV_DTYPE_F16 ? 2 : 4);
+    ASSERT(m.n_evicted > 0); /* the window slid before the save */
+    /* the stored runs cross their rings' ends */
+    ASSERT(kv_seq_cell(&a.seq, m.win_pos0) > kv_seq_cell(&a.seq, m.pos_next - 1));
+    if (swa_period > 0) {
+        struct kv_seq local = kv_seq_local(&a.seq, g);
+        ASSERT(m.pos_next - m.pos_first > local.ring); /* the local ring went round */
+        ASSERT_EQ(m.n_local_cells, swa_window);
+        ASSERT(kv_seq_cell(&local, m.local_pos0) > kv_seq_cell(&local, m.pos_next - 1));
+    }
+    size_t len = snapshot_size(&m);
+    uint8_t *buf = malloc(len), *k, *v;
+    snapshot_encode_header(&m, buf, &k, &v);
+    ASSERT_OK(session_copy_cells(&a.b, g, &a.seq, &m, k, v, 0));
+    snapshot_seal(buf, len);
+    /* restored into b */
+    struct snapshot_meta d;
+    const uint8_t *dk, *dv;
+    char err[200] = "";
+    int drc = snapshot_decode(buf, len, &d, &dk, &dv, err, sizeof err);
+    if (drc < 0)
+        fprintf(stderr, "  %s\n", err);
+    ASSERT_OK(drc);
+    ASSERT_EQ(d.version, swa_period > 0 ? 3 : 2);
+    b.seq.pos_next = d.pos_next;
+    b.seq.n_evicted = d.n_evicted;
+    ASSERT_OK(session_copy_cells(&b.b, &b.f.pool.geo, &b.seq, &d, (uint8_t *)dk, (uint8_t *)dv, 1));
     const struct backend_ops *op = a.b.ops;
-    ASSERT_OK(op->kv_export(&a.b, a.seq.slot, 0, m.n_sink_cells, k, v, m.n_cells));
-    int64_t off = m.n_sink_cells, wrapped = 0;
-    for (int64_t p = m.win_pos0; p < m.pos_next;) {
-        int64_t len = a.seq.ring - p % a.seq.ring;
-        if (len > m.pos_next - p)
-            len = m.pos_next - p;
-        wrapped += len < m.pos_next - p;
-        ASSERT_OK(op->kv_export(&a.b, a.seq.slot, kv_seq_cell(&a.seq, p), len,
-                                k + (size_t)off * cell_bytes, v + (size_t)off * cell_bytes,
-                                m.n_cells));
-        p += len;
-        off += len;
-    }
-    ASSERT(wrapped > 0); /* the window crossed the ring's end: two runs */
-    /* into b */
-    b.seq.pos_next = m.pos_next;
-    b.seq.n_evicted = m.n_evicted;
-    ASSERT_OK(op->kv_import(&b.b, b.seq.slot, 0, m.n_sink_cells, k, v, m.n_cells));
-    off = m.n_sink_cells;
-    for (int64_t p = m.win_pos0; p < m.pos_next;) {
-        int64_t len = b.seq.ring - p % b.seq.ring;
-        if (len > m.pos_next - p)
-            len = m.pos_next - p;
-        ASSERT_OK(op->kv_import(&b.b, b.seq.slot, kv_seq_cell(&b.seq, p), len,
-                                k + (size_t)off * cell_bytes, v + (size_t)off * cell_bytes,
-                                m.n_cells));
-        p += len;
-        off += len;
-    }
-    ASSERT_EQ(op->kv_export(&a.b, 1, 0, 1, k, v, 1), -EINVAL); /* no slot 1 */
-    ASSERT_EQ(op->kv_export(&a.b, 0, 0, 2, k, v, 1), -EINVAL); /* n > host_cells */
+    ASSERT_EQ(op->kv_export(&a.b, 1, 0, 0, 1, k, v, 1), -EINVAL);          /* no slot 1 */
+    ASSERT_EQ(op->kv_export(&a.b, 0, 0, 0, 2, k, v, 1), -EINVAL);          /* n > host_cells */
+    ASSERT_EQ(op->kv_export(&a.b, 0, tc.n_layer, 0, 1, k, v, 1), -EINVAL); /* no such layer */
+    /* past the layer's own cells */
+    int64_t cells0 = kv_geometry_layer_cells(g, 0);
+    ASSERT_EQ(op->kv_export(&a.b, 0, 0, cells0, 1, k, v, 1), -EINVAL);
     const int64_t V = tc.n_vocab;
     float *la = malloc((size_t)(n2 * V) * sizeof(float)), *lb = malloc((size_t)(n2 * V) * 4);
     ASSERT_OK(tiny_rig_feed(&a, toks + n1, n2, 1, la));
@@ -365,8 +488,7 @@ static void continue_after_copy(int *failed, enum kv_dtype dt, struct kv_policy 
     ASSERT(memcmp(la, lb, (size_t)(n2 * V) * sizeof(float)) == 0);
     free(la);
     free(lb);
-    free(k);
-    free(v);
+    free(buf);
     tiny_rig_close(&a);
     tiny_rig_close(&b);
     tiny_model_free(&tm);
@@ -374,12 +496,25 @@ static void continue_after_copy(int *failed, enum kv_dtype dt, struct kv_policy 
 
 TEST(cpu_kv_export_import_continues_bit_for_bit_f16_sinks)
 {
-    continue_after_copy(failed, KV_DTYPE_F16, (struct kv_policy){KV_POLICY_SINKS, 2});
+    continue_after_copy(failed, KV_DTYPE_F16, (struct kv_policy){KV_POLICY_SINKS, 2}, 0, 0, 34);
 }
 
 TEST(cpu_kv_export_import_continues_bit_for_bit_f32_window)
 {
-    continue_after_copy(failed, KV_DTYPE_F32, (struct kv_policy){KV_POLICY_WINDOW, 0});
+    continue_after_copy(failed, KV_DTYPE_F32, (struct kv_policy){KV_POLICY_WINDOW, 0}, 0, 0, 34);
+}
+
+/* Layers 0 and 1 local (window 5: a ring of 9 cells), layer 2 global. */
+TEST(cpu_session_with_local_layers_continues_bit_for_bit_f16_sinks)
+{
+    continue_after_copy(failed, KV_DTYPE_F16, (struct kv_policy){KV_POLICY_SINKS, 2}, 3, 5, 37);
+}
+
+/* A local window wider than the policy's (W 8): the local layers keep more
+ * positions than the global ones. */
+TEST(cpu_session_with_local_layers_continues_bit_for_bit_f32_window)
+{
+    continue_after_copy(failed, KV_DTYPE_F32, (struct kv_policy){KV_POLICY_WINDOW, 0}, 3, 11, 37);
 }
 
 TEST_MAIN()

@@ -109,8 +109,7 @@ struct backend_ops {
                      void *host_k, void *host_v, int64_t host_cells);
     int (*kv_import)(struct backend *b, int64_t slot, int layer, int64_t cell0, int64_t n,
                      const void *host_k, const void *host_v, int64_t host_cells);
-    /* Gemma 3's own element-wise ops (the CUDA backend does not run Gemma 3 yet
-     * and refuses such a model at init, so it leaves these two NULL) */
+    /* Gemma 3's own element-wise ops */
     /* hb = gelu_tanh(hb) * hb2 (GeGLU)                             (T, F) */
     void (*geglu)(struct backend *b, float *hb, const float *hb2, int64_t rows);
     /* x *= s                                                       (rows, D) */

@@ -211,8 +211,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_split_kernel(cuda_attn_
     }
     __syncthreads();
 
-    const int64_t base =
-        tk.slot * a.geo.per_slot + (int64_t)a.layer * a.geo.per_layer + (int64_t)g * a.geo.per_head;
+    const int64_t base = tk.slot * a.geo.per_slot + a.geo.layer_off + (int64_t)g * a.geo.per_head;
     const KV *K = static_cast<const KV *>(a.k) + base;
     const KV *V = static_cast<const KV *>(a.v) + base;
 
@@ -491,8 +490,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_prefill_kernel(cuda_att
     float *corr = l + R;                  /* [R] */
 
     const cuda_tok t0 = a.tok[tl.first]; /* every token of the tile shares the slot */
-    const int64_t base =
-        t0.slot * a.geo.per_slot + (int64_t)a.layer * a.geo.per_layer + (int64_t)g * a.geo.per_head;
+    const int64_t base = t0.slot * a.geo.per_slot + a.geo.layer_off + (int64_t)g * a.geo.per_head;
     const KV *K = static_cast<const KV *>(a.k) + base;
     const KV *V = static_cast<const KV *>(a.v) + base;
 
@@ -595,8 +593,8 @@ __global__ void attention_probe_kernel(cuda_attn_args a, float *probe)
     }
     float w = 0.0f;
     if (cell >= 0) {
-        const KV *K = static_cast<const KV *>(a.k) + tk.slot * a.geo.per_slot +
-                      (int64_t)a.layer * a.geo.per_layer + (int64_t)g * a.geo.per_head + cell * DH;
+        const KV *K = static_cast<const KV *>(a.k) + tk.slot * a.geo.per_slot + a.geo.layer_off +
+                      (int64_t)g * a.geo.per_head + cell * DH;
         float dot = 0.0f;
         for (int e = 0; e < DH; e++)
             dot += q[e] * to_f32(K[e]);

@@ -48,6 +48,8 @@ enum cmd_op {
     CMD_ADD,
     CMD_GATHER,
     CMD_LOGITS,
+    CMD_GEGLU,
+    CMD_SCALE,
 };
 
 /* One recorded op. Zeroed before it is filled, so two lists compare with
@@ -56,7 +58,7 @@ struct cmd {
     int op;
     int layer;
     int norm;
-    int pad;
+    float s; /* scale's factor */
     int64_t rows, N, K;
     const void *a, *b, *c; /* inputs (device) */
     void *d, *e;           /* outputs (device) */
@@ -80,8 +82,13 @@ struct shape {
     int64_t T, n_out, n_dec;
 };
 
-struct meta_layout { /* byte offsets of one step's metadata (16-byte aligned sections) */
-    size_t tok, cs_abs, cs_cache, dec, tiles, out_rows, sinks, total;
+/* Byte offsets of one step's metadata (16-byte aligned sections). The _local
+ * sections are the local layers' (kv_geometry.swa_period > 0): the tokens'
+ * cells and views in the local rings, their prefill tiles, and the RoPE table
+ * at the absolute positions with the local layers' base. */
+struct meta_layout {
+    size_t tok, cs_abs, cs_cache, dec, tiles, out_rows, sinks;
+    size_t tok_local, tiles_local, cs_abs_local, total;
 };
 
 struct cuda_ctx {
@@ -95,7 +102,8 @@ struct cuda_ctx {
     int n_w, cap_w;
 
     /* KV */
-    struct cuda_kv_geo kgeo;
+    struct kv_geometry geo;
+    struct cuda_kv_geo *lgeo; /* [L] each layer's offsets */
     int kv_f16;
     void *kmem, *vmem;
     size_t kv_elems; /* elements of kmem (and of vmem) */
@@ -164,6 +172,12 @@ static struct meta_layout meta_layout_for(int64_t T, int rope_dim, int64_t n_sin
     o = align16(o + (size_t)T * sizeof(int32_t));
     l.sinks = o;
     o = align16(o + (size_t)n_sinks_all * sizeof(float));
+    l.tok_local = o;
+    o = align16(o + (size_t)T * sizeof(struct cuda_tok));
+    l.tiles_local = o;
+    o = align16(o + (size_t)T * sizeof(struct cuda_tile));
+    l.cs_abs_local = o;
+    o = align16(o + (size_t)T * (size_t)rope_dim * sizeof(float));
     l.total = o;
     return l;
 }
@@ -259,10 +273,10 @@ static void cuda_matmul(struct backend *b, const struct tensor *W, const float *
 
 static void cuda_rope(struct backend *b, int layer, float *q, float *qc, float *kk)
 {
-    (void)layer; /* one RoPE base for every layer: gemma3 is refused at init */
     struct cmd *k = record(b, CMD_ROPE);
     if (!k)
         return;
+    k->layer = layer;
     k->d = q;
     k->e = qc;
     k->c = kk;
@@ -312,6 +326,26 @@ static void cuda_swiglu(struct backend *b, float *hb, const float *hb2, int64_t 
         return;
     k->d = hb;
     k->a = hb2;
+    k->rows = rows;
+}
+
+static void cuda_geglu(struct backend *b, float *hb, const float *hb2, int64_t rows)
+{
+    struct cmd *k = record(b, CMD_GEGLU);
+    if (!k)
+        return;
+    k->d = hb;
+    k->a = hb2;
+    k->rows = rows;
+}
+
+static void cuda_scale(struct backend *b, float *x, float s, int64_t rows)
+{
+    struct cmd *k = record(b, CMD_SCALE);
+    if (!k)
+        return;
+    k->d = x;
+    k->s = s;
     k->rows = rows;
 }
 
@@ -369,6 +403,7 @@ static int issue_attention(struct backend *b, const struct cmd *k)
     struct cuda_ctx *c = ctx_of(b);
     const struct model_hparams *hp = &b->model->hp;
     int rc = 0;
+    const int local = kv_geometry_layer_is_local(&c->geo, k->layer);
     struct cuda_attn_args a;
     memset(&a, 0, sizeof a);
     a.q = (const float *)k->a;
@@ -378,9 +413,9 @@ static int issue_attention(struct backend *b, const struct cmd *k)
     a.stats = c->stats;
     a.k = c->kmem;
     a.v = c->vmem;
-    a.tok = (const struct cuda_tok *)(c->dmeta + c->ml.tok);
+    a.tok = (const struct cuda_tok *)(c->dmeta + (local ? c->ml.tok_local : c->ml.tok));
     a.dec = (const int32_t *)(c->dmeta + c->ml.dec);
-    a.tiles = (const struct cuda_tile *)(c->dmeta + c->ml.tiles);
+    a.tiles = (const struct cuda_tile *)(c->dmeta + (local ? c->ml.tiles_local : c->ml.tiles));
     a.part = c->part;
     a.sinks = k->K >= 0 ? (const float *)(c->dmeta + c->ml.sinks) + k->K : NULL;
     /* the sink values were uploaded with the weights (f32) */
@@ -388,7 +423,7 @@ static int issue_attention(struct backend *b, const struct cmd *k)
     a.sinks_v = sv && k->norm == MODEL_NORM_SINK ? (const float *)weight_dev(c, sv, 1) : NULL;
     if (sv && k->norm == MODEL_NORM_SINK && !a.sinks_v)
         return -EIO;
-    a.geo = c->kgeo;
+    a.geo = c->lgeo[k->layer];
     a.layer = k->layer;
     a.norm = k->norm;
     a.H = hp->n_head;
@@ -397,7 +432,7 @@ static int issue_attention(struct backend *b, const struct cmd *k)
     a.Dh = hp->head_dim;
     a.n_split = c->n_split;
     a.tile_tokens = c->tile_tokens;
-    a.scale = 1.0f / sqrtf((float)hp->head_dim);
+    a.scale = hp->attn_scale;
     CUDA_TRY(cuda_attention_prefill(&a, (int)c->n_tiles, c->kv_f16, c->stream));
     CUDA_TRY(cuda_attention_decode(&a, (int)c->n_dec, c->kv_f16, c->stream));
     c->h16_of = a.out;
@@ -421,6 +456,7 @@ static int issue(struct backend *b, const struct cmd *k)
     const float *cs_abs = (const float *)(c->dmeta + c->ml.cs_abs);
     const float *cs_cache = (const float *)(c->dmeta + c->ml.cs_cache);
     const struct cuda_tok *tok = (const struct cuda_tok *)(c->dmeta + c->ml.tok);
+    const struct cuda_tok *tok_local = (const struct cuda_tok *)(c->dmeta + c->ml.tok_local);
     const unsigned T = (unsigned)c->T;
     int rc = 0;
     switch (k->op) {
@@ -443,21 +479,29 @@ static int issue(struct backend *b, const struct cmd *k)
         if (rc < 0)
             return rc;
         break;
-    case CMD_ROPE:
-        rope_kernel<<<T, 128, 0, c->stream>>>((float *)k->d, (float *)k->e, (float *)k->c, cs_abs,
-                                              cs_cache, H, Hkv, Dh, hp->rope_dim);
+    case CMD_ROPE: {
+        /* a local layer rotates with its own base and keeps no sinks, so its
+         * qc is never scored: both from the local table, as cpu_rope */
+        const float *cs_local = (const float *)(c->dmeta + c->ml.cs_abs_local);
+        const int local = model_layer_is_local(hp, k->layer);
+        rope_kernel<<<T, 128, 0, c->stream>>>(
+            (float *)k->d, (float *)k->e, (float *)k->c, local ? cs_local : cs_abs,
+            local ? cs_local : cs_cache, H, Hkv, Dh, hp->rope_dim, hp->rope_neox ? 1 : 0);
         c->h16_of = NULL;
         break;
-    case CMD_KV_STORE:
+    }
+    case CMD_KV_STORE: {
+        const struct cuda_tok *tk = kv_geometry_layer_is_local(&c->geo, k->layer) ? tok_local : tok;
         if (c->kv_f16)
             kv_store_kernel<__half><<<T, 128, 0, c->stream>>>(
-                (const float *)k->a, (const float *)k->b, (__half *)c->kmem, (__half *)c->vmem, tok,
-                c->kgeo, k->layer, Hkv, Dh);
+                (const float *)k->a, (const float *)k->b, (__half *)c->kmem, (__half *)c->vmem, tk,
+                c->lgeo[k->layer], Hkv, Dh);
         else
             kv_store_kernel<float><<<T, 128, 0, c->stream>>>(
-                (const float *)k->a, (const float *)k->b, (float *)c->kmem, (float *)c->vmem, tok,
-                c->kgeo, k->layer, Hkv, Dh);
+                (const float *)k->a, (const float *)k->b, (float *)c->kmem, (float *)c->vmem, tk,
+                c->lgeo[k->layer], Hkv, Dh);
         break;
+    }
     case CMD_ATTENTION:
         return issue_attention(b, k);
     case CMD_SWIGLU: {
@@ -465,6 +509,19 @@ static int issue(struct backend *b, const struct cmd *k)
         swiglu_kernel<<<grid_for(n), 256, 0, c->stream>>>((float *)k->d, (const float *)k->a,
                                                           c->h16, n);
         c->h16_of = (const float *)k->d;
+        break;
+    }
+    case CMD_GEGLU: {
+        const int64_t n = k->rows * hp->n_ff;
+        geglu_kernel<<<grid_for(n), 256, 0, c->stream>>>((float *)k->d, (const float *)k->a, c->h16,
+                                                         n);
+        c->h16_of = (const float *)k->d;
+        break;
+    }
+    case CMD_SCALE: {
+        const int64_t n = k->rows * D;
+        scale_kernel<<<grid_for(n), 256, 0, c->stream>>>((float *)k->d, k->s, n);
+        c->h16_of = NULL;
         break;
     }
     case CMD_ADD: {
@@ -695,6 +752,12 @@ static int cuda_begin_step(struct backend *b, const struct fwd_batch *bt)
     struct cuda_tile *tiles = (struct cuda_tile *)(c->hmeta + c->ml.tiles);
     int32_t *out_rows = (int32_t *)(c->hmeta + c->ml.out_rows);
     float *sinks = (float *)(c->hmeta + c->ml.sinks);
+    struct cuda_tok *tok_local = (struct cuda_tok *)(c->hmeta + c->ml.tok_local);
+    struct cuda_tile *tiles_local = (struct cuda_tile *)(c->hmeta + c->ml.tiles_local);
+    float *cs_abs_local = (float *)(c->hmeta + c->ml.cs_abs_local);
+    const int swa = c->geo.swa_period > 0;
+    if (swa && (!bt->cell_local || !bt->view_local))
+        return -EINVAL;
 
     for (int64_t t = 0; t < bt->T; t++) {
         const struct kv_seq *s = bt->seq[t];
@@ -703,6 +766,14 @@ static int cuda_begin_step(struct backend *b, const struct fwd_batch *bt)
         /* angles in double on the host, as the CPU backend does */
         rope_cos_sin(bt->pos[t], hp->rope_base, hp->rope_dim, cs_abs + t * hp->rope_dim);
         rope_cos_sin(v->pos_cache, hp->rope_base, hp->rope_dim, cs_cache + t * hp->rope_dim);
+        if (hp->n_swa > 0)
+            rope_cos_sin(bt->pos[t], hp->rope_base_local, hp->rope_dim,
+                         cs_abs_local + t * hp->rope_dim);
+        if (swa) { /* the token in the local layers' rings */
+            const struct kv_seq sl = kv_seq_local(s, &c->geo);
+            cuda_tok_pack(&tok_local[t], &sl, &bt->view_local[t], bt->slot[t], bt->cell_local[t],
+                          bt->tokens[t]);
+        }
     }
     /* runs of consecutive tokens of one sequence: long ones go to the prefill
      * kernel in tiles, the rest (decode tokens) to the split-K kernel */
@@ -714,6 +785,11 @@ static int cuda_begin_step(struct backend *b, const struct fwd_batch *bt)
         if (e - t >= PREFILL_MIN_RUN) {
             for (int64_t f = t; f < e; f += c->tile_tokens) {
                 int64_t n = e - f < c->tile_tokens ? e - f : c->tile_tokens;
+                if (swa) {
+                    const struct kv_seq sl = kv_seq_local(bt->seq[t], &c->geo);
+                    tiles_local[c->n_tiles] =
+                        cuda_tile_pack(tok_local, &sl, (int32_t)f, (int32_t)n);
+                }
                 tiles[c->n_tiles++] = cuda_tile_pack(tok, bt->seq[t], (int32_t)f, (int32_t)n);
             }
         } else {
@@ -744,12 +820,22 @@ static int cuda_kv_alloc(struct backend *b, const struct kv_geometry *g)
     const size_t bytes = kv_geometry_slot_bytes(g) * (size_t)g->n_slots;
     if (g->dtype != KV_DTYPE_F16 && g->dtype != KV_DTYPE_F32)
         return -EINVAL;
+    if (g->n_layer < hp->n_layer) /* lgeo is indexed by the model's layers */
+        return -EINVAL;
     c->kv_f16 = g->dtype == KV_DTYPE_F16;
-    c->kgeo.cells = kv_geometry_cells(g);
-    c->kgeo.per_head = c->kgeo.cells * g->head_dim;
-    c->kgeo.per_layer = c->kgeo.per_head * g->n_kv_head;
-    c->kgeo.per_slot = c->kgeo.per_layer * g->n_layer;
-    c->n_split = (int)((g->n_sinks + g->window + CUDA_ATT_SPLIT - 1) / CUDA_ATT_SPLIT);
+    c->geo = *g;
+    c->lgeo = (struct cuda_kv_geo *)calloc((size_t)g->n_layer, sizeof *c->lgeo);
+    if (!c->lgeo)
+        return -ENOMEM;
+    for (int l = 0; l < g->n_layer; l++)
+        c->lgeo[l] = cuda_kv_geo_for(g, l);
+    {
+        /* a query sees at most S + W keys in a global layer, swa_window in a local one */
+        int64_t most_keys = g->n_sinks + g->window;
+        if (g->swa_period > 0 && g->swa_window > most_keys)
+            most_keys = g->swa_window;
+        c->n_split = (int)((most_keys + CUDA_ATT_SPLIT - 1) / CUDA_ATT_SPLIT);
+    }
     const int G = hp->n_head / hp->n_head_kv;
     c->kv_elems = bytes / (c->kv_f16 ? 2 : 4);
     CUDA_TRY(cudaMalloc(&c->kmem, bytes));
@@ -789,25 +875,27 @@ static int cuda_copy_out(struct backend *b, float *dst, const float *src, int64_
 }
 
 /* Session snapshots: one strided copy per direction and tensor; the kv
- * head rows of one layer of a slot are kgeo.per_head elements apart on the
- * device and host_cells * Dh apart on the host. */
+ * head rows of one layer of a slot are that layer's per_head elements apart
+ * on the device (lgeo: a local layer has fewer cells) and host_cells * Dh
+ * apart on the host. */
 static int kv_copy(struct backend *b, int64_t slot, int layer, int64_t cell0, int64_t n, void *hk,
                    void *hv, int64_t host_cells, cudaMemcpyKind kind)
 {
     struct cuda_ctx *c = ctx_of(b);
     const struct model_hparams *hp = &b->model->hp;
     int rc = 0;
-    if (slot < 0 || layer < 0 || layer >= hp->n_layer || cell0 < 0 || n < 0 || n > host_cells ||
-        cell0 + n > c->kgeo.cells || (size_t)slot * (size_t)c->kgeo.per_slot >= c->kv_elems)
+    if (slot < 0 || layer < 0 || layer >= hp->n_layer || cell0 < 0 || n < 0 || n > host_cells)
+        return -EINVAL;
+    const struct cuda_kv_geo *lg = &c->lgeo[layer];
+    if (cell0 + n > lg->cells || (size_t)slot * (size_t)lg->per_slot >= c->kv_elems)
         return -EINVAL;
     if (n == 0)
         return 0;
     const size_t esz = c->kv_f16 ? 2 : 4;
-    const size_t dev_off =
-        ((size_t)slot * (size_t)c->kgeo.per_slot + (size_t)layer * (size_t)c->kgeo.per_layer +
-         (size_t)cell0 * hp->head_dim) *
-        esz;
-    const size_t dpitch = (size_t)c->kgeo.per_head * esz;
+    const size_t dev_off = ((size_t)slot * (size_t)lg->per_slot + (size_t)lg->layer_off +
+                            (size_t)cell0 * hp->head_dim) *
+                           esz;
+    const size_t dpitch = (size_t)lg->per_head * esz;
     const size_t hpitch = (size_t)host_cells * (size_t)hp->head_dim * esz;
     const size_t width = (size_t)n * (size_t)hp->head_dim * esz;
     const size_t rows = (size_t)hp->n_head_kv;
@@ -855,6 +943,7 @@ static void cuda_free(struct backend *b)
             cudaFree(c->w[i].dev);
         free(c->w);
         free(c->cmds);
+        free(c->lgeo);
         cudaFree(c->kmem);
         cudaFree(c->vmem);
         cudaFree(c->part);
@@ -888,7 +977,7 @@ static const struct backend_ops cuda_ops = {
     "cuda",         cuda_free,   cuda_kv_alloc, cuda_begin_step, cuda_embed,    cuda_rmsnorm,
     cuda_matmul,    cuda_rope,   cuda_kv_store, cuda_attention,  cuda_swiglu,   cuda_add,
     cuda_gather,    cuda_logits, cuda_sync,     cuda_copy_in,    cuda_copy_out, cuda_kv_export,
-    cuda_kv_import, NULL,        NULL, /* geglu, scale: Gemma 3 only, refused at init */
+    cuda_kv_import, cuda_geglu,  cuda_scale,
 };
 
 extern "C" int backend_cuda_device_count(void)
@@ -964,7 +1053,7 @@ extern "C" int backend_cuda_init(struct backend *b, const struct model *m,
                  n_dev);
         return -ENODEV;
     }
-    if (hp->arch_kind != MODEL_ARCH_LLAMA) {
+    if (hp->arch_kind != MODEL_ARCH_LLAMA && hp->arch_kind != MODEL_ARCH_GEMMA3) {
         snprintf(err, err_len, "cuda backend: the %s forward pass runs on the cpu backend only",
                  hp->arch);
         return -ENOTSUP;
@@ -1012,10 +1101,14 @@ extern "C" int backend_cuda_init(struct backend *b, const struct model *m,
             rc = upload(c, &m->w.output, 0, err, err_len);
         for (int l = 0; rc == 0 && l < hp->n_layer; l++) {
             const struct model_layer *ly = &m->w.layers[l];
-            const struct tensor *f32s[] = {&ly->attn_norm, &ly->ffn_norm, &ly->attn_sinks_v};
+            /* Gemma 3's per-head and post norms are absent (no data) in a Llama;
+             * sink values in a model without them */
+            const struct tensor *f32s[] = {
+                &ly->attn_norm,      &ly->ffn_norm,      &ly->attn_q_norm, &ly->attn_k_norm,
+                &ly->post_attn_norm, &ly->post_ffw_norm, &ly->attn_sinks_v};
             const struct tensor *f16s[] = {&ly->wq,     &ly->wk,   &ly->wv,    &ly->wo,
                                            &ly->w_gate, &ly->w_up, &ly->w_down};
-            for (size_t i = 0; rc == 0 && i < 3; i++)
+            for (size_t i = 0; rc == 0 && i < sizeof f32s / sizeof f32s[0]; i++)
                 rc = upload(c, f32s[i], 1, err, err_len);
             for (size_t i = 0; rc == 0 && i < 7; i++)
                 rc = upload(c, f16s[i], 0, err, err_len);

@@ -7,23 +7,27 @@
  *
  * - embed_kernel: x row t = tok_embd row tok[t].token (FP32 rows uploaded
  *   once); reference cpu_embed (quant_dequant_row of the same row).
- * - rmsnorm_kernel: out = x * rsqrt(mean(x^2) + eps) * w per row of D, one
- *   block per row (blockDim a multiple of 32, at most 1024), plus the FP16
- *   copy of out for the next GEMM; reference cpu_rmsnorm (sum of squares in
- *   double there, a float shuffle tree here).
+ * - rmsnorm_kernel: out = x * rsqrt(mean(x^2) + eps) * w per row of D (the
+ *   model width, or one head's Dh for Gemma's per-head norms), one block per row (blockDim a
+ * multiple of 32, at most 1024), plus the FP16 copy of out for the next GEMM; reference cpu_rmsnorm
+ * (sum of squares in double there, a float shuffle tree here).
  * - add_rmsnorm_kernel: x += y, then rmsnorm_kernel's out of the new x: the
  *   same float operations as add_kernel followed by rmsnorm_kernel; reference
  *   cpu_add then cpu_rmsnorm.
  * - rope_kernel: q rotated at the absolute position (cs_abs), qc = q rotated
  *   at the in-cache position (cs_cache), k at the absolute position, from the
- *   host's double-precision tables (rope_cos_sin); pairs past rope_dim are
- *   copied into qc and left alone in q and k; reference cpu_rope (memcpy +
- *   rope_apply, engine/rope.c).
+ *   host's double-precision tables (rope_cos_sin, with the layer's RoPE base);
+ *   adjacent or NEOX pairs; elements past rope_dim are copied into qc and
+ *   left alone in q and k; reference cpu_rope (memcpy + rope_apply or
+ *   rope_apply_neox, engine/rope.c).
  * - kv_store_kernel: token t's k and v rows into the KV buffers at
  *   (slot, layer, kv head, cell), laid out as kv_geometry_offset
  *   (kvcache.h), FP16 (round to nearest even) or FP32; reference cpu_kv_store.
  * - swiglu_kernel: hb = silu(hb) * hb2 = g / (1 + e^-g) * u, plus its FP16
  *   copy; reference cpu_swiglu.
+ * - geglu_kernel: hb = gelu_tanh(hb) * hb2 (tanh approximation), plus its
+ *   FP16 copy; reference cpu_geglu.
+ * - scale_kernel: x *= s; reference cpu_scale.
  * - add_kernel: x += y; reference cpu_add.
  * - gather_kernel: xo row i = x row rows[i] (the rows that need logits);
  *   reference cpu_gather.
@@ -112,34 +116,40 @@ __global__ void add_rmsnorm_kernel(float *x, const float *y, const float *w, flo
 }
 
 /* q -> q at the absolute position and qc at the in-cache one; k at the
- * absolute position. Pairwise (adjacent) layout; pairs past rope_dim copy. */
+ * absolute position. Pair j < rope_dim/2 of a head is elements (2j, 2j+1)
+ * (adjacent layout) or (j, j + rope_dim/2) (neox); elements from rope_dim on
+ * are copied into qc and left alone in q and k. The tables are the layer's
+ * (a local layer's RoPE base has its own). */
 __global__ void rope_kernel(float *q, float *qc, float *k, const float *cs_abs,
-                            const float *cs_cache, int H, int Hkv, int Dh, int rope_dim)
+                            const float *cs_cache, int H, int Hkv, int Dh, int rope_dim, int neox)
 {
     const int64_t t = blockIdx.x;
-    const int half = Dh / 2;
+    const int half = Dh / 2, rhalf = rope_dim / 2;
     const float *ca = cs_abs + t * rope_dim, *cc = cs_cache + t * rope_dim;
     for (int i = threadIdx.x; i < (H + Hkv) * half; i += blockDim.x) {
-        const int j = i % half;            /* pair within the head */
-        const bool rot = j < rope_dim / 2; /* as rope_apply */
-        if (i < H * half) {
-            float *qp = q + (t * H * Dh) + 2 * i; /* head i / half, pair j */
-            float *cp = qc + (t * H * Dh) + 2 * i;
-            const float x0 = qp[0], x1 = qp[1];
+        const int j = i % half;     /* pair within the head */
+        const bool rot = j < rhalf; /* as rope_apply / rope_apply_neox */
+        const int hd = i / half;    /* head: query heads, then key heads */
+        /* the pair's two elements within the head */
+        const int e0 = rot && neox ? j : 2 * j, e1 = rot && neox ? j + rhalf : 2 * j + 1;
+        if (hd < H) {
+            float *qh = q + (t * H + hd) * Dh;
+            float *ch = qc + (t * H + hd) * Dh;
+            const float x0 = qh[e0], x1 = qh[e1];
             if (rot) {
-                cp[0] = x0 * cc[2 * j] - x1 * cc[2 * j + 1];
-                cp[1] = x0 * cc[2 * j + 1] + x1 * cc[2 * j];
-                qp[0] = x0 * ca[2 * j] - x1 * ca[2 * j + 1];
-                qp[1] = x0 * ca[2 * j + 1] + x1 * ca[2 * j];
+                ch[e0] = x0 * cc[2 * j] - x1 * cc[2 * j + 1];
+                ch[e1] = x0 * cc[2 * j + 1] + x1 * cc[2 * j];
+                qh[e0] = x0 * ca[2 * j] - x1 * ca[2 * j + 1];
+                qh[e1] = x0 * ca[2 * j + 1] + x1 * ca[2 * j];
             } else {
-                cp[0] = x0;
-                cp[1] = x1;
+                ch[e0] = x0;
+                ch[e1] = x1;
             }
         } else if (rot) {
-            float *kp = k + (t * Hkv * Dh) + 2 * (i - H * half);
-            const float x0 = kp[0], x1 = kp[1];
-            kp[0] = x0 * ca[2 * j] - x1 * ca[2 * j + 1];
-            kp[1] = x0 * ca[2 * j + 1] + x1 * ca[2 * j];
+            float *kh = k + (t * Hkv + (hd - H)) * Dh;
+            const float x0 = kh[e0], x1 = kh[e1];
+            kh[e0] = x0 * ca[2 * j] - x1 * ca[2 * j + 1];
+            kh[e1] = x0 * ca[2 * j + 1] + x1 * ca[2 * j];
         }
     }
 }
@@ -155,14 +165,14 @@ __device__ __forceinline__ void store_kv(float *d, float x)
 
 template <typename KV>
 __global__ void kv_store_kernel(const float *k, const float *v, KV *K, KV *V, const cuda_tok *tok,
-                                cuda_kv_geo geo, int layer, int Hkv, int Dh)
+                                cuda_kv_geo geo, int Hkv, int Dh)
 {
     const int64_t t = blockIdx.x;
     const cuda_tok tk = tok[t];
     for (int i = threadIdx.x; i < Hkv * Dh; i += blockDim.x) {
         const int g = i / Dh, e = i % Dh;
-        const int64_t off = tk.slot * geo.per_slot + (int64_t)layer * geo.per_layer +
-                            (int64_t)g * geo.per_head + tk.cell * Dh + e;
+        const int64_t off =
+            tk.slot * geo.per_slot + geo.layer_off + (int64_t)g * geo.per_head + tk.cell * Dh + e;
         store_kv(K + off, k[t * Hkv * Dh + i]);
         store_kv(V + off, v[t * Hkv * Dh + i]);
     }
@@ -177,6 +187,30 @@ __global__ void swiglu_kernel(float *hb, const float *hb2, __half *hb_h, int64_t
         hb[i] = o;
         hb_h[i] = __float2half_rn(o);
     }
+}
+
+/* GELU, tanh approximation, as the CPU backend's gelu_tanh */
+__device__ __forceinline__ float gelu_tanh(float x)
+{
+    const float k = 0.7978845608028654f; /* sqrt(2 / pi) */
+    return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
+}
+
+__global__ void geglu_kernel(float *hb, const float *hb2, __half *hb_h, int64_t n)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const float o = gelu_tanh(hb[i]) * hb2[i];
+        hb[i] = o;
+        hb_h[i] = __float2half_rn(o);
+    }
+}
+
+__global__ void scale_kernel(float *x, float s, int64_t n)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        x[i] *= s;
 }
 
 __global__ void add_kernel(float *x, const float *y, int64_t n)

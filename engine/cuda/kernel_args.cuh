@@ -101,13 +101,25 @@ static inline struct cuda_tile cuda_tile_pack(const struct cuda_tok *tok, const 
 }
 
 /* Element offsets into a K or V buffer, [slot][layer][kv_head][cell][Dh]
- * (kv_geometry_offset). */
+ * (kv_geometry_offset), for one layer: each layer has its own number of
+ * cells (kv_geometry_layer_cells: a local layer's ring is shorter). */
 struct cuda_kv_geo {
-    int64_t cells;    /* per slot and head */
-    int64_t per_head; /* cells * Dh */
-    int64_t per_layer;
-    int64_t per_slot;
+    int64_t cells;     /* of this layer, per slot and head */
+    int64_t per_head;  /* cells * Dh */
+    int64_t layer_off; /* where this layer starts inside a slot */
+    int64_t per_slot;  /* one slot, all layers */
 };
+
+/* Host side: layer's offsets in geometry g, from kv_geometry_offset itself. */
+static inline struct cuda_kv_geo cuda_kv_geo_for(const struct kv_geometry *g, int layer)
+{
+    struct cuda_kv_geo k;
+    k.cells = kv_geometry_layer_cells(g, layer);
+    k.per_head = k.cells * g->head_dim;
+    k.layer_off = (int64_t)kv_geometry_offset(g, 0, layer, 0, 0);
+    k.per_slot = (int64_t)kv_geometry_offset(g, 1, 0, 0, 0);
+    return k;
+}
 
 /* Everything the attention kernels of one layer need. */
 struct cuda_attn_args {
@@ -119,16 +131,16 @@ struct cuda_attn_args {
     const struct cuda_tok *tok;
     const int32_t *dec; /* decode tokens: token indices */
     const struct cuda_tile *tiles;
-    float *part;          /* split partial states */
-    const float *sinks;   /* (H) sink logits on the device, or NULL */
-    const float *sinks_v; /* (H, Dh) sink values on the device (sink only), or NULL: zero */
-    struct cuda_kv_geo geo;
+    float *part;            /* split partial states */
+    const float *sinks;     /* (H) sink logits on the device, or NULL */
+    const float *sinks_v;   /* (H, Dh) sink values on the device (sink only), or NULL: zero */
+    struct cuda_kv_geo geo; /* this layer's */
     int layer;
     int norm; /* enum model_normalizer */
     int H, Hkv, G, Dh;
     int n_split;     /* key splits per (token, kv head) */
     int tile_tokens; /* tokens per prefill tile */
-    float scale;     /* 1/sqrt(Dh) */
+    float scale;     /* on q.k: the model's attn_scale (1/sqrt(Dh) unless the file says) */
 };
 
 #endif

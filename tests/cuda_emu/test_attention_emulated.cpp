@@ -357,16 +357,13 @@ template <typename KV, int DH> struct rig {
         geo.n_slots = (int64_t)sc.seqs.size();
         geo.dtype = std::is_same<KV, __half>::value ? KV_DTYPE_F16 : KV_DTYPE_F32;
         /* as cuda_kv_alloc */
-        kgeo.cells = kv_geometry_cells(&geo);
-        kgeo.per_head = kgeo.cells * DH;
-        kgeo.per_layer = kgeo.per_head * HKV;
-        kgeo.per_slot = kgeo.per_layer * N_LAYER;
+        kgeo = cuda_kv_geo_for(&geo, LAYER);
         n_split = (int)((geo.n_sinks + geo.window + CUDA_ATT_SPLIT - 1) / CUDA_ATT_SPLIT);
         tile_tokens = emuk::att_tile_tokens(DH, G);
         require(kv_geometry_slot_bytes(&geo) == (size_t)kgeo.per_slot * sizeof(KV),
                 "slot bytes match the kernels' strides");
-        require(kv_geometry_offset(&geo, 1, 1, 1, 5) ==
-                    (size_t)(kgeo.per_slot + kgeo.per_layer + kgeo.per_head + 5 * DH),
+        require(kv_geometry_offset(&geo, 1, LAYER, 1, 5) ==
+                    (size_t)(kgeo.per_slot + kgeo.layer_off + kgeo.per_head + 5 * DH),
                 "kv_geometry_offset matches the kernels' strides");
         const size_t n = (size_t)kgeo.per_slot * geo.n_slots;
         kmem.assign(n, kv_nan<KV>());

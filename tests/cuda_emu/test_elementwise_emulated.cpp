@@ -293,10 +293,7 @@ struct rig {
         geo.window = 13;
         geo.chunk = 8;
         geo.n_slots = KV_SLOTS;
-        kgeo.cells = kv_geometry_cells(&geo); /* as cuda_kv_alloc */
-        kgeo.per_head = kgeo.cells * geo.head_dim;
-        kgeo.per_layer = kgeo.per_head * geo.n_kv_head;
-        kgeo.per_slot = kgeo.per_layer * geo.n_layer;
+        kgeo = cuda_kv_geo_for(&geo, 0); /* as cuda_kv_alloc: cells and per_slot */
         layers = {0, KV_LAYERS - 1};
 
         tok.resize(T);
@@ -402,12 +399,13 @@ struct rig {
         KV *pk = K.data(), *pv = Vb.data();
         const float *kk = dk.data(), *vv = dv.data();
         const cuda_tok *tp = dtok.data();
-        const cuda_kv_geo kg = kgeo;
-        for (int layer : layers)
+        for (int layer : layers) {
+            const cuda_kv_geo kg = cuda_kv_geo_for(&geo, layer); /* as cuda_kv_alloc */
             emu_launch(
                 dim3(T), dim3(ROPE_THREADS), 0,
-                [&] { emuk::kv_store_kernel<KV>(kk, vv, pk, pv, tp, kg, layer, Hkv, Dh); },
+                [&] { emuk::kv_store_kernel<KV>(kk, vv, pk, pv, tp, kg, Hkv, Dh); },
                 "kv_store_kernel");
+        }
         o.bad_guards += K.bad_guards() + Vb.bad_guards();
         if (std::is_same<KV, float>::value) {
             o.f[std::string("kv_store.K.") + tag].resize(total);
@@ -493,7 +491,7 @@ struct rig {
             const float *ap = da.data(), *cp = dc.data();
             emu_launch(
                 dim3(T), dim3(ROPE_THREADS), 0,
-                [&] { emuk::rope_kernel(qp, qcp, kp, ap, cp, H, Hkv, Dh, rd); }, "rope_kernel");
+                [&] { emuk::rope_kernel(qp, qcp, kp, ap, cp, H, Hkv, Dh, rd, 0); }, "rope_kernel");
             o.bad_guards += dq.bad_guards() + dqc.bad_guards() + dk.bad_guards();
             o.f["rope.q"] = dq.vec();
             o.f["rope.qc"] = dqc.vec();

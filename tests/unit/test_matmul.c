@@ -133,8 +133,7 @@ static inline void emu_mask_storeu_ps(void *p, simde__mmask16 k, simde__m512 v)
 #define cpu__matmul_rows16_avx512_vnni emu_matmul_rows16_avx512_vnni
 void emu_prepare_act_avx512(enum qtype t, const float *restrict x, int64_t k, void *restrict dst);
 void emu_matmul_rows_avx512(enum qtype t, const void *restrict w, int64_t k, int64_t n0, int64_t n1,
-                            const void *restrict act, int64_t T, float *restrict y, int64_t ldy,
-                            int vnni);
+                            const void *restrict act, int64_t T, float *restrict y, int64_t ldy);
 void emu_matmul_rows16_avx512_vnni(enum qtype t, const void *restrict w, int64_t k, int64_t n0,
                                    int64_t n1, const void *restrict act, int64_t T,
                                    float *restrict y, int64_t ldy);
@@ -158,10 +157,9 @@ void emu_matmul_rows16_avx512_vnni(enum qtype t, const void *restrict w, int64_t
 
 enum path {
     PATH_DISPATCH,    /* cpu_prepare_act / cpu_matmul_rows with an ISA */
-    PATH_AVX512_BASE, /* cpu__matmul_rows_avx512 with vnni = 0 on a VNNI CPU */
-    PATH_AVX512_TWO,  /* cpu__matmul_rows_avx512 with vnni = 1 (the dispatch takes the
-                         sixteen-row kernel for quantized weights) */
-    PATH_EMU_BASE,    /* SIMDe-emulated cpu__matmul_rows_avx512, vnni = 0 */
+    PATH_AVX512_BASE, /* cpu__matmul_rows_avx512 on a VNNI CPU: what CPUs with
+                         AVX-512 but without VNNI run */
+    PATH_EMU_BASE,    /* SIMDe-emulated cpu__matmul_rows_avx512 */
     PATH_EMU_VNNI,    /* SIMDe-emulated AVX-512 as dispatched on a VNNI CPU: the
                          sixteen-row kernel for Q4_0, Q4_1 and Q8_0 */
 };
@@ -178,7 +176,6 @@ static void kernel_prepare(const struct kernel *kn, enum qtype t, const float *x
     switch (kn->path) {
     case PATH_DISPATCH:
     case PATH_AVX512_BASE:
-    case PATH_AVX512_TWO:
         cpu_prepare_act(kn->isa, t, x, k, dst);
         break;
     case PATH_EMU_BASE:
@@ -198,10 +195,7 @@ static void kernel_matmul(const struct kernel *kn, enum qtype t, const void *w, 
         cpu_matmul_rows(kn->isa, t, w, k, n0, n1, act, T, y, ldy);
         break;
     case PATH_AVX512_BASE:
-        cpu__matmul_rows_avx512(t, w, k, n0, n1, act, T, y, ldy, 0);
-        break;
-    case PATH_AVX512_TWO:
-        cpu__matmul_rows_avx512(t, w, k, n0, n1, act, T, y, ldy, 1);
+        cpu__matmul_rows_avx512(t, w, k, n0, n1, act, T, y, ldy);
         break;
     case PATH_EMU_BASE:
     case PATH_EMU_VNNI:
@@ -210,7 +204,7 @@ static void kernel_matmul(const struct kernel *kn, enum qtype t, const void *w, 
         if (kn->path == PATH_EMU_VNNI && (t == QTYPE_Q4_0 || t == QTYPE_Q4_1 || t == QTYPE_Q8_0))
             emu_matmul_rows16_avx512_vnni(t, w, k, n0, n1, act, T, y, ldy);
         else
-            emu_matmul_rows_avx512(t, w, k, n0, n1, act, T, y, ldy, kn->path == PATH_EMU_VNNI);
+            emu_matmul_rows_avx512(t, w, k, n0, n1, act, T, y, ldy);
 #endif
         break;
     }
@@ -231,11 +225,9 @@ static int list_kernels(struct kernel *out)
     if (best >= CPU_ISA_AVX512) {
         out[n++] = (struct kernel){cpu__has_vnni() ? "avx512-vnni" : "avx512", PATH_DISPATCH,
                                    CPU_ISA_AVX512};
-        if (cpu__has_vnni()) {
+        if (cpu__has_vnni())
             out[n++] = (struct kernel){"avx512 without vnni", PATH_AVX512_BASE, CPU_ISA_AVX512};
-            out[n++] =
-                (struct kernel){"avx512-vnni two-row tiles", PATH_AVX512_TWO, CPU_ISA_AVX512};
-        } else if (!printed)
+        else if (!printed)
             printf("skip avx512-vnni: this CPU has AVX-512 without VNNI\n");
     } else if (!printed) {
         printf("skip avx512: not available (or capped by STREAMSINK_ISA)\n");

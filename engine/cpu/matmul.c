@@ -1,9 +1,10 @@
 /*
  * matmul.c: run-time ISA choice and dispatch for the CPU matrix products
- * (API in matmul.h). The kernels live in matmul_avx2.c and matmul_avx512.c,
- * which are compiled with their ISA enabled; nothing here calls into them
- * unless CPUID (and the OS, which __builtin_cpu_supports also checks through
- * XGETBV) says the instructions exist. The scalar ISA is the reference in
+ * (API in matmul.h). The kernels live in matmul_avx2.c, matmul_avx512.c and
+ * matmul_rows16_avx512.c (K-quants: matmul_kquant_*.c), which are compiled
+ * with their ISA enabled; nothing here calls into them unless CPUID (and the
+ * OS, which __builtin_cpu_supports also checks through XGETBV) says the
+ * instructions exist. The scalar ISA is the reference in
  * quant.c, looped: slow, and what everything else is tested against.
  */
 #include "matmul.h"
@@ -126,7 +127,7 @@ void cpu_matmul_rows(enum cpu_isa isa, enum qtype t, const void *restrict w, int
     }
     switch (isa) {
     case CPU_ISA_AVX512:
-        cpu__matmul_rows_avx512(t, w, k, n0, n1, act, T, y, ldy, cpu__has_vnni());
+        cpu__matmul_rows_avx512(t, w, k, n0, n1, act, T, y, ldy);
         break;
     case CPU_ISA_AVX2:
         cpu__matmul_rows_avx2(t, w, k, n0, n1, act, T, y, ldy);

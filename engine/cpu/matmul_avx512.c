@@ -7,15 +7,14 @@
  * products scaled by d_w * d_a, tiles of TILE_T activation rows x TILE_N
  * weight rows, weight rows cut into L1-sized chunks. A 512-bit vector holds
  * two blocks, so the main loop takes blocks two at a time (an odd last block
- * goes alone, the upper half zero). The integer dot is VPDPBUSD when the CPU
- * has AVX512-VNNI (vnni != 0) and VPMADDUBSW + VPMADDWD otherwise. Signed
- * weights (Q8_0, Q4_0) go in as |w| with sign(w) moved onto the activation
- * bytes (a masked subtract: AVX-512 has no VPSIGNB).
+ * goes alone, the upper half zero). The integer dot is VPMADDUBSW +
+ * VPMADDWD. Signed weights (Q8_0, Q4_0) go in as |w| with sign(w) moved onto
+ * the activation bytes (a masked subtract: AVX-512 has no VPSIGNB).
  *
- * On CPUs with VNNI, cpu_matmul_rows takes Q4_0, Q4_1 and Q8_0 weights to
- * matmul_rows16_avx512.c instead (sixteen rows per vector, faster at every
- * T). The vnni != 0 quantized kernels here are then no longer reached from
- * cpu_matmul_rows; tests/unit/test_matmul.c still runs them.
+ * The quantized kernels here serve CPUs with AVX-512 but without
+ * AVX512-VNNI: on CPUs with VNNI, cpu_matmul_rows takes Q4_0, Q4_1 and Q8_0
+ * weights to matmul_rows16_avx512.c (sixteen rows per vector, VPDPBUSD).
+ * The float kernels serve both.
  */
 #include "matmul_impl.h"
 
@@ -27,21 +26,6 @@
 #define CHUNK_BYTES 16384 /* weight bytes per cache block: half of a 32 KiB L1D */
 
 #define INLINE static inline __attribute__((always_inline))
-
-/* acc + the sums of four products of unsigned bytes of u and signed bytes of
- * s, per int32 lane: VPDPBUSD. Written as inline asm so that this file is
- * compiled without -mavx512vnni and the compiler cannot emit VNNI anywhere
- * else; it is only reached with vnni != 0, after the CPUID check. The
- * emulation test in tests/unit/test_matmul.c defines AVX512_DPBUSD. */
-#ifdef AVX512_DPBUSD
-#define dpbusd AVX512_DPBUSD
-#else
-INLINE __m512i dpbusd(__m512i acc, __m512i u, __m512i s)
-{
-    __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s));
-    return acc;
-}
-#endif
 
 /* One call's operands at one tile. */
 struct tile {
@@ -213,16 +197,14 @@ INLINE __m512i load_act2(const char *row, int64_t b, const int two, __m512 *d)
 
 /* int32 lanes of the products of unsigned bytes u and signed bytes s, four
  * bytes per lane (lanes 0-7: first block, 8-15: second). */
-INLINE __m512i dot_u8s8(const int vnni, __m512i u, __m512i s)
+INLINE __m512i dot_u8s8(__m512i u, __m512i s)
 {
-    if (vnni)
-        return dpbusd(_mm512_setzero_si512(), u, s);
     return _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1));
 }
 
 /* One step of the main loop: blocks b and b+1 (b alone when !two). */
-INLINE void quant_step(const enum qtype type, const int vnni, const int nt, const int nr,
-                       const struct tile *p, int64_t b, const int two, __m512 acc[TILE_T][TILE_N])
+INLINE void quant_step(const enum qtype type, const int nt, const int nr, const struct tile *p,
+                       int64_t b, const int two, __m512 acc[TILE_T][TILE_N])
 {
     __m512i wq[TILE_N];
     __mmask64 neg[TILE_N];
@@ -240,7 +222,7 @@ INLINE void quant_step(const enum qtype type, const int vnni, const int nt, cons
             __m512i s = qa;
             if (type != QTYPE_Q4_1)
                 s = _mm512_mask_sub_epi8(qa, neg[r], _mm512_setzero_si512(), qa);
-            __m512i i = dot_u8s8(vnni, wq[r], s);
+            __m512i i = dot_u8s8(wq[r], s);
             acc[t][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_mul_ps(dw[r], da), acc[t][r]);
         }
     }
@@ -270,8 +252,7 @@ INLINE void q4_1_offsets(const int nt, const int nr, const struct tile *p, __m12
     out[1] = _mm256_extractf128_ps(acc, 1);
 }
 
-INLINE void tile_quant(const enum qtype type, const int vnni, const int nt, const int nr,
-                       const struct tile *p)
+INLINE void tile_quant(const enum qtype type, const int nt, const int nr, const struct tile *p)
 {
     const int64_t nb = p->k / QK;
     __m512 acc[TILE_T][TILE_N];
@@ -283,9 +264,9 @@ INLINE void tile_quant(const enum qtype type, const int vnni, const int nt, cons
             acc[t][r] = _mm512_setzero_ps();
 
     for (int64_t b = 0; b + 1 < nb; b += 2)
-        quant_step(type, vnni, nt, nr, p, b, 1, acc);
+        quant_step(type, nt, nr, p, b, 1, acc);
     if (nb & 1)
-        quant_step(type, vnni, nt, nr, p, nb - 1, 0, acc);
+        quant_step(type, nt, nr, p, nb - 1, 0, acc);
 
     if (type == QTYPE_Q4_1) {
         __m128 offsets[TILE_N];
@@ -303,7 +284,7 @@ INLINE void tile_quant(const enum qtype type, const int vnni, const int nt, cons
  * per-lane products, sums and fused multiply-adds in the same order; lanes
  * are never combined differently), so a row's result does not depend on
  * which path computed it and cpu_matmul_rows stays batch-invariant. */
-INLINE void quant_row4(const enum qtype type, const int vnni, const struct tile *p)
+INLINE void quant_row4(const enum qtype type, const struct tile *p)
 {
     const int64_t nb = p->k / QK;
     const struct block_q8_act *a = (const struct block_q8_act *)p->a;
@@ -328,7 +309,7 @@ INLINE void quant_row4(const enum qtype type, const int vnni, const struct tile 
             __m512i sa = qa;
             if (type != QTYPE_Q4_1)
                 sa = _mm512_mask_sub_epi8(qa, neg, _mm512_setzero_si512(), qa);
-            __m512i i = dot_u8s8(vnni, wq, sa);
+            __m512i i = dot_u8s8(wq, sa);
             acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_mul_ps(dw, da), acc[r]);
         }
         if (type == QTYPE_Q4_1) {
@@ -355,27 +336,15 @@ INLINE void quant_row4(const enum qtype type, const int vnni, const struct tile 
 
 static void row4_q4_1(const struct tile *p)
 {
-    quant_row4(QTYPE_Q4_1, 0, p);
+    quant_row4(QTYPE_Q4_1, p);
 }
 static void row4_q8_0(const struct tile *p)
 {
-    quant_row4(QTYPE_Q8_0, 0, p);
+    quant_row4(QTYPE_Q8_0, p);
 }
 static void row4_q4_0(const struct tile *p)
 {
-    quant_row4(QTYPE_Q4_0, 0, p);
-}
-static void row4_q4_1_vnni(const struct tile *p)
-{
-    quant_row4(QTYPE_Q4_1, 1, p);
-}
-static void row4_q8_0_vnni(const struct tile *p)
-{
-    quant_row4(QTYPE_Q8_0, 1, p);
-}
-static void row4_q4_0_vnni(const struct tile *p)
-{
-    quant_row4(QTYPE_Q4_0, 1, p);
+    quant_row4(QTYPE_Q4_0, p);
 }
 
 /* ---- F32, F16, BF16 weights against f32 activations --------------------- */
@@ -399,13 +368,11 @@ INLINE float load_float1(const enum qtype type, const char *row, int64_t i)
     return quant_bf16_to_f32(((const uint16_t *)row)[i]);
 }
 
-INLINE void tile_float(const enum qtype type, const int vnni, const int nt, const int nr,
-                       const struct tile *p)
+INLINE void tile_float(const enum qtype type, const int nt, const int nr, const struct tile *p)
 {
     const int64_t k16 = p->k & ~(int64_t)15;
     __m512 acc[TILE_T][TILE_N];
 
-    (void)vnni;
 #pragma GCC unroll 4
     for (int t = 0; t < nt; t++)
 #pragma GCC unroll 4
@@ -446,72 +413,69 @@ INLINE void tile_float(const enum qtype type, const int vnni, const int nt, cons
 
 /* ---- dispatch ------------------------------------------------------------ */
 
-/* Calls fn(type, vnni, nt, nr, p) with nt and nr as constants. */
-#define TILE_CASES(fn, type, vnni, nt, nr, p)                                                      \
+/* Calls fn(type, nt, nr, p) with nt and nr as constants. */
+#define TILE_CASES(fn, type, nt, nr, p)                                                            \
     do {                                                                                           \
         if ((nr) == 2) {                                                                           \
             switch (nt) {                                                                          \
             case 4:                                                                                \
-                fn(type, vnni, 4, 2, p);                                                           \
+                fn(type, 4, 2, p);                                                                 \
                 break;                                                                             \
             case 3:                                                                                \
-                fn(type, vnni, 3, 2, p);                                                           \
+                fn(type, 3, 2, p);                                                                 \
                 break;                                                                             \
             case 2:                                                                                \
-                fn(type, vnni, 2, 2, p);                                                           \
+                fn(type, 2, 2, p);                                                                 \
                 break;                                                                             \
             default:                                                                               \
-                fn(type, vnni, 1, 2, p);                                                           \
+                fn(type, 1, 2, p);                                                                 \
                 break;                                                                             \
             }                                                                                      \
         } else {                                                                                   \
             switch (nt) {                                                                          \
             case 4:                                                                                \
-                fn(type, vnni, 4, 1, p);                                                           \
+                fn(type, 4, 1, p);                                                                 \
                 break;                                                                             \
             case 3:                                                                                \
-                fn(type, vnni, 3, 1, p);                                                           \
+                fn(type, 3, 1, p);                                                                 \
                 break;                                                                             \
             case 2:                                                                                \
-                fn(type, vnni, 2, 1, p);                                                           \
+                fn(type, 2, 1, p);                                                                 \
                 break;                                                                             \
             default:                                                                               \
-                fn(type, vnni, 1, 1, p);                                                           \
+                fn(type, 1, 1, p);                                                                 \
                 break;                                                                             \
             }                                                                                      \
         }                                                                                          \
     } while (0)
 
-#define DEFINE_RUN(name, fn, type, vnni)                                                           \
+#define DEFINE_RUN(name, fn, type)                                                                 \
     static void name(int nt, int nr, const struct tile *p)                                         \
     {                                                                                              \
-        TILE_CASES(fn, type, vnni, nt, nr, p);                                                     \
+        TILE_CASES(fn, type, nt, nr, p);                                                           \
     }
 
-DEFINE_RUN(run_q4_1, tile_quant, QTYPE_Q4_1, 0)
-DEFINE_RUN(run_q8_0, tile_quant, QTYPE_Q8_0, 0)
-DEFINE_RUN(run_q4_0, tile_quant, QTYPE_Q4_0, 0)
-DEFINE_RUN(run_q4_1_vnni, tile_quant, QTYPE_Q4_1, 1)
-DEFINE_RUN(run_q8_0_vnni, tile_quant, QTYPE_Q8_0, 1)
-DEFINE_RUN(run_q4_0_vnni, tile_quant, QTYPE_Q4_0, 1)
-DEFINE_RUN(run_f32, tile_float, QTYPE_F32, 0)
-DEFINE_RUN(run_f16, tile_float, QTYPE_F16, 0)
-DEFINE_RUN(run_bf16, tile_float, QTYPE_BF16, 0)
+DEFINE_RUN(run_q4_1, tile_quant, QTYPE_Q4_1)
+DEFINE_RUN(run_q8_0, tile_quant, QTYPE_Q8_0)
+DEFINE_RUN(run_q4_0, tile_quant, QTYPE_Q4_0)
+DEFINE_RUN(run_f32, tile_float, QTYPE_F32)
+DEFINE_RUN(run_f16, tile_float, QTYPE_F16)
+DEFINE_RUN(run_bf16, tile_float, QTYPE_BF16)
 
 void cpu__matmul_rows_avx512(enum qtype t, const void *restrict w, int64_t k, int64_t n0,
                              int64_t n1, const void *restrict act, int64_t T, float *restrict y,
-                             int64_t ldy, int vnni)
+                             int64_t ldy)
 {
     void (*run)(int, int, const struct tile *) = run_f32;
     switch (t) {
     case QTYPE_Q4_1:
-        run = vnni ? run_q4_1_vnni : run_q4_1;
+        run = run_q4_1;
         break;
     case QTYPE_Q8_0:
-        run = vnni ? run_q8_0_vnni : run_q8_0;
+        run = run_q8_0;
         break;
     case QTYPE_Q4_0:
-        run = vnni ? run_q4_0_vnni : run_q4_0;
+        run = run_q4_0;
         break;
     case QTYPE_F32:
         run = run_f32;
@@ -536,11 +500,11 @@ void cpu__matmul_rows_avx512(enum qtype t, const void *restrict w, int64_t k, in
     chunk = chunk < TILE_N ? TILE_N : chunk - chunk % TILE_N;
     void (*row4)(const struct tile *) = NULL;
     if (t == QTYPE_Q4_1)
-        row4 = vnni ? row4_q4_1_vnni : row4_q4_1;
+        row4 = row4_q4_1;
     else if (t == QTYPE_Q8_0)
-        row4 = vnni ? row4_q8_0_vnni : row4_q8_0;
+        row4 = row4_q8_0;
     else if (t == QTYPE_Q4_0)
-        row4 = vnni ? row4_q4_0_vnni : row4_q4_0;
+        row4 = row4_q4_0;
     if (row4 && T == 1) {
         /* decode: four rows at a time, the rest in tiles of TILE_N */
         int64_t n = n0;

@@ -1,9 +1,9 @@
 /*
  * matmul_impl.h: what matmul.c shares with the ISA-specific kernel files
- * (matmul_avx2.c, matmul_avx512.c) and with tests/unit/test_matmul.c. Internal
- * to engine/cpu/. Each function here has the contract of the cpu_ function of
- * the same shape in matmul.h, and may only be called after cpu_isa_best()
- * (or the CPUID checks it makes) says the CPU has that ISA.
+ * (matmul_avx2.c, matmul_avx512.c, matmul_rows16_avx512.c) and with
+ * tests/unit/test_matmul.c. Internal to engine/cpu/. Each function here has the contract of the
+ * cpu_ function of the same shape in matmul.h, and may only be called after cpu_isa_best() (or the
+ * CPUID checks it makes) says the CPU has that ISA.
  */
 #ifndef SS_CPU_MATMUL_IMPL_H
 #define SS_CPU_MATMUL_IMPL_H
@@ -17,12 +17,12 @@ void cpu__prepare_act_avx2(enum qtype t, const float *restrict x, int64_t k, voi
 void cpu__matmul_rows_avx2(enum qtype t, const void *restrict w, int64_t k, int64_t n0, int64_t n1,
                            const void *restrict act, int64_t T, float *restrict y, int64_t ldy);
 
-/* AVX-512 F + BW + VL + DQ. vnni != 0 selects the VPDPBUSD kernels, which need
- * the avx512vnni CPUID bit as well. */
+/* AVX-512 F + BW + VL + DQ. What cpu_matmul_rows runs for float weights on
+ * every AVX-512 CPU, and for Q4_0, Q4_1 and Q8_0 on those without VNNI. */
 void cpu__prepare_act_avx512(enum qtype t, const float *restrict x, int64_t k, void *restrict dst);
 void cpu__matmul_rows_avx512(enum qtype t, const void *restrict w, int64_t k, int64_t n0,
                              int64_t n1, const void *restrict act, int64_t T, float *restrict y,
-                             int64_t ldy, int vnni);
+                             int64_t ldy);
 
 /* AVX-512 F + BW + VL + DQ and AVX512-VNNI, Q4_0, Q4_1 and Q8_0 weights only:
  * sixteen weight rows per vector, one per int32 lane (matmul_rows16_avx512.c).

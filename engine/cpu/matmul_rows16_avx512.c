@@ -39,13 +39,20 @@
 
 #define INLINE static inline __attribute__((always_inline))
 
-/* acc + VPDPBUSD(u, s), as inline asm so that this file is compiled without
- * -mavx512vnni (see matmul_avx512.c). */
+/* acc + the sums of four products of unsigned bytes of u and signed bytes of
+ * s, per int32 lane: VPDPBUSD. Written as inline asm so that this file is
+ * compiled without -mavx512vnni and the compiler cannot emit VNNI anywhere
+ * else. The emulation test in tests/unit/test_matmul.c, which compiles this
+ * file against SIMDe, defines AVX512_DPBUSD. */
+#ifdef AVX512_DPBUSD
+#define dpbusd AVX512_DPBUSD
+#else
 INLINE __m512i dpbusd(__m512i acc, __m512i u, __m512i s)
 {
     __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s));
     return acc;
 }
+#endif
 
 /* One group's blocks, transposed: q[b][j] lane r = values 4j .. 4j+3 of row r
  * in block b, as unsigned bytes; d (and m, Q4_1) lane r = row r's scale. */

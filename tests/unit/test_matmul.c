@@ -5,9 +5,10 @@
  * for float weights), weight row ranges that do not start at 0, T activation
  * rows from 1 to 16, ldy > N. Kernels the CPU lacks are skipped, by name.
  *
- * The AVX-512 file is also compiled a second time into this test against
- * SIMDe's portable AVX-512 (when libsimde-dev is installed), so its logic is
- * checked on machines without AVX-512 too.
+ * The AVX-512 files (matmul_avx512.c, and matmul_rows16_avx512.c, which
+ * needs AVX512-VNNI) are also compiled a second time into this test against
+ * SIMDe's portable AVX-512 (when libsimde-dev is installed), so their logic
+ * is checked on machines without AVX-512 or VNNI too.
  */
 #include "support/rng.h"
 #include "test.h"
@@ -73,7 +74,47 @@ static inline simde__m512 emu_cvtph_ps(simde__m256i v)
     return simde_mm512_insertf32x8(simde_mm512_castps256_ps512(lo), hi, 1);
 }
 
-/* ... and two aliases it gets wrong or leaves out */
+/* Lane i: the 4 bytes at base + idx_i * scale. */
+static inline simde__m512i emu_i32gather_epi32(simde__m512i idx, const void *base, int scale)
+{
+    int32_t i[16], v[16];
+    simde_mm512_storeu_si512(i, idx);
+    for (int l = 0; l < 16; l++)
+        memcpy(&v[l], (const char *)base + (int64_t)i[l] * scale, sizeof v[l]);
+    return simde_mm512_loadu_si512(v);
+}
+
+/* VPMOVDW: the low 16 bits of each int32 lane. */
+static inline simde__m256i emu_cvtepi32_epi16(simde__m512i v)
+{
+    uint32_t a[16];
+    uint16_t b[16];
+    simde_mm512_storeu_si512(a, v);
+    for (int l = 0; l < 16; l++)
+        b[l] = (uint16_t)(a[l] & 0xffffu);
+    return simde_mm256_loadu_si256(b);
+}
+
+/* Masked loads and stores touch only the lanes in the mask, as the
+ * instructions do (lanes past a row group's end lie outside y). */
+static inline simde__m512 emu_maskz_loadu_ps(simde__mmask16 k, const void *p)
+{
+    float v[16];
+    for (int l = 0; l < 16; l++)
+        v[l] = (k >> l) & 1 ? ((const float *)p)[l] : 0.0f;
+    return simde_mm512_loadu_ps(v);
+}
+
+static inline void emu_mask_storeu_ps(void *p, simde__mmask16 k, simde__m512 v)
+{
+    float a[16];
+    simde_mm512_storeu_ps(a, v);
+    for (int l = 0; l < 16; l++)
+        if ((k >> l) & 1)
+            ((float *)p)[l] = a[l];
+}
+
+/* ... and aliases it gets wrong or leaves out */
 #undef _mm512_madd_epi16
 #define _mm512_madd_epi16(a, b) simde_mm512_madd_epi16(a, b)
 #define __mmask64 simde__mmask64
@@ -81,20 +122,33 @@ static inline simde__m512 emu_cvtph_ps(simde__m256i v)
 #define _mm512_cvtps_epi32 emu_cvtps_epi32
 #define _mm512_cvtepu16_epi32 emu_cvtepu16_epi32
 #define _mm512_cvtph_ps emu_cvtph_ps
+#undef _mm512_i32gather_epi32 /* a macro in GCC's header without __OPTIMIZE__ */
+#define _mm512_i32gather_epi32 emu_i32gather_epi32
+#define _mm512_cvtepi32_epi16 emu_cvtepi32_epi16
+#define _mm512_maskz_loadu_ps emu_maskz_loadu_ps
+#define _mm512_mask_storeu_ps emu_mask_storeu_ps
 #define AVX512_DPBUSD simde_mm512_dpbusd_epi32
 #define cpu__prepare_act_avx512 emu_prepare_act_avx512
 #define cpu__matmul_rows_avx512 emu_matmul_rows_avx512
+#define cpu__matmul_rows16_avx512_vnni emu_matmul_rows16_avx512_vnni
 void emu_prepare_act_avx512(enum qtype t, const float *restrict x, int64_t k, void *restrict dst);
 void emu_matmul_rows_avx512(enum qtype t, const void *restrict w, int64_t k, int64_t n0, int64_t n1,
-                            const void *restrict act, int64_t T, float *restrict y, int64_t ldy,
-                            int vnni);
+                            const void *restrict act, int64_t T, float *restrict y, int64_t ldy);
+void emu_matmul_rows16_avx512_vnni(enum qtype t, const void *restrict w, int64_t k, int64_t n0,
+                                   int64_t n1, const void *restrict act, int64_t T,
+                                   float *restrict y, int64_t ldy);
 /* SIMDe provides everything immintrin.h would: skip the real header (GCC's and
  * clang's include guards), whose declarations the aliases above would rename. */
 #define _IMMINTRIN_H_INCLUDED
 #define __IMMINTRIN_H
 #include "engine/cpu/matmul_avx512.c"
+/* the two files' own macros of the same names */
+#undef TILE_T
+#undef INLINE
+#include "engine/cpu/matmul_rows16_avx512.c"
 #undef cpu__prepare_act_avx512
 #undef cpu__matmul_rows_avx512
+#undef cpu__matmul_rows16_avx512_vnni
 #pragma GCC diagnostic pop
 #pragma GCC pop_options
 #endif
@@ -103,11 +157,11 @@ void emu_matmul_rows_avx512(enum qtype t, const void *restrict w, int64_t k, int
 
 enum path {
     PATH_DISPATCH,    /* cpu_prepare_act / cpu_matmul_rows with an ISA */
-    PATH_AVX512_BASE, /* cpu__matmul_rows_avx512 with vnni = 0 on a VNNI CPU */
-    PATH_AVX512_TWO,  /* cpu__matmul_rows_avx512 with vnni = 1 (the dispatch takes the
-                         sixteen-row kernel for quantized weights) */
-    PATH_EMU_BASE,    /* SIMDe-emulated AVX-512, vnni = 0 */
-    PATH_EMU_VNNI,    /* SIMDe-emulated AVX-512, vnni = 1 */
+    PATH_AVX512_BASE, /* cpu__matmul_rows_avx512 on a VNNI CPU: what CPUs with
+                         AVX-512 but without VNNI run */
+    PATH_EMU_BASE,    /* SIMDe-emulated cpu__matmul_rows_avx512 */
+    PATH_EMU_VNNI,    /* SIMDe-emulated AVX-512 as dispatched on a VNNI CPU: the
+                         sixteen-row kernel for Q4_0, Q4_1 and Q8_0 */
 };
 
 struct kernel {
@@ -122,7 +176,6 @@ static void kernel_prepare(const struct kernel *kn, enum qtype t, const float *x
     switch (kn->path) {
     case PATH_DISPATCH:
     case PATH_AVX512_BASE:
-    case PATH_AVX512_TWO:
         cpu_prepare_act(kn->isa, t, x, k, dst);
         break;
     case PATH_EMU_BASE:
@@ -142,15 +195,16 @@ static void kernel_matmul(const struct kernel *kn, enum qtype t, const void *w, 
         cpu_matmul_rows(kn->isa, t, w, k, n0, n1, act, T, y, ldy);
         break;
     case PATH_AVX512_BASE:
-        cpu__matmul_rows_avx512(t, w, k, n0, n1, act, T, y, ldy, 0);
-        break;
-    case PATH_AVX512_TWO:
-        cpu__matmul_rows_avx512(t, w, k, n0, n1, act, T, y, ldy, 1);
+        cpu__matmul_rows_avx512(t, w, k, n0, n1, act, T, y, ldy);
         break;
     case PATH_EMU_BASE:
     case PATH_EMU_VNNI:
 #ifdef SS_EMULATE_AVX512
-        emu_matmul_rows_avx512(t, w, k, n0, n1, act, T, y, ldy, kn->path == PATH_EMU_VNNI);
+        /* the same choice as cpu_matmul_rows */
+        if (kn->path == PATH_EMU_VNNI && (t == QTYPE_Q4_0 || t == QTYPE_Q4_1 || t == QTYPE_Q8_0))
+            emu_matmul_rows16_avx512_vnni(t, w, k, n0, n1, act, T, y, ldy);
+        else
+            emu_matmul_rows_avx512(t, w, k, n0, n1, act, T, y, ldy);
 #endif
         break;
     }
@@ -171,11 +225,9 @@ static int list_kernels(struct kernel *out)
     if (best >= CPU_ISA_AVX512) {
         out[n++] = (struct kernel){cpu__has_vnni() ? "avx512-vnni" : "avx512", PATH_DISPATCH,
                                    CPU_ISA_AVX512};
-        if (cpu__has_vnni()) {
+        if (cpu__has_vnni())
             out[n++] = (struct kernel){"avx512 without vnni", PATH_AVX512_BASE, CPU_ISA_AVX512};
-            out[n++] =
-                (struct kernel){"avx512-vnni two-row tiles", PATH_AVX512_TWO, CPU_ISA_AVX512};
-        } else if (!printed)
+        else if (!printed)
             printf("skip avx512-vnni: this CPU has AVX-512 without VNNI\n");
     } else if (!printed) {
         printf("skip avx512: not available (or capped by STREAMSINK_ISA)\n");
@@ -536,7 +588,8 @@ TEST(matmul_rows_do_not_depend_on_batch_size_or_row_range)
  * sixteen-row kernel keeps corrections for at once (64), K = 1536, more
  * blocks than it transposes at once (32), and N = 37 (two full groups of
  * sixteen and a partial one). Every output within the reference tolerance
- * and bit-identical to the same row computed alone. */
+ * and bit-identical to the same row computed alone. The emulated sixteen-row
+ * kernel runs here too, so its chunking is checked on every machine. */
 TEST(matmul_rows_handles_long_batches_and_partial_row_groups)
 {
     enum { T = 70, N = 37, K = 1536 };
@@ -555,7 +608,7 @@ TEST(matmul_rows_handles_long_batches_and_partial_row_groups)
         make_weights(t, N, K, w);
         for (int kk = 0; kk < nk; kk++) {
             const struct kernel *kn = &kernels[kk];
-            if (kn->path >= PATH_EMU_BASE || kn->isa == CPU_ISA_SCALAR)
+            if (kn->path == PATH_EMU_BASE || kn->isa == CPU_ISA_SCALAR)
                 continue; /* slow, and covered by the tests above */
             for (int tt = 0; tt < T; tt++) {
                 fill(x, K);
@@ -578,6 +631,72 @@ TEST(matmul_rows_handles_long_batches_and_partial_row_groups)
                                 "%.9g alone",
                                 kn->name, qtype_name(t), (long long)n, tt, y[tt * N + n], T,
                                 yone[n]);
+                }
+            }
+        }
+    }
+    printf("  %lld outputs checked\n", checked);
+}
+
+/* Every batch size from 1 to 70 (each remainder of the sixteen-row kernel's
+ * eight-row tiles, and both sides of its 64-row token block) on a weight row
+ * range that starts off a group boundary and ends inside a group: every
+ * output within the reference tolerance, and nothing written outside the
+ * call's rows. */
+TEST(matmul_rows_matches_the_reference_for_every_batch_size_up_to_70)
+{
+    enum { T = 70, N = 40, K = 96, LDY = N + 3 };
+    static const int64_t n0 = 3, n1 = 38;
+    static float x[K];
+    _Alignas(64) static uint8_t w[N * K * 4];
+    _Alignas(64) static uint8_t act[T * K * 4];
+    static float y[T * LDY], want[T * LDY];
+    static double tol[T * LDY];
+    static const enum qtype types[] = {QTYPE_Q8_0, QTYPE_Q4_0, QTYPE_Q4_1};
+    const float sentinel = -12345.0f;
+    struct kernel kernels[8];
+    int nk = list_kernels(kernels);
+    long long checked = 0;
+
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        enum qtype t = types[ti];
+        size_t rb = qtype_row_bytes(t, K), ab = quant_act_bytes(t, K);
+        make_weights(t, N, K, w);
+        for (int tt = 0; tt < T; tt++) {
+            fill(x, K);
+            quant_prepare_act_ref(t, x, K, act + (size_t)tt * ab);
+            for (int64_t n = n0; n < n1; n++) {
+                const uint8_t *wr = w + (size_t)n * rb, *ar = act + (size_t)tt * ab;
+                int nt = 0;
+                double mag = dot_magnitude(t, wr, ar, K, &nt);
+                want[tt * LDY + n] = quant_dot_ref(t, wr, ar, K);
+                tol[tt * LDY + n] = (nt + 4) * 0x1p-24 * mag + FLT_MIN;
+            }
+        }
+        for (int kk = 0; kk < nk; kk++) {
+            const struct kernel *kn = &kernels[kk];
+            if (kn->isa == CPU_ISA_SCALAR)
+                continue; /* the reference itself */
+            for (int64_t bt = 1; bt <= T; bt++) {
+                for (size_t i = 0; i < sizeof y / sizeof y[0]; i++)
+                    y[i] = sentinel;
+                kernel_matmul(kn, t, w, K, n0, n1, act, bt, y, LDY);
+                for (int64_t tt = 0; tt < T; tt++) {
+                    for (int64_t n = 0; n < LDY; n++) {
+                        float got = y[tt * LDY + n];
+                        if (tt >= bt || n < n0 || n >= n1) {
+                            if (got != sentinel)
+                                FAIL_AT("%s %s T=%lld: wrote y[%lld][%lld] outside its range",
+                                        kn->name, qtype_name(t), (long long)bt, (long long)tt,
+                                        (long long)n);
+                            continue;
+                        }
+                        checked++;
+                        if (!(fabs(got - want[tt * LDY + n]) <= tol[tt * LDY + n]))
+                            FAIL_AT("%s %s T=%lld: y[%lld][%lld] = %.9g, reference %.9g", kn->name,
+                                    qtype_name(t), (long long)bt, (long long)tt, (long long)n, got,
+                                    want[tt * LDY + n]);
+                    }
                 }
             }
         }

@@ -8,17 +8,12 @@
  * other processes on a shared machine cost us less precision than wall time
  * would (they still share the memory bus).
  *
- * Standalone build (CMake: link it against ss_engine):
- *   gcc -std=c11 -D_GNU_SOURCE -O2 -Iengine -c engine/cpu/matmul_avx2.c -mavx2 -mfma -mf16c
- *   gcc -std=c11 -D_GNU_SOURCE -O2 -Iengine -c engine/cpu/matmul_avx512.c -mavx512f \
- *       -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c -mavx2
- *   gcc -std=c11 -D_GNU_SOURCE -O2 -Iengine tools/bench_matmul.c engine/quant.c \
- *       engine/cpu/matmul.c matmul_avx2.o matmul_avx512.o -lm -lpthread
- *   ./a.out [isa]      (isa: scalar, avx2 or avx512; default: best available)
- *   ./a.out formats    (every weight format on Gemma 3 270M's shapes, on every
- *                       ISA this CPU has, side by side: GB/s and rows/s at T = 1,
- *                       GFLOP/s at T = 64; add gcc ... engine/quant_k.c and the
- *                       matmul_kquant_*.c objects to the build above)
+ * Build: the CMake target bench_matmul (it links ss_engine, which holds every
+ * kernel and the run-time dispatch), then
+ *   build/bench_matmul [isa]   (isa: scalar, avx2 or avx512; default: best available)
+ *   build/bench_matmul formats (every weight format on Gemma 3 270M's shapes, on
+ *                               every ISA this CPU has, side by side: GB/s and
+ *                               rows/s at T = 1, GFLOP/s at T = 64)
  *
  * Q5_0 and K-quant weights are random bytes with finite f16 scales (there is
  * no quantizer for them here; the kernels' speed does not depend on the

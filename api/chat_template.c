@@ -164,8 +164,10 @@ static void render_llama3(struct sbuf *b, const struct api_chat_message *m, size
     puts_(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
 }
 
-/* Gemma: two roles, user and model; a system message opens the first user
- * turn, followed by a blank line (as Gemma 3's own template does). */
+/* Gemma: two roles, user and model; a leading system message opens the next
+ * turn, whoever's it is, followed by a blank line (as Gemma 3's own template
+ * prefixes it to the first of the remaining messages), so every message keeps
+ * its order. */
 static void render_gemma(struct sbuf *b, const struct api_chat_message *m, size_t n)
 {
     size_t i = 0;
@@ -179,7 +181,7 @@ static void render_gemma(struct sbuf *b, const struct api_chat_message *m, size_
     for (; i < n; i++) {
         int model = strcmp(m[i].role, "assistant") == 0;
         puts_(b, model ? "<start_of_turn>model\n" : "<start_of_turn>user\n");
-        if (sys && !model) {
+        if (sys) {
             put(b, sys, sys_len);
             puts_(b, "\n\n");
             sys = NULL;

@@ -495,6 +495,14 @@ TEST(api_chat_template_recognizes_llama3_and_llama2_and_falls_back_to_chatml)
                  "<start_of_turn>user\nS\n\nU<end_of_turn>\n<start_of_turn>model\nA<end_of_turn>\n"
                  "<start_of_turn>user\nV<end_of_turn>\n<start_of_turn>model\n");
     free(out);
+    /* a system message before a model turn opens that turn (Gemma 3's own
+     * template prefixes the first remaining message), so order is kept */
+    ASSERT_OK(
+        api_chat_render(&t, (struct api_chat_message[]){m2[0], m2[2], m2[3]}, 3, 1, &out, &len));
+    ASSERT_STREQ(out,
+                 "<start_of_turn>model\nS\n\nA<end_of_turn>\n<start_of_turn>user\nV<end_of_turn>\n"
+                 "<start_of_turn>model\n");
+    free(out);
 
     api_chat_template_init(&t, "{{ something we have never seen }}");
     ASSERT_EQ(t.format, API_CHAT_CHATML);

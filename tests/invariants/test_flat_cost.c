@@ -18,8 +18,15 @@
  * thread's CPU time (CLOCK_THREAD_CPUTIME_ID), which does not count the
  * time other processes of a shared machine hold the cores; wall time is
  * printed alongside. Steps are timed in blocks and each span's figure is the
- * median block. Late/early < 1.5 is loose for that (cache and frequency
- * effects remain); a cost that grows with the stream exceeds it many times
+ * median block. That first-against-last comparison is printed but not
+ * asserted: on a shared VM the cost of the same step drifts by 1.5x over
+ * seconds (frequency, neighbours; seen at every position of the stream), so
+ * two spans measured half a minute apart compare the machine, not the
+ * engine. The assertion is side by side instead: after the long stream, a
+ * second stream of the same model is brought to the early position, and the
+ * two continue in alternating blocks; the figure is the median over pairs of
+ * late block / early block, which the machine's drift hits alike. < 1.5 is
+ * loose for that; a cost that grows with the stream exceeds it many times
  * over.
  *
  * One engine thread: the pool's workers spin between runs, and on a busy
@@ -109,39 +116,74 @@ static int32_t argmax(const float *x, int64_t n)
     return (int32_t)a;
 }
 
+/* Runs n steps of one token each from *tok, feeding back the greedy token
+ * (left in *tok); adds the thread CPU and wall seconds to *cpu and *wall. */
+static int steps(struct tiny_rig *r, int32_t *tok, int64_t n, double *cpu, double *wall,
+                 int *finite)
+{
+    const int64_t V = r->f.m->hp.n_vocab;
+    double t0 = now_s(), c0 = cpu_s();
+    for (int64_t i = 0; i < n; i++) {
+        struct fwd_input in = {&r->seq, tok, 1, FWD_LOGITS_LAST};
+        int64_t rv = fwd_step(&r->f, &in, 1);
+        if (rv != 1) {
+            fprintf(stderr, "  fwd_step at position %lld returned %lld\n",
+                    (long long)r->seq.pos_next, (long long)rv);
+            return -1;
+        }
+        *tok = argmax(r->f.logits, V);
+        if (!isfinite(r->f.logits[*tok]))
+            *finite = 0;
+    }
+    *cpu += cpu_s() - c0;
+    *wall += now_s() - t0;
+    return 0;
+}
+
+/* The late stream against an early one, side by side: `pairs` pairs of
+ * blocks of `per` steps, alternating which goes first. Returns the median
+ * over pairs of late CPU time / early CPU time in *ratio (and of wall time
+ * in *wall_ratio). */
+static int side_by_side(struct tiny_rig *late, int32_t *tok_late, struct tiny_rig *early,
+                        int32_t *tok_early, int pairs, int64_t per, double *ratio,
+                        double *wall_ratio, int *finite)
+{
+    double r_cpu[256], r_wall[256];
+    if (pairs > 256)
+        return -1;
+    for (int k = 0; k < pairs; k++) {
+        double cl = 0, wl = 0, ce = 0, we = 0;
+        int rv = (k & 1) ? steps(early, tok_early, per, &ce, &we, finite) |
+                               steps(late, tok_late, per, &cl, &wl, finite)
+                         : steps(late, tok_late, per, &cl, &wl, finite) |
+                               steps(early, tok_early, per, &ce, &we, finite);
+        if (rv)
+            return -1;
+        r_cpu[k] = cl / ce;
+        r_wall[k] = wl / we;
+    }
+    qsort(r_cpu, (size_t)pairs, sizeof r_cpu[0], cmp_double);
+    qsort(r_wall, (size_t)pairs, sizeof r_wall[0], cmp_double);
+    *ratio = r_cpu[pairs / 2];
+    *wall_ratio = r_wall[pairs / 2];
+    return 0;
+}
+
 /* Streams n_steps tokens one per step, feeding back the greedy token;
  * times blocks of `per` steps (cpu_blocks and wall_blocks get n_steps / per
  * entries) and samples RSS after step warm_step and at the end. */
-static int stream(struct tiny_rig *r, int32_t first, int64_t n_steps, int64_t per,
+static int stream(struct tiny_rig *r, int32_t *tok, int64_t n_steps, int64_t per,
                   double *cpu_blocks, double *wall_blocks, int64_t warm_step, double rss_warm[2],
                   double rss_end[2], int *finite)
 {
-    const int64_t V = r->f.m->hp.n_vocab;
-    int32_t tok = first;
     /* touch the timing arrays now: their pages are the test's, not the engine's */
     memset(cpu_blocks, 0, (size_t)(n_steps / per) * sizeof *cpu_blocks);
     memset(wall_blocks, 0, (size_t)(n_steps / per) * sizeof *wall_blocks);
-    double t0 = now_s(), c0 = cpu_s();
     *finite = 1;
-    for (int64_t i = 0; i < n_steps; i++) {
-        struct fwd_input in = {&r->seq, &tok, 1, FWD_LOGITS_LAST};
-        int64_t rv = fwd_step(&r->f, &in, 1);
-        if (rv != 1) {
-            fprintf(stderr, "  fwd_step at token %lld returned %lld\n", (long long)i,
-                    (long long)rv);
+    for (int64_t b = 0; b < n_steps / per; b++) {
+        if (steps(r, tok, per, &cpu_blocks[b], &wall_blocks[b], finite) < 0)
             return -1;
-        }
-        tok = argmax(r->f.logits, V);
-        if (!isfinite(r->f.logits[tok]))
-            *finite = 0;
-        if ((i + 1) % per == 0) {
-            double t1 = now_s(), c1 = cpu_s();
-            wall_blocks[i / per] = t1 - t0;
-            cpu_blocks[i / per] = c1 - c0;
-            t0 = t1;
-            c0 = c1;
-        }
-        if (i + 1 == warm_step)
+        if ((b + 1) * per == warm_step)
             rss_warm[0] = rss_bytes(&rss_warm[1]);
     }
     rss_end[0] = rss_bytes(&rss_end[1]);
@@ -170,11 +212,36 @@ static void check(const char *what, const double rss_warm[2], const double rss_e
     printf("  %s: wall per token early median %.2f us (mean %.2f), late median %.2f us (mean "
            "%.2f)\n",
            what, we.median * 1e6, we.mean * 1e6, wl.median * 1e6, wl.mean * 1e6);
-    printf("  %s: late/early CPU %.3f (limit %.2f), wall %.3f\n", what, ratio, TIME_RATIO_MAX,
-           wl.median / we.median);
+    printf("  %s: last/first span CPU %.3f, wall %.3f (measured apart in time: not asserted)\n",
+           what, ratio, wl.median / we.median);
     ASSERT(rss_warm[0] > 0 && rss_end[0] > 0 && rss_warm[1] > 0 && rss_end[1] > 0);
     ASSERT(growth < MEM_GROWTH_MAX);
     ASSERT(anon_growth < MEM_GROWTH_MAX);
+}
+
+/* Brings a second stream of the same model to the early position and runs
+ * the two side by side (see the header). */
+static void check_side_by_side(const char *what, struct tiny_rig *late, int32_t *tok_late,
+                               const struct model *m, const struct tiny_rig_config *rc,
+                               int32_t first, int64_t early_pos, int pairs, int64_t per,
+                               int *failed)
+{
+    struct tiny_rig e;
+    ASSERT_OK(tiny_rig_open(&e, m, rc));
+    int32_t tok = first;
+    double c = 0, w = 0, ratio = 0, wall_ratio = 0;
+    int finite = 1;
+    int rv = steps(&e, &tok, early_pos, &c, &w, &finite);
+    if (rv == 0)
+        rv = side_by_side(late, tok_late, &e, &tok, pairs, per, &ratio, &wall_ratio, &finite);
+    int64_t late_pos = late->seq.pos_next, early_end = e.seq.pos_next;
+    tiny_rig_close(&e);
+    ASSERT_OK(rv);
+    printf("  %s: side by side, %d pairs of %lld steps, positions %lld.. against %lld..: "
+           "late/early CPU median %.3f (limit %.2f), wall %.3f\n",
+           what, pairs, (long long)per, (long long)(late_pos - pairs * per),
+           (long long)(early_end - pairs * per), ratio, TIME_RATIO_MAX, wall_ratio);
+    ASSERT(finite);
     ASSERT(ratio < TIME_RATIO_MAX);
 }
 
@@ -184,6 +251,7 @@ static void check(const char *what, const double rss_warm[2], const double rss_e
 #define TINY_W 64
 #define TINY_SPAN 20000 /* tokens compared at each end */
 #define TINY_BLOCK 500  /* tokens per timed block */
+#define TINY_PAIRS 40   /* side-by-side pairs of blocks */
 
 TEST(a_million_tokens_cost_the_same_memory_and_time_per_token_as_the_first)
 {
@@ -200,17 +268,22 @@ TEST(a_million_tokens_cost_the_same_memory_and_time_per_token_as_the_first)
     static double cpu_blocks[TINY_TOKENS / TINY_BLOCK], wall_blocks[TINY_TOKENS / TINY_BLOCK];
     double rss_warm[2] = {-1, -1}, rss_end[2] = {-1, -1}, t0 = now_s();
     int finite = 0;
-    int rv = stream(&r, 1, TINY_TOKENS, TINY_BLOCK, cpu_blocks, wall_blocks, TINY_SPAN, rss_warm,
+    int32_t tok = 1;
+    int rv = stream(&r, &tok, TINY_TOKENS, TINY_BLOCK, cpu_blocks, wall_blocks, TINY_SPAN, rss_warm,
                     rss_end, &finite);
     double total = now_s() - t0;
     int64_t pos_next = r.seq.pos_next, evicted = r.seq.n_evicted;
+    if (rv == 0) {
+        printf("  tiny model: %d tokens in %.1f s, W=%d window policy, f16 KV, 1 thread\n",
+               TINY_TOKENS, total, TINY_W);
+        check("tiny", rss_warm, rss_end, cpu_blocks, wall_blocks, TINY_TOKENS / TINY_BLOCK,
+              TINY_SPAN / TINY_BLOCK, TINY_BLOCK, failed);
+        check_side_by_side("tiny", &r, &tok, &tm.m, &rc, 1, TINY_SPAN / 2, TINY_PAIRS, TINY_BLOCK,
+                           failed);
+    }
     tiny_rig_close(&r);
     tiny_model_free(&tm);
     ASSERT_OK(rv);
-    printf("  tiny model: %d tokens in %.1f s, W=%d window policy, f16 KV, 1 thread\n", TINY_TOKENS,
-           total, TINY_W);
-    check("tiny", rss_warm, rss_end, cpu_blocks, wall_blocks, TINY_TOKENS / TINY_BLOCK,
-          TINY_SPAN / TINY_BLOCK, TINY_BLOCK, failed);
     /* the stream really went that far, evicting all along, with finite logits */
     ASSERT_EQ(pos_next, TINY_TOKENS);
     ASSERT_EQ(evicted, TINY_TOKENS - TINY_W);
@@ -223,6 +296,8 @@ TEST(a_million_tokens_cost_the_same_memory_and_time_per_token_as_the_first)
 #define SMOL_W 128
 #define SMOL_SPAN 300
 #define SMOL_BLOCK 20
+#define SMOL_EARLY 160 /* past the window: 4 sinks + 128 */
+#define SMOL_PAIRS 9
 
 TEST(smollm2_late_tokens_cost_the_same_as_early_ones)
 {
@@ -230,11 +305,11 @@ TEST(smollm2_late_tokens_cost_the_same_as_early_ones)
     char err[256];
     memset(&m, 0, sizeof m);
     TEST_LOAD_MODEL(&m, err);
-    struct tokenizer *tok = NULL;
+    struct tokenizer *tk = NULL;
     int32_t first = 0;
-    if (tok_load(&tok, &m.gguf, err, sizeof err) == 0) {
-        first = tok_bos(tok) >= 0 ? tok_bos(tok) : 0;
-        tok_free(tok);
+    if (tok_load(&tk, &m.gguf, err, sizeof err) == 0) {
+        first = tok_bos(tk) >= 0 ? tok_bos(tk) : 0;
+        tok_free(tk);
     }
     struct tiny_rig r;
     struct tiny_rig_config rc = {.policy = {KV_POLICY_SINKS, KV_DEFAULT_SINKS},
@@ -249,17 +324,22 @@ TEST(smollm2_late_tokens_cost_the_same_as_early_ones)
     static double cpu_blocks[SMOL_TOKENS / SMOL_BLOCK], wall_blocks[SMOL_TOKENS / SMOL_BLOCK];
     double rss_warm[2] = {-1, -1}, rss_end[2] = {-1, -1}, t0 = now_s();
     int finite = 0;
-    int rv = stream(&r, first, SMOL_TOKENS, SMOL_BLOCK, cpu_blocks, wall_blocks, SMOL_SPAN,
-                    rss_warm, rss_end, &finite);
+    int32_t tok = first;
+    int rv = stream(&r, &tok, SMOL_TOKENS, SMOL_BLOCK, cpu_blocks, wall_blocks, SMOL_SPAN, rss_warm,
+                    rss_end, &finite);
     double total = now_s() - t0;
     int64_t evicted = r.seq.n_evicted;
+    if (rv == 0) {
+        printf("  SmolLM2: %d tokens in %.1f s, W=%d sinks:4, f16 KV, 1 thread\n", SMOL_TOKENS,
+               total, SMOL_W);
+        check("smollm2", rss_warm, rss_end, cpu_blocks, wall_blocks, SMOL_TOKENS / SMOL_BLOCK,
+              SMOL_SPAN / SMOL_BLOCK, SMOL_BLOCK, failed);
+        check_side_by_side("smollm2", &r, &tok, &m, &rc, first, SMOL_EARLY, SMOL_PAIRS, SMOL_BLOCK,
+                           failed);
+    }
     tiny_rig_close(&r);
     model_free(&m);
     ASSERT_OK(rv);
-    printf("  SmolLM2: %d tokens in %.1f s, W=%d sinks:4, f16 KV, 1 thread\n", SMOL_TOKENS, total,
-           SMOL_W);
-    check("smollm2", rss_warm, rss_end, cpu_blocks, wall_blocks, SMOL_TOKENS / SMOL_BLOCK,
-          SMOL_SPAN / SMOL_BLOCK, SMOL_BLOCK, failed);
     ASSERT_EQ(evicted, SMOL_TOKENS - SMOL_W - KV_DEFAULT_SINKS);
     ASSERT(finite);
 }

@@ -32,6 +32,19 @@ struct queue_impl {
     struct engine_stats stats;
 };
 
+/* A lock and two condition variables whose timed waits count on the
+ * monotonic clock (a wall-clock step must not stretch or cut a wait). */
+static void sync_init(pthread_mutex_t *mu, pthread_cond_t *more, pthread_cond_t *room)
+{
+    pthread_mutex_init(mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(more, &ca);
+    pthread_cond_init(room, &ca);
+    pthread_condattr_destroy(&ca);
+}
+
 int queue_init(struct queue *q, size_t submit_cap, size_t ctl_cap, size_t ev_cap)
 {
     struct queue_impl *qi = calloc(1, sizeof *qi);
@@ -48,13 +61,7 @@ int queue_init(struct queue *q, size_t submit_cap, size_t ctl_cap, size_t ev_cap
         return -ENOMEM;
     }
     qi->submit_cap = submit_cap;
-    pthread_mutex_init(&qi->mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&qi->more, &ca);
-    pthread_cond_init(&qi->room, &ca);
-    pthread_condattr_destroy(&ca);
+    sync_init(&qi->mu, &qi->more, &qi->room);
     q->impl = qi;
     return 0;
 }
@@ -267,13 +274,7 @@ int ptrq_init(struct ptrq *q, size_t cap)
     }
     pi->buf = buf;
     pi->cap = cap ? cap : 1;
-    pthread_mutex_init(&pi->mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&pi->more, &ca);
-    pthread_cond_init(&pi->room, &ca);
-    pthread_condattr_destroy(&ca);
+    sync_init(&pi->mu, &pi->more, &pi->room);
     q->impl = pi;
     return 0;
 }

@@ -19,6 +19,27 @@ LONG = ("The history of the river Thames begins long before London. In the last 
         "ice pushed it south to roughly its present course. ")
 
 
+def background_stream(s):
+    """Starts a greedy 400-token stream on its own thread and returns once it
+    emits: (the thread, the list its tokens' arrival times go into)."""
+    times = []
+    started = threading.Event()
+
+    def stream():
+        c = s.client()
+        for ch in c.completions.create(model="smol", prompt="1, 2, 3, 4, 5,", max_tokens=400,
+                                       temperature=0, stream=True):
+            if ch.choices and ch.choices[0].text:
+                times.append(time.monotonic())
+                started.set()
+
+    t = threading.Thread(target=stream)
+    t.start()
+    assert started.wait(60)
+    time.sleep(0.2)
+    return t, times
+
+
 def test_a_stream_keeps_running_while_a_large_session_is_written(binary, model, tmp_path):
     d = tmp_path / "sessions"
     d.mkdir()
@@ -29,21 +50,7 @@ def test_a_stream_keeps_running_while_a_large_session_is_written(binary, model, 
         assert st == 200, r
         assert r["session"]["tokens_seen"] > 2048  # the whole window is stored
 
-        times = []
-        started = threading.Event()
-
-        def stream():
-            c = s.client()
-            for ch in c.completions.create(model="smol", prompt="1, 2, 3, 4, 5,", max_tokens=400,
-                                           temperature=0, stream=True):
-                if ch.choices and ch.choices[0].text:
-                    times.append(time.monotonic())
-                    started.set()
-
-        t = threading.Thread(target=stream)
-        t.start()
-        assert started.wait(60)
-        time.sleep(0.2)
+        t, times = background_stream(s)
         before = s.metrics()
         t0 = time.monotonic()
         st, info = call(s, "POST", "/v1/sessions/big/save")
@@ -96,21 +103,7 @@ def test_a_stream_keeps_running_while_a_large_session_is_restored(binary, model,
     assert (d / "big.snap").stat().st_size > 90_000_000
     s = Server(binary, model, args)
     try:
-        times = []
-        started = threading.Event()
-
-        def stream():
-            c = s.client()
-            for ch in c.completions.create(model="smol", prompt="1, 2, 3, 4, 5,", max_tokens=400,
-                                           temperature=0, stream=True):
-                if ch.choices and ch.choices[0].text:
-                    times.append(time.monotonic())
-                    started.set()
-
-        t = threading.Thread(target=stream)
-        t.start()
-        assert started.wait(60)
-        time.sleep(0.2)
+        t, times = background_stream(s)
         t0 = time.monotonic()
         st, r = complete(s, " and then", "big", max_tokens=1, session_create=False)
         t1 = time.monotonic()

@@ -76,6 +76,28 @@ void cpu_attention_row(const struct attn_kernels *kr, const float *q, const floa
 void cpu_attention_span(const struct attn_kernels *kr, int nq, const float *q, const float *qc,
                         const struct attn_keys *keys, int64_t v0, int64_t v1, float scale,
                         int softpick, float *m, float *l, float *acc);
+
+/*
+ * The same for query rows that need not belong to one token: several tokens
+ * of one sequence whose keys map visit index to cell alike (a prefill chunk),
+ * each with all the query heads of the kv head. Row r sees the visit indices
+ * [v0, min(v1, end)) and keeps its partial state in (*m, *l, acc[Dh]); a row
+ * that sees none of them gets m = -inf (merge skips it). Each row's state is
+ * bit-identical to what cpu_attention_span computes for it alone: the tiles
+ * are fixed by visit index, and every float operation on a row depends only
+ * on that row and the keys. K/V rows are converted once per tile for all
+ * rows, so a chunk of tokens reads each K/V row once per tile, not once per
+ * token.
+ */
+struct attn_row {
+    const float *q, *qc; /* head_dim each; qc scores the sink run */
+    int64_t end;         /* visit indices this row sees: [0, end) */
+    float *m, *l, *acc;
+};
+#define ATTN_MAX_ROWS 64
+void cpu_attention_span_rows(const struct attn_kernels *kr, int nr, const struct attn_row *rows,
+                             const struct attn_keys *keys, int64_t v0, int64_t v1, float scale,
+                             int softpick);
 /* Merges n partial states of one head (m[i], l[i], acc + i * acc_stride) with
  * the sink term of the normalizer (logit sink, value sink_v as in
  * cpu_attention_row) and writes the normalized output (Dh). */

@@ -15,6 +15,7 @@
 #include "../rope.h"
 #include "attention.h"
 #include "matmul.h"
+#include "ops.h"
 #include "threadpool.h"
 
 #define MATMUL_ROW_BLOCK 16  /* weight rows per work item */
@@ -132,15 +133,41 @@ static void cpu_embed(struct backend *b, float *x)
     }
 }
 
-static void cpu_rmsnorm(struct backend *b, const float *x, const struct tensor *w, float *out,
-                        int64_t rows)
+/* Element-wise ops run on the pool once they are large enough to pay for a
+ * run (a prefill chunk, many streams); each element's arithmetic does not
+ * depend on the split. */
+#define EW_MIN_PER_PART 8192 /* values */
+
+struct ew_job {
+    struct backend *b;
+    float *x, *out;
+    const float *y;
+    const struct tensor *w;
+    int64_t rows, row_len; /* the op's rows and their length */
+    float s;
+};
+
+static void ew_run(struct cpu_ctx *c, void (*fn)(void *, int, int), struct ew_job *j)
 {
-    const int64_t D = w->ne0;
-    const float *g = w->data;
-    const float eps = b->model->hp.norm_eps;
-    for (int64_t t = 0; t < rows; t++) {
-        const float *xr = x + t * D;
-        float *o = out + t * D;
+    int64_t n = j->rows * j->row_len, parts = n / EW_MIN_PER_PART;
+    int64_t most = 2 * (int64_t)threadpool_size(c->tp);
+    parts = parts < most ? parts : most;
+    parts = parts < j->rows ? parts : j->rows;
+    if (parts <= 1)
+        fn(j, 0, 1);
+    else
+        threadpool_run_parts(c->tp, fn, j, (int)parts);
+}
+
+static void rmsnorm_task(void *arg, int ith, int nth)
+{
+    struct ew_job *j = arg;
+    const int64_t D = j->w->ne0;
+    const float *g = j->w->data;
+    const float eps = j->b->model->hp.norm_eps;
+    for (int64_t t = j->rows * ith / nth; t < j->rows * (ith + 1) / nth; t++) {
+        const float *xr = j->y + t * D;
+        float *o = j->out + t * D;
         double ss = 0;
         for (int64_t i = 0; i < D; i++)
             ss += (double)xr[i] * xr[i];
@@ -148,6 +175,13 @@ static void cpu_rmsnorm(struct backend *b, const float *x, const struct tensor *
         for (int64_t i = 0; i < D; i++)
             o[i] = xr[i] * inv * g[i];
     }
+}
+
+static void cpu_rmsnorm(struct backend *b, const float *x, const struct tensor *w, float *out,
+                        int64_t rows)
+{
+    struct ew_job j = {.b = b, .out = out, .y = x, .w = w, .rows = rows, .row_len = w->ne0};
+    ew_run(b->ctx, rmsnorm_task, &j);
 }
 
 struct matmul_job {
@@ -250,9 +284,11 @@ static void cpu_rope(struct backend *b, int layer, float *q, float *qc, float *k
     }
 }
 
-static void store_row(void *dst, const float *src, int n, int f16)
+static void store_row(void *dst, const float *src, int n, int f16, enum cpu_isa isa)
 {
-    if (f16) {
+    if (f16 && isa >= CPU_ISA_AVX2) {
+        cpu__f32_to_f16_avx2(dst, src, n); /* the same bits, NaN payloads aside */
+    } else if (f16) {
         uint16_t *d = dst;
         for (int i = 0; i < n; i++)
             d[i] = quant_f32_to_f16(src[i]);
@@ -273,8 +309,8 @@ static void cpu_kv_store(struct backend *b, int layer, const float *k, const flo
         for (int g = 0; g < hp->n_head_kv; g++) {
             size_t off = kv_geometry_offset(&c->geo, c->batch->slot[t], layer, g, cell[t]) * esz;
             const int64_t src = t * (int64_t)hp->n_head_kv * Dh + (int64_t)g * Dh;
-            store_row((char *)c->kmem + off, k + src, Dh, c->kv_f16);
-            store_row((char *)c->vmem + off, v + src, Dh, c->kv_f16);
+            store_row((char *)c->kmem + off, k + src, Dh, c->kv_f16, c->isa);
+            store_row((char *)c->vmem + off, v + src, Dh, c->kv_f16, c->isa);
         }
     }
 }
@@ -511,13 +547,26 @@ static void cpu_attention(struct backend *b, int layer, const float *q, const fl
     threadpool_run_parts(c->tp, attention_merge_task, &j, (int)mparts);
 }
 
+static void swiglu_task(void *arg, int ith, int nth)
+{
+    struct ew_job *j = arg;
+    const struct cpu_ctx *c = j->b->ctx;
+    const int64_t n = j->rows * j->row_len;
+    const int64_t i0 = n * ith / nth / 8 * 8, i1 = ith + 1 == nth ? n : n * (ith + 1) / nth / 8 * 8;
+    if (c->isa >= CPU_ISA_AVX2) {
+        cpu__swiglu_avx2(j->x + i0, j->y + i0, i1 - i0);
+        return;
+    }
+    for (int64_t i = i0; i < i1; i++) {
+        float g = j->x[i];
+        j->x[i] = g / (1.0f + expf(-g)) * j->y[i];
+    }
+}
+
 static void cpu_swiglu(struct backend *b, float *hb, const float *hb2, int64_t rows)
 {
-    const int64_t n = rows * b->model->hp.n_ff;
-    for (int64_t i = 0; i < n; i++) {
-        float g = hb[i];
-        hb[i] = g / (1.0f + expf(-g)) * hb2[i];
-    }
+    struct ew_job j = {.b = b, .x = hb, .y = hb2, .rows = rows, .row_len = b->model->hp.n_ff};
+    ew_run(b->ctx, swiglu_task, &j);
 }
 
 /* GELU, tanh approximation (Hendrycks and Gimpel 2016; PyTorch's
@@ -528,25 +577,46 @@ static float gelu_tanh(float x)
     return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
 }
 
+static void geglu_task(void *arg, int ith, int nth)
+{
+    struct ew_job *j = arg;
+    const int64_t n = j->rows * j->row_len;
+    for (int64_t i = n * ith / nth; i < n * (ith + 1) / nth; i++)
+        j->x[i] = gelu_tanh(j->x[i]) * j->y[i];
+}
+
 static void cpu_geglu(struct backend *b, float *hb, const float *hb2, int64_t rows)
 {
-    const int64_t n = rows * b->model->hp.n_ff;
-    for (int64_t i = 0; i < n; i++)
-        hb[i] = gelu_tanh(hb[i]) * hb2[i];
+    struct ew_job j = {.b = b, .x = hb, .y = hb2, .rows = rows, .row_len = b->model->hp.n_ff};
+    ew_run(b->ctx, geglu_task, &j);
+}
+
+static void scale_task(void *arg, int ith, int nth)
+{
+    struct ew_job *j = arg;
+    const int64_t n = j->rows * j->row_len;
+    for (int64_t i = n * ith / nth; i < n * (ith + 1) / nth; i++)
+        j->x[i] *= j->s;
 }
 
 static void cpu_scale(struct backend *b, float *x, float s, int64_t rows)
 {
-    const int64_t n = rows * b->model->hp.n_embd;
-    for (int64_t i = 0; i < n; i++)
-        x[i] *= s;
+    struct ew_job j = {.b = b, .x = x, .rows = rows, .row_len = b->model->hp.n_embd, .s = s};
+    ew_run(b->ctx, scale_task, &j);
+}
+
+static void add_task(void *arg, int ith, int nth)
+{
+    struct ew_job *j = arg;
+    const int64_t n = j->rows * j->row_len;
+    for (int64_t i = n * ith / nth; i < n * (ith + 1) / nth; i++)
+        j->x[i] += j->y[i];
 }
 
 static void cpu_add(struct backend *b, float *x, const float *y, int64_t rows)
 {
-    const int64_t n = rows * b->model->hp.n_embd;
-    for (int64_t i = 0; i < n; i++)
-        x[i] += y[i];
+    struct ew_job j = {.b = b, .x = x, .y = y, .rows = rows, .row_len = b->model->hp.n_embd};
+    ew_run(b->ctx, add_task, &j);
 }
 
 static void cpu_gather(struct backend *b, const float *x, float *xo)

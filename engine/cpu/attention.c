@@ -85,9 +85,9 @@ static void accum_scalar(float *acc, const float *w, const float *vf, int nt, in
         axpy_scalar(acc, w[i], vf + (size_t)i * (size_t)n, n, 0);
 }
 
-void cpu_attention_kernels(struct attn_kernels *out, int use_avx2)
+void cpu_attention_kernels(struct attn_kernels *out, int level)
 {
-    if (use_avx2) {
+    if (level >= 1) {
         out->dot = cpu__attn_dot_avx2;
         out->axpy = cpu__attn_axpy_avx2;
         out->scale = cpu__attn_scale_avx2;
@@ -95,6 +95,10 @@ void cpu_attention_kernels(struct attn_kernels *out, int use_avx2)
         out->exp_sub = cpu__attn_exp_sub_avx2;
         out->scores = cpu__attn_scores_avx2;
         out->accum = cpu__attn_accum_avx2;
+        if (level >= 2) {
+            out->scores = cpu__attn_scores_avx512;
+            out->accum = cpu__attn_accum_avx512;
+        }
     } else {
         out->dot = dot_scalar;
         out->axpy = axpy_scalar;

@@ -54,7 +54,9 @@ struct attn_kernels { /* row kernels chosen at run time (F16C+FMA or scalar) */
     /* acc += sum_i w[i] * (vf + i * n) for a tile of nt f32 value rows */
     void (*accum)(float *acc, const float *w, const float *vf, int nt, int n);
 };
-void cpu_attention_kernels(struct attn_kernels *out, int use_avx2);
+/* level: 0 scalar, 1 AVX2 (+FMA, F16C), 2 AVX-512 tile kernels (scores,
+ * accum) over the AVX2 row kernels; the cpu_isa of matmul.h fits. */
+void cpu_attention_kernels(struct attn_kernels *out, int level);
 
 /* out (Dh) = attention of query q (and qc for sink runs) over keys. scale is
  * 1/sqrt(Dh). norm picks the normalizer; sink is s_h (ignored for softmax and
@@ -113,5 +115,8 @@ void cpu__attn_to_f32_avx2(float *dst, const void *src, int64_t n, int f16);
 void cpu__attn_exp_sub_avx2(float *w, const float *z, float m, int n);
 void cpu__attn_scores_avx2(float *z, const float *q, const float *kf, int nt, int n, float scale);
 void cpu__attn_accum_avx2(float *acc, const float *w, const float *vf, int nt, int n);
+/* AVX-512 tile kernels (attention_avx512.c; AVX-512 F and the above) */
+void cpu__attn_scores_avx512(float *z, const float *q, const float *kf, int nt, int n, float scale);
+void cpu__attn_accum_avx512(float *acc, const float *w, const float *vf, int nt, int n);
 
 #endif

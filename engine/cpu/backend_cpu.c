@@ -732,7 +732,7 @@ int backend_cpu_init(struct backend *b, const struct model *m, const struct back
     }
     c->isa = cpu_isa_best();
     c->reference_matmul = cfg->reference_matmul;
-    cpu_attention_kernels(&c->akr, c->isa >= CPU_ISA_AVX2);
+    cpu_attention_kernels(&c->akr, (int)c->isa);
 
     const size_t T = (size_t)b->max_tokens;
     const size_t D = (size_t)hp->n_embd, F = (size_t)hp->n_ff;

@@ -3,7 +3,7 @@
  * (engine/cpu/attention.h): several tokens' query rows scored together by
  * cpu_attention_span_rows over fixed key blocks, then cpu_attention_merge.
  *
- * Every kernel set this CPU can run (scalar, AVX2) is checked against a
+ * Every kernel set this CPU can run (scalar, AVX2, AVX-512) is checked against a
  * reference loop written here in double (scores, max, exponentials and the
  * weighted sum of values, no tiles, no online rescaling), over: head_dim 64,
  * 256 (Gemma 3) and 20 (not a multiple of 8: the masked tails); GQA 3:1 and
@@ -135,14 +135,13 @@ static void reference(const struct kv *c, const struct attn_keys *k, const float
 
 static int kernel_sets(struct attn_kernels *k, const char **names)
 {
-    cpu_attention_kernels(&k[0], 0);
-    names[0] = "scalar";
-    if (cpu_isa_best() >= CPU_ISA_AVX2) {
-        cpu_attention_kernels(&k[1], 1);
-        names[1] = "avx2";
-        return 2;
+    static const char *const all[] = {"scalar", "avx2", "avx512"};
+    int n = 0;
+    for (int level = 0; level <= (int)cpu_isa_best() && level < 3; level++) {
+        cpu_attention_kernels(&k[n], level);
+        names[n++] = all[level];
     }
-    return 1;
+    return n;
 }
 
 static struct kv g_kv;
@@ -163,8 +162,8 @@ struct shape {
  * largest error against the reference, or -1 on a bit-identity failure. */
 static double run_shape(const struct shape *sh, uint64_t seed, int *failed)
 {
-    struct attn_kernels kr[2];
-    const char *names[2];
+    struct attn_kernels kr[3];
+    const char *names[3];
     const int nks = kernel_sets(kr, names);
     const int n = sh->dh, G = sh->G;
     const enum model_normalizer norms[] = {MODEL_NORM_SINK, MODEL_NORM_SOFTMAX,
@@ -286,8 +285,8 @@ TEST(grouped_rows_match_the_reference_and_each_token_alone)
  * vector widths, against a double loop: scores and the weighted sum. */
 TEST(score_and_accumulate_kernels_match_double_loops)
 {
-    struct attn_kernels kr[2];
-    const char *names[2];
+    struct attn_kernels kr[3];
+    const char *names[3];
     const int nks = kernel_sets(kr, names);
     static float q[MAX_DH], kf[40 * MAX_DH], w[40], acc[MAX_DH], acc0[MAX_DH], z[40];
     uint64_t s = 99;

@@ -67,16 +67,24 @@ static void to_f32_scalar(float *dst, const void *src, int64_t n, int f16)
     }
 }
 
-static void exp_sub_scalar(float *w, const float *z, float m, int n)
+static float exp_sub_scalar(float *w, const float *z, float m, int n)
 {
-    for (int i = 0; i < n; i++)
+    float s = 0.0f;
+    for (int i = 0; i < n; i++) {
         w[i] = expf(z[i] - m);
+        s += w[i];
+    }
+    return s;
 }
 
-static void scores_scalar(float *z, const float *q, const float *kf, int nt, int n, float scale)
+static float scores_scalar(float *z, const float *q, const float *kf, int nt, int n, float scale)
 {
-    for (int i = 0; i < nt; i++)
+    float mx = -INFINITY;
+    for (int i = 0; i < nt; i++) {
         z[i] = dot_scalar(q, kf + (size_t)i * (size_t)n, n, 0) * scale;
+        mx = z[i] > mx ? z[i] : mx;
+    }
+    return mx;
 }
 
 static void accum_scalar(float *acc, const float *w, const float *vf, int nt, int n)
@@ -255,18 +263,19 @@ void cpu_attention_span_rows(const struct attn_kernels *kr, int nr, const struct
             float *a = row->acc;
             float bm = -INFINITY, *pm = row->m, *pl = row->l;
             if (nqr > 0)
-                kr->scores(z, row->qc, kf, nqr, n, scale);
-            if (nqr < ntr)
-                kr->scores(z + nqr, row->q, kf + (size_t)nqr * (size_t)n, ntr - nqr, n, scale);
-            for (int i = 0; i < ntr; i++)
-                bm = z[i] > bm ? z[i] : bm;
+                bm = kr->scores(z, row->qc, kf, nqr, n, scale);
+            if (nqr < ntr) {
+                float b2 =
+                    kr->scores(z + nqr, row->q, kf + (size_t)nqr * (size_t)n, ntr - nqr, n, scale);
+                bm = b2 > bm ? b2 : bm;
+            }
             if (bm > *pm) {
                 float corr = expf(*pm - bm); /* 0 when m was -inf */
                 *pl *= corr;
                 kr->scale(a, corr, n);
                 *pm = bm;
             }
-            kr->exp_sub(w, z, *pm, ntr);
+            float ws = kr->exp_sub(w, z, *pm, ntr);
             if (softpick) { /* weights relu(e^(z-m) - e^-m), denominator |.| */
                 const float e0 = expf(-*pm);
                 for (int i = 0; i < ntr; i++) {
@@ -275,8 +284,7 @@ void cpu_attention_span_rows(const struct attn_kernels *kr, int nr, const struct
                     w[i] = d > 0 ? d : 0.0f;
                 }
             } else {
-                for (int i = 0; i < ntr; i++)
-                    *pl += w[i];
+                *pl += ws;
             }
             kr->accum(a, w, vf, ntr, n);
         }

@@ -47,10 +47,12 @@ struct attn_kernels { /* row kernels chosen at run time (F16C+FMA or scalar) */
     void (*scale)(float *acc, float a, int n);
     /* dst[i] = f32 of src[i] (f16 or f32) for n values */
     void (*to_f32)(float *dst, const void *src, int64_t n, int f16);
-    /* w[i] = e^(z[i] - m) for i < n (relative error < 2e-7 on the AVX2 path) */
-    void (*exp_sub)(float *w, const float *z, float m, int n);
-    /* z[i] = scale * dot(q, kf + i * n) for a tile of nt f32 key rows */
-    void (*scores)(float *z, const float *q, const float *kf, int nt, int n, float scale);
+    /* w[i] = e^(z[i] - m) for i < n (relative error < 2e-7 on the AVX2 path);
+     * returns their sum, added in an order that depends on n alone */
+    float (*exp_sub)(float *w, const float *z, float m, int n);
+    /* z[i] = scale * dot(q, kf + i * n) for a tile of nt f32 key rows;
+     * returns the largest z[i] */
+    float (*scores)(float *z, const float *q, const float *kf, int nt, int n, float scale);
     /* acc += sum_i w[i] * (vf + i * n) for a tile of nt f32 value rows */
     void (*accum)(float *acc, const float *w, const float *vf, int nt, int n);
 };
@@ -112,11 +114,12 @@ float cpu__attn_dot_avx2(const float *q, const void *k, int n, int f16);
 void cpu__attn_axpy_avx2(float *acc, float a, const void *v, int n, int f16);
 void cpu__attn_scale_avx2(float *acc, float a, int n);
 void cpu__attn_to_f32_avx2(float *dst, const void *src, int64_t n, int f16);
-void cpu__attn_exp_sub_avx2(float *w, const float *z, float m, int n);
-void cpu__attn_scores_avx2(float *z, const float *q, const float *kf, int nt, int n, float scale);
+float cpu__attn_exp_sub_avx2(float *w, const float *z, float m, int n);
+float cpu__attn_scores_avx2(float *z, const float *q, const float *kf, int nt, int n, float scale);
 void cpu__attn_accum_avx2(float *acc, const float *w, const float *vf, int nt, int n);
 /* AVX-512 tile kernels (attention_avx512.c; AVX-512 F and the above) */
-void cpu__attn_scores_avx512(float *z, const float *q, const float *kf, int nt, int n, float scale);
+float cpu__attn_scores_avx512(float *z, const float *q, const float *kf, int nt, int n,
+                              float scale);
 void cpu__attn_accum_avx512(float *acc, const float *w, const float *vf, int nt, int n);
 
 #endif

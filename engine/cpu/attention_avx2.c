@@ -1,5 +1,6 @@
 /* attention_avx2.c: F16C + FMA row kernels for attention.c (attention.h). */
 #include <immintrin.h>
+#include <math.h>
 #include <string.h>
 
 #include "attention.h"
@@ -103,20 +104,27 @@ static inline __m256 exp256_nonpos(__m256 x)
     return _mm256_andnot_ps(under, y);
 }
 
-void cpu__attn_exp_sub_avx2(float *w, const float *z, float m, int n)
+float cpu__attn_exp_sub_avx2(float *w, const float *z, float m, int n)
 {
     const __m256 vm = _mm256_set1_ps(m);
+    __m256 acc = _mm256_setzero_ps();
     int i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(w + i, exp256_nonpos(_mm256_sub_ps(_mm256_loadu_ps(z + i), vm)));
+    for (; i + 8 <= n; i += 8) {
+        __m256 e = exp256_nonpos(_mm256_sub_ps(_mm256_loadu_ps(z + i), vm));
+        acc = _mm256_add_ps(acc, e);
+        _mm256_storeu_ps(w + i, e);
+    }
     if (i < n) {
         float zt[8], wt[8];
         int rem = n - i;
         for (int j = 0; j < 8; j++)
-            zt[j] = j < rem ? z[i + j] : m;
-        _mm256_storeu_ps(wt, exp256_nonpos(_mm256_sub_ps(_mm256_loadu_ps(zt), vm)));
+            zt[j] = j < rem ? z[i + j] : -INFINITY; /* e^-inf = 0: adds nothing */
+        __m256 e = exp256_nonpos(_mm256_sub_ps(_mm256_loadu_ps(zt), vm));
+        acc = _mm256_add_ps(acc, e);
+        _mm256_storeu_ps(wt, e);
         memcpy(w + i, wt, (size_t)rem * sizeof(float));
     }
+    return hsum(acc);
 }
 
 /* lanes 0..n-1 set, for a masked load of a row's last n % 8 values */
@@ -143,11 +151,12 @@ static inline __m256 sum8(const __m256 *a)
 /* Scores of a tile, eight keys at a time: one accumulator per key over the
  * 8-value chunks of the row (a chunk of q is loaded once for the eight keys),
  * then one transposing reduction instead of eight horizontal sums. */
-void cpu__attn_scores_avx2(float *z, const float *q, const float *kf, int nt, int n, float scale)
+float cpu__attn_scores_avx2(float *z, const float *q, const float *kf, int nt, int n, float scale)
 {
     const int nf = n & ~7;
     const __m256i tm = tail_mask(n & 7);
     const __m256 vs = _mm256_set1_ps(scale);
+    __m256 mx = _mm256_set1_ps(-INFINITY); /* a short group's repeated key is a real score */
     for (int i0 = 0; i0 < nt; i0 += 8) {
         const int kn = nt - i0 < 8 ? nt - i0 : 8;
         /* a short last group repeats its last key; those lanes are dropped */
@@ -172,6 +181,7 @@ void cpu__attn_scores_avx2(float *z, const float *q, const float *kf, int nt, in
                 a[k] = _mm256_fmadd_ps(qv, _mm256_maskload_ps(kp[k] + nf, tm), a[k]);
         }
         __m256 s = _mm256_mul_ps(sum8(a), vs);
+        mx = _mm256_max_ps(mx, s);
         if (kn == 8) {
             _mm256_storeu_ps(z + i0, s);
         } else {
@@ -180,6 +190,10 @@ void cpu__attn_scores_avx2(float *z, const float *q, const float *kf, int nt, in
             memcpy(z + i0, t, (size_t)kn * sizeof(float));
         }
     }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    return _mm_cvtss_f32(m4);
 }
 
 /* acc += sum_i w[i] v_i with the row's accumulators held in registers, 64

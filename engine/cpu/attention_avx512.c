@@ -1,6 +1,7 @@
 /* attention_avx512.c: AVX-512 tile kernels for attention.c (attention.h):
  * the AVX2 kernels' structure with 16-value vectors. */
 #include <immintrin.h>
+#include <math.h>
 #include <string.h>
 
 #include "attention.h"
@@ -27,11 +28,12 @@ static inline __m256 sum8_512(const __m512 *a)
                          _mm256_permute2f128_ps(q0, q1, 0x31));
 }
 
-void cpu__attn_scores_avx512(float *z, const float *q, const float *kf, int nt, int n, float scale)
+float cpu__attn_scores_avx512(float *z, const float *q, const float *kf, int nt, int n, float scale)
 {
     const int nf = n & ~15;
     const __mmask16 tm = mask16(n & 15);
     const __m256 vs = _mm256_set1_ps(scale);
+    __m256 mx = _mm256_set1_ps(-INFINITY); /* a short group's repeated key is a real score */
     for (int i0 = 0; i0 < nt; i0 += 8) {
         const int kn = nt - i0 < 8 ? nt - i0 : 8;
         const float *kp[8]; /* a short last group repeats its last key */
@@ -55,6 +57,7 @@ void cpu__attn_scores_avx512(float *z, const float *q, const float *kf, int nt, 
                 a[k] = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(tm, kp[k] + nf), a[k]);
         }
         __m256 s = _mm256_mul_ps(sum8_512(a), vs);
+        mx = _mm256_max_ps(mx, s);
         if (kn == 8) {
             _mm256_storeu_ps(z + i0, s);
         } else {
@@ -63,6 +66,10 @@ void cpu__attn_scores_avx512(float *z, const float *q, const float *kf, int nt, 
             memcpy(z + i0, t, (size_t)kn * sizeof(float));
         }
     }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    return _mm_cvtss_f32(m4);
 }
 
 void cpu__attn_accum_avx512(float *acc, const float *w, const float *vf, int nt, int n)

@@ -282,7 +282,8 @@ TEST(grouped_rows_match_the_reference_and_each_token_alone)
 }
 
 /* The tile kernels alone, every length 1..40 and head dims around the
- * vector widths, against a double loop: scores and the weighted sum. */
+ * vector widths, against a double loop: scores and their max, the
+ * exponentials and their sum, the weighted sum of values. */
 TEST(score_and_accumulate_kernels_match_double_loops)
 {
     struct attn_kernels kr[3];
@@ -303,7 +304,24 @@ TEST(score_and_accumulate_kernels_match_double_loops)
             for (int i = 0; i < n; i++)
                 acc0[i] = test_rng_sym(&s);
             for (int ki = 0; ki < nks; ki++) {
-                kr[ki].scores(z, q, kf, nt, n, 0.125f);
+                float zmax = kr[ki].scores(z, q, kf, nt, n, 0.125f);
+                float want = z[0];
+                for (int i = 1; i < nt; i++)
+                    want = z[i] > want ? z[i] : want;
+                if (zmax != want)
+                    FAIL_AT("%s scores n %d nt %d returned max %.8f, largest %.8f", names[ki], n,
+                            nt, zmax, want);
+                float e[40];
+                double esum = 0;
+                float got = kr[ki].exp_sub(e, z, want, nt);
+                for (int i = 0; i < nt; i++) {
+                    double r = exp((double)z[i] - want);
+                    if (fabs(e[i] - r) > 3e-7 * r)
+                        FAIL_AT("%s exp_sub nt %d [%d]: %.9g vs %.9g", names[ki], nt, i, e[i], r);
+                    esum += r;
+                }
+                if (fabs(got - esum) > 1e-6 * esum)
+                    FAIL_AT("%s exp_sub nt %d sum %.9g vs %.9g", names[ki], nt, got, esum);
                 memcpy(acc, acc0, sizeof acc);
                 kr[ki].accum(acc, w, kf, nt, n);
                 for (int i = 0; i < nt; i++) {

@@ -246,6 +246,25 @@ void cpu_attention_span_rows(const struct attn_kernels *kr, int nr, const struct
                 use_qc[i + k] = keys->run_uses_qc[r];
             i += cnt;
         }
+        /* start loading the next tile while this one is scored: in a
+         * many-stream decode step the K/V rows come from memory, once */
+        if (t1 < last) {
+            int64_t v = t1, base = 0;
+            int r = 0;
+            while (v - base >= keys->run_len[r]) {
+                base += keys->run_len[r];
+                r++;
+            }
+            int64_t cnt = base + keys->run_len[r] - v, nx = last - t1;
+            cnt = cnt < nx ? cnt : nx;
+            cnt = cnt < ATTN_TILE ? cnt : ATTN_TILE;
+            const size_t c0 = (size_t)(keys->run_start[r] + v - base) * (size_t)n * esz;
+            const size_t bytes = (size_t)cnt * (size_t)n * esz;
+            for (size_t o = 0; o < bytes; o += 64) {
+                __builtin_prefetch((const char *)keys->k + c0 + o);
+                __builtin_prefetch((const char *)keys->v + c0 + o);
+            }
+        }
         /* sink keys (scored with qc) come first in visit order */
         int n_qc = 0;
         while (n_qc < nt && use_qc[n_qc])

@@ -67,16 +67,24 @@ static void to_f32_scalar(float *dst, const void *src, int64_t n, int f16)
     }
 }
 
-static void exp_sub_scalar(float *w, const float *z, float m, int n)
+static float exp_sub_scalar(float *w, const float *z, float m, int n)
 {
-    for (int i = 0; i < n; i++)
+    float s = 0.0f;
+    for (int i = 0; i < n; i++) {
         w[i] = expf(z[i] - m);
+        s += w[i];
+    }
+    return s;
 }
 
-static void scores_scalar(float *z, const float *q, const float *kf, int nt, int n, float scale)
+static float scores_scalar(float *z, const float *q, const float *kf, int nt, int n, float scale)
 {
-    for (int i = 0; i < nt; i++)
+    float mx = -INFINITY;
+    for (int i = 0; i < nt; i++) {
         z[i] = dot_scalar(q, kf + (size_t)i * (size_t)n, n, 0) * scale;
+        mx = z[i] > mx ? z[i] : mx;
+    }
+    return mx;
 }
 
 static void accum_scalar(float *acc, const float *w, const float *vf, int nt, int n)
@@ -85,9 +93,9 @@ static void accum_scalar(float *acc, const float *w, const float *vf, int nt, in
         axpy_scalar(acc, w[i], vf + (size_t)i * (size_t)n, n, 0);
 }
 
-void cpu_attention_kernels(struct attn_kernels *out, int use_avx2)
+void cpu_attention_kernels(struct attn_kernels *out, int level)
 {
-    if (use_avx2) {
+    if (level >= 1) {
         out->dot = cpu__attn_dot_avx2;
         out->axpy = cpu__attn_axpy_avx2;
         out->scale = cpu__attn_scale_avx2;
@@ -95,6 +103,10 @@ void cpu_attention_kernels(struct attn_kernels *out, int use_avx2)
         out->exp_sub = cpu__attn_exp_sub_avx2;
         out->scores = cpu__attn_scores_avx2;
         out->accum = cpu__attn_accum_avx2;
+        if (level >= 2) {
+            out->scores = cpu__attn_scores_avx512;
+            out->accum = cpu__attn_accum_avx512;
+        }
     } else {
         out->dot = dot_scalar;
         out->axpy = axpy_scalar;
@@ -191,74 +203,129 @@ void cpu_attention_row(const struct attn_kernels *kr, const float *q, const floa
 #define ATTN_TILE 32
 #define ATTN_MAX_DH 256
 
-void cpu_attention_span(const struct attn_kernels *kr, int nq, const float *q, const float *qc,
-                        const struct attn_keys *keys, int64_t v0, int64_t v1, float scale,
-                        int softpick, float *m, float *l, float *acc)
+void cpu_attention_span_rows(const struct attn_kernels *kr, int nr, const struct attn_row *rows,
+                             const struct attn_keys *keys, int64_t v0, int64_t v1, float scale,
+                             int softpick)
 {
     const int n = keys->head_dim;
     const size_t esz = keys->f16 ? 2 : 4;
     float kf[ATTN_TILE * ATTN_MAX_DH], vf[ATTN_TILE * ATTN_MAX_DH];
     float z[ATTN_TILE], w[ATTN_TILE];
     int use_qc[ATTN_TILE];
+    int64_t last = v0; /* the furthest visit index any row sees */
     assert(n <= ATTN_MAX_DH);
-    for (int h = 0; h < nq; h++) {
-        m[h] = softpick ? ATTN_SOFTPICK_M_FLOOR : -INFINITY;
-        l[h] = 0.0f;
+    for (int r = 0; r < nr; r++) {
+        *rows[r].m = softpick ? ATTN_SOFTPICK_M_FLOOR : -INFINITY;
+        *rows[r].l = 0.0f;
+        memset(rows[r].acc, 0, (size_t)n * sizeof(float));
+        int64_t e = rows[r].end < v1 ? rows[r].end : v1;
+        last = e > last ? e : last;
     }
-    memset(acc, 0, (size_t)nq * (size_t)n * sizeof(float));
-    for (int64_t t0 = v0; t0 < v1;) {
+    for (int64_t t0 = v0; t0 < last;) {
         int64_t t1 = (t0 / ATTN_TILE + 1) * ATTN_TILE;
-        if (t1 > v1)
-            t1 = v1;
+        if (t1 > last)
+            t1 = last;
         const int nt = (int)(t1 - t0);
-        /* gather the tile's rows: visit index -> (run, cell) */
-        for (int i = 0; i < nt; i++) {
+        /* gather the tile's rows: visit index -> (run, cell), one conversion
+         * per stretch of consecutive cells */
+        for (int i = 0; i < nt;) {
             int64_t v = t0 + i, base = 0;
             int r = 0;
             while (v - base >= keys->run_len[r]) {
                 base += keys->run_len[r];
                 r++;
             }
+            int64_t len = base + keys->run_len[r] - v; /* left in this run */
+            const int cnt = len < nt - i ? (int)len : nt - i;
             const size_t c = (size_t)(keys->run_start[r] + v - base) * (size_t)n;
-            kr->to_f32(kf + i * n, (const char *)keys->k + c * esz, n, keys->f16);
-            kr->to_f32(vf + i * n, (const char *)keys->v + c * esz, n, keys->f16);
-            use_qc[i] = keys->run_uses_qc[r];
+            kr->to_f32(kf + (size_t)i * n, (const char *)keys->k + c * esz, (int64_t)cnt * n,
+                       keys->f16);
+            kr->to_f32(vf + (size_t)i * n, (const char *)keys->v + c * esz, (int64_t)cnt * n,
+                       keys->f16);
+            for (int k = 0; k < cnt; k++)
+                use_qc[i + k] = keys->run_uses_qc[r];
+            i += cnt;
+        }
+        /* start loading the next tile while this one is scored: in a
+         * many-stream decode step the K/V rows come from memory, once */
+        if (t1 < last) {
+            int64_t v = t1, base = 0;
+            int r = 0;
+            while (v - base >= keys->run_len[r]) {
+                base += keys->run_len[r];
+                r++;
+            }
+            int64_t cnt = base + keys->run_len[r] - v, nx = last - t1;
+            cnt = cnt < nx ? cnt : nx;
+            cnt = cnt < ATTN_TILE ? cnt : ATTN_TILE;
+            const size_t c0 = (size_t)(keys->run_start[r] + v - base) * (size_t)n * esz;
+            const size_t bytes = (size_t)cnt * (size_t)n * esz;
+            for (size_t o = 0; o < bytes; o += 64) {
+                __builtin_prefetch((const char *)keys->k + c0 + o);
+                __builtin_prefetch((const char *)keys->v + c0 + o);
+            }
         }
         /* sink keys (scored with qc) come first in visit order */
         int n_qc = 0;
         while (n_qc < nt && use_qc[n_qc])
             n_qc++;
-        for (int h = 0; h < nq; h++) {
-            float *a = acc + h * n;
-            float bm = -INFINITY;
-            if (n_qc > 0)
-                kr->scores(z, qc + h * n, kf, n_qc, n, scale);
-            if (n_qc < nt)
-                kr->scores(z + n_qc, q + h * n, kf + (size_t)n_qc * (size_t)n, nt - n_qc, n, scale);
-            for (int i = 0; i < nt; i++)
-                bm = z[i] > bm ? z[i] : bm;
-            if (bm > m[h]) {
-                float corr = expf(m[h] - bm); /* 0 when m was -inf */
-                l[h] *= corr;
-                kr->scale(a, corr, n);
-                m[h] = bm;
+        for (int r = 0; r < nr; r++) {
+            const struct attn_row *row = &rows[r];
+            /* the keys of this tile that row r sees: the tile's first nr_t
+             * (a row sees a prefix of the visit order), in tile-aligned
+             * steps exactly as it would alone */
+            int64_t e = row->end < t1 ? row->end : t1;
+            if (e <= t0)
+                continue;
+            const int ntr = (int)(e - t0);
+            const int nqr = n_qc < ntr ? n_qc : ntr;
+            float *a = row->acc;
+            float bm = -INFINITY, *pm = row->m, *pl = row->l;
+            if (nqr > 0)
+                bm = kr->scores(z, row->qc, kf, nqr, n, scale);
+            if (nqr < ntr) {
+                float b2 =
+                    kr->scores(z + nqr, row->q, kf + (size_t)nqr * (size_t)n, ntr - nqr, n, scale);
+                bm = b2 > bm ? b2 : bm;
             }
-            kr->exp_sub(w, z, m[h], nt);
+            if (bm > *pm) {
+                float corr = expf(*pm - bm); /* 0 when m was -inf */
+                *pl *= corr;
+                kr->scale(a, corr, n);
+                *pm = bm;
+            }
+            float ws = kr->exp_sub(w, z, *pm, ntr);
             if (softpick) { /* weights relu(e^(z-m) - e^-m), denominator |.| */
-                const float e0 = expf(-m[h]);
-                for (int i = 0; i < nt; i++) {
+                const float e0 = expf(-*pm);
+                for (int i = 0; i < ntr; i++) {
                     float d = w[i] - e0;
-                    l[h] += fabsf(d);
+                    *pl += fabsf(d);
                     w[i] = d > 0 ? d : 0.0f;
                 }
             } else {
-                for (int i = 0; i < nt; i++)
-                    l[h] += w[i];
+                *pl += ws;
             }
-            kr->accum(a, w, vf, nt, n);
+            kr->accum(a, w, vf, ntr, n);
         }
         t0 = t1;
     }
+    for (int r = 0; r < nr; r++)
+        if (rows[r].end <= v0 || v1 <= v0)
+            *rows[r].m = -INFINITY; /* no keys here: merge skips the span */
+}
+
+void cpu_attention_span(const struct attn_kernels *kr, int nq, const float *q, const float *qc,
+                        const struct attn_keys *keys, int64_t v0, int64_t v1, float scale,
+                        int softpick, float *m, float *l, float *acc)
+{
+    const int n = keys->head_dim;
+    struct attn_row rows[ATTN_MAX_ROWS];
+    assert(nq <= ATTN_MAX_ROWS);
+    for (int h = 0; h < nq; h++)
+        rows[h] = (struct attn_row){
+            q + (size_t)h * (size_t)n,  qc + (size_t)h * (size_t)n, v1, m + h, l + h,
+            acc + (size_t)h * (size_t)n};
+    cpu_attention_span_rows(kr, nq, rows, keys, v0, v1, scale, softpick);
 }
 
 void cpu_attention_merge(const struct attn_kernels *kr, int n, const float *m, const float *l,

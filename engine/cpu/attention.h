@@ -47,14 +47,18 @@ struct attn_kernels { /* row kernels chosen at run time (F16C+FMA or scalar) */
     void (*scale)(float *acc, float a, int n);
     /* dst[i] = f32 of src[i] (f16 or f32) for n values */
     void (*to_f32)(float *dst, const void *src, int64_t n, int f16);
-    /* w[i] = e^(z[i] - m) for i < n (relative error < 2e-7 on the AVX2 path) */
-    void (*exp_sub)(float *w, const float *z, float m, int n);
-    /* z[i] = scale * dot(q, kf + i * n) for a tile of nt f32 key rows */
-    void (*scores)(float *z, const float *q, const float *kf, int nt, int n, float scale);
+    /* w[i] = e^(z[i] - m) for i < n (relative error < 2e-7 on the AVX2 path);
+     * returns their sum, added in an order that depends on n alone */
+    float (*exp_sub)(float *w, const float *z, float m, int n);
+    /* z[i] = scale * dot(q, kf + i * n) for a tile of nt f32 key rows;
+     * returns the largest z[i] */
+    float (*scores)(float *z, const float *q, const float *kf, int nt, int n, float scale);
     /* acc += sum_i w[i] * (vf + i * n) for a tile of nt f32 value rows */
     void (*accum)(float *acc, const float *w, const float *vf, int nt, int n);
 };
-void cpu_attention_kernels(struct attn_kernels *out, int use_avx2);
+/* level: 0 scalar, 1 AVX2 (+FMA, F16C), 2 AVX-512 tile kernels (scores,
+ * accum) over the AVX2 row kernels; the cpu_isa of matmul.h fits. */
+void cpu_attention_kernels(struct attn_kernels *out, int level);
 
 /* out (Dh) = attention of query q (and qc for sink runs) over keys. scale is
  * 1/sqrt(Dh). norm picks the normalizer; sink is s_h (ignored for softmax and
@@ -76,6 +80,28 @@ void cpu_attention_row(const struct attn_kernels *kr, const float *q, const floa
 void cpu_attention_span(const struct attn_kernels *kr, int nq, const float *q, const float *qc,
                         const struct attn_keys *keys, int64_t v0, int64_t v1, float scale,
                         int softpick, float *m, float *l, float *acc);
+
+/*
+ * The same for query rows that need not belong to one token: several tokens
+ * of one sequence whose keys map visit index to cell alike (a prefill chunk),
+ * each with all the query heads of the kv head. Row r sees the visit indices
+ * [v0, min(v1, end)) and keeps its partial state in (*m, *l, acc[Dh]); a row
+ * that sees none of them gets m = -inf (merge skips it). Each row's state is
+ * bit-identical to what cpu_attention_span computes for it alone: the tiles
+ * are fixed by visit index, and every float operation on a row depends only
+ * on that row and the keys. K/V rows are converted once per tile for all
+ * rows, so a chunk of tokens reads each K/V row once per tile, not once per
+ * token.
+ */
+struct attn_row {
+    const float *q, *qc; /* head_dim each; qc scores the sink run */
+    int64_t end;         /* visit indices this row sees: [0, end) */
+    float *m, *l, *acc;
+};
+#define ATTN_MAX_ROWS 64
+void cpu_attention_span_rows(const struct attn_kernels *kr, int nr, const struct attn_row *rows,
+                             const struct attn_keys *keys, int64_t v0, int64_t v1, float scale,
+                             int softpick);
 /* Merges n partial states of one head (m[i], l[i], acc + i * acc_stride) with
  * the sink term of the normalizer (logit sink, value sink_v as in
  * cpu_attention_row) and writes the normalized output (Dh). */
@@ -88,8 +114,12 @@ float cpu__attn_dot_avx2(const float *q, const void *k, int n, int f16);
 void cpu__attn_axpy_avx2(float *acc, float a, const void *v, int n, int f16);
 void cpu__attn_scale_avx2(float *acc, float a, int n);
 void cpu__attn_to_f32_avx2(float *dst, const void *src, int64_t n, int f16);
-void cpu__attn_exp_sub_avx2(float *w, const float *z, float m, int n);
-void cpu__attn_scores_avx2(float *z, const float *q, const float *kf, int nt, int n, float scale);
+float cpu__attn_exp_sub_avx2(float *w, const float *z, float m, int n);
+float cpu__attn_scores_avx2(float *z, const float *q, const float *kf, int nt, int n, float scale);
 void cpu__attn_accum_avx2(float *acc, const float *w, const float *vf, int nt, int n);
+/* AVX-512 tile kernels (attention_avx512.c; AVX-512 F and the above) */
+float cpu__attn_scores_avx512(float *z, const float *q, const float *kf, int nt, int n,
+                              float scale);
+void cpu__attn_accum_avx512(float *acc, const float *w, const float *vf, int nt, int n);
 
 #endif

@@ -1,5 +1,6 @@
 /* attention_avx2.c: F16C + FMA row kernels for attention.c (attention.h). */
 #include <immintrin.h>
+#include <math.h>
 #include <string.h>
 
 #include "attention.h"
@@ -103,51 +104,127 @@ static inline __m256 exp256_nonpos(__m256 x)
     return _mm256_andnot_ps(under, y);
 }
 
-void cpu__attn_exp_sub_avx2(float *w, const float *z, float m, int n)
+float cpu__attn_exp_sub_avx2(float *w, const float *z, float m, int n)
 {
     const __m256 vm = _mm256_set1_ps(m);
+    __m256 acc = _mm256_setzero_ps();
     int i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(w + i, exp256_nonpos(_mm256_sub_ps(_mm256_loadu_ps(z + i), vm)));
+    for (; i + 8 <= n; i += 8) {
+        __m256 e = exp256_nonpos(_mm256_sub_ps(_mm256_loadu_ps(z + i), vm));
+        acc = _mm256_add_ps(acc, e);
+        _mm256_storeu_ps(w + i, e);
+    }
     if (i < n) {
         float zt[8], wt[8];
         int rem = n - i;
         for (int j = 0; j < 8; j++)
-            zt[j] = j < rem ? z[i + j] : m;
-        _mm256_storeu_ps(wt, exp256_nonpos(_mm256_sub_ps(_mm256_loadu_ps(zt), vm)));
+            zt[j] = j < rem ? z[i + j] : -INFINITY; /* e^-inf = 0: adds nothing */
+        __m256 e = exp256_nonpos(_mm256_sub_ps(_mm256_loadu_ps(zt), vm));
+        acc = _mm256_add_ps(acc, e);
+        _mm256_storeu_ps(wt, e);
         memcpy(w + i, wt, (size_t)rem * sizeof(float));
     }
+    return hsum(acc);
 }
 
-void cpu__attn_scores_avx2(float *z, const float *q, const float *kf, int nt, int n, float scale)
+/* lanes 0..n-1 set, for a masked load of a row's last n % 8 values */
+static inline __m256i tail_mask(int n)
 {
-    for (int i = 0; i < nt; i++) {
-        const float *k = kf + (size_t)i * (size_t)n;
-        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-        int j = 0;
-        for (; j + 16 <= n; j += 16) {
-            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + j), _mm256_loadu_ps(k + j), a0);
-            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + j + 8), _mm256_loadu_ps(k + j + 8), a1);
-        }
-        for (; j + 8 <= n; j += 8)
-            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + j), _mm256_loadu_ps(k + j), a0);
-        float s = hsum(_mm256_add_ps(a0, a1));
-        for (; j < n; j++)
-            s += q[j] * k[j];
-        z[i] = s * scale;
-    }
+    const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), idx);
 }
 
+/* The sums of 8 accumulators in one vector, lane i = the sum of a[i]'s lanes,
+ * always by the same tree: ((l0+l1)+(l2+l3)) + ((l4+l5)+(l6+l7)). Lane i
+ * depends on a[i] alone, so a key's score does not depend on the other keys
+ * of its group (or on how many there are). */
+static inline __m256 sum8(const __m256 *a)
+{
+    __m256 h01 = _mm256_hadd_ps(a[0], a[1]), h23 = _mm256_hadd_ps(a[2], a[3]);
+    __m256 h45 = _mm256_hadd_ps(a[4], a[5]), h67 = _mm256_hadd_ps(a[6], a[7]);
+    __m256 q0 = _mm256_hadd_ps(h01, h23), q1 = _mm256_hadd_ps(h45, h67);
+    /* q0 = [k0..k3 low halves | k0..k3 high halves], q1 likewise for k4..k7 */
+    return _mm256_add_ps(_mm256_permute2f128_ps(q0, q1, 0x20),
+                         _mm256_permute2f128_ps(q0, q1, 0x31));
+}
+
+/* Scores of a tile, eight keys at a time: one accumulator per key over the
+ * 8-value chunks of the row (a chunk of q is loaded once for the eight keys),
+ * then one transposing reduction instead of eight horizontal sums. */
+float cpu__attn_scores_avx2(float *z, const float *q, const float *kf, int nt, int n, float scale)
+{
+    const int nf = n & ~7;
+    const __m256i tm = tail_mask(n & 7);
+    const __m256 vs = _mm256_set1_ps(scale);
+    __m256 mx = _mm256_set1_ps(-INFINITY); /* a short group's repeated key is a real score */
+    for (int i0 = 0; i0 < nt; i0 += 8) {
+        const int kn = nt - i0 < 8 ? nt - i0 : 8;
+        /* a short last group repeats its last key; those lanes are dropped */
+        const float *kp[8];
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++)
+            kp[k] = kf + (size_t)(i0 + (k < kn ? k : kn - 1)) * (size_t)n;
+        __m256 a[8];
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++)
+            a[k] = _mm256_setzero_ps();
+        for (int j = 0; j < nf; j += 8) {
+            __m256 qv = _mm256_loadu_ps(q + j);
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++)
+                a[k] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kp[k] + j), a[k]);
+        }
+        if (nf < n) {
+            __m256 qv = _mm256_maskload_ps(q + nf, tm);
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++)
+                a[k] = _mm256_fmadd_ps(qv, _mm256_maskload_ps(kp[k] + nf, tm), a[k]);
+        }
+        __m256 s = _mm256_mul_ps(sum8(a), vs);
+        mx = _mm256_max_ps(mx, s);
+        if (kn == 8) {
+            _mm256_storeu_ps(z + i0, s);
+        } else {
+            float t[8];
+            _mm256_storeu_ps(t, s);
+            memcpy(z + i0, t, (size_t)kn * sizeof(float));
+        }
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    return _mm_cvtss_f32(m4);
+}
+
+/* acc += sum_i w[i] v_i with the row's accumulators held in registers, 64
+ * values at a time, keys innermost: eight independent FMA chains instead of
+ * one chain per 8 values. Each value is still the keys' FMAs in key order. */
 void cpu__attn_accum_avx2(float *acc, const float *w, const float *vf, int nt, int n)
 {
+    const int nf = n & ~7;
     int j = 0;
-    for (; j + 8 <= n; j += 8) { /* one accumulator per 8 dims, kept in a register */
-        __m256 a = _mm256_loadu_ps(acc + j);
-        for (int i = 0; i < nt; i++)
-            a = _mm256_fmadd_ps(_mm256_set1_ps(w[i]), _mm256_loadu_ps(vf + (size_t)i * n + j), a);
-        _mm256_storeu_ps(acc + j, a);
+    for (; j + 64 <= nf; j += 64) {
+        __m256 a[8];
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; c++)
+            a[c] = _mm256_loadu_ps(acc + j + 8 * c);
+        for (int i = 0; i < nt; i++) {
+            const __m256 wi = _mm256_broadcast_ss(w + i);
+            const float *v = vf + (size_t)i * n + j;
+#pragma GCC unroll 8
+            for (int c = 0; c < 8; c++)
+                a[c] = _mm256_fmadd_ps(wi, _mm256_loadu_ps(v + 8 * c), a[c]);
+        }
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; c++)
+            _mm256_storeu_ps(acc + j + 8 * c, a[c]);
     }
-    for (; j < n; j++)
+    for (; j < n; j += 8) { /* the rest, 8 values at a time (the last one masked) */
+        const __m256i m = tail_mask(n - j < 8 ? n - j : 8);
+        __m256 a = _mm256_maskload_ps(acc + j, m);
         for (int i = 0; i < nt; i++)
-            acc[j] += w[i] * vf[(size_t)i * n + j];
+            a = _mm256_fmadd_ps(_mm256_broadcast_ss(w + i),
+                                _mm256_maskload_ps(vf + (size_t)i * n + j, m), a);
+        _mm256_maskstore_ps(acc + j, m, a);
+    }
 }

@@ -15,11 +15,13 @@
 #include "../rope.h"
 #include "attention.h"
 #include "matmul.h"
+#include "ops.h"
 #include "threadpool.h"
 
-#define MATMUL_ROW_BLOCK 16 /* weight rows per work item */
-#define MATMUL_T_TILE 64    /* activation rows per pass over a weight block */
-#define ATTN_KEY_BLOCK 256  /* keys per attention task (fixed: batch-invariant) */
+#define MATMUL_ROW_BLOCK 16  /* weight rows per work item */
+#define MATMUL_T_TILE 64     /* activation rows per pass over a weight block */
+#define ATTN_KEY_BLOCK 256   /* keys per attention task (fixed: batch-invariant) */
+#define ATTN_GROUP_TOKENS 16 /* tokens of one sequence scored together in a task */
 
 struct cpu_ctx {
     struct threadpool *tp;
@@ -36,6 +38,9 @@ struct cpu_ctx {
     void *kmem, *vmem;   /* KV storage */
     float *attn_part;    /* partial attention states, one per task */
     int64_t attn_blocks; /* key blocks per (token, kv head): ceil((S + W) / ATTN_KEY_BLOCK) */
+    int64_t *attn_nk;    /* (T) keys each token sees in the current layer */
+    int64_t *attn_group; /* (T + 1) first token of each group of tokens scored together */
+    int64_t attn_n_groups;
     int kv_f16;
 };
 
@@ -60,6 +65,8 @@ static void cpu_free(struct backend *b)
         free(c->act);
         free(c->kmem);
         free(c->attn_part);
+        free(c->attn_nk);
+        free(c->attn_group);
         free(c->vmem);
         free(c);
     }
@@ -126,15 +133,41 @@ static void cpu_embed(struct backend *b, float *x)
     }
 }
 
-static void cpu_rmsnorm(struct backend *b, const float *x, const struct tensor *w, float *out,
-                        int64_t rows)
+/* Element-wise ops run on the pool once they are large enough to pay for a
+ * run (a prefill chunk, many streams); each element's arithmetic does not
+ * depend on the split. */
+#define EW_MIN_PER_PART 8192 /* values */
+
+struct ew_job {
+    struct backend *b;
+    float *x, *out;
+    const float *y;
+    const struct tensor *w;
+    int64_t rows, row_len; /* the op's rows and their length */
+    float s;
+};
+
+static void ew_run(struct cpu_ctx *c, void (*fn)(void *, int, int), struct ew_job *j)
 {
-    const int64_t D = w->ne0;
-    const float *g = w->data;
-    const float eps = b->model->hp.norm_eps;
-    for (int64_t t = 0; t < rows; t++) {
-        const float *xr = x + t * D;
-        float *o = out + t * D;
+    int64_t n = j->rows * j->row_len, parts = n / EW_MIN_PER_PART;
+    int64_t most = 2 * (int64_t)threadpool_size(c->tp);
+    parts = parts < most ? parts : most;
+    parts = parts < j->rows ? parts : j->rows;
+    if (parts <= 1)
+        fn(j, 0, 1);
+    else
+        threadpool_run_parts(c->tp, fn, j, (int)parts);
+}
+
+static void rmsnorm_task(void *arg, int ith, int nth)
+{
+    struct ew_job *j = arg;
+    const int64_t D = j->w->ne0;
+    const float *g = j->w->data;
+    const float eps = j->b->model->hp.norm_eps;
+    for (int64_t t = j->rows * ith / nth; t < j->rows * (ith + 1) / nth; t++) {
+        const float *xr = j->y + t * D;
+        float *o = j->out + t * D;
         double ss = 0;
         for (int64_t i = 0; i < D; i++)
             ss += (double)xr[i] * xr[i];
@@ -142,6 +175,13 @@ static void cpu_rmsnorm(struct backend *b, const float *x, const struct tensor *
         for (int64_t i = 0; i < D; i++)
             o[i] = xr[i] * inv * g[i];
     }
+}
+
+static void cpu_rmsnorm(struct backend *b, const float *x, const struct tensor *w, float *out,
+                        int64_t rows)
+{
+    struct ew_job j = {.b = b, .out = out, .y = x, .w = w, .rows = rows, .row_len = w->ne0};
+    ew_run(b->ctx, rmsnorm_task, &j);
 }
 
 struct matmul_job {
@@ -244,9 +284,11 @@ static void cpu_rope(struct backend *b, int layer, float *q, float *qc, float *k
     }
 }
 
-static void store_row(void *dst, const float *src, int n, int f16)
+static void store_row(void *dst, const float *src, int n, int f16, enum cpu_isa isa)
 {
-    if (f16) {
+    if (f16 && isa >= CPU_ISA_AVX2) {
+        cpu__f32_to_f16_avx2(dst, src, n); /* the same bits, NaN payloads aside */
+    } else if (f16) {
         uint16_t *d = dst;
         for (int i = 0; i < n; i++)
             d[i] = quant_f32_to_f16(src[i]);
@@ -267,8 +309,8 @@ static void cpu_kv_store(struct backend *b, int layer, const float *k, const flo
         for (int g = 0; g < hp->n_head_kv; g++) {
             size_t off = kv_geometry_offset(&c->geo, c->batch->slot[t], layer, g, cell[t]) * esz;
             const int64_t src = t * (int64_t)hp->n_head_kv * Dh + (int64_t)g * Dh;
-            store_row((char *)c->kmem + off, k + src, Dh, c->kv_f16);
-            store_row((char *)c->vmem + off, v + src, Dh, c->kv_f16);
+            store_row((char *)c->kmem + off, k + src, Dh, c->kv_f16, c->isa);
+            store_row((char *)c->vmem + off, v + src, Dh, c->kv_f16, c->isa);
         }
     }
 }
@@ -364,39 +406,107 @@ static void attention_probe_task(void *arg, int ith, int nth)
     }
 }
 
-/* Hot path: one task per (token, kv head, block of ATTN_KEY_BLOCK keys in
- * visit order). All query heads of the group are scored together, so each K/V
- * row is read once per group, and the blocks spread a decode step's long
- * window over every thread (flash-decoding). The blocks are fixed by key
- * index alone, never by batch size or thread count, so a token's attention
- * is bit-identical whether it is decoded alone or prefilled in a chunk.
- * Partial states are merged in block order by cpu_attention_merge. */
+/* Whether two tokens' keys (keys_for, same layer and kv head) map every visit
+ * index both see to the same cell: the same storage, the same runs, only the
+ * last run of the shorter one may be shorter. Tokens of one sequence in a
+ * prefill chunk usually do (until the window starts to slide). */
+static int same_mapping(const struct attn_keys *a, const struct attn_keys *b)
+{
+    if (a->k != b->k || a->v != b->v)
+        return 0;
+    for (int r = 0; r < 3; r++) {
+        if (a->run_len[r] == b->run_len[r]) {
+            if (a->run_len[r] > 0 && a->run_start[r] != b->run_start[r])
+                return 0;
+            continue;
+        }
+        const struct attn_keys *s = a->run_len[r] < b->run_len[r] ? a : b;
+        if (s->run_len[r] > 0 && a->run_start[r] != b->run_start[r])
+            return 0;
+        for (int q = r + 1; q < 3; q++)
+            if (s->run_len[q] > 0)
+                return 0;
+        return 1;
+    }
+    return 1;
+}
+
+/* Hot path: one task per (group of tokens, kv head, block of ATTN_KEY_BLOCK
+ * keys in visit order). A group is up to ATTN_GROUP_TOKENS consecutive tokens
+ * of the batch whose keys map alike (same_mapping: a prefill chunk of one
+ * sequence); all query heads of the kv head of all its tokens are scored
+ * together, so each K/V row is read and converted once per tile for the whole
+ * group, and the blocks spread a decode step's long window over every thread
+ * (flash-decoding). The blocks are fixed by key index alone, never by batch
+ * size, grouping or thread count, and cpu_attention_span_rows computes each
+ * row as it would alone, so a token's attention is bit-identical whether it
+ * is decoded alone or prefilled in a chunk. Partial states are merged in
+ * block order by cpu_attention_merge. */
 static void attention_task(void *arg, int ith, int nth)
 {
     struct attn_job *j = arg;
     struct cpu_ctx *c = j->b->ctx;
     const struct model_hparams *hp = &j->b->model->hp;
-    const struct fwd_batch *bt = c->batch;
     const int H = hp->n_head, Hkv = hp->n_head_kv, Dh = hp->head_dim, G = H / Hkv;
     const float scale = hp->attn_scale;
-    const int64_t NB = c->attn_blocks, n_tasks = bt->T * Hkv * NB;
+    const int64_t NB = c->attn_blocks, n_tasks = c->attn_n_groups * Hkv * NB;
     const int64_t part = (int64_t)G * (Dh + 2); /* floats of one task's partial state */
+    struct attn_row rows[ATTN_MAX_ROWS];
     for (int64_t i = n_tasks * ith / nth; i < n_tasks * (ith + 1) / nth; i++) {
-        int64_t t = i / (Hkv * NB);
-        int g = (int)(i / NB % Hkv);
-        int64_t blk = i % NB;
-        float *st = c->attn_part + i * part; /* m[G], l[G], acc[G * Dh] */
-        struct attn_keys keys = keys_for(c, t, j->layer, g, Dh);
-        int64_t nk = keys.run_len[0] + keys.run_len[1] + keys.run_len[2];
-        int64_t v0 = blk * ATTN_KEY_BLOCK, v1 = v0 + ATTN_KEY_BLOCK < nk ? v0 + ATTN_KEY_BLOCK : nk;
-        if (v0 >= nk) {
+        /* blocks outermost: neighbouring parts hold unlike amounts of work */
+        int64_t blk = i / (c->attn_n_groups * Hkv);
+        int64_t gi = i / Hkv % c->attn_n_groups;
+        int g = (int)(i % Hkv);
+        const int64_t ta = c->attn_group[gi], tb = c->attn_group[gi + 1];
+        int64_t v0 = blk * ATTN_KEY_BLOCK, v1 = v0 + ATTN_KEY_BLOCK, t_long = ta;
+        for (int64_t t = ta + 1; t < tb; t++)
+            t_long = c->attn_nk[t] > c->attn_nk[t_long] ? t : t_long;
+        if (v0 >= c->attn_nk[t_long])
+            continue; /* past every token's keys: merge reads no state here */
+        /* the longest token's runs cover every visit index of the group */
+        struct attn_keys keys = keys_for(c, t_long, j->layer, g, Dh);
+        int nr = 0;
+        for (int64_t t = ta; t < tb; t++) {
+            float *st = c->attn_part + ((t * Hkv + g) * NB + blk) * part; /* m[G], l[G], acc */
+            const int64_t off = t * (int64_t)H * Dh + (int64_t)g * G * Dh;
+            const int64_t end = c->attn_nk[t];
             for (int k = 0; k < G; k++)
-                st[k] = -INFINITY; /* an empty block: merge skips it */
-            continue;
+                rows[nr++] = (struct attn_row){j->q + off + (int64_t)k * Dh,
+                                               j->qc + off + (int64_t)k * Dh,
+                                               end,
+                                               st + k,
+                                               st + G + k,
+                                               st + 2 * G + (int64_t)k * Dh};
         }
-        const int64_t off = t * (int64_t)H * Dh + (int64_t)g * G * Dh;
-        cpu_attention_span(&c->akr, G, j->q + off, j->qc + off, &keys, v0, v1, scale,
-                           j->norm == MODEL_NORM_SOFTPICK, st, st + G, st + 2 * G);
+        cpu_attention_span_rows(&c->akr, nr, rows, &keys, v0, v1, scale,
+                                j->norm == MODEL_NORM_SOFTPICK);
+    }
+}
+
+/* Merges the blocks of each (token, head), tokens split across parts. */
+static void attention_merge_task(void *arg, int ith, int nth)
+{
+    struct attn_job *j = arg;
+    struct cpu_ctx *c = j->b->ctx;
+    const struct model_hparams *hp = &j->b->model->hp;
+    const int H = hp->n_head, Hkv = hp->n_head_kv, Dh = hp->head_dim, G = H / Hkv;
+    const int64_t T = c->batch->T, NB = c->attn_blocks;
+    const int64_t part = (int64_t)G * (Dh + 2);
+    const float *sv = j->b->model->w.layers[j->layer].attn_sinks_v.data; /* (H, Dh) or NULL */
+    float m[ATTN_MAX_BLOCKS], l[ATTN_MAX_BLOCKS];
+    for (int64_t i = T * H * ith / nth; i < T * H * (ith + 1) / nth; i++) {
+        int64_t t = i / H;
+        int h = (int)(i % H), g = h / G, k = h % G;
+        const float *st0 = c->attn_part + ((t * Hkv + g) * NB) * part;
+        /* blocks past the token's keys hold no state */
+        int64_t nb = (c->attn_nk[t] + ATTN_KEY_BLOCK - 1) / ATTN_KEY_BLOCK;
+        for (int64_t blk = 0; blk < nb; blk++) {
+            m[blk] = st0[blk * part + k];
+            l[blk] = st0[blk * part + G + k];
+        }
+        cpu_attention_merge(&c->akr, (int)nb, m, l, st0 + 2 * G + (int64_t)k * Dh, part, Dh,
+                            j->norm, j->sinks[h], sv ? sv + (int64_t)h * Dh : NULL,
+                            j->att + (t * H + h) * Dh);
     }
 }
 
@@ -412,32 +522,51 @@ static void cpu_attention(struct backend *b, int layer, const float *q, const fl
         threadpool_run(c->tp, attention_probe_task, &j);
         return;
     }
-    threadpool_run(c->tp, attention_task, &j);
-    const int64_t part = (int64_t)G * (Dh + 2);
-    const float *sv = b->model->w.layers[layer].attn_sinks_v.data; /* (H, Dh) or NULL */
-    float m[ATTN_MAX_BLOCKS], l[ATTN_MAX_BLOCKS];
+    /* group the tokens whose keys map alike (kv head 0 stands for all: the
+     * runs do not depend on the head) */
+    const int max_group =
+        ATTN_GROUP_TOKENS < ATTN_MAX_ROWS / G ? ATTN_GROUP_TOKENS : ATTN_MAX_ROWS / G;
+    struct attn_keys prev = {0};
+    int64_t ng = 0;
     for (int64_t t = 0; t < T; t++) {
-        for (int h = 0; h < H; h++) {
-            int g = h / G, k = h % G;
-            const float *st0 = c->attn_part + ((t * Hkv + g) * NB) * part;
-            for (int64_t blk = 0; blk < NB; blk++) {
-                m[blk] = st0[blk * part + k];
-                l[blk] = st0[blk * part + G + k];
-            }
-            cpu_attention_merge(&c->akr, (int)NB, m, l, st0 + 2 * G + (int64_t)k * Dh, part, Dh,
-                                norm, sinks[h], sv ? sv + (int64_t)h * Dh : NULL,
-                                att + (t * H + h) * Dh);
-        }
+        struct attn_keys k = keys_for(c, t, layer, 0, Dh);
+        c->attn_nk[t] = k.run_len[0] + k.run_len[1] + k.run_len[2];
+        if (t == 0 || t - c->attn_group[ng - 1] >= max_group || !same_mapping(&prev, &k))
+            c->attn_group[ng++] = t;
+        prev = k;
+    }
+    c->attn_group[ng] = T;
+    c->attn_n_groups = ng;
+    int64_t n_tasks = ng * Hkv * NB;
+    /* many parts: the work per task is uneven (causal prefill, empty blocks) */
+    int64_t parts = 16 * (int64_t)threadpool_size(c->tp);
+    threadpool_run_parts(c->tp, attention_task, &j, (int)(parts < n_tasks ? parts : n_tasks));
+    int64_t mparts = 4 * (int64_t)threadpool_size(c->tp);
+    if (T * H < mparts)
+        mparts = T * H;
+    threadpool_run_parts(c->tp, attention_merge_task, &j, (int)mparts);
+}
+
+static void swiglu_task(void *arg, int ith, int nth)
+{
+    struct ew_job *j = arg;
+    const struct cpu_ctx *c = j->b->ctx;
+    const int64_t n = j->rows * j->row_len;
+    const int64_t i0 = n * ith / nth / 8 * 8, i1 = ith + 1 == nth ? n : n * (ith + 1) / nth / 8 * 8;
+    if (c->isa >= CPU_ISA_AVX2) {
+        cpu__swiglu_avx2(j->x + i0, j->y + i0, i1 - i0);
+        return;
+    }
+    for (int64_t i = i0; i < i1; i++) {
+        float g = j->x[i];
+        j->x[i] = g / (1.0f + expf(-g)) * j->y[i];
     }
 }
 
 static void cpu_swiglu(struct backend *b, float *hb, const float *hb2, int64_t rows)
 {
-    const int64_t n = rows * b->model->hp.n_ff;
-    for (int64_t i = 0; i < n; i++) {
-        float g = hb[i];
-        hb[i] = g / (1.0f + expf(-g)) * hb2[i];
-    }
+    struct ew_job j = {.b = b, .x = hb, .y = hb2, .rows = rows, .row_len = b->model->hp.n_ff};
+    ew_run(b->ctx, swiglu_task, &j);
 }
 
 /* GELU, tanh approximation (Hendrycks and Gimpel 2016; PyTorch's
@@ -448,25 +577,46 @@ static float gelu_tanh(float x)
     return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
 }
 
+static void geglu_task(void *arg, int ith, int nth)
+{
+    struct ew_job *j = arg;
+    const int64_t n = j->rows * j->row_len;
+    for (int64_t i = n * ith / nth; i < n * (ith + 1) / nth; i++)
+        j->x[i] = gelu_tanh(j->x[i]) * j->y[i];
+}
+
 static void cpu_geglu(struct backend *b, float *hb, const float *hb2, int64_t rows)
 {
-    const int64_t n = rows * b->model->hp.n_ff;
-    for (int64_t i = 0; i < n; i++)
-        hb[i] = gelu_tanh(hb[i]) * hb2[i];
+    struct ew_job j = {.b = b, .x = hb, .y = hb2, .rows = rows, .row_len = b->model->hp.n_ff};
+    ew_run(b->ctx, geglu_task, &j);
+}
+
+static void scale_task(void *arg, int ith, int nth)
+{
+    struct ew_job *j = arg;
+    const int64_t n = j->rows * j->row_len;
+    for (int64_t i = n * ith / nth; i < n * (ith + 1) / nth; i++)
+        j->x[i] *= j->s;
 }
 
 static void cpu_scale(struct backend *b, float *x, float s, int64_t rows)
 {
-    const int64_t n = rows * b->model->hp.n_embd;
-    for (int64_t i = 0; i < n; i++)
-        x[i] *= s;
+    struct ew_job j = {.b = b, .x = x, .rows = rows, .row_len = b->model->hp.n_embd, .s = s};
+    ew_run(b->ctx, scale_task, &j);
+}
+
+static void add_task(void *arg, int ith, int nth)
+{
+    struct ew_job *j = arg;
+    const int64_t n = j->rows * j->row_len;
+    for (int64_t i = n * ith / nth; i < n * (ith + 1) / nth; i++)
+        j->x[i] += j->y[i];
 }
 
 static void cpu_add(struct backend *b, float *x, const float *y, int64_t rows)
 {
-    const int64_t n = rows * b->model->hp.n_embd;
-    for (int64_t i = 0; i < n; i++)
-        x[i] += y[i];
+    struct ew_job j = {.b = b, .x = x, .y = y, .rows = rows, .row_len = b->model->hp.n_embd};
+    ew_run(b->ctx, add_task, &j);
 }
 
 static void cpu_gather(struct backend *b, const float *x, float *xo)
@@ -582,7 +732,7 @@ int backend_cpu_init(struct backend *b, const struct model *m, const struct back
     }
     c->isa = cpu_isa_best();
     c->reference_matmul = cfg->reference_matmul;
-    cpu_attention_kernels(&c->akr, c->isa >= CPU_ISA_AVX2);
+    cpu_attention_kernels(&c->akr, (int)c->isa);
 
     const size_t T = (size_t)b->max_tokens;
     const size_t D = (size_t)hp->n_embd, F = (size_t)hp->n_ff;
@@ -611,9 +761,11 @@ int backend_cpu_init(struct backend *b, const struct model *m, const struct back
      * needs one dequantized row per thread */
     c->act_cap = (T > (size_t)cfg->n_threads ? T : (size_t)cfg->n_threads) * kmax * 4;
     c->act = xalloc(c->act_cap);
-    if (!a->x || !a->xb || !a->xb2 || !a->q || !a->qc || !a->k || !a->v || !a->att || !a->hb ||
-        !a->hb2 || !a->xo || !a->logits || !c->cs_abs || !c->cs_cache || !c->cs_abs_local ||
-        !c->act)
+    c->attn_nk = xalloc(T * sizeof(int64_t));
+    c->attn_group = xalloc((T + 1) * sizeof(int64_t));
+    if (!c->attn_nk || !c->attn_group || !a->x || !a->xb || !a->xb2 || !a->q || !a->qc || !a->k ||
+        !a->v || !a->att || !a->hb || !a->hb2 || !a->xo || !a->logits || !c->cs_abs ||
+        !c->cs_cache || !c->cs_abs_local || !c->act)
         goto oom;
     return 0;
 oom:

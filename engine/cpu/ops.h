@@ -1,0 +1,17 @@
+/*
+ * ops.h: element-wise kernels of the CPU backend (SwiGLU, f32 -> f16 rows),
+ * AVX2 forms chosen at run time by backend_cpu.c. Internal to engine/cpu.
+ */
+#ifndef SS_CPU_OPS_H
+#define SS_CPU_OPS_H
+
+#include <stdint.h>
+
+/* hb[i] = silu(hb[i]) * hb2[i], silu(g) = g / (1 + e^-g). The AVX2 form's
+ * e^x has a relative error below 2e-7 (attention_avx2.c's polynomial). */
+void cpu__swiglu_avx2(float *hb, const float *hb2, int64_t n);
+/* dst[i] = src[i] rounded to f16, to nearest even (F16C): the same bits as
+ * quant_f32_to_f16 for every non-NaN input. */
+void cpu__f32_to_f16_avx2(uint16_t *dst, const float *src, int64_t n);
+
+#endif

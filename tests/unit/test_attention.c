@@ -1,0 +1,352 @@
+/*
+ * test_attention.c: the CPU attention op as the backend drives it
+ * (engine/cpu/attention.h): several tokens' query rows scored together by
+ * cpu_attention_span_rows over fixed key blocks, then cpu_attention_merge.
+ *
+ * Every kernel set this CPU can run (scalar, AVX2, AVX-512) is checked against a
+ * reference loop written here in double (scores, max, exponentials and the
+ * weighted sum of values, no tiles, no online rescaling), over: head_dim 64,
+ * 256 (Gemma 3) and 20 (not a multiple of 8: the masked tails); GQA 3:1 and
+ * 4:1; f16 and f32 K/V; the sink, softmax and softpick normalizers; sinks
+ * scored with the in-cache query; a window that wraps around its ring (three
+ * runs); rows of unequal, odd lengths spanning several key blocks.
+ *
+ * And batch invariance (DESIGN.md invariant 2 at the op level): each row's
+ * partial state is bit-identical to the one cpu_attention_span computes for
+ * that row's token alone, with its own keys, as a decode step does.
+ *
+ * Tolerance: outputs are (sub-)convex combinations of values in [-1, 1).
+ * The op sums up to ~700 terms in f32 with online rescaling; each step
+ * rounds by 2^-24 relative, bounded by ~700 * 6e-8 = 4.2e-5, and about
+ * 2e-7 in practice (the largest error is printed). TOL = 2e-6: a wrong weight
+ * (one key's share is ~1e-3 and up, times values ~0.5) is 250x larger.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/cpu/attention.h"
+#include "engine/cpu/matmul.h"
+#include "engine/quant.h"
+#include "test.h"
+#include "support/rng.h"
+
+#define TOL 2e-6
+#define BLOCK 256 /* the backend's ATTN_KEY_BLOCK */
+#define MAX_CELLS 800
+#define MAX_DH 256
+#define MAX_TOK 6
+#define MAX_G 4
+#define SOFTPICK_EPS 1e-6 /* DESIGN.md's eps */
+#define FLOOR (-64.0)     /* ATTN_SOFTPICK_M_FLOOR */
+
+struct kv {
+    int dh, f16;
+    float kf[MAX_CELLS * MAX_DH], vf[MAX_CELLS * MAX_DH]; /* the stored values, as f32 */
+    uint16_t kh[MAX_CELLS * MAX_DH], vh[MAX_CELLS * MAX_DH];
+};
+
+static void kv_fill(struct kv *c, int dh, int f16, uint64_t seed)
+{
+    c->dh = dh;
+    c->f16 = f16;
+    for (int i = 0; i < MAX_CELLS * dh; i++) {
+        float k = test_rng_sym(&seed) * 2.0f, v = test_rng_sym(&seed);
+        c->kh[i] = quant_f32_to_f16(k);
+        c->vh[i] = quant_f32_to_f16(v);
+        c->kf[i] = f16 ? quant_f16_to_f32(c->kh[i]) : k;
+        c->vf[i] = f16 ? quant_f16_to_f32(c->vh[i]) : v;
+    }
+}
+
+/* keys of a token that sees `end` visit indices: sinks [0, S), then a
+ * window of the ring [S, S + R) starting at ring offset o (wrapping) */
+static struct attn_keys keys_of(const struct kv *c, int S, int R, int o, int64_t end)
+{
+    struct attn_keys k = {.k = c->f16 ? (const void *)c->kh : (const void *)c->kf,
+                          .v = c->f16 ? (const void *)c->vh : (const void *)c->vf,
+                          .f16 = c->f16,
+                          .head_dim = c->dh};
+    int64_t w = end - S; /* window keys */
+    k.run_start[0] = 0;
+    k.run_len[0] = S;
+    k.run_start[1] = S + o;
+    k.run_len[1] = w < R - o ? w : R - o;
+    k.run_start[2] = S;
+    k.run_len[2] = w - k.run_len[1];
+    k.run_uses_qc[0] = 1;
+    return k;
+}
+
+static int64_t visit_cell(const struct attn_keys *k, int64_t v)
+{
+    for (int r = 0; r < 3; r++) {
+        if (v < k->run_len[r])
+            return k->run_start[r] + v;
+        v -= k->run_len[r];
+    }
+    return -1;
+}
+
+/* the reference: one row, in double */
+static void reference(const struct kv *c, const struct attn_keys *k, const float *q,
+                      const float *qc, enum model_normalizer norm, double sink, double *out)
+{
+    const int n = c->dh;
+    const int64_t nk = k->run_len[0] + k->run_len[1] + k->run_len[2];
+    static double z[MAX_CELLS];
+    double m = norm == MODEL_NORM_SOFTPICK ? FLOOR : -INFINITY;
+    for (int64_t v = 0; v < nk; v++) {
+        const float *qq = v < k->run_len[0] ? qc : q;
+        const float *kr = c->kf + visit_cell(k, v) * n;
+        double s = 0;
+        for (int i = 0; i < n; i++)
+            s += (double)qq[i] * kr[i];
+        z[v] = s / sqrt((double)n);
+        m = z[v] > m ? z[v] : m;
+    }
+    double l = 0;
+    if (norm == MODEL_NORM_SINK) {
+        m = sink > m ? sink : m;
+        l = exp(sink - m); /* the virtual key, value zero */
+    }
+    for (int i = 0; i < n; i++)
+        out[i] = 0;
+    for (int64_t v = 0; v < nk; v++) {
+        const float *vr = c->vf + visit_cell(k, v) * n;
+        double w;
+        if (norm == MODEL_NORM_SOFTPICK) {
+            double d = exp(z[v] - m) - exp(-m);
+            l += fabs(d);
+            w = d > 0 ? d : 0;
+        } else {
+            w = exp(z[v] - m);
+            l += w;
+        }
+        for (int i = 0; i < n; i++)
+            out[i] += w * vr[i];
+    }
+    double den = norm == MODEL_NORM_SOFTPICK ? l + SOFTPICK_EPS : l;
+    for (int i = 0; i < n; i++)
+        out[i] = den > 0 ? out[i] / den : 0;
+}
+
+static int kernel_sets(struct attn_kernels *k, const char **names)
+{
+    static const char *const all[] = {"scalar", "avx2", "avx512"};
+    int n = 0;
+    for (int level = 0; level <= (int)cpu_isa_best() && level < 3; level++) {
+        cpu_attention_kernels(&k[n], level);
+        names[n++] = all[level];
+    }
+    return n;
+}
+
+static struct kv g_kv;
+static float g_q[MAX_TOK * MAX_G * MAX_DH], g_qc[MAX_TOK * MAX_G * MAX_DH];
+/* per (token, head, block): m, l, acc */
+static float g_m[MAX_TOK * MAX_G][MAX_CELLS / BLOCK + 1],
+    g_l[MAX_TOK * MAX_G][MAX_CELLS / BLOCK + 1];
+static float g_acc[MAX_TOK * MAX_G][MAX_CELLS / BLOCK + 1][MAX_DH];
+static float s_m[MAX_G], s_l[MAX_G], s_acc[MAX_G * MAX_DH];
+
+struct shape {
+    int dh, G, S, R, o; /* head_dim, heads per kv head, sinks, ring cells, window offset */
+    int ntok;
+    int64_t end[MAX_TOK]; /* keys each token sees (sinks included) */
+};
+
+/* One shape, all kernel sets, f16 and f32, all normalizers: returns the
+ * largest error against the reference, or -1 on a bit-identity failure. */
+static double run_shape(const struct shape *sh, uint64_t seed, int *failed)
+{
+    struct attn_kernels kr[3];
+    const char *names[3];
+    const int nks = kernel_sets(kr, names);
+    const int n = sh->dh, G = sh->G;
+    const enum model_normalizer norms[] = {MODEL_NORM_SINK, MODEL_NORM_SOFTMAX,
+                                           MODEL_NORM_SOFTPICK};
+    const float scale = 1.0f / sqrtf((float)n);
+    double worst = 0;
+    int64_t longest = 0;
+    for (int t = 0; t < sh->ntok; t++)
+        longest = sh->end[t] > longest ? sh->end[t] : longest;
+    const int nb = (int)((longest + BLOCK - 1) / BLOCK);
+    for (int f16 = 0; f16 < 2; f16++) {
+        kv_fill(&g_kv, n, f16, seed + (uint64_t)f16);
+        uint64_t qs = seed * 31 + 7;
+        for (int i = 0; i < sh->ntok * G * n; i++) {
+            g_q[i] = test_rng_sym(&qs) * 1.5f;
+            g_qc[i] = test_rng_sym(&qs) * 1.5f;
+        }
+        for (int ki = 0; ki < nks; ki++) {
+            for (size_t ni = 0; ni < sizeof norms / sizeof norms[0]; ni++) {
+                const int softpick = norms[ni] == MODEL_NORM_SOFTPICK;
+                const float sink = 0.75f;
+                struct attn_keys kl = keys_of(&g_kv, sh->S, sh->R, sh->o, longest);
+                for (int b = 0; b < nb; b++) {
+                    struct attn_row rows[MAX_TOK * MAX_G];
+                    int nr = 0;
+                    for (int t = 0; t < sh->ntok; t++)
+                        for (int h = 0; h < G; h++, nr++)
+                            rows[nr] = (struct attn_row){g_q + (t * G + h) * n,
+                                                         g_qc + (t * G + h) * n,
+                                                         sh->end[t],
+                                                         &g_m[nr][b],
+                                                         &g_l[nr][b],
+                                                         g_acc[nr][b]};
+                    cpu_attention_span_rows(&kr[ki], nr, rows, &kl, (int64_t)b * BLOCK,
+                                            (int64_t)(b + 1) * BLOCK, scale, softpick);
+                    /* each token alone, as decoding it: its own keys and
+                     * block end, all its heads in one call */
+                    for (int t = 0; t < sh->ntok; t++) {
+                        int64_t v0 = (int64_t)b * BLOCK, v1 = v0 + BLOCK;
+                        if (v0 >= sh->end[t])
+                            continue; /* the backend never scores an empty block */
+                        v1 = v1 < sh->end[t] ? v1 : sh->end[t];
+                        struct attn_keys kt = keys_of(&g_kv, sh->S, sh->R, sh->o, sh->end[t]);
+                        cpu_attention_span(&kr[ki], G, g_q + t * G * n, g_qc + t * G * n, &kt, v0,
+                                           v1, scale, softpick, s_m, s_l, s_acc);
+                        for (int h = 0; h < G; h++) {
+                            int r = t * G + h;
+                            if (memcmp(&s_m[h], &g_m[r][b], sizeof(float)) != 0 ||
+                                memcmp(&s_l[h], &g_l[r][b], sizeof(float)) != 0 ||
+                                memcmp(s_acc + h * n, g_acc[r][b], (size_t)n * sizeof(float))) {
+                                fprintf(stderr,
+                                        "  %s dh %d G %d f16 %d norm %zu token %d head %d block "
+                                        "%d: grouped state differs from the token alone\n",
+                                        names[ki], n, G, f16, ni, t, h, b);
+                                *failed = 1;
+                                return -1;
+                            }
+                        }
+                    }
+                }
+                for (int t = 0; t < sh->ntok; t++) {
+                    struct attn_keys kt = keys_of(&g_kv, sh->S, sh->R, sh->o, sh->end[t]);
+                    const int nbt = (int)((sh->end[t] + BLOCK - 1) / BLOCK);
+                    for (int h = 0; h < G; h++) {
+                        const int r = t * G + h;
+                        float out[MAX_DH], m[MAX_CELLS / BLOCK + 1], l[MAX_CELLS / BLOCK + 1];
+                        double ref[MAX_DH];
+                        for (int b = 0; b < nbt; b++) {
+                            m[b] = g_m[r][b];
+                            l[b] = g_l[r][b];
+                        }
+                        cpu_attention_merge(&kr[ki], nbt, m, l, g_acc[r][0], MAX_DH, n, norms[ni],
+                                            sink, NULL, out);
+                        reference(&g_kv, &kt, g_q + r * n, g_qc + r * n, norms[ni], sink, ref);
+                        for (int i = 0; i < n; i++) {
+                            double e = fabs(out[i] - ref[i]);
+                            if (!(e <= TOL)) {
+                                fprintf(stderr,
+                                        "  %s dh %d G %d f16 %d norm %zu token %d head %d [%d]: "
+                                        "%.8f vs reference %.8f\n",
+                                        names[ki], n, G, f16, ni, t, h, i, out[i], ref[i]);
+                                *failed = 1;
+                                return -1;
+                            }
+                            worst = e > worst ? e : worst;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    return worst;
+}
+
+TEST(grouped_rows_match_the_reference_and_each_token_alone)
+{
+    const struct shape shapes[] = {
+        /* SmolLM2: Dh 64, GQA 3:1; a prefill chunk without wrap, odd ends,
+         * the last ones across the first block boundary */
+        {64, 3, 4, 700, 0, 5, {5, 131, 255, 257, 261}},
+        /* window wrapping around the ring (three runs), 4:1 */
+        {64, 4, 4, 500, 377, 4, {300, 333, 401, 503}},
+        /* Gemma 3: Dh 256, 4:1, no sinks, three blocks */
+        {256, 4, 0, 700, 50, 3, {1, 517, 700}},
+        /* Dh not a multiple of 8: masked tails; one key only; 3:1 */
+        {20, 3, 2, 300, 299, 6, {1, 2, 3, 9, 33, 302}},
+    };
+    double worst = 0;
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        double e = run_shape(&shapes[i], 1000 + i, failed);
+        if (*failed)
+            return;
+        worst = e > worst ? e : worst;
+    }
+    fprintf(stderr, "  largest error against the reference: %.3g (tolerance %.0e)\n", worst, TOL);
+}
+
+/* The tile kernels alone, every length 1..40 and head dims around the
+ * vector widths, against a double loop: scores and their max, the
+ * exponentials and their sum, the weighted sum of values. */
+TEST(score_and_accumulate_kernels_match_double_loops)
+{
+    struct attn_kernels kr[3];
+    const char *names[3];
+    const int nks = kernel_sets(kr, names);
+    static float q[MAX_DH], kf[40 * MAX_DH], w[40], acc[MAX_DH], acc0[MAX_DH], z[40];
+    uint64_t s = 99;
+    const int dims[] = {1, 7, 8, 9, 16, 20, 24, 63, 64, 65, 72, 128, 200, 256};
+    for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++) {
+        const int n = dims[di];
+        for (int nt = 1; nt <= 40; nt++) {
+            for (int i = 0; i < n; i++)
+                q[i] = test_rng_sym(&s);
+            for (int i = 0; i < nt * n; i++)
+                kf[i] = test_rng_sym(&s);
+            for (int i = 0; i < nt; i++)
+                w[i] = (float)test_rng_unit(&s);
+            for (int i = 0; i < n; i++)
+                acc0[i] = test_rng_sym(&s);
+            for (int ki = 0; ki < nks; ki++) {
+                float zmax = kr[ki].scores(z, q, kf, nt, n, 0.125f);
+                float want = z[0];
+                for (int i = 1; i < nt; i++)
+                    want = z[i] > want ? z[i] : want;
+                if (zmax != want)
+                    FAIL_AT("%s scores n %d nt %d returned max %.8f, largest %.8f", names[ki], n,
+                            nt, zmax, want);
+                float e[40];
+                double esum = 0;
+                float got = kr[ki].exp_sub(e, z, want, nt);
+                for (int i = 0; i < nt; i++) {
+                    double r = exp((double)z[i] - want);
+                    if (fabs(e[i] - r) > 3e-7 * r)
+                        FAIL_AT("%s exp_sub nt %d [%d]: %.9g vs %.9g", names[ki], nt, i, e[i], r);
+                    esum += r;
+                }
+                if (fabs(got - esum) > 1e-6 * esum)
+                    FAIL_AT("%s exp_sub nt %d sum %.9g vs %.9g", names[ki], nt, got, esum);
+                memcpy(acc, acc0, sizeof acc);
+                kr[ki].accum(acc, w, kf, nt, n);
+                for (int i = 0; i < nt; i++) {
+                    double r = 0;
+                    for (int j = 0; j < n; j++)
+                        r += (double)q[j] * kf[i * n + j];
+                    r *= 0.125;
+                    if (fabs(z[i] - r) > 1e-6 * (1 + n))
+                        FAIL_AT("%s scores n %d nt %d key %d: %.8f vs %.8f", names[ki], n, nt, i,
+                                z[i], r);
+                }
+                for (int j = 0; j < n; j++) {
+                    double r = acc0[j];
+                    for (int i = 0; i < nt; i++)
+                        r += (double)w[i] * kf[i * n + j];
+                    if (fabs(acc[j] - r) > 1e-6 * (1 + nt))
+                        FAIL_AT("%s accum n %d nt %d [%d]: %.8f vs %.8f", names[ki], n, nt, j,
+                                acc[j], r);
+                }
+                for (int j = n; j < MAX_DH; j++) /* nothing past the row is written */
+                    if (acc[j] != acc0[j])
+                        FAIL_AT("%s accum n %d wrote past the row at %d", names[ki], n, j);
+            }
+        }
+    }
+}
+
+TEST_MAIN()

@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "../backend.h"
 #include "../quant.h"
@@ -20,6 +22,13 @@
 #define MATMUL_ROW_BLOCK 16 /* weight rows per work item */
 #define MATMUL_T_TILE 64    /* activation rows per pass over a weight block */
 #define ATTN_KEY_BLOCK 256  /* keys per attention task (fixed: batch-invariant) */
+
+/* A weight matrix repacked at load for the kernel (cpu_pack_rows), keyed by
+ * the data pointer of the model's tensor. */
+struct packed_weight {
+    const void *src;
+    void *data;
+};
 
 struct cpu_ctx {
     struct threadpool *tp;
@@ -37,6 +46,8 @@ struct cpu_ctx {
     float *attn_part;    /* partial attention states, one per task */
     int64_t attn_blocks; /* key blocks per (token, kv head): ceil((S + W) / ATTN_KEY_BLOCK) */
     int kv_f16;
+    struct packed_weight *packed; /* open-addressed table of n_packed_cap entries */
+    size_t n_packed_cap;
 };
 
 static void *xalloc(size_t n)
@@ -61,6 +72,9 @@ static void cpu_free(struct backend *b)
         free(c->kmem);
         free(c->attn_part);
         free(c->vmem);
+        for (size_t i = 0; i < c->n_packed_cap; i++)
+            free(c->packed[i].data);
+        free(c->packed);
         free(c);
     }
     struct backend_acts *a = &b->acts;
@@ -147,6 +161,7 @@ static void cpu_rmsnorm(struct backend *b, const float *x, const struct tensor *
 struct matmul_job {
     struct cpu_ctx *c;
     const struct tensor *W;
+    const void *wp; /* W repacked, or NULL */
     const float *x;
     float *y;
     int64_t rows;
@@ -167,6 +182,17 @@ static void matmul_rows_task(void *arg, int ith, int nth)
     const int64_t N = j->W->ne1;
     int64_t blocks = (N + MATMUL_ROW_BLOCK - 1) / MATMUL_ROW_BLOCK;
     int64_t b0 = blocks * ith / nth, b1 = blocks * (ith + 1) / nth;
+    if (j->wp) {
+        int64_t n0 = b0 * MATMUL_ROW_BLOCK,
+                n1 = b1 * MATMUL_ROW_BLOCK < N ? b1 * MATMUL_ROW_BLOCK : N;
+        for (int64_t t0 = 0; t0 < j->rows; t0 += MATMUL_T_TILE) {
+            int64_t tn = j->rows - t0 < MATMUL_T_TILE ? j->rows - t0 : MATMUL_T_TILE;
+            cpu_matmul_rows_packed(j->c->isa, j->W->type, j->wp, j->W->ne0, N, n0, n1,
+                                   (const char *)j->c->act + (size_t)t0 * j->act_bytes, tn,
+                                   j->y + t0 * N, N);
+        }
+        return;
+    }
     for (int64_t blk = b0; blk < b1; blk++) {
         int64_t n0 = blk * MATMUL_ROW_BLOCK;
         int64_t n1 = n0 + MATMUL_ROW_BLOCK < N ? n0 + MATMUL_ROW_BLOCK : N;
@@ -205,11 +231,75 @@ static void matmul_reference_task(void *arg, int ith, int nth)
     }
 }
 
+static size_t packed_slot(const void *src, size_t cap)
+{
+    return ((uintptr_t)src >> 6) * 0x9e3779b97f4a7c15ull % cap;
+}
+
+/* W's repacked copy, or NULL. */
+static const void *packed_find(const struct cpu_ctx *c, const struct tensor *W)
+{
+    if (!c->n_packed_cap)
+        return NULL;
+    for (size_t i = packed_slot(W->data, c->n_packed_cap);; i = (i + 1) % c->n_packed_cap) {
+        if (c->packed[i].src == W->data)
+            return c->packed[i].data;
+        if (!c->packed[i].src)
+            return NULL;
+    }
+}
+
+/* Repacks W once for the kernel (a tied output matrix is the embedding: one
+ * copy serves both names). Where the model file is mapped, the original
+ * pages are dropped from this process afterwards, so the copy replaces them in
+ * memory instead of doubling them; embedding lookups that read the original
+ * fault their few pages back in from the file. */
+static int pack_weight(struct cpu_ctx *c, const struct model *m, const struct tensor *W)
+{
+    if (!W->data || !cpu_matmul_packs(c->isa, (enum qtype)W->type) || packed_find(c, W))
+        return 0;
+    const size_t bytes = W->row_bytes * (size_t)W->ne1;
+    void *p = xalloc(bytes);
+    if (!p)
+        return -ENOMEM;
+    cpu_pack_rows((enum qtype)W->type, W->data, W->ne0, W->ne1, p);
+    size_t i = packed_slot(W->data, c->n_packed_cap);
+    while (c->packed[i].src)
+        i = (i + 1) % c->n_packed_cap;
+    c->packed[i] = (struct packed_weight){W->data, p};
+    if (m->mapped) {
+        const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+        uintptr_t lo = ((uintptr_t)W->data + page - 1) & ~(page - 1);
+        uintptr_t hi = ((uintptr_t)W->data + bytes) & ~(page - 1);
+        if (hi > lo)
+            madvise((void *)lo, hi - lo, MADV_DONTNEED);
+    }
+    return 0;
+}
+
+static int pack_weights(struct cpu_ctx *c, const struct model *m)
+{
+    const int L = m->hp.n_layer;
+    c->n_packed_cap = 2 * (7 * (size_t)L + 1) + 1;
+    c->packed = calloc(c->n_packed_cap, sizeof *c->packed);
+    if (!c->packed)
+        return -ENOMEM;
+    int rc = pack_weight(c, m, &m->w.output);
+    for (int l = 0; l < L && rc == 0; l++) {
+        const struct model_layer *ly = &m->w.layers[l];
+        const struct tensor *ws[] = {&ly->wq,     &ly->wk,   &ly->wv,    &ly->wo,
+                                     &ly->w_gate, &ly->w_up, &ly->w_down};
+        for (size_t i = 0; i < sizeof ws / sizeof ws[0] && rc == 0; i++)
+            rc = pack_weight(c, m, ws[i]);
+    }
+    return rc;
+}
+
 static void cpu_matmul(struct backend *b, const struct tensor *W, const float *x, float *y,
                        int64_t rows)
 {
     struct cpu_ctx *c = b->ctx;
-    struct matmul_job j = {c, W, x, y, rows, quant_act_bytes(W->type, W->ne0)};
+    struct matmul_job j = {c, W, packed_find(c, W), x, y, rows, quant_act_bytes(W->type, W->ne0)};
     if (c->reference_matmul) {
         threadpool_run(c->tp, matmul_reference_task, &j);
         return;
@@ -614,6 +704,8 @@ int backend_cpu_init(struct backend *b, const struct model *m, const struct back
     if (!a->x || !a->xb || !a->xb2 || !a->q || !a->qc || !a->k || !a->v || !a->att || !a->hb ||
         !a->hb2 || !a->xo || !a->logits || !c->cs_abs || !c->cs_cache || !c->cs_abs_local ||
         !c->act)
+        goto oom;
+    if (!c->reference_matmul && pack_weights(c, m) < 0)
         goto oom;
     return 0;
 oom:

@@ -158,12 +158,17 @@ static void cpu_rmsnorm(struct backend *b, const float *x, const struct tensor *
     }
 }
 
+/* n products of one prepared input: W[i] (repacked: wp[i], or NULL) into
+ * y[i]. The row blocks of all n are numbered in order, W[i]'s from
+ * blk0[i] to blk0[i + 1], and a run's parts split that numbering. */
 struct matmul_job {
     struct cpu_ctx *c;
-    const struct tensor *W;
-    const void *wp; /* W repacked, or NULL */
+    int n;
+    const struct tensor *W[BACKEND_SHARED_MAX];
+    const void *wp[BACKEND_SHARED_MAX];
+    float *y[BACKEND_SHARED_MAX];
+    int64_t blk0[BACKEND_SHARED_MAX + 1];
     const float *x;
-    float *y;
     int64_t rows;
     size_t act_bytes;
 };
@@ -171,25 +176,25 @@ struct matmul_job {
 static void matmul_prepare_task(void *arg, int ith, int nth)
 {
     struct matmul_job *j = arg;
+    const struct tensor *W = j->W[0];
     for (int64_t t = ith; t < j->rows; t += nth)
-        cpu_prepare_act(j->c->isa, j->W->type, j->x + t * j->W->ne0, j->W->ne0,
+        cpu_prepare_act(j->c->isa, W->type, j->x + t * W->ne0, W->ne0,
                         (char *)j->c->act + (size_t)t * j->act_bytes);
 }
 
-static void matmul_rows_task(void *arg, int ith, int nth)
+/* Row blocks [b0, b1) of W (repacked: wp) into y. */
+static void matmul_blocks(const struct matmul_job *j, const struct tensor *W, const void *wp,
+                          float *y, int64_t b0, int64_t b1)
 {
-    struct matmul_job *j = arg;
-    const int64_t N = j->W->ne1;
-    int64_t blocks = (N + MATMUL_ROW_BLOCK - 1) / MATMUL_ROW_BLOCK;
-    int64_t b0 = blocks * ith / nth, b1 = blocks * (ith + 1) / nth;
-    if (j->wp) {
+    const int64_t N = W->ne1;
+    if (wp) {
         int64_t n0 = b0 * MATMUL_ROW_BLOCK,
                 n1 = b1 * MATMUL_ROW_BLOCK < N ? b1 * MATMUL_ROW_BLOCK : N;
         for (int64_t t0 = 0; t0 < j->rows; t0 += MATMUL_T_TILE) {
             int64_t tn = j->rows - t0 < MATMUL_T_TILE ? j->rows - t0 : MATMUL_T_TILE;
-            cpu_matmul_rows_packed(j->c->isa, j->W->type, j->wp, j->W->ne0, N, n0, n1,
+            cpu_matmul_rows_packed(j->c->isa, W->type, wp, W->ne0, N, n0, n1,
                                    (const char *)j->c->act + (size_t)t0 * j->act_bytes, tn,
-                                   j->y + t0 * N, N);
+                                   y + t0 * N, N);
         }
         return;
     }
@@ -198,10 +203,22 @@ static void matmul_rows_task(void *arg, int ith, int nth)
         int64_t n1 = n0 + MATMUL_ROW_BLOCK < N ? n0 + MATMUL_ROW_BLOCK : N;
         for (int64_t t0 = 0; t0 < j->rows; t0 += MATMUL_T_TILE) {
             int64_t tn = j->rows - t0 < MATMUL_T_TILE ? j->rows - t0 : MATMUL_T_TILE;
-            cpu_matmul_rows(j->c->isa, j->W->type, j->W->data, j->W->ne0, n0, n1,
-                            (const char *)j->c->act + (size_t)t0 * j->act_bytes, tn, j->y + t0 * N,
-                            N);
+            cpu_matmul_rows(j->c->isa, W->type, W->data, W->ne0, n0, n1,
+                            (const char *)j->c->act + (size_t)t0 * j->act_bytes, tn, y + t0 * N, N);
         }
+    }
+}
+
+static void matmul_rows_task(void *arg, int ith, int nth)
+{
+    struct matmul_job *j = arg;
+    const int64_t blocks = j->blk0[j->n];
+    const int64_t b0 = blocks * ith / nth, b1 = blocks * (ith + 1) / nth;
+    for (int i = 0; i < j->n; i++) {
+        int64_t lo = b0 > j->blk0[i] ? b0 : j->blk0[i];
+        int64_t hi = b1 < j->blk0[i + 1] ? b1 : j->blk0[i + 1];
+        if (lo < hi)
+            matmul_blocks(j, j->W[i], j->wp[i], j->y[i], lo - j->blk0[i], hi - j->blk0[i]);
     }
 }
 
@@ -212,11 +229,11 @@ static void matmul_rows_task(void *arg, int ith, int nth)
 static void matmul_reference_task(void *arg, int ith, int nth)
 {
     struct matmul_job *j = arg;
-    const int64_t N = j->W->ne1, K = j->W->ne0;
+    const struct tensor *W = j->W[0];
+    const int64_t N = W->ne1, K = W->ne0;
     float *wr = (float *)j->c->act + (size_t)ith * (size_t)K;
     for (int64_t n = N * ith / nth; n < N * (ith + 1) / nth; n++) {
-        quant_dequant_row(j->W->type, (const char *)j->W->data + (size_t)n * j->W->row_bytes, wr,
-                          K);
+        quant_dequant_row(W->type, (const char *)W->data + (size_t)n * W->row_bytes, wr, K);
         for (int64_t t = 0; t < j->rows; t++) {
             const float *xr = j->x + t * K;
             double s[4] = {0, 0, 0, 0}; /* four chains, so the compiler can vectorize */
@@ -226,7 +243,7 @@ static void matmul_reference_task(void *arg, int ith, int nth)
                     s[i] += (double)wr[k + i] * (double)xr[k + i];
             for (; k < K; k++)
                 s[0] += (double)wr[k] * (double)xr[k];
-            j->y[t * N + n] = (float)((s[0] + s[1]) + (s[2] + s[3]));
+            j->y[0][t * N + n] = (float)((s[0] + s[1]) + (s[2] + s[3]));
         }
     }
 }
@@ -295,23 +312,70 @@ static int pack_weights(struct cpu_ctx *c, const struct model *m)
     return rc;
 }
 
+/* Prepares x once for the n weights of j and runs their products as one. */
+static void matmul_run(struct cpu_ctx *c, struct matmul_job *j)
+{
+    if (j->rows == 1)
+        matmul_prepare_task(j, 0, 1);
+    else
+        threadpool_run(c->tp, matmul_prepare_task, j);
+    /* a few parts per thread: a thread that runs late takes fewer of them */
+    int64_t blocks = j->blk0[j->n];
+    int64_t parts = 4 * (int64_t)threadpool_size(c->tp);
+    threadpool_run_parts(c->tp, matmul_rows_task, j, (int)(parts < blocks ? parts : blocks));
+}
+
+static void job_add(struct cpu_ctx *c, struct matmul_job *j, const struct tensor *W, float *y)
+{
+    j->W[j->n] = W;
+    j->wp[j->n] = packed_find(c, W);
+    j->y[j->n] = y;
+    j->blk0[j->n + 1] = j->blk0[j->n] + (W->ne1 + MATMUL_ROW_BLOCK - 1) / MATMUL_ROW_BLOCK;
+    j->n++;
+}
+
 static void cpu_matmul(struct backend *b, const struct tensor *W, const float *x, float *y,
                        int64_t rows)
 {
     struct cpu_ctx *c = b->ctx;
-    struct matmul_job j = {c, W, packed_find(c, W), x, y, rows, quant_act_bytes(W->type, W->ne0)};
+    struct matmul_job j = {
+        .c = c, .x = x, .rows = rows, .act_bytes = quant_act_bytes(W->type, W->ne0)};
+    job_add(c, &j, W, y);
     if (c->reference_matmul) {
         threadpool_run(c->tp, matmul_reference_task, &j);
         return;
     }
-    if (rows == 1)
-        matmul_prepare_task(&j, 0, 1);
-    else
-        threadpool_run(c->tp, matmul_prepare_task, &j);
-    /* a few parts per thread: a thread that runs late takes fewer of them */
-    int64_t blocks = (W->ne1 + MATMUL_ROW_BLOCK - 1) / MATMUL_ROW_BLOCK;
-    int64_t parts = 4 * (int64_t)threadpool_size(c->tp);
-    threadpool_run_parts(c->tp, matmul_rows_task, &j, (int)(parts < blocks ? parts : blocks));
+    matmul_run(c, &j);
+}
+
+/* Weights whose prepared input rows are the same bytes: quantized weights all
+ * take one Q8 row, float weights f32 rows of their own type's preparation. */
+static int same_act(const struct tensor *a, const struct tensor *b)
+{
+    if (a->ne0 != b->ne0)
+        return 0;
+    if (a->type == b->type)
+        return 1;
+    return qtype_block_values(a->type) > 1 && qtype_block_values(b->type) > 1;
+}
+
+static void cpu_matmul_shared(struct backend *b, const struct tensor *const *W, float *const *y,
+                              int n, const float *x, int64_t rows)
+{
+    struct cpu_ctx *c = b->ctx;
+    int shared = !c->reference_matmul && n <= BACKEND_SHARED_MAX;
+    for (int i = 1; i < n && shared; i++)
+        shared = same_act(W[0], W[i]);
+    if (!shared) {
+        for (int i = 0; i < n; i++)
+            cpu_matmul(b, W[i], x, y[i], rows);
+        return;
+    }
+    struct matmul_job j = {
+        .c = c, .x = x, .rows = rows, .act_bytes = quant_act_bytes(W[0]->type, W[0]->ne0)};
+    for (int i = 0; i < n; i++)
+        job_add(c, &j, W[i], y[i]);
+    matmul_run(c, &j);
 }
 
 static void cpu_rope(struct backend *b, int layer, float *q, float *qc, float *k)
@@ -650,6 +714,7 @@ static const struct backend_ops cpu_ops = {
     .copy_out = cpu_copy,
     .kv_export = cpu_kv_export,
     .kv_import = cpu_kv_import,
+    .matmul_shared = cpu_matmul_shared,
 };
 
 int backend_cpu_init(struct backend *b, const struct model *m, const struct backend_cpu_config *cfg,

@@ -166,12 +166,13 @@ void cpu_pack_rows(enum qtype t, const void *restrict w, int64_t k, int64_t n, v
         for (int64_t b = 0; b < nbk; b++) {
             for (int r = 0; r < 16; r++) {
                 const uint8_t *blk = src + (size_t)r * rb + (size_t)b * bs;
-                for (int j = 0; j < nq; j++)
-                    for (int i = 0; i < 4; i++) {
-                        uint8_t v = blk[qoff + 4 * j + i];
-                        q[(size_t)b * (size_t)nq * 64 + 64 * j + 4 * r + i] =
-                            t == QTYPE_Q8_0 ? (uint8_t)(v ^ 0x80) : v;
-                    }
+                for (int j = 0; j < nq; j++) {
+                    uint32_t v;
+                    memcpy(&v, blk + qoff + 4 * j, 4);
+                    if (t == QTYPE_Q8_0)
+                        v ^= 0x80808080u;
+                    memcpy(q + (size_t)b * (size_t)nq * 64 + 64 * j + 4 * r, &v, 4);
+                }
                 memcpy(d + ((size_t)b * 16 + (size_t)r) * 2, blk, 2);
                 if (t == QTYPE_Q4_1)
                     memcpy(m + ((size_t)b * 16 + (size_t)r) * 2, blk + 2, 2);

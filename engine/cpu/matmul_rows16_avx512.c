@@ -367,6 +367,45 @@ INLINE __m512 tile1(const enum qtype type, const struct group_src *s, int64_t b0
     return f;
 }
 
+/* tile1 for two groups at once: each activation broadcast serves both, and
+ * the two groups' dependency chains interleave. */
+INLINE void tile1x2(const enum qtype type, const struct group_src *s0, const struct group_src *s1,
+                    int64_t b0, int nb, const char *a, const int32_t *corr, __m512 *f0, __m512 *f1)
+{
+    __m512 fa = *f0, fb = *f1;
+    for (int bb = 0; bb < nb; bb++) {
+        const struct block_q8_act *ab = (const struct block_q8_act *)a + bb;
+        __m512i qa[8], qb[8];
+        __m512 da, db, ma = _mm512_setzero_ps(), mb = _mm512_setzero_ps();
+        load_block(type, s0, b0 + bb, qa, &da, &ma);
+        load_block(type, s1, b0 + bb, qb, &db, &mb);
+        const __m512i c = _mm512_set1_epi32(type == QTYPE_Q4_1 ? 0 : corr[bb]);
+        __m512i ia0 = c, ia1 = _mm512_setzero_si512();
+        __m512i ib0 = c, ib1 = _mm512_setzero_si512();
+#pragma GCC unroll 4
+        for (int j = 0; j < 8; j += 2) {
+            const __m512i x0 = _mm512_set1_epi32(load_i32(ab->qs + 4 * j));
+            const __m512i x1 = _mm512_set1_epi32(load_i32(ab->qs + 4 * j + 4));
+            ia0 = dpbusd(ia0, qa[j], x0);
+            ib0 = dpbusd(ib0, qb[j], x0);
+            ia1 = dpbusd(ia1, qa[j + 1], x1);
+            ib1 = dpbusd(ib1, qb[j + 1], x1);
+        }
+        const __m512 ad = _mm512_set1_ps(ab->d);
+        fa = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(ia0, ia1)), _mm512_mul_ps(da, ad),
+                             fa);
+        fb = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(ib0, ib1)), _mm512_mul_ps(db, ad),
+                             fb);
+        if (type == QTYPE_Q4_1) {
+            const __m512 as = _mm512_set1_ps(ab->s);
+            fa = _mm512_fmadd_ps(ma, as, fa);
+            fb = _mm512_fmadd_ps(mb, as, fb);
+        }
+    }
+    *f0 = fa;
+    *f1 = fb;
+}
+
 /* Rows [n0, n1) within the full groups of a repacked matrix. */
 INLINE void rows16_packed(const enum qtype type, const void *restrict wp, int64_t k, int64_t n0,
                           int64_t n1, const void *restrict act, int64_t T, float *restrict y,
@@ -397,6 +436,22 @@ INLINE void rows16_packed(const enum qtype type, const void *restrict wp, int64_
                 const int hi = n1 - g < GROUP ? (int)(n1 - g) : GROUP;
                 const __mmask16 live = (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
                 const struct group_src src = group_at(type, wp, row_bytes, nbk, g);
+                /* Q4: this group and the next together (Q8_0's twice as many
+                 * quant vectors per block gain nothing from it) */
+                if (tn == 1 && type != QTYPE_Q8_0 && g + GROUP < n1) {
+                    const int hi2 = n1 - g - GROUP < GROUP ? (int)(n1 - g - GROUP) : GROUP;
+                    const __mmask16 live2 = (__mmask16)((1u << hi2) - 1);
+                    const struct group_src src2 = group_at(type, wp, row_bytes, nbk, g + GROUP);
+                    float *yt = y + t0 * ldy + g;
+                    __m512 f0 = b0 == 0 ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(live, yt);
+                    __m512 f1 =
+                        b0 == 0 ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(live2, yt + GROUP);
+                    tile1x2(type, &src, &src2, b0, nb, ab0, corr[0], &f0, &f1);
+                    _mm512_mask_storeu_ps(yt, live, f0);
+                    _mm512_mask_storeu_ps(yt + GROUP, live2, f1);
+                    g += GROUP;
+                    continue;
+                }
                 if (tn == 1) {
                     float *yt = y + t0 * ldy + g;
                     __m512 f = b0 == 0 ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(live, yt);

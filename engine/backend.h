@@ -114,7 +114,15 @@ struct backend_ops {
     void (*geglu)(struct backend *b, float *hb, const float *hb2, int64_t rows);
     /* x *= s                                                       (rows, D) */
     void (*scale)(struct backend *b, float *x, float s, int64_t rows);
+    /* y[i] = x W[i]^T for i < n (n <= BACKEND_SHARED_MAX), weights that take
+     * the same input (Q, K and V; gate and up): the values of n matmul calls,
+     * bit for bit, with x prepared once and the products run as one. NULL
+     * where a backend has no such op (forward.c then makes the n calls). */
+    void (*matmul_shared)(struct backend *b, const struct tensor *const *W, float *const *y, int n,
+                          const float *x, int64_t rows);
 };
+
+#define BACKEND_SHARED_MAX 3
 
 struct backend {
     const struct backend_ops *ops;

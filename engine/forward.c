@@ -192,6 +192,36 @@ static void attend(struct fwd *f, int l, int64_t T, int inline_obs)
         observe(f, l, T, 1);
 }
 
+/* y[i] = x W[i]^T for the n weights that share the input x. */
+static void matmul_shared(struct backend *b, const struct tensor *const *W, float *const *y, int n,
+                          const float *x, int64_t T)
+{
+    if (b->ops->matmul_shared) {
+        b->ops->matmul_shared(b, W, y, n, x, T);
+        return;
+    }
+    for (int i = 0; i < n; i++)
+        b->ops->matmul(b, W[i], x, y[i], T);
+}
+
+/* q, k, v (T, H*Dh), (T, Hkv*Dh), (T, Hkv*Dh) = projections of xb */
+static void project_qkv(struct backend *b, const struct model_layer *ly, int64_t T)
+{
+    struct backend_acts *a = &b->acts;
+    const struct tensor *W[] = {&ly->wq, &ly->wk, &ly->wv};
+    float *const y[] = {a->q, a->k, a->v};
+    matmul_shared(b, W, y, 3, a->xb, T);
+}
+
+/* hb, hb2 (T, F) = gate and up projections of xb */
+static void project_gate_up(struct backend *b, const struct model_layer *ly, int64_t T)
+{
+    struct backend_acts *a = &b->acts;
+    const struct tensor *W[] = {&ly->w_gate, &ly->w_up};
+    float *const y[] = {a->hb, a->hb2};
+    matmul_shared(b, W, y, 2, a->xb, T);
+}
+
 static void llama_layer(struct fwd *f, int l, int64_t T, int inline_obs)
 {
     const struct model_layer *ly = &f->m->w.layers[l];
@@ -201,17 +231,14 @@ static void llama_layer(struct fwd *f, int l, int64_t T, int inline_obs)
 
     /* attention block: pre-norm, projections, RoPE, cache, attend, project back */
     op->rmsnorm(b, a->x, &ly->attn_norm, a->xb, T); /* xb (T, D) */
-    op->matmul(b, &ly->wq, a->xb, a->q, T);         /* q (T, H*Dh) */
-    op->matmul(b, &ly->wk, a->xb, a->k, T);         /* k (T, Hkv*Dh) */
-    op->matmul(b, &ly->wv, a->xb, a->v, T);         /* v (T, Hkv*Dh) */
+    project_qkv(b, ly, T);                          /* q, k, v */
     attend(f, l, T, inline_obs);                    /* att (T, H*Dh) */
     op->matmul(b, &ly->wo, a->att, a->xb2, T);      /* xb2 (T, D) */
     op->add(b, a->x, a->xb2, T);                    /* residual */
 
     /* feed-forward block: pre-norm, SwiGLU, project back */
     op->rmsnorm(b, a->x, &ly->ffn_norm, a->xb, T);
-    op->matmul(b, &ly->w_gate, a->xb, a->hb, T);  /* hb (T, F) */
-    op->matmul(b, &ly->w_up, a->xb, a->hb2, T);   /* hb2 (T, F) */
+    project_gate_up(b, ly, T);                    /* hb, hb2 (T, F) */
     op->swiglu(b, a->hb, a->hb2, T);              /* hb = silu(hb) * hb2 */
     op->matmul(b, &ly->w_down, a->hb, a->xb2, T); /* xb2 (T, D) */
     op->add(b, a->x, a->xb2, T);                  /* residual */
@@ -228,9 +255,7 @@ static void gemma_layer(struct fwd *f, int l, int64_t T, int inline_obs)
     /* attention block: pre-norm, projections, per-head q/k norms, RoPE, cache,
      * attend, project back, post-norm, residual */
     op->rmsnorm(b, a->x, &ly->attn_norm, a->xb, T);                  /* xb (T, D) */
-    op->matmul(b, &ly->wq, a->xb, a->q, T);                          /* q (T, H*Dh) */
-    op->matmul(b, &ly->wk, a->xb, a->k, T);                          /* k (T, Hkv*Dh) */
-    op->matmul(b, &ly->wv, a->xb, a->v, T);                          /* v (T, Hkv*Dh) */
+    project_qkv(b, ly, T);                                           /* q, k, v */
     op->rmsnorm(b, a->q, &ly->attn_q_norm, a->q, T * hp->n_head);    /* each (Dh) head */
     op->rmsnorm(b, a->k, &ly->attn_k_norm, a->k, T * hp->n_head_kv); /* each (Dh) head */
     attend(f, l, T, inline_obs);                                     /* att (T, H*Dh) */
@@ -240,8 +265,7 @@ static void gemma_layer(struct fwd *f, int l, int64_t T, int inline_obs)
 
     /* feed-forward block: pre-norm, GeGLU, project back, post-norm, residual */
     op->rmsnorm(b, a->x, &ly->ffn_norm, a->xb, T);
-    op->matmul(b, &ly->w_gate, a->xb, a->hb, T);  /* hb (T, F) */
-    op->matmul(b, &ly->w_up, a->xb, a->hb2, T);   /* hb2 (T, F) */
+    project_gate_up(b, ly, T);                    /* hb, hb2 (T, F) */
     op->geglu(b, a->hb, a->hb2, T);               /* hb = gelu_tanh(hb) * hb2 */
     op->matmul(b, &ly->w_down, a->hb, a->xb2, T); /* xb2 (T, D) */
     op->rmsnorm(b, a->xb2, &ly->post_ffw_norm, a->xb2, T);

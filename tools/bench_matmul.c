@@ -8,6 +8,13 @@
  * other processes on a shared machine cost us less precision than wall time
  * would (they still share the memory bus).
  *
+ * Where the kernel takes repacked weights (cpu_matmul_packs: the sixteen-row
+ * VNNI kernel), each SmolLM2 shape is also timed on its repacked copy
+ * (cpu_pack_rows, as the CPU backend does at load), and each line shows the
+ * single-thread memcpy rate over the same buffers in the same run (read +
+ * write bytes / s), the ceiling a T = 1 product that streams its weights
+ * from memory can approach.
+ *
  * Build: the CMake target bench_matmul (it links ss_engine, which holds every
  * kernel and the run-time dispatch), then
  *   build/bench_matmul [isa]   (isa: scalar, avx2 or avx512; default: best available)
@@ -54,16 +61,21 @@ static float frand(void)
     return (float)(rng_state >> 40) / (float)(1u << 24) * 2.0f - 1.0f;
 }
 
-/* Seconds per call: best of several rounds, each at least ~0.1 s long. */
+/* Seconds per call: best of several rounds, each at least ~0.1 s long.
+ * packed: w holds repacked copies (cpu_matmul_rows_packed). */
 static double time_calls(enum cpu_isa isa, const struct shape *s, char *const *w, int nw,
-                         const void *act, int64_t T, float *y)
+                         const void *act, int64_t T, float *y, int packed)
 {
     double best = 1e30;
     int calls = 1;
     for (int round = 0; round < 6; round++) {
         double t0 = now_s();
         for (int c = 0; c < calls; c++)
-            cpu_matmul_rows(isa, s->type, w[c % nw], s->k, 0, s->n, act, T, y, s->n);
+            if (packed)
+                cpu_matmul_rows_packed(isa, s->type, w[c % nw], s->k, s->n, 0, s->n, act, T, y,
+                                       s->n);
+            else
+                cpu_matmul_rows(isa, s->type, w[c % nw], s->k, 0, s->n, act, T, y, s->n);
         double dt = (now_s() - t0) / calls;
         if (dt < best)
             best = dt;
@@ -104,12 +116,32 @@ static void fill_weights(enum qtype t, char *w, int64_t n, int64_t k, float *x)
     }
 }
 
+/* Seconds per memcpy of one matrix, cycling through the nw buffers (into the
+ * next one): best of several rounds, as time_calls. */
+static double time_copy(char *const *w, int nw, size_t bytes)
+{
+    double best = 1e30;
+    int calls = 1;
+    for (int round = 0; round < 6; round++) {
+        double t0 = now_s();
+        for (int c = 0; c < calls; c++)
+            memcpy(w[(c + 1) % nw], w[c % nw], bytes);
+        double dt = (now_s() - t0) / calls;
+        if (dt < best)
+            best = dt;
+        if (dt * calls < 0.1)
+            calls *= 2;
+    }
+    return best;
+}
+
 struct result {
     double gbs, gbs_hot, rows_per_s, us; /* T = 1 */
     double gflops, us64;                 /* T = 64 */
+    double copy_gbs;                     /* memcpy, read + write */
 };
 
-static int bench_shape(enum cpu_isa isa, const struct shape *s, struct result *res)
+static int bench_shape(enum cpu_isa isa, const struct shape *s, struct result *res, int packed)
 {
     size_t row_bytes = qtype_row_bytes(s->type, s->k);
     size_t mat_bytes = row_bytes * (size_t)s->n;
@@ -126,6 +158,14 @@ static int bench_shape(enum cpu_isa isa, const struct shape *s, struct result *r
     if (!w[0])
         return -1;
     fill_weights(s->type, w[0], s->n, s->k, x);
+    if (packed) {
+        char *p = malloc(mat_bytes);
+        if (!p)
+            return -1;
+        cpu_pack_rows(s->type, w[0], s->k, s->n, p);
+        free(w[0]);
+        w[0] = p;
+    }
     for (int i = 1; i < nw; i++) {
         w[i] = malloc(mat_bytes);
         if (!w[i])
@@ -138,9 +178,10 @@ static int bench_shape(enum cpu_isa isa, const struct shape *s, struct result *r
         cpu_prepare_act(isa, s->type, x, s->k, act + (size_t)t * quant_act_bytes(s->type, s->k));
     }
 
-    double t1 = time_calls(isa, s, w, nw, act, 1, y);
-    double t1_hot = time_calls(isa, s, w, 1, act, 1, y);
-    double t64 = time_calls(isa, s, w, 1, act, tmax, y);
+    double t1 = time_calls(isa, s, w, nw, act, 1, y, packed);
+    double t1_hot = time_calls(isa, s, w, 1, act, 1, y, packed);
+    double t64 = time_calls(isa, s, w, 1, act, tmax, y, packed);
+    res->copy_gbs = nw > 1 ? 2.0 * (double)mat_bytes / time_copy(w, nw, mat_bytes) * 1e-9 : 0.0;
     double flop = 2.0 * (double)s->n * (double)s->k;
     res->gbs = (double)mat_bytes / t1 * 1e-9;
     res->gbs_hot = (double)mat_bytes / t1_hot * 1e-9;
@@ -181,7 +222,7 @@ static int bench_formats(void)
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         for (int i = CPU_ISA_SCALAR; i <= (int)cpu_isa_best(); i++) {
             struct result r;
-            if (bench_shape((enum cpu_isa)i, &shapes[si], &r) < 0)
+            if (bench_shape((enum cpu_isa)i, &shapes[si], &r, 0) < 0)
                 return 1;
             printf("%-25s %-7s %9.2f %9.2f %12.0f %9.1f %9.1f\n", shapes[si].name,
                    cpu_isa_name((enum cpu_isa)i), r.gbs, r.gbs_hot, r.rows_per_s, r.us, r.gflops);
@@ -194,6 +235,9 @@ static int bench_formats(void)
 int main(int argc, char **argv)
 {
     static const struct shape shapes[] = {
+        {"attn_q/o  576x576   Q4_0", QTYPE_Q4_0, 576, 576},
+        {"ffn_up   1536x576   Q4_0", QTYPE_Q4_0, 1536, 576},
+        {"ffn_down  576x1536  Q4_0", QTYPE_Q4_0, 576, 1536},
         {"attn_q/o  576x576   Q4_1", QTYPE_Q4_1, 576, 576},
         {"ffn_up   1536x576   Q4_1", QTYPE_Q4_1, 1536, 576},
         {"ffn_down  576x1536  Q4_1", QTYPE_Q4_1, 576, 1536},
@@ -211,12 +255,16 @@ int main(int argc, char **argv)
 
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         const struct shape *s = &shapes[si];
-        struct result r;
-        if (bench_shape(isa, s, &r) < 0)
-            return 1;
-        printf("%s  T=1: %6.1f GB/s (%6.1f GB/s cache-hot, %7.1f us)  T=64: %6.1f GFLOP/s "
-               "(%7.1f us)\n",
-               s->name, r.gbs, r.gbs_hot, r.us, r.gflops, r.us64);
+        for (int packed = 0; packed <= cpu_matmul_packs(isa, s->type); packed++) {
+            struct result r;
+            if (bench_shape(isa, s, &r, packed) < 0)
+                return 1;
+            printf("%s %-8s T=1: %6.1f GB/s (%6.1f GB/s cache-hot, %7.1f us)  T=64: %6.1f "
+                   "GFLOP/s (%7.1f us)  memcpy %5.1f GB/s\n",
+                   s->name, packed ? "repacked" : "rows", r.gbs, r.gbs_hot, r.us, r.gflops, r.us64,
+                   r.copy_gbs);
+            fflush(stdout);
+        }
     }
     return 0;
 }

@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "../backend.h"
 #include "../quant.h"
@@ -22,6 +24,13 @@
 #define MATMUL_T_TILE 64     /* activation rows per pass over a weight block */
 #define ATTN_KEY_BLOCK 256   /* keys per attention task (fixed: batch-invariant) */
 #define ATTN_GROUP_TOKENS 16 /* tokens of one sequence scored together in a task */
+
+/* A weight matrix repacked at load for the kernel (cpu_pack_rows), keyed by
+ * the data pointer of the model's tensor. */
+struct packed_weight {
+    const void *src;
+    void *data;
+};
 
 struct cpu_ctx {
     struct threadpool *tp;
@@ -42,6 +51,8 @@ struct cpu_ctx {
     int64_t *attn_group; /* (T + 1) first token of each group of tokens scored together */
     int64_t attn_n_groups;
     int kv_f16;
+    struct packed_weight *packed; /* open-addressed table of n_packed_cap entries */
+    size_t n_packed_cap;
 };
 
 static void *xalloc(size_t n)
@@ -68,6 +79,9 @@ static void cpu_free(struct backend *b)
         free(c->attn_nk);
         free(c->attn_group);
         free(c->vmem);
+        for (size_t i = 0; i < c->n_packed_cap; i++)
+            free(c->packed[i].data);
+        free(c->packed);
         free(c);
     }
     struct backend_acts *a = &b->acts;
@@ -184,11 +198,17 @@ static void cpu_rmsnorm(struct backend *b, const float *x, const struct tensor *
     ew_run(b->ctx, rmsnorm_task, &j);
 }
 
+/* n products of one prepared input: W[i] (repacked: wp[i], or NULL) into
+ * y[i]. The row blocks of all n are numbered in order, W[i]'s from
+ * blk0[i] to blk0[i + 1], and a run's parts split that numbering. */
 struct matmul_job {
     struct cpu_ctx *c;
-    const struct tensor *W;
+    int n;
+    const struct tensor *W[BACKEND_SHARED_MAX];
+    const void *wp[BACKEND_SHARED_MAX];
+    float *y[BACKEND_SHARED_MAX];
+    int64_t blk0[BACKEND_SHARED_MAX + 1];
     const float *x;
-    float *y;
     int64_t rows;
     size_t act_bytes;
 };
@@ -196,26 +216,49 @@ struct matmul_job {
 static void matmul_prepare_task(void *arg, int ith, int nth)
 {
     struct matmul_job *j = arg;
+    const struct tensor *W = j->W[0];
     for (int64_t t = ith; t < j->rows; t += nth)
-        cpu_prepare_act(j->c->isa, j->W->type, j->x + t * j->W->ne0, j->W->ne0,
+        cpu_prepare_act(j->c->isa, W->type, j->x + t * W->ne0, W->ne0,
                         (char *)j->c->act + (size_t)t * j->act_bytes);
 }
 
-static void matmul_rows_task(void *arg, int ith, int nth)
+/* Row blocks [b0, b1) of W (repacked: wp) into y. */
+static void matmul_blocks(const struct matmul_job *j, const struct tensor *W, const void *wp,
+                          float *y, int64_t b0, int64_t b1)
 {
-    struct matmul_job *j = arg;
-    const int64_t N = j->W->ne1;
-    int64_t blocks = (N + MATMUL_ROW_BLOCK - 1) / MATMUL_ROW_BLOCK;
-    int64_t b0 = blocks * ith / nth, b1 = blocks * (ith + 1) / nth;
+    const int64_t N = W->ne1;
+    if (wp) {
+        int64_t n0 = b0 * MATMUL_ROW_BLOCK,
+                n1 = b1 * MATMUL_ROW_BLOCK < N ? b1 * MATMUL_ROW_BLOCK : N;
+        for (int64_t t0 = 0; t0 < j->rows; t0 += MATMUL_T_TILE) {
+            int64_t tn = j->rows - t0 < MATMUL_T_TILE ? j->rows - t0 : MATMUL_T_TILE;
+            cpu_matmul_rows_packed(j->c->isa, W->type, wp, W->ne0, N, n0, n1,
+                                   (const char *)j->c->act + (size_t)t0 * j->act_bytes, tn,
+                                   y + t0 * N, N);
+        }
+        return;
+    }
     for (int64_t blk = b0; blk < b1; blk++) {
         int64_t n0 = blk * MATMUL_ROW_BLOCK;
         int64_t n1 = n0 + MATMUL_ROW_BLOCK < N ? n0 + MATMUL_ROW_BLOCK : N;
         for (int64_t t0 = 0; t0 < j->rows; t0 += MATMUL_T_TILE) {
             int64_t tn = j->rows - t0 < MATMUL_T_TILE ? j->rows - t0 : MATMUL_T_TILE;
-            cpu_matmul_rows(j->c->isa, j->W->type, j->W->data, j->W->ne0, n0, n1,
-                            (const char *)j->c->act + (size_t)t0 * j->act_bytes, tn, j->y + t0 * N,
-                            N);
+            cpu_matmul_rows(j->c->isa, W->type, W->data, W->ne0, n0, n1,
+                            (const char *)j->c->act + (size_t)t0 * j->act_bytes, tn, y + t0 * N, N);
         }
+    }
+}
+
+static void matmul_rows_task(void *arg, int ith, int nth)
+{
+    struct matmul_job *j = arg;
+    const int64_t blocks = j->blk0[j->n];
+    const int64_t b0 = blocks * ith / nth, b1 = blocks * (ith + 1) / nth;
+    for (int i = 0; i < j->n; i++) {
+        int64_t lo = b0 > j->blk0[i] ? b0 : j->blk0[i];
+        int64_t hi = b1 < j->blk0[i + 1] ? b1 : j->blk0[i + 1];
+        if (lo < hi)
+            matmul_blocks(j, j->W[i], j->wp[i], j->y[i], lo - j->blk0[i], hi - j->blk0[i]);
     }
 }
 
@@ -226,11 +269,11 @@ static void matmul_rows_task(void *arg, int ith, int nth)
 static void matmul_reference_task(void *arg, int ith, int nth)
 {
     struct matmul_job *j = arg;
-    const int64_t N = j->W->ne1, K = j->W->ne0;
+    const struct tensor *W = j->W[0];
+    const int64_t N = W->ne1, K = W->ne0;
     float *wr = (float *)j->c->act + (size_t)ith * (size_t)K;
     for (int64_t n = N * ith / nth; n < N * (ith + 1) / nth; n++) {
-        quant_dequant_row(j->W->type, (const char *)j->W->data + (size_t)n * j->W->row_bytes, wr,
-                          K);
+        quant_dequant_row(W->type, (const char *)W->data + (size_t)n * W->row_bytes, wr, K);
         for (int64_t t = 0; t < j->rows; t++) {
             const float *xr = j->x + t * K;
             double s[4] = {0, 0, 0, 0}; /* four chains, so the compiler can vectorize */
@@ -240,28 +283,139 @@ static void matmul_reference_task(void *arg, int ith, int nth)
                     s[i] += (double)wr[k + i] * (double)xr[k + i];
             for (; k < K; k++)
                 s[0] += (double)wr[k] * (double)xr[k];
-            j->y[t * N + n] = (float)((s[0] + s[1]) + (s[2] + s[3]));
+            j->y[0][t * N + n] = (float)((s[0] + s[1]) + (s[2] + s[3]));
         }
     }
+}
+
+static size_t packed_slot(const void *src, size_t cap)
+{
+    return ((uintptr_t)src >> 6) * 0x9e3779b97f4a7c15ull % cap;
+}
+
+/* W's repacked copy, or NULL. */
+static const void *packed_find(const struct cpu_ctx *c, const struct tensor *W)
+{
+    if (!c->n_packed_cap)
+        return NULL;
+    for (size_t i = packed_slot(W->data, c->n_packed_cap);; i = (i + 1) % c->n_packed_cap) {
+        if (c->packed[i].src == W->data)
+            return c->packed[i].data;
+        if (!c->packed[i].src)
+            return NULL;
+    }
+}
+
+/* Repacks W once for the kernel (a tied output matrix is the embedding: one
+ * copy serves both names). Where the model file is mapped, the original
+ * pages are dropped from this process afterwards, so the copy replaces them in
+ * memory instead of doubling them; embedding lookups that read the original
+ * fault their few pages back in from the file. */
+static int pack_weight(struct cpu_ctx *c, const struct model *m, const struct tensor *W)
+{
+    if (!W->data || !cpu_matmul_packs(c->isa, (enum qtype)W->type) || packed_find(c, W))
+        return 0;
+    const size_t bytes = W->row_bytes * (size_t)W->ne1;
+    void *p = xalloc(bytes);
+    if (!p)
+        return -ENOMEM;
+    cpu_pack_rows((enum qtype)W->type, W->data, W->ne0, W->ne1, p);
+    size_t i = packed_slot(W->data, c->n_packed_cap);
+    while (c->packed[i].src)
+        i = (i + 1) % c->n_packed_cap;
+    c->packed[i] = (struct packed_weight){W->data, p};
+    if (m->mapped) {
+        const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+        uintptr_t lo = ((uintptr_t)W->data + page - 1) & ~(page - 1);
+        uintptr_t hi = ((uintptr_t)W->data + bytes) & ~(page - 1);
+        if (hi > lo)
+            madvise((void *)lo, hi - lo, MADV_DONTNEED);
+    }
+    return 0;
+}
+
+static int pack_weights(struct cpu_ctx *c, const struct model *m)
+{
+    const int L = m->hp.n_layer;
+    c->n_packed_cap = 2 * (7 * (size_t)L + 1) + 1;
+    c->packed = calloc(c->n_packed_cap, sizeof *c->packed);
+    if (!c->packed)
+        return -ENOMEM;
+    int rc = pack_weight(c, m, &m->w.output);
+    for (int l = 0; l < L && rc == 0; l++) {
+        const struct model_layer *ly = &m->w.layers[l];
+        const struct tensor *ws[] = {&ly->wq,     &ly->wk,   &ly->wv,    &ly->wo,
+                                     &ly->w_gate, &ly->w_up, &ly->w_down};
+        for (size_t i = 0; i < sizeof ws / sizeof ws[0] && rc == 0; i++)
+            rc = pack_weight(c, m, ws[i]);
+    }
+    return rc;
+}
+
+/* Prepares x once for the n weights of j and runs their products as one. */
+static void matmul_run(struct cpu_ctx *c, struct matmul_job *j)
+{
+    if (j->rows == 1)
+        matmul_prepare_task(j, 0, 1);
+    else
+        threadpool_run(c->tp, matmul_prepare_task, j);
+    /* a few parts per thread: a thread that runs late takes fewer of them */
+    int64_t blocks = j->blk0[j->n];
+    int64_t parts = 4 * (int64_t)threadpool_size(c->tp);
+    threadpool_run_parts(c->tp, matmul_rows_task, j, (int)(parts < blocks ? parts : blocks));
+}
+
+static void job_add(struct cpu_ctx *c, struct matmul_job *j, const struct tensor *W, float *y)
+{
+    j->W[j->n] = W;
+    j->wp[j->n] = packed_find(c, W);
+    j->y[j->n] = y;
+    j->blk0[j->n + 1] = j->blk0[j->n] + (W->ne1 + MATMUL_ROW_BLOCK - 1) / MATMUL_ROW_BLOCK;
+    j->n++;
 }
 
 static void cpu_matmul(struct backend *b, const struct tensor *W, const float *x, float *y,
                        int64_t rows)
 {
     struct cpu_ctx *c = b->ctx;
-    struct matmul_job j = {c, W, x, y, rows, quant_act_bytes(W->type, W->ne0)};
+    struct matmul_job j = {
+        .c = c, .x = x, .rows = rows, .act_bytes = quant_act_bytes(W->type, W->ne0)};
+    job_add(c, &j, W, y);
     if (c->reference_matmul) {
         threadpool_run(c->tp, matmul_reference_task, &j);
         return;
     }
-    if (rows == 1)
-        matmul_prepare_task(&j, 0, 1);
-    else
-        threadpool_run(c->tp, matmul_prepare_task, &j);
-    /* a few parts per thread: a thread that runs late takes fewer of them */
-    int64_t blocks = (W->ne1 + MATMUL_ROW_BLOCK - 1) / MATMUL_ROW_BLOCK;
-    int64_t parts = 4 * (int64_t)threadpool_size(c->tp);
-    threadpool_run_parts(c->tp, matmul_rows_task, &j, (int)(parts < blocks ? parts : blocks));
+    matmul_run(c, &j);
+}
+
+/* Weights whose prepared input rows are the same bytes: quantized weights all
+ * take one Q8 row, float weights f32 rows of their own type's preparation. */
+static int same_act(const struct tensor *a, const struct tensor *b)
+{
+    if (a->ne0 != b->ne0)
+        return 0;
+    if (a->type == b->type)
+        return 1;
+    return qtype_block_values(a->type) > 1 && qtype_block_values(b->type) > 1;
+}
+
+static void cpu_matmul_shared(struct backend *b, const struct tensor *const *W, float *const *y,
+                              int n, const float *x, int64_t rows)
+{
+    struct cpu_ctx *c = b->ctx;
+    int shared = !c->reference_matmul && n <= BACKEND_SHARED_MAX;
+    for (int i = 1; i < n && shared; i++)
+        shared = same_act(W[0], W[i]);
+    if (!shared) {
+        for (int i = 0; i < n; i++)
+            cpu_matmul(b, W[i], x, y[i], rows);
+        return;
+    }
+    struct matmul_job j = {
+        .c = c, .x = x, .rows = rows, .act_bytes = quant_act_bytes(W[0]->type, W[0]->ne0)};
+    for (int i = 0; i < n; i++)
+        job_add(c, &j, W[i], y[i]);
+    matmul_run(c, &j);
 }
 
 static void cpu_rope(struct backend *b, int layer, float *q, float *qc, float *k)
@@ -710,6 +864,7 @@ static const struct backend_ops cpu_ops = {
     .copy_out = cpu_copy,
     .kv_export = cpu_kv_export,
     .kv_import = cpu_kv_import,
+    .matmul_shared = cpu_matmul_shared,
 };
 
 int backend_cpu_init(struct backend *b, const struct model *m, const struct backend_cpu_config *cfg,
@@ -766,6 +921,8 @@ int backend_cpu_init(struct backend *b, const struct model *m, const struct back
     if (!c->attn_nk || !c->attn_group || !a->x || !a->xb || !a->xb2 || !a->q || !a->qc || !a->k ||
         !a->v || !a->att || !a->hb || !a->hb2 || !a->xo || !a->logits || !c->cs_abs ||
         !c->cs_cache || !c->cs_abs_local || !c->act)
+        goto oom;
+    if (!c->reference_matmul && pack_weights(c, m) < 0)
         goto oom;
     return 0;
 oom:

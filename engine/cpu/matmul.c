@@ -144,3 +144,51 @@ void cpu_matmul_rows(enum cpu_isa isa, enum qtype t, const void *restrict w, int
     }
     }
 }
+
+int cpu_matmul_packs(enum cpu_isa isa, enum qtype t)
+{
+    return isa == CPU_ISA_AVX512 && cpu__has_vnni() &&
+           (t == QTYPE_Q4_0 || t == QTYPE_Q4_1 || t == QTYPE_Q8_0);
+}
+
+void cpu_pack_rows(enum qtype t, const void *restrict w, int64_t k, int64_t n, void *restrict dst)
+{
+    assert((t == QTYPE_Q4_0 || t == QTYPE_Q4_1 || t == QTYPE_Q8_0) && k % QK == 0);
+    const size_t rb = qtype_row_bytes(t, k), bs = qtype_block_bytes(t);
+    const size_t qoff = t == QTYPE_Q4_1 ? 4 : 2; /* the quants follow d (and m) */
+    const int nq = t == QTYPE_Q8_0 ? 8 : 4;      /* runs of 64 bytes per block */
+    const int64_t nbk = k / QK, full = n / 16 * 16;
+    for (int64_t g = 0; g < full; g += 16) {
+        const uint8_t *src = (const uint8_t *)w + (size_t)g * rb;
+        uint8_t *q = (uint8_t *)dst + (size_t)g * rb;
+        uint8_t *d = q + (size_t)nbk * (size_t)nq * 64;
+        uint8_t *m = d + (size_t)nbk * 32;
+        for (int64_t b = 0; b < nbk; b++) {
+            for (int r = 0; r < 16; r++) {
+                const uint8_t *blk = src + (size_t)r * rb + (size_t)b * bs;
+                for (int j = 0; j < nq; j++) {
+                    uint32_t v;
+                    memcpy(&v, blk + qoff + 4 * j, 4);
+                    if (t == QTYPE_Q8_0)
+                        v ^= 0x80808080u;
+                    memcpy(q + (size_t)b * (size_t)nq * 64 + 64 * j + 4 * r, &v, 4);
+                }
+                memcpy(d + ((size_t)b * 16 + (size_t)r) * 2, blk, 2);
+                if (t == QTYPE_Q4_1)
+                    memcpy(m + ((size_t)b * 16 + (size_t)r) * 2, blk + 2, 2);
+            }
+        }
+    }
+    memcpy((char *)dst + (size_t)full * rb, (const char *)w + (size_t)full * rb,
+           (size_t)(n - full) * rb);
+}
+
+void cpu_matmul_rows_packed(enum cpu_isa isa, enum qtype t, const void *restrict wp, int64_t k,
+                            int64_t N, int64_t n0, int64_t n1, const void *restrict act, int64_t T,
+                            float *restrict y, int64_t ldy)
+{
+    assert(cpu_matmul_packs(isa, t) && k % QK == 0);
+    assert(0 <= n0 && n0 <= n1 && n1 <= N && (T <= 1 || ldy >= n1));
+    (void)isa;
+    cpu__matmul_rows16_packed_avx512_vnni(t, wp, k, N, n0, n1, act, T, y, ldy);
+}

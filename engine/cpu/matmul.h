@@ -35,4 +35,27 @@ void cpu_matmul_rows(enum cpu_isa isa, enum qtype t, const void *restrict w, int
                      int64_t n1, const void *restrict act, int64_t T, float *restrict y,
                      int64_t ldy);
 
+/* Repacked weights. The sixteen-row VNNI kernel reads each weight row group
+ * transposed; cpu_pack_rows does that once (at load) instead of once per call.
+ * cpu_matmul_packs says whether cpu_matmul_rows_packed takes type t on isa
+ * (AVX-512 with VNNI, Q4_0, Q4_1 and Q8_0); when it does not, keep the rows as
+ * they are and call cpu_matmul_rows.
+ *
+ * Layout: the same bytes as the n rows (qtype_row_bytes(t, k) * n). Rows
+ * 16g .. 16g+15 of every full group of sixteen fill that group's place, in
+ * three parts: for each of the k/32 blocks b, the quants (Q4: 4, Q8_0: 8 runs
+ * of 64 bytes; bytes 4r .. 4r+3 of run j are bytes 4j .. 4j+3 of row r's
+ * quants in block b, Q8_0 quants stored as unsigned w + 128); then each
+ * block's sixteen f16 scales d, row r at [16b + r]; then (Q4_1) the sixteen
+ * f16 minimums m alike. The last n % 16 rows are copied as they are. */
+int cpu_matmul_packs(enum cpu_isa isa, enum qtype t);
+void cpu_pack_rows(enum qtype t, const void *restrict w, int64_t k, int64_t n, void *restrict dst);
+
+/* cpu_matmul_rows on a matrix of N rows repacked by cpu_pack_rows, for a
+ * type and ISA cpu_matmul_packs takes; bit-identical to cpu_matmul_rows on
+ * the rows as they were. */
+void cpu_matmul_rows_packed(enum cpu_isa isa, enum qtype t, const void *restrict wp, int64_t k,
+                            int64_t N, int64_t n0, int64_t n1, const void *restrict act, int64_t T,
+                            float *restrict y, int64_t ldy);
+
 #endif

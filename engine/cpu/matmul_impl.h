@@ -31,6 +31,12 @@ void cpu__matmul_rows16_avx512_vnni(enum qtype t, const void *restrict w, int64_
                                     int64_t n1, const void *restrict act, int64_t T,
                                     float *restrict y, int64_t ldy);
 
+/* The same kernel on weights cpu_pack_rows repacked: cpu_matmul_rows_packed's contract. */
+void cpu__matmul_rows16_packed_avx512_vnni(enum qtype t, const void *restrict wp, int64_t k,
+                                           int64_t N, int64_t n0, int64_t n1,
+                                           const void *restrict act, int64_t T, float *restrict y,
+                                           int64_t ldy);
+
 /* 1 when the CPU has AVX512-VNNI (cached). */
 int cpu__has_vnni(void);
 

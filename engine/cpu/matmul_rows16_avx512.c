@@ -26,6 +26,14 @@
  * of one vector instruction, and neither the lane nor the order depends on T,
  * on the row range of the call or on the row's place in its group of
  * sixteen, so a row's result is bit-identical however it is batched.
+ *
+ * Repacked weights (cpu_pack_rows, layout in matmul.h) hold every full group
+ * already transposed, so cpu__matmul_rows16_packed_avx512_vnni only loads
+ * them: at T = 1 straight into the dot products, at T > 1 into the scratch
+ * buffer (the nibbles split, the scales converted) for the register tiles.
+ * The arithmetic is the one above, step for step; the integer part i may be
+ * summed in two chains at T = 1 (int32 addition is exact and associative),
+ * so a repacked row's result is bit-identical to the row's result here.
  */
 #include "matmul_impl.h"
 
@@ -271,6 +279,226 @@ void cpu__matmul_rows16_avx512_vnni(enum qtype t, const void *restrict w, int64_
         break;
     default:
         rows16(QTYPE_Q8_0, w, k, n0, n1, act, T, y, ldy);
+        break;
+    }
+}
+
+/* ---- repacked weights ----------------------------------------------------- */
+
+/* One full group of repacked rows: quants q (QB bytes per block), then the
+ * f16 scales d (16 per block), then, Q4_1 only, the f16 minimums m. */
+struct group_src {
+    const char *q;
+    const uint16_t *d, *m;
+};
+
+INLINE size_t packed_qb(const enum qtype type)
+{
+    return type == QTYPE_Q8_0 ? 8 * 64 : 4 * 64;
+}
+
+INLINE struct group_src group_at(const enum qtype type, const void *wp, size_t row_bytes,
+                                 int64_t nbk, int64_t g)
+{
+    const char *base = (const char *)wp + (size_t)g * row_bytes;
+    struct group_src s;
+    s.q = base;
+    s.d = (const uint16_t *)(base + (size_t)nbk * packed_qb(type));
+    s.m = s.d + (size_t)nbk * GROUP;
+    return s;
+}
+
+/* Block b of a repacked group as the vectors pack() makes of it. */
+INLINE void load_block(const enum qtype type, const struct group_src *s, int64_t b, __m512i q[8],
+                       __m512 *d, __m512 *m)
+{
+    const char *qb = s->q + (size_t)b * packed_qb(type);
+    if (type == QTYPE_Q8_0) {
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++)
+            q[j] = _mm512_loadu_si512((const void *)(qb + 64 * j));
+    } else {
+        const __m512i lo4 = _mm512_set1_epi8(0x0f);
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) {
+            const __m512i v = _mm512_loadu_si512((const void *)(qb + 64 * j));
+            q[j] = _mm512_and_si512(v, lo4);
+            q[j + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
+        }
+    }
+    *d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s->d + (size_t)b * GROUP)));
+    if (type == QTYPE_Q4_1)
+        *m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s->m + (size_t)b * GROUP)));
+}
+
+/* pack() for a repacked group: blocks b0 .. b0+nb-1 into P. */
+INLINE void unpack(const enum qtype type, const struct group_src *s, int64_t b0, int nb,
+                   struct packed *P)
+{
+    for (int bb = 0; bb < nb; bb++) {
+        __m512 m = _mm512_setzero_ps();
+        load_block(type, s, b0 + bb, P->q[bb], &P->d[bb], &m);
+        if (type == QTYPE_Q4_1)
+            P->m[bb] = m;
+    }
+}
+
+/* tile() for one activation row, reading the repacked group directly. */
+INLINE __m512 tile1(const enum qtype type, const struct group_src *s, int64_t b0, int nb,
+                    const char *a, const int32_t *corr, __m512 f)
+{
+    for (int bb = 0; bb < nb; bb++) {
+        const struct block_q8_act *ab = (const struct block_q8_act *)a + bb;
+        __m512i q[8];
+        __m512 d, m = _mm512_setzero_ps();
+        load_block(type, s, b0 + bb, q, &d, &m);
+        __m512i i0 = _mm512_set1_epi32(type == QTYPE_Q4_1 ? 0 : corr[bb]);
+        __m512i i1 = _mm512_setzero_si512();
+#pragma GCC unroll 4
+        for (int j = 0; j < 8; j += 2) {
+            i0 = dpbusd(i0, q[j], _mm512_set1_epi32(load_i32(ab->qs + 4 * j)));
+            i1 = dpbusd(i1, q[j + 1], _mm512_set1_epi32(load_i32(ab->qs + 4 * j + 4)));
+        }
+        const __m512i i = _mm512_add_epi32(i0, i1);
+        f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_mul_ps(d, _mm512_set1_ps(ab->d)), f);
+        if (type == QTYPE_Q4_1)
+            f = _mm512_fmadd_ps(m, _mm512_set1_ps(ab->s), f);
+    }
+    return f;
+}
+
+/* tile1 for two groups at once: each activation broadcast serves both, and
+ * the two groups' dependency chains interleave. */
+INLINE void tile1x2(const enum qtype type, const struct group_src *s0, const struct group_src *s1,
+                    int64_t b0, int nb, const char *a, const int32_t *corr, __m512 *f0, __m512 *f1)
+{
+    __m512 fa = *f0, fb = *f1;
+    for (int bb = 0; bb < nb; bb++) {
+        const struct block_q8_act *ab = (const struct block_q8_act *)a + bb;
+        __m512i qa[8], qb[8];
+        __m512 da, db, ma = _mm512_setzero_ps(), mb = _mm512_setzero_ps();
+        load_block(type, s0, b0 + bb, qa, &da, &ma);
+        load_block(type, s1, b0 + bb, qb, &db, &mb);
+        const __m512i c = _mm512_set1_epi32(type == QTYPE_Q4_1 ? 0 : corr[bb]);
+        __m512i ia0 = c, ia1 = _mm512_setzero_si512();
+        __m512i ib0 = c, ib1 = _mm512_setzero_si512();
+#pragma GCC unroll 4
+        for (int j = 0; j < 8; j += 2) {
+            const __m512i x0 = _mm512_set1_epi32(load_i32(ab->qs + 4 * j));
+            const __m512i x1 = _mm512_set1_epi32(load_i32(ab->qs + 4 * j + 4));
+            ia0 = dpbusd(ia0, qa[j], x0);
+            ib0 = dpbusd(ib0, qb[j], x0);
+            ia1 = dpbusd(ia1, qa[j + 1], x1);
+            ib1 = dpbusd(ib1, qb[j + 1], x1);
+        }
+        const __m512 ad = _mm512_set1_ps(ab->d);
+        fa = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(ia0, ia1)), _mm512_mul_ps(da, ad),
+                             fa);
+        fb = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(ib0, ib1)), _mm512_mul_ps(db, ad),
+                             fb);
+        if (type == QTYPE_Q4_1) {
+            const __m512 as = _mm512_set1_ps(ab->s);
+            fa = _mm512_fmadd_ps(ma, as, fa);
+            fb = _mm512_fmadd_ps(mb, as, fb);
+        }
+    }
+    *f0 = fa;
+    *f1 = fb;
+}
+
+/* Rows [n0, n1) within the full groups of a repacked matrix. */
+INLINE void rows16_packed(const enum qtype type, const void *restrict wp, int64_t k, int64_t n0,
+                          int64_t n1, const void *restrict act, int64_t T, float *restrict y,
+                          int64_t ldy)
+{
+    const int bias = type == QTYPE_Q8_0 ? 128 : type == QTYPE_Q4_0 ? 8 : 0;
+    const size_t row_bytes = qtype_row_bytes(type, k);
+    const size_t a_stride = quant_act_bytes(type, k);
+    const int64_t nbk = k / QK;
+    _Alignas(64) struct packed P;
+    int32_t corr[TOKEN_BLOCK][CHUNK_BLOCKS];
+
+    for (int64_t t0 = 0; t0 < T; t0 += TOKEN_BLOCK) {
+        const int64_t tn = T - t0 < TOKEN_BLOCK ? T - t0 : TOKEN_BLOCK;
+        const char *a0 = (const char *)act + (size_t)t0 * a_stride;
+        for (int64_t b0 = 0; b0 < nbk; b0 += CHUNK_BLOCKS) {
+            const int nb = nbk - b0 < CHUNK_BLOCKS ? (int)(nbk - b0) : CHUNK_BLOCKS;
+            if (bias)
+                for (int64_t t = 0; t < tn; t++)
+                    for (int bb = 0; bb < nb; bb++)
+                        corr[t][bb] =
+                            -bias *
+                            act_sum((const struct block_q8_act *)(a0 + (size_t)t * a_stride) + b0 +
+                                    bb);
+            const char *ab0 = a0 + (size_t)b0 * sizeof(struct block_q8_act);
+            for (int64_t g = n0 / GROUP * GROUP; g < n1; g += GROUP) {
+                const int lo = n0 > g ? (int)(n0 - g) : 0;
+                const int hi = n1 - g < GROUP ? (int)(n1 - g) : GROUP;
+                const __mmask16 live = (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
+                const struct group_src src = group_at(type, wp, row_bytes, nbk, g);
+                /* Q4: this group and the next together (Q8_0's twice as many
+                 * quant vectors per block gain nothing from it) */
+                if (tn == 1 && type != QTYPE_Q8_0 && g + GROUP < n1) {
+                    const int hi2 = n1 - g - GROUP < GROUP ? (int)(n1 - g - GROUP) : GROUP;
+                    const __mmask16 live2 = (__mmask16)((1u << hi2) - 1);
+                    const struct group_src src2 = group_at(type, wp, row_bytes, nbk, g + GROUP);
+                    float *yt = y + t0 * ldy + g;
+                    __m512 f0 = b0 == 0 ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(live, yt);
+                    __m512 f1 =
+                        b0 == 0 ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(live2, yt + GROUP);
+                    tile1x2(type, &src, &src2, b0, nb, ab0, corr[0], &f0, &f1);
+                    _mm512_mask_storeu_ps(yt, live, f0);
+                    _mm512_mask_storeu_ps(yt + GROUP, live2, f1);
+                    g += GROUP;
+                    continue;
+                }
+                if (tn == 1) {
+                    float *yt = y + t0 * ldy + g;
+                    __m512 f = b0 == 0 ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(live, yt);
+                    f = tile1(type, &src, b0, nb, ab0, corr[0], f);
+                    _mm512_mask_storeu_ps(yt, live, f);
+                    continue;
+                }
+                unpack(type, &src, b0, nb, &P);
+                for (int64_t tt = 0; tt < tn; tt += TILE_T) {
+                    const int nt = tn - tt < TILE_T ? (int)(tn - tt) : TILE_T;
+                    float *yt = y + (t0 + tt) * ldy + g;
+                    __m512 f[TILE_T];
+                    for (int t = 0; t < nt; t++)
+                        f[t] = b0 == 0 ? _mm512_setzero_ps()
+                                       : _mm512_maskz_loadu_ps(live, yt + t * ldy);
+                    tile_n(type, nt, &P, nb, ab0 + (size_t)tt * a_stride, a_stride,
+                           (const int32_t(*)[CHUNK_BLOCKS])corr[tt], f);
+                    for (int t = 0; t < nt; t++)
+                        _mm512_mask_storeu_ps(yt + t * ldy, live, f[t]);
+                }
+            }
+        }
+    }
+}
+
+void cpu__matmul_rows16_packed_avx512_vnni(enum qtype t, const void *restrict wp, int64_t k,
+                                           int64_t N, int64_t n0, int64_t n1,
+                                           const void *restrict act, int64_t T, float *restrict y,
+                                           int64_t ldy)
+{
+    /* rows past the last full group are stored as they are, where they were */
+    const int64_t full = N / GROUP * GROUP;
+    if (n1 > full) {
+        cpu__matmul_rows16_avx512_vnni(t, wp, k, n0 > full ? n0 : full, n1, act, T, y, ldy);
+        n1 = full;
+    }
+    if (n0 >= n1)
+        return;
+    switch (t) {
+    case QTYPE_Q4_0:
+        rows16_packed(QTYPE_Q4_0, wp, k, n0, n1, act, T, y, ldy);
+        break;
+    case QTYPE_Q4_1:
+        rows16_packed(QTYPE_Q4_1, wp, k, n0, n1, act, T, y, ldy);
+        break;
+    default:
+        rows16_packed(QTYPE_Q8_0, wp, k, n0, n1, act, T, y, ldy);
         break;
     }
 }

@@ -974,10 +974,11 @@ static void cuda_free(struct backend *b)
 }
 
 static const struct backend_ops cuda_ops = {
-    "cuda",         cuda_free,   cuda_kv_alloc, cuda_begin_step, cuda_embed,    cuda_rmsnorm,
-    cuda_matmul,    cuda_rope,   cuda_kv_store, cuda_attention,  cuda_swiglu,   cuda_add,
-    cuda_gather,    cuda_logits, cuda_sync,     cuda_copy_in,    cuda_copy_out, cuda_kv_export,
-    cuda_kv_import, cuda_geglu,  cuda_scale,
+    "cuda",       cuda_free,     cuda_kv_alloc,  cuda_begin_step, cuda_embed,
+    cuda_rmsnorm, cuda_matmul,   cuda_rope,      cuda_kv_store,   cuda_attention,
+    cuda_swiglu,  cuda_add,      cuda_gather,    cuda_logits,     cuda_sync,
+    cuda_copy_in, cuda_copy_out, cuda_kv_export, cuda_kv_import,  cuda_geglu,
+    cuda_scale,   NULL, /* matmul_shared: forward.c makes one matmul call per weight */
 };
 
 extern "C" int backend_cuda_device_count(void)

@@ -131,12 +131,17 @@ static inline void emu_mask_storeu_ps(void *p, simde__mmask16 k, simde__m512 v)
 #define cpu__prepare_act_avx512 emu_prepare_act_avx512
 #define cpu__matmul_rows_avx512 emu_matmul_rows_avx512
 #define cpu__matmul_rows16_avx512_vnni emu_matmul_rows16_avx512_vnni
+#define cpu__matmul_rows16_packed_avx512_vnni emu_matmul_rows16_packed_avx512_vnni
 void emu_prepare_act_avx512(enum qtype t, const float *restrict x, int64_t k, void *restrict dst);
 void emu_matmul_rows_avx512(enum qtype t, const void *restrict w, int64_t k, int64_t n0, int64_t n1,
                             const void *restrict act, int64_t T, float *restrict y, int64_t ldy);
 void emu_matmul_rows16_avx512_vnni(enum qtype t, const void *restrict w, int64_t k, int64_t n0,
                                    int64_t n1, const void *restrict act, int64_t T,
                                    float *restrict y, int64_t ldy);
+void emu_matmul_rows16_packed_avx512_vnni(enum qtype t, const void *restrict wp, int64_t k,
+                                          int64_t N, int64_t n0, int64_t n1,
+                                          const void *restrict act, int64_t T, float *restrict y,
+                                          int64_t ldy);
 /* SIMDe provides everything immintrin.h would: skip the real header (GCC's and
  * clang's include guards), whose declarations the aliases above would rename. */
 #define _IMMINTRIN_H_INCLUDED
@@ -149,6 +154,7 @@ void emu_matmul_rows16_avx512_vnni(enum qtype t, const void *restrict w, int64_t
 #undef cpu__prepare_act_avx512
 #undef cpu__matmul_rows_avx512
 #undef cpu__matmul_rows16_avx512_vnni
+#undef cpu__matmul_rows16_packed_avx512_vnni
 #pragma GCC diagnostic pop
 #pragma GCC pop_options
 #endif
@@ -702,6 +708,203 @@ TEST(matmul_rows_matches_the_reference_for_every_batch_size_up_to_70)
         }
     }
     printf("  %lld outputs checked\n", checked);
+}
+
+/* ---- repacked weights ------------------------------------------------------ */
+
+static const enum qtype packed_types[] = {QTYPE_Q8_0, QTYPE_Q4_0, QTYPE_Q4_1};
+
+/* cpu_pack_rows writes the layout matmul.h documents, byte for byte (checked
+ * here against the rows' own fields, not against the kernel), keeps the size,
+ * and copies the rows past the last full group unchanged. */
+TEST(pack_rows_writes_the_documented_layout)
+{
+    enum { N = 37, K = 96, NB = K / 32 };
+    _Alignas(64) static uint8_t w[N * K * 2], p[N * K * 2];
+    for (size_t ti = 0; ti < sizeof packed_types / sizeof packed_types[0]; ti++) {
+        enum qtype t = packed_types[ti];
+        const size_t rb = qtype_row_bytes(t, K), bs = qtype_block_bytes(t);
+        const size_t qoff = t == QTYPE_Q4_1 ? 4 : 2;
+        const int nq = t == QTYPE_Q8_0 ? 8 : 4;
+        make_weights(t, N, K, w);
+        memset(p, 0xa5, sizeof p);
+        cpu_pack_rows(t, w, K, N, p);
+        for (int g = 0; g < N / 16; g++) {
+            const uint8_t *gp = p + (size_t)g * 16 * rb;
+            const uint8_t *gd = gp + (size_t)NB * (size_t)nq * 64, *gm = gd + NB * 32;
+            for (int r = 0; r < 16; r++) {
+                for (int b = 0; b < NB; b++) {
+                    const uint8_t *blk = w + (size_t)(16 * g + r) * rb + (size_t)b * bs;
+                    for (int i = 0; i < 4 * nq; i++) {
+                        uint8_t want = blk[qoff + i] ^ (t == QTYPE_Q8_0 ? 0x80 : 0);
+                        uint8_t got =
+                            gp[(size_t)b * (size_t)nq * 64 + 64 * (i / 4) + 4 * r + i % 4];
+                        ASSERT_EQ(got, want);
+                    }
+                    ASSERT(memcmp(gd + (b * 16 + r) * 2, blk, 2) == 0);
+                    if (t == QTYPE_Q4_1)
+                        ASSERT(memcmp(gm + (b * 16 + r) * 2, blk + 2, 2) == 0);
+                }
+            }
+        }
+        ASSERT(memcmp(p + 32 * rb, w + 32 * rb, 5 * rb) == 0);
+        ASSERT_EQ(p[N * rb], 0xa5); /* nothing past the matrix */
+    }
+}
+
+/* The sixteen-row kernel on repacked weights gives, for every type, batch
+ * size, row range (aligned or not, into the rows past the last full group or
+ * not) and K (one chunk of blocks or several), exactly the bits the kernel
+ * gives on the rows as they are, and stays within the scalar reference's
+ * tolerance; it writes nothing outside its rows. Natively on a VNNI CPU, and
+ * under SIMDe emulation wherever the headers are installed. */
+TEST(packed_rows_are_bit_identical_to_the_kernel_on_the_rows_as_they_are)
+{
+    enum { NMAX = 53, LDY = NMAX + 3, TMAX = 70 };
+    static const int64_t ks[] = {32, 96, 576, 1536};
+    static const int64_t Ns[] = {53, 48, 16, 7};
+    static const int64_t ts[] = {1, 2, 8, 9, 70};
+    static const int64_t ranges[][2] = {{0, 53}, {0, 16}, {16, 48}, {3, 38}, {40, 53}, {5, 6}};
+    static float x[K_MAX];
+    _Alignas(64) static uint8_t w[NMAX * K_MAX * 2], p[NMAX * K_MAX * 2];
+    _Alignas(64) static uint8_t act[TMAX * (K_MAX / 32) * sizeof(struct block_q8_act)];
+    static float y[TMAX * LDY], want[TMAX * LDY];
+    const float sentinel = -12345.0f;
+    int native = cpu_matmul_packs(cpu_isa_best(), QTYPE_Q4_0);
+    int emulated = 0;
+#ifdef SS_EMULATE_AVX512
+    emulated = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#endif
+    if (!native)
+        printf("  skip native: no AVX512-VNNI here (or capped by STREAMSINK_ISA)\n");
+    if (!emulated)
+        printf("  skip emulation: no SIMDe headers, or no AVX2\n");
+    long long checked = 0;
+
+    for (size_t ti = 0; ti < sizeof packed_types / sizeof packed_types[0]; ti++) {
+        enum qtype t = packed_types[ti];
+        for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++) {
+            const int64_t k = ks[ki];
+            const size_t rb = qtype_row_bytes(t, k), ab = quant_act_bytes(t, k);
+            make_weights(t, NMAX, k, w);
+            for (int tt = 0; tt < TMAX; tt++) {
+                fill(x, k);
+                quant_prepare_act_ref(t, x, k, act + (size_t)tt * ab);
+            }
+            for (size_t Ni = 0; Ni < sizeof Ns / sizeof Ns[0]; Ni++) {
+                const int64_t N = Ns[Ni];
+                cpu_pack_rows(t, w, k, N, p);
+                for (size_t ri = 0; ri < sizeof ranges / sizeof ranges[0]; ri++) {
+                    const int64_t n0 = ranges[ri][0];
+                    const int64_t n1 = ranges[ri][1] < N ? ranges[ri][1] : N;
+                    if (n0 > n1)
+                        continue;
+                    for (size_t tj = 0; tj < sizeof ts / sizeof ts[0]; tj++) {
+                        const int64_t T = ts[tj];
+                        for (int emu = 0; emu < 2; emu++) {
+                            if (emu ? !emulated : !native)
+                                continue;
+                            if (emu && (k > 96 || T > 9))
+                                continue; /* emulation is slow */
+                            for (size_t i = 0; i < sizeof y / sizeof y[0]; i++)
+                                y[i] = want[i] = sentinel;
+                            if (!emu) {
+                                cpu__matmul_rows16_avx512_vnni(t, w, k, n0, n1, act, T, want, LDY);
+                                cpu_matmul_rows_packed(CPU_ISA_AVX512, t, p, k, N, n0, n1, act, T,
+                                                       y, LDY);
+                            } else {
+#ifdef SS_EMULATE_AVX512
+                                emu_matmul_rows16_avx512_vnni(t, w, k, n0, n1, act, T, want, LDY);
+                                emu_matmul_rows16_packed_avx512_vnni(t, p, k, N, n0, n1, act, T, y,
+                                                                     LDY);
+#endif
+                            }
+                            for (int64_t tt = 0; tt < TMAX; tt++) {
+                                for (int64_t n = 0; n < LDY; n++) {
+                                    const float got = y[tt * LDY + n];
+                                    if (tt >= T || n < n0 || n >= n1) {
+                                        if (got != sentinel)
+                                            FAIL_AT("%s K=%lld N=%lld T=%lld: wrote y[%lld][%lld]",
+                                                    qtype_name(t), (long long)k, (long long)N,
+                                                    (long long)T, (long long)tt, (long long)n);
+                                        continue;
+                                    }
+                                    if (memcmp(&got, &want[tt * LDY + n], sizeof got) != 0)
+                                        FAIL_AT("%s%s K=%lld N=%lld T=%lld rows [%lld,%lld): "
+                                                "y[%lld][%lld] = %.9g repacked, %.9g as they are",
+                                                emu ? " (emulated)" : "", qtype_name(t),
+                                                (long long)k, (long long)N, (long long)T,
+                                                (long long)n0, (long long)n1, (long long)tt,
+                                                (long long)n, got, want[tt * LDY + n]);
+                                    const uint8_t *wr = w + (size_t)n * rb;
+                                    const uint8_t *ar = act + (size_t)tt * ab;
+                                    int nt = 0;
+                                    double tol =
+                                        (dot_magnitude(t, wr, ar, k, &nt) * (nt + 4)) * 0x1p-24 +
+                                        FLT_MIN;
+                                    float ref = quant_dot_ref(t, wr, ar, k);
+                                    if (!(fabs(got - ref) <= tol))
+                                        FAIL_AT("%s K=%lld: y[%lld][%lld] = %.9g, scalar %.9g",
+                                                qtype_name(t), (long long)k, (long long)tt,
+                                                (long long)n, got, ref);
+                                    checked++;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    printf("  %lld outputs checked\n", checked);
+}
+
+/* The tied output matrix of SmolLM2-135M: 49,152 Q8_0 rows of 576 (and three
+ * more rows, a partial group), repacked, for one activation row (decode) and
+ * for five, split into per-thread ranges the way the CPU backend splits them:
+ * bit-identical to the kernel on the rows as they are, within the scalar
+ * reference's tolerance. */
+TEST(packed_output_matrix_matches_the_kernel_and_the_reference)
+{
+    enum { N = 49152 + 3, K = 576, T = 5 };
+    const enum qtype t = QTYPE_Q8_0;
+    if (!cpu_matmul_packs(cpu_isa_best(), t))
+        TEST_SKIP("no AVX512-VNNI here (or capped by STREAMSINK_ISA)");
+    const size_t rb = qtype_row_bytes(t, K), ab = quant_act_bytes(t, K);
+    uint8_t *w = malloc(rb * N), *p = malloc(rb * N);
+    float *y = malloc(sizeof(float) * N * T), *want = malloc(sizeof(float) * N * T);
+    _Alignas(64) static uint8_t act[T * (K / 32) * sizeof(struct block_q8_act)];
+    static float x[K];
+    ASSERT(w && p && y && want);
+    for (int64_t r = 0; r < N; r += 40)
+        make_weights(t, N - r < 40 ? N - r : 40, K, w + (size_t)r * rb);
+    for (int tt = 0; tt < T; tt++) {
+        fill(x, K);
+        quant_prepare_act_ref(t, x, K, act + (size_t)tt * ab);
+    }
+    cpu_pack_rows(t, w, K, N, p);
+    static const int64_t Ts[] = {1, T};
+    for (int i = 0; i < 2; i++) {
+        const int64_t bt = Ts[i];
+        cpu__matmul_rows16_avx512_vnni(t, w, K, 0, N, act, bt, want, N);
+        const int64_t parts = 8, blocks = (N + 15) / 16;
+        for (int64_t q = 0; q < parts; q++) {
+            int64_t n0 = blocks * q / parts * 16, n1 = blocks * (q + 1) / parts * 16;
+            cpu_matmul_rows_packed(CPU_ISA_AVX512, t, p, K, N, n0, n1 < N ? n1 : N, act, bt, y, N);
+        }
+        ASSERT(memcmp(y, want, sizeof(float) * (size_t)(N * bt)) == 0);
+        for (int64_t tt = 0; tt < bt; tt++)
+            for (int64_t n = 0; n < N; n += 97) {
+                int nt = 0;
+                const uint8_t *wr = w + (size_t)n * rb, *ar = act + (size_t)tt * ab;
+                double tol = dot_magnitude(t, wr, ar, K, &nt) * (nt + 4) * 0x1p-24 + FLT_MIN;
+                ASSERT(fabs(y[tt * N + n] - quant_dot_ref(t, wr, ar, K)) <= tol);
+            }
+    }
+    free(w);
+    free(p);
+    free(y);
+    free(want);
 }
 
 TEST_MAIN()

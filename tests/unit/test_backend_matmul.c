@@ -1,0 +1,147 @@
+/*
+ * test_backend_matmul.c: the CPU backend's matrix products on the default
+ * model's own weights. Where the backend repacks weights at load (AVX-512
+ * with VNNI), its products must be, bit for bit, the kernel dispatch
+ * (cpu_prepare_act + cpu_matmul_rows) on the rows as the file holds them; and
+ * matmul_shared (Q/K/V, gate/up: one prepared input, one run) must be, bit for
+ * bit, the separate matmul calls. Both at T = 1 (decode) and T = 5.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/backend.h"
+#include "engine/cpu/matmul.h"
+#include "engine/model.h"
+#include "support/model_file.h"
+#include "support/rng.h"
+#include "test.h"
+
+enum { T_MAX = 5 };
+
+struct rig {
+    struct model m;
+    struct backend b;
+    float *x, *y, *want;
+    void *act;
+};
+
+static int rig_open(struct rig *r, char *err, size_t err_len)
+{
+    memset(r, 0, sizeof *r);
+    if (model_load(&r->m, test_model_path(), err, err_len) < 0)
+        return -1;
+    struct backend_cpu_config bc = {.n_threads = 2, .max_tokens = T_MAX};
+    if (backend_cpu_init(&r->b, &r->m, &bc, err, err_len) < 0)
+        return -1;
+    const struct model_hparams *hp = &r->m.hp;
+    size_t kmax = (size_t)(hp->n_ff > hp->n_embd ? hp->n_ff : hp->n_embd);
+    size_t nmax = (size_t)hp->n_vocab;
+    r->x = malloc(T_MAX * kmax * sizeof(float));
+    r->y = malloc(T_MAX * nmax * sizeof(float));
+    r->want = malloc(T_MAX * nmax * sizeof(float));
+    r->act = malloc(T_MAX * kmax * sizeof(float)); /* f32 is the largest prepared row */
+    uint64_t g = 5;
+    for (size_t i = 0; r->x && i < T_MAX * kmax; i++)
+        r->x[i] = (float)(2.0 * test_rng_unit(&g) - 1.0);
+    return r->x && r->y && r->want && r->act ? 0 : -1;
+}
+
+static void rig_close(struct rig *r)
+{
+    if (r->b.ops)
+        r->b.ops->free(&r->b);
+    model_free(&r->m);
+    free(r->x);
+    free(r->y);
+    free(r->want);
+    free(r->act);
+}
+
+/* want = the kernel dispatch on W's rows as the file holds them. */
+static void kernel_product(struct rig *r, const struct tensor *W, int64_t T)
+{
+    enum cpu_isa isa = cpu_isa_best();
+    size_t ab = quant_act_bytes(W->type, W->ne0);
+    for (int64_t t = 0; t < T; t++)
+        cpu_prepare_act(isa, W->type, r->x + t * W->ne0, W->ne0, (char *)r->act + (size_t)t * ab);
+    cpu_matmul_rows(isa, W->type, W->data, W->ne0, 0, W->ne1, r->act, T, r->want, W->ne1);
+}
+
+TEST(backend_products_are_the_kernel_on_the_rows_as_the_file_holds_them)
+{
+    struct rig r;
+    char err[256];
+    TEST_NEED_MODEL();
+    if (rig_open(&r, err, sizeof err) < 0) {
+        rig_close(&r);
+        FAIL_AT("cannot open the model and backend: %s", err);
+    }
+    printf("  isa %s%s\n", cpu_isa_name(cpu_isa_best()),
+           cpu_matmul_packs(cpu_isa_best(), QTYPE_Q4_1) ? " (weights repacked at load)" : "");
+    const int L = r.m.hp.n_layer;
+    long long compared = 0;
+    for (int T = 1; T <= T_MAX; T += T_MAX - 1) {
+        for (int li = 0; li < 2; li++) {
+            const struct model_layer *ly = &r.m.w.layers[li ? L - 1 : 0];
+            const struct tensor *ws[] = {&ly->wq,     &ly->wk,   &ly->wv,    &ly->wo,
+                                         &ly->w_gate, &ly->w_up, &ly->w_down};
+            for (size_t i = 0; i <= sizeof ws / sizeof ws[0]; i++) {
+                const struct tensor *W = i < sizeof ws / sizeof ws[0] ? ws[i] : &r.m.w.output;
+                kernel_product(&r, W, T);
+                r.b.ops->matmul(&r.b, W, r.x, r.y, T);
+                if (memcmp(r.y, r.want, (size_t)(T * W->ne1) * sizeof(float)) != 0) {
+                    rig_close(&r);
+                    FAIL_AT("layer %d weight %zu (%lld x %lld) T=%d: the backend's product "
+                            "differs from the kernel's",
+                            li ? L - 1 : 0, i, (long long)W->ne1, (long long)W->ne0, T);
+                }
+                compared += T * W->ne1;
+            }
+        }
+    }
+    printf("  %lld outputs compared\n", compared);
+    rig_close(&r);
+}
+
+TEST(matmul_shared_is_the_separate_products_bit_for_bit)
+{
+    struct rig r;
+    char err[256];
+    TEST_NEED_MODEL();
+    if (rig_open(&r, err, sizeof err) < 0) {
+        rig_close(&r);
+        FAIL_AT("cannot open the model and backend: %s", err);
+    }
+    ASSERT(r.b.ops->matmul_shared);
+    for (int T = 1; T <= T_MAX; T += T_MAX - 1) {
+        for (int l = 0; l < r.m.hp.n_layer; l += r.m.hp.n_layer - 1) {
+            const struct model_layer *ly = &r.m.w.layers[l];
+            const struct tensor *qkv[] = {&ly->wq, &ly->wk, &ly->wv};
+            const struct tensor *gu[] = {&ly->w_gate, &ly->w_up};
+            const struct tensor *const *sets[] = {qkv, gu};
+            const int ns[] = {3, 2};
+            for (int s = 0; s < 2; s++) {
+                const struct tensor *const *W = sets[s];
+                float *y[BACKEND_SHARED_MAX], *want[BACKEND_SHARED_MAX];
+                size_t off = 0;
+                for (int i = 0; i < ns[s]; i++) {
+                    y[i] = r.y + off;
+                    want[i] = r.want + off;
+                    off += (size_t)(T * W[i]->ne1);
+                    r.b.ops->matmul(&r.b, W[i], r.x, want[i], T);
+                }
+                memset(r.y, 0xff, off * sizeof(float));
+                r.b.ops->matmul_shared(&r.b, W, y, ns[s], r.x, T);
+                if (memcmp(r.y, r.want, off * sizeof(float)) != 0) {
+                    rig_close(&r);
+                    FAIL_AT("layer %d %s T=%d: matmul_shared differs from separate matmuls", l,
+                            s ? "gate/up" : "q/k/v", T);
+                }
+            }
+        }
+    }
+    rig_close(&r);
+}
+
+TEST_MAIN()

@@ -92,6 +92,17 @@ double cmd_now(void);
 /* Reads a whole file into a NUL-terminated malloc'd buffer; NULL with errno. */
 char *cmd_read_file(const char *path, size_t *len);
 
+/* ---- perplexity ----------------------------------------------------------------- */
+
+/* The tokens `perplexity --policy recompute` runs from scratch before scoring
+ * token t+1 of ids: the last `window` of ids[0..t]. When the model's
+ * tokenizer starts a text with BOS (bos >= 0, as ids[0]) and the window has
+ * slid past it, the window is BOS and then the last window - 1 tokens, so it
+ * starts as a fresh request does (Gemma needs its <bos> at position 0).
+ * Writes at most window ids into out and returns the count. */
+int64_t cmd_recompute_window(const int32_t *ids, int64_t t, int64_t window, int32_t bos,
+                             int32_t *out);
+
 /* ---- the commands: each returns the process exit code ---------------------------- */
 
 int cmd_run(int argc, char **argv);

@@ -6,7 +6,9 @@
  *
  * recompute (StreamingLLM's "sliding window with re-computation" baseline)
  * re-runs the last W tokens from scratch, at positions 0..W-1, for every
- * scored token: O(W) work per token, so it is for short stretches.
+ * scored token: O(W) work per token, so it is for short stretches. For a
+ * model whose tokenizer puts BOS first (Gemma), the window is BOS and the
+ * last W-1 tokens: each recomputed window starts as a fresh request does.
  */
 #include <errno.h>
 #include <math.h>
@@ -18,6 +20,19 @@
 #include "cmd.h"
 #include "decoder.h"
 #include "engine.h"
+
+int64_t cmd_recompute_window(const int32_t *ids, int64_t t, int64_t window, int32_t bos,
+                             int32_t *out)
+{
+    int64_t s0 = t + 1 > window ? t + 1 - window : 0, k = 0;
+    if (s0 > 0 && bos >= 0 && window >= 2) { /* slid past ids[0] == BOS: keep it first */
+        out[k++] = bos;
+        s0++;
+    }
+    for (int64_t i = s0; i <= t; i++)
+        out[k++] = ids[i];
+    return k;
+}
 
 static void progress(int64_t done, int64_t total, double nll_sum, double t0)
 {
@@ -129,6 +144,7 @@ int cmd_perplexity(int argc, char **argv)
     int64_t cap = (int64_t)text_len + 2;
     int32_t *ids = malloc((size_t)cap * sizeof *ids);
     double *nll = NULL;
+    int32_t *win_ids = NULL; /* recompute: the window it re-runs */
     int64_t *pos = NULL, n_done = 0, seq = -1;
     int64_t n = ids ? decoder_tokenize(d, text, text_len, info.add_bos, 0, ids, cap) : -ENOMEM;
     if (n < 2 || n > cap) {
@@ -146,7 +162,9 @@ int cmd_perplexity(int argc, char **argv)
     }
     nll = malloc((size_t)n_score * sizeof *nll);
     pos = malloc((size_t)n_score * sizeof *pos);
-    if (!nll || !pos) {
+    if (is_rec)
+        win_ids = malloc((size_t)window * sizeof *win_ids);
+    if (!nll || !pos || (is_rec && !win_ids)) {
         exit_code = CMD_EXIT_RUNTIME;
         goto out;
     }
@@ -164,9 +182,10 @@ int cmd_perplexity(int argc, char **argv)
         if (is_rec && t % stride != 0)
             continue;
         if (is_rec) { /* rebuild the window from scratch at positions 0.. */
-            int64_t s0 = t + 1 > window ? t + 1 - window : 0;
+            int64_t nw =
+                cmd_recompute_window(ids, t, window, info.add_bos ? info.bos : -1, win_ids);
             decoder_seq_reset(d, seq);
-            struct decoder_input in = {seq, ids + s0, t + 1 - s0, DECODER_LOGITS_LAST};
+            struct decoder_input in = {seq, win_ids, nw, DECODER_LOGITS_LAST};
             r = decoder_step(d, &in, 1);
         } else {
             struct decoder_input in = {seq, ids + t, 1, DECODER_LOGITS_LAST};
@@ -238,6 +257,7 @@ out:
     decoder_seq_close(d, seq);
     free(nll);
     free(pos);
+    free(win_ids);
     free(ids);
     free(text);
     decoder_close(d);

@@ -21,7 +21,8 @@
  *    together; 4 warm-up steps (CUDA graph capture), then N timed steps:
  *    tokens/s = B * N / time, and the median step time.
  * 3. Attention bandwidth: one decode batch of the largest B, the attention op
- *    of layer 0 alone, R times in one step (a CUDA graph after one warm-up);
+ *    of the first global layer alone (layer 0 for Llama; for Gemma 3 layer 5,
+ *    whose keys grow with W), R times in one step (a CUDA graph after one warm-up);
  *    bytes = the K and V rows every query reads (4 + W per kv head) plus q,
  *    qc and the output, over the wall time of the step.
  * 4. Device-to-device cudaMemcpy of 1 GiB (bytes read + bytes written per
@@ -245,9 +246,13 @@ int main(int argc, char **argv)
     free(dt);
 
     /* 3. the attention op alone, on a decode batch of the largest B */
-    int64_t pos[MAX_SEQS], slot[MAX_SEQS], cell[MAX_SEQS], out_rows[1] = {0};
+    int64_t pos[MAX_SEQS], slot[MAX_SEQS], cell[MAX_SEQS], cell_local[MAX_SEQS], out_rows[1] = {0};
     int32_t btok[MAX_SEQS];
-    struct kv_view view[MAX_SEQS];
+    struct kv_view view[MAX_SEQS], view_local[MAX_SEQS];
+    const int has_local = f.pool.geo.swa_period > 0;
+    int la = 0; /* the first global layer: the one whose keys grow with W (Gemma 3: layer 5) */
+    while (la < hp->n_layer - 1 && model_layer_is_local(hp, la))
+        la++;
     const struct kv_seq *seqp[MAX_SEQS];
     double key_bytes = 0;
     const size_t esz = 2; /* f16 KV */
@@ -257,6 +262,11 @@ int main(int argc, char **argv)
         cell[k] = kv_seq_cell(&seq[k], pos[k]);
         view[k] = kv_seq_view(&seq[k], pos[k]);
         seqp[k] = &seq[k];
+        if (has_local) { /* the local layers' own rings (begin_step copies them too) */
+            struct kv_seq local = kv_seq_local(&seq[k], &f.pool.geo);
+            cell_local[k] = kv_seq_cell(&local, pos[k]);
+            view_local[k] = kv_seq_view(&local, pos[k]);
+        }
         btok[k] = toks[k];
         key_bytes += (double)(view[k].n_sinks + view[k].win_len) * hp->n_head_kv * hp->head_dim *
                      2.0 * (double)esz;
@@ -269,6 +279,8 @@ int main(int argc, char **argv)
                            .cell = cell,
                            .view = view,
                            .seq = seqp,
+                           .cell_local = has_local ? cell_local : NULL,
+                           .view_local = has_local ? view_local : NULL,
                            .n_out = 0,
                            .out_rows = out_rows};
     double attn_gbps = -1, attn_ms = 0;
@@ -280,7 +292,7 @@ int main(int argc, char **argv)
         }
         double ts = now();
         for (int64_t r = 0; r < attn_reps; r++)
-            b.ops->attention(&b, 0, b.acts.q, b.acts.qc, m.w.layers[0].attn_sinks, hp->normalizer,
+            b.ops->attention(&b, la, b.acts.q, b.acts.qc, m.w.layers[la].attn_sinks, hp->normalizer,
                              b.acts.att, NULL);
         if (b.ops->sync(&b) < 0) {
             fprintf(stderr, "bench_cuda: the attention step failed\n");
@@ -303,8 +315,8 @@ int main(int argc, char **argv)
     for (int bi = 0; bi < n_batches; bi++)
         printf("| decode tokens/s, batch %lld (median step %.2f ms) | %.0f |\n",
                (long long)batches[bi], step_ms[bi], decode_tps[bi]);
-    printf("| attention op, batch %lld, layer 0: time per call | %.3f ms |\n", (long long)max_b,
-           attn_ms);
+    printf("| attention op, batch %lld, layer %d: time per call | %.3f ms |\n", (long long)max_b,
+           la, attn_ms);
     printf("| attention op: memory traffic | %.0f GB/s |\n", attn_gbps);
     if (copy_gbps > 0) {
         printf("| device-to-device copy, 1 GiB (read + write) | %.0f GB/s |\n", copy_gbps);

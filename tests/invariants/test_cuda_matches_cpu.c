@@ -13,7 +13,8 @@
  *    Dh 64 with 3 (SmolLM2's), windows of 300 keys (3 splits).
  * 2. Whole forward steps on the tiny model (prefill chunks, then decode with
  *    eviction, two sequences in one batch), and CUDA graphs on vs off.
- * 3. Whole steps on the real SmolLM2 file when it is present.
+ * 3. Whole steps on the real SmolLM2 file when it is present, and on Gemma 3
+ *    270M's (local sliding-window layers, wrapped) when that is present.
  *
  * Each comparison prints "cuda-vs-cpu NAME REL" (largest |cuda - cpu| over
  * the largest |cpu|); tools/gpu-check.sh collects those lines into its table.
@@ -415,7 +416,7 @@ static int stepper_open(struct stepper *s, const struct model *m, int kind, int6
     memset(s, 0, sizeof *s);
     int rc;
     if (kind == 0) {
-        struct backend_cpu_config cc = {.n_threads = 2, .max_tokens = 64, .reference_matmul = 1};
+        struct backend_cpu_config cc = {.n_threads = 8, .max_tokens = 64, .reference_matmul = 1};
         rc = backend_cpu_init(&s->b, m, &cc, err, sizeof err);
     } else {
         struct backend_cuda_config gc = {.device = 0, .max_tokens = 64, .use_graphs = kind == 1};
@@ -452,9 +453,13 @@ fail:
 /* Runs the same schedule on three steppers (CPU, CUDA graphs, CUDA eager):
  * both sequences prefill n_prompt tokens in chunks of 32 (in one batch),
  * then decode n_decode tokens together, feeding the CPU's greedy tokens to
- * all three. Returns the worst relative logit error and agreement. */
+ * all three. prefill: the logits the prefill chunks ask for (ALL, or LAST
+ * where the CPU's reference product over a large vocabulary would take
+ * minutes for every row). Returns the worst relative logit error and
+ * agreement. */
 static int run_steps(struct stepper *st, int64_t V, const int32_t *prompt, int64_t n_prompt,
-                     int64_t n_decode, double *worst, double *agree, double *graph_diff)
+                     int64_t n_decode, enum fwd_logits prefill, double *worst, double *agree,
+                     double *graph_diff)
 {
     int64_t same = 0, total = 0;
     *worst = 0;
@@ -467,7 +472,7 @@ static int run_steps(struct stepper *st, int64_t V, const int32_t *prompt, int64
             struct fwd_input in[2];
             for (int q = 0; q < 2; q++)
                 in[q] = (struct fwd_input){&st[k].s[q], i < n_prompt ? prompt + i : &next[q], n,
-                                           FWD_LOGITS_ALL};
+                                           i < n_prompt ? prefill : FWD_LOGITS_ALL};
             rows[k] = fwd_step(&st[k].f, in, 2);
             if (rows[k] < 0)
                 return -1;
@@ -486,8 +491,9 @@ static int run_steps(struct stepper *st, int64_t V, const int32_t *prompt, int64
             }
             same += ac == ag;
             total++;
-            if (rrow == n - 1 || rrow == rows[0] - 1)
-                next[rrow / n] = (int32_t)ac; /* the last row of each sequence */
+            int64_t per_seq = rows[0] / 2; /* n rows each, or 1 (LAST) */
+            if (rrow % per_seq == per_seq - 1)
+                next[rrow / per_seq] = (int32_t)ac; /* the last row of each sequence */
         }
         i += n;
     }
@@ -517,7 +523,8 @@ static void steps_tiny(int *failed, enum model_normalizer norm)
     int32_t prompt[100];
     tiny_tokens(prompt, 100, tm.m.hp.n_vocab, 7);
     double worst, agree, gdiff;
-    int rc = run_steps(st, tm.m.hp.n_vocab, prompt, 100, 60, &worst, &agree, &gdiff);
+    int rc =
+        run_steps(st, tm.m.hp.n_vocab, prompt, 100, 60, FWD_LOGITS_ALL, &worst, &agree, &gdiff);
     printf("cuda-vs-cpu %-28s %.3g (greedy agreement %.3f, graphs vs eager %.3g)\n",
            norm == MODEL_NORM_SOFTMAX ? "forward step (tiny, sinks:4)"
                                       : "forward step (tiny, sink, window)",
@@ -555,7 +562,9 @@ TEST(forward_steps_smollm2)
     int32_t prompt[160];
     tiny_tokens(prompt, 160, 49000, 11); /* any ids: the comparison does not need text */
     double worst = INFINITY, agree = 0, gdiff = INFINITY;
-    int rc = ok ? run_steps(st, m.hp.n_vocab, prompt, 160, 40, &worst, &agree, &gdiff) : -1;
+    int rc =
+        ok ? run_steps(st, m.hp.n_vocab, prompt, 160, 40, FWD_LOGITS_ALL, &worst, &agree, &gdiff)
+           : -1;
     printf("cuda-vs-cpu %-28s %.3g (greedy agreement %.3f, graphs vs eager %.3g)\n",
            "forward step (SmolLM2)", worst, agree, gdiff);
     for (int k = 0; k < 3; k++)
@@ -564,6 +573,41 @@ TEST(forward_steps_smollm2)
     ASSERT(rc == 0);
     /* 30 layers of FP16 GEMM inputs against f32 products: the HF reference
      * test saw 0.014 for f32 vs f64-ish sums; FP16 rounding is larger */
+    ASSERT(worst <= TOL_STEP);
+    ASSERT(agree >= 0.95);
+    ASSERT(gdiff == 0);
+}
+
+/* Gemma 3 270M when its file is present: 600 prompt tokens, so the 15 local
+ * layers' 512-token rings wrap, and the 3 global layers at auto (sinks:4)
+ * with a 256 window, so they evict too; then 40 decode steps. Prefill chunks
+ * ask for their last row only (262144 x 640 output matrix). Same tolerances
+ * as SmolLM2's. */
+TEST(forward_steps_gemma3)
+{
+    need_gpu();
+    TEST_NEED_GEMMA_MODEL();
+    struct model m;
+    char err[256];
+    memset(&m, 0, sizeof m);
+    if (model_load(&m, test_gemma_model_path(), err, sizeof err) < 0)
+        FAIL_AT("%s is present but does not load: %s", test_gemma_model_path(), err);
+    struct stepper st[3];
+    int ok = 1;
+    for (int k = 0; k < 3; k++)
+        ok &= stepper_open(&st[k], &m, k, 256) == 0;
+    int32_t prompt[600];
+    tiny_tokens(prompt, 600, 262000, 13); /* any ids: the comparison does not need text */
+    double worst = INFINITY, agree = 0, gdiff = INFINITY;
+    int rc =
+        ok ? run_steps(st, m.hp.n_vocab, prompt, 600, 40, FWD_LOGITS_LAST, &worst, &agree, &gdiff)
+           : -1;
+    printf("cuda-vs-cpu %-28s %.3g (greedy agreement %.3f, graphs vs eager %.3g)\n",
+           "forward step (Gemma 3)", worst, agree, gdiff);
+    for (int k = 0; k < 3; k++)
+        stepper_close(&st[k]);
+    model_free(&m);
+    ASSERT(rc == 0);
     ASSERT(worst <= TOL_STEP);
     ASSERT(agree >= 0.95);
     ASSERT(gdiff == 0);

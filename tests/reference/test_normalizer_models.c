@@ -39,6 +39,7 @@
 #include "engine/forward.h"
 #include "engine/model.h"
 #include "engine/tokenizer.h"
+#include "support/ref_logits.h"
 #include "test.h"
 
 #define TOL 2e-5
@@ -178,11 +179,9 @@ static double run_policy(const char *name, const struct ref *r, const struct ref
             worst = -1;
             goto out;
         }
-        for (int64_t v = 0; v < r->V; v++) {
-            double d = fabs((double)g.f.logits[v] - (double)run->logits[p * r->V + v]);
-            if (!(d <= worst))
-                worst = d; /* NaN propagates as a failure */
-        }
+        double d = ref_logits_max_diff(g.f.logits, NULL, run->logits + p * r->V, r->V);
+        if (!(d <= worst))
+            worst = d; /* NaN propagates as a failure */
     }
 out:
     rig_close(&g);
@@ -225,11 +224,8 @@ static void check_model(const char *name, enum model_normalizer expect, int *fai
         const struct ref_run *run = &r.runs[i];
         double d = run_policy(name, &r, run, norm);
         double w = run_policy(name, &r, run, wrong_normalizer(norm));
-        double e = 0; /* how far eviction moves the reference from dense */
-        for (int64_t j = 0; j < r.n * V; j++) {
-            double x = fabs((double)run->logits[j] - (double)dense->logits[j]);
-            e = x > e ? x : e;
-        }
+        /* how far eviction moves the reference from dense */
+        double e = ref_logits_max_diff(run->logits, NULL, dense->logits, r.n * V);
         printf("  %-8s %-8s window %3lld, %lld tokens: largest logit difference %.2e "
                "(as %s: %.3f; reference vs dense: %.3f)\n",
                name, run->policy, (long long)run->window, (long long)r.n, d,

@@ -43,63 +43,20 @@
 #include "engine/backend.h"
 #include "engine/forward.h"
 #include "engine/model.h"
+#include "support/ref_logits.h"
 #include "test.h"
 
 #define EXACT_TOL 0.05
 #define FAST_TOL 2.0
 #define MAX_PROMPTS 8
 #define MAX_IDS 1024
-#define TOPK 16
 #define CHUNK 64
 
-struct ref_prompt {
-    int64_t n;
-    int32_t ids[MAX_IDS];
-    int32_t top_id[MAX_IDS][TOPK];
-    float top_logit[MAX_IDS][TOPK];
-};
-
-static struct ref_prompt prompts[MAX_PROMPTS];
-static int n_prompts;
+static struct ref_logits ref;
 
 static int load_fixture(void)
 {
-    FILE *f = fopen(SS_FIXTURES_DIR "/logits_gemma3.txt", "r");
-    if (!f)
-        return -1;
-    static char line[65536];
-    struct ref_prompt *p = NULL;
-    while (fgets(line, sizeof line, f)) {
-        if (line[0] == '#')
-            continue;
-        if (strncmp(line, "prompt ", 7) == 0) {
-            if (n_prompts == MAX_PROMPTS)
-                break;
-            p = &prompts[n_prompts++];
-            p->n = atoll(line + 7);
-            if (p->n > MAX_IDS) {
-                fclose(f);
-                return -1;
-            }
-        } else if (p && strncmp(line, "ids ", 4) == 0) {
-            char *s = line + 4;
-            for (int64_t i = 0; i < p->n; i++)
-                p->ids[i] = (int32_t)strtol(s, &s, 10);
-        } else if (p && strncmp(line, "pos ", 4) == 0) {
-            char *s = line + 4;
-            long pos = strtol(s, &s, 10);
-            if (pos < 0 || pos >= p->n)
-                continue;
-            s = strstr(s, "top ") + 4;
-            for (int k = 0; k < TOPK; k++) {
-                p->top_id[pos][k] = (int32_t)strtol(s, &s, 10);
-                s++; /* ':' */
-                p->top_logit[pos][k] = strtof(s, &s);
-            }
-        }
-    }
-    fclose(f);
-    return n_prompts > 0 ? 0 : -1;
+    return ref_logits_load(&ref, SS_FIXTURES_DIR "/logits_gemma3.txt", MAX_PROMPTS, MAX_IDS);
 }
 
 struct rig {
@@ -141,35 +98,6 @@ static void rig_close(struct rig *r)
     model_free(&r->m);
 }
 
-/* Compares one row of logits with the reference at pos; returns the largest
- * difference over the reference's top 16, sets *failed past tol. */
-static double check_row(const struct ref_prompt *p, int pi, int64_t pos, const float *lg, int64_t V,
-                        double tol, int *failed)
-{
-    double worst = 0;
-    int64_t am = 0;
-    for (int64_t v = 1; v < V; v++)
-        if (lg[v] > lg[am])
-            am = v;
-    double gap = p->top_logit[pos][0] - p->top_logit[pos][1];
-    if (am != p->top_id[pos][0] && gap > tol) {
-        fprintf(stderr, "  prompt %d pos %lld: greedy %lld, reference %d (gap %.3f)\n", pi,
-                (long long)pos, (long long)am, p->top_id[pos][0], gap);
-        *failed = 1;
-    }
-    for (int k = 0; k < TOPK; k++) {
-        double d = fabs(lg[p->top_id[pos][k]] - p->top_logit[pos][k]);
-        if (d > worst)
-            worst = d;
-        if (d > tol) {
-            fprintf(stderr, "  prompt %d pos %lld token %d: %.4f vs reference %.4f\n", pi,
-                    (long long)pos, p->top_id[pos][k], lg[p->top_id[pos][k]], p->top_logit[pos][k]);
-            *failed = 1;
-        }
-    }
-    return worst;
-}
-
 /* The reference product checks these positions of a long prompt: each chunk
  * of the prefill ends at one, so FWD_LOGITS_LAST gives exactly them. */
 static int sampled(int64_t pos, int64_t n)
@@ -189,8 +117,8 @@ static double check_all(enum kv_dtype dt, int reference, int *failed)
         return -1;
     }
     const int64_t V = r.m.hp.n_vocab;
-    for (int pi = 0; pi < n_prompts && !*failed; pi++) {
-        struct ref_prompt *p = &prompts[pi];
+    for (int pi = 0; pi < ref.n_prompts && !*failed; pi++) {
+        const struct ref_prompt *p = &ref.prompts[pi];
         struct kv_seq seq;
         const int every = !reference || p->n <= CHUNK;
         kv_seq_init(&seq, &r.f.pool.geo, 0, (struct kv_policy){KV_POLICY_DENSE, 0}, MAX_IDS, 0);
@@ -215,7 +143,7 @@ static double check_all(enum kv_dtype dt, int reference, int *failed)
             }
             for (int64_t j = 0; j < rows; j++) {
                 int64_t pos = want == FWD_LOGITS_ALL ? i0 + j : i0 + n - 1;
-                double d = check_row(p, pi, pos, r.f.logits + j * V, V, tol, failed);
+                double d = ref_logits_check_row(&ref, pi, pos, r.f.logits + j * V, V, tol, failed);
                 worst = d > worst ? d : worst;
                 n_checked++;
             }
@@ -232,10 +160,10 @@ static double check_all(enum kv_dtype dt, int reference, int *failed)
 TEST(fixture_loads_with_a_prompt_past_the_local_window)
 {
     ASSERT(load_fixture() == 0);
-    ASSERT(n_prompts >= 5);
+    ASSERT(ref.n_prompts >= 5);
     int64_t longest = 0;
-    for (int i = 0; i < n_prompts; i++)
-        longest = prompts[i].n > longest ? prompts[i].n : longest;
+    for (int i = 0; i < ref.n_prompts; i++)
+        longest = ref.prompts[i].n > longest ? ref.prompts[i].n : longest;
     ASSERT(longest > 512 + CHUNK);
 }
 
@@ -311,9 +239,9 @@ done:
 static void token_by_token_equals_chunks(struct kv_policy pol, int64_t window, int *failed)
 {
     const struct ref_prompt *p = NULL;
-    for (int i = 0; i < n_prompts; i++)
-        if (prompts[i].n >= P1)
-            p = &prompts[i];
+    for (int i = 0; i < ref.n_prompts; i++)
+        if (ref.prompts[i].n >= P1)
+            p = &ref.prompts[i];
     if (!p) {
         *failed = 1;
         return;
@@ -326,11 +254,7 @@ static void token_by_token_equals_chunks(struct kv_policy pol, int64_t window, i
         *failed = 1;
         return;
     }
-    double worst = 0;
-    for (int64_t i = 0; i < (P1 - P0) * V; i++) {
-        double d = fabs((double)one[i] - (double)many[i]);
-        worst = d > worst ? d : worst;
-    }
+    double worst = ref_logits_max_diff(one, NULL, many, (P1 - P0) * V);
     char name[32];
     kv_policy_name(&pol, name, sizeof name);
     printf("  global layers %s, window %lld: positions %d..%d, largest difference %.3g\n", name,

@@ -34,58 +34,19 @@
 #include "engine/backend.h"
 #include "engine/forward.h"
 #include "engine/model.h"
+#include "support/ref_logits.h"
 #include "test.h"
 
 #define EXACT_TOL 0.05
 #define FAST_TOL 1.5
 #define MAX_PROMPTS 16
 #define MAX_IDS 512
-#define TOPK 16
 
-struct ref_prompt {
-    int64_t n;
-    int32_t ids[MAX_IDS];
-    int32_t top_id[MAX_IDS][TOPK];
-    float top_logit[MAX_IDS][TOPK];
-};
-
-static struct ref_prompt prompts[MAX_PROMPTS];
-static int n_prompts;
+static struct ref_logits ref;
 
 static int load_fixture(void)
 {
-    FILE *f = fopen(SS_FIXTURES_DIR "/logits_smollm2.txt", "r");
-    if (!f)
-        return -1;
-    static char line[65536];
-    struct ref_prompt *p = NULL;
-    while (fgets(line, sizeof line, f)) {
-        if (line[0] == '#')
-            continue;
-        if (strncmp(line, "prompt ", 7) == 0) {
-            if (n_prompts == MAX_PROMPTS)
-                break;
-            p = &prompts[n_prompts++];
-            p->n = atoll(line + 7);
-            if (p->n > MAX_IDS)
-                return -1;
-        } else if (p && strncmp(line, "ids ", 4) == 0) {
-            char *s = line + 4;
-            for (int64_t i = 0; i < p->n; i++)
-                p->ids[i] = (int32_t)strtol(s, &s, 10);
-        } else if (p && strncmp(line, "pos ", 4) == 0) {
-            char *s = line + 4;
-            long pos = strtol(s, &s, 10);
-            s = strstr(s, "top ") + 4;
-            for (int k = 0; k < TOPK; k++) {
-                p->top_id[pos][k] = (int32_t)strtol(s, &s, 10);
-                s++; /* ':' */
-                p->top_logit[pos][k] = strtof(s, &s);
-            }
-        }
-    }
-    fclose(f);
-    return n_prompts > 0 ? 0 : -1;
+    return ref_logits_load(&ref, SS_FIXTURES_DIR "/logits_smollm2.txt", MAX_PROMPTS, MAX_IDS);
 }
 
 struct rig {
@@ -131,8 +92,8 @@ static double check_all(int64_t chunk, enum kv_dtype dt, int reference, int *fai
         return -1;
     }
     const int64_t V = r.m.hp.n_vocab;
-    for (int pi = 0; pi < n_prompts; pi++) {
-        struct ref_prompt *p = &prompts[pi];
+    for (int pi = 0; pi < ref.n_prompts; pi++) {
+        const struct ref_prompt *p = &ref.prompts[pi];
         struct kv_seq seq;
         kv_seq_init(&seq, &r.f.pool.geo, 0, (struct kv_policy){KV_POLICY_DENSE, 0}, MAX_IDS, 0);
         for (int64_t i0 = 0; i0 < p->n; i0 += chunk) {
@@ -145,29 +106,9 @@ static double check_all(int64_t chunk, enum kv_dtype dt, int reference, int *fai
                 goto out;
             }
             for (int64_t j = 0; j < n; j++) {
-                const float *lg = r.f.logits + j * V;
-                int64_t pos = i0 + j;
-                int64_t am = 0;
-                for (int64_t v = 1; v < V; v++)
-                    if (lg[v] > lg[am])
-                        am = v;
-                double gap = p->top_logit[pos][0] - p->top_logit[pos][1];
-                if (am != p->top_id[pos][0] && gap > tol) {
-                    fprintf(stderr, "  prompt %d pos %lld: greedy %lld, reference %d (gap %.3f)\n",
-                            pi, (long long)pos, (long long)am, p->top_id[pos][0], gap);
-                    *failed = 1;
-                }
-                for (int k = 0; k < TOPK; k++) {
-                    double d = fabs(lg[p->top_id[pos][k]] - p->top_logit[pos][k]);
-                    if (d > worst)
-                        worst = d;
-                    if (d > tol) {
-                        fprintf(stderr, "  prompt %d pos %lld token %d: %.4f vs reference %.4f\n",
-                                pi, (long long)pos, p->top_id[pos][k], lg[p->top_id[pos][k]],
-                                p->top_logit[pos][k]);
-                        *failed = 1;
-                    }
-                }
+                double d =
+                    ref_logits_check_row(&ref, pi, i0 + j, r.f.logits + j * V, V, tol, failed);
+                worst = d > worst ? d : worst;
             }
         }
     }
@@ -182,7 +123,7 @@ out:
 TEST(fixture_loads_with_every_prompt)
 {
     ASSERT(load_fixture() == 0);
-    ASSERT(n_prompts >= 4);
+    ASSERT(ref.n_prompts >= 4);
 }
 
 TEST(reference_product_matches_transformers_at_every_position)

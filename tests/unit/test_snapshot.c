@@ -89,44 +89,52 @@ TEST(snapshot_cells_are_sinks_plus_the_last_window_positions)
     ASSERT_EQ(m.n_evicted, 0);
 }
 
-TEST(snapshot_round_trip_gives_back_every_field_and_byte)
+/* Decodes buf; prints the reader's message when it refuses. */
+static int decode(const uint8_t *buf, size_t len, struct snapshot_meta *d, const uint8_t **k,
+                  const uint8_t **v)
 {
-    struct snapshot_meta m = sample_meta(), d;
-    size_t len;
-    uint8_t *buf = build(&m, &len);
-    const uint8_t *k, *v;
-    char err[200];
-    int rc = snapshot_decode(buf, len, &d, &k, &v, err, sizeof err);
+    char err[200] = "";
+    int rc = snapshot_decode(buf, len, d, k, v, err, sizeof err);
     if (rc < 0)
         fprintf(stderr, "  %s\n", err);
-    ASSERT_OK(rc);
-    ASSERT(memcmp(d.model_digest, m.model_digest, 32) == 0);
-    ASSERT_EQ(d.dtype, m.dtype);
-    ASSERT_EQ(d.policy.kind, m.policy.kind);
-    ASSERT_EQ(d.policy.n_sinks, m.policy.n_sinks);
-    ASSERT(d.owner == 0xF00DCAFE12345679ull);
-    ASSERT_EQ(d.version, 2); /* every layer global: the version-2 layout */
-    ASSERT_EQ(d.owner_unknown, 0);
-    ASSERT_EQ(d.pos_first, m.pos_first);
-    ASSERT_EQ(d.pos_next, m.pos_next);
-    ASSERT_EQ(d.n_cells, m.n_cells);
-    ASSERT_EQ(d.next_tok, 42);
-    ASSERT_EQ(d.has_next, 1);
-    ASSERT_STREQ(d.id, "sess_abc-1");
-    size_t kvb = snapshot_kv_bytes(&m);
-    ASSERT_EQ(kvb, 2 * 1 * 7 * 4 * 2);
+    return rc;
+}
+
+/* Builds m's snapshot and decodes it: every field and every KV byte must
+ * come back. Leaves the decoded header in *d and the buffer in *buf (caller
+ * frees), for the layout's own checks. */
+static void round_trip(int *failed, const struct snapshot_meta *m, struct snapshot_meta *d,
+                       uint8_t **buf, size_t *len)
+{
+    const uint8_t *k, *v;
+    *buf = build(m, len);
+    ASSERT_OK(decode(*buf, *len, d, &k, &v));
+    ASSERT(memcmp(d->model_digest, m->model_digest, 32) == 0);
+    ASSERT_EQ(d->dtype, m->dtype);
+    ASSERT_EQ(d->policy.kind, m->policy.kind);
+    ASSERT_EQ(d->policy.n_sinks, m->policy.n_sinks);
+    ASSERT(d->owner == 0xF00DCAFE12345679ull);
+    ASSERT_EQ(d->owner_unknown, 0);
+    ASSERT_EQ(d->pos_first, m->pos_first);
+    ASSERT_EQ(d->pos_next, m->pos_next);
+    ASSERT_EQ(d->n_cells, m->n_cells);
+    ASSERT_EQ(d->next_tok, 42);
+    ASSERT_EQ(d->has_next, 1);
+    ASSERT_STREQ(d->id, "sess_abc-1");
+    size_t kvb = snapshot_kv_bytes(m);
+    ASSERT(k + kvb == v);
     for (size_t i = 0; i < kvb; i++) {
         ASSERT_EQ(k[i], (uint8_t)(i * 13 + 5));
         ASSERT_EQ(v[i], (uint8_t)(i * 29 + 11));
     }
-    free(buf);
 }
 
-TEST(snapshot_every_truncation_is_refused)
+/* Every copy of m's snapshot cut short is refused with -EINVAL. */
+static void refuses_every_truncation(int *failed, const struct snapshot_meta *m)
 {
-    struct snapshot_meta m = sample_meta(), d;
+    struct snapshot_meta d;
     size_t len;
-    uint8_t *buf = build(&m, &len);
+    uint8_t *buf = build(m, &len);
     char err[200];
     for (size_t n = 0; n < len; n++) {
         /* a copy of exactly n bytes, so a read past the end is an ASan error */
@@ -135,17 +143,20 @@ TEST(snapshot_every_truncation_is_refused)
         const uint8_t *k, *v;
         int rc = snapshot_decode(cut, n, &d, &k, &v, err, sizeof err);
         free(cut);
-        if (rc != -EINVAL)
+        if (rc != -EINVAL) {
+            free(buf);
             FAIL_AT("a snapshot cut to %zu of %zu bytes gave %d", n, len, rc);
+        }
     }
     free(buf);
 }
 
-TEST(snapshot_every_bit_flip_is_refused)
+/* Every single-bit flip anywhere in m's snapshot is noticed. */
+static void refuses_every_bit_flip(int *failed, const struct snapshot_meta *m)
 {
-    struct snapshot_meta m = sample_meta(), d;
+    struct snapshot_meta d;
     size_t len;
-    uint8_t *buf = build(&m, &len);
+    uint8_t *buf = build(m, &len);
     char err[200];
     for (size_t i = 0; i < len; i++) {
         for (int bit = 0; bit < 8; bit++) {
@@ -153,11 +164,79 @@ TEST(snapshot_every_bit_flip_is_refused)
             const uint8_t *k, *v;
             int rc = snapshot_decode(buf, len, &d, &k, &v, err, sizeof err);
             buf[i] ^= (uint8_t)(1u << bit);
-            if (rc >= 0)
+            if (rc >= 0) {
+                free(buf);
                 FAIL_AT("flipping bit %d of byte %zu went unnoticed", bit, i);
+            }
         }
     }
     free(buf);
+}
+
+/* A changed byte at each header offset, resealed with a good checksum, is
+ * refused: the fields must agree with each other, not only with the CRC. */
+static void refuses_changed_fields(int *failed, const struct snapshot_meta *m, const size_t *fields,
+                                   size_t n_fields)
+{
+    struct snapshot_meta d;
+    size_t len;
+    uint8_t *buf = build(m, &len);
+    const uint8_t *k, *v;
+    char err[200];
+    for (size_t f = 0; f < n_fields; f++) {
+        uint8_t *c = malloc(len);
+        memcpy(c, buf, len);
+        c[fields[f]] ^= 0x41;
+        reseal(c, len);
+        int rc = snapshot_decode(c, len, &d, &k, &v, err, sizeof err);
+        free(c);
+        if (rc >= 0) {
+            free(buf);
+            FAIL_AT("a changed byte at offset %zu was accepted", fields[f]);
+        }
+    }
+    free(buf);
+}
+
+/* Reads one of tests/fuzz/corpus/fuzz_snapshot_decode's seeds (written from
+ * the layout in snapshot.h by a few lines of Python: struct, zlib) into buf
+ * and decodes it. Returns snapshot_decode's result, or -ENOENT. */
+static int decode_seed(const char *name, uint8_t *buf, size_t cap, struct snapshot_meta *m,
+                       const uint8_t **k, const uint8_t **v)
+{
+    char path[512];
+    snprintf(path, sizeof path, SS_FIXTURES_DIR "/../fuzz/corpus/fuzz_snapshot_decode/%s", name);
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return -ENOENT;
+    size_t n = fread(buf, 1, cap, f);
+    fclose(f);
+    return decode(buf, n, m, k, v);
+}
+
+TEST(snapshot_round_trip_gives_back_every_field_and_byte)
+{
+    struct snapshot_meta m = sample_meta(), d;
+    size_t len;
+    uint8_t *buf = NULL;
+    round_trip(failed, &m, &d, &buf, &len);
+    free(buf);
+    if (*failed)
+        return;
+    ASSERT_EQ(d.version, 2); /* every layer global: the version-2 layout */
+    ASSERT_EQ(snapshot_kv_bytes(&m), 2 * 1 * 7 * 4 * 2);
+}
+
+TEST(snapshot_every_truncation_is_refused)
+{
+    struct snapshot_meta m = sample_meta();
+    refuses_every_truncation(failed, &m);
+}
+
+TEST(snapshot_every_bit_flip_is_refused)
+{
+    struct snapshot_meta m = sample_meta();
+    refuses_every_bit_flip(failed, &m);
 }
 
 /* sample_meta of a model with local layers: layer 0 local (window 3),
@@ -182,66 +261,41 @@ TEST(snapshot_with_local_layers_is_version_3_and_round_trips)
     ASSERT_EQ(snapshot_layer_offset(&m, 1), 1 * 3 * 4 * 2);
     ASSERT_EQ(snapshot_kv_bytes(&m), 1 * (3 + 7) * 4 * 2);
     size_t len;
-    uint8_t *buf = build(&m, &len);
-    ASSERT_EQ(len, 210 + strlen(m.id) + 2 * snapshot_kv_bytes(&m) + 4);
-    ASSERT_EQ(buf[8], 3);
-    const uint8_t *k, *v;
-    char err[200] = "";
-    int rc = snapshot_decode(buf, len, &d, &k, &v, err, sizeof err);
-    if (rc < 0)
-        fprintf(stderr, "  %s\n", err);
-    ASSERT_OK(rc);
+    uint8_t *buf = NULL;
+    round_trip(failed, &m, &d, &buf, &len);
+    if (*failed) {
+        free(buf);
+        return;
+    }
+    size_t want_len = 210 + strlen(m.id) + 2 * snapshot_kv_bytes(&m) + 4;
+    uint8_t version_byte = buf[8];
+    free(buf);
+    ASSERT_EQ(len, want_len);
+    ASSERT_EQ(version_byte, 3);
     ASSERT_EQ(d.version, 3);
     ASSERT_EQ(d.swa_period, 2);
     ASSERT_EQ(d.swa_window, 3);
     ASSERT_EQ(d.n_local_cells, 3);
     ASSERT_EQ(d.local_pos0, 1009);
-    ASSERT(d.owner == m.owner);
-    ASSERT_STREQ(d.id, "sess_abc-1");
-    ASSERT_EQ(k[0], 5);
-    ASSERT_EQ(v[0], 11);
-    ASSERT(k + snapshot_kv_bytes(&m) == v);
     /* a short session: the local layers hold every position */
     m.pos_next = m.pos_first + 2;
     snapshot_meta_cells(&m);
     ASSERT_EQ(m.n_local_cells, 2);
     ASSERT_EQ(m.local_pos0, m.pos_first);
-    free(buf);
 }
 
 TEST(snapshot_with_local_layers_refuses_every_truncation_flip_and_disagreeing_field)
 {
-    struct snapshot_meta m = sample_meta_local(), d;
-    size_t len;
-    uint8_t *buf = build(&m, &len);
-    char err[200];
-    const uint8_t *k, *v;
-    for (size_t n = 0; n < len; n++) {
-        uint8_t *cut = malloc(n ? n : 1);
-        memcpy(cut, buf, n);
-        int rc = snapshot_decode(cut, n, &d, &k, &v, err, sizeof err);
-        free(cut);
-        if (rc != -EINVAL)
-            FAIL_AT("a snapshot cut to %zu of %zu bytes gave %d", n, len, rc);
-    }
-    for (size_t i = 0; i < len; i++) {
-        buf[i] ^= 0x10;
-        if (snapshot_decode(buf, len, &d, &k, &v, err, sizeof err) >= 0)
-            FAIL_AT("a flip at byte %zu went unnoticed", i);
-        buf[i] ^= 0x10;
-    }
+    struct snapshot_meta m = sample_meta_local();
+    refuses_every_truncation(failed, &m);
+    if (*failed)
+        return;
+    refuses_every_bit_flip(failed, &m);
+    if (*failed)
+        return;
     /* period, reserved, local window, local cells, first local position, id length */
     static const size_t fields[] = {176, 180, 184, 192, 200, 208};
-    for (size_t f = 0; f < sizeof fields / sizeof fields[0]; f++) {
-        uint8_t *c = malloc(len);
-        memcpy(c, buf, len);
-        c[fields[f]] ^= 0x41;
-        reseal(c, len);
-        if (snapshot_decode(c, len, &d, &k, &v, err, sizeof err) >= 0)
-            FAIL_AT("a changed byte at offset %zu was accepted", fields[f]);
-        free(c);
-    }
-    free(buf);
+    refuses_changed_fields(failed, &m, fields, sizeof fields / sizeof fields[0]);
 }
 
 TEST(snapshot_of_another_version_says_so)
@@ -260,23 +314,10 @@ TEST(snapshot_of_another_version_says_so)
 
 TEST(snapshot_with_fields_that_disagree_is_refused_even_with_a_good_checksum)
 {
-    struct snapshot_meta m = sample_meta(), d;
-    size_t len;
-    uint8_t *buf = build(&m, &len);
-    const uint8_t *k, *v;
-    char err[200];
+    struct snapshot_meta m = sample_meta();
     static const size_t fields[] = {12,  16,  56,  60,  72,  76,  80,  88, 96,
                                     104, 112, 120, 128, 136, 144, 156, 176};
-    for (size_t f = 0; f < sizeof fields / sizeof fields[0]; f++) {
-        uint8_t *c = malloc(len);
-        memcpy(c, buf, len);
-        c[fields[f]] ^= 0x41;
-        reseal(c, len);
-        if (snapshot_decode(c, len, &d, &k, &v, err, sizeof err) >= 0)
-            FAIL_AT("a changed byte at offset %zu was accepted", fields[f]);
-        free(c);
-    }
-    free(buf);
+    refuses_changed_fields(failed, &m, fields, sizeof fields / sizeof fields[0]);
 }
 
 TEST(snapshot_id_with_path_characters_is_refused)
@@ -306,21 +347,10 @@ TEST(snapshot_id_with_path_characters_is_refused)
 
 TEST(snapshot_written_by_an_independent_python_writer_decodes)
 {
-    /* tests/fuzz/corpus/fuzz_snapshot_decode/valid_f16_sinks2 was written
-     * from the layout in snapshot.h by a few lines of Python (struct, zlib) */
-    const char *path = SS_FIXTURES_DIR "/../fuzz/corpus/fuzz_snapshot_decode/valid_f16_sinks2";
-    FILE *f = fopen(path, "rb");
-    ASSERT(f != NULL);
     uint8_t buf[1024];
-    size_t n = fread(buf, 1, sizeof buf, f);
-    fclose(f);
     struct snapshot_meta m;
     const uint8_t *k, *v;
-    char err[200] = "";
-    int rc = snapshot_decode(buf, n, &m, &k, &v, err, sizeof err);
-    if (rc < 0)
-        fprintf(stderr, "  %s\n", err);
-    ASSERT_OK(rc);
+    ASSERT_OK(decode_seed("valid_f16_sinks2", buf, sizeof buf, &m, &k, &v));
     ASSERT_STREQ(m.id, "seed-1");
     ASSERT_EQ(m.version, 1); /* the previous format, of an open server: owner 0 */
     ASSERT(m.owner == 0);
@@ -332,22 +362,11 @@ TEST(snapshot_written_by_an_independent_python_writer_decodes)
 
 TEST(snapshot_with_local_layers_written_by_an_independent_python_writer_decodes)
 {
-    /* tests/fuzz/corpus/fuzz_snapshot_decode/valid_f16_local3 was written from
-     * the version-3 layout in snapshot.h by a few lines of Python (struct,
-     * zlib): layer 0 local (window 3), layer 1 global, 12 positions stored */
-    const char *path = SS_FIXTURES_DIR "/../fuzz/corpus/fuzz_snapshot_decode/valid_f16_local3";
-    FILE *f = fopen(path, "rb");
-    ASSERT(f != NULL);
+    /* layer 0 local (window 3), layer 1 global, 12 positions stored */
     uint8_t buf[1024];
-    size_t n = fread(buf, 1, sizeof buf, f);
-    fclose(f);
     struct snapshot_meta m;
     const uint8_t *k, *v;
-    char err[200] = "";
-    int rc = snapshot_decode(buf, n, &m, &k, &v, err, sizeof err);
-    if (rc < 0)
-        fprintf(stderr, "  %s\n", err);
-    ASSERT_OK(rc);
+    ASSERT_OK(decode_seed("valid_f16_local3", buf, sizeof buf, &m, &k, &v));
     ASSERT_STREQ(m.id, "seed-3");
     ASSERT_EQ(m.version, 3);
     ASSERT_EQ(m.swa_period, 2);

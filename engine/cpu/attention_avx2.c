@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "attention.h"
+#include "simd_avx2.h"
 
 static inline float hsum(__m256 v)
 {
@@ -78,30 +79,11 @@ void cpu__attn_to_f32_avx2(float *dst, const void *src, int64_t n, int f16)
     }
 }
 
-/* e^x for x <= 0 (the argument is always z - max): x = k ln2 + r with
- * |r| <= ln2/2, e^r by a degree-6 polynomial (Taylor, remainder < 2e-7
- * relative), 2^k by building the exponent. Below -87 the result is 0. */
+/* e^x for x <= 0 (the argument is always z - max); below -87 it is 0. */
 static inline __m256 exp256_nonpos(__m256 x)
 {
-    const __m256 lo = _mm256_set1_ps(-87.0f);
-    __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-    x = _mm256_max_ps(x, lo);
-    __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    /* r = x - k ln2 in two steps (Cody-Waite) */
-    __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.0f / 720);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    __m256i e =
-        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
-    __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-    return _mm256_andnot_ps(under, y);
+    __m256 under = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_LT_OQ);
+    return _mm256_andnot_ps(under, cpu_exp256(x));
 }
 
 float cpu__attn_exp_sub_avx2(float *w, const float *z, float m, int n)
@@ -132,20 +114,6 @@ static inline __m256i tail_mask(int n)
 {
     const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), idx);
-}
-
-/* The sums of 8 accumulators in one vector, lane i = the sum of a[i]'s lanes,
- * always by the same tree: ((l0+l1)+(l2+l3)) + ((l4+l5)+(l6+l7)). Lane i
- * depends on a[i] alone, so a key's score does not depend on the other keys
- * of its group (or on how many there are). */
-static inline __m256 sum8(const __m256 *a)
-{
-    __m256 h01 = _mm256_hadd_ps(a[0], a[1]), h23 = _mm256_hadd_ps(a[2], a[3]);
-    __m256 h45 = _mm256_hadd_ps(a[4], a[5]), h67 = _mm256_hadd_ps(a[6], a[7]);
-    __m256 q0 = _mm256_hadd_ps(h01, h23), q1 = _mm256_hadd_ps(h45, h67);
-    /* q0 = [k0..k3 low halves | k0..k3 high halves], q1 likewise for k4..k7 */
-    return _mm256_add_ps(_mm256_permute2f128_ps(q0, q1, 0x20),
-                         _mm256_permute2f128_ps(q0, q1, 0x31));
 }
 
 /* Scores of a tile, eight keys at a time: one accumulator per key over the
@@ -180,7 +148,7 @@ float cpu__attn_scores_avx2(float *z, const float *q, const float *kf, int nt, i
             for (int k = 0; k < 8; k++)
                 a[k] = _mm256_fmadd_ps(qv, _mm256_maskload_ps(kp[k] + nf, tm), a[k]);
         }
-        __m256 s = _mm256_mul_ps(sum8(a), vs);
+        __m256 s = _mm256_mul_ps(cpu_sum8(a), vs);
         mx = _mm256_max_ps(mx, s);
         if (kn == 8) {
             _mm256_storeu_ps(z + i0, s);

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "attention.h"
+#include "simd_avx2.h"
 
 /* lanes 0..n-1 of 16 */
 static inline __mmask16 mask16(int n)
@@ -12,7 +13,7 @@ static inline __mmask16 mask16(int n)
     return (__mmask16)((1u << n) - 1u);
 }
 
-/* As attention_avx2.c's sum8, after folding each 16-lane accumulator into 8
+/* cpu_sum8 (simd_avx2.h), after folding each 16-lane accumulator into 8
  * lanes (low half + high half): lane i depends on a[i] alone. */
 static inline __m256 sum8_512(const __m512 *a)
 {
@@ -21,11 +22,7 @@ static inline __m256 sum8_512(const __m512 *a)
     for (int k = 0; k < 8; k++)
         f[k] = _mm256_add_ps(_mm512_castps512_ps256(a[k]),
                              _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a[k]), 1)));
-    __m256 h01 = _mm256_hadd_ps(f[0], f[1]), h23 = _mm256_hadd_ps(f[2], f[3]);
-    __m256 h45 = _mm256_hadd_ps(f[4], f[5]), h67 = _mm256_hadd_ps(f[6], f[7]);
-    __m256 q0 = _mm256_hadd_ps(h01, h23), q1 = _mm256_hadd_ps(h45, h67);
-    return _mm256_add_ps(_mm256_permute2f128_ps(q0, q1, 0x20),
-                         _mm256_permute2f128_ps(q0, q1, 0x31));
+    return cpu_sum8(f);
 }
 
 float cpu__attn_scores_avx512(float *z, const float *q, const float *kf, int nt, int n, float scale)

@@ -1,0 +1,50 @@
+/* simd_avx2.h: inline AVX2 + FMA helpers shared by the CPU kernels. Include
+ * only from files built for AVX2 (*_avx2.c, *_avx512.c). */
+#ifndef STREAMSINK_CPU_SIMD_AVX2_H
+#define STREAMSINK_CPU_SIMD_AVX2_H
+
+#include <immintrin.h>
+
+/* e^x for x in [-87, 88] (clamped there): x = k ln2 + r with |r| <= ln2/2
+ * (Cody-Waite, two steps), e^r by a degree-6 Taylor polynomial (remainder
+ * < 2e-7 relative), 2^k built in the exponent field as two factors 2^(k/2)
+ * so that k = 128 (x near 88.7) cannot overflow it. Each factor is an exact
+ * power of two, so the result rounds once, as with one factor. */
+static inline __m256 cpu_exp256(__m256 x)
+{
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+    __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 720);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    __m256i ki = _mm256_cvtps_epi32(k);
+    __m256i k1 = _mm256_srai_epi32(ki, 1), k2 = _mm256_sub_epi32(ki, k1);
+    __m256 e1 =
+        _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k1, _mm256_set1_epi32(127)), 23));
+    __m256 e2 =
+        _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k2, _mm256_set1_epi32(127)), 23));
+    return _mm256_mul_ps(_mm256_mul_ps(p, e1), e2);
+}
+
+/* The sums of 8 accumulators in one vector, lane i = the sum of a[i]'s lanes,
+ * always by the same tree: ((l0+l1)+(l2+l3)) + ((l4+l5)+(l6+l7)). Lane i
+ * depends on a[i] alone, so a key's score does not depend on the other keys
+ * of its group (or on how many there are). */
+static inline __m256 cpu_sum8(const __m256 *a)
+{
+    __m256 h01 = _mm256_hadd_ps(a[0], a[1]), h23 = _mm256_hadd_ps(a[2], a[3]);
+    __m256 h45 = _mm256_hadd_ps(a[4], a[5]), h67 = _mm256_hadd_ps(a[6], a[7]);
+    __m256 q0 = _mm256_hadd_ps(h01, h23), q1 = _mm256_hadd_ps(h45, h67);
+    /* q0 = [k0..k3 low halves | k0..k3 high halves], q1 likewise for k4..k7 */
+    return _mm256_add_ps(_mm256_permute2f128_ps(q0, q1, 0x20),
+                         _mm256_permute2f128_ps(q0, q1, 0x31));
+}
+
+#endif

@@ -24,7 +24,7 @@ at a small share of one core):
         --keep-every 30 --threads 1 --out tools/data/sinks_trained_v.txt
 
     # tools/data/sinks_trained_v2.txt + tools/data/sinks_values_v2.f32: from the two files
-    # above, windows 64-1,024, the first W tokens scored too, three more kinds of text
+    # above, windows 64-1,024, the first W tokens scored too, four more sources
     nice /root/refvenv/bin/python tools/train_sinks.py --model $M --steps 120 --stop-after 100 \
         --windows 64,128,256,64,128,256,1024 --loss-tokens 160 --lr 0.01 --lr-values 0.03 \
         --early-weight 0.5 \

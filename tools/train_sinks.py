@@ -23,6 +23,16 @@ at a small share of one core):
         --init tools/data/sinks_trained.txt --sink-values tools/data/sinks_values.f32 \
         --keep-every 30 --threads 1 --out tools/data/sinks_trained_v.txt
 
+    # tools/data/sinks_trained_v2.txt + tools/data/sinks_values_v2.f32: from the two files
+    # above, windows 64-1,024, the first W tokens scored too, four more sources
+    nice /root/refvenv/bin/python tools/train_sinks.py --model $M --steps 120 --stop-after 100 \
+        --windows 64,128,256,64,128,256,1024 --loss-tokens 160 --lr 0.01 --lr-values 0.03 \
+        --early-weight 0.5 \
+        --sources kjv-without-revelation,gnu-manuals,more-manuals,licenses,man7,doc-texts \
+        --init tools/data/sinks_trained_v.txt --init-values tools/data/sinks_values.f32 \
+        --sink-values tools/data/sinks_values_v2.f32 --keep-every 20 --threads 1 \
+        --out tools/data/sinks_trained_v2.txt
+
 tools/data/sinks_trained30.txt came from the first version of this script:
 30 steps of 320-token slices of the KJV without Revelation, window 128, lr 0.1,
 init 0 (its header says so).
@@ -45,14 +55,28 @@ positions t >= W only, where the first token is out of reach, because those are
 the queries whose sink must now be the null key. K (after RoPE) and V are
 rounded to f16, as the engine's default KV cache stores them (--kv-f32: not).
 
-Each step takes one window from --windows (in turn) and one text source (in
-turn), and a random slice of W + --loss-tokens tokens of it (seeded generator),
-so one run covers several windows and several kinds of text. The sources are
-texts that every Debian system has, none of them an evaluation text: the King
-James Bible without Revelation (`bible`, Debian bible-kjv), the GNU manuals of
-sed, grep, gzip, diffutils and findutils (/usr/share/info) and the GPL-3
-(/usr/share/common-licenses). Held out: Revelation, the coreutils manual, the
-Debian project history (package debian-history). Given its seed the run is
+--early-weight X also scores the tokens t < W, where the real first token is
+still in the window, so that the sink does not hurt the model before the first
+eviction: the loss is (mean NLL t >= W + X mean NLL t < W) / (1 + X).
+
+Each step takes one window from --windows (in turn; a window may be listed more
+than once to take it more often) and one text source (in turn, after each pass
+over --windows), and a random slice of W + --loss-tokens tokens of it (seeded
+generator), so one run covers several windows and several kinds of text. The
+sources (--sources, source_text) are texts that the Debian packages installed
+here have, none of them an evaluation text nor from an evaluation text's
+package: the King James Bible without Revelation (`kjv-without-revelation`,
+Debian bible-kjv), the GNU manuals of sed, grep, gzip, diffutils and findutils
+(`gnu-manuals`, /usr/share/info), the GPL-3 (`gpl-3`,
+/usr/share/common-licenses); and, for the v2 files, the manuals of bc, bzip2,
+ed, gettext, time and wget (`more-manuals`), the other licenses of
+/usr/share/common-licenses (`licenses`: Apache-2.0, Artistic, GPL-2,
+LGPL-2.1, MPL-2.0, GFDL-1.3), the 172 section-7 pages of the Linux man-pages
+project rendered by `man` at 80 columns (`man7`, package manpages) and
+plain-text documentation from /usr/share/doc (`doc-texts`: the sed FAQ, the
+libpng and libjpeg manuals, the X11 protocol, dpkg's trigger spec). Held out:
+Revelation, the coreutils manual, the Debian project history (packages
+coreutils and debian-history contribute nothing). Given its seed the run is
 deterministic (one thread, deterministic kernels).
 
 --sink-values FILE also trains one value vector per query head, v_h (Dh floats),
@@ -61,7 +85,7 @@ the tensors blk.N.attn_sinks_v of docs/gguf-normalizer.md. FILE is raw little-en
 float32, layer by layer, head by head (tools/retrofit_sinks.py --values reads it).
 Every step is one forward and one backward of the frozen model in float32 on one
 thread: 6-12 s for W = 64-256 with 160 scored tokens on an idle core of the build
-machine, about twice that when it is loaded.
+machine, about twice that when it is loaded; 70-141 s for W = 1,024 (1,184 tokens).
 """
 import argparse
 import gzip
@@ -87,6 +111,14 @@ LICENSE = "/usr/share/common-licenses/GPL-3"
 COREUTILS = os.path.join(INFO, "coreutils.info.gz")
 HISTORY = "/usr/share/doc/debian-history/docs/project-history.en.txt.gz"
 EVAL_CHARS = 16000
+SOURCES_V1 = ["kjv-without-revelation", "gnu-manuals", "gpl-3"]
+MORE_INFO = ["bc.info.gz", "bzip2.info.gz", "ed.info.gz", "gettext.info.gz", "time.info.gz",
+             "wget.info.gz"]
+LICENSES = "/usr/share/common-licenses"
+MORE_LICENSES = ["Apache-2.0", "Artistic", "GPL-2", "LGPL-2.1", "MPL-2.0", "GFDL-1.3"]
+DOC_TEXTS = ["/usr/share/doc/sed/sedfaq.txt.gz", "/usr/share/doc/libpng16-16/libpng-manual.txt.gz",
+             "/usr/share/doc/libjpeg62-turbo-dev/libjpeg.txt.gz",
+             "/usr/share/doc/xproto/x11protocol.txt.gz", "/usr/share/doc/dpkg/spec/triggers.txt"]
 
 
 def kjv_books():
@@ -107,15 +139,46 @@ def read_text(path):
         return f.read()
 
 
-def train_sources():
+def man_text(path):
+    """A man page rendered as plain text (man -l, 80 columns, no overstrike)."""
+    env = dict(os.environ, MANWIDTH="80", MAN_KEEP_FORMATTING="0")
+    r = subprocess.run(["man", "-l", path], capture_output=True, text=True, env=env,
+                       errors="replace")
+    return re.sub(r".\x08", "", r.stdout)
+
+
+def package_files(pkg, pattern):
+    r = subprocess.run(["dpkg", "-L", pkg], capture_output=True, text=True)
+    return sorted(f for f in r.stdout.split() if re.search(pattern, f) and os.path.isfile(f))
+
+
+def source_text(name):
+    """One training source by name. None of them is, or comes from the package
+    of, an evaluation text (Revelation, the coreutils manual, the Debian project
+    history: coreutils and debian-history contribute nothing)."""
+    if name == "kjv-without-revelation":
+        return "\n".join("\n".join(v) for b, v in kjv_books().items() if b != "Rev")
+    if name == "gnu-manuals":
+        return "\n".join(read_text(os.path.join(INFO, n)) for n in TRAIN_INFO
+                         if os.path.exists(os.path.join(INFO, n)))
+    if name == "gpl-3":
+        return read_text(LICENSE)
+    if name == "more-manuals":  # other Texinfo manuals: bc, bzip2, ed, gettext, time, wget
+        return "\n".join(read_text(os.path.join(INFO, n)) for n in MORE_INFO
+                         if os.path.exists(os.path.join(INFO, n)))
+    if name == "licenses":  # /usr/share/common-licenses but the GPL-3
+        return "\n".join(read_text(os.path.join(LICENSES, n)) for n in MORE_LICENSES
+                         if os.path.exists(os.path.join(LICENSES, n)))
+    if name == "man7":  # overview pages of the Linux man-pages project (package manpages)
+        return "\n".join(man_text(f) for f in package_files("manpages", r"/man7/.*\.7\.gz$"))
+    if name == "doc-texts":  # plain-text documentation in /usr/share/doc
+        return "\n".join(read_text(f) for f in DOC_TEXTS if os.path.exists(f))
+    sys.exit(f"unknown training source {name}")
+
+
+def train_sources(names=",".join(SOURCES_V1)):
     """[(name, text)]: the training texts, none of them an evaluation text."""
-    src = [("kjv-without-revelation",
-            "\n".join("\n".join(v) for b, v in kjv_books().items() if b != "Rev"))]
-    manuals = [read_text(os.path.join(INFO, n)) for n in TRAIN_INFO
-               if os.path.exists(os.path.join(INFO, n))]
-    src.append(("gnu-manuals", "\n".join(manuals)))
-    src.append(("gpl-3", read_text(LICENSE)))
-    return src
+    return [(n, source_text(n)) for n in names.split(",")]
 
 
 def eval_texts():
@@ -352,6 +415,11 @@ def main():
     ap.add_argument("--fit-tokens", type=int, default=384)
     ap.add_argument("--keep-every", type=int, default=0,
                     help="also keep a copy of the files every this many steps (OUT.stepN)")
+    ap.add_argument("--early-weight", type=float, default=0.0,
+                    help="also score the first W tokens (the real first token still in the "
+                         "window): loss = (mean NLL t >= W + this x mean NLL t < W) / (1 + this)")
+    ap.add_argument("--sources", default=",".join(SOURCES_V1),
+                    help="training sources, taken in turn (see source_text)")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--threads", type=int, default=1)
     a = ap.parse_args()
@@ -387,7 +455,8 @@ def main():
         return
     init = read_scalars(a.init, L, H) if a.init else torch.zeros(L, H)
 
-    sources = [(n, torch.tensor(tok.encode(t).ids, dtype=torch.long)) for n, t in train_sources()]
+    sources = [(n, torch.tensor(tok.encode(t).ids, dtype=torch.long))
+               for n, t in train_sources(a.sources)]
     print(f"{L} x {H} sink logits{' + values' if a.sink_values else ''}; windows {windows}; "
           f"{a.loss_tokens} scored tokens per step; sources: "
           + ", ".join(f"{n} ({len(i)} tokens)" for n, i in sources), flush=True)
@@ -432,14 +501,19 @@ def main():
         name, ids = sources[(step // len(windows)) % len(sources)]
         n = W + a.loss_tokens + 1
         st = int(torch.randint(0, len(ids) - n, (1,), generator=g))
-        nll = forward_nll(kv, w, sinks, ids[st:st + n], W, sink_v, score_from=W,
-                          kv_f16=not a.kv_f32)
-        loss = nll.mean()
+        nll = forward_nll(kv, w, sinks, ids[st:st + n], W, sink_v,
+                          score_from=0 if a.early_weight else W, kv_f16=not a.kv_f32)
+        if a.early_weight:
+            late, early = nll[W:].mean(), nll[:W].mean()
+            loss = (late + a.early_weight * early) / (1 + a.early_weight)
+        else:
+            late = early = loss = nll.mean()
         opt.zero_grad()
         loss.backward()
         opt.step()
         vn = f" |v| {sink_v.detach().norm(dim=-1).mean().item():.3f}" if sink_v is not None else ""
-        print(f"step {step:3d} W {W:4d} {name:22s} loss {loss.item():.4f} "
+        ew = f" (t>=W {late.item():.4f}, t<W {early.item():.4f})" if a.early_weight else ""
+        print(f"step {step:3d} W {W:4d} {name:22s} loss {loss.item():.4f}{ew} "
               f"mean sink {sinks.mean().item():+.3f}{vn} ({time.time() - t0:.0f}s)", flush=True)
         if (step + 1) % 10 == 0 or step + 1 == n_run:  # the file after every 10 steps
             el = time.time() - t0
@@ -451,6 +525,7 @@ def main():
                         + (f", values lr {a.lr_values} -> {os.path.basename(a.sink_values)}"
                            f" (init {os.path.basename(a.init_values) if a.init_values else '0'})"
                            if a.sink_values else "")
+                        + (f", early weight {a.early_weight}" if a.early_weight else "")
                         + f", {'f32' if a.kv_f32 else 'f16'} K/V, seed "
                         f"{a.seed}, init {os.path.basename(a.init) if a.init else '0'}; sources "
                         f"{', '.join(n for n, _ in sources)}; {el:.0f}s on one thread\n")

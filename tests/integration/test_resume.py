@@ -231,7 +231,11 @@ def test_keepalives_between_events_are_comment_lines_the_openai_client_skips(srv
     the last event id across events and would dispatch the blank line as an
     event with empty data, which it then fails to parse as JSON."""
     s = srv.connect()
-    data = json.dumps(COMPLETION).encode()
+    # a prompt of about 2,000 tokens: its prefill keeps the stream without an
+    # event for far longer than the keep-alive period on any machine (decoding
+    # alone can emit every token sooner than that)
+    long_prompt = "Count to one thousand: " + ", ".join(str(i) for i in range(1, 800)) + ","
+    data = json.dumps({**COMPLETION, "prompt": long_prompt, "max_tokens": 8}).encode()
     s.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
                f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n").encode() + data)
     raw = b""

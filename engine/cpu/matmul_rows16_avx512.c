@@ -214,6 +214,17 @@ INLINE void tile_n(const enum qtype type, int nt, const struct packed *P, int nb
     }
 }
 
+/* corr[t][bb] = -bias x sum(a) of activation block b0 + bb of token t, the
+ * exact integer correction for quants stored unsigned (q + bias). */
+INLINE void bias_corrections(int32_t corr[TOKEN_BLOCK][CHUNK_BLOCKS], const char *a0,
+                             size_t a_stride, int64_t tn, int64_t b0, int nb, int bias)
+{
+    for (int64_t t = 0; t < tn; t++)
+        for (int bb = 0; bb < nb; bb++)
+            corr[t][bb] =
+                -bias * act_sum((const struct block_q8_act *)(a0 + (size_t)t * a_stride) + b0 + bb);
+}
+
 INLINE void rows16(const enum qtype type, const void *restrict w, int64_t k, int64_t n0, int64_t n1,
                    const void *restrict act, int64_t T, float *restrict y, int64_t ldy)
 {
@@ -230,12 +241,7 @@ INLINE void rows16(const enum qtype type, const void *restrict w, int64_t k, int
         for (int64_t b0 = 0; b0 < nbk; b0 += CHUNK_BLOCKS) {
             const int nb = nbk - b0 < CHUNK_BLOCKS ? (int)(nbk - b0) : CHUNK_BLOCKS;
             if (bias)
-                for (int64_t t = 0; t < tn; t++)
-                    for (int bb = 0; bb < nb; bb++)
-                        corr[t][bb] =
-                            -bias *
-                            act_sum((const struct block_q8_act *)(a0 + (size_t)t * a_stride) + b0 +
-                                    bb);
+                bias_corrections(corr, a0, a_stride, tn, b0, nb, bias);
             for (int64_t g = n0; g < n1; g += GROUP) {
                 const int nr = n1 - g < GROUP ? (int)(n1 - g) : GROUP;
                 const __mmask16 live = (__mmask16)((1u << nr) - 1);
@@ -424,12 +430,7 @@ INLINE void rows16_packed(const enum qtype type, const void *restrict wp, int64_
         for (int64_t b0 = 0; b0 < nbk; b0 += CHUNK_BLOCKS) {
             const int nb = nbk - b0 < CHUNK_BLOCKS ? (int)(nbk - b0) : CHUNK_BLOCKS;
             if (bias)
-                for (int64_t t = 0; t < tn; t++)
-                    for (int bb = 0; bb < nb; bb++)
-                        corr[t][bb] =
-                            -bias *
-                            act_sum((const struct block_q8_act *)(a0 + (size_t)t * a_stride) + b0 +
-                                    bb);
+                bias_corrections(corr, a0, a_stride, tn, b0, nb, bias);
             const char *ab0 = a0 + (size_t)b0 * sizeof(struct block_q8_act);
             for (int64_t g = n0 / GROUP * GROUP; g < n1; g += GROUP) {
                 const int lo = n0 > g ? (int)(n0 - g) : 0;

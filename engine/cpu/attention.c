@@ -95,6 +95,7 @@ static void accum_scalar(float *acc, const float *w, const float *vf, int nt, in
 
 void cpu_attention_kernels(struct attn_kernels *out, int level)
 {
+    memset(out, 0, sizeof *out);
     if (level >= 1) {
         out->dot = cpu__attn_dot_avx2;
         out->axpy = cpu__attn_axpy_avx2;
@@ -106,6 +107,8 @@ void cpu_attention_kernels(struct attn_kernels *out, int level)
         if (level >= 2) {
             out->scores = cpu__attn_scores_avx512;
             out->accum = cpu__attn_accum_avx512;
+            out->scores_f16 = cpu__attn_scores_f16_avx512;
+            out->accum_f16 = cpu__attn_accum_f16_avx512;
         }
     } else {
         out->dot = dot_scalar;
@@ -203,6 +206,119 @@ void cpu_attention_row(const struct attn_kernels *kr, const float *q, const floa
 #define ATTN_TILE 32
 #define ATTN_MAX_DH 256
 
+/* Cell of visit index v: (run, cell) through the runs; *left = the cells
+ * left in that run from v on. */
+static int64_t visit_cell(const struct attn_keys *keys, int64_t v, int *run, int64_t *left)
+{
+    int64_t base = 0;
+    int r = 0;
+    while (v - base >= keys->run_len[r]) {
+        base += keys->run_len[r];
+        r++;
+    }
+    *run = r;
+    *left = base + keys->run_len[r] - v;
+    return keys->run_start[r] + v - base;
+}
+
+/* Starts loading the K and V rows of the tile that begins at visit index v
+ * (up to ATTN_TILE keys, not past last or the end of v's run): in a
+ * many-stream or long-window decode step they come from memory, once. */
+static void prefetch_tile(const struct attn_keys *keys, int64_t v, int64_t last)
+{
+    int run;
+    int64_t left, c = visit_cell(keys, v, &run, &left), cnt = last - v;
+    cnt = cnt < left ? cnt : left;
+    cnt = cnt < ATTN_TILE ? cnt : ATTN_TILE;
+    const size_t esz = keys->f16 ? 2 : 4, n = (size_t)keys->head_dim;
+    const size_t o0 = (size_t)c * n * esz, bytes = (size_t)cnt * n * esz;
+    for (size_t o = 0; o < bytes; o += 64) {
+        __builtin_prefetch((const char *)keys->k + o0 + o);
+        __builtin_prefetch((const char *)keys->v + o0 + o);
+    }
+}
+
+/* One online-softmax step of a row over its scores z[0, nt) of a tile:
+ * rescale (m, l, acc) if the tile's max bm is above m, then the tile's
+ * weights into w (returned in place for the accumulation). */
+static void row_weights(const struct attn_kernels *kr, const struct attn_row *row, float *z,
+                        float *w, int nt, float bm, int n, int softpick)
+{
+    float *pm = row->m, *pl = row->l;
+    if (bm > *pm) {
+        float corr = expf(*pm - bm); /* 0 when m was -inf */
+        *pl *= corr;
+        kr->scale(row->acc, corr, n);
+        *pm = bm;
+    }
+    float ws = kr->exp_sub(w, z, *pm, nt);
+    if (softpick) { /* weights relu(e^(z-m) - e^-m), denominator |.| */
+        const float e0 = expf(-*pm);
+        for (int i = 0; i < nt; i++) {
+            float d = w[i] - e0;
+            *pl += fabsf(d);
+            w[i] = d > 0 ? d : 0.0f;
+        }
+    } else {
+        *pl += ws;
+    }
+}
+
+/* cpu_attention_span_rows for rows that all see the same keys (a decode
+ * step's query heads of one kv head) over f16 K/V, with the in-place f16
+ * kernels: each K and V row is read once per tile for all rows, converted
+ * in registers. Same tiles, same per-row arithmetic, same bits. */
+static void span_rows_f16(const struct attn_kernels *kr, int nr, const struct attn_row *rows,
+                          const struct attn_keys *keys, int64_t v0, int64_t last, float scale,
+                          int softpick)
+{
+    const int n = keys->head_dim;
+    float z[ATTN_MAX_ROWS * ATTN_TILE], w[ATTN_MAX_ROWS * ATTN_TILE], bm[ATTN_MAX_ROWS],
+        b2[ATTN_MAX_ROWS];
+    const float *qs[ATTN_MAX_ROWS], *qcs[ATTN_MAX_ROWS];
+    float *accs[ATTN_MAX_ROWS];
+    const uint16_t *kp[ATTN_TILE], *vp[ATTN_TILE];
+    for (int r = 0; r < nr; r++) {
+        qs[r] = rows[r].q;
+        qcs[r] = rows[r].qc;
+        accs[r] = rows[r].acc;
+    }
+    for (int64_t t0 = v0; t0 < last;) {
+        int64_t t1 = (t0 / ATTN_TILE + 1) * ATTN_TILE;
+        if (t1 > last)
+            t1 = last;
+        const int nt = (int)(t1 - t0);
+        int n_qc = 0; /* sink keys (scored with qc) come first in visit order */
+        for (int i = 0; i < nt;) {
+            int run;
+            int64_t left, c = visit_cell(keys, t0 + i, &run, &left);
+            const int cnt = left < nt - i ? (int)left : nt - i;
+            for (int k = 0; k < cnt; k++) {
+                kp[i + k] = (const uint16_t *)keys->k + (size_t)(c + k) * (size_t)n;
+                vp[i + k] = (const uint16_t *)keys->v + (size_t)(c + k) * (size_t)n;
+            }
+            if (keys->run_uses_qc[run])
+                n_qc = i + cnt;
+            i += cnt;
+        }
+        if (t1 < last)
+            prefetch_tile(keys, t1, last);
+        for (int r = 0; r < nr; r++)
+            bm[r] = -INFINITY;
+        if (n_qc > 0)
+            kr->scores_f16(z, ATTN_TILE, nr, qcs, kp, n_qc, n, scale, bm);
+        if (n_qc < nt) {
+            kr->scores_f16(z + n_qc, ATTN_TILE, nr, qs, kp + n_qc, nt - n_qc, n, scale, b2);
+            for (int r = 0; r < nr; r++)
+                bm[r] = b2[r] > bm[r] ? b2[r] : bm[r];
+        }
+        for (int r = 0; r < nr; r++)
+            row_weights(kr, &rows[r], z + r * ATTN_TILE, w + r * ATTN_TILE, nt, bm[r], n, softpick);
+        kr->accum_f16(accs, nr, w, ATTN_TILE, vp, nt, n);
+        t0 = t1;
+    }
+}
+
 void cpu_attention_span_rows(const struct attn_kernels *kr, int nr, const struct attn_row *rows,
                              const struct attn_keys *keys, int64_t v0, int64_t v1, float scale,
                              int softpick)
@@ -221,6 +337,16 @@ void cpu_attention_span_rows(const struct attn_kernels *kr, int nr, const struct
         int64_t e = rows[r].end < v1 ? rows[r].end : v1;
         last = e > last ? e : last;
     }
+    int same_end = 1;
+    for (int r = 1; r < nr; r++)
+        same_end &= rows[r].end == rows[0].end;
+    if (keys->f16 && kr->scores_f16 && same_end) {
+        span_rows_f16(kr, nr, rows, keys, v0, last, scale, softpick);
+        for (int r = 0; r < nr; r++)
+            if (rows[r].end <= v0 || v1 <= v0)
+                *rows[r].m = -INFINITY; /* no keys here: merge skips the span */
+        return;
+    }
     for (int64_t t0 = v0; t0 < last;) {
         int64_t t1 = (t0 / ATTN_TILE + 1) * ATTN_TILE;
         if (t1 > last)
@@ -229,15 +355,10 @@ void cpu_attention_span_rows(const struct attn_kernels *kr, int nr, const struct
         /* gather the tile's rows: visit index -> (run, cell), one conversion
          * per stretch of consecutive cells */
         for (int i = 0; i < nt;) {
-            int64_t v = t0 + i, base = 0;
-            int r = 0;
-            while (v - base >= keys->run_len[r]) {
-                base += keys->run_len[r];
-                r++;
-            }
-            int64_t len = base + keys->run_len[r] - v; /* left in this run */
+            int r;
+            int64_t len, cell = visit_cell(keys, t0 + i, &r, &len);
             const int cnt = len < nt - i ? (int)len : nt - i;
-            const size_t c = (size_t)(keys->run_start[r] + v - base) * (size_t)n;
+            const size_t c = (size_t)cell * (size_t)n;
             kr->to_f32(kf + (size_t)i * n, (const char *)keys->k + c * esz, (int64_t)cnt * n,
                        keys->f16);
             kr->to_f32(vf + (size_t)i * n, (const char *)keys->v + c * esz, (int64_t)cnt * n,
@@ -246,25 +367,8 @@ void cpu_attention_span_rows(const struct attn_kernels *kr, int nr, const struct
                 use_qc[i + k] = keys->run_uses_qc[r];
             i += cnt;
         }
-        /* start loading the next tile while this one is scored: in a
-         * many-stream decode step the K/V rows come from memory, once */
-        if (t1 < last) {
-            int64_t v = t1, base = 0;
-            int r = 0;
-            while (v - base >= keys->run_len[r]) {
-                base += keys->run_len[r];
-                r++;
-            }
-            int64_t cnt = base + keys->run_len[r] - v, nx = last - t1;
-            cnt = cnt < nx ? cnt : nx;
-            cnt = cnt < ATTN_TILE ? cnt : ATTN_TILE;
-            const size_t c0 = (size_t)(keys->run_start[r] + v - base) * (size_t)n * esz;
-            const size_t bytes = (size_t)cnt * (size_t)n * esz;
-            for (size_t o = 0; o < bytes; o += 64) {
-                __builtin_prefetch((const char *)keys->k + c0 + o);
-                __builtin_prefetch((const char *)keys->v + c0 + o);
-            }
-        }
+        if (t1 < last)
+            prefetch_tile(keys, t1, last);
         /* sink keys (scored with qc) come first in visit order */
         int n_qc = 0;
         while (n_qc < nt && use_qc[n_qc])
@@ -279,8 +383,7 @@ void cpu_attention_span_rows(const struct attn_kernels *kr, int nr, const struct
                 continue;
             const int ntr = (int)(e - t0);
             const int nqr = n_qc < ntr ? n_qc : ntr;
-            float *a = row->acc;
-            float bm = -INFINITY, *pm = row->m, *pl = row->l;
+            float bm = -INFINITY;
             if (nqr > 0)
                 bm = kr->scores(z, row->qc, kf, nqr, n, scale);
             if (nqr < ntr) {
@@ -288,24 +391,8 @@ void cpu_attention_span_rows(const struct attn_kernels *kr, int nr, const struct
                     kr->scores(z + nqr, row->q, kf + (size_t)nqr * (size_t)n, ntr - nqr, n, scale);
                 bm = b2 > bm ? b2 : bm;
             }
-            if (bm > *pm) {
-                float corr = expf(*pm - bm); /* 0 when m was -inf */
-                *pl *= corr;
-                kr->scale(a, corr, n);
-                *pm = bm;
-            }
-            float ws = kr->exp_sub(w, z, *pm, ntr);
-            if (softpick) { /* weights relu(e^(z-m) - e^-m), denominator |.| */
-                const float e0 = expf(-*pm);
-                for (int i = 0; i < ntr; i++) {
-                    float d = w[i] - e0;
-                    *pl += fabsf(d);
-                    w[i] = d > 0 ? d : 0.0f;
-                }
-            } else {
-                *pl += ws;
-            }
-            kr->accum(a, w, vf, ntr, n);
+            row_weights(kr, row, z, w, ntr, bm, n, softpick);
+            kr->accum(row->acc, w, vf, ntr, n);
         }
         t0 = t1;
     }

@@ -55,6 +55,16 @@ struct attn_kernels { /* row kernels chosen at run time (F16C+FMA or scalar) */
     float (*scores)(float *z, const float *q, const float *kf, int nt, int n, float scale);
     /* acc += sum_i w[i] * (vf + i * n) for a tile of nt f32 value rows */
     void (*accum)(float *acc, const float *w, const float *vf, int nt, int n);
+    /* scores and accum for nr query rows at once over f16 K/V rows read in
+     * place (k[i], v[i]: row i of the tile), each row's arithmetic exactly
+     * that of scores / accum on the tile converted to f32, so both give the
+     * same bits; a key or value row is loaded once for all nr rows. Row r's
+     * scores go to z + r * zs and its largest to mx[r]; its weights are read
+     * from w + r * ws. NULL where the CPU has no such kernels. */
+    void (*scores_f16)(float *z, int64_t zs, int nr, const float *const *q,
+                       const uint16_t *const *k, int nt, int n, float scale, float *mx);
+    void (*accum_f16)(float *const *acc, int nr, const float *w, int64_t ws,
+                      const uint16_t *const *v, int nt, int n);
 };
 /* level: 0 scalar, 1 AVX2 (+FMA, F16C), 2 AVX-512 tile kernels (scores,
  * accum) over the AVX2 row kernels; the cpu_isa of matmul.h fits. */
@@ -121,5 +131,9 @@ void cpu__attn_accum_avx2(float *acc, const float *w, const float *vf, int nt, i
 float cpu__attn_scores_avx512(float *z, const float *q, const float *kf, int nt, int n,
                               float scale);
 void cpu__attn_accum_avx512(float *acc, const float *w, const float *vf, int nt, int n);
+void cpu__attn_scores_f16_avx512(float *z, int64_t zs, int nr, const float *const *q,
+                                 const uint16_t *const *k, int nt, int n, float scale, float *mx);
+void cpu__attn_accum_f16_avx512(float *const *acc, int nr, const float *w, int64_t ws,
+                                const uint16_t *const *v, int nt, int n);
 
 #endif

@@ -114,3 +114,159 @@ void cpu__attn_accum_avx512(float *acc, const float *w, const float *vf, int nt,
         _mm512_mask_storeu_ps(acc + j, m, a);
     }
 }
+
+/*
+ * The two tile kernels above for up to ATTN_F16_ROWS query rows at once,
+ * reading f16 K/V rows straight from the cache (each row addressed on its
+ * own) and converting them in registers: a key or value row is loaded and
+ * converted once for all the rows, where the f32 kernels need the tile
+ * converted to memory first. Each row's arithmetic is exactly that of
+ * cpu__attn_scores_avx512 / cpu__attn_accum_avx512 on the converted tile
+ * (the same FMA chain per key or per lane, the same reduction tree, f16 to
+ * f32 is exact), so either path gives the same bits.
+ */
+#define F16_ROWS_MAX 3
+
+static inline __attribute__((always_inline)) void
+scores_f16_rows(float *z, int64_t zs, const float *const *q, const uint16_t *const *k, int nt,
+                int n, float scale, float *mx, const int rn)
+{
+    const int nf = n & ~15;
+    const __mmask16 tm = mask16(n & 15);
+    const __m256 vs = _mm256_set1_ps(scale);
+    __m256 mxv[F16_ROWS_MAX];
+#pragma GCC unroll 3
+    for (int r = 0; r < rn; r++)
+        mxv[r] = _mm256_set1_ps(-INFINITY);
+    for (int i0 = 0; i0 < nt; i0 += 8) {
+        const int kn = nt - i0 < 8 ? nt - i0 : 8;
+        const uint16_t *kp[8]; /* a short last group repeats its last key */
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; c++)
+            kp[c] = k[i0 + (c < kn ? c : kn - 1)];
+        __m512 a[F16_ROWS_MAX][8];
+#pragma GCC unroll 3
+        for (int r = 0; r < rn; r++)
+#pragma GCC unroll 8
+            for (int c = 0; c < 8; c++)
+                a[r][c] = _mm512_setzero_ps();
+        for (int j = 0; j < nf; j += 16) {
+#pragma GCC unroll 8
+            for (int c = 0; c < 8; c++) {
+                const __m512 kv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(kp[c] + j)));
+#pragma GCC unroll 3
+                for (int r = 0; r < rn; r++)
+                    a[r][c] = _mm512_fmadd_ps(_mm512_loadu_ps(q[r] + j), kv, a[r][c]);
+            }
+        }
+        if (nf < n) {
+#pragma GCC unroll 8
+            for (int c = 0; c < 8; c++) {
+                const __m512 kv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(tm, kp[c] + nf));
+#pragma GCC unroll 3
+                for (int r = 0; r < rn; r++)
+                    a[r][c] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tm, q[r] + nf), kv, a[r][c]);
+            }
+        }
+#pragma GCC unroll 3
+        for (int r = 0; r < rn; r++) {
+            __m256 s = _mm256_mul_ps(sum8_512(a[r]), vs);
+            mxv[r] = _mm256_max_ps(mxv[r], s);
+            if (kn == 8) {
+                _mm256_storeu_ps(z + r * zs + i0, s);
+            } else {
+                float t[8];
+                _mm256_storeu_ps(t, s);
+                memcpy(z + r * zs + i0, t, (size_t)kn * sizeof(float));
+            }
+        }
+    }
+#pragma GCC unroll 3
+    for (int r = 0; r < rn; r++) {
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mxv[r]), _mm256_extractf128_ps(mxv[r], 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        mx[r] = _mm_cvtss_f32(m4);
+    }
+}
+
+void cpu__attn_scores_f16_avx512(float *z, int64_t zs, int nr, const float *const *q,
+                                 const uint16_t *const *k, int nt, int n, float scale, float *mx)
+{
+    for (int r0 = 0; r0 < nr; r0 += F16_ROWS_MAX) {
+        const int rn = nr - r0 < F16_ROWS_MAX ? nr - r0 : F16_ROWS_MAX;
+        float *zr = z + r0 * zs;
+        if (rn == 3)
+            scores_f16_rows(zr, zs, q + r0, k, nt, n, scale, mx + r0, 3);
+        else if (rn == 2)
+            scores_f16_rows(zr, zs, q + r0, k, nt, n, scale, mx + r0, 2);
+        else
+            scores_f16_rows(zr, zs, q + r0, k, nt, n, scale, mx + r0, 1);
+    }
+}
+
+static inline __attribute__((always_inline)) void accum_f16_rows(float *const *acc, const float *w,
+                                                                 int64_t ws,
+                                                                 const uint16_t *const *v, int nt,
+                                                                 int n, const int rn)
+{
+    const int nf = n & ~15;
+    int j = 0;
+    for (; j + 64 <= nf; j += 64) {
+        __m512 a[F16_ROWS_MAX][4];
+#pragma GCC unroll 3
+        for (int r = 0; r < rn; r++)
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++)
+                a[r][c] = _mm512_loadu_ps(acc[r] + j + 16 * c);
+        for (int i = 0; i < nt; i++) {
+            __m512 vv[4];
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++)
+                vv[c] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(v[i] + j + 16 * c)));
+#pragma GCC unroll 3
+            for (int r = 0; r < rn; r++) {
+                const __m512 wi = _mm512_set1_ps(w[r * ws + i]);
+#pragma GCC unroll 4
+                for (int c = 0; c < 4; c++)
+                    a[r][c] = _mm512_fmadd_ps(wi, vv[c], a[r][c]);
+            }
+        }
+#pragma GCC unroll 3
+        for (int r = 0; r < rn; r++)
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++)
+                _mm512_storeu_ps(acc[r] + j + 16 * c, a[r][c]);
+    }
+    for (; j < n; j += 16) { /* the rest, 16 values at a time (the last one masked) */
+        const __mmask16 m = mask16(n - j < 16 ? n - j : 16);
+        __m512 a[F16_ROWS_MAX];
+#pragma GCC unroll 3
+        for (int r = 0; r < rn; r++)
+            a[r] = _mm512_maskz_loadu_ps(m, acc[r] + j);
+        for (int i = 0; i < nt; i++) {
+            const __m512 vv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, v[i] + j));
+#pragma GCC unroll 3
+            for (int r = 0; r < rn; r++)
+                a[r] = _mm512_fmadd_ps(_mm512_set1_ps(w[r * ws + i]), vv, a[r]);
+        }
+#pragma GCC unroll 3
+        for (int r = 0; r < rn; r++)
+            _mm512_mask_storeu_ps(acc[r] + j, m, a[r]);
+    }
+}
+
+void cpu__attn_accum_f16_avx512(float *const *acc, int nr, const float *w, int64_t ws,
+                                const uint16_t *const *v, int nt, int n)
+{
+    for (int r0 = 0; r0 < nr; r0 += F16_ROWS_MAX) {
+        const int rn = nr - r0 < F16_ROWS_MAX ? nr - r0 : F16_ROWS_MAX;
+        const float *wr = w + r0 * ws;
+        if (rn == 3)
+            accum_f16_rows(acc + r0, wr, ws, v, nt, n, 3);
+        else if (rn == 2)
+            accum_f16_rows(acc + r0, wr, ws, v, nt, n, 2);
+        else
+            accum_f16_rows(acc + r0, wr, ws, v, nt, n, 1);
+    }
+}

@@ -349,4 +349,94 @@ TEST(score_and_accumulate_kernels_match_double_loops)
     }
 }
 
+/* The in-place f16 kernels (scores_f16, accum_f16: several rows at once,
+ * K/V rows read where they lie, addressed one by one and scattered here), on
+ * odd shapes and row counts: each row against a double loop, and bit for
+ * bit equal to scores / accum of the same kernel set on the rows converted
+ * to f32 (the backend mixes the two paths and relies on that). */
+TEST(f16_row_kernels_match_double_loops_and_the_f32_kernels_bit_for_bit)
+{
+    struct attn_kernels kr[3];
+    const char *names[3];
+    const int nks = kernel_sets(kr, names);
+    enum { NT = 40, NR = 7, GAP = 3 };
+    static float q[NR][MAX_DH], kf[NT * MAX_DH], vf[NT * MAX_DH], w[NR][NT], z[NR][NT];
+    static float acc[NR][MAX_DH], acc0[NR][MAX_DH], zf[NT], accf[MAX_DH];
+    static uint16_t kh[NT * (MAX_DH + GAP)], vh[NT * (MAX_DH + GAP)];
+    uint64_t s = 4242;
+    int tested = 0;
+    const int dims[] = {1, 15, 16, 20, 64, 65, 100, 256};
+    for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++) {
+        const int n = dims[di], stride = n + GAP; /* rows not back to back */
+        for (int nt = 1; nt <= NT; nt += (nt < 9 ? 1 : 7)) {
+            for (int nr = 1; nr <= NR; nr++) {
+                const float *qp[NR];
+                float *ap[NR];
+                const uint16_t *kp[NT], *vp[NT];
+                for (int r = 0; r < nr; r++) {
+                    for (int j = 0; j < n; j++)
+                        q[r][j] = test_rng_sym(&s);
+                    for (int i = 0; i < nt; i++)
+                        w[r][i] = (float)test_rng_unit(&s);
+                    for (int j = 0; j < MAX_DH; j++)
+                        acc0[r][j] = test_rng_sym(&s);
+                    qp[r] = q[r];
+                    ap[r] = acc[r];
+                }
+                for (int i = 0; i < nt; i++) { /* keys in reverse order in memory */
+                    kp[i] = kh + (size_t)(nt - 1 - i) * stride;
+                    vp[i] = vh + (size_t)(nt - 1 - i) * stride;
+                    for (int j = 0; j < n; j++) {
+                        ((uint16_t *)kp[i])[j] = quant_f32_to_f16(test_rng_sym(&s));
+                        ((uint16_t *)vp[i])[j] = quant_f32_to_f16(test_rng_sym(&s));
+                        kf[i * n + j] = quant_f16_to_f32(kp[i][j]);
+                        vf[i * n + j] = quant_f16_to_f32(vp[i][j]);
+                    }
+                }
+                for (int ki = 0; ki < nks; ki++) {
+                    if (!kr[ki].scores_f16)
+                        continue;
+                    tested++;
+                    float mx[NR];
+                    kr[ki].scores_f16(&z[0][0], NT, nr, qp, kp, nt, n, 0.125f, mx);
+                    memcpy(acc, acc0, sizeof acc);
+                    kr[ki].accum_f16(ap, nr, &w[0][0], NT, vp, nt, n);
+                    for (int r = 0; r < nr; r++) {
+                        float fm = kr[ki].scores(zf, q[r], kf, nt, n, 0.125f);
+                        if (memcmp(zf, z[r], (size_t)nt * sizeof(float)) || fm != mx[r])
+                            FAIL_AT("%s scores_f16 n %d nt %d nr %d row %d: not the f32 "
+                                    "kernel's bits",
+                                    names[ki], n, nt, nr, r);
+                        memcpy(accf, acc0[r], sizeof accf);
+                        kr[ki].accum(accf, w[r], vf, nt, n);
+                        if (memcmp(accf, acc[r], sizeof accf))
+                            FAIL_AT("%s accum_f16 n %d nt %d nr %d row %d: not the f32 "
+                                    "kernel's bits (or wrote past the row)",
+                                    names[ki], n, nt, nr, r);
+                        for (int i = 0; i < nt; i++) {
+                            double ref = 0;
+                            for (int j = 0; j < n; j++)
+                                ref += (double)q[r][j] * kf[i * n + j];
+                            ref *= 0.125;
+                            if (fabs(z[r][i] - ref) > 1e-6 * (1 + n))
+                                FAIL_AT("%s scores_f16 n %d row %d key %d: %.8f vs %.8f", names[ki],
+                                        n, r, i, z[r][i], ref);
+                        }
+                        for (int j = 0; j < n; j++) {
+                            double ref = acc0[r][j];
+                            for (int i = 0; i < nt; i++)
+                                ref += (double)w[r][i] * vf[i * n + j];
+                            if (fabs(acc[r][j] - ref) > 1e-6 * (1 + nt))
+                                FAIL_AT("%s accum_f16 n %d row %d [%d]: %.8f vs %.8f", names[ki], n,
+                                        r, j, acc[r][j], ref);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    if (!tested)
+        TEST_SKIP("no kernel set on this CPU has the f16 row kernels");
+}
+
 TEST_MAIN()

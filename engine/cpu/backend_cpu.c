@@ -65,6 +65,27 @@ static void *xalloc(size_t n)
     return p;
 }
 
+/* xalloc for the large buffers streamed every step (the KV pool): 2 MiB
+ * aligned and, where the kernel has transparent huge pages in madvise mode,
+ * backed by huge pages. A decode step reads every slot's window once; with
+ * 4 KiB pages each 4 KiB of K or V is a new TLB entry (a page walk), and the
+ * KV of a few streams spans more pages than the TLB holds. */
+static void *xalloc_large(size_t n)
+{
+    const size_t huge = (size_t)2 << 20;
+    if (n < 2 * huge)
+        return xalloc(n);
+    void *p = NULL;
+    size_t rounded = (n + huge - 1) / huge * huge;
+    if (posix_memalign(&p, huge, rounded) != 0)
+        return NULL;
+#ifdef MADV_HUGEPAGE
+    (void)madvise(p, rounded, MADV_HUGEPAGE); /* advice only: 4 KiB pages if refused */
+#endif
+    memset(p, 0, n);
+    return p;
+}
+
 static void cpu_free(struct backend *b)
 {
     struct cpu_ctx *c = b->ctx;
@@ -98,8 +119,8 @@ static int cpu_kv_alloc(struct backend *b, const struct kv_geometry *g)
 {
     struct cpu_ctx *c = b->ctx;
     size_t bytes = kv_geometry_slot_bytes(g) * (size_t)g->n_slots;
-    c->kmem = xalloc(bytes);
-    c->vmem = xalloc(bytes);
+    c->kmem = xalloc_large(bytes);
+    c->vmem = xalloc_large(bytes);
     if (!c->kmem || !c->vmem)
         return -ENOMEM;
     c->geo = *g;

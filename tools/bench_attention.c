@@ -1,0 +1,169 @@
+/*
+ * bench_attention.c: single-thread timing of decode attention as the CPU
+ * backend runs it (cpu_attention_span_rows over blocks of 256 keys, then
+ * cpu_attention_merge), on SmolLM2-135M's shape: 30 layers, 3 KV heads of
+ * 64, 3 query heads per KV head, f16 keys and values. One "token" is one
+ * query per stream against every layer's window of W keys, so a pass reads
+ * S * 30 * 3 * W * 64 * 2 * 2 bytes of K and V (94 MB for one stream at
+ * W = 4,100). Keys are random; the kernels' speed does not depend on them.
+ *
+ * Reports, per configuration, the median over --reps passes of the thread's
+ * CPU time (other processes on a shared machine cost precision, not the
+ * figure): microseconds per token per stream, the K/V bytes read per second,
+ * and the single-thread memcpy rate over the same buffers in the same run
+ * (read + write bytes / s), the ceiling a pass that streams its K/V from
+ * memory can approach. The KV buffer is allocated twice, with 4 KiB pages
+ * and with transparent huge pages (madvise), and both are timed side by
+ * side.
+ *
+ *   build/bench_attention [--window W] [--streams S] [--reps R]
+ */
+#include "cpu/attention.h"
+#include "cpu/matmul.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+
+#define LAYERS 30
+#define HKV 3
+#define GROUP 3
+#define DH 64
+#define BLOCK 256
+
+static double cpu_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void *alloc_kv(size_t n, int huge)
+{
+    const size_t h = (size_t)2 << 20;
+    size_t rounded = (n + h - 1) / h * h;
+    void *p = NULL;
+    if (posix_memalign(&p, huge ? h : 4096, rounded) != 0)
+        return NULL;
+    (void)madvise(p, rounded, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
+    uint64_t s = 0x9E3779B97F4A7C15ull;
+    uint16_t *u = p;
+    for (size_t i = 0; i < rounded / 2; i++) { /* f16 in [-1, 1): sign, exponent 0..14 */
+        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+        u[i] = (uint16_t)((s & 0x83FF) | ((s >> 16) % 15) << 10);
+    }
+    return p;
+}
+
+/* One token for every stream: each (stream, layer, kv head) in blocks of
+ * BLOCK keys, then the merge, as the backend's tasks do on one thread. */
+static void pass(const struct attn_kernels *kr, const uint16_t *k, const uint16_t *v, int64_t W,
+                 int S, const float *q, float *part, float *out)
+{
+    const int64_t nb = (W + BLOCK - 1) / BLOCK;
+    const float scale = 1.0f / sqrtf((float)DH);
+    for (int s = 0; s < S; s++)
+        for (int l = 0; l < LAYERS; l++)
+            for (int g = 0; g < HKV; g++) {
+                size_t off = (((size_t)s * LAYERS + (size_t)l) * HKV + (size_t)g) * (size_t)W * DH;
+                struct attn_keys keys = {.k = k + off, .v = v + off, .f16 = 1, .head_dim = DH};
+                keys.run_start[0] = 0;
+                keys.run_len[0] = W;
+                for (int64_t b = 0; b < nb; b++) {
+                    float *st = part + b * GROUP * (DH + 2);
+                    struct attn_row rows[GROUP];
+                    for (int h = 0; h < GROUP; h++)
+                        rows[h] =
+                            (struct attn_row){q + h * DH, q + h * DH,     W,
+                                              st + h,     st + GROUP + h, st + 2 * GROUP + h * DH};
+                    cpu_attention_span_rows(kr, GROUP, rows, &keys, b * BLOCK, (b + 1) * BLOCK,
+                                            scale, 0);
+                }
+                for (int h = 0; h < GROUP; h++) {
+                    float m[ATTN_MAX_BLOCKS], lsum[ATTN_MAX_BLOCKS];
+                    for (int64_t b = 0; b < nb; b++) {
+                        m[b] = part[b * GROUP * (DH + 2) + h];
+                        lsum[b] = part[b * GROUP * (DH + 2) + GROUP + h];
+                    }
+                    cpu_attention_merge(kr, (int)nb, m, lsum, part + 2 * GROUP + h * DH,
+                                        GROUP * (DH + 2), DH, MODEL_NORM_SOFTMAX, 0.0f, NULL,
+                                        out + h * DH);
+                }
+            }
+}
+
+int main(int argc, char **argv)
+{
+    int64_t W = 4100;
+    int S = 1, reps = 9;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--window"))
+            W = atoll(argv[i + 1]);
+        else if (!strcmp(argv[i], "--streams"))
+            S = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--reps"))
+            reps = atoi(argv[i + 1]);
+        else {
+            fprintf(stderr, "usage: bench_attention [--window W] [--streams S] [--reps R]\n");
+            return 2;
+        }
+    }
+    if (W < 1 || W > (int64_t)ATTN_MAX_BLOCKS * BLOCK || S < 1 || reps < 1 || reps > 99) {
+        fprintf(stderr, "bench_attention: window 1..%d, streams >= 1, reps 1..99\n",
+                ATTN_MAX_BLOCKS * BLOCK);
+        return 2;
+    }
+    struct attn_kernels kr;
+    int isa = (int)cpu_isa_best();
+    cpu_attention_kernels(&kr, isa);
+    const size_t bytes = (size_t)S * LAYERS * HKV * (size_t)W * DH * 2; /* K or V */
+    float q[GROUP * DH], out[GROUP * DH];
+    for (int i = 0; i < GROUP * DH; i++)
+        q[i] = (float)((i * 37 % 101) - 50) / 50.0f;
+    float *part = malloc((size_t)((W + BLOCK - 1) / BLOCK) * GROUP * (DH + 2) * sizeof(float));
+    char *dst = malloc(bytes);
+    if (!part || !dst)
+        return 1;
+    printf("attention, %d stream(s) x %d layers x %d kv heads x %lld keys, f16, isa level %d, "
+           "median of %d single-thread passes\n",
+           S, LAYERS, HKV, (long long)W, isa, reps);
+    printf("| pages | us per token per stream | K/V GB/s | memcpy GB/s (same buffers) |\n");
+    printf("|---|---|---|---|\n");
+    for (int huge = 0; huge < 2; huge++) {
+        uint16_t *k = alloc_kv(bytes, huge), *v = alloc_kv(bytes, huge);
+        if (!k || !v)
+            return 1;
+        double t[99], c[99];
+        for (int r = 0; r < reps; r++) {
+            double t0 = cpu_now();
+            pass(&kr, k, v, W, S, q, part, out);
+            t[r] = cpu_now() - t0;
+            t0 = cpu_now();
+            memcpy(dst, k, bytes);
+            memcpy(dst, v, bytes);
+            c[r] = cpu_now() - t0;
+        }
+        qsort(t, (size_t)reps, sizeof t[0], cmp_d);
+        qsort(c, (size_t)reps, sizeof c[0], cmp_d);
+        double tm = t[reps / 2], cm = c[reps / 2];
+        printf("| %s | %.0f | %.2f | %.2f |\n", huge ? "2 MiB (THP)" : "4 KiB", tm / S * 1e6,
+               2.0 * (double)bytes / tm / 1e9, 4.0 * (double)bytes / cm / 1e9);
+        free(k);
+        free(v);
+    }
+    if (!isfinite(out[0]))
+        return 1;
+    free(part);
+    free(dst);
+    return 0;
+}

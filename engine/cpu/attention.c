@@ -205,6 +205,9 @@ void cpu_attention_row(const struct attn_kernels *kr, const float *q, const floa
  * rescale per tile (if the max moved) and the exponentials as a vector. */
 #define ATTN_TILE 32
 #define ATTN_MAX_DH 256
+#ifndef DIST
+#define DIST 3
+#endif
 
 /* Cell of visit index v: (run, cell) through the runs; *left = the cells
  * left in that run from v on. */
@@ -221,10 +224,14 @@ static int64_t visit_cell(const struct attn_keys *keys, int64_t v, int *run, int
     return keys->run_start[r] + v - base;
 }
 
-/* Starts loading the K and V rows of the tile that begins at visit index v
- * (up to ATTN_TILE keys, not past last or the end of v's run): in a
- * many-stream or long-window decode step they come from memory, once. */
-static void prefetch_tile(const struct attn_keys *keys, int64_t v, int64_t last)
+/* Starts loading the K rows, the V rows or both (which) of the tile that
+ * begins at visit index v (up to ATTN_TILE keys, not past last or the end of
+ * v's run): in a many-stream or long-window decode step they come from
+ * memory, once. Issuing the keys before the scores and the values before
+ * the weighted sum spreads the misses over the tile's work (a whole tile at
+ * once stalls on the line-fill buffers). */
+enum { PREFETCH_K = 1, PREFETCH_V = 2 };
+static void prefetch_tile(const struct attn_keys *keys, int64_t v, int64_t last, int which)
 {
     int run;
     int64_t left, c = visit_cell(keys, v, &run, &left), cnt = last - v;
@@ -233,8 +240,10 @@ static void prefetch_tile(const struct attn_keys *keys, int64_t v, int64_t last)
     const size_t esz = keys->f16 ? 2 : 4, n = (size_t)keys->head_dim;
     const size_t o0 = (size_t)c * n * esz, bytes = (size_t)cnt * n * esz;
     for (size_t o = 0; o < bytes; o += 64) {
-        __builtin_prefetch((const char *)keys->k + o0 + o);
-        __builtin_prefetch((const char *)keys->v + o0 + o);
+        if (which & 1)
+            __builtin_prefetch((const char *)keys->k + o0 + o);
+        if (which & 2)
+            __builtin_prefetch((const char *)keys->v + o0 + o);
     }
 }
 
@@ -301,8 +310,8 @@ static void span_rows_f16(const struct attn_kernels *kr, int nr, const struct at
                 n_qc = i + cnt;
             i += cnt;
         }
-        if (t1 < last)
-            prefetch_tile(keys, t1, last);
+        if (t1 < last) /* the next tile's keys load while this one is scored */
+            prefetch_tile(keys, t1, last, PREFETCH_K);
         for (int r = 0; r < nr; r++)
             bm[r] = -INFINITY;
         if (n_qc > 0)
@@ -314,6 +323,8 @@ static void span_rows_f16(const struct attn_kernels *kr, int nr, const struct at
         }
         for (int r = 0; r < nr; r++)
             row_weights(kr, &rows[r], z + r * ATTN_TILE, w + r * ATTN_TILE, nt, bm[r], n, softpick);
+        if (t1 < last) /* and its values while this one's are summed */
+            prefetch_tile(keys, t1, last, PREFETCH_V);
         kr->accum_f16(accs, nr, w, ATTN_TILE, vp, nt, n);
         t0 = t1;
     }
@@ -368,7 +379,7 @@ void cpu_attention_span_rows(const struct attn_kernels *kr, int nr, const struct
             i += cnt;
         }
         if (t1 < last)
-            prefetch_tile(keys, t1, last);
+            prefetch_tile(keys, t1, last, PREFETCH_K | PREFETCH_V);
         /* sink keys (scored with qc) come first in visit order */
         int n_qc = 0;
         while (n_qc < nt && use_qc[n_qc])

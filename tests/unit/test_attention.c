@@ -3,7 +3,9 @@
  * (engine/cpu/attention.h): several tokens' query rows scored together by
  * cpu_attention_span_rows over fixed key blocks, then cpu_attention_merge.
  *
- * Every kernel set this CPU can run (scalar, AVX2, AVX-512) is checked against a
+ * Every kernel set this CPU can run (scalar, AVX2, AVX-512, and the AVX-512
+ * file again under SIMDe's emulation where libsimde-dev is installed, so that
+ * CPUs without AVX-512 check its logic too) is checked against a
  * reference loop written here in double (scores, max, exponentials and the
  * weighted sum of values, no tiles, no online rescaling), over: head_dim 64,
  * 256 (Gemma 3) and 20 (not a multiple of 8: the masked tails); GQA 3:1 and
@@ -133,6 +135,30 @@ static void reference(const struct kv *c, const struct attn_keys *k, const float
         out[i] = den > 0 ? out[i] / den : 0;
 }
 
+/* The AVX-512 tile kernels again, compiled against SIMDe (where it is
+ * installed), so that machines without AVX-512 check their logic too. */
+#include "support/simde_avx512_begin.h"
+#ifdef SS_EMULATE_AVX512
+#define cpu__attn_scores_avx512 emu_attn_scores_avx512
+#define cpu__attn_accum_avx512 emu_attn_accum_avx512
+#define cpu__attn_scores_f16_avx512 emu_attn_scores_f16_avx512
+#define cpu__attn_accum_f16_avx512 emu_attn_accum_f16_avx512
+float emu_attn_scores_avx512(float *z, const float *q, const float *kf, int nt, int n, float scale);
+void emu_attn_accum_avx512(float *acc, const float *w, const float *vf, int nt, int n);
+void emu_attn_scores_f16_avx512(float *z, int64_t zs, int nr, const float *const *q,
+                                const uint16_t *const *k, int nt, int n, float scale, float *mx);
+void emu_attn_accum_f16_avx512(float *const *acc, int nr, const float *w, int64_t ws,
+                               const uint16_t *const *v, int nt, int n);
+#include "engine/cpu/attention_avx512.c"
+#undef cpu__attn_scores_avx512
+#undef cpu__attn_accum_avx512
+#undef cpu__attn_scores_f16_avx512
+#undef cpu__attn_accum_f16_avx512
+#endif
+#include "support/simde_avx512_end.h"
+
+/* Every kernel set this CPU runs, and (on AVX2 CPUs, with SIMDe) the
+ * AVX-512 one under emulation: at most 4. */
 static int kernel_sets(struct attn_kernels *k, const char **names)
 {
     static const char *const all[] = {"scalar", "avx2", "avx512"};
@@ -141,6 +167,16 @@ static int kernel_sets(struct attn_kernels *k, const char **names)
         cpu_attention_kernels(&k[n], level);
         names[n++] = all[level];
     }
+#ifdef SS_EMULATE_AVX512
+    if (cpu_isa_best() >= CPU_ISA_AVX2) {
+        cpu_attention_kernels(&k[n], 1);
+        k[n].scores = emu_attn_scores_avx512;
+        k[n].accum = emu_attn_accum_avx512;
+        k[n].scores_f16 = emu_attn_scores_f16_avx512;
+        k[n].accum_f16 = emu_attn_accum_f16_avx512;
+        names[n++] = "avx512 (SIMDe)";
+    }
+#endif
     return n;
 }
 
@@ -162,8 +198,8 @@ struct shape {
  * largest error against the reference, or -1 on a bit-identity failure. */
 static double run_shape(const struct shape *sh, uint64_t seed, int *failed)
 {
-    struct attn_kernels kr[3];
-    const char *names[3];
+    struct attn_kernels kr[4];
+    const char *names[4];
     const int nks = kernel_sets(kr, names);
     const int n = sh->dh, G = sh->G;
     const enum model_normalizer norms[] = {MODEL_NORM_SINK, MODEL_NORM_SOFTMAX,
@@ -286,8 +322,8 @@ TEST(grouped_rows_match_the_reference_and_each_token_alone)
  * exponentials and their sum, the weighted sum of values. */
 TEST(score_and_accumulate_kernels_match_double_loops)
 {
-    struct attn_kernels kr[3];
-    const char *names[3];
+    struct attn_kernels kr[4];
+    const char *names[4];
     const int nks = kernel_sets(kr, names);
     static float q[MAX_DH], kf[40 * MAX_DH], w[40], acc[MAX_DH], acc0[MAX_DH], z[40];
     uint64_t s = 99;
@@ -356,8 +392,8 @@ TEST(score_and_accumulate_kernels_match_double_loops)
  * to f32 (the backend mixes the two paths and relies on that). */
 TEST(f16_row_kernels_match_double_loops_and_the_f32_kernels_bit_for_bit)
 {
-    struct attn_kernels kr[3];
-    const char *names[3];
+    struct attn_kernels kr[4];
+    const char *names[4];
     const int nks = kernel_sets(kr, names);
     enum { NT = 40, NR = 7, GAP = 3 };
     static float q[NR][MAX_DH], kf[NT * MAX_DH], vf[NT * MAX_DH], w[NR][NT], z[NR][NT];

@@ -21,112 +21,8 @@
 
 /* ---- AVX-512 under emulation ------------------------------------------- */
 
-/* GCC only (it uses GCC's target and optimize pragmas); about 15 s of compile
- * time, which -DSS_NO_AVX512_EMULATION saves. */
-#if defined(__has_include) && defined(__GNUC__) && !defined(__clang__) &&                          \
-    !defined(SS_NO_AVX512_EMULATION)
-#if __has_include(<simde/x86/avx512.h>) && __has_include(<simde/x86/f16c.h>)
-#define SS_EMULATE_AVX512 1
-#endif
-#endif
-
+#include "support/simde_avx512_begin.h"
 #ifdef SS_EMULATE_AVX512
-/* SIMDe runs its 256-bit halves on AVX2 (so this part needs an AVX2 CPU);
- * unoptimized and not inlined, since speed does not matter here and the
- * compile time would. */
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c")
-#pragma GCC optimize("O0")
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wpsabi"
-#define SIMDE_ENABLE_NATIVE_ALIASES
-#define SIMDE_NO_INLINE
-#include <simde/x86/avx512.h>
-#include <simde/x86/f16c.h>
-
-/* Conversions SIMDe 0.7 lacks, from its 256-bit ones. */
-static inline simde__m512 emu_cvtepi32_ps(simde__m512i v)
-{
-    simde__m256 lo = simde_mm256_cvtepi32_ps(simde_mm512_castsi512_si256(v));
-    simde__m256 hi = simde_mm256_cvtepi32_ps(simde_mm512_extracti64x4_epi64(v, 1));
-    return simde_mm512_insertf32x8(simde_mm512_castps256_ps512(lo), hi, 1);
-}
-
-static inline simde__m512i emu_cvtps_epi32(simde__m512 v)
-{
-    simde__m256i lo = simde_mm256_cvtps_epi32(simde_mm512_castps512_ps256(v));
-    simde__m256i hi = simde_mm256_cvtps_epi32(
-        simde_mm256_castpd_ps(simde_mm512_extractf64x4_pd(simde_mm512_castps_pd(v), 1)));
-    return simde_mm512_inserti64x4(simde_mm512_castsi256_si512(lo), hi, 1);
-}
-
-static inline simde__m512i emu_cvtepu16_epi32(simde__m256i v)
-{
-    simde__m256i lo = simde_mm256_cvtepu16_epi32(simde_mm256_castsi256_si128(v));
-    simde__m256i hi = simde_mm256_cvtepu16_epi32(simde_mm256_extracti128_si256(v, 1));
-    return simde_mm512_inserti64x4(simde_mm512_castsi256_si512(lo), hi, 1);
-}
-
-static inline simde__m512 emu_cvtph_ps(simde__m256i v)
-{
-    simde__m256 lo = simde_mm256_cvtph_ps(simde_mm256_castsi256_si128(v));
-    simde__m256 hi = simde_mm256_cvtph_ps(simde_mm256_extracti128_si256(v, 1));
-    return simde_mm512_insertf32x8(simde_mm512_castps256_ps512(lo), hi, 1);
-}
-
-/* Lane i: the 4 bytes at base + idx_i * scale. */
-static inline simde__m512i emu_i32gather_epi32(simde__m512i idx, const void *base, int scale)
-{
-    int32_t i[16], v[16];
-    simde_mm512_storeu_si512(i, idx);
-    for (int l = 0; l < 16; l++)
-        memcpy(&v[l], (const char *)base + (int64_t)i[l] * scale, sizeof v[l]);
-    return simde_mm512_loadu_si512(v);
-}
-
-/* VPMOVDW: the low 16 bits of each int32 lane. */
-static inline simde__m256i emu_cvtepi32_epi16(simde__m512i v)
-{
-    uint32_t a[16];
-    uint16_t b[16];
-    simde_mm512_storeu_si512(a, v);
-    for (int l = 0; l < 16; l++)
-        b[l] = (uint16_t)(a[l] & 0xffffu);
-    return simde_mm256_loadu_si256(b);
-}
-
-/* Masked loads and stores touch only the lanes in the mask, as the
- * instructions do (lanes past a row group's end lie outside y). */
-static inline simde__m512 emu_maskz_loadu_ps(simde__mmask16 k, const void *p)
-{
-    float v[16];
-    for (int l = 0; l < 16; l++)
-        v[l] = (k >> l) & 1 ? ((const float *)p)[l] : 0.0f;
-    return simde_mm512_loadu_ps(v);
-}
-
-static inline void emu_mask_storeu_ps(void *p, simde__mmask16 k, simde__m512 v)
-{
-    float a[16];
-    simde_mm512_storeu_ps(a, v);
-    for (int l = 0; l < 16; l++)
-        if ((k >> l) & 1)
-            ((float *)p)[l] = a[l];
-}
-
-/* ... and aliases it gets wrong or leaves out */
-#undef _mm512_madd_epi16
-#define _mm512_madd_epi16(a, b) simde_mm512_madd_epi16(a, b)
-#define __mmask64 simde__mmask64
-#define _mm512_cvtepi32_ps emu_cvtepi32_ps
-#define _mm512_cvtps_epi32 emu_cvtps_epi32
-#define _mm512_cvtepu16_epi32 emu_cvtepu16_epi32
-#define _mm512_cvtph_ps emu_cvtph_ps
-#undef _mm512_i32gather_epi32 /* a macro in GCC's header without __OPTIMIZE__ */
-#define _mm512_i32gather_epi32 emu_i32gather_epi32
-#define _mm512_cvtepi32_epi16 emu_cvtepi32_epi16
-#define _mm512_maskz_loadu_ps emu_maskz_loadu_ps
-#define _mm512_mask_storeu_ps emu_mask_storeu_ps
 #define AVX512_DPBUSD simde_mm512_dpbusd_epi32
 #define cpu__prepare_act_avx512 emu_prepare_act_avx512
 #define cpu__matmul_rows_avx512 emu_matmul_rows_avx512
@@ -142,10 +38,6 @@ void emu_matmul_rows16_packed_avx512_vnni(enum qtype t, const void *restrict wp,
                                           int64_t N, int64_t n0, int64_t n1,
                                           const void *restrict act, int64_t T, float *restrict y,
                                           int64_t ldy);
-/* SIMDe provides everything immintrin.h would: skip the real header (GCC's and
- * clang's include guards), whose declarations the aliases above would rename. */
-#define _IMMINTRIN_H_INCLUDED
-#define __IMMINTRIN_H
 #include "engine/cpu/matmul_avx512.c"
 /* the two files' own macros of the same names */
 #undef TILE_T
@@ -155,9 +47,8 @@ void emu_matmul_rows16_packed_avx512_vnni(enum qtype t, const void *restrict wp,
 #undef cpu__matmul_rows_avx512
 #undef cpu__matmul_rows16_avx512_vnni
 #undef cpu__matmul_rows16_packed_avx512_vnni
-#pragma GCC diagnostic pop
-#pragma GCC pop_options
 #endif
+#include "support/simde_avx512_end.h"
 
 /* ---- the kernels under test ---------------------------------------------- */
 

@@ -99,7 +99,7 @@ static double mono_s(void)
 struct seq *session_find(struct engine *e, const char *sid)
 {
     for (int64_t i = 0; i < e->cfg.max_seqs; i++)
-        if (e->seqs[i].state != SEQ_FREE && strcmp(e->seqs[i].session, sid) == 0)
+        if (e->seqs[i].state != SEQ_FREE && engine_session_id_equal(e->seqs[i].session, sid))
             return &e->seqs[i];
     return NULL;
 }
@@ -550,7 +550,7 @@ static size_t max_snapshot(const struct engine *e);
 static struct session_loading *loading_of(struct engine *e, const char *id)
 {
     for (int i = 0; e->loading && i < SESSION_LOADS_MAX; i++)
-        if (e->loading[i].state != LOAD_FREE && strcmp(e->loading[i].id, id) == 0)
+        if (e->loading[i].state != LOAD_FREE && engine_session_id_equal(e->loading[i].id, id))
             return &e->loading[i];
     return NULL;
 }
@@ -593,7 +593,8 @@ int session_restore_wait(struct engine *e, const char *id)
 int session_load_busy(struct engine *e, const char *id)
 {
     for (int i = 0; e->loading && i < SESSION_LOADS_MAX; i++)
-        if (e->loading[i].state == LOAD_QUEUED && (!id[0] || strcmp(e->loading[i].id, id) == 0))
+        if (e->loading[i].state == LOAD_QUEUED &&
+            (!id[0] || engine_session_id_equal(e->loading[i].id, id)))
             return 1;
     return 0;
 }
@@ -602,7 +603,7 @@ void session_loads_forget(struct engine *e, const char *id)
 {
     for (int i = 0; e->loading && i < SESSION_LOADS_MAX; i++) {
         struct session_loading *l = &e->loading[i];
-        if (l->state == LOAD_DONE && (!id || strcmp(l->id, id) == 0))
+        if (l->state == LOAD_DONE && (!id || engine_session_id_equal(l->id, id)))
             loading_free(l);
     }
 }
@@ -616,7 +617,7 @@ void session_loads_gc(struct engine *e)
         int wanted = 0;
         for (int64_t j = 0; j < e->n_waiting && !wanted; j++)
             wanted = e->waiting[j].req.kind == ENGINE_REQ_GENERATE &&
-                     strcmp(e->waiting[j].req.session_id, l->id) == 0;
+                     engine_session_id_equal(e->waiting[j].req.session_id, l->id);
         if (!wanted) /* its request was cancelled while the file was read */
             loading_free(l);
     }
@@ -625,7 +626,8 @@ void session_loads_gc(struct engine *e)
 static int queued(const struct engine *e, const char *id)
 {
     for (int i = 0; e->saving && i < SESSION_SAVES_MAX; i++)
-        if (e->saving[i].state == SAVE_QUEUED && (!id || strcmp(e->saving[i].m.id, id) == 0))
+        if (e->saving[i].state == SAVE_QUEUED &&
+            (!id || engine_session_id_equal(e->saving[i].m.id, id)))
             return 1;
     return 0;
 }
@@ -662,7 +664,7 @@ int session_saves_forget(struct engine *e, const char *id, uint64_t key)
     session_saves_settle(e, id);
     for (int i = 0; e->saving && i < SESSION_SAVES_MAX; i++) {
         struct session_saving *w = &e->saving[i];
-        if (w->state == SAVE_HELD && w->m.owner == key && strcmp(w->m.id, id) == 0) {
+        if (w->state == SAVE_HELD && w->m.owner == key && engine_session_id_equal(w->m.id, id)) {
             free(w->buf);
             w->buf = NULL;
             w->state = SAVE_FREE;
@@ -679,7 +681,8 @@ static struct session_saving *pending(struct engine *e, const char *id)
     struct session_saving *best = NULL;
     for (int i = 0; e->saving && i < SESSION_SAVES_MAX; i++) {
         struct session_saving *w = &e->saving[i];
-        if (w->state != SAVE_FREE && strcmp(w->m.id, id) == 0 && (!best || w->order > best->order))
+        if (w->state != SAVE_FREE && engine_session_id_equal(w->m.id, id) &&
+            (!best || w->order > best->order))
             best = w;
     }
     return best;
@@ -934,7 +937,7 @@ int session_restore(struct engine *e, struct seq *s, const char *id, uint64_t ke
         snprintf(why, sizeof why, "reading it failed: %s", strerror(-rc));
     else if (dec_rc < 0)
         ; /* why says it */
-    else if (strcmp(m.id, id) != 0)
+    else if (!engine_session_id_equal(m.id, id))
         snprintf(why, sizeof why, "the file holds another session");
     else if (memcmp(m.model_digest, e->model_digest, 32) != 0)
         snprintf(why, sizeof why, "it was made with another model file");
@@ -1070,7 +1073,7 @@ int session_disk_foreign(struct engine *e, const char *id, uint64_t key)
     if (n <= 0 || snapshot_decode_header(hdr, (size_t)n, &m, why, sizeof why) < 0)
         return 0; /* unreadable: the full read says why */
     /* a version-1 file of a key is nobody's: its restore says why it is refused */
-    return strcmp(m.id, id) == 0 && !m.owner_unknown && m.owner != key;
+    return engine_session_id_equal(m.id, id) && !m.owner_unknown && m.owner != key;
 }
 
 int session_describe_disk(struct engine *e, const char *id, uint64_t key,
@@ -1091,7 +1094,7 @@ int session_describe_disk(struct engine *e, const char *id, uint64_t key,
     struct snapshot_meta m;
     char why[160];
     if (!ok || snapshot_decode_header(hdr, (size_t)n, &m, why, sizeof why) < 0 ||
-        strcmp(m.id, id) != 0 || m.owner_unknown || m.owner != key)
+        !engine_session_id_equal(m.id, id) || m.owner_unknown || m.owner != key)
         return -ENOENT;
     snprintf(out->id, sizeof out->id, "%s", id);
     out->tokens_seen = m.pos_next - m.pos_first + (m.has_next ? 1 : 0);

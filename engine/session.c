@@ -189,16 +189,43 @@ static int file_name(char *buf, size_t cap, const char *id, const char *ext)
     return n > 0 && (size_t)n < cap ? 0 : -ENAMETOOLONG;
 }
 
+/* Whose a snapshot file is, from its header: its owner hash (0 on an open
+ * server), or NOBODY (unreadable, or a version-1 file of a key), counted as
+ * one more owner. */
+#define NOBODY 2 /* never an owner: the server makes odd hashes, and 0 on an open server */
+static uint64_t file_owner(int dir_fd, const char *name)
+{
+    int fd = openat(dir_fd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0)
+        return NOBODY;
+    uint8_t hdr[SNAPSHOT_FIXED_HEADER + ENGINE_SESSION_ID_MAX];
+    ssize_t n = pread(fd, hdr, sizeof hdr, 0);
+    close(fd);
+    struct snapshot_meta m;
+    char why[160];
+    if (n <= 0 || snapshot_decode_header(hdr, (size_t)n, &m, why, sizeof why) < 0 ||
+        m.owner_unknown)
+        return NOBODY;
+    return m.owner;
+}
+
 /* Recounts the snapshots in the directory and, over max bytes (0: no
- * bound), deletes the least recently written ones (never keep, the one just
- * saved). Touches nothing of the engine: the writer thread runs it after
- * each write. Returns 0, or -1 when the directory could not be read. */
+ * bound), deletes snapshots until it is not: always one of the owner (API
+ * key) with the most bytes on disk, its least recently written one (of
+ * owners with equal bytes, the least recently written snapshot), never
+ * keep, the one just saved. So one key cannot push another key's snapshots
+ * off the disk while it holds more than that key; with one owner (an open
+ * server) it is least recently written first. Touches nothing of the
+ * engine: the writer thread runs it after each write. Returns 0, or -1
+ * when the directory could not be read. */
 static int disk_count(int dir_fd, int64_t max, const char *keep, struct disk_count *out)
 {
     struct ent {
         char name[ENGINE_SESSION_ID_MAX + 8];
         int64_t bytes;
         double mtime;
+        uint64_t owner;
+        int64_t *owner_bytes; /* the owner's total (into totals below) */
     } *ents = NULL;
     size_t n = 0, cap = 0;
     memset(out, 0, sizeof *out);
@@ -236,23 +263,45 @@ static int disk_count(int dir_fd, int64_t max, const char *keep, struct disk_cou
     }
     closedir(d);
     int64_t count = (int64_t)n;
-    while (max > 0 && total > max) {
+    int over = max > 0 && total > max;
+    int64_t one_owner = total; /* without memory for owners: least recently written first */
+    int64_t *totals = over ? calloc(n, sizeof *totals) : NULL;
+    uint64_t *owners = over ? malloc(n * sizeof *owners) : NULL;
+    size_t n_owners = 0;
+    for (size_t i = 0; over && i < n; i++) { /* whose is what: one header read per file */
+        ents[i].owner_bytes = &one_owner;
+        if (!totals || !owners)
+            continue;
+        ents[i].owner = file_owner(dir_fd, ents[i].name);
+        size_t o = 0;
+        while (o < n_owners && owners[o] != ents[i].owner)
+            o++;
+        if (o == n_owners)
+            owners[n_owners++] = ents[i].owner;
+        totals[o] += ents[i].bytes;
+        ents[i].owner_bytes = &totals[o];
+    }
+    free(owners);
+    while (over && total > max) {
         size_t old = n;
         for (size_t i = 0; i < n; i++) {
             if (ents[i].bytes < 0 || (keep && strcmp(ents[i].name, keep) == 0))
                 continue;
-            if (old == n || ents[i].mtime < ents[old].mtime)
+            int64_t ob = *ents[i].owner_bytes, best = old < n ? *ents[old].owner_bytes : -1;
+            if (ob > best || (ob == best && ents[i].mtime < ents[old].mtime))
                 old = i;
         }
         if (old == n)
             break;
         if (unlinkat(dir_fd, ents[old].name, 0) == 0) {
             total -= ents[old].bytes;
+            *ents[old].owner_bytes -= ents[old].bytes;
             count--;
             out->evicted++;
         }
         ents[old].bytes = -1;
     }
+    free(totals);
     free(ents);
     out->files = count;
     out->bytes = total;

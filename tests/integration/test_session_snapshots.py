@@ -242,3 +242,42 @@ def test_disk_use_is_bounded_least_recently_written_first(binary, model, tmp_pat
         assert m["streamsink_session_snapshot_bytes"] <= 3 * 1024 * 1024
     finally:
         assert s.stop() == 0, s.log()
+
+
+def test_one_key_cannot_push_another_keys_snapshots_off_the_disk(binary, model, tmp_path):
+    d = tmp_path / "sessions"
+    d.mkdir()
+    # 1,566,897 bytes a snapshot at window 64: four fit, a fifth is over
+    limit = 7_000_000
+    s = Server(binary, model, ["--session-dir", str(d), "--window", WINDOW,
+                               "--api-key", "key-a", "--api-key", "key-b",
+                               "--session-disk-max", str(limit)])
+
+    def save(sid, key):
+        st, r = complete(s, LONG, sid, max_tokens=4, key=key)
+        assert st == 200, r
+        st, r = call(s, "POST", f"/v1/sessions/{sid}/save", key=key)
+        assert st == 200, r
+
+    def on_disk():
+        return sorted(f[:-5] for f in os.listdir(d) if f.endswith(".snap"))
+
+    try:
+        for sid, key in (("b-0", "key-b"), ("a-0", "key-a"), ("a-1", "key-a"),
+                         ("a-2", "key-a")):
+            save(sid, key)  # b-0 is the least recently written
+        assert on_disk() == ["a-0", "a-1", "a-2", "b-0"]
+        # key-a holds the most bytes: its own oldest goes, not key-b's older one
+        save("a-3", "key-a")
+        assert on_disk() == ["a-1", "a-2", "a-3", "b-0"]
+        # key-b's save, key-a still holding more: key-a's oldest goes again
+        save("b-1", "key-b")
+        assert on_disk() == ["a-2", "a-3", "b-0", "b-1"]
+        m = s.metrics()
+        assert m["streamsink_session_disk_evictions_total"] == 2
+        assert m["streamsink_session_snapshot_bytes"] <= limit
+        # key-b's first session is still there
+        st, r = complete(s, TURN2, "b-0", max_tokens=4, key="key-b", session_create=False)
+        assert st == 200 and r["session"]["created"] is False, r
+    finally:
+        assert s.stop() == 0, s.log()

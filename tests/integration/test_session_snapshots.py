@@ -281,3 +281,39 @@ def test_one_key_cannot_push_another_keys_snapshots_off_the_disk(binary, model, 
         assert st == 200 and r["session"]["created"] is False, r
     finally:
         assert s.stop() == 0, s.log()
+
+
+def test_a_sampled_session_with_penalties_continues_after_a_restart_exactly(binary, model,
+                                                                            tmp_path):
+    """The sampler is the request's (its seed, its penalty window over the
+    tokens it feeds), so a seeded, penalized continuation after a SIGTERM
+    restart draws exactly the tokens it draws without one."""
+    d = tmp_path / "sessions"
+    d.mkdir()
+    args = ["--session-dir", str(d), "--window", WINDOW]
+    sampling = {"temperature": 0.9, "top_p": 0.95, "top_k": 40, "seed": 1234,
+                "presence_penalty": 0.8, "frequency_penalty": 0.6}
+    s1 = Server(binary, model, args)
+    try:
+        first = set()
+        for sid in ("ref-sampled", "live-sampled", "other-seed"):
+            st, r = complete(s1, LONG, sid, max_tokens=40, **sampling)
+            assert st == 200, r
+            first.add(str(continuation(r)))
+        assert len(first) == 1  # three sessions in one state
+        st, r = complete(s1, TURN2, "ref-sampled", max_tokens=32, **sampling)
+        assert st == 200 and r["session"]["restored"] is False, r
+        ref = continuation(r)
+        # the seed matters: another one draws other tokens (equality below is no luck)
+        st, r = complete(s1, TURN2, "other-seed", max_tokens=32, **{**sampling, "seed": 99})
+        assert st == 200 and continuation(r) != ref
+    finally:
+        assert s1.stop() == 0, s1.log()
+    s2 = Server(binary, model, args)
+    try:
+        st, r = complete(s2, TURN2, "live-sampled", max_tokens=32, session_create=False,
+                         **sampling)
+        assert st == 200 and r["session"]["restored"] is True, r
+        assert continuation(r) == ref
+    finally:
+        assert s2.stop() == 0, s2.log()

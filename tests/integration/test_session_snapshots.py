@@ -317,3 +317,42 @@ def test_a_sampled_session_with_penalties_continues_after_a_restart_exactly(bina
         assert continuation(r) == ref
     finally:
         assert s2.stop() == 0, s2.log()
+
+
+def test_sigkill_loses_only_what_came_after_the_last_save(binary, model, tmp_path):
+    """A SIGKILL loses what a session did since its last snapshot, no more: the
+    next process continues from the snapshot exactly as a twin that never had
+    the lost turn, says where it is (position), and a half-written temp file
+    of a write the kill cut (simulated) is not a session and changes nothing."""
+    d = tmp_path / "sessions"
+    d.mkdir()
+    args = ["--session-dir", str(d), "--window", WINDOW]
+    s1 = Server(binary, model, args)
+    try:
+        for sid in ("killed", "twin"):
+            st, r = complete(s1, LONG, sid, max_tokens=16)
+            assert st == 200, r
+        st, r = call(s1, "POST", "/v1/sessions/killed/save")
+        assert st == 200, r
+        saved_position = r["position"]
+        st, r = complete(s1, " This turn is lost,", "killed", max_tokens=8)
+        assert st == 200 and r["session"]["position"] > saved_position
+        st, r = complete(s1, TURN2, "twin", max_tokens=24)  # the twin skips the lost turn
+        assert st == 200
+        ref, ref_position = continuation(r), r["session"]["position"]
+    finally:
+        assert s1.stop(signal.SIGKILL) == -signal.SIGKILL
+    # what a write cut by the kill leaves: a temp file, never renamed
+    snap = (d / "killed.snap").read_bytes()
+    (d / f".tmp-killed-{s1.proc.pid}-7").write_bytes(snap[:len(snap) // 3])
+    s2 = Server(binary, model, args)
+    try:
+        st, r = call(s2, "GET", "/v1/sessions")
+        assert st == 200 and [x["id"] for x in r["data"]] == ["killed"]
+        st, r = complete(s2, TURN2, "killed", max_tokens=24, session_create=False)
+        assert st == 200 and r["session"]["restored"] is True, r
+        assert continuation(r) == ref
+        assert r["session"]["position"] == ref_position  # from the snapshot on
+        assert s2.metrics()["streamsink_sessions_on_disk"] == 1
+    finally:
+        assert s2.stop() == 0, s2.log()

@@ -33,10 +33,17 @@
 #include "snapshot.h"
 
 #define SNAP_EXT ".snap"
+/* A snapshot is written to DIR/.tmp-<id>-<pid>-<n> first. One that nobody
+ * has written to for TMP_STALE_S seconds belongs to a write whose process
+ * died (a live write finishes in seconds): the directory scans delete it, so
+ * that crashes cannot fill the disk outside --session-disk-max. */
+#define TMP_PREFIX ".tmp-"
+#define TMP_STALE_S 600.0
 
 /* What a scan of the directory found (disk_scan). */
 struct disk_count {
     int64_t files, bytes, evicted;
+    int64_t stale_tmp; /* temp files of dead writes deleted */
 };
 
 /* A save handed to the writer thread. The engine thread fills it (header and
@@ -241,10 +248,18 @@ static int disk_count(int dir_fd, int64_t max, const char *keep, struct disk_cou
     struct dirent *de;
     while ((de = readdir(d))) {
         size_t l = strlen(de->d_name);
+        struct stat st;
+        if (strncmp(de->d_name, TMP_PREFIX, strlen(TMP_PREFIX)) == 0) {
+            /* a write that died with its process (SIGKILL, a crash) left it */
+            if (fstatat(dir_fd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode) &&
+                (double)time(NULL) - (double)st.st_mtim.tv_sec > TMP_STALE_S &&
+                unlinkat(dir_fd, de->d_name, 0) == 0)
+                out->stale_tmp++;
+            continue;
+        }
         if (l <= strlen(SNAP_EXT) || l >= sizeof ents->name ||
             strcmp(de->d_name + l - strlen(SNAP_EXT), SNAP_EXT) != 0)
             continue;
-        struct stat st;
         if (fstatat(dir_fd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(st.st_mode))
             continue;
         if (n == cap) {
@@ -313,6 +328,11 @@ static void count_apply(struct engine *e, const struct disk_count *c)
     e->stats.sessions_on_disk = c->files;
     e->stats.snapshot_bytes = c->bytes;
     e->stats.disk_evictions_total += c->evicted;
+    if (c->stale_tmp > 0)
+        fprintf(stderr,
+                "streamsink: deleted %lld temporary snapshot file(s) of writes that died with "
+                "their process\n",
+                (long long)c->stale_tmp);
 }
 
 /* disk_count on the engine thread (start, a file moved aside or deleted). */
@@ -683,7 +703,7 @@ static int queued(const struct engine *e, const char *id)
 
 static void hand_over(struct engine *e, struct session_saving *w)
 {
-    snprintf(w->tmp, sizeof w->tmp, ".tmp-%s-%ld-%llu", w->m.id, (long)getpid(),
+    snprintf(w->tmp, sizeof w->tmp, TMP_PREFIX "%s-%ld-%llu", w->m.id, (long)getpid(),
              (unsigned long long)e->tmp_seq++);
     w->state = SAVE_QUEUED;
     w->rc = 0;

@@ -11,6 +11,7 @@ import os
 import resource
 import signal
 import struct
+import time
 
 import pytest
 
@@ -356,3 +357,32 @@ def test_sigkill_loses_only_what_came_after_the_last_save(binary, model, tmp_pat
         assert s2.metrics()["streamsink_sessions_on_disk"] == 1
     finally:
         assert s2.stop() == 0, s2.log()
+
+
+def test_temp_files_of_writes_that_died_are_deleted_once_stale(binary, model, tmp_path):
+    d = tmp_path / "sessions"
+    d.mkdir()
+    hour_ago = time.time() - 3600
+
+    def plant(name, old):
+        p = d / name
+        p.write_bytes(b"\0" * 100_000)
+        if old:
+            os.utime(p, (hour_ago, hour_ago))
+        return p
+
+    dead = plant(".tmp-dead-123-0", True)
+    live = plant(".tmp-live-123-1", False)  # a write in progress (another replica's)
+    s = Server(binary, model, ["--session-dir", str(d), "--window", WINDOW])
+    try:
+        assert not dead.exists() and live.exists()  # the start-up scan
+        dead = plant(".tmp-dead-456-0", True)
+        st, r = complete(s, LONG, "tmp", max_tokens=4)
+        assert st == 200
+        st, r = call(s, "POST", "/v1/sessions/tmp/save")
+        assert st == 200
+        assert not dead.exists() and live.exists()  # the scan after the save
+        assert sorted(os.listdir(d)) == [".tmp-live-123-1", "tmp.snap"]
+        assert "deleted 1 temporary snapshot file" in s.log()
+    finally:
+        assert s.stop() == 0, s.log()

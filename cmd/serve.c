@@ -73,8 +73,8 @@ int cmd_serve(int argc, char **argv)
          "DIR/ID.snap and restore it on its next request (empty: sessions live in memory only)",
          NULL},
         {NULL, "--session-disk-max", CMD_I64, &c.session_disk_max, 0, 1e15, "0", "BYTES",
-         "snapshot bytes kept in --session-dir; beyond it the least recently written are "
-         "deleted (0: no bound)",
+         "snapshot bytes kept in --session-dir; beyond it the least recently written of "
+         "the API key with the most bytes on disk are deleted (0: no bound)",
          NULL},
         {NULL, "--kv-dtype", CMD_STR, &c.kv_dtype, 0, 0, "f16", "T",
          "KV cache element type: f16 | f32", NULL},

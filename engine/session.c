@@ -33,10 +33,17 @@
 #include "snapshot.h"
 
 #define SNAP_EXT ".snap"
+/* A snapshot is written to DIR/.tmp-<id>-<pid>-<n> first. One that nobody
+ * has written to for TMP_STALE_S seconds belongs to a write whose process
+ * died (a live write finishes in seconds): the directory scans delete it, so
+ * that crashes cannot fill the disk outside --session-disk-max. */
+#define TMP_PREFIX ".tmp-"
+#define TMP_STALE_S 600.0
 
 /* What a scan of the directory found (disk_scan). */
 struct disk_count {
     int64_t files, bytes, evicted;
+    int64_t stale_tmp; /* temp files of dead writes deleted */
 };
 
 /* A save handed to the writer thread. The engine thread fills it (header and
@@ -99,7 +106,7 @@ static double mono_s(void)
 struct seq *session_find(struct engine *e, const char *sid)
 {
     for (int64_t i = 0; i < e->cfg.max_seqs; i++)
-        if (e->seqs[i].state != SEQ_FREE && strcmp(e->seqs[i].session, sid) == 0)
+        if (e->seqs[i].state != SEQ_FREE && engine_session_id_equal(e->seqs[i].session, sid))
             return &e->seqs[i];
     return NULL;
 }
@@ -189,16 +196,43 @@ static int file_name(char *buf, size_t cap, const char *id, const char *ext)
     return n > 0 && (size_t)n < cap ? 0 : -ENAMETOOLONG;
 }
 
+/* Whose a snapshot file is, from its header: its owner hash (0 on an open
+ * server), or NOBODY (unreadable, or a version-1 file of a key), counted as
+ * one more owner. */
+#define NOBODY 2 /* never an owner: the server makes odd hashes, and 0 on an open server */
+static uint64_t file_owner(int dir_fd, const char *name)
+{
+    int fd = openat(dir_fd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0)
+        return NOBODY;
+    uint8_t hdr[SNAPSHOT_FIXED_HEADER + ENGINE_SESSION_ID_MAX];
+    ssize_t n = pread(fd, hdr, sizeof hdr, 0);
+    close(fd);
+    struct snapshot_meta m;
+    char why[160];
+    if (n <= 0 || snapshot_decode_header(hdr, (size_t)n, &m, why, sizeof why) < 0 ||
+        m.owner_unknown)
+        return NOBODY;
+    return m.owner;
+}
+
 /* Recounts the snapshots in the directory and, over max bytes (0: no
- * bound), deletes the least recently written ones (never keep, the one just
- * saved). Touches nothing of the engine: the writer thread runs it after
- * each write. Returns 0, or -1 when the directory could not be read. */
+ * bound), deletes snapshots until it is not: always one of the owner (API
+ * key) with the most bytes on disk, its least recently written one (of
+ * owners with equal bytes, the least recently written snapshot), never
+ * keep, the one just saved. So one key cannot push another key's snapshots
+ * off the disk while it holds more than that key; with one owner (an open
+ * server) it is least recently written first. Touches nothing of the
+ * engine: the writer thread runs it after each write. Returns 0, or -1
+ * when the directory could not be read. */
 static int disk_count(int dir_fd, int64_t max, const char *keep, struct disk_count *out)
 {
     struct ent {
         char name[ENGINE_SESSION_ID_MAX + 8];
         int64_t bytes;
         double mtime;
+        uint64_t owner;
+        int64_t *owner_bytes; /* the owner's total (into totals below) */
     } *ents = NULL;
     size_t n = 0, cap = 0;
     memset(out, 0, sizeof *out);
@@ -214,10 +248,18 @@ static int disk_count(int dir_fd, int64_t max, const char *keep, struct disk_cou
     struct dirent *de;
     while ((de = readdir(d))) {
         size_t l = strlen(de->d_name);
+        struct stat st;
+        if (strncmp(de->d_name, TMP_PREFIX, strlen(TMP_PREFIX)) == 0) {
+            /* a write that died with its process (SIGKILL, a crash) left it */
+            if (fstatat(dir_fd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode) &&
+                (double)time(NULL) - (double)st.st_mtim.tv_sec > TMP_STALE_S &&
+                unlinkat(dir_fd, de->d_name, 0) == 0)
+                out->stale_tmp++;
+            continue;
+        }
         if (l <= strlen(SNAP_EXT) || l >= sizeof ents->name ||
             strcmp(de->d_name + l - strlen(SNAP_EXT), SNAP_EXT) != 0)
             continue;
-        struct stat st;
         if (fstatat(dir_fd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(st.st_mode))
             continue;
         if (n == cap) {
@@ -236,23 +278,45 @@ static int disk_count(int dir_fd, int64_t max, const char *keep, struct disk_cou
     }
     closedir(d);
     int64_t count = (int64_t)n;
-    while (max > 0 && total > max) {
+    int over = max > 0 && total > max;
+    int64_t one_owner = total; /* without memory for owners: least recently written first */
+    int64_t *totals = over ? calloc(n, sizeof *totals) : NULL;
+    uint64_t *owners = over ? malloc(n * sizeof *owners) : NULL;
+    size_t n_owners = 0;
+    for (size_t i = 0; over && i < n; i++) { /* whose is what: one header read per file */
+        ents[i].owner_bytes = &one_owner;
+        if (!totals || !owners)
+            continue;
+        ents[i].owner = file_owner(dir_fd, ents[i].name);
+        size_t o = 0;
+        while (o < n_owners && owners[o] != ents[i].owner)
+            o++;
+        if (o == n_owners)
+            owners[n_owners++] = ents[i].owner;
+        totals[o] += ents[i].bytes;
+        ents[i].owner_bytes = &totals[o];
+    }
+    free(owners);
+    while (over && total > max) {
         size_t old = n;
         for (size_t i = 0; i < n; i++) {
             if (ents[i].bytes < 0 || (keep && strcmp(ents[i].name, keep) == 0))
                 continue;
-            if (old == n || ents[i].mtime < ents[old].mtime)
+            int64_t ob = *ents[i].owner_bytes, best = old < n ? *ents[old].owner_bytes : -1;
+            if (ob > best || (ob == best && ents[i].mtime < ents[old].mtime))
                 old = i;
         }
         if (old == n)
             break;
         if (unlinkat(dir_fd, ents[old].name, 0) == 0) {
             total -= ents[old].bytes;
+            *ents[old].owner_bytes -= ents[old].bytes;
             count--;
             out->evicted++;
         }
         ents[old].bytes = -1;
     }
+    free(totals);
     free(ents);
     out->files = count;
     out->bytes = total;
@@ -264,6 +328,11 @@ static void count_apply(struct engine *e, const struct disk_count *c)
     e->stats.sessions_on_disk = c->files;
     e->stats.snapshot_bytes = c->bytes;
     e->stats.disk_evictions_total += c->evicted;
+    if (c->stale_tmp > 0)
+        fprintf(stderr,
+                "streamsink: deleted %lld temporary snapshot file(s) of writes that died with "
+                "their process\n",
+                (long long)c->stale_tmp);
 }
 
 /* disk_count on the engine thread (start, a file moved aside or deleted). */
@@ -550,7 +619,7 @@ static size_t max_snapshot(const struct engine *e);
 static struct session_loading *loading_of(struct engine *e, const char *id)
 {
     for (int i = 0; e->loading && i < SESSION_LOADS_MAX; i++)
-        if (e->loading[i].state != LOAD_FREE && strcmp(e->loading[i].id, id) == 0)
+        if (e->loading[i].state != LOAD_FREE && engine_session_id_equal(e->loading[i].id, id))
             return &e->loading[i];
     return NULL;
 }
@@ -593,7 +662,8 @@ int session_restore_wait(struct engine *e, const char *id)
 int session_load_busy(struct engine *e, const char *id)
 {
     for (int i = 0; e->loading && i < SESSION_LOADS_MAX; i++)
-        if (e->loading[i].state == LOAD_QUEUED && (!id[0] || strcmp(e->loading[i].id, id) == 0))
+        if (e->loading[i].state == LOAD_QUEUED &&
+            (!id[0] || engine_session_id_equal(e->loading[i].id, id)))
             return 1;
     return 0;
 }
@@ -602,7 +672,7 @@ void session_loads_forget(struct engine *e, const char *id)
 {
     for (int i = 0; e->loading && i < SESSION_LOADS_MAX; i++) {
         struct session_loading *l = &e->loading[i];
-        if (l->state == LOAD_DONE && (!id || strcmp(l->id, id) == 0))
+        if (l->state == LOAD_DONE && (!id || engine_session_id_equal(l->id, id)))
             loading_free(l);
     }
 }
@@ -616,7 +686,7 @@ void session_loads_gc(struct engine *e)
         int wanted = 0;
         for (int64_t j = 0; j < e->n_waiting && !wanted; j++)
             wanted = e->waiting[j].req.kind == ENGINE_REQ_GENERATE &&
-                     strcmp(e->waiting[j].req.session_id, l->id) == 0;
+                     engine_session_id_equal(e->waiting[j].req.session_id, l->id);
         if (!wanted) /* its request was cancelled while the file was read */
             loading_free(l);
     }
@@ -625,14 +695,15 @@ void session_loads_gc(struct engine *e)
 static int queued(const struct engine *e, const char *id)
 {
     for (int i = 0; e->saving && i < SESSION_SAVES_MAX; i++)
-        if (e->saving[i].state == SAVE_QUEUED && (!id || strcmp(e->saving[i].m.id, id) == 0))
+        if (e->saving[i].state == SAVE_QUEUED &&
+            (!id || engine_session_id_equal(e->saving[i].m.id, id)))
             return 1;
     return 0;
 }
 
 static void hand_over(struct engine *e, struct session_saving *w)
 {
-    snprintf(w->tmp, sizeof w->tmp, ".tmp-%s-%ld-%llu", w->m.id, (long)getpid(),
+    snprintf(w->tmp, sizeof w->tmp, TMP_PREFIX "%s-%ld-%llu", w->m.id, (long)getpid(),
              (unsigned long long)e->tmp_seq++);
     w->state = SAVE_QUEUED;
     w->rc = 0;
@@ -662,7 +733,7 @@ int session_saves_forget(struct engine *e, const char *id, uint64_t key)
     session_saves_settle(e, id);
     for (int i = 0; e->saving && i < SESSION_SAVES_MAX; i++) {
         struct session_saving *w = &e->saving[i];
-        if (w->state == SAVE_HELD && w->m.owner == key && strcmp(w->m.id, id) == 0) {
+        if (w->state == SAVE_HELD && w->m.owner == key && engine_session_id_equal(w->m.id, id)) {
             free(w->buf);
             w->buf = NULL;
             w->state = SAVE_FREE;
@@ -679,7 +750,8 @@ static struct session_saving *pending(struct engine *e, const char *id)
     struct session_saving *best = NULL;
     for (int i = 0; e->saving && i < SESSION_SAVES_MAX; i++) {
         struct session_saving *w = &e->saving[i];
-        if (w->state != SAVE_FREE && strcmp(w->m.id, id) == 0 && (!best || w->order > best->order))
+        if (w->state != SAVE_FREE && engine_session_id_equal(w->m.id, id) &&
+            (!best || w->order > best->order))
             best = w;
     }
     return best;
@@ -934,7 +1006,7 @@ int session_restore(struct engine *e, struct seq *s, const char *id, uint64_t ke
         snprintf(why, sizeof why, "reading it failed: %s", strerror(-rc));
     else if (dec_rc < 0)
         ; /* why says it */
-    else if (strcmp(m.id, id) != 0)
+    else if (!engine_session_id_equal(m.id, id))
         snprintf(why, sizeof why, "the file holds another session");
     else if (memcmp(m.model_digest, e->model_digest, 32) != 0)
         snprintf(why, sizeof why, "it was made with another model file");
@@ -1070,7 +1142,7 @@ int session_disk_foreign(struct engine *e, const char *id, uint64_t key)
     if (n <= 0 || snapshot_decode_header(hdr, (size_t)n, &m, why, sizeof why) < 0)
         return 0; /* unreadable: the full read says why */
     /* a version-1 file of a key is nobody's: its restore says why it is refused */
-    return strcmp(m.id, id) == 0 && !m.owner_unknown && m.owner != key;
+    return engine_session_id_equal(m.id, id) && !m.owner_unknown && m.owner != key;
 }
 
 int session_describe_disk(struct engine *e, const char *id, uint64_t key,
@@ -1091,7 +1163,7 @@ int session_describe_disk(struct engine *e, const char *id, uint64_t key,
     struct snapshot_meta m;
     char why[160];
     if (!ok || snapshot_decode_header(hdr, (size_t)n, &m, why, sizeof why) < 0 ||
-        strcmp(m.id, id) != 0 || m.owner_unknown || m.owner != key)
+        !engine_session_id_equal(m.id, id) || m.owner_unknown || m.owner != key)
         return -ENOENT;
     snprintf(out->id, sizeof out->id, "%s", id);
     out->tokens_seen = m.pos_next - m.pos_first + (m.has_next ? 1 : 0);

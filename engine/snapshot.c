@@ -65,6 +65,19 @@ int engine_session_id_valid(const char *id)
     return n > 0;
 }
 
+int engine_session_id_equal(const char *a, const char *b)
+{
+    size_t la = strnlen(a, ENGINE_SESSION_ID_MAX), lb = strnlen(b, ENGINE_SESSION_ID_MAX);
+    volatile unsigned char d = (unsigned char)(la != lb); /* no early exit */
+    for (size_t i = 0; i < ENGINE_SESSION_ID_MAX; i++) {
+        /* past its end a string reads as its terminating NUL (in bounds) */
+        size_t ia = i < la ? i : la;
+        size_t ib = i < lb ? i : lb;
+        d = (unsigned char)(d | ((unsigned char)a[ia] ^ (unsigned char)b[ib]));
+    }
+    return d == 0;
+}
+
 void snapshot_meta_cells(struct snapshot_meta *m)
 {
     int64_t stored = m->pos_next - m->pos_first;

@@ -303,9 +303,11 @@ size_t metrics_render(const struct metrics *m, const struct metrics_live *live,
         snap_hist(&o, "streamsink_session_save_seconds",
                   "Time to save one session snapshot, copy to rename (mostly on the writer thread)",
                   es->save_hist, es->saves_total, es->save_seconds_total);
-        snap_hist(&o, "streamsink_session_restore_seconds",
-                  "Time to read and restore one session snapshot (engine thread)", es->restore_hist,
-                  es->restores_total, es->restore_seconds_total);
+        snap_hist(
+            &o, "streamsink_session_restore_seconds",
+            "Engine-thread time to restore one session snapshot (checks and copy in; the file "
+            "is read before on the session IO thread)",
+            es->restore_hist, es->restores_total, es->restore_seconds_total);
     }
     if (mi) {
         char l1[300], l2[80], l3[40], l4[80];

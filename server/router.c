@@ -183,9 +183,9 @@ static void handle_models(struct server *s, struct http_conn *c, const char *pat
 /* Compares in time that depends only on the lengths. */
 static int same_secret(const char *a, size_t al, const char *b, size_t bl)
 {
-    unsigned char d = al != bl;
+    volatile unsigned char d = (unsigned char)(al != bl); /* no early exit */
     for (size_t i = 0; i < al && i < bl; i++)
-        d |= (unsigned char)(a[i] ^ b[i]);
+        d = (unsigned char)(d | ((unsigned char)a[i] ^ (unsigned char)b[i]));
     return d == 0;
 }
 

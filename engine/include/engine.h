@@ -120,6 +120,12 @@ struct engine_model_info {
  * ENGINE_SESSION_ID_MAX - 1 characters of [A-Za-z0-9_-]: no separators, no
  * dots, nothing a path could use. Returns 1 if id is one. */
 int engine_session_id_valid(const char *id);
+/* 1 if the session ids a and b are equal. A session id is a bearer secret
+ * on an open server (POST /v1/sessions mints 128 random bits), so the time
+ * taken does not depend on where, or whether, the two differ: every one of
+ * ENGINE_SESSION_ID_MAX places is compared (only the lengths may show). a
+ * and b are NUL-terminated (or ENGINE_SESSION_ID_MAX bytes long). */
+int engine_session_id_equal(const char *a, const char *b);
 
 /* What a request asks the engine to do. */
 enum engine_request_kind {

@@ -11,6 +11,7 @@ import os
 import resource
 import signal
 import struct
+import time
 
 import pytest
 
@@ -240,5 +241,148 @@ def test_disk_use_is_bounded_least_recently_written_first(binary, model, tmp_pat
         m = s.metrics()
         assert m["streamsink_session_disk_evictions_total"] == 1
         assert m["streamsink_session_snapshot_bytes"] <= 3 * 1024 * 1024
+    finally:
+        assert s.stop() == 0, s.log()
+
+
+def test_one_key_cannot_push_another_keys_snapshots_off_the_disk(binary, model, tmp_path):
+    d = tmp_path / "sessions"
+    d.mkdir()
+    # 1,566,897 bytes a snapshot at window 64: four fit, a fifth is over
+    limit = 7_000_000
+    s = Server(binary, model, ["--session-dir", str(d), "--window", WINDOW,
+                               "--api-key", "key-a", "--api-key", "key-b",
+                               "--session-disk-max", str(limit)])
+
+    def save(sid, key):
+        st, r = complete(s, LONG, sid, max_tokens=4, key=key)
+        assert st == 200, r
+        st, r = call(s, "POST", f"/v1/sessions/{sid}/save", key=key)
+        assert st == 200, r
+
+    def on_disk():
+        return sorted(f[:-5] for f in os.listdir(d) if f.endswith(".snap"))
+
+    try:
+        for sid, key in (("b-0", "key-b"), ("a-0", "key-a"), ("a-1", "key-a"),
+                         ("a-2", "key-a")):
+            save(sid, key)  # b-0 is the least recently written
+        assert on_disk() == ["a-0", "a-1", "a-2", "b-0"]
+        # key-a holds the most bytes: its own oldest goes, not key-b's older one
+        save("a-3", "key-a")
+        assert on_disk() == ["a-1", "a-2", "a-3", "b-0"]
+        # key-b's save, key-a still holding more: key-a's oldest goes again
+        save("b-1", "key-b")
+        assert on_disk() == ["a-2", "a-3", "b-0", "b-1"]
+        m = s.metrics()
+        assert m["streamsink_session_disk_evictions_total"] == 2
+        assert m["streamsink_session_snapshot_bytes"] <= limit
+        # key-b's first session is still there
+        st, r = complete(s, TURN2, "b-0", max_tokens=4, key="key-b", session_create=False)
+        assert st == 200 and r["session"]["created"] is False, r
+    finally:
+        assert s.stop() == 0, s.log()
+
+
+def test_a_sampled_session_with_penalties_continues_after_a_restart_exactly(binary, model,
+                                                                            tmp_path):
+    """The sampler is the request's (its seed, its penalty window over the
+    tokens it feeds), so a seeded, penalized continuation after a SIGTERM
+    restart draws exactly the tokens it draws without one."""
+    d = tmp_path / "sessions"
+    d.mkdir()
+    args = ["--session-dir", str(d), "--window", WINDOW]
+    sampling = {"temperature": 0.9, "top_p": 0.95, "top_k": 40, "seed": 1234,
+                "presence_penalty": 0.8, "frequency_penalty": 0.6}
+    s1 = Server(binary, model, args)
+    try:
+        first = set()
+        for sid in ("ref-sampled", "live-sampled", "other-seed"):
+            st, r = complete(s1, LONG, sid, max_tokens=40, **sampling)
+            assert st == 200, r
+            first.add(str(continuation(r)))
+        assert len(first) == 1  # three sessions in one state
+        st, r = complete(s1, TURN2, "ref-sampled", max_tokens=32, **sampling)
+        assert st == 200 and r["session"]["restored"] is False, r
+        ref = continuation(r)
+        # the seed matters: another one draws other tokens (equality below is no luck)
+        st, r = complete(s1, TURN2, "other-seed", max_tokens=32, **{**sampling, "seed": 99})
+        assert st == 200 and continuation(r) != ref
+    finally:
+        assert s1.stop() == 0, s1.log()
+    s2 = Server(binary, model, args)
+    try:
+        st, r = complete(s2, TURN2, "live-sampled", max_tokens=32, session_create=False,
+                         **sampling)
+        assert st == 200 and r["session"]["restored"] is True, r
+        assert continuation(r) == ref
+    finally:
+        assert s2.stop() == 0, s2.log()
+
+
+def test_sigkill_loses_only_what_came_after_the_last_save(binary, model, tmp_path):
+    """A SIGKILL loses what a session did since its last snapshot, no more: the
+    next process continues from the snapshot exactly as a twin that never had
+    the lost turn, says where it is (position), and a half-written temp file
+    of a write the kill cut (simulated) is not a session and changes nothing."""
+    d = tmp_path / "sessions"
+    d.mkdir()
+    args = ["--session-dir", str(d), "--window", WINDOW]
+    s1 = Server(binary, model, args)
+    try:
+        for sid in ("killed", "twin"):
+            st, r = complete(s1, LONG, sid, max_tokens=16)
+            assert st == 200, r
+        st, r = call(s1, "POST", "/v1/sessions/killed/save")
+        assert st == 200, r
+        saved_position = r["position"]
+        st, r = complete(s1, " This turn is lost,", "killed", max_tokens=8)
+        assert st == 200 and r["session"]["position"] > saved_position
+        st, r = complete(s1, TURN2, "twin", max_tokens=24)  # the twin skips the lost turn
+        assert st == 200
+        ref, ref_position = continuation(r), r["session"]["position"]
+    finally:
+        assert s1.stop(signal.SIGKILL) == -signal.SIGKILL
+    # what a write cut by the kill leaves: a temp file, never renamed
+    snap = (d / "killed.snap").read_bytes()
+    (d / f".tmp-killed-{s1.proc.pid}-7").write_bytes(snap[:len(snap) // 3])
+    s2 = Server(binary, model, args)
+    try:
+        st, r = call(s2, "GET", "/v1/sessions")
+        assert st == 200 and [x["id"] for x in r["data"]] == ["killed"]
+        st, r = complete(s2, TURN2, "killed", max_tokens=24, session_create=False)
+        assert st == 200 and r["session"]["restored"] is True, r
+        assert continuation(r) == ref
+        assert r["session"]["position"] == ref_position  # from the snapshot on
+        assert s2.metrics()["streamsink_sessions_on_disk"] == 1
+    finally:
+        assert s2.stop() == 0, s2.log()
+
+
+def test_temp_files_of_writes_that_died_are_deleted_once_stale(binary, model, tmp_path):
+    d = tmp_path / "sessions"
+    d.mkdir()
+    hour_ago = time.time() - 3600
+
+    def plant(name, old):
+        p = d / name
+        p.write_bytes(b"\0" * 100_000)
+        if old:
+            os.utime(p, (hour_ago, hour_ago))
+        return p
+
+    dead = plant(".tmp-dead-123-0", True)
+    live = plant(".tmp-live-123-1", False)  # a write in progress (another replica's)
+    s = Server(binary, model, ["--session-dir", str(d), "--window", WINDOW])
+    try:
+        assert not dead.exists() and live.exists()  # the start-up scan
+        dead = plant(".tmp-dead-456-0", True)
+        st, r = complete(s, LONG, "tmp", max_tokens=4)
+        assert st == 200
+        st, r = call(s, "POST", "/v1/sessions/tmp/save")
+        assert st == 200
+        assert not dead.exists() and live.exists()  # the scan after the save
+        assert sorted(os.listdir(d)) == [".tmp-live-123-1", "tmp.snap"]
+        assert "deleted 1 temporary snapshot file" in s.log()
     finally:
         assert s.stop() == 0, s.log()

@@ -1,8 +1,13 @@
 /* test_streams.c: the pure parts of resumable streams: server/stream_buf.c
- * (the replay buffer, stream ids, Last-Event-ID parsing) and server/siphash.c
- * (the owner hash, against the reference vectors of the SipHash paper). */
+ * (the replay buffer, stream ids, Last-Event-ID parsing), server/siphash.c
+ * (the owner hash, against the reference vectors of the SipHash paper), and
+ * the comparisons of the secrets a client presents (stream ids, API keys,
+ * session ids). */
 #include <errno.h>
+#include <stdlib.h>
 
+#include "engine/include/engine.h"
+#include "server/router.h"
 #include "server/siphash.h"
 #include "server/stream_buf.h"
 #include "test.h"
@@ -139,6 +144,67 @@ TEST(stream_ids_compare_equal_only_when_every_character_is)
         !stream_id_equal("0123456789abcdef0123456789abcdef", "0123456789abcdef0123456789abcdee"));
     ASSERT(
         !stream_id_equal("0123456789abcdef0123456789abcdef", "0123456789abcdef0123456789abcde\0"));
+}
+
+/* The key index of "Authorization: <auth>" on a server with keys k[0..n-1]. */
+static int key_index(const char *const *k, size_t n, const char *auth)
+{
+    struct server *s = calloc(1, sizeof *s);
+    struct http_conn *c = calloc(1, sizeof *c);
+    if (!s || !c) {
+        free(s);
+        free(c);
+        return -99; /* no memory: matches no expectation */
+    }
+    for (size_t i = 0; i < n; i++)
+        s->keys[i] = (char *)k[i];
+    s->n_keys = n;
+    snprintf(c->req.authorization, sizeof c->req.authorization, "%s", auth);
+    int idx = router_key_index(s, c);
+    free(s);
+    free(c);
+    return idx;
+}
+
+TEST(api_keys_match_only_in_full_whatever_their_place_and_length)
+{
+    const char *k[] = {"sk-alpha-0001", "sk-beta", "sk-alpha-0002"};
+    ASSERT_EQ(key_index(k, 3, "Bearer sk-alpha-0001"), 0);
+    ASSERT_EQ(key_index(k, 3, "Bearer sk-beta"), 1);
+    ASSERT_EQ(key_index(k, 3, "Bearer sk-alpha-0002"), 2);
+    ASSERT_EQ(key_index(k, 3, "bearer   sk-beta \t"), 1);
+    ASSERT_EQ(key_index(k, 3, "Bearer sk-alpha-000"), -2);   /* a prefix */
+    ASSERT_EQ(key_index(k, 3, "Bearer sk-alpha-00011"), -2); /* one more character */
+    ASSERT_EQ(key_index(k, 3, "Bearer sk-alpha-0003"), -2);  /* the last one differs */
+    ASSERT_EQ(key_index(k, 3, "Bearer tk-alpha-0001"), -2);  /* the first one differs */
+    ASSERT_EQ(key_index(k, 3, "Bearer "), -2);
+    ASSERT_EQ(key_index(k, 3, "sk-beta"), -2);        /* not a bearer token */
+    ASSERT_EQ(key_index(k, 0, "Bearer sk-beta"), -1); /* an open server */
+}
+
+TEST(session_ids_compare_equal_only_when_every_character_and_the_length_are)
+{
+    ASSERT(engine_session_id_equal("sess_0123", "sess_0123"));
+    ASSERT(engine_session_id_equal("a", "a"));
+    ASSERT(!engine_session_id_equal("sess_0123", "tess_0123"));
+    ASSERT(!engine_session_id_equal("sess_0123", "sess_0124"));
+    ASSERT(!engine_session_id_equal("sess_0123", "sess_012"));
+    ASSERT(!engine_session_id_equal("sess_012", "sess_0123"));
+    ASSERT(!engine_session_id_equal("", "a"));
+    ASSERT(engine_session_id_equal("", ""));
+    /* the longest ids, and buffers with bytes after their end that differ */
+    char a[ENGINE_SESSION_ID_MAX], b[ENGINE_SESSION_ID_MAX];
+    memset(a, 'x', sizeof a);
+    memset(b, 'x', sizeof b);
+    a[ENGINE_SESSION_ID_MAX - 1] = b[ENGINE_SESSION_ID_MAX - 1] = 0;
+    ASSERT(engine_session_id_equal(a, b));
+    b[ENGINE_SESSION_ID_MAX - 2] = 'y';
+    ASSERT(!engine_session_id_equal(a, b));
+    b[ENGINE_SESSION_ID_MAX - 2] = 'x';
+    a[3] = b[3] = 0;
+    a[5] = 'p';
+    b[5] = 'q';
+    ASSERT(engine_session_id_equal(a, b)); /* "xxx" both */
 }
 
 TEST(last_event_id_parses_decimal_numbers_and_nothing_else)

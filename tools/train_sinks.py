@@ -34,6 +34,18 @@ at a small share of one core):
         --sink-values tools/data/sinks_values_v2.f32 --keep-every 20 --threads 1 \
         --out tools/data/sinks_trained_v2.txt
 
+    # tools/data/sinks_trained_v3.txt + sinks_values_v3.f32 + sinks_keys_v3.f32: from the
+    # v2 files, one sink key per KV head trained from 0 with them, the best of a fixed
+    # validation slice per window, at most 2,700 s of training
+    nice -n 10 /root/refvenv/bin/python tools/train_sinks.py --model $M --steps 180 \
+        --windows 64,128,256,128,256,1024 --loss-tokens 160 --lr 0.005 --lr-values 0.01 \
+        --lr-keys 0.02 --early-weight 0.5 \
+        --sources kjv-without-revelation,gnu-manuals,more-manuals,licenses,man7,doc-texts \
+        --init tools/data/sinks_trained_v2.txt --init-values tools/data/sinks_values_v2.f32 \
+        --sink-values tools/data/sinks_values_v3.f32 --sink-keys tools/data/sinks_keys_v3.f32 \
+        --val-every 6 --val-tokens 320 --max-seconds 2700 --keep-every 30 --threads 1 \
+        --out tools/data/sinks_trained_v3.txt
+
 tools/data/sinks_trained30.txt came from the first version of this script:
 30 steps of 320-token slices of the KJV without Revelation, window 128, lr 0.1,
 init 0 (its header says so).

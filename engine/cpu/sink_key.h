@@ -15,7 +15,8 @@
  * at the token's position, the layer's base) in the adjacent (neox = 0) or
  * NEOX layout; k_s (Hkv, Dh). Each k_g is rotated with the token's own table,
  * so that q_rot . R k_g = q0 . k_g: the sink sits at distance 0 from every
- * query. The dot product is summed in double. */
+ * query. The dot product is summed in double. head_dim <= MODEL_MAX_HEAD_DIM
+ * (model_load refuses wider heads). */
 void cpu_sink_key_logits(const float *q, int64_t T, int H, int Hkv, int head_dim, int rope_dim,
                          int neox, const float *cs, const float *sinks, const float *k_s,
                          float scale, float *out);

@@ -468,53 +468,61 @@ static int read_hparams(struct model *m, char *err, size_t err_len)
         snprintf(err, err_len, "model: attn_sinks tensors present but normalizer is '%s'", norm);
         return -EINVAL;
     }
-    if (gguf_find_tensor(&m->gguf, "blk.0.attn_sinks_v") && hp->normalizer != MODEL_NORM_SINK) {
-        snprintf(err, err_len, "model: attn_sinks_v tensors present but normalizer is '%s'",
-                 model_normalizer_name(hp->normalizer));
-        return -EINVAL;
+    static const char *const sink_vectors[] = {"attn_sinks_v", "attn_sinks_k"};
+    for (size_t i = 0; i < sizeof sink_vectors / sizeof sink_vectors[0]; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "blk.0.%s", sink_vectors[i]);
+        if (gguf_find_tensor(&m->gguf, name) && hp->normalizer != MODEL_NORM_SINK) {
+            snprintf(err, err_len, "model: %s tensors present but normalizer is '%s'",
+                     sink_vectors[i], model_normalizer_name(hp->normalizer));
+            return -EINVAL;
+        }
     }
     return 0;
 }
 
-/* Sink values (gguf-normalizer.md): blk.N.attn_sinks_v, [Dh, H] F32, the value
- * of each query head's virtual key. Optional, but in every layer or in none
- * (blk.0 decides); absent, the virtual key's value is zero. */
-static int bind_sink_values(struct model *m, int l, char *err, size_t err_len)
+/* Per-head sink vectors (gguf-normalizer.md), F32 [Dh, n], copied into mem
+ * (n_layer * n * Dh floats, allocated on first use) and bound to *dst:
+ * blk.N.attn_sinks_v, the value of each query head's virtual key (n = H), and
+ * blk.N.attn_sinks_k, the key of each kv head's virtual key (n = Hkv).
+ * Optional, but in every layer or in none (blk.0 decides); finite. */
+static int bind_sink_vectors(struct model *m, int l, const char *suffix, int n_heads, float **mem,
+                             struct tensor *dst, char *err, size_t err_len)
 {
     const struct model_hparams *hp = &m->hp;
-    struct model_layer *ly = &m->w.layers[l];
-    const int64_t n = (int64_t)hp->n_head * hp->head_dim;
-    char name[96];
+    const int64_t n = (int64_t)n_heads * hp->head_dim;
+    char name[96], first[96];
     int rc;
-    memset(&ly->attn_sinks_v, 0, sizeof ly->attn_sinks_v);
-    snprintf(name, sizeof name, "blk.%d.attn_sinks_v", l);
-    if (!gguf_find_tensor(&m->gguf, "blk.0.attn_sinks_v")) {
+    memset(dst, 0, sizeof *dst);
+    snprintf(name, sizeof name, "blk.%d.%s", l, suffix);
+    snprintf(first, sizeof first, "blk.0.%s", suffix);
+    if (!gguf_find_tensor(&m->gguf, first)) {
         if (gguf_find_tensor(&m->gguf, name)) {
-            snprintf(err, err_len, "model: %s present but blk.0.attn_sinks_v missing", name);
+            snprintf(err, err_len, "model: %s present but %s missing", name, first);
             return -EINVAL;
         }
         return 0;
     }
-    if (!m->sinks_v_mem) {
-        m->sinks_v_mem = calloc((size_t)hp->n_layer * (size_t)n, sizeof(float));
-        if (!m->sinks_v_mem) {
+    if (!*mem) {
+        *mem = calloc((size_t)hp->n_layer * (size_t)n, sizeof(float));
+        if (!*mem) {
             snprintf(err, err_len, "model: out of memory");
             return -ENOMEM;
         }
     }
     struct tensor t;
-    if ((rc = bind(m, &t, name, hp->head_dim, hp->n_head, 1, err, err_len)) < 0)
+    if ((rc = bind(m, &t, name, hp->head_dim, n_heads, 1, err, err_len)) < 0)
         return rc;
-    float *dst = m->sinks_v_mem + (size_t)l * (size_t)n;
-    memcpy(dst, t.data, (size_t)n * sizeof(float));
+    float *d = *mem + (size_t)l * (size_t)n;
+    memcpy(d, t.data, (size_t)n * sizeof(float));
     for (int64_t i = 0; i < n; i++) {
-        if (!(dst[i] > -1e30f && dst[i] < 1e30f)) {
+        if (!(d[i] > -1e30f && d[i] < 1e30f)) {
             snprintf(err, err_len, "model: %s[%lld] is not a finite number", name, (long long)i);
             return -EINVAL;
         }
     }
-    t.data = dst;
-    ly->attn_sinks_v = t;
+    t.data = d;
+    *dst = t;
     return 0;
 }
 
@@ -596,7 +604,11 @@ static int bind_weights(struct model *m, char *err, size_t err_len)
                     return -EINVAL;
                 }
             }
-            if ((rc = bind_sink_values(m, l, err, err_len)) < 0)
+            if ((rc = bind_sink_vectors(m, l, "attn_sinks_v", hp->n_head, &m->sinks_v_mem,
+                                        &ly->attn_sinks_v, err, err_len)) < 0)
+                return rc;
+            if ((rc = bind_sink_vectors(m, l, "attn_sinks_k", hp->n_head_kv, &m->sinks_k_mem,
+                                        &ly->attn_sinks_k, err, err_len)) < 0)
                 return rc;
         }
     }
@@ -637,6 +649,7 @@ void model_free(struct model *m)
     free(m->w.layers);
     free(m->sinks_mem);
     free(m->sinks_v_mem);
+    free(m->sinks_k_mem);
     if (m->map && m->mapped)
         guard_remove(m->map);
     if (m->map)

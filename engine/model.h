@@ -88,6 +88,11 @@ struct model_layer {
     /* (H, Dh) f32 per-query-head sink values (blk.N.attn_sinks_v, copied, aligned): the
      * sink normalizer's virtual key carries v_h; data NULL if the file has none (zero) */
     struct tensor attn_sinks_v;
+    /* (Hkv, Dh) f32 per-kv-head sink keys (blk.N.attn_sinks_k, copied, aligned): the
+     * sink logit of query head h at position p is s_h + attn_scale * q_{p,h} . k_g,
+     * q before RoPE, g = h's kv head (the sink sits at distance 0 from every
+     * query); data NULL if the file has none (the logit is s_h) */
+    struct tensor attn_sinks_k;
     /* Gemma 3 only (data NULL otherwise); norms as stored, 1 + w already folded in */
     struct tensor attn_q_norm;    /* (Dh) f32: RMSNorm of each query head before RoPE */
     struct tensor attn_k_norm;    /* (Dh) f32: the same for each key head */
@@ -108,6 +113,7 @@ struct model {
     struct gguf_file gguf;
     float *sinks_mem;   /* [L*H] attn_sinks copies (or all zeros for softmax1) */
     float *sinks_v_mem; /* [L*H*Dh] attn_sinks_v copies, NULL if the file has none */
+    float *sinks_k_mem; /* [L*Hkv*Dh] attn_sinks_k copies, NULL if the file has none */
     void *map;          /* the file's bytes: a mapping of it, or an anonymous copy (no_mmap) */
     size_t map_len;
     int fd;

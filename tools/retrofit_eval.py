@@ -11,7 +11,9 @@ Writes the texts (tools/train_sinks.py --write-texts) into OUT/texts, one JSON
 per run (skipped when it exists, so an interrupted run resumes), and prints a
 Markdown table: perplexity over all scored tokens and over tokens t >= W (the
 ones that come after the first eviction), and the ratio of the latter to the
-vanilla model's `sinks:4` on the same tokens. Stdlib only; the texts need the
+vanilla model's `sinks:4` on the same tokens; then the same for the tokens
+t < W (the real first token still in the window, where the vanilla model's
+`sinks:4` and window runs are the same model on the same keys). Stdlib only; the texts need the
 reference venv (train_sinks.py imports torch), so pass --texts DIR to reuse
 texts written before.
 """
@@ -77,19 +79,21 @@ def main():
 
     with ThreadPoolExecutor(a.jobs) as ex:
         res = {r: d for r, d in ex.map(job, runs)}
-    print("| text | W | model | policy | ppl, all tokens | ppl, tokens >= W | vs vanilla sinks:4 |")
-    print("|---|---|---|---|---|---|---|")
+    print("| text | W | model | policy | ppl, all tokens | ppl, tokens >= W | vs vanilla sinks:4 "
+          "| ppl, tokens < W | vs vanilla, t < W |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for t in names:
         for W in windows:
             base = res[("vanilla", a.vanilla, t, W, "sinks:4")]
-            b = ppl(base["nll"][W:])
+            b, b_early = ppl(base["nll"][W:]), ppl(base["nll"][:W])
             for r in runs:
                 if r[2] != t or r[3] != W:
                     continue
                 d = res[r]
-                late = ppl(d["nll"][W:])
+                late, early = ppl(d["nll"][W:]), ppl(d["nll"][:W])
                 print(f"| {t[:-4]} | {W} | {r[0]} | {r[4]} | {d['perplexity']:.3f} | "
-                      f"{late:.3f} ({len(d['nll']) - W} tok) | {late / b:.3f}x |")
+                      f"{late:.3f} ({len(d['nll']) - W} tok) | {late / b:.3f}x | "
+                      f"{early:.3f} | {early / b_early:.3f}x |")
 
 
 if __name__ == "__main__":

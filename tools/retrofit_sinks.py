@@ -7,24 +7,30 @@
         --out /tmp/smollm2-sinks-trained.gguf
     python3 tools/retrofit_sinks.py --model ... --scalars tools/data/sinks_trained_v.txt \
         --values tools/data/sinks_values.f32 --out /tmp/smollm2-sinks-values.gguf
+    python3 tools/retrofit_sinks.py --model ... --scalars tools/data/sinks_trained_v3.txt \
+        --values tools/data/sinks_values_v3.f32 --keys tools/data/sinks_keys_v3.f32 \
+        --out /tmp/smollm2-sinks-keys.gguf
     python3 tools/retrofit_sinks.py --model ... --softmax1 --out /tmp/smollm2-softmax1.gguf
 
 The scalars file holds one line per layer of H sink logits ('#' lines are comments),
 as written by `streamsink calibrate` and tools/train_sinks.py. The values file
 (--values, tools/train_sinks.py --sink-values) holds the sink value vectors as raw
-little-endian float32, layer by layer, head by head, head_dim each.
+little-endian float32, layer by layer, head by head, head_dim each. The keys file
+(--keys, tools/train_sinks.py --sink-keys) holds one sink key per KV head in the
+same layout: layer by layer, kv head by kv head, head_dim each.
 
 The file is spliced at the byte level (no gguf package needed, stdlib only), so
 every original weight stays byte-identical: the GGUF data section is copied
 unchanged and tensor offsets are relative to it, so the original tensor infos
 keep their offsets. Added: the key <arch>.attention.normalizer (= "sink", or
 "softmax1" with --softmax1), and for sink one F32 tensor blk.N.attn_sinks of
-shape [H] per layer (with --values also blk.N.attn_sinks_v, shape [head_dim, H]),
-appended after the original data (README, "The GGUF
+shape [H] per layer (with --values also blk.N.attn_sinks_v, shape [head_dim, H],
+with --keys blk.N.attn_sinks_k, shape [head_dim, Hkv]), appended after the original data (README, "The GGUF
 normalizer convention"). The output is checked by re-reading it.
 """
 import argparse
 import hashlib
+import math
 import struct
 import sys
 
@@ -113,15 +119,18 @@ def main():
     g.add_argument("--softmax1", action="store_true", help="normalizer softmax1, no tensors")
     ap.add_argument("--values", help="with --scalars: sink value vectors (raw float32, "
                                      "layers x heads x head_dim) -> blk.N.attn_sinks_v")
+    ap.add_argument("--keys", help="with --scalars: sink keys (raw float32, layers x kv heads "
+                                   "x head_dim) -> blk.N.attn_sinks_k")
     a = ap.parse_args()
-    if a.values and not a.scalars:
-        ap.error("--values needs --scalars")
+    if (a.values or a.keys) and not a.scalars:
+        ap.error("--values and --keys need --scalars")
 
     buf = open(a.model, "rb").read()
     kv, kv_end, tensors, infos_end, align, data_start = parse(buf)
     arch = kv["general.architecture"][1]
     n_layer = kv[f"{arch}.block_count"][1]
     n_head = kv[f"{arch}.attention.head_count"][1]
+    n_head_kv = kv.get(f"{arch}.attention.head_count_kv", (T_U32, n_head))[1]
     head_dim = kv.get(f"{arch}.attention.key_length",
                       (T_U32, kv[f"{arch}.embedding_length"][1] // n_head))[1]
     norm_key = f"{arch}.attention.normalizer"
@@ -143,6 +152,16 @@ def main():
                 sys.exit(f"{a.values}: expected {n_layer} x {n_head} x {head_dim} float32 "
                          f"({n_layer * per} bytes), got {len(vals)} bytes")
             vals = [vals[l * per:(l + 1) * per] for l in range(n_layer)]
+        keys = None
+        if a.keys:
+            keys = open(a.keys, "rb").read()
+            per = n_head_kv * head_dim * 4
+            if len(keys) != n_layer * per:
+                sys.exit(f"{a.keys}: expected {n_layer} x {n_head_kv} x {head_dim} float32 "
+                         f"({n_layer * per} bytes), got {len(keys)} bytes")
+            if not all(math.isfinite(x) for x in struct.unpack(f"<{len(keys) // 4}f", keys)):
+                sys.exit(f"{a.keys}: not every number is finite")
+            keys = [keys[l * per:(l + 1) * per] for l in range(n_layer)]
         off = (len(data) + align - 1) // align * align
         new_data = b"\0" * (off - len(data))
 
@@ -159,6 +178,8 @@ def main():
             add(f"blk.{l}.attn_sinks", [n_head], struct.pack(f"<{n_head}f", *row))
             if vals:
                 add(f"blk.{l}.attn_sinks_v", [head_dim, n_head], vals[l])
+            if keys:
+                add(f"blk.{l}.attn_sinks_k", [head_dim, n_head_kv], keys[l])
     n_t, n_kv = len(tensors), len(kv)
     head = GGUF_MAGIC + struct.pack("<IQQ", 3, n_t + n_new, n_kv + 1)
     body = buf[24:kv_end] + new_kv + buf[kv_end:infos_end] + new_infos

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Trains only the per-head sink logits of a vanilla Llama GGUF (SmolLM2-135M:
-30 layers x 9 heads = 270 scalars), everything else frozen, under window-only
-attention, so that a null key learns to do the evicted first token's job.
+30 layers x 9 heads = 270 scalars), and optionally sink values and keys,
+everything else frozen, under window-only attention, so that a null key learns
+to do the evicted first token's job.
 
 Commands that made the committed files (2 shared CPU cores, one thread each;
 the machine was heavily loaded, so the times in their headers are wall times
@@ -32,6 +33,18 @@ at a small share of one core):
         --init tools/data/sinks_trained_v.txt --init-values tools/data/sinks_values.f32 \
         --sink-values tools/data/sinks_values_v2.f32 --keep-every 20 --threads 1 \
         --out tools/data/sinks_trained_v2.txt
+
+    # tools/data/sinks_trained_v3.txt + sinks_values_v3.f32 + sinks_keys_v3.f32: from the
+    # v2 files, one sink key per KV head trained from 0 with them, the best of a fixed
+    # validation slice per window, at most 2,700 s of training
+    nice -n 10 /root/refvenv/bin/python tools/train_sinks.py --model $M --steps 180 \
+        --windows 64,128,256,128,256,1024 --loss-tokens 160 --lr 0.005 --lr-values 0.01 \
+        --lr-keys 0.02 --early-weight 0.5 \
+        --sources kjv-without-revelation,gnu-manuals,more-manuals,licenses,man7,doc-texts \
+        --init tools/data/sinks_trained_v2.txt --init-values tools/data/sinks_values_v2.f32 \
+        --sink-values tools/data/sinks_values_v3.f32 --sink-keys tools/data/sinks_keys_v3.f32 \
+        --val-every 6 --val-tokens 320 --max-seconds 2700 --keep-every 30 --threads 1 \
+        --out tools/data/sinks_trained_v3.txt
 
 tools/data/sinks_trained30.txt came from the first version of this script:
 30 steps of 320-token slices of the KJV without Revelation, window 128, lr 0.1,
@@ -83,6 +96,21 @@ deterministic (one thread, deterministic kernels).
 so that the output is (e^{s_h} v_h + sum_i e^{z_i} v_i) / (e^{s_h} + sum_i e^{z_i}):
 the tensors blk.N.attn_sinks_v of docs/gguf-normalizer.md. FILE is raw little-endian
 float32, layer by layer, head by head (tools/retrofit_sinks.py --values reads it).
+--sink-keys FILE also trains one sink key per KV head, k_g (Dh floats), so that the
+sink logit of query head h at position p is s_h + q_{p,h} . k_g / sqrt(Dh) with q
+before RoPE (the sink at distance 0 from every query): the tensors blk.N.attn_sinks_k
+of docs/gguf-normalizer.md. FILE is raw little-endian float32, layer by layer, KV head
+by KV head (tools/retrofit_sinks.py --keys reads it). Keys start at 0 (--init-keys to
+start elsewhere), where the model is exactly the one without them.
+
+--val-every N scores a fixed validation slice per distinct window (W + --val-tokens
+tokens from the last tenth of a training source, window i from source i in turn;
+training then draws its slices from the first nine tenths only) before training and
+every N steps, with the training loss (the same --early-weight), averaged over the
+windows, and writes the files only when that is the best so far: the files hold the
+best checkpoint, and their header says at which step. --max-seconds stops the run
+before a step that would start after that many seconds.
+
 Every step is one forward and one backward of the frozen model in float32 on one
 thread: 6-12 s for W = 64-256 with 160 scored tokens on an idle core of the build
 machine, about twice that when it is loaded; 70-141 s for W = 1,024 (1,184 tokens).
@@ -241,8 +269,9 @@ def rope(x, c, s):
 
 
 def read_values(path, L, H, Dh):
-    """Sink value vectors [L, H, Dh] from a raw little-endian float32 file
-    (tools/retrofit_sinks.py --values reads the same layout)."""
+    """Sink value vectors [L, H, Dh] (or sink keys [L, Hkv, Dh]) from a raw
+    little-endian float32 file (tools/retrofit_sinks.py --values and --keys
+    read the same layout)."""
     a = np.fromfile(path, dtype="<f4")
     if a.size != L * H * Dh:
         sys.exit(f"{path}: expected {L} x {H} x {Dh} float32, got {a.size} numbers")
@@ -254,10 +283,14 @@ def write_values(path, v):
     os.replace(path + ".part", path)
 
 
-def forward_nll(kv, w, sinks, ids, window, sink_v=None, score_from=0, kv_f16=True):
+def forward_nll(kv, w, sinks, ids, window, sink_v=None, score_from=0, kv_f16=True,
+                sink_k=None):
     """Per-token NLL of ids[score_from + 1:] under the window policy with sink
-    logits sinks [L, H] (None: vanilla softmax) and optional sink values
-    [L, H, Dh] (the null key's value: its weight times v_h joins the output).
+    logits sinks [L, H] (None: vanilla softmax), optional sink values
+    [L, H, Dh] (the null key's value: its weight times v_h joins the output)
+    and optional sink keys [L, Hkv, Dh] (blk.N.attn_sinks_k: the sink logit of
+    query head h at position p is s_h + scale q_{p,h} . k_g, q before RoPE,
+    g = h's KV head; the sink sits at distance 0 from every query).
     kv_f16 rounds the cached K (after RoPE) and V to f16, as the engine's
     default KV cache stores them."""
     arch = kv["general.architecture"]
@@ -284,6 +317,7 @@ def forward_nll(kv, w, sinks, ids, window, sink_v=None, score_from=0, kv_f16=Tru
         q = (h @ w[p + "attn_q.weight"].T).view(T, H, Dh).transpose(0, 1)
         k = (h @ w[p + "attn_k.weight"].T).view(T, Hkv, Dh).transpose(0, 1)
         v = (h @ w[p + "attn_v.weight"].T).view(T, Hkv, Dh).transpose(0, 1)
+        q0 = q
         q, k = rope(q, c, s), rope(k, c, s)
         if kv_f16:
             k, v = k.half().float(), v.half().float()
@@ -294,7 +328,11 @@ def forward_nll(kv, w, sinks, ids, window, sink_v=None, score_from=0, kv_f16=Tru
         if sinks is None:
             o = torch.softmax(z, dim=-1) @ v
         else:
-            zz = torch.cat([z, sinks[l].view(H, 1, 1).expand(H, T, 1)], dim=-1)
+            sl = sinks[l].view(H, 1, 1).expand(H, T, 1)
+            if sink_k is not None:  # q before RoPE . k_g, per query
+                kg = sink_k[l].repeat_interleave(H // Hkv, dim=0)  # [H, Dh]
+                sl = sl + (q0 @ kg[:, :, None]) / math.sqrt(Dh)
+            zz = torch.cat([z, sl], dim=-1)
             a = torch.softmax(zz, dim=-1)
             o = a[..., :-1] @ v
             if sink_v is not None:
@@ -405,6 +443,22 @@ def main():
                          "and write them to FILE (raw float32, layers x heads x head_dim)")
     ap.add_argument("--lr-values", type=float, default=0.02,
                     help="peak Adam learning rate of the value vectors")
+    ap.add_argument("--sink-keys", metavar="FILE",
+                    help="also train one sink key per KV head (blk.N.attn_sinks_k) and write "
+                         "them to FILE (raw float32, layers x kv heads x head_dim)")
+    ap.add_argument("--init-keys",
+                    help="start from (or with --eval, use) these sink keys (default: all 0, "
+                         "which is exactly the model without keys)")
+    ap.add_argument("--lr-keys", type=float, default=0.01,
+                    help="peak Adam learning rate of the sink keys")
+    ap.add_argument("--val-every", type=int, default=0,
+                    help="every this many steps (and before the first) score a fixed "
+                         "validation slice per window and write the files only when the "
+                         "validation loss is the best so far")
+    ap.add_argument("--val-tokens", type=int, default=320,
+                    help="scored tokens after the first W in each validation slice")
+    ap.add_argument("--max-seconds", type=float, default=0,
+                    help="stop before a step that would start after this many seconds")
     ap.add_argument("--freeze-logits", action="store_true",
                     help="with --sink-values: train the value vectors only")
     ap.add_argument("--kv-f32", action="store_true",
@@ -436,11 +490,13 @@ def main():
     arch = kv["general.architecture"]
     L = int(kv[f"{arch}.block_count"])
     H = int(kv[f"{arch}.attention.head_count"])
+    Hkv = int(kv[f"{arch}.attention.head_count_kv"])
     Dh = int(kv[f"{arch}.embedding_length"]) // H
     tok, _ = build_tokenizer(a.model)
     if a.eval:  # --init may list several files here, each evaluated in turn
         ids = torch.tensor(tok.encode(open(a.eval).read()).ids[:a.eval_tokens], dtype=torch.long)
         sv = read_values(a.init_values, L, H, Dh) if a.init_values else None
+        sk_k = read_values(a.init_keys, L, Hkv, Dh) if a.init_keys else None
         cands = [("vanilla", None)] if a.vanilla else []
         cands += [(os.path.basename(f), read_scalars(f, L, H))
                   for f in (a.init.split(",") if a.init else [])]
@@ -448,7 +504,8 @@ def main():
             for W in windows:
                 for name, sk in cands:
                     nll = forward_nll(kv, w, sk, ids, W, sv if sk is not None else None,
-                                      kv_f16=not a.kv_f32)
+                                      kv_f16=not a.kv_f32,
+                                      sink_k=sk_k if sk is not None else None)
                     print(f"{os.path.basename(a.eval)} W={W} {name} window tokens={len(nll)} "
                           f"ppl={math.exp(nll.mean()):.3f} "
                           f"ppl(t>={W})={math.exp(nll[W:].mean()):.3f}", flush=True)
@@ -490,11 +547,85 @@ def main():
         v0 = read_values(a.init_values, L, H, Dh) if a.init_values else torch.zeros(L, H, Dh)
         sink_v = v0.clone().requires_grad_(True)
         groups.append({"params": [sink_v], "lr": a.lr_values, "peak": a.lr_values})
+    elif a.init_values:
+        sink_v = read_values(a.init_values, L, H, Dh)  # fixed, not trained
+    sink_k = None
+    if a.sink_keys:
+        k0 = read_values(a.init_keys, L, Hkv, Dh) if a.init_keys else torch.zeros(L, Hkv, Dh)
+        sink_k = k0.clone().requires_grad_(True)
+        groups.append({"params": [sink_k], "lr": a.lr_keys, "peak": a.lr_keys})
     opt = torch.optim.Adam(groups)
     g = torch.Generator().manual_seed(a.seed)
+
+    # Validation: one fixed slice per distinct window, from the last tenth of a
+    # training source (window i: source i, in turn); training draws its slices
+    # from the first nine tenths only, so the two never overlap.
+    val = []
+    if a.val_every:
+        gv = torch.Generator().manual_seed(a.seed + 1)
+        for i, W in enumerate(sorted(set(windows))):
+            name, ids = sources[i % len(sources)]
+            cut = len(ids) * 9 // 10
+            n = W + a.val_tokens + 1
+            if len(ids) - cut < n:
+                sys.exit(f"source {name}: its last tenth is shorter than {n} tokens")
+            st = cut + int(torch.randint(0, len(ids) - cut - n + 1, (1,), generator=gv))
+            val.append((W, name, ids[st:st + n]))
+        sources = [(n, ids[:len(ids) * 9 // 10]) for n, ids in sources]
+
+    def step_loss(nll, W):
+        if a.early_weight:
+            late, early = nll[W:].mean(), nll[:W].mean()
+            return (late + a.early_weight * early) / (1 + a.early_weight), late, early
+        return nll.mean(), nll.mean(), nll.mean()
+
+    def validate():
+        losses = []
+        with torch.no_grad():
+            for W, name, ids in val:
+                nll = forward_nll(kv, w, sinks, ids, W, sink_v, kv_f16=not a.kv_f32,
+                                  sink_k=sink_k)
+                loss, late, _ = step_loss(nll, W)
+                losses.append(loss.item())
+                print(f"  val W {W:4d} {name:22s} loss {loss.item():.4f} "
+                      f"ppl(t>=W) {math.exp(late.item()):.3f}", flush=True)
+        return sum(losses) / len(losses)
+
+    def save(step, el, note, suffix=""):
+        with open(a.out + suffix + ".part", "w") as f:
+            f.write(f"# sink logits from tools/train_sinks.py: {L} layers x {H} heads, one "
+                    f"line per layer\n# {step} of {a.steps} steps{note}, windows {a.windows}, "
+                    f"{a.loss_tokens} scored tokens per step, Adam lr {a.lr} cosine"
+                    + (f" (logits frozen)" if a.freeze_logits else "")
+                    + (f", values lr {a.lr_values} -> {os.path.basename(a.sink_values)}"
+                       f" (init {os.path.basename(a.init_values) if a.init_values else '0'})"
+                       if a.sink_values else "")
+                    + (f", keys lr {a.lr_keys} -> {os.path.basename(a.sink_keys)}"
+                       f" (init {os.path.basename(a.init_keys) if a.init_keys else '0'})"
+                       if a.sink_keys else "")
+                    + (f", early weight {a.early_weight}" if a.early_weight else "")
+                    + f", {'f32' if a.kv_f32 else 'f16'} K/V, seed "
+                    f"{a.seed}, init {os.path.basename(a.init) if a.init else '0'}; sources "
+                    f"{', '.join(n for n, _ in sources)}; {el:.0f}s on one thread\n")
+            for row in sinks.detach().tolist():
+                f.write(" ".join(f"{v:.6f}" for v in row) + "\n")
+        os.replace(a.out + suffix + ".part", a.out + suffix)
+        if a.sink_values:
+            write_values(a.sink_values + suffix, sink_v)
+        if a.sink_keys:
+            write_values(a.sink_keys + suffix, sink_k)
+
     t0 = time.time()
+    best = None
+    if val:
+        best = validate()
+        print(f"validation before training: {best:.4f} ({time.time() - t0:.0f}s)", flush=True)
+        save(0, time.time() - t0, f" (best validation loss {best:.4f})")
     n_run = a.stop_after if 0 < a.stop_after < a.steps else a.steps
     for step in range(n_run):
+        if a.max_seconds and time.time() - t0 > a.max_seconds:
+            print(f"stopping before step {step}: {a.max_seconds:.0f}s spent", flush=True)
+            break
         for pg in opt.param_groups:
             pg["lr"] = pg["peak"] * 0.5 * (1 + math.cos(math.pi * step / a.steps))
         W = windows[step % len(windows)]
@@ -502,42 +633,33 @@ def main():
         n = W + a.loss_tokens + 1
         st = int(torch.randint(0, len(ids) - n, (1,), generator=g))
         nll = forward_nll(kv, w, sinks, ids[st:st + n], W, sink_v,
-                          score_from=0 if a.early_weight else W, kv_f16=not a.kv_f32)
-        if a.early_weight:
-            late, early = nll[W:].mean(), nll[:W].mean()
-            loss = (late + a.early_weight * early) / (1 + a.early_weight)
-        else:
-            late = early = loss = nll.mean()
+                          score_from=0 if a.early_weight else W, kv_f16=not a.kv_f32,
+                          sink_k=sink_k)
+        loss, late, early = step_loss(nll, W)
         opt.zero_grad()
         loss.backward()
         opt.step()
         vn = f" |v| {sink_v.detach().norm(dim=-1).mean().item():.3f}" if sink_v is not None else ""
+        kn = f" |k| {sink_k.detach().norm(dim=-1).mean().item():.3f}" if sink_k is not None else ""
         ew = f" (t>=W {late.item():.4f}, t<W {early.item():.4f})" if a.early_weight else ""
         print(f"step {step:3d} W {W:4d} {name:22s} loss {loss.item():.4f}{ew} "
-              f"mean sink {sinks.mean().item():+.3f}{vn} ({time.time() - t0:.0f}s)", flush=True)
-        if (step + 1) % 10 == 0 or step + 1 == n_run:  # the file after every 10 steps
-            el = time.time() - t0
-            with open(a.out + ".part", "w") as f:
-                f.write(f"# sink logits from tools/train_sinks.py: {L} layers x {H} heads, one "
-                        f"line per layer\n# {step + 1} of {a.steps} steps, windows {a.windows}, "
-                        f"{a.loss_tokens} scored tokens per step, Adam lr {a.lr} cosine"
-                        + (f" (logits frozen)" if a.freeze_logits else "")
-                        + (f", values lr {a.lr_values} -> {os.path.basename(a.sink_values)}"
-                           f" (init {os.path.basename(a.init_values) if a.init_values else '0'})"
-                           if a.sink_values else "")
-                        + (f", early weight {a.early_weight}" if a.early_weight else "")
-                        + f", {'f32' if a.kv_f32 else 'f16'} K/V, seed "
-                        f"{a.seed}, init {os.path.basename(a.init) if a.init else '0'}; sources "
-                        f"{', '.join(n for n, _ in sources)}; {el:.0f}s on one thread\n")
-                for row in sinks.detach().tolist():
-                    f.write(" ".join(f"{v:.6f}" for v in row) + "\n")
-            os.replace(a.out + ".part", a.out)
-            if sink_v is not None:
-                write_values(a.sink_values, sink_v)
-            if a.keep_every and (step + 1) % a.keep_every == 0:  # intermediate copies
-                shutil.copyfile(a.out, f"{a.out}.step{step + 1}")
-                if sink_v is not None:
-                    shutil.copyfile(a.sink_values, f"{a.sink_values}.step{step + 1}")
+              f"mean sink {sinks.mean().item():+.3f}{vn}{kn} ({time.time() - t0:.0f}s)",
+              flush=True)
+        if val and ((step + 1) % a.val_every == 0 or step + 1 == n_run):
+            vl = validate()
+            print(f"validation after step {step + 1}: {vl:.4f} (best {best:.4f}) "
+                  f"({time.time() - t0:.0f}s)", flush=True)
+            if vl < best:
+                best = vl
+                save(step + 1, time.time() - t0, f" (best validation loss {best:.4f})")
+        elif not val and ((step + 1) % 10 == 0 or step + 1 == n_run):
+            save(step + 1, time.time() - t0, "")
+        if a.keep_every and (step + 1) % a.keep_every == 0:  # this step's own copies
+            save(step + 1, time.time() - t0, "", f".step{step + 1}")
+    else:
+        step = n_run
+    if not val and step % 10 != 0:  # stopped by --max-seconds between two saves
+        save(step, time.time() - t0, "")
     print(f"wrote {a.out} ({time.time() - t0:.0f}s)")
 
 

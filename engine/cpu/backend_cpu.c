@@ -18,6 +18,7 @@
 #include "attention.h"
 #include "matmul.h"
 #include "ops.h"
+#include "sink_key.h"
 #include "threadpool.h"
 
 #define MATMUL_ROW_BLOCK 16  /* weight rows per work item */
@@ -41,6 +42,7 @@ struct cpu_ctx {
     float *cs_abs;       /* (T, rope_dim) cos/sin at absolute positions */
     float *cs_cache;     /* (T, rope_dim) cos/sin at in-cache positions */
     float *cs_abs_local; /* (T, rope_dim) cos/sin at absolute positions, local layers' base */
+    float *sink_logits;  /* (T, H) per-token sink logits of a layer with sink keys */
     void *act;           /* prepared activation rows */
     size_t act_cap;
     struct kv_geometry geo;
@@ -94,6 +96,7 @@ static void cpu_free(struct backend *b)
         free(c->cs_abs);
         free(c->cs_cache);
         free(c->cs_abs_local);
+        free(c->sink_logits);
         free(c->act);
         free(c->kmem);
         free(c->attn_part);
@@ -497,7 +500,30 @@ struct attn_job {
     enum model_normalizer norm;
     float *att;
     float *probe;
+    const float *tsinks; /* (T, H) per-token sink logits (sink keys), or NULL: sinks[h] */
 };
+
+/* The sink logit of token t's query head h. */
+static float sink_logit(const struct attn_job *j, int64_t t, int h)
+{
+    return j->tsinks ? j->tsinks[t * j->b->model->hp.n_head + h] : j->sinks[h];
+}
+
+/* Layer's per-token sink logits when it has sink keys (blk.N.attn_sinks_k):
+ * s_h + scale q0 . k_g from the queries q rotated at their absolute positions
+ * (the table cpu_rope used), into c->sink_logits; else NULL. */
+static const float *sink_key_logits(struct cpu_ctx *c, const struct model *m, int layer,
+                                    const float *q, const float *sinks, enum model_normalizer norm)
+{
+    const struct model_hparams *hp = &m->hp;
+    const float *ks = m->w.layers[layer].attn_sinks_k.data;
+    if (!ks || norm != MODEL_NORM_SINK)
+        return NULL;
+    const float *cs = model_layer_is_local(hp, layer) ? c->cs_abs_local : c->cs_abs;
+    cpu_sink_key_logits(q, c->batch->T, hp->n_head, hp->n_head_kv, hp->head_dim, hp->rope_dim,
+                        hp->rope_neox, cs, sinks, ks, hp->attn_scale, c->sink_logits);
+    return c->sink_logits;
+}
 
 /* The view token t's query has in layer (a local layer's own, or the
  * policy's), and the sequence as that layer stores it. */
@@ -568,8 +594,8 @@ static void attention_probe_task(void *arg, int ith, int nth)
             keys.probe_n += lim - vw->win_start < vw->win_len ? lim - vw->win_start : vw->win_len;
         const int64_t off = t * (int64_t)H * Dh + (int64_t)h * Dh;
         const float *sv = j->b->model->w.layers[j->layer].attn_sinks_v.data;
-        cpu_attention_row(&c->akr, j->q + off, j->qc + off, &keys, scale, j->norm, j->sinks[h],
-                          sv ? sv + (int64_t)h * Dh : NULL, j->att + off);
+        cpu_attention_row(&c->akr, j->q + off, j->qc + off, &keys, scale, j->norm,
+                          sink_logit(j, t, h), sv ? sv + (int64_t)h * Dh : NULL, j->att + off);
         float *pr = j->probe + (t * H + h) * BACKEND_PROBE_K;
         memset(pr, 0, BACKEND_PROBE_K * sizeof(float));
         for (int64_t v = 0; v < keys.probe_n && v < ATTN_PROBE_K; v++) {
@@ -680,7 +706,7 @@ static void attention_merge_task(void *arg, int ith, int nth)
             l[blk] = st0[blk * part + G + k];
         }
         cpu_attention_merge(&c->akr, (int)nb, m, l, st0 + 2 * G + (int64_t)k * Dh, part, Dh,
-                            j->norm, j->sinks[h], sv ? sv + (int64_t)h * Dh : NULL,
+                            j->norm, sink_logit(j, t, h), sv ? sv + (int64_t)h * Dh : NULL,
                             j->att + (t * H + h) * Dh);
     }
 }
@@ -692,7 +718,8 @@ static void cpu_attention(struct backend *b, int layer, const float *q, const fl
     const struct model_hparams *hp = &b->model->hp;
     const int H = hp->n_head, Hkv = hp->n_head_kv, Dh = hp->head_dim, G = H / Hkv;
     const int64_t T = c->batch->T, NB = c->attn_blocks;
-    struct attn_job j = {b, layer, q, qc, sinks, norm, att, probe};
+    struct attn_job j = {b, layer, q, qc, sinks, norm, att, probe, NULL};
+    j.tsinks = sink_key_logits(c, b->model, layer, q, sinks, norm);
     if (probe) {
         threadpool_run(c->tp, attention_probe_task, &j);
         return;
@@ -930,6 +957,7 @@ int backend_cpu_init(struct backend *b, const struct model *m, const struct back
     c->cs_abs = xalloc(T * (size_t)hp->rope_dim * 4);
     c->cs_cache = xalloc(T * (size_t)hp->rope_dim * 4);
     c->cs_abs_local = xalloc(T * (size_t)hp->rope_dim * 4);
+    c->sink_logits = xalloc(T * (size_t)hp->n_head * 4);
     size_t kmax = D > F ? D : F;
     if (DQ > kmax)
         kmax = DQ;
@@ -941,7 +969,7 @@ int backend_cpu_init(struct backend *b, const struct model *m, const struct back
     c->attn_group = xalloc((T + 1) * sizeof(int64_t));
     if (!c->attn_nk || !c->attn_group || !a->x || !a->xb || !a->xb2 || !a->q || !a->qc || !a->k ||
         !a->v || !a->att || !a->hb || !a->hb2 || !a->xo || !a->logits || !c->cs_abs ||
-        !c->cs_cache || !c->cs_abs_local || !c->act)
+        !c->cs_cache || !c->cs_abs_local || !c->sink_logits || !c->act)
         goto oom;
     if (!c->reference_matmul && pack_weights(c, m) < 0)
         goto oom;

@@ -15,7 +15,7 @@
  * Normalizers through one online pass (DESIGN.md): the running max starts at
  * s_h and the running sum at 1 (softmax1: s_h = 0; sink: the learned logit),
  * and for sink the accumulator at the sink's value v_h (a.sinks_v; zero
- * without it),
+ * without it); with sink keys the logit is token t's own, a.sink_logits[t*H+h],
  * vanilla softmax at -inf and 0; softpick keeps relu(e^(z-m) - e^(-m)) as the
  * weight and |e^(z-m) - e^(-m)| in the denominator, both rescaled by
  * e^(m-m') when the max moves (m floored at SOFTPICK_M_FLOOR), and divides by
@@ -129,14 +129,15 @@ __device__ __forceinline__ float to_f32(float x)
     return x;
 }
 
-/* The sink term's starting state for query head h: (m, l). */
-__device__ __forceinline__ void sink_init(const cuda_attn_args &a, int h, float *m, float *l)
+/* The sink term's starting state for token t's query head h: (m, l). */
+__device__ __forceinline__ void sink_init(const cuda_attn_args &a, int64_t t, int h, float *m,
+                                          float *l)
 {
     if (a.norm == MODEL_NORM_SOFTMAX1) {
         *m = 0.0f;
         *l = 1.0f;
     } else if (a.norm == MODEL_NORM_SINK) {
-        *m = a.sinks ? a.sinks[h] : 0.0f;
+        *m = a.sink_logits ? a.sink_logits[t * a.H + h] : a.sinks ? a.sinks[h] : 0.0f;
         *l = 1.0f;
     } else if (a.norm == MODEL_NORM_SOFTPICK) { /* no virtual key; the floored frame */
         *m = SOFTPICK_M_FLOOR;
@@ -247,7 +248,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_split_kernel(cuda_attn_
     for (int h = warp; h < G; h += ATT_WARPS) {
         float m0 = softpick ? SOFTPICK_M_FLOOR : -INFINITY, l0 = 0.0f;
         if (split == 0)
-            sink_init(a, g * G + h, &m0, &l0);
+            sink_init(a, t, g * G + h, &m0, &l0);
         float mx = m0;
         for (int j = lane; j < n; j += 32)
             mx = fmaxf(mx, z[h * CUDA_ATT_SPLIT + j]);
@@ -333,7 +334,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_split_kernel(cuda_attn_
             /* the sink's value with its weight e^(s_h - mx) in this split's frame */
             const int h = i / DH;
             float m0, l0;
-            sink_init(a, g * G + h, &m0, &l0);
+            sink_init(a, t, g * G + h, &m0, &l0);
             s += l0 * expf(m0 - mh[h]) * sink_value(a, g * G + h, i % DH);
         }
         part[2 * G + i] = s;
@@ -495,7 +496,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_prefill_kernel(cuda_att
     const KV *V = static_cast<const KV *>(a.v) + base;
 
     if (tid < rows)
-        sink_init(a, g * G + tid % G, &m[tid], &l[tid]);
+        sink_init(a, tl.first + tid / G, g * G + tid % G, &m[tid], &l[tid]);
     for (int idx = tid; idx < rows * DH; idx += ATT_THREADS) /* weight 1 in the frame m = s_h */
         acc[idx] = sink_value(a, g * G + (idx / DH) % G, idx % DH);
 

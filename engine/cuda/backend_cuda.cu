@@ -108,8 +108,9 @@ struct cuda_ctx {
     void *kmem, *vmem;
     size_t kv_elems; /* elements of kmem (and of vmem) */
     int n_split;
-    float *part;  /* split partial states */
-    float *stats; /* (T, H, 2) */
+    float *part;        /* split partial states */
+    float *stats;       /* (T, H, 2) */
+    float *sink_logits; /* (T, H) per-token sink logits of a layer with sink keys */
 
     /* activations */
     __half *h16;         /* FP16 copy of one activation buffer */
@@ -423,6 +424,21 @@ static int issue_attention(struct backend *b, const struct cmd *k)
     a.sinks_v = sv && k->norm == MODEL_NORM_SINK ? (const float *)weight_dev(c, sv, 1) : NULL;
     if (sv && k->norm == MODEL_NORM_SINK && !a.sinks_v)
         return -EIO;
+    /* sink keys: each token's own sink logits, from q as rope_kernel left it
+     * (rotated at the absolute position, with the layer's table) */
+    const void *sk = b->model->w.layers[k->layer].attn_sinks_k.data;
+    if (sk && k->norm == MODEL_NORM_SINK) {
+        const float *dk = (const float *)weight_dev(c, sk, 1);
+        if (!dk || !a.sinks)
+            return -EIO;
+        const int rope_local = model_layer_is_local(hp, k->layer);
+        const float *cs =
+            (const float *)(c->dmeta + (rope_local ? c->ml.cs_abs_local : c->ml.cs_abs));
+        sink_key_logits_kernel<<<(unsigned)c->T, 128, 0, c->stream>>>(
+            a.q, cs, a.sinks, dk, c->sink_logits, hp->n_head, hp->n_head_kv, hp->head_dim,
+            hp->rope_dim, hp->rope_neox ? 1 : 0, hp->attn_scale);
+        a.sink_logits = c->sink_logits;
+    }
     a.geo = c->lgeo[k->layer];
     a.layer = k->layer;
     a.norm = k->norm;
@@ -948,6 +964,7 @@ static void cuda_free(struct backend *b)
         cudaFree(c->vmem);
         cudaFree(c->part);
         cudaFree(c->stats);
+        cudaFree(c->sink_logits);
         cudaFree(c->h16);
         cudaFree(c->dlogits);
         cudaFree(c->dmeta);
@@ -1103,10 +1120,10 @@ extern "C" int backend_cuda_init(struct backend *b, const struct model *m,
         for (int l = 0; rc == 0 && l < hp->n_layer; l++) {
             const struct model_layer *ly = &m->w.layers[l];
             /* Gemma 3's per-head and post norms are absent (no data) in a Llama;
-             * sink values in a model without them */
+             * sink values and keys in a model without them */
             const struct tensor *f32s[] = {
-                &ly->attn_norm,      &ly->ffn_norm,      &ly->attn_q_norm, &ly->attn_k_norm,
-                &ly->post_attn_norm, &ly->post_ffw_norm, &ly->attn_sinks_v};
+                &ly->attn_norm,      &ly->ffn_norm,      &ly->attn_q_norm,  &ly->attn_k_norm,
+                &ly->post_attn_norm, &ly->post_ffw_norm, &ly->attn_sinks_v, &ly->attn_sinks_k};
             const struct tensor *f16s[] = {&ly->wq,     &ly->wk,   &ly->wv,    &ly->wo,
                                            &ly->w_gate, &ly->w_up, &ly->w_down};
             for (size_t i = 0; rc == 0 && i < sizeof f32s / sizeof f32s[0]; i++)
@@ -1126,6 +1143,7 @@ extern "C" int backend_cuda_init(struct backend *b, const struct model *m,
         CUDA_TRY(cudaMalloc((void **)&c->dlogits, T * V * sizeof(float)));
         CUDA_TRY(cudaMalloc((void **)&c->h16, T * kmax * sizeof(__half)));
         CUDA_TRY(cudaMalloc((void **)&c->stats, T * (size_t)hp->n_head * 2 * sizeof(float)));
+        CUDA_TRY(cudaMalloc((void **)&c->sink_logits, T * (size_t)hp->n_head * sizeof(float)));
         ml = meta_layout_for(b->max_tokens, hp->rope_dim, (int64_t)hp->n_layer * hp->n_head);
         CUDA_TRY(cudaHostAlloc((void **)&c->hmeta, ml.total, cudaHostAllocDefault));
         CUDA_TRY(cudaMalloc((void **)&c->dmeta, ml.total));

@@ -20,6 +20,9 @@
  *   adjacent or NEOX pairs; elements past rope_dim are copied into qc and
  *   left alone in q and k; reference cpu_rope (memcpy + rope_apply or
  *   rope_apply_neox, engine/rope.c).
+ * - sink_key_logits_kernel: the per-token sink logits s_h + scale q0 . k_g
+ *   of a layer with sink keys (q0 the query before RoPE; k_g rotated with
+ *   the query's table instead); reference cpu_sink_key_logits.
  * - kv_store_kernel: token t's k and v rows into the KV buffers at
  *   (slot, layer, kv head, cell), laid out as kv_geometry_offset
  *   (kvcache.h), FP16 (round to nearest even) or FP32; reference cpu_kv_store.
@@ -151,6 +154,42 @@ __global__ void rope_kernel(float *q, float *qc, float *k, const float *cs_abs,
             kh[e0] = x0 * ca[2 * j] - x1 * ca[2 * j + 1];
             kh[e1] = x0 * ca[2 * j + 1] + x1 * ca[2 * j];
         }
+    }
+}
+
+/* Per-token sink logits of a layer with sink keys (blk.N.attn_sinks_k):
+ * out[t*H + h] = sinks[h] + scale * q[t,h] . R(t) k_g, g = h / (H/Hkv), q
+ * rotated at the absolute position by rope_kernel with the same table cs, so
+ * that the product is q before RoPE dotted with k_g (the sink at distance 0
+ * from every query). One warp per head: lane-strided pairs, a shuffle sum.
+ * Reference cpu_sink_key_logits (engine/cpu/sink_key.c). */
+__global__ void sink_key_logits_kernel(const float *q, const float *cs, const float *sinks,
+                                       const float *ks, float *out, int H, int Hkv, int Dh,
+                                       int rope_dim, int neox, float scale)
+{
+    const int64_t t = blockIdx.x;
+    const int lane = threadIdx.x & 31, G = H / Hkv, half = Dh / 2, rhalf = rope_dim / 2;
+    const float *ct = cs + t * rope_dim;
+    for (int h = threadIdx.x >> 5; h < H; h += blockDim.x >> 5) {
+        const float *qh = q + (t * H + h) * Dh;
+        const float *kg = ks + (int64_t)(h / G) * Dh;
+        float s = 0.0f;
+        for (int j = lane; j < half; j += 32) {
+            const bool rot = j < rhalf; /* the pairs of rope_kernel */
+            const int e0 = rot && neox ? j : 2 * j, e1 = rot && neox ? j + rhalf : 2 * j + 1;
+            float k0 = kg[e0], k1 = kg[e1];
+            if (rot) {
+                const float c = ct[2 * j], sn = ct[2 * j + 1];
+                const float r0 = k0 * c - k1 * sn, r1 = k0 * sn + k1 * c;
+                k0 = r0;
+                k1 = r1;
+            }
+            s += qh[e0] * k0 + qh[e1] * k1;
+        }
+        for (int o = 16; o > 0; o >>= 1)
+            s += __shfl_xor_sync(0xffffffffu, s, o);
+        if (lane == 0)
+            out[t * H + h] = sinks[h] + scale * s;
     }
 }
 

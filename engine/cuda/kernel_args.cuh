@@ -131,10 +131,11 @@ struct cuda_attn_args {
     const struct cuda_tok *tok;
     const int32_t *dec; /* decode tokens: token indices */
     const struct cuda_tile *tiles;
-    float *part;            /* split partial states */
-    const float *sinks;     /* (H) sink logits on the device, or NULL */
-    const float *sinks_v;   /* (H, Dh) sink values on the device (sink only), or NULL: zero */
-    struct cuda_kv_geo geo; /* this layer's */
+    float *part;              /* split partial states */
+    const float *sinks;       /* (H) sink logits on the device, or NULL */
+    const float *sinks_v;     /* (H, Dh) sink values on the device (sink only), or NULL: zero */
+    const float *sink_logits; /* (T, H) per-token sink logits (sink keys), or NULL: sinks */
+    struct cuda_kv_geo geo;   /* this layer's */
     int layer;
     int norm; /* enum model_normalizer */
     int H, Hkv, G, Dh;

@@ -54,7 +54,12 @@
  * The sink normalizer runs with sink values (cuda_attn_args.sinks_v, one
  * random vector per query head; head 0's logit 6 makes its output nearly
  * its v_h): the prefill accumulator starts at v_h, split 0 adds it with its
- * weight, the merge counts it once.
+ * weight, the merge counts it once. It runs a second time ("NAME.keyed")
+ * with per-token sink logits (cuda_attn_args.sink_logits, what
+ * sink_key_logits_kernel writes for a layer with sink keys: here s_h plus
+ * N(0, 3^2) per token and head), the CPU reference getting token t's own
+ * logit for each row as backend_cpu.c passes it; the kernel that computes
+ * them is held to cpu_sink_key_logits by test_elementwise_emulated.
  *
  * Checks, each printed as "emu-vs-cpu NAME REL" (REL = max |emu - cpu| over
  * max |cpu|, infinite on NaN):
@@ -636,7 +641,10 @@ template <typename KV, int DH> struct rig {
                         lim - vw->win_start < vw->win_len ? lim - vw->win_start : vw->win_len;
                 const int64_t off = (t * H + h) * DH;
                 cpu_attention_row(&kr, q.data() + off, qc.data() + off, &keys, scale,
-                                  (model_normalizer)norm, sinks ? sinks[h] : 0.0f,
+                                  (model_normalizer)norm,
+                                  tsinks  ? tsinks[t * H + h]
+                                  : sinks ? sinks[h]
+                                          : 0.0f,
                                   sinks_v ? sinks_v + (int64_t)h * DH : nullptr, out.data() + off);
                 float *pr = probe.data() + (t * H + h) * BACKEND_PROBE_K;
                 for (int64_t v = 0; v < keys.probe_n && v < ATTN_PROBE_K; v++) {
@@ -663,7 +671,10 @@ template <typename KV, int DH> struct rig {
             for (int h = 0; h < H; h++) {
                 const int64_t nk = view[t].n_sinks + view[t].win_len;
                 const bool virt = norm == MODEL_NORM_SOFTMAX1 || norm == MODEL_NORM_SINK;
-                const double zs = norm == MODEL_NORM_SINK && sinks ? sinks[h] : 0.0;
+                const double zs = norm != MODEL_NORM_SINK ? 0.0
+                                  : tsinks                ? tsinks[t * H + h]
+                                  : sinks                 ? sinks[h]
+                                                          : 0.0;
                 double m = virt ? zs : -INFINITY, l = 0.0;
                 z.resize(nk);
                 for (int64_t v = 0; v < nk; v++) {
@@ -731,6 +742,7 @@ template <typename KV, int DH> struct rig {
         a.part = part.data();
         a.sinks = sinks;
         a.sinks_v = sinks_v;
+        a.sink_logits = tsinks;
         a.geo = kgeo;
         a.layer = LAYER;
         a.norm = norm;
@@ -792,16 +804,34 @@ template <typename KV, int DH> struct rig {
                 dst.insert(dst.end(), x.begin() + t * H * DH, x.begin() + (t + 1) * H * DH);
     }
 
+    /* per-token sink logits (T, H) for the keyed run, or NULL */
+    std::vector<float> per_token;
+    const float *tsinks = nullptr;
+
     void run(int norm, bool all_schedules)
     {
+        run_one(norm, all_schedules, false);
+        if (norm == MODEL_NORM_SINK)
+            run_one(norm, all_schedules, true);
+    }
+
+    void run_one(int norm, bool all_schedules, bool keyed)
+    {
         const std::string name = "Dh" + std::to_string(DH) + ".G" + std::to_string(G) + "." +
-                                 kv_name<KV>() + "." + norm_name(norm) + "." + sc.name;
+                                 kv_name<KV>() + "." + norm_name(norm) + (keyed ? ".keyed" : "") +
+                                 "." + sc.name;
         std::vector<float> sinks(H);
         for (int h = 0; h < H; h++)
             sinks[h] = nrand(1.5);
         sinks[0] = 6.0f; /* a sink that dominates the sum: it must count once */
         if (H > 2)
             sinks[2] = -6.0f;
+        /* the keyed run: each token's own logits around s_h */
+        per_token.assign((size_t)T * H, 0.0f);
+        for (int64_t t = 0; t < T; t++)
+            for (int h = 0; h < H; h++)
+                per_token[(size_t)(t * H + h)] = sinks[h] + nrand(3.0);
+        tsinks = keyed ? per_token.data() : nullptr;
         const float *sp = norm == MODEL_NORM_SINK ? sinks.data() : nullptr;
         /* sink values (blk.N.attn_sinks_v), N(0, 4): head 0's dominant sink
          * makes its output nearly v_0; softmax1 and softpick get none */

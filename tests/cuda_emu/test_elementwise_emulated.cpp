@@ -39,6 +39,16 @@
  *   contraction changes the last bit of some pairs). NAME.rope.passthrough
  *   (count, must be 0): the pairs past rope_dim are bit-identical to the
  *   input in q and k and copied bit for bit into qc.
+ * - NAME.sink_key.adjacent / .neox: sink_key_logits_kernel <<<T, 128>>> on
+ *   the queries rotated at their absolute positions (rope_apply or
+ *   rope_apply_neox on the host) against the definition s_h + scale q0 . k_g
+ *   with the UNROTATED query, a double loop; REL is the largest
+ *   |emu - ref| / (scale sum_e |q0_e k_e| + |s_h|) over tokens and heads.
+ *   Tolerance 1e-5: f32 rotation of q and k_g (~1e-7 relative per element)
+ *   and an f32 sum of Dh/2 pair terms in a 5-level shuffle tree; a key
+ *   rotated at another position, the wrong kv head or pair layout is O(1).
+ *   NAME.sink_key.cpu.*: cpu_sink_key_logits on the same input, the same
+ *   bound (the function the CPU backend runs, held to the same definition).
  * - NAME.kv_store.f16 / .f32 (count, must be 0): two launches (layers 0 and
  *   2 of 3, tokens spread over 3 slots and sink, ring and last cells) into
  *   NaN-filled buffers; the whole buffers equal the expected ones built with
@@ -74,6 +84,7 @@ namespace emuk
 }
 #define restrict __restrict__
 extern "C" {
+#include "cpu/sink_key.h"
 #include "kvcache.h"
 #include "rope.h"
 }
@@ -84,6 +95,7 @@ extern "C" {
 
 #define GUARD 64
 #define TOL 1e-6
+#define TOL_SINK_KEY 1e-5
 #define THREADS 256      /* embed, rmsnorm, add_rmsnorm, swiglu, add, gather */
 #define ROPE_THREADS 128 /* rope, kv_store */
 
@@ -239,7 +251,7 @@ struct rig {
     const shape &s;
     const float eps = 1e-5f;
     const int V = 37; /* embedding rows */
-    std::vector<float> x, y, w, q, k, v, hb, hb2, emb, cs_abs, cs_cache;
+    std::vector<float> x, y, w, q, k, v, hb, hb2, emb, cs_abs, cs_cache, sinks, sink_keys;
     std::vector<cuda_tok> tok;
     std::vector<int32_t> out_rows;
     std::vector<int> layers;
@@ -275,6 +287,8 @@ struct rig {
         hb[3] = 0.0f;
         hb2 = nvec((size_t)T * s.F, 1.0);
         emb = nvec((size_t)V * D, 1.0);
+        sinks = nvec((size_t)s.H, 2.0);
+        sink_keys = nvec((size_t)s.Hkv * s.Dh, 1.0);
 
         /* begin_step: cs tables at the absolute and in-cache positions */
         cs_abs.resize((size_t)T * s.rope_dim);
@@ -497,6 +511,24 @@ struct rig {
             o.f["rope.qc"] = dqc.vec();
             o.f["rope.k"] = dk.vec();
         }
+        /* sink_key_logits <<<T, 128>>> on q rotated at the absolute positions,
+         * in both pair layouts */
+        for (int neox : {0, 1}) {
+            const std::vector<float> qr = rotated_q(neox);
+            guarded<float> dq(qr, fnan()), da(cs_abs, fnan()), ds(sinks, fnan());
+            guarded<float> dk(sink_keys, fnan()), dout((size_t)T * H, fnan());
+            const float *qp = dq.data(), *ap = da.data(), *sp = ds.data(), *kp = dk.data();
+            float *op = dout.data();
+            const float scale = 1.0f / sqrtf((float)Dh);
+            emu_launch(
+                dim3(T), dim3(ROPE_THREADS), 0,
+                [&] {
+                    emuk::sink_key_logits_kernel(qp, ap, sp, kp, op, H, Hkv, Dh, rd, neox, scale);
+                },
+                "sink_key_logits_kernel");
+            o.bad_guards += dout.bad_guards();
+            o.f[neox ? "sink_key.neox" : "sink_key.adjacent"] = dout.vec();
+        }
         /* kv_store <<<T, 128>>>, per layer */
         emulate_kv<__half>(o, "f16", hnan());
         emulate_kv<float>(o, "f32", fnan());
@@ -530,6 +562,40 @@ struct rig {
             o.f["gather"] = dxo.vec();
         }
         return o;
+    }
+
+    /* q rotated at the absolute positions on the host, adjacent or NEOX pairs */
+    std::vector<float> rotated_q(int neox) const
+    {
+        std::vector<float> qr = q;
+        for (int t = 0; t < s.T; t++)
+            (neox ? rope_apply_neox : rope_apply)(qr.data() + (size_t)t * s.H * s.Dh, s.H, s.Dh,
+                                                  s.rope_dim, cs_abs.data() + t * s.rope_dim);
+        return qr;
+    }
+
+    /* The sink-key logits against their definition with the unrotated q:
+     * the largest |got - ref| / (scale sum |q0 k| + |s_h|). */
+    double sink_key_err(const std::vector<float> &got) const
+    {
+        const int G = s.H / s.Hkv;
+        const double scale = 1.0 / sqrt((double)s.Dh);
+        double worst = 0.0;
+        for (int t = 0; t < s.T; t++)
+            for (int h = 0; h < s.H; h++) {
+                const float *q0 = q.data() + ((size_t)t * s.H + h) * s.Dh;
+                const float *kg = sink_keys.data() + (size_t)(h / G) * s.Dh;
+                double dot = 0.0, mag = 0.0;
+                for (int e = 0; e < s.Dh; e++) {
+                    dot += (double)q0[e] * kg[e];
+                    mag += fabs((double)q0[e] * kg[e]);
+                }
+                const double ref = sinks[h] + scale * dot;
+                const double e = fabs((double)got[(size_t)t * s.H + h] - ref) /
+                                 (scale * mag + fabs((double)sinks[h]));
+                worst = std::max(worst, e == e ? e : INFINITY); /* NaN: fail */
+            }
+        return worst;
     }
 
     /* ---- the checks ---- */
@@ -594,6 +660,20 @@ struct rig {
                     }
                 }
         check(name + ".rope.passthrough", (double)pass_bad, 0);
+
+        /* sink-key logits: the kernel and cpu_sink_key_logits, both against
+         * the definition */
+        for (int neox : {0, 1}) {
+            const std::string n = neox ? "sink_key.neox" : "sink_key.adjacent";
+            check(name + "." + n, sink_key_err(o.f.at(n)), TOL_SINK_KEY);
+            std::vector<float> cpu((size_t)T * s.H);
+            const std::vector<float> qr = rotated_q(neox);
+            cpu_sink_key_logits(qr.data(), T, s.H, s.Hkv, s.Dh, s.rope_dim, neox, cs_abs.data(),
+                                sinks.data(), sink_keys.data(), 1.0f / sqrtf((float)s.Dh),
+                                cpu.data());
+            check(name + ".sink_key.cpu." + (neox ? "neox" : "adjacent"), sink_key_err(cpu),
+                  TOL_SINK_KEY);
+        }
         if ((s.rope_dim < s.Dh) != (n_pass > 0)) {
             fprintf(stderr, "FAIL: %s: rope passthrough coverage\n", name.c_str());
             g_failures++;

@@ -19,6 +19,12 @@
  * and the window policy (N = 0); also the sink normalizer with the window
  * policy (the "evict freely" case). The engine runs with f32 KV for the
  * tight comparison; one f16 KV run checks the default storage more loosely.
+ *
+ * Sink keys (blk.N.attn_sinks_k, gguf-normalizer.md): the oracle's sink
+ * logit of head h is s_h + q.k_g / sqrt(Dh) with q the query BEFORE RoPE, in
+ * double, straight from the definition (the sink at distance 0 from every
+ * query); the engine rotates k_g with the query's own angles instead. A
+ * control with the oracle ignoring the keys shows that they move the logits.
  */
 #include <math.h>
 #include <stdint.h>
@@ -28,6 +34,7 @@
 
 #include "engine/quant.h"
 #include "test.h"
+#include "support/rng.h"
 #include "support/tiny_model.h"
 
 /*
@@ -58,6 +65,7 @@ struct oracle {
     const struct model *m;
     int64_t n_sinks, window;
     int absolute_sink_positions; /* control: do NOT re-encode (rotate sinks at their own pos) */
+    int ignore_sink_keys;        /* control: score the sink with s_h alone */
     int64_t n_tok;
     double *k_hist; /* [MAX_TOK][L][Hkv*Dh] unrotated keys */
     double *v_hist; /* [MAX_TOK][L][Hkv*Dh] */
@@ -156,7 +164,14 @@ static void oracle_step(struct oracle *o, int32_t tok, double *logits)
             double sink = -INFINITY;
             if (hp->normalizer == MODEL_NORM_SINK)
                 sink = (double)ly->attn_sinks[h];
-            else if (hp->normalizer == MODEL_NORM_SOFTMAX1)
+            if (hp->normalizer == MODEL_NORM_SINK && ly->attn_sinks_k.data &&
+                !o->ignore_sink_keys) {
+                const float *kg = (const float *)ly->attn_sinks_k.data + (int64_t)g * Dh;
+                double s = 0;
+                for (int d = 0; d < Dh; d++)
+                    s += q[(int64_t)h * Dh + d] * (double)kg[d]; /* q before RoPE */
+                sink += s / sqrt((double)Dh);
+            } else if (hp->normalizer == MODEL_NORM_SOFTMAX1)
                 sink = 0.0;
             if (sink > mx)
                 mx = sink;
@@ -198,6 +213,9 @@ struct result {
     int ok;
 };
 
+/* compare's oracle ignores the model's sink keys (the control only) */
+static int g_oracle_ignores_sink_keys;
+
 static struct result compare(const struct model *m, int64_t n_sinks, int64_t W, enum kv_dtype dt,
                              int n_threads, int absolute_sinks_in_oracle)
 {
@@ -216,6 +234,7 @@ static struct result compare(const struct model *m, int64_t n_sinks, int64_t W, 
                        .n_sinks = n_sinks,
                        .window = W,
                        .absolute_sink_positions = absolute_sinks_in_oracle,
+                       .ignore_sink_keys = g_oracle_ignores_sink_keys,
                        .k_hist = calloc(MAX_TOK * per_tok, sizeof(double)),
                        .v_hist = calloc(MAX_TOK * per_tok, sizeof(double))};
     double *ol = malloc((size_t)V * sizeof(double));
@@ -347,6 +366,63 @@ TEST(control_sink_positions_matter_so_the_oracle_comparison_can_fail)
     tiny_model_free(&tm);
     ASSERT(r.ok);
     ASSERT(r.max_diff > 100 * ORACLE_TOL);
+}
+
+/* Random sink keys k_g ~ N(0, 1) on every layer of a sink model (the
+ * tensors model_load would bind from blk.N.attn_sinks_k); keys[] holds them. */
+static void set_sink_keys(struct tiny_model *tm, float *keys)
+{
+    const struct model_hparams *hp = &tm->m.hp;
+    const int64_t n = (int64_t)hp->n_head_kv * hp->head_dim;
+    uint64_t s = 77;
+    for (int l = 0; l < hp->n_layer; l++) {
+        for (int64_t i = 0; i < n; i++)
+            keys[l * n + i] = (float)test_rng_normal(&s);
+        tm->m.w.layers[l].attn_sinks_k = (struct tensor){.data = keys + l * n,
+                                                         .type = QTYPE_F32,
+                                                         .ne0 = hp->head_dim,
+                                                         .ne1 = hp->n_head_kv,
+                                                         .row_bytes = (size_t)hp->head_dim * 4};
+    }
+}
+
+static void sink_key_case(int64_t n_sinks, int64_t W, int n_threads, int ignore_keys,
+                          double *max_diff, int *failed)
+{
+    struct tiny_config cfg = tiny_config_default();
+    cfg.normalizer = MODEL_NORM_SINK;
+    struct tiny_model tm;
+    ASSERT_OK(tiny_model_init(&tm, &cfg));
+    float keys[8 * 2 * 16];
+    ASSERT((size_t)cfg.n_layer * cfg.n_head_kv * cfg.head_dim <= sizeof keys / sizeof keys[0]);
+    set_sink_keys(&tm, keys);
+    g_oracle_ignores_sink_keys = ignore_keys;
+    struct result r = compare(&tm.m, n_sinks, W, KV_DTYPE_F32, n_threads, 0);
+    g_oracle_ignores_sink_keys = 0;
+    printf("  sink keys%s, %s%lld W=%-2lld %d thr: max logit diff vs oracle %.3g at step %lld\n",
+           ignore_keys ? " (oracle ignores them)" : "", n_sinks ? "sinks:" : "window ",
+           (long long)n_sinks, (long long)W, n_threads, r.max_diff, (long long)r.worst_step);
+    tiny_model_free(&tm);
+    ASSERT(r.ok);
+    *max_diff = r.max_diff;
+}
+
+TEST(sink_keys_match_the_oracle_that_scores_q_before_rope)
+{
+    double d;
+    sink_key_case(0, 8, 1, 0, &d, failed);
+    ASSERT(d <= ORACLE_TOL);
+    sink_key_case(0, 32, 2, 0, &d, failed);
+    ASSERT(d <= ORACLE_TOL);
+    sink_key_case(4, 8, 1, 0, &d, failed); /* pinned sinks too: qc rotates differently */
+    ASSERT(d <= ORACLE_TOL);
+}
+
+TEST(control_sink_keys_matter_so_the_comparison_can_fail)
+{
+    double d;
+    sink_key_case(0, 8, 1, 1, &d, failed);
+    ASSERT(d > 100 * ORACLE_TOL);
 }
 
 TEST_MAIN()

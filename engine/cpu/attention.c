@@ -205,9 +205,6 @@ void cpu_attention_row(const struct attn_kernels *kr, const float *q, const floa
  * rescale per tile (if the max moved) and the exponentials as a vector. */
 #define ATTN_TILE 32
 #define ATTN_MAX_DH 256
-#ifndef DIST
-#define DIST 3
-#endif
 
 /* Cell of visit index v: (run, cell) through the runs; *left = the cells
  * left in that run from v on. */
@@ -240,9 +237,9 @@ static void prefetch_tile(const struct attn_keys *keys, int64_t v, int64_t last,
     const size_t esz = keys->f16 ? 2 : 4, n = (size_t)keys->head_dim;
     const size_t o0 = (size_t)c * n * esz, bytes = (size_t)cnt * n * esz;
     for (size_t o = 0; o < bytes; o += 64) {
-        if (which & 1)
+        if (which & PREFETCH_K)
             __builtin_prefetch((const char *)keys->k + o0 + o);
-        if (which & 2)
+        if (which & PREFETCH_V)
             __builtin_prefetch((const char *)keys->v + o0 + o);
     }
 }

@@ -105,9 +105,10 @@ static void report(const float *ref, const float *got, int64_t n, int64_t V, dou
     }
 }
 
-static void tiny_case(enum kv_dtype dt, int n_threads, const int64_t *ws, size_t n_ws, int *failed)
+static void tiny_case_cfg(const struct tiny_config *c, enum kv_dtype dt, int n_threads,
+                          const int64_t *ws, size_t n_ws, int *failed)
 {
-    struct tiny_config cfg = tiny_config_default();
+    struct tiny_config cfg = *c;
     struct tiny_model tm;
     ASSERT_OK(tiny_model_init(&tm, &cfg));
     const int64_t V = tm.m.hp.n_vocab;
@@ -160,6 +161,12 @@ static void tiny_case(enum kv_dtype dt, int n_threads, const int64_t *ws, size_t
     ASSERT(!bad);
 }
 
+static void tiny_case(enum kv_dtype dt, int n_threads, const int64_t *ws, size_t n_ws, int *failed)
+{
+    struct tiny_config cfg = tiny_config_default();
+    tiny_case_cfg(&cfg, dt, n_threads, ws, n_ws, failed);
+}
+
 TEST(tiny_model_chunked_prefill_equals_token_by_token_f32_kv)
 {
     tiny_case(KV_DTYPE_F32, 1, windows, sizeof windows / sizeof windows[0], failed);
@@ -180,6 +187,17 @@ TEST(tiny_model_chunked_prefill_equals_token_by_token_two_threads)
      * busy machine, and the split path does not depend on W */
     static const int64_t w33[] = {33};
     tiny_case(KV_DTYPE_F16, 2, w33, 1, failed);
+}
+
+/* The sink normalizer with learned sink values and keys (per-token sink
+ * logits from the query): a token's logit and value must not depend on the
+ * chunk it is prefilled in either. */
+TEST(tiny_model_chunked_prefill_equals_token_by_token_with_sink_values_and_keys)
+{
+    struct tiny_config cfg = tiny_config_default();
+    cfg.normalizer = MODEL_NORM_SINK;
+    cfg.sink_vectors = 1;
+    tiny_case_cfg(&cfg, KV_DTYPE_F16, 1, windows, sizeof windows / sizeof windows[0], failed);
 }
 
 TEST(tiny_model_chunked_prefill_equals_token_by_token_with_q8_0_weights)

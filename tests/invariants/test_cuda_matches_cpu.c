@@ -502,12 +502,13 @@ static int run_steps(struct stepper *st, int64_t V, const int32_t *prompt, int64
 }
 
 /* norm SINK resolves auto to window-only; SOFTMAX to sinks:4 */
-static void steps_tiny(int *failed, enum model_normalizer norm)
+static void steps_tiny(int *failed, enum model_normalizer norm, int sink_vectors)
 {
     need_gpu();
     struct tiny_model tm;
     struct tiny_config tc = tiny_config_default();
     tc.normalizer = norm;
+    tc.sink_vectors = sink_vectors;
     tc.wtype = QTYPE_Q8_0; /* quantized like a real file; both backends dequantize the same */
     ASSERT(tiny_model_init(&tm, &tc) == 0);
     struct stepper st[3];
@@ -527,6 +528,7 @@ static void steps_tiny(int *failed, enum model_normalizer norm)
         run_steps(st, tm.m.hp.n_vocab, prompt, 100, 60, FWD_LOGITS_ALL, &worst, &agree, &gdiff);
     printf("cuda-vs-cpu %-28s %.3g (greedy agreement %.3f, graphs vs eager %.3g)\n",
            norm == MODEL_NORM_SOFTMAX ? "forward step (tiny, sinks:4)"
+           : sink_vectors             ? "forward step (tiny, sink v+k)"
                                       : "forward step (tiny, sink, window)",
            worst, agree, gdiff);
     for (int k = 0; k < 3; k++)
@@ -540,12 +542,18 @@ static void steps_tiny(int *failed, enum model_normalizer norm)
 
 TEST(forward_steps_tiny_softmax_sinks4)
 {
-    steps_tiny(failed, MODEL_NORM_SOFTMAX);
+    steps_tiny(failed, MODEL_NORM_SOFTMAX, 0);
 }
 
 TEST(forward_steps_tiny_sink_window)
 {
-    steps_tiny(failed, MODEL_NORM_SINK);
+    steps_tiny(failed, MODEL_NORM_SINK, 0);
+}
+
+/* learned sink values and keys (blk.N.attn_sinks_v, attn_sinks_k) */
+TEST(forward_steps_tiny_sink_values_and_keys)
+{
+    steps_tiny(failed, MODEL_NORM_SINK, 1);
 }
 
 TEST(forward_steps_smollm2)

@@ -127,6 +127,16 @@ int tiny_model_init(struct tiny_model *tm, const struct tiny_config *c)
         }
         ly->attn_sinks = s;
     }
+    if (c->sink_vectors && c->normalizer == MODEL_NORM_SINK) {
+        uint64_t rs = c->seed ^ 0x51C5EEDull;
+        for (int l = 0; l < c->n_layer; l++) {
+            struct model_layer *ly = &w->layers[l];
+            bad |= tiny_tensor(tm, &ly->attn_sinks_v, QTYPE_F32, c->head_dim, c->n_head, 0.0, 0.5,
+                               &rs);
+            bad |= tiny_tensor(tm, &ly->attn_sinks_k, QTYPE_F32, c->head_dim, c->n_head_kv, 0.0,
+                               0.5, &rs);
+        }
+    }
     bad |= tiny_tensor(tm, &w->output_norm, QTYPE_F32, D, 1, 1.0, 0.1, &rng);
     bad |= tiny_tensor(tm, &w->output, wt, D, V, 0.0, 1.0, &rng);
     if (bad)

@@ -47,6 +47,10 @@ struct tiny_config {
     float qk_sigma;   /* std of Wq and Wk entries: sets how peaked attention is */
     float sink_mean;  /* sink logits s_h ~ N(sink_mean, sink_sigma) for MODEL_NORM_SINK */
     float sink_sigma;
+    /* MODEL_NORM_SINK only: also per-head sink values (attn_sinks_v) and
+     * per-kv-head sink keys (attn_sinks_k), entries N(0, 0.5), drawn from
+     * their own seed so the other weights do not change */
+    int sink_vectors;
     uint64_t seed;
     /* local sliding-window layers, as Gemma 3's (model_hparams n_swa and
      * swa_period; 0: every layer global): layer l is local iff

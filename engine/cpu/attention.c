@@ -327,34 +327,17 @@ static void span_rows_f16(const struct attn_kernels *kr, int nr, const struct at
     }
 }
 
-void cpu_attention_span_rows(const struct attn_kernels *kr, int nr, const struct attn_row *rows,
-                             const struct attn_keys *keys, int64_t v0, int64_t v1, float scale,
-                             int softpick)
+/* cpu_attention_span_rows through f32 tiles: each tile's K and V rows are
+ * converted once for all rows; rows may see different prefixes. */
+static void span_rows_tiled(const struct attn_kernels *kr, int nr, const struct attn_row *rows,
+                            const struct attn_keys *keys, int64_t v0, int64_t last, float scale,
+                            int softpick)
 {
     const int n = keys->head_dim;
     const size_t esz = keys->f16 ? 2 : 4;
     float kf[ATTN_TILE * ATTN_MAX_DH], vf[ATTN_TILE * ATTN_MAX_DH];
     float z[ATTN_TILE], w[ATTN_TILE];
     int use_qc[ATTN_TILE];
-    int64_t last = v0; /* the furthest visit index any row sees */
-    assert(n <= ATTN_MAX_DH);
-    for (int r = 0; r < nr; r++) {
-        *rows[r].m = softpick ? ATTN_SOFTPICK_M_FLOOR : -INFINITY;
-        *rows[r].l = 0.0f;
-        memset(rows[r].acc, 0, (size_t)n * sizeof(float));
-        int64_t e = rows[r].end < v1 ? rows[r].end : v1;
-        last = e > last ? e : last;
-    }
-    int same_end = 1;
-    for (int r = 1; r < nr; r++)
-        same_end &= rows[r].end == rows[0].end;
-    if (keys->f16 && kr->scores_f16 && same_end) {
-        span_rows_f16(kr, nr, rows, keys, v0, last, scale, softpick);
-        for (int r = 0; r < nr; r++)
-            if (rows[r].end <= v0 || v1 <= v0)
-                *rows[r].m = -INFINITY; /* no keys here: merge skips the span */
-        return;
-    }
     for (int64_t t0 = v0; t0 < last;) {
         int64_t t1 = (t0 / ATTN_TILE + 1) * ATTN_TILE;
         if (t1 > last)
@@ -404,6 +387,27 @@ void cpu_attention_span_rows(const struct attn_kernels *kr, int nr, const struct
         }
         t0 = t1;
     }
+}
+
+void cpu_attention_span_rows(const struct attn_kernels *kr, int nr, const struct attn_row *rows,
+                             const struct attn_keys *keys, int64_t v0, int64_t v1, float scale,
+                             int softpick)
+{
+    int64_t last = v0; /* the furthest visit index any row sees */
+    int same_end = 1;
+    assert(keys->head_dim <= ATTN_MAX_DH);
+    for (int r = 0; r < nr; r++) {
+        *rows[r].m = softpick ? ATTN_SOFTPICK_M_FLOOR : -INFINITY;
+        *rows[r].l = 0.0f;
+        memset(rows[r].acc, 0, (size_t)keys->head_dim * sizeof(float));
+        int64_t e = rows[r].end < v1 ? rows[r].end : v1;
+        last = e > last ? e : last;
+        same_end &= rows[r].end == rows[0].end;
+    }
+    if (keys->f16 && kr->scores_f16 && same_end)
+        span_rows_f16(kr, nr, rows, keys, v0, last, scale, softpick);
+    else
+        span_rows_tiled(kr, nr, rows, keys, v0, last, scale, softpick);
     for (int r = 0; r < nr; r++)
         if (rows[r].end <= v0 || v1 <= v0)
             *rows[r].m = -INFINITY; /* no keys here: merge skips the span */

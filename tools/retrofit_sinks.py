@@ -110,6 +110,19 @@ def read_scalars(path, n_layer, n_head):
     return rows
 
 
+def read_vectors(path, n_layer, n_rows, head_dim, finite=False):
+    """A raw little-endian float32 file of n_layer x n_rows x head_dim numbers
+    (sink values or keys), split into one bytes block per layer."""
+    blob = open(path, "rb").read()
+    per = n_rows * head_dim * 4
+    if len(blob) != n_layer * per:
+        sys.exit(f"{path}: expected {n_layer} x {n_rows} x {head_dim} float32 "
+                 f"({n_layer * per} bytes), got {len(blob)} bytes")
+    if finite and not all(math.isfinite(x) for x in struct.unpack(f"<{len(blob) // 4}f", blob)):
+        sys.exit(f"{path}: not every number is finite")
+    return [blob[l * per:(l + 1) * per] for l in range(n_layer)]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", required=True)
@@ -144,24 +157,9 @@ def main():
     n_new = 0
     if a.scalars:
         rows = read_scalars(a.scalars, n_layer, n_head)
-        vals = None
-        if a.values:
-            vals = open(a.values, "rb").read()
-            per = n_head * head_dim * 4
-            if len(vals) != n_layer * per:
-                sys.exit(f"{a.values}: expected {n_layer} x {n_head} x {head_dim} float32 "
-                         f"({n_layer * per} bytes), got {len(vals)} bytes")
-            vals = [vals[l * per:(l + 1) * per] for l in range(n_layer)]
-        keys = None
-        if a.keys:
-            keys = open(a.keys, "rb").read()
-            per = n_head_kv * head_dim * 4
-            if len(keys) != n_layer * per:
-                sys.exit(f"{a.keys}: expected {n_layer} x {n_head_kv} x {head_dim} float32 "
-                         f"({n_layer * per} bytes), got {len(keys)} bytes")
-            if not all(math.isfinite(x) for x in struct.unpack(f"<{len(keys) // 4}f", keys)):
-                sys.exit(f"{a.keys}: not every number is finite")
-            keys = [keys[l * per:(l + 1) * per] for l in range(n_layer)]
+        vals = read_vectors(a.values, n_layer, n_head, head_dim) if a.values else None
+        keys = read_vectors(a.keys, n_layer, n_head_kv, head_dim, finite=True) if a.keys \
+            else None
         off = (len(data) + align - 1) // align * align
         new_data = b"\0" * (off - len(data))
 

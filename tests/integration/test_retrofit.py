@@ -65,33 +65,6 @@ KEYS_V3_RATIO_BOUND = 1.11
 EARLY_BOUND_V3 = 0.84
 
 
-@pytest.fixture(scope="module")
-def retrofit(model, tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("retrofit") / "smollm2-sink.gguf")
-    subprocess.run([sys.executable, os.path.join(ROOT, "tools", "retrofit_sinks.py"),
-                    "--model", model, "--scalars", SCALARS, "--out", out],
-                   check=True, capture_output=True)
-    return out
-
-
-@pytest.fixture(scope="module")
-def retrofit_v(model, tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("retrofit_v") / "smollm2-sink-v.gguf")
-    subprocess.run([sys.executable, os.path.join(ROOT, "tools", "retrofit_sinks.py"),
-                    "--model", model, "--scalars", SCALARS_V, "--values", VALUES,
-                    "--out", out], check=True, capture_output=True)
-    return out
-
-
-@pytest.fixture(scope="module")
-def retrofit_v2(model, tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("retrofit_v2") / "smollm2-sink-v2.gguf")
-    subprocess.run([sys.executable, os.path.join(ROOT, "tools", "retrofit_sinks.py"),
-                    "--model", model, "--scalars", SCALARS_V2, "--values", VALUES_V2,
-                    "--out", out], check=True, capture_output=True)
-    return out
-
-
 def rebuild(model, out, scalars, values=None, keys=None):
     cmd = [sys.executable, os.path.join(ROOT, "tools", "retrofit_sinks.py"), "--model", model,
            "--scalars", scalars, "--out", out]
@@ -101,6 +74,23 @@ def rebuild(model, out, scalars, values=None, keys=None):
         cmd += ["--keys", keys]
     subprocess.run(cmd, check=True, capture_output=True)
     return out
+
+
+@pytest.fixture(scope="module")
+def retrofit(model, tmp_path_factory):
+    return rebuild(model, str(tmp_path_factory.mktemp("retrofit") / "smollm2-sink.gguf"), SCALARS)
+
+
+@pytest.fixture(scope="module")
+def retrofit_v(model, tmp_path_factory):
+    return rebuild(model, str(tmp_path_factory.mktemp("retrofit_v") / "smollm2-sink-v.gguf"),
+                   SCALARS_V, VALUES)
+
+
+@pytest.fixture(scope="module")
+def retrofit_v2(model, tmp_path_factory):
+    return rebuild(model, str(tmp_path_factory.mktemp("retrofit_v2") / "smollm2-sink-v2.gguf"),
+                   SCALARS_V2, VALUES_V2)
 
 
 N_LAYER, N_HEAD_KV, HEAD_DIM = 30, 3, 64
@@ -236,26 +226,28 @@ def test_window_only_retrofit_with_sink_values_stays_within_its_bound(
     assert fixed / ref < VALUES_RATIO_BOUND, (fixed, ref)
 
 
-def test_v2_retrofit_stays_within_its_bounds_before_and_after_the_first_eviction(
-        binary, model, retrofit_v2, tmp_path):
+def check_early_and_late(binary, model, retrofit, late_bound, early_bound, tmp_path):
+    """The window-only retrofit against vanilla sinks:4 on the tokens after
+    the first eviction (late) and before it (early)."""
     ref, _ = run_nll(binary, model, "sinks:4", tmp_path)
-    got, norm = run_nll(binary, retrofit_v2, "window", tmp_path)
+    got, norm = run_nll(binary, retrofit, "window", tmp_path)
     assert norm == "sink"
     late = ppl(got[WINDOW:]) / ppl(ref[WINDOW:])
     early = ppl(got[:WINDOW]) / ppl(ref[:WINDOW])
-    assert late < VALUES_V2_RATIO_BOUND, (late, early)
-    assert early < EARLY_BOUND_V2, (late, early)
+    assert late < late_bound, (late, early)
+    assert early < early_bound, (late, early)
+
+
+def test_v2_retrofit_stays_within_its_bounds_before_and_after_the_first_eviction(
+        binary, model, retrofit_v2, tmp_path):
+    check_early_and_late(binary, model, retrofit_v2, VALUES_V2_RATIO_BOUND, EARLY_BOUND_V2,
+                         tmp_path)
 
 
 def test_v3_retrofit_with_sink_keys_stays_within_its_bounds_before_and_after_the_first_eviction(
         binary, model, retrofit_v3, tmp_path):
-    ref, _ = run_nll(binary, model, "sinks:4", tmp_path)
-    got, norm = run_nll(binary, retrofit_v3, "window", tmp_path)
-    assert norm == "sink"
-    late = ppl(got[WINDOW:]) / ppl(ref[WINDOW:])
-    early = ppl(got[:WINDOW]) / ppl(ref[:WINDOW])
-    assert late < KEYS_V3_RATIO_BOUND, (late, early)
-    assert early < EARLY_BOUND_V3, (late, early)
+    check_early_and_late(binary, model, retrofit_v3, KEYS_V3_RATIO_BOUND, EARLY_BOUND_V3,
+                         tmp_path)
 
 
 def test_sink_values_that_skip_layer_0_are_refused_at_load(binary, retrofit_v, tmp_path):

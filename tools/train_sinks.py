@@ -625,6 +625,8 @@ def main():
     for step in range(n_run):
         if a.max_seconds and time.time() - t0 > a.max_seconds:
             print(f"stopping before step {step}: {a.max_seconds:.0f}s spent", flush=True)
+            if not val and step % 10 != 0:  # the steps since the last save
+                save(step, time.time() - t0, "")
             break
         for pg in opt.param_groups:
             pg["lr"] = pg["peak"] * 0.5 * (1 + math.cos(math.pi * step / a.steps))
@@ -656,10 +658,6 @@ def main():
             save(step + 1, time.time() - t0, "")
         if a.keep_every and (step + 1) % a.keep_every == 0:  # this step's own copies
             save(step + 1, time.time() - t0, "", f".step{step + 1}")
-    else:
-        step = n_run
-    if not val and step % 10 != 0:  # stopped by --max-seconds between two saves
-        save(step, time.time() - t0, "")
     print(f"wrote {a.out} ({time.time() - t0:.0f}s)")
 
 

@@ -22,7 +22,6 @@
 #include "sse.h"
 
 static void on_sweep(uv_timer_t *t);
-static void refill(struct server *s);
 
 static int random_bytes(unsigned char *buf, size_t n)
 {
@@ -129,7 +128,6 @@ void streams_drop(struct server *s, struct stream *st)
     stream_buf_free(&st->buf);
     router_req_free(st->req);
     free(st);
-    refill(s);
 }
 
 /* At the cap: the oldest finished stream without a client makes room. */
@@ -213,8 +211,6 @@ void streams_flow(struct server *s, struct stream *st)
     int full = !st->conn && (st->buf.unsent_bytes >= ss->max_bytes || ss->bytes >= ss->max_total);
     int want = st->finished ? 0 : st->conn ? st->conn->paused : full;
     st->full = full && !st->finished;
-    if (st->full && ss->bytes >= ss->max_total)
-        ss->total_paused = 1; /* refill() lets it go on when there is room again */
     if (want == st->engine_paused || st->finished)
         return;
     st->engine_paused = want;
@@ -224,20 +220,6 @@ void streams_flow(struct server *s, struct stream *st)
         engine_pause(s->engine, st->req_id);
     else
         engine_resume(s->engine, st->req_id);
-}
-
-/* All buffers together were full and no longer are (a stream was dropped,
- * delivered events were trimmed): the detached streams paused for it go on,
- * as far as their own buffers allow. */
-static void refill(struct server *s)
-{
-    struct streams *ss = &s->streams;
-    if (!ss->total_paused || ss->bytes >= ss->max_total || s->draining || s->stopped)
-        return;
-    ss->total_paused = 0;
-    for (struct stream *st = ss->head; st; st = st->next)
-        if (!st->conn && st->engine_paused && !st->dead)
-            streams_flow(s, st); /* pauses it again (and sets total_paused) if need be */
 }
 
 /* ---- events out ---------------------------------------------------------------------- */
@@ -268,7 +250,6 @@ void streams_pump(struct server *s, struct stream *st)
         stream_buf_advance(&st->buf);
     }
     trim(&s->streams, st);
-    refill(s); /* st's delivered events may have made room */
     if (st->finished && !stream_buf_next(&st->buf)) {
         /* all delivered: the response ends, the tail stays for the grace period */
         c->user = NULL;

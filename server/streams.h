@@ -73,7 +73,6 @@ struct streams {
     uint64_t evicted;        /* finished streams dropped early to make room for a new one */
     int64_t max_detached;    /* --max-detached: running detached streams per group (0: any) */
     uint64_t detach_limited; /* ... cancelled, oldest first, over that limit */
-    int total_paused;        /* a detached stream was paused because all buffers were full */
 };
 
 /* Sets up the registry on s->loop. Returns 0 or a negative errno. */

@@ -502,51 +502,6 @@ def test_a_stream_nobody_resumes_is_cancelled_after_the_grace_period(start_serve
     assert error_of(s.get(f"/v1/streams/{sid}")) == (404, "stream_not_found")
 
 
-def test_a_stream_paused_because_all_buffers_were_full_goes_on_when_there_is_room(
-        start_server):
-    """--stream-buffer-total pauses a detached stream whose own buffer still has
-    room; once the other streams' bytes go (delivered and dropped), it
-    generates on into its buffer instead of waiting for its client."""
-    s = start_server("--stream-buffer", "100000", "--stream-buffer-total", "6000",
-                     "--stream-grace", "60", "--max-seqs", "2")
-    short = {"model": "smol", "prompt": ENDLESS, "max_tokens": 10, "temperature": 0,
-             "stream": True}
-    a = post_stream(s, "/v1/completions", short, headers={})
-    a_sid = a.headers["x-stream-id"]
-    collect(a, False, [], stop_after=1)
-    a.sock.close()  # a finishes detached: its 10 tokens wait in its buffer
-    s.wait_metric("streamsink_active_sequences", lambda v: v == 0, timeout=30)
-    b = post_stream(s, "/v1/completions", {**short, "max_tokens": 2000}, headers={})
-    b_sid = b.headers["x-stream-id"]
-    collect(b, False, [], stop_after=1)
-    b.sock.close()
-    # b fills what a left of the 6,000 bytes and pauses, its own buffer far from full
-    s.wait_metric("streamsink_paused_sequences", lambda v: v == 1, timeout=60)
-    m = s.metrics()
-    assert m["streamsink_streams_buffer_full"] == 1 and m["streamsink_streams_detached"] == 1
-    assert m["streamsink_stream_buffer_bytes"] >= 6000
-    gen = m["streamsink_generated_tokens_total"]
-    time.sleep(1)
-    assert s.metrics()["streamsink_generated_tokens_total"] - gen <= 1  # paused
-    gen = s.metrics()["streamsink_generated_tokens_total"]
-    # a's client comes back and reads it all: its delivered events may go
-    sse = resume(s, a_sid, 1, headers={})
-    events = []
-    collect(sse, False, events)
-    sse.sock.close()
-    assert events[-1][1] == "[DONE]"
-    # b goes on into the room a's events leave, and pauses again when it is used
-    s.wait_metric("streamsink_generated_tokens_total", lambda v: v >= gen + 3, timeout=20)
-    s.wait_metric("streamsink_paused_sequences", lambda v: v == 1, timeout=60)
-    assert s.metrics()["streamsink_stream_buffer_bytes"] <= 6000 + 2048
-    # and nothing of b was dropped: its client resumes from its first event on
-    sse = resume(s, b_sid, 1, headers={})
-    got = []
-    collect(sse, False, got, stop_after=8)
-    sse.sock.close()
-    assert [int(e) for e, _ in got] == list(range(2, 10))
-
-
 def test_with_no_grace_a_disconnect_cancels_at_once(start_server):
     s = start_server("--stream-grace", "0")
     total = s.metrics()["streamsink_kv_slots_total"]

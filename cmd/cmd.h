@@ -78,6 +78,10 @@ void cmd_usage(const struct cmd_spec *spec, FILE *f);
  * scripts/fetch-model.sh. The one copy of this rule in the program. */
 const char *cmd_default_model(void);
 
+/* The KV storage of --kv-dtype NAME (NULL: f16), or f32 with --kv-f32.
+ * CMD_EXIT_OK, or CMD_EXIT_USAGE after a message. */
+int cmd_kv_dtype(const char *name, int kv_f32, enum engine_kv_dtype *out);
+
 /* Opens a decoder; on failure prints one message to stderr (with a hint when
  * the default model is missing) and returns CMD_EXIT_MODEL when the model
  * file is at fault (engine_error_is_model), else CMD_EXIT_RUNTIME. */

@@ -50,6 +50,8 @@ static void progress(int64_t done, int64_t total, double nll_sum, double t0)
 int cmd_perplexity(int argc, char **argv)
 {
     const char *model = cmd_default_model(), *text_path = NULL, *json = NULL, *policy_s;
+    const char *kv_dtype_s = NULL;
+    enum engine_kv_dtype kv_dtype;
     char policy_buf[32];
     enum engine_backend backend;
     int64_t window, max_tokens = 0, bin, threads, sinks = -1, stride;
@@ -73,7 +75,9 @@ int cmd_perplexity(int argc, char **argv)
          "write the results and every token's NLL as JSON", NULL},
         {"-t", "--threads", CMD_I64, &threads, 1, 256, "2", "N", "CPU threads", NULL},
         {NULL, "--backend", CMD_BACKEND, &backend, 0, 0, "cpu", "B", "cpu or cuda", NULL},
-        {NULL, "--kv-f32", CMD_BOOL, &kv_f32, 0, 0, NULL, "", "f32 KV cache (default f16)", NULL},
+        {NULL, "--kv-dtype", CMD_STR, &kv_dtype_s, 0, 0, NULL, "T",
+         "KV cache storage: f16 (default) | f32 | q8_0", NULL},
+        {NULL, "--kv-f32", CMD_BOOL, &kv_f32, 0, 0, NULL, "", "the same as --kv-dtype f32", NULL},
         {NULL, "--no-progress", CMD_BOOL, &no_progress, 0, 0, NULL, "",
          "no progress bar even on a terminal", NULL},
     };
@@ -92,6 +96,8 @@ int cmd_perplexity(int argc, char **argv)
         fprintf(stderr, "error: --text FILE is required\n");
         return CMD_EXIT_USAGE;
     }
+    if (cmd_kv_dtype(kv_dtype_s, kv_f32, &kv_dtype) != CMD_EXIT_OK)
+        return CMD_EXIT_USAGE;
     if (sinks >= 0) {
         snprintf(policy_buf, sizeof policy_buf, "sinks:%lld", (long long)sinks);
         policy_s = policy_buf;
@@ -128,7 +134,7 @@ int cmd_perplexity(int argc, char **argv)
                        : DECODER_DEFAULT_SINKS,
         .window = is_dense && !window_set ? 0 : window,
         .n_slots = 1,
-        .kv_dtype = kv_f32 ? ENGINE_KV_F32 : ENGINE_KV_F16,
+        .kv_dtype = kv_dtype,
     };
     int rc = cmd_open_decoder(&d, &cfg);
     if (rc != CMD_EXIT_OK) {
@@ -220,7 +226,7 @@ int cmd_perplexity(int argc, char **argv)
     printf("tokens      %lld scored%s\n", (long long)n_done,
            stride > 1 ? " (every stride-th)" : "");
     printf("perplexity  %.4f\n", ppl);
-    printf("kv bytes    %zu (%s)\n", kv_bytes, kv_f32 ? "f32" : "f16");
+    printf("kv bytes    %zu (%s)\n", kv_bytes, engine_kv_dtype_name(kv_dtype));
     printf("tokens/s    %.1f (scored tokens per second)\n", (double)n_done / el);
     printf("bins        start  end  perplexity\n");
     for (int64_t b0 = 0, i = 0; b0 < n_score; b0 += bin) {
@@ -241,10 +247,10 @@ int cmd_perplexity(int argc, char **argv)
         }
         fprintf(jf,
                 "{\"model\": \"%s\", \"normalizer\": \"%s\", \"policy\": \"%s\", \"window\": %lld, "
-                "\"tokens\": %lld, \"perplexity\": %.6f, \"kv_bytes\": %zu, "
+                "\"tokens\": %lld, \"perplexity\": %.6f, \"kv_bytes\": %zu, \"kv_dtype\": \"%s\", "
                 "\"tokens_per_s\": %.2f, \"nll\": [",
                 info.name, info.normalizer, pname, (long long)window, (long long)n_done, ppl,
-                kv_bytes, (double)n_done / el);
+                kv_bytes, engine_kv_dtype_name(kv_dtype), (double)n_done / el);
         for (int64_t t = 0; t < n_done; t++)
             fprintf(jf, "%s%.5f", t ? "," : "", nll[t]);
         fprintf(jf, "], \"scored\": [");

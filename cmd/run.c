@@ -17,6 +17,8 @@ int cmd_run(int argc, char **argv)
     int64_t n_predict, threads, chunk, ctx = 0, keep = 0, seed;
     struct engine_policy policy = {ENGINE_POLICY_DENSE, 0};
     int ignore_eos = 0, no_bos = 0, kv_f32 = 0;
+    const char *kv_dtype_s = NULL;
+    enum engine_kv_dtype kv_dtype;
     enum engine_backend backend;
     struct engine_sampling sp = engine_sampling_defaults();
     const struct cmd_flag flags[] = {
@@ -54,8 +56,9 @@ int cmd_run(int argc, char **argv)
          "KV policy: dense, window, sinks:N or auto", NULL},
         {NULL, "--ctx", CMD_I64, &ctx, 1, (double)((int64_t)1 << 32), NULL, "N",
          "KV window in tokens (default: prompt + n, at most the model's context length)", NULL},
-        {NULL, "--kv-f32", CMD_BOOL, &kv_f32, 0, 0, NULL, "",
-         "keep the KV cache in f32 (default f16)", NULL},
+        {NULL, "--kv-dtype", CMD_STR, &kv_dtype_s, 0, 0, NULL, "T",
+         "KV cache storage: f16 (default) | f32 | q8_0", NULL},
+        {NULL, "--kv-f32", CMD_BOOL, &kv_f32, 0, 0, NULL, "", "the same as --kv-dtype f32", NULL},
         {NULL, "--ignore-eos", CMD_BOOL, &ignore_eos, 0, 0, NULL, "",
          "keep generating past end-of-sequence tokens", NULL},
         {NULL, "--no-bos", CMD_BOOL, &no_bos, 0, 0, NULL, "",
@@ -73,6 +76,8 @@ int cmd_run(int argc, char **argv)
     if (prc >= 0)
         return prc;
     sp.seed = (uint64_t)seed;
+    if (cmd_kv_dtype(kv_dtype_s, kv_f32, &kv_dtype) != CMD_EXIT_OK)
+        return CMD_EXIT_USAGE;
     if (engine_policy_parse(policy_s, &policy) < 0 || policy.kind == ENGINE_POLICY_RECOMPUTE) {
         fprintf(stderr, "error: --kv-policy '%s' (dense, window, sinks:N or auto)\n", policy_s);
         return CMD_EXIT_USAGE;
@@ -109,7 +114,7 @@ int cmd_run(int argc, char **argv)
                        : DECODER_DEFAULT_SINKS,
         .window = window,
         .n_slots = 1,
-        .kv_dtype = kv_f32 ? ENGINE_KV_F32 : ENGINE_KV_F16,
+        .kv_dtype = kv_dtype,
     };
     int rc = cmd_open_decoder(&d, &cfg);
     if (rc != CMD_EXIT_OK) {

@@ -19,8 +19,9 @@ static int check(const struct server_config *c)
                 (long long)c->low_water, (long long)c->high_water);
         return -1;
     }
-    if (strcmp(c->kv_dtype, "f16") != 0 && strcmp(c->kv_dtype, "f32") != 0) {
-        fprintf(stderr, "error: --kv-dtype expects f16 or f32, got '%s'\n", c->kv_dtype);
+    enum engine_kv_dtype kd;
+    if (engine_kv_dtype_parse(c->kv_dtype, &kd) < 0) {
+        fprintf(stderr, "error: --kv-dtype expects f16, f32 or q8_0, got '%s'\n", c->kv_dtype);
         return -1;
     }
     if (strcmp(c->log_level, "debug") != 0 && strcmp(c->log_level, "info") != 0 &&
@@ -77,7 +78,9 @@ int cmd_serve(int argc, char **argv)
          "the API key with the most bytes on disk are deleted (0: no bound)",
          NULL},
         {NULL, "--kv-dtype", CMD_STR, &c.kv_dtype, 0, 0, "f16", "T",
-         "KV cache element type: f16 | f32", NULL},
+         "KV cache storage: f16 | f32 | q8_0 (8-bit blocks of 32 with an f16 scale: about "
+         "half f16's bytes and memory traffic; CPU backend only)",
+         NULL},
         {NULL, "--api-key", CMD_STRV, c.api_keys, 0, SERVER_CONFIG_MAX_KEYS + 1, NULL, "KEY",
          "require 'Authorization: Bearer KEY' on everything but /health and /metrics; repeat "
          "it for several keys (visible in ps: prefer --api-key-file or $STREAMSINK_API_KEY; "

@@ -47,6 +47,12 @@ int fwd_init(struct fwd *f, const struct model *m, struct backend *b, const stru
     if (rc < 0)
         return rc;
     rc = b->ops->kv_alloc(b, &geo);
+    if (rc == -EINVAL) {
+        snprintf(err, err_len, "kv cache: the %s backend cannot hold a %s KV cache of head dim %d",
+                 b->ops->name, kv_dtype_name(geo.dtype), geo.head_dim);
+        fwd_free(f);
+        return rc;
+    }
     if (rc < 0) {
         snprintf(err, err_len, "kv cache: cannot allocate %zu bytes",
                  2 * kv_geometry_slot_bytes(&geo) * (size_t)geo.n_slots);

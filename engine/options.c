@@ -64,7 +64,21 @@ void engine_policy_name(const struct engine_policy *p, char *buf, size_t cap)
 
 enum kv_dtype engine__kv_dtype(enum engine_kv_dtype d)
 {
-    return d == ENGINE_KV_F32 ? KV_DTYPE_F32 : KV_DTYPE_F16;
+    return d == ENGINE_KV_F32 ? KV_DTYPE_F32 : d == ENGINE_KV_Q8_0 ? KV_DTYPE_Q8_0 : KV_DTYPE_F16;
+}
+
+int engine_kv_dtype_parse(const char *s, enum engine_kv_dtype *out)
+{
+    enum kv_dtype k;
+    if (kv_dtype_parse(s, &k) < 0)
+        return -EINVAL;
+    *out = k == KV_DTYPE_F32 ? ENGINE_KV_F32 : k == KV_DTYPE_Q8_0 ? ENGINE_KV_Q8_0 : ENGINE_KV_F16;
+    return 0;
+}
+
+const char *engine_kv_dtype_name(enum engine_kv_dtype d)
+{
+    return kv_dtype_name(engine__kv_dtype(d));
 }
 
 struct sampler_params engine__sampler_params(const struct engine_sampling *s)

@@ -190,8 +190,13 @@ static void quantize_q8_0(const float *x, struct block_q8_0 *b)
     float d = block_amax(x) / 127.0f;
     float id = d != 0.0f ? 1.0f / d : 0.0f;
     b->d = quant_f32_to_f16(d);
-    for (int j = 0; j < QK; j++)
-        b->qs[j] = (int8_t)roundf(x[j] * id);
+    for (int j = 0; j < QK; j++) {
+        /* |x * id| <= 127 for finite x; a NaN or infinite block (d = inf or
+         * NaN) stores 0, which reads back as d * 0 = NaN, never an undefined
+         * cast */
+        float v = x[j] * id;
+        b->qs[j] = v >= -127.5f && v <= 127.5f ? (int8_t)roundf(v) : 0;
+    }
 }
 
 static void quantize_q4_0(const float *x, struct block_q4_0 *b)

@@ -437,7 +437,7 @@ int session_copy_cells(struct backend *b, const struct kv_geometry *g, const str
                        const struct snapshot_meta *m, uint8_t *k, uint8_t *v, int import)
 {
     const struct backend_ops *op = b->ops;
-    size_t cell_bytes = (size_t)m->head_dim * (m->dtype == KV_DTYPE_F16 ? 2u : 4u);
+    size_t cell_bytes = kv_dtype_row_bytes(m->dtype, m->head_dim);
     struct kv_seq local = g->swa_period > 0 ? kv_seq_local(kv, g) : *kv;
     int rc = 0;
     for (int l = 0; rc == 0 && l < m->n_layer; l++) {
@@ -1054,9 +1054,8 @@ int session_restore(struct engine *e, struct seq *s, const char *id, uint64_t ke
         snprintf(se->message, sizeof se->message,
                  "session '%s' was saved with a %s KV cache, window %lld and %lld sinks; this "
                  "server keeps %s, window at most %lld, at most %lld sinks",
-                 id, m.dtype == KV_DTYPE_F16 ? "f16" : "f32", (long long)m.window,
-                 (long long)m.n_sinks, g->dtype == KV_DTYPE_F16 ? "f16" : "f32",
-                 (long long)g->window, (long long)g->n_sinks);
+                 id, kv_dtype_name(m.dtype), (long long)m.window, (long long)m.n_sinks,
+                 kv_dtype_name(g->dtype), (long long)g->window, (long long)g->n_sinks);
         e->stats.restore_failures_total++;
         return -1;
     }

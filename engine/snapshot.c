@@ -110,8 +110,7 @@ size_t snapshot_layer_offset(const struct snapshot_meta *m, int layer)
     size_t cells = 0;
     for (int l = 0; l < layer; l++)
         cells += (size_t)snapshot_layer_cells(m, l);
-    return cells * (size_t)m->n_kv_head * (size_t)m->head_dim *
-           (m->dtype == KV_DTYPE_F16 ? 2u : 4u);
+    return cells * (size_t)m->n_kv_head * kv_dtype_row_bytes(m->dtype, m->head_dim);
 }
 
 size_t snapshot_kv_bytes(const struct snapshot_meta *m)
@@ -223,12 +222,14 @@ int snapshot_decode_header(const uint8_t *b, size_t len, struct snapshot_meta *m
         BAD("bad session id");
     memcpy(m->model_digest, b + 24, 32);
     uint32_t dt = get32(b + 56);
-    if (dt != KV_DTYPE_F16 && dt != KV_DTYPE_F32)
+    if (dt != KV_DTYPE_F16 && dt != KV_DTYPE_F32 && dt != KV_DTYPE_Q8_0)
         BAD("bad KV dtype %u", dt);
     m->dtype = (enum kv_dtype)dt;
     uint32_t L = get32(b + 60), Hkv = get32(b + 64), Dh = get32(b + 68);
     if (L < 1 || L > MAX_DIM || Hkv < 1 || Hkv > MAX_DIM || Dh < 1 || Dh > MAX_DIM)
         BAD("bad KV geometry %u x %u x %u", L, Hkv, Dh);
+    if (kv_dtype_row_bytes(m->dtype, (int)Dh) == 0)
+        BAD("a %s KV cache cannot hold rows of head dim %u", kv_dtype_name(m->dtype), Dh);
     m->n_layer = (int)L;
     m->n_kv_head = (int)Hkv;
     m->head_dim = (int)Dh;
@@ -299,8 +300,8 @@ int snapshot_decode(const uint8_t *b, size_t len, struct snapshot_meta *m, const
             len < total ? "truncated" : "trailing bytes", len, (unsigned long long)total);
     /* the cell counts <= 2^62 and the dims <= 2^16 each: check the product fits */
     size_t h = snapshot_header_fixed(m->version) + strlen(m->id);
-    size_t esz = m->dtype == KV_DTYPE_F16 ? 2 : 4;
-    size_t row = (size_t)m->n_kv_head * (size_t)m->head_dim * esz; /* one layer's cell */
+    /* one layer's cell */
+    size_t row = (size_t)m->n_kv_head * kv_dtype_row_bytes(m->dtype, m->head_dim);
     if (len < h + 4)
         BAD("truncated: the KV cells do not fit the file");
     uint64_t room = (len - h - 4) / 2 / row, cells = 0;

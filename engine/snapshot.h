@@ -20,7 +20,7 @@
  *    12     4  header bytes H (210 + id length): where the KV data starts
  *    16     8  file bytes (all of it, the checksum included)
  *    24    32  SHA-256 of the model file
- *    56     4  KV dtype (0 f16, 1 f32)
+ *    56     4  KV dtype (0 f16, 1 f32, 2 q8_0: kvcache.h row layout)
  *    60     4  layers L        64  4  kv heads Hkv      68  4  head dim Dh
  *    72     4  policy kind (window 1, sinks 2, dense 3)
  *    76     4  reserved (0)
@@ -39,7 +39,8 @@
  *   192     8  local cells nl = min(Wl, pos_next - p0) (0 when P is 0)
  *   200     8  first local position l0 = pos_next - nl
  *   208     2  id length, then the id ([A-Za-z0-9_-])
- *     H        K: layer after layer, each [Hkv][n_l][Dh] cells in position
+ *     H        K: layer after layer, each [Hkv][n_l] rows of Dh values (kvcache.h;
+ *              a q8_0 row is Dh / 32 Q8_0 blocks) in position
  *              order, in the dtype: for a global layer n_l = n (the ns sinks
  *              p0.., then positions w0 .. pos_next-1); for a local layer
  *              n_l = nl (positions l0 .. pos_next-1)

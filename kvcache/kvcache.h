@@ -63,7 +63,22 @@ struct kv_policy kv_policy_resolve(struct kv_policy p, int needs_sinks);
 /* Number of pinned sinks the resolved policy keeps. */
 int64_t kv_policy_sinks(const struct kv_policy *p);
 
-enum kv_dtype { KV_DTYPE_F16 = 0, KV_DTYPE_F32 = 1 };
+/* How a K or V row (head_dim values) is stored. f16 and f32 hold each value;
+ * q8_0 holds each run of 32 values as one Q8_0 block (engine/quant.h: an f16
+ * scale d and 32 int8 q, x = d * q; 34 bytes), so a row is head_dim / 32
+ * blocks, 1.0625 bytes a value against f16's 2. q8_0 needs head_dim to be a
+ * multiple of 32. */
+enum kv_dtype { KV_DTYPE_F16 = 0, KV_DTYPE_F32 = 1, KV_DTYPE_Q8_0 = 2 };
+#define KV_Q8_BLOCK 32       /* values per Q8_0 block */
+#define KV_Q8_BLOCK_BYTES 34 /* f16 scale + 32 int8 */
+
+/* Bytes of one row of head_dim values stored as t; 0 if t is unknown or
+ * head_dim does not fit it (q8_0 and head_dim not a multiple of 32). */
+size_t kv_dtype_row_bytes(enum kv_dtype t, int head_dim);
+/* "f16", "f32", "q8_0"; "?" for anything else. */
+const char *kv_dtype_name(enum kv_dtype t);
+/* Parses a kv_dtype_name. Returns 0 or -EINVAL. */
+int kv_dtype_parse(const char *s, enum kv_dtype *out);
 
 struct kv_geometry {
     int n_layer;     /* L */
@@ -95,9 +110,16 @@ int64_t kv_geometry_layer_cells(const struct kv_geometry *g, int layer);
 size_t kv_geometry_slot_bytes(const struct kv_geometry *g);
 /* Element offset of (slot, layer, kv head, cell) in a K or V buffer laid out
  * [slot][layer][kv_head][cell][Dh], each layer with its own number of cells
- * (kv_geometry_layer_cells): one head's keys are contiguous. */
+ * (kv_geometry_layer_cells): one head's keys are contiguous. For f16 and f32
+ * (one element per value). */
 size_t kv_geometry_offset(const struct kv_geometry *g, int64_t slot, int layer, int head,
                           int64_t cell);
+/* Bytes of one K or V row in g's dtype (kv_dtype_row_bytes). */
+size_t kv_geometry_row_bytes(const struct kv_geometry *g);
+/* Byte offset of the same row, for every dtype: the row index
+ * kv_geometry_offset / Dh times kv_geometry_row_bytes. */
+size_t kv_geometry_byte_offset(const struct kv_geometry *g, int64_t slot, int layer, int head,
+                               int64_t cell);
 
 struct kv_pool {
     struct kv_geometry geo;

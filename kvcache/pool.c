@@ -30,15 +30,56 @@ static size_t cells_before(const struct kv_geometry *g, int layer)
     return n_global * (size_t)kv_geometry_cells(g) + n_local * local_cells;
 }
 
-static size_t elem_bytes(enum kv_dtype t)
+size_t kv_dtype_row_bytes(enum kv_dtype t, int head_dim)
 {
-    return t == KV_DTYPE_F32 ? 4 : 2;
+    if (head_dim <= 0)
+        return 0;
+    switch (t) {
+    case KV_DTYPE_F16:
+        return (size_t)head_dim * 2;
+    case KV_DTYPE_F32:
+        return (size_t)head_dim * 4;
+    case KV_DTYPE_Q8_0:
+        if (head_dim % KV_Q8_BLOCK != 0)
+            return 0;
+        return (size_t)(head_dim / KV_Q8_BLOCK) * KV_Q8_BLOCK_BYTES;
+    }
+    return 0;
+}
+
+const char *kv_dtype_name(enum kv_dtype t)
+{
+    switch (t) {
+    case KV_DTYPE_F16:
+        return "f16";
+    case KV_DTYPE_F32:
+        return "f32";
+    case KV_DTYPE_Q8_0:
+        return "q8_0";
+    }
+    return "?";
+}
+
+int kv_dtype_parse(const char *s, enum kv_dtype *out)
+{
+    static const enum kv_dtype all[] = {KV_DTYPE_F16, KV_DTYPE_F32, KV_DTYPE_Q8_0};
+    for (size_t i = 0; s && i < sizeof all / sizeof all[0]; i++) {
+        if (strcmp(s, kv_dtype_name(all[i])) == 0) {
+            *out = all[i];
+            return 0;
+        }
+    }
+    return -EINVAL;
+}
+
+size_t kv_geometry_row_bytes(const struct kv_geometry *g)
+{
+    return kv_dtype_row_bytes(g->dtype, g->head_dim);
 }
 
 size_t kv_geometry_slot_bytes(const struct kv_geometry *g)
 {
-    return cells_before(g, g->n_layer) * (size_t)g->n_kv_head * (size_t)g->head_dim *
-           elem_bytes(g->dtype);
+    return cells_before(g, g->n_layer) * (size_t)g->n_kv_head * kv_geometry_row_bytes(g);
 }
 
 size_t kv_geometry_offset(const struct kv_geometry *g, int64_t slot, int layer, int head,
@@ -49,6 +90,13 @@ size_t kv_geometry_offset(const struct kv_geometry *g, int64_t slot, int layer, 
     size_t per_head = (size_t)kv_geometry_layer_cells(g, layer) * dh;
     return (size_t)slot * per_slot + cells_before(g, layer) * hkv * dh + (size_t)head * per_head +
            (size_t)cell * dh;
+}
+
+size_t kv_geometry_byte_offset(const struct kv_geometry *g, int64_t slot, int layer, int head,
+                               int64_t cell)
+{
+    return kv_geometry_offset(g, slot, layer, head, cell) / (size_t)g->head_dim *
+           kv_geometry_row_bytes(g);
 }
 
 int kv_pool_init(struct kv_pool *pool, const struct kv_geometry *g, char *err, size_t err_len)
@@ -63,6 +111,13 @@ int kv_pool_init(struct kv_pool *pool, const struct kv_geometry *g, char *err, s
                  g->n_layer, g->n_kv_head, g->head_dim, (long long)g->n_sinks, (long long)g->window,
                  (long long)g->chunk, (long long)g->n_slots, g->swa_period,
                  (long long)g->swa_window);
+        return -EINVAL;
+    }
+    if (kv_geometry_row_bytes(g) == 0) {
+        snprintf(err, err_len,
+                 "kv pool: KV dtype %s cannot store rows of head dim %d (q8_0 needs a multiple "
+                 "of %d)",
+                 kv_dtype_name(g->dtype), g->head_dim, KV_Q8_BLOCK);
         return -EINVAL;
     }
     /* the whole pool (K and V) must be addressable with size_t */

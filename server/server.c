@@ -366,7 +366,10 @@ static int engine_config_from(const struct server_config *cfg, struct engine_con
     ec->session_idle_s = (int64_t)cfg->session_idle;
     ec->session_dir = cfg->session_dir[0] ? cfg->session_dir : NULL;
     ec->session_disk_max = cfg->session_disk_max;
-    ec->kv_dtype = strcmp(cfg->kv_dtype, "f32") == 0 ? ENGINE_KV_F32 : ENGINE_KV_F16;
+    if (engine_kv_dtype_parse(cfg->kv_dtype, &ec->kv_dtype) < 0) {
+        fprintf(stderr, "error: --kv-dtype expects f16, f32 or q8_0, got '%s'\n", cfg->kv_dtype);
+        return -EINVAL;
+    }
     if (engine_policy_parse(cfg->kv_policy, &ec->policy) < 0 ||
         ec->policy.kind == ENGINE_POLICY_RECOMPUTE) { /* recompute: streamsink perplexity only */
         fprintf(stderr, "error: --kv-policy expects auto, window, sinks:N or dense, got '%s'\n",

@@ -2,17 +2,19 @@
  * bench_attention.c: single-thread timing of decode attention as the CPU
  * backend runs it (cpu_attention_span_rows over blocks of 256 keys, then
  * cpu_attention_merge), on SmolLM2-135M's shape: 30 layers, 3 KV heads of
- * 64, 3 query heads per KV head, f16 keys and values. One "token" is one
- * query per stream against every layer's window of W keys, so a pass reads
- * S * 30 * 3 * W * 64 * 2 * 2 bytes of K and V (94 MB for one stream at
- * W = 4,100). Keys are random; the kernels' speed does not depend on them.
+ * 64, 3 query heads per KV head, keys and values in f16 and in q8_0 (the
+ * two KV dtypes the decode kernels read in place), timed side by side. One
+ * "token" is one query per stream against every layer's window of W keys, so
+ * a pass reads S * 30 * 3 * W * 2 rows of K and V of 128 bytes (f16) or 68
+ * (q8_0): 94 MB or 50 MB for one stream at W = 4,100. Keys are random; the
+ * kernels' speed does not depend on them.
  *
  * Reports, per configuration, the median over --reps passes of the thread's
  * CPU time (other processes on a shared machine cost precision, not the
  * figure): microseconds per token per stream, the K/V bytes read per second,
  * and the single-thread memcpy rate over the same buffers in the same run
  * (read + write bytes / s), the ceiling a pass that streams its K/V from
- * memory can approach. The KV buffer is allocated twice, with 4 KiB pages
+ * memory can approach. Each buffer is allocated twice, with 4 KiB pages
  * and with transparent huge pages (madvise), and both are timed side by
  * side.
  *
@@ -48,7 +50,9 @@ static int cmp_d(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-static void *alloc_kv(size_t n, int huge)
+/* n bytes of K or V rows in fmt, random: f16 values in [-1, 1); Q8_0
+ * blocks with a scale of 1/64 and random int8. */
+static void *alloc_kv(size_t n, int huge, int fmt)
 {
     const size_t h = (size_t)2 << 20;
     size_t rounded = (n + h - 1) / h * h;
@@ -62,21 +66,25 @@ static void *alloc_kv(size_t n, int huge)
         s ^= s << 13, s ^= s >> 7, s ^= s << 17;
         u[i] = (uint16_t)((s & 0x83FF) | ((s >> 16) % 15) << 10);
     }
+    if (fmt == ATTN_Q8_0) /* every 34-byte block's scale: 2^-6 */
+        for (size_t o = 0; o + 34 <= rounded; o += 34)
+            memcpy((char *)p + o, &(uint16_t){0x2400}, 2);
     return p;
 }
 
 /* One token for every stream: each (stream, layer, kv head) in blocks of
  * BLOCK keys, then the merge, as the backend's tasks do on one thread. */
-static void pass(const struct attn_kernels *kr, const uint16_t *k, const uint16_t *v, int64_t W,
+static void pass(const struct attn_kernels *kr, const char *k, const char *v, int fmt, int64_t W,
                  int S, const float *q, float *part, float *out)
 {
+    const size_t rb = attn_row_bytes(fmt, DH);
     const int64_t nb = (W + BLOCK - 1) / BLOCK;
     const float scale = 1.0f / sqrtf((float)DH);
     for (int s = 0; s < S; s++)
         for (int l = 0; l < LAYERS; l++)
             for (int g = 0; g < HKV; g++) {
-                size_t off = (((size_t)s * LAYERS + (size_t)l) * HKV + (size_t)g) * (size_t)W * DH;
-                struct attn_keys keys = {.k = k + off, .v = v + off, .f16 = 1, .head_dim = DH};
+                size_t off = (((size_t)s * LAYERS + (size_t)l) * HKV + (size_t)g) * (size_t)W * rb;
+                struct attn_keys keys = {.k = k + off, .v = v + off, .fmt = fmt, .head_dim = DH};
                 keys.run_start[0] = 0;
                 keys.run_len[0] = W;
                 for (int64_t b = 0; b < nb; b++) {
@@ -126,43 +134,49 @@ int main(int argc, char **argv)
     struct attn_kernels kr;
     int isa = (int)cpu_isa_best();
     cpu_attention_kernels(&kr, isa);
-    const size_t bytes = (size_t)S * LAYERS * HKV * (size_t)W * DH * 2; /* K or V */
+    const size_t rows = (size_t)S * LAYERS * HKV * (size_t)W; /* of K, and of V */
     float q[GROUP * DH], out[GROUP * DH];
     for (int i = 0; i < GROUP * DH; i++)
         q[i] = (float)((i * 37 % 101) - 50) / 50.0f;
     float *part = malloc((size_t)((W + BLOCK - 1) / BLOCK) * GROUP * (DH + 2) * sizeof(float));
-    char *dst = malloc(bytes);
+    char *dst = malloc(rows * attn_row_bytes(ATTN_F16, DH));
     if (!part || !dst)
         return 1;
-    printf("attention, %d stream(s) x %d layers x %d kv heads x %lld keys, f16, isa level %d, "
+    printf("attention, %d stream(s) x %d layers x %d kv heads x %lld keys, isa level %d, "
            "median of %d single-thread passes\n",
            S, LAYERS, HKV, (long long)W, isa, reps);
-    printf("| pages | us per token per stream | K/V GB/s | memcpy GB/s (same buffers) |\n");
-    printf("|---|---|---|---|\n");
-    for (int huge = 0; huge < 2; huge++) {
-        uint16_t *k = alloc_kv(bytes, huge), *v = alloc_kv(bytes, huge);
-        if (!k || !v)
-            return 1;
-        double t[99], c[99];
-        for (int r = 0; r < reps; r++) {
-            double t0 = cpu_now();
-            pass(&kr, k, v, W, S, q, part, out);
-            t[r] = cpu_now() - t0;
-            t0 = cpu_now();
-            memcpy(dst, k, bytes);
-            memcpy(dst, v, bytes);
-            c[r] = cpu_now() - t0;
+    printf("| KV dtype | pages | us per token per stream | K/V GB/s | memcpy GB/s (same buffers) "
+           "|\n");
+    printf("|---|---|---|---|---|\n");
+    const int fmts[2] = {ATTN_F16, ATTN_Q8_0};
+    for (int f = 0; f < 2; f++) {
+        const size_t bytes = rows * attn_row_bytes(fmts[f], DH); /* K or V */
+        for (int huge = 0; huge < 2; huge++) {
+            char *k = alloc_kv(bytes, huge, fmts[f]), *v = alloc_kv(bytes, huge, fmts[f]);
+            if (!k || !v)
+                return 1;
+            double t[99], c[99];
+            for (int r = 0; r < reps; r++) {
+                double t0 = cpu_now();
+                pass(&kr, k, v, fmts[f], W, S, q, part, out);
+                t[r] = cpu_now() - t0;
+                t0 = cpu_now();
+                memcpy(dst, k, bytes);
+                memcpy(dst, v, bytes);
+                c[r] = cpu_now() - t0;
+            }
+            qsort(t, (size_t)reps, sizeof t[0], cmp_d);
+            qsort(c, (size_t)reps, sizeof c[0], cmp_d);
+            double tm = t[reps / 2], cm = c[reps / 2];
+            printf("| %s | %s | %.0f | %.2f | %.2f |\n", fmts[f] == ATTN_F16 ? "f16" : "q8_0",
+                   huge ? "2 MiB (THP)" : "4 KiB", tm / S * 1e6, 2.0 * (double)bytes / tm / 1e9,
+                   4.0 * (double)bytes / cm / 1e9);
+            free(k);
+            free(v);
+            if (!isfinite(out[0]))
+                return 1;
         }
-        qsort(t, (size_t)reps, sizeof t[0], cmp_d);
-        qsort(c, (size_t)reps, sizeof c[0], cmp_d);
-        double tm = t[reps / 2], cm = c[reps / 2];
-        printf("| %s | %.0f | %.2f | %.2f |\n", huge ? "2 MiB (THP)" : "4 KiB", tm / S * 1e6,
-               2.0 * (double)bytes / tm / 1e9, 4.0 * (double)bytes / cm / 1e9);
-        free(k);
-        free(v);
     }
-    if (!isfinite(out[0]))
-        return 1;
     free(part);
     free(dst);
     return 0;

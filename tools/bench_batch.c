@@ -4,9 +4,10 @@
  * it with llama-batched-bench).
  *
  *   bench_batch --model FILE [--threads N] [--window W] [--fill N]
- *               [--batches 1,4,8,16,32] [--steps N] [--reps R]
+ *               [--batches 1,4,8,16,32] [--steps N] [--reps R] [--kv-dtype T]
  *
- * Every one of max(B) sequences gets a window of W keys (sinks:4, f16 KV) and
+ * Every one of max(B) sequences gets a window of W keys (sinks:4, KV in T:
+ * f16 by default, f32 or q8_0) and
  * a prompt of --fill tokens (default W, so the window is full), prefilled in
  * chunks of 256. Then for each B, R times: B sequences decode --steps tokens
  * together, one token per sequence per forward step, each stream feeding back
@@ -41,7 +42,8 @@ static double now(void)
 static void usage(void)
 {
     fprintf(stderr, "usage: bench_batch --model FILE [--threads N] [--window W] [--fill N]\n"
-                    "                   [--batches 1,4,8,16,32] [--steps N] [--reps R]\n");
+                    "                   [--batches 1,4,8,16,32] [--steps N] [--reps R]\n"
+                    "                   [--kv-dtype f16|f32|q8_0]\n");
 }
 
 static int32_t argmax(const float *x, int64_t n)
@@ -59,6 +61,7 @@ int main(int argc, char **argv)
     int64_t window = 1024, fill = -1, steps = 32, reps = 1, threads = 2;
     int64_t batches[MAX_BATCHES] = {1, 4, 8, 16, 32};
     int n_batches = 5;
+    enum kv_dtype kv_dtype = KV_DTYPE_F16;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) {
@@ -71,6 +74,11 @@ int main(int argc, char **argv)
             threads = strtoll(v, NULL, 10);
         } else if (strcmp(a, "--window") == 0) {
             window = strtoll(v, NULL, 10);
+        } else if (strcmp(a, "--kv-dtype") == 0) {
+            if (kv_dtype_parse(v, &kv_dtype) < 0) {
+                usage();
+                return 2;
+            }
         } else if (strcmp(a, "--fill") == 0) {
             fill = strtoll(v, NULL, 10);
         } else if (strcmp(a, "--steps") == 0) {
@@ -132,7 +140,7 @@ int main(int argc, char **argv)
                             .window = window,
                             .chunk = CHUNK,
                             .n_slots = max_b,
-                            .dtype = KV_DTYPE_F16};
+                            .dtype = kv_dtype};
     struct fwd f;
     if (fwd_init(&f, &m, &b, &g, err, sizeof err) < 0) {
         fprintf(stderr, "bench_batch: %s\n", err);

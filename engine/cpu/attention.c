@@ -22,32 +22,30 @@
 
 #include "../quant.h"
 
-static float dot_scalar(const float *q, const void *k, int n, int f16)
+/* Value i of a row of K or V in fmt (for Q8_0 the f32 product d * q). */
+static float load_value(const void *row, int i, int fmt)
+{
+    if (fmt == ATTN_F16)
+        return quant_f16_to_f32(((const uint16_t *)row)[i]);
+    if (fmt == ATTN_Q8_0) {
+        const struct block_q8_0 *b = (const struct block_q8_0 *)row + i / 32;
+        return quant_f16_to_f32(b->d) * (float)b->qs[i % 32];
+    }
+    return ((const float *)row)[i];
+}
+
+static float dot_scalar(const float *q, const void *k, int n, int fmt)
 {
     float s = 0;
-    if (f16) {
-        const uint16_t *kh = k;
-        for (int i = 0; i < n; i++)
-            s += q[i] * quant_f16_to_f32(kh[i]);
-    } else {
-        const float *kf = k;
-        for (int i = 0; i < n; i++)
-            s += q[i] * kf[i];
-    }
+    for (int i = 0; i < n; i++)
+        s += q[i] * load_value(k, i, fmt);
     return s;
 }
 
-static void axpy_scalar(float *acc, float a, const void *v, int n, int f16)
+static void axpy_scalar(float *acc, float a, const void *v, int n, int fmt)
 {
-    if (f16) {
-        const uint16_t *vh = v;
-        for (int i = 0; i < n; i++)
-            acc[i] += a * quant_f16_to_f32(vh[i]);
-    } else {
-        const float *vf = v;
-        for (int i = 0; i < n; i++)
-            acc[i] += a * vf[i];
-    }
+    for (int i = 0; i < n; i++)
+        acc[i] += a * load_value(v, i, fmt);
 }
 
 static void scale_scalar(float *acc, float a, int n)
@@ -56,15 +54,13 @@ static void scale_scalar(float *acc, float a, int n)
         acc[i] *= a;
 }
 
-static void to_f32_scalar(float *dst, const void *src, int64_t n, int f16)
+static void to_f32_scalar(float *dst, const void *src, int rows, int n, int fmt)
 {
-    if (f16) {
-        const uint16_t *h = src;
-        for (int64_t i = 0; i < n; i++)
-            dst[i] = quant_f16_to_f32(h[i]);
-    } else {
-        memcpy(dst, src, (size_t)n * sizeof(float));
-    }
+    const size_t rb = attn_row_bytes(fmt, n);
+    for (int r = 0; r < rows; r++)
+        for (int i = 0; i < n; i++)
+            dst[(size_t)r * (size_t)n + (size_t)i] =
+                load_value((const char *)src + (size_t)r * rb, i, fmt);
 }
 
 static float exp_sub_scalar(float *w, const float *z, float m, int n)
@@ -81,7 +77,7 @@ static float scores_scalar(float *z, const float *q, const float *kf, int nt, in
 {
     float mx = -INFINITY;
     for (int i = 0; i < nt; i++) {
-        z[i] = dot_scalar(q, kf + (size_t)i * (size_t)n, n, 0) * scale;
+        z[i] = dot_scalar(q, kf + (size_t)i * (size_t)n, n, ATTN_F32) * scale;
         mx = z[i] > mx ? z[i] : mx;
     }
     return mx;
@@ -90,7 +86,7 @@ static float scores_scalar(float *z, const float *q, const float *kf, int nt, in
 static void accum_scalar(float *acc, const float *w, const float *vf, int nt, int n)
 {
     for (int i = 0; i < nt; i++)
-        axpy_scalar(acc, w[i], vf + (size_t)i * (size_t)n, n, 0);
+        axpy_scalar(acc, w[i], vf + (size_t)i * (size_t)n, n, ATTN_F32);
 }
 
 void cpu_attention_kernels(struct attn_kernels *out, int level)
@@ -107,8 +103,8 @@ void cpu_attention_kernels(struct attn_kernels *out, int level)
         if (level >= 2) {
             out->scores = cpu__attn_scores_avx512;
             out->accum = cpu__attn_accum_avx512;
-            out->scores_f16 = cpu__attn_scores_f16_avx512;
-            out->accum_f16 = cpu__attn_accum_f16_avx512;
+            out->scores_kv = cpu__attn_scores_kv_avx512;
+            out->accum_kv = cpu__attn_accum_kv_avx512;
         }
     } else {
         out->dot = dot_scalar;
@@ -128,7 +124,7 @@ void cpu_attention_row(const struct attn_kernels *kr, const float *q, const floa
                        float sink, const float *sink_v, float *out)
 {
     const int n = keys->head_dim;
-    const size_t esz = keys->f16 ? 2 : 4;
+    const size_t rb = attn_row_bytes(keys->fmt, n);
     const int softpick = norm == MODEL_NORM_SOFTPICK;
     float m, l;
 
@@ -153,9 +149,9 @@ void cpu_attention_row(const struct attn_kernels *kr, const float *q, const floa
     for (int r = 0; r < 3; r++) {
         const float *qq = keys->run_uses_qc[r] ? qc : q;
         for (int64_t c = keys->run_start[r]; c < keys->run_start[r] + keys->run_len[r]; c++) {
-            const char *kp = (const char *)keys->k + (size_t)c * (size_t)n * esz;
-            const char *vp = (const char *)keys->v + (size_t)c * (size_t)n * esz;
-            float z = kr->dot(qq, kp, n, keys->f16) * scale;
+            const char *kp = (const char *)keys->k + (size_t)c * rb;
+            const char *vp = (const char *)keys->v + (size_t)c * rb;
+            float z = kr->dot(qq, kp, n, keys->fmt) * scale;
             if (visited < probe_n)
                 zs[visited] = z;
             visited++;
@@ -170,11 +166,11 @@ void cpu_attention_row(const struct attn_kernels *kr, const float *q, const floa
                 float d = e - e0;
                 l += fabsf(d);
                 if (d > 0)
-                    kr->axpy(out, d, vp, n, keys->f16);
+                    kr->axpy(out, d, vp, n, keys->fmt);
             } else {
                 float w = expf(z - m);
                 l += w;
-                kr->axpy(out, w, vp, n, keys->f16);
+                kr->axpy(out, w, vp, n, keys->fmt);
             }
         }
     }
@@ -234,8 +230,8 @@ static void prefetch_tile(const struct attn_keys *keys, int64_t v, int64_t last,
     int64_t left, c = visit_cell(keys, v, &run, &left), cnt = last - v;
     cnt = cnt < left ? cnt : left;
     cnt = cnt < ATTN_TILE ? cnt : ATTN_TILE;
-    const size_t esz = keys->f16 ? 2 : 4, n = (size_t)keys->head_dim;
-    const size_t o0 = (size_t)c * n * esz, bytes = (size_t)cnt * n * esz;
+    const size_t rb = attn_row_bytes(keys->fmt, keys->head_dim);
+    const size_t o0 = (size_t)c * rb, bytes = (size_t)cnt * rb;
     for (size_t o = 0; o < bytes; o += 64) {
         if (which & PREFETCH_K)
             __builtin_prefetch((const char *)keys->k + o0 + o);
@@ -271,19 +267,20 @@ static void row_weights(const struct attn_kernels *kr, const struct attn_row *ro
 }
 
 /* cpu_attention_span_rows for rows that all see the same keys (a decode
- * step's query heads of one kv head) over f16 K/V, with the in-place f16
- * kernels: each K and V row is read once per tile for all rows, converted
- * in registers. Same tiles, same per-row arithmetic, same bits. */
-static void span_rows_f16(const struct attn_kernels *kr, int nr, const struct attn_row *rows,
-                          const struct attn_keys *keys, int64_t v0, int64_t last, float scale,
-                          int softpick)
+ * step's query heads of one kv head) over f16 or Q8_0 K/V, with the
+ * in-place kernels: each K and V row is read once per tile for all rows,
+ * converted in registers. Same tiles, same per-row arithmetic, same bits. */
+static void span_rows_inplace(const struct attn_kernels *kr, int nr, const struct attn_row *rows,
+                              const struct attn_keys *keys, int64_t v0, int64_t last, float scale,
+                              int softpick)
 {
-    const int n = keys->head_dim;
+    const int n = keys->head_dim, fmt = keys->fmt;
+    const size_t rb = attn_row_bytes(fmt, n);
     float z[ATTN_MAX_ROWS * ATTN_TILE], w[ATTN_MAX_ROWS * ATTN_TILE], bm[ATTN_MAX_ROWS],
         b2[ATTN_MAX_ROWS];
     const float *qs[ATTN_MAX_ROWS], *qcs[ATTN_MAX_ROWS];
     float *accs[ATTN_MAX_ROWS];
-    const uint16_t *kp[ATTN_TILE], *vp[ATTN_TILE];
+    const void *kp[ATTN_TILE], *vp[ATTN_TILE];
     for (int r = 0; r < nr; r++) {
         qs[r] = rows[r].q;
         qcs[r] = rows[r].qc;
@@ -300,8 +297,8 @@ static void span_rows_f16(const struct attn_kernels *kr, int nr, const struct at
             int64_t left, c = visit_cell(keys, t0 + i, &run, &left);
             const int cnt = left < nt - i ? (int)left : nt - i;
             for (int k = 0; k < cnt; k++) {
-                kp[i + k] = (const uint16_t *)keys->k + (size_t)(c + k) * (size_t)n;
-                vp[i + k] = (const uint16_t *)keys->v + (size_t)(c + k) * (size_t)n;
+                kp[i + k] = (const char *)keys->k + (size_t)(c + k) * rb;
+                vp[i + k] = (const char *)keys->v + (size_t)(c + k) * rb;
             }
             if (keys->run_uses_qc[run])
                 n_qc = i + cnt;
@@ -312,9 +309,9 @@ static void span_rows_f16(const struct attn_kernels *kr, int nr, const struct at
         for (int r = 0; r < nr; r++)
             bm[r] = -INFINITY;
         if (n_qc > 0)
-            kr->scores_f16(z, ATTN_TILE, nr, qcs, kp, n_qc, n, scale, bm);
+            kr->scores_kv(z, ATTN_TILE, nr, qcs, kp, n_qc, n, scale, bm, fmt);
         if (n_qc < nt) {
-            kr->scores_f16(z + n_qc, ATTN_TILE, nr, qs, kp + n_qc, nt - n_qc, n, scale, b2);
+            kr->scores_kv(z + n_qc, ATTN_TILE, nr, qs, kp + n_qc, nt - n_qc, n, scale, b2, fmt);
             for (int r = 0; r < nr; r++)
                 bm[r] = b2[r] > bm[r] ? b2[r] : bm[r];
         }
@@ -322,7 +319,7 @@ static void span_rows_f16(const struct attn_kernels *kr, int nr, const struct at
             row_weights(kr, &rows[r], z + r * ATTN_TILE, w + r * ATTN_TILE, nt, bm[r], n, softpick);
         if (t1 < last) /* and its values while this one's are summed */
             prefetch_tile(keys, t1, last, PREFETCH_V);
-        kr->accum_f16(accs, nr, w, ATTN_TILE, vp, nt, n);
+        kr->accum_kv(accs, nr, w, ATTN_TILE, vp, nt, n, fmt);
         t0 = t1;
     }
 }
@@ -334,7 +331,7 @@ static void span_rows_tiled(const struct attn_kernels *kr, int nr, const struct 
                             int softpick)
 {
     const int n = keys->head_dim;
-    const size_t esz = keys->f16 ? 2 : 4;
+    const size_t rb = attn_row_bytes(keys->fmt, n);
     float kf[ATTN_TILE * ATTN_MAX_DH], vf[ATTN_TILE * ATTN_MAX_DH];
     float z[ATTN_TILE], w[ATTN_TILE];
     int use_qc[ATTN_TILE];
@@ -349,11 +346,9 @@ static void span_rows_tiled(const struct attn_kernels *kr, int nr, const struct 
             int r;
             int64_t len, cell = visit_cell(keys, t0 + i, &r, &len);
             const int cnt = len < nt - i ? (int)len : nt - i;
-            const size_t c = (size_t)cell * (size_t)n;
-            kr->to_f32(kf + (size_t)i * n, (const char *)keys->k + c * esz, (int64_t)cnt * n,
-                       keys->f16);
-            kr->to_f32(vf + (size_t)i * n, (const char *)keys->v + c * esz, (int64_t)cnt * n,
-                       keys->f16);
+            const size_t c = (size_t)cell * rb;
+            kr->to_f32(kf + (size_t)i * n, (const char *)keys->k + c, cnt, n, keys->fmt);
+            kr->to_f32(vf + (size_t)i * n, (const char *)keys->v + c, cnt, n, keys->fmt);
             for (int k = 0; k < cnt; k++)
                 use_qc[i + k] = keys->run_uses_qc[r];
             i += cnt;
@@ -404,8 +399,8 @@ void cpu_attention_span_rows(const struct attn_kernels *kr, int nr, const struct
         last = e > last ? e : last;
         same_end &= rows[r].end == rows[0].end;
     }
-    if (keys->f16 && kr->scores_f16 && same_end)
-        span_rows_f16(kr, nr, rows, keys, v0, last, scale, softpick);
+    if (keys->fmt != ATTN_F32 && kr->scores_kv && same_end)
+        span_rows_inplace(kr, nr, rows, keys, v0, last, scale, softpick);
     else
         span_rows_tiled(kr, nr, rows, keys, v0, last, scale, softpick);
     for (int r = 0; r < nr; r++)

@@ -11,15 +11,26 @@
 #ifndef SS_CPU_ATTENTION_H
 #define SS_CPU_ATTENTION_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "../model.h"
 
-/* K/V rows of one kv head, Dh values each, either f16 or f32. */
+/* How a K/V row of n values is stored (kvcache.h's kv_dtype, numbered so
+ * that a 0/1 "is f16" flag reads as f32/f16): n f32 values, n f16 values, or
+ * n / 32 Q8_0 blocks (f16 scale d, 32 int8 q; value d * q). */
+enum attn_fmt { ATTN_F32 = 0, ATTN_F16 = 1, ATTN_Q8_0 = 2 };
+/* Bytes of one row of n values in fmt. */
+static inline size_t attn_row_bytes(int fmt, int n)
+{
+    return fmt == ATTN_Q8_0 ? (size_t)(n / 32) * 34 : (size_t)n * (fmt == ATTN_F16 ? 2 : 4);
+}
+
+/* K/V rows of one kv head, Dh values each, in one attn_fmt. */
 struct attn_keys {
     const void *k; /* first cell of the head */
     const void *v;
-    int f16; /* element type */
+    int fmt; /* enum attn_fmt */
     int head_dim;
     /* cells to visit, as up to three contiguous runs [start, start + len) */
     int64_t run_start[3];
@@ -31,6 +42,9 @@ struct attn_keys {
     int64_t probe_n;
 };
 #define ATTN_PROBE_K 16
+/* Longest head_dim of a Q8_0 row the in-place kernels take, in blocks (the
+ * tile path's limit, ATTN_MAX_DH = 256 values, over 32). */
+#define ATTN_KV_MAX_BLOCKS 8
 
 /* Softpick's running max starts here instead of at -inf. Its weights are
  * relu(e^(z-m) - e^(-m)) in the frame of the running max m, and e^(-m)
@@ -42,11 +56,13 @@ struct attn_keys {
 #define ATTN_SOFTPICK_M_FLOOR (-64.0f)
 
 struct attn_kernels { /* row kernels chosen at run time (F16C+FMA or scalar) */
-    float (*dot)(const float *q, const void *k, int n, int f16);
-    void (*axpy)(float *acc, float a, const void *v, int n, int f16);
+    /* q . k and acc += a * v over one row of n values in fmt */
+    float (*dot)(const float *q, const void *k, int n, int fmt);
+    void (*axpy)(float *acc, float a, const void *v, int n, int fmt);
     void (*scale)(float *acc, float a, int n);
-    /* dst[i] = f32 of src[i] (f16 or f32) for n values */
-    void (*to_f32)(float *dst, const void *src, int64_t n, int f16);
+    /* rows consecutive rows of n values in fmt to f32: dst[r * n + i] is the
+     * value (for Q8_0 the f32 product d * q, one rounding) */
+    void (*to_f32)(float *dst, const void *src, int rows, int n, int fmt);
     /* w[i] = e^(z[i] - m) for i < n (relative error < 2e-7 on the AVX2 path);
      * returns their sum, added in an order that depends on n alone */
     float (*exp_sub)(float *w, const float *z, float m, int n);
@@ -55,16 +71,17 @@ struct attn_kernels { /* row kernels chosen at run time (F16C+FMA or scalar) */
     float (*scores)(float *z, const float *q, const float *kf, int nt, int n, float scale);
     /* acc += sum_i w[i] * (vf + i * n) for a tile of nt f32 value rows */
     void (*accum)(float *acc, const float *w, const float *vf, int nt, int n);
-    /* scores and accum for nr query rows at once over f16 K/V rows read in
-     * place (k[i], v[i]: row i of the tile), each row's arithmetic exactly
-     * that of scores / accum on the tile converted to f32, so both give the
-     * same bits; a key or value row is loaded once for all nr rows. Row r's
-     * scores go to z + r * zs and its largest to mx[r]; its weights are read
-     * from w + r * ws. NULL where the CPU has no such kernels. */
-    void (*scores_f16)(float *z, int64_t zs, int nr, const float *const *q,
-                       const uint16_t *const *k, int nt, int n, float scale, float *mx);
-    void (*accum_f16)(float *const *acc, int nr, const float *w, int64_t ws,
-                      const uint16_t *const *v, int nt, int n);
+    /* scores and accum for nr query rows at once over f16 or Q8_0 K/V rows
+     * read in place (k[i], v[i]: row i of the tile, in fmt), each row's
+     * arithmetic exactly that of scores / accum on the tile converted to
+     * f32 by to_f32, so both give the same bits; a key or value row is
+     * loaded and converted once for all nr rows. Row r's scores go to
+     * z + r * zs and its largest to mx[r]; its weights are read from
+     * w + r * ws. NULL where the CPU has no such kernels. */
+    void (*scores_kv)(float *z, int64_t zs, int nr, const float *const *q, const void *const *k,
+                      int nt, int n, float scale, float *mx, int fmt);
+    void (*accum_kv)(float *const *acc, int nr, const float *w, int64_t ws, const void *const *v,
+                     int nt, int n, int fmt);
 };
 /* level: 0 scalar, 1 AVX2 (+FMA, F16C), 2 AVX-512 tile kernels (scores,
  * accum) over the AVX2 row kernels; the cpu_isa of matmul.h fits. */
@@ -120,10 +137,10 @@ void cpu_attention_merge(const struct attn_kernels *kr, int n, const float *m, c
                          enum model_normalizer norm, float sink, const float *sink_v, float *out);
 
 /* AVX2 row kernels (attention_avx2.c; call only when the CPU has AVX2+FMA+F16C). */
-float cpu__attn_dot_avx2(const float *q, const void *k, int n, int f16);
-void cpu__attn_axpy_avx2(float *acc, float a, const void *v, int n, int f16);
+float cpu__attn_dot_avx2(const float *q, const void *k, int n, int fmt);
+void cpu__attn_axpy_avx2(float *acc, float a, const void *v, int n, int fmt);
 void cpu__attn_scale_avx2(float *acc, float a, int n);
-void cpu__attn_to_f32_avx2(float *dst, const void *src, int64_t n, int f16);
+void cpu__attn_to_f32_avx2(float *dst, const void *src, int rows, int n, int fmt);
 float cpu__attn_exp_sub_avx2(float *w, const float *z, float m, int n);
 float cpu__attn_scores_avx2(float *z, const float *q, const float *kf, int nt, int n, float scale);
 void cpu__attn_accum_avx2(float *acc, const float *w, const float *vf, int nt, int n);
@@ -131,9 +148,10 @@ void cpu__attn_accum_avx2(float *acc, const float *w, const float *vf, int nt, i
 float cpu__attn_scores_avx512(float *z, const float *q, const float *kf, int nt, int n,
                               float scale);
 void cpu__attn_accum_avx512(float *acc, const float *w, const float *vf, int nt, int n);
-void cpu__attn_scores_f16_avx512(float *z, int64_t zs, int nr, const float *const *q,
-                                 const uint16_t *const *k, int nt, int n, float scale, float *mx);
-void cpu__attn_accum_f16_avx512(float *const *acc, int nr, const float *w, int64_t ws,
-                                const uint16_t *const *v, int nt, int n);
+void cpu__attn_scores_kv_avx512(float *z, int64_t zs, int nr, const float *const *q,
+                                const void *const *k, int nt, int n, float scale, float *mx,
+                                int fmt);
+void cpu__attn_accum_kv_avx512(float *const *acc, int nr, const float *w, int64_t ws,
+                               const void *const *v, int nt, int n, int fmt);
 
 #endif

@@ -15,44 +15,61 @@ static inline float hsum(__m256 v)
     return _mm_cvtss_f32(lo);
 }
 
-static inline __m256 load8(const void *p, int i, int f16)
+/* Values i .. i+7 of a row in fmt (attention.h); for Q8_0, i is a multiple
+ * of 8, so the eight share one block, and each value is d * q as to_f32
+ * gives it. */
+static inline __m256 load8(const void *p, int i, int fmt)
 {
-    if (f16)
+    if (fmt == ATTN_F16)
         return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));
+    if (fmt == ATTN_Q8_0) {
+        const char *b = (const char *)p + (size_t)(i / 32) * 34;
+        uint16_t d;
+        memcpy(&d, b, 2);
+        const __m128i q = _mm_loadl_epi64((const __m128i *)(b + 2 + i % 32));
+        return _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(d)),
+                             _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)));
+    }
     return _mm256_loadu_ps((const float *)p + i);
 }
 
-static inline float load1(const void *p, int i, int f16)
+static inline float load1(const void *p, int i, int fmt)
 {
-    if (f16)
+    if (fmt == ATTN_F16)
         return _cvtsh_ss(((const uint16_t *)p)[i]);
+    if (fmt == ATTN_Q8_0) {
+        const char *b = (const char *)p + (size_t)(i / 32) * 34;
+        uint16_t d;
+        memcpy(&d, b, 2);
+        return _cvtsh_ss(d) * (float)(int8_t)b[2 + i % 32];
+    }
     return ((const float *)p)[i];
 }
 
-float cpu__attn_dot_avx2(const float *q, const void *k, int n, int f16)
+float cpu__attn_dot_avx2(const float *q, const void *k, int n, int fmt)
 {
     __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
     int i = 0;
     for (; i + 16 <= n; i += 16) {
-        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), load8(k, i, f16), a0);
-        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), load8(k, i + 8, f16), a1);
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), load8(k, i, fmt), a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), load8(k, i + 8, fmt), a1);
     }
     for (; i + 8 <= n; i += 8)
-        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), load8(k, i, f16), a0);
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), load8(k, i, fmt), a0);
     float s = hsum(_mm256_add_ps(a0, a1));
     for (; i < n; i++)
-        s += q[i] * load1(k, i, f16);
+        s += q[i] * load1(k, i, fmt);
     return s;
 }
 
-void cpu__attn_axpy_avx2(float *acc, float a, const void *v, int n, int f16)
+void cpu__attn_axpy_avx2(float *acc, float a, const void *v, int n, int fmt)
 {
     __m256 va = _mm256_set1_ps(a);
     int i = 0;
     for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(acc + i, _mm256_fmadd_ps(va, load8(v, i, f16), _mm256_loadu_ps(acc + i)));
+        _mm256_storeu_ps(acc + i, _mm256_fmadd_ps(va, load8(v, i, fmt), _mm256_loadu_ps(acc + i)));
     for (; i < n; i++)
-        acc[i] += a * load1(v, i, f16);
+        acc[i] += a * load1(v, i, fmt);
 }
 
 void cpu__attn_scale_avx2(float *acc, float a, int n)
@@ -65,17 +82,21 @@ void cpu__attn_scale_avx2(float *acc, float a, int n)
         acc[i] *= a;
 }
 
-void cpu__attn_to_f32_avx2(float *dst, const void *src, int64_t n, int f16)
+void cpu__attn_to_f32_avx2(float *dst, const void *src, int rows, int n, int fmt)
 {
-    int64_t i = 0;
-    if (f16) {
-        const uint16_t *h = src;
+    const size_t rb = attn_row_bytes(fmt, n);
+    if (fmt == ATTN_F32) {
+        memcpy(dst, src, (size_t)rows * rb);
+        return;
+    }
+    for (int r = 0; r < rows; r++) {
+        const char *row = (const char *)src + (size_t)r * rb;
+        float *d = dst + (size_t)r * (size_t)n;
+        int i = 0;
         for (; i + 8 <= n; i += 8)
-            _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
+            _mm256_storeu_ps(d + i, load8(row, i, fmt));
         for (; i < n; i++)
-            dst[i] = _cvtsh_ss(h[i]);
-    } else {
-        memcpy(dst, src, (size_t)n * sizeof(float));
+            d[i] = load1(row, i, fmt);
     }
 }
 

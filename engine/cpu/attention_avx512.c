@@ -116,35 +116,69 @@ void cpu__attn_accum_avx512(float *acc, const float *w, const float *vf, int nt,
 }
 
 /*
- * The two tile kernels above for up to ATTN_F16_ROWS query rows at once,
- * reading f16 K/V rows straight from the cache (each row addressed on its
- * own) and converting them in registers: a key or value row is loaded and
- * converted once for all the rows, where the f32 kernels need the tile
+ * The two tile kernels above for up to KV_ROWS_MAX query rows at once,
+ * reading f16 or Q8_0 K/V rows straight from the cache (each row addressed
+ * on its own) and converting them in registers: a key or value row is loaded
+ * and converted once for all the rows, where the f32 kernels need the tile
  * converted to memory first. Each row's arithmetic is exactly that of
- * cpu__attn_scores_avx512 / cpu__attn_accum_avx512 on the converted tile
- * (the same FMA chain per key or per lane, the same reduction tree, f16 to
- * f32 is exact), so either path gives the same bits.
+ * cpu__attn_scores_avx512 / cpu__attn_accum_avx512 on the tile as to_f32
+ * converts it (the same FMA chain per key or per lane, the same reduction
+ * tree; f16 to f32 is exact and a Q8_0 value is the one product d * q), so
+ * either path gives the same bits. fmt is a constant in each instance.
  */
-#define F16_ROWS_MAX 3
+#define KV_ROWS_MAX 3
+
+/* The f16 scale of Q8_0 block b of a row, as f32. */
+static inline float q8_scale(const void *row, int b)
+{
+    uint16_t d;
+    memcpy(&d, (const char *)row + (size_t)b * 34, 2);
+    return _cvtsh_ss(d);
+}
+
+/* Values j .. j+15 of a row (j a multiple of 16; for Q8_0 they share block
+ * j / 32, whose scale is d). */
+static inline __attribute__((always_inline)) __m512 load16(const void *row, int j, float d,
+                                                           const int fmt)
+{
+    if (fmt == ATTN_Q8_0) {
+        const __m128i q = _mm_loadu_si128(
+            (const __m128i *)((const char *)row + (size_t)(j / 32) * 34 + 2 + j % 32));
+        return _mm512_mul_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)));
+    }
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)row + j)));
+}
+
+/* The same for the masked last m values of an f16 row (Q8_0 rows have none:
+ * their length is a multiple of 32). */
+static inline __m512 load16_f16_masked(const void *row, int j, __mmask16 m)
+{
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *)row + j));
+}
 
 static inline __attribute__((always_inline)) void
-scores_f16_rows(float *z, int64_t zs, const float *const *q, const uint16_t *const *k, int nt,
-                int n, float scale, float *mx, const int rn)
+scores_kv_rows(float *z, int64_t zs, const float *const *q, const void *const *k, int nt, int n,
+               float scale, float *mx, const int rn, const int fmt)
 {
     const int nf = n & ~15;
     const __mmask16 tm = mask16(n & 15);
     const __m256 vs = _mm256_set1_ps(scale);
-    __m256 mxv[F16_ROWS_MAX];
+    __m256 mxv[KV_ROWS_MAX];
 #pragma GCC unroll 3
     for (int r = 0; r < rn; r++)
         mxv[r] = _mm256_set1_ps(-INFINITY);
     for (int i0 = 0; i0 < nt; i0 += 8) {
         const int kn = nt - i0 < 8 ? nt - i0 : 8;
-        const uint16_t *kp[8]; /* a short last group repeats its last key */
+        const void *kp[8]; /* a short last group repeats its last key */
 #pragma GCC unroll 8
         for (int c = 0; c < 8; c++)
             kp[c] = k[i0 + (c < kn ? c : kn - 1)];
-        __m512 a[F16_ROWS_MAX][8];
+        float d[8][ATTN_KV_MAX_BLOCKS]; /* Q8_0 scales of the eight keys */
+        if (fmt == ATTN_Q8_0)
+            for (int c = 0; c < 8; c++)
+                for (int b = 0; b < n / 32; b++)
+                    d[c][b] = q8_scale(kp[c], b);
+        __m512 a[KV_ROWS_MAX][8];
 #pragma GCC unroll 3
         for (int r = 0; r < rn; r++)
 #pragma GCC unroll 8
@@ -153,16 +187,16 @@ scores_f16_rows(float *z, int64_t zs, const float *const *q, const uint16_t *con
         for (int j = 0; j < nf; j += 16) {
 #pragma GCC unroll 8
             for (int c = 0; c < 8; c++) {
-                const __m512 kv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(kp[c] + j)));
+                const __m512 kv = load16(kp[c], j, fmt == ATTN_Q8_0 ? d[c][j / 32] : 0.0f, fmt);
 #pragma GCC unroll 3
                 for (int r = 0; r < rn; r++)
                     a[r][c] = _mm512_fmadd_ps(_mm512_loadu_ps(q[r] + j), kv, a[r][c]);
             }
         }
-        if (nf < n) {
+        if (fmt == ATTN_F16 && nf < n) {
 #pragma GCC unroll 8
             for (int c = 0; c < 8; c++) {
-                const __m512 kv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(tm, kp[c] + nf));
+                const __m512 kv = load16_f16_masked(kp[c], nf, tm);
 #pragma GCC unroll 3
                 for (int r = 0; r < rn; r++)
                     a[r][c] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tm, q[r] + nf), kv, a[r][c]);
@@ -190,40 +224,54 @@ scores_f16_rows(float *z, int64_t zs, const float *const *q, const uint16_t *con
     }
 }
 
-void cpu__attn_scores_f16_avx512(float *z, int64_t zs, int nr, const float *const *q,
-                                 const uint16_t *const *k, int nt, int n, float scale, float *mx)
+void cpu__attn_scores_kv_avx512(float *z, int64_t zs, int nr, const float *const *q,
+                                const void *const *k, int nt, int n, float scale, float *mx,
+                                int fmt)
 {
-    for (int r0 = 0; r0 < nr; r0 += F16_ROWS_MAX) {
-        const int rn = nr - r0 < F16_ROWS_MAX ? nr - r0 : F16_ROWS_MAX;
+    for (int r0 = 0; r0 < nr; r0 += KV_ROWS_MAX) {
+        const int rn = nr - r0 < KV_ROWS_MAX ? nr - r0 : KV_ROWS_MAX;
         float *zr = z + r0 * zs;
-        if (rn == 3)
-            scores_f16_rows(zr, zs, q + r0, k, nt, n, scale, mx + r0, 3);
-        else if (rn == 2)
-            scores_f16_rows(zr, zs, q + r0, k, nt, n, scale, mx + r0, 2);
-        else
-            scores_f16_rows(zr, zs, q + r0, k, nt, n, scale, mx + r0, 1);
+        if (fmt == ATTN_Q8_0) {
+            if (rn == 3)
+                scores_kv_rows(zr, zs, q + r0, k, nt, n, scale, mx + r0, 3, ATTN_Q8_0);
+            else if (rn == 2)
+                scores_kv_rows(zr, zs, q + r0, k, nt, n, scale, mx + r0, 2, ATTN_Q8_0);
+            else
+                scores_kv_rows(zr, zs, q + r0, k, nt, n, scale, mx + r0, 1, ATTN_Q8_0);
+        } else if (rn == 3) {
+            scores_kv_rows(zr, zs, q + r0, k, nt, n, scale, mx + r0, 3, ATTN_F16);
+        } else if (rn == 2) {
+            scores_kv_rows(zr, zs, q + r0, k, nt, n, scale, mx + r0, 2, ATTN_F16);
+        } else {
+            scores_kv_rows(zr, zs, q + r0, k, nt, n, scale, mx + r0, 1, ATTN_F16);
+        }
     }
 }
 
-static inline __attribute__((always_inline)) void accum_f16_rows(float *const *acc, const float *w,
-                                                                 int64_t ws,
-                                                                 const uint16_t *const *v, int nt,
-                                                                 int n, const int rn)
+static inline __attribute__((always_inline)) void accum_kv_rows(float *const *acc, const float *w,
+                                                                int64_t ws, const void *const *v,
+                                                                int nt, int n, const int rn,
+                                                                const int fmt)
 {
     const int nf = n & ~15;
     int j = 0;
     for (; j + 64 <= nf; j += 64) {
-        __m512 a[F16_ROWS_MAX][4];
+        __m512 a[KV_ROWS_MAX][4];
 #pragma GCC unroll 3
         for (int r = 0; r < rn; r++)
 #pragma GCC unroll 4
             for (int c = 0; c < 4; c++)
                 a[r][c] = _mm512_loadu_ps(acc[r] + j + 16 * c);
         for (int i = 0; i < nt; i++) {
+            float d0 = 0.0f, d1 = 0.0f; /* Q8_0: the scales of blocks j/32 and j/32 + 1 */
+            if (fmt == ATTN_Q8_0) {
+                d0 = q8_scale(v[i], j / 32);
+                d1 = q8_scale(v[i], j / 32 + 1);
+            }
             __m512 vv[4];
 #pragma GCC unroll 4
             for (int c = 0; c < 4; c++)
-                vv[c] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(v[i] + j + 16 * c)));
+                vv[c] = load16(v[i], j + 16 * c, c < 2 ? d0 : d1, fmt);
 #pragma GCC unroll 3
             for (int r = 0; r < rn; r++) {
                 const __m512 wi = _mm512_set1_ps(w[r * ws + i]);
@@ -240,12 +288,13 @@ static inline __attribute__((always_inline)) void accum_f16_rows(float *const *a
     }
     for (; j < n; j += 16) { /* the rest, 16 values at a time (the last one masked) */
         const __mmask16 m = mask16(n - j < 16 ? n - j : 16);
-        __m512 a[F16_ROWS_MAX];
+        __m512 a[KV_ROWS_MAX];
 #pragma GCC unroll 3
         for (int r = 0; r < rn; r++)
             a[r] = _mm512_maskz_loadu_ps(m, acc[r] + j);
         for (int i = 0; i < nt; i++) {
-            const __m512 vv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, v[i] + j));
+            const __m512 vv = fmt == ATTN_Q8_0 ? load16(v[i], j, q8_scale(v[i], j / 32), fmt)
+                                               : load16_f16_masked(v[i], j, m);
 #pragma GCC unroll 3
             for (int r = 0; r < rn; r++)
                 a[r] = _mm512_fmadd_ps(_mm512_set1_ps(w[r * ws + i]), vv, a[r]);
@@ -256,17 +305,25 @@ static inline __attribute__((always_inline)) void accum_f16_rows(float *const *a
     }
 }
 
-void cpu__attn_accum_f16_avx512(float *const *acc, int nr, const float *w, int64_t ws,
-                                const uint16_t *const *v, int nt, int n)
+void cpu__attn_accum_kv_avx512(float *const *acc, int nr, const float *w, int64_t ws,
+                               const void *const *v, int nt, int n, int fmt)
 {
-    for (int r0 = 0; r0 < nr; r0 += F16_ROWS_MAX) {
-        const int rn = nr - r0 < F16_ROWS_MAX ? nr - r0 : F16_ROWS_MAX;
+    for (int r0 = 0; r0 < nr; r0 += KV_ROWS_MAX) {
+        const int rn = nr - r0 < KV_ROWS_MAX ? nr - r0 : KV_ROWS_MAX;
         const float *wr = w + r0 * ws;
-        if (rn == 3)
-            accum_f16_rows(acc + r0, wr, ws, v, nt, n, 3);
-        else if (rn == 2)
-            accum_f16_rows(acc + r0, wr, ws, v, nt, n, 2);
-        else
-            accum_f16_rows(acc + r0, wr, ws, v, nt, n, 1);
+        if (fmt == ATTN_Q8_0) {
+            if (rn == 3)
+                accum_kv_rows(acc + r0, wr, ws, v, nt, n, 3, ATTN_Q8_0);
+            else if (rn == 2)
+                accum_kv_rows(acc + r0, wr, ws, v, nt, n, 2, ATTN_Q8_0);
+            else
+                accum_kv_rows(acc + r0, wr, ws, v, nt, n, 1, ATTN_Q8_0);
+        } else if (rn == 3) {
+            accum_kv_rows(acc + r0, wr, ws, v, nt, n, 3, ATTN_F16);
+        } else if (rn == 2) {
+            accum_kv_rows(acc + r0, wr, ws, v, nt, n, 2, ATTN_F16);
+        } else {
+            accum_kv_rows(acc + r0, wr, ws, v, nt, n, 1, ATTN_F16);
+        }
     }
 }

@@ -52,7 +52,7 @@ struct cpu_ctx {
     int64_t *attn_nk;    /* (T) keys each token sees in the current layer */
     int64_t *attn_group; /* (T + 1) first token of each group of tokens scored together */
     int64_t attn_n_groups;
-    int kv_f16;
+    int kv_fmt;                   /* enum attn_fmt of the K/V rows */
     struct packed_weight *packed; /* open-addressed table of n_packed_cap entries */
     size_t n_packed_cap;
 };
@@ -127,7 +127,11 @@ static int cpu_kv_alloc(struct backend *b, const struct kv_geometry *g)
     if (!c->kmem || !c->vmem)
         return -ENOMEM;
     c->geo = *g;
-    c->kv_f16 = g->dtype == KV_DTYPE_F16;
+    c->kv_fmt = g->dtype == KV_DTYPE_F16    ? ATTN_F16
+                : g->dtype == KV_DTYPE_Q8_0 ? ATTN_Q8_0
+                                            : ATTN_F32;
+    if (g->head_dim > ATTN_KV_MAX_BLOCKS * 32 || kv_geometry_row_bytes(g) == 0)
+        return -EINVAL;
     /* a query sees at most S + W keys in a global layer, swa_window in a local one */
     int64_t most_keys = g->n_sinks + g->window;
     if (g->swa_period > 0 && g->swa_window > most_keys)
@@ -462,14 +466,16 @@ static void cpu_rope(struct backend *b, int layer, float *q, float *qc, float *k
     }
 }
 
-static void store_row(void *dst, const float *src, int n, int f16, enum cpu_isa isa)
+static void store_row(void *dst, const float *src, int n, int fmt, enum cpu_isa isa)
 {
-    if (f16 && isa >= CPU_ISA_AVX2) {
+    if (fmt == ATTN_F16 && isa >= CPU_ISA_AVX2) {
         cpu__f32_to_f16_avx2(dst, src, n); /* the same bits, NaN payloads aside */
-    } else if (f16) {
+    } else if (fmt == ATTN_F16) {
         uint16_t *d = dst;
         for (int i = 0; i < n; i++)
             d[i] = quant_f32_to_f16(src[i]);
+    } else if (fmt == ATTN_Q8_0) {
+        quant_quantize_row(QTYPE_Q8_0, src, dst, n);
     } else {
         memcpy(dst, src, (size_t)n * sizeof(float));
     }
@@ -479,16 +485,15 @@ static void cpu_kv_store(struct backend *b, int layer, const float *k, const flo
 {
     struct cpu_ctx *c = b->ctx;
     const struct model_hparams *hp = &b->model->hp;
-    const size_t esz = c->kv_f16 ? 2 : 4;
     const int Dh = hp->head_dim;
     const int64_t *cell =
         kv_geometry_layer_is_local(&c->geo, layer) ? c->batch->cell_local : c->batch->cell;
     for (int64_t t = 0; t < c->batch->T; t++) {
         for (int g = 0; g < hp->n_head_kv; g++) {
-            size_t off = kv_geometry_offset(&c->geo, c->batch->slot[t], layer, g, cell[t]) * esz;
+            size_t off = kv_geometry_byte_offset(&c->geo, c->batch->slot[t], layer, g, cell[t]);
             const int64_t src = t * (int64_t)hp->n_head_kv * Dh + (int64_t)g * Dh;
-            store_row((char *)c->kmem + off, k + src, Dh, c->kv_f16, c->isa);
-            store_row((char *)c->vmem + off, v + src, Dh, c->kv_f16, c->isa);
+            store_row((char *)c->kmem + off, k + src, Dh, c->kv_fmt, c->isa);
+            store_row((char *)c->vmem + off, v + src, Dh, c->kv_fmt, c->isa);
         }
     }
 }
@@ -546,12 +551,11 @@ static struct attn_keys keys_for(const struct cpu_ctx *c, int64_t t, int layer, 
     const struct fwd_batch *bt = c->batch;
     struct kv_seq seq;
     const struct kv_view *vw = view_for(c, t, layer, &seq);
-    const size_t esz = c->kv_f16 ? 2 : 4;
-    size_t base = kv_geometry_offset(&c->geo, bt->slot[t], layer, g, 0) * esz;
+    size_t base = kv_geometry_byte_offset(&c->geo, bt->slot[t], layer, g, 0);
     struct attn_keys keys = {
         .k = (const char *)c->kmem + base,
         .v = (const char *)c->vmem + base,
-        .f16 = c->kv_f16,
+        .fmt = c->kv_fmt,
         .head_dim = Dh,
     };
     struct kv_run run[KV_VIEW_RUNS];
@@ -860,10 +864,9 @@ static int kv_copy(struct backend *b, int64_t slot, int layer, int64_t cell0, in
     if (slot < 0 || slot >= g->n_slots || layer < 0 || layer >= g->n_layer || cell0 < 0 || n < 0 ||
         n > host_cells || cell0 + n > kv_geometry_layer_cells(g, layer))
         return -EINVAL;
-    const size_t esz = c->kv_f16 ? 2 : 4;
-    const size_t row = (size_t)g->head_dim * esz;
+    const size_t row = kv_geometry_row_bytes(g);
     for (int h = 0; h < g->n_kv_head; h++) {
-        size_t off = kv_geometry_offset(g, slot, layer, h, cell0) * esz;
+        size_t off = kv_geometry_byte_offset(g, slot, layer, h, cell0);
         size_t hoff = (size_t)h * (size_t)host_cells * row;
         char *sk = (char *)c->kmem + off, *sv = (char *)c->vmem + off;
         char *dk = (char *)hk + hoff, *dv = (char *)hv + hoff;

@@ -49,7 +49,13 @@ int engine_policy_parse(const char *s, struct engine_policy *out);
 /* "sinks:4" etc. into buf. */
 void engine_policy_name(const struct engine_policy *p, char *buf, size_t cap);
 
-enum engine_kv_dtype { ENGINE_KV_F16 = 0, ENGINE_KV_F32 };
+/* KV cache storage: f16 (default), f32, or q8_0 (32 values a block with an
+ * f16 scale, about half f16's bytes; CPU backend only). */
+enum engine_kv_dtype { ENGINE_KV_F16 = 0, ENGINE_KV_F32, ENGINE_KV_Q8_0 };
+/* "f16" | "f32" | "q8_0". Returns 0 or -EINVAL. */
+int engine_kv_dtype_parse(const char *s, enum engine_kv_dtype *out);
+/* The name engine_kv_dtype_parse reads. */
+const char *engine_kv_dtype_name(enum engine_kv_dtype d);
 
 struct engine_sampling {
     float temperature;       /* 0: greedy */

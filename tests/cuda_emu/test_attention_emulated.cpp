@@ -622,7 +622,7 @@ template <typename KV, int DH> struct rig {
                 memset(&keys, 0, sizeof keys);
                 keys.k = kmem.data() + base;
                 keys.v = vmem.data() + base;
-                keys.f16 = std::is_same<KV, __half>::value;
+                keys.fmt = std::is_same<KV, __half>::value ? ATTN_F16 : ATTN_F32;
                 keys.head_dim = DH;
                 kv_run run[KV_VIEW_RUNS];
                 kv_view_runs(seq, vw, run);

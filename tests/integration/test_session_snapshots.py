@@ -1,7 +1,7 @@
 """Sessions that outlive their server (--session-dir): a session written on
 SIGTERM and read back by the next process continues with exactly the tokens
-(and logprobs) the same session gives when it never left memory, for f16 and
-f32 KV, the `window` and `sinks:4` policies, and a session longer than the
+(and logprobs) the same session gives when it never left memory, for f16,
+f32 and q8_0 KV, the `window` and `sinks:4` policies, and a session longer than the
 window (eviction happened before the save). Bad snapshots (truncated,
 corrupted, another model, another version) get a clear error and are moved
 aside; a save on a full disk fails cleanly and keeps the session in memory;
@@ -31,7 +31,7 @@ def pol_id(pol):
     return pol.replace(":", "")
 
 
-@pytest.mark.parametrize("dtype", ["f16", "f32"])
+@pytest.mark.parametrize("dtype", ["f16", "f32", "q8_0"])
 def test_greedy_session_continues_after_a_sigterm_restart_exactly(binary, model, tmp_path,
                                                                    dtype):
     d = tmp_path / "sessions"

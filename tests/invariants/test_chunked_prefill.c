@@ -149,8 +149,8 @@ static void tiny_case_cfg(const struct tiny_config *c, enum kv_dtype dt, int n_t
             }
             printf("  %s KV, %d thr, W=%-3lld %-7s %3lld tokens: max diff over chunks 2..64 "
                    "%.3g\n",
-                   dt == KV_DTYPE_F16 ? "f16" : "f32", n_threads, (long long)W, pol_names[pi],
-                   (long long)n, row_worst);
+                   kv_dtype_name(dt), n_threads, (long long)W, pol_names[pi], (long long)n,
+                   row_worst);
             if (row_worst > worst)
                 worst = row_worst;
         }
@@ -175,6 +175,16 @@ TEST(tiny_model_chunked_prefill_equals_token_by_token_f32_kv)
 TEST(tiny_model_chunked_prefill_equals_token_by_token_f16_kv)
 {
     tiny_case(KV_DTYPE_F16, 1, windows, sizeof windows / sizeof windows[0], failed);
+}
+
+/* q8_0 KV (head_dim 32: one block a row): a stored row is quantized on its
+ * own, and the decode kernels read it in place with the arithmetic of the
+ * prefill tiles, so chunking changes no bit here either. */
+TEST(tiny_model_chunked_prefill_equals_token_by_token_q8_0_kv)
+{
+    struct tiny_config cfg = tiny_config_default();
+    cfg.head_dim = 32;
+    tiny_case_cfg(&cfg, KV_DTYPE_Q8_0, 1, windows, sizeof windows / sizeof windows[0], failed);
 }
 
 /* Two threads, f16 KV: the attention blocks do not depend on the thread

@@ -106,7 +106,7 @@ static void op_run(const struct attn_kernels *kr, const struct op_case *c, const
     struct attn_keys keys = {
         .k = c->f16 ? (const void *)c->kh : (const void *)c->kf,
         .v = c->f16 ? (const void *)c->vh : (const void *)c->vf,
-        .f16 = c->f16,
+        .fmt = c->f16 ? ATTN_F16 : ATTN_F32,
         .head_dim = c->dh,
     };
     for (int r = 0; r < n_runs; r++) {
@@ -329,7 +329,7 @@ TEST(sink_values_equal_one_extra_key_with_that_value_and_the_formula)
                     struct attn_keys keys = {
                         .k = f16 ? (const void *)c->kh : (const void *)c->kf,
                         .v = f16 ? (const void *)c->vh : (const void *)c->vf,
-                        .f16 = f16,
+                        .fmt = f16 ? ATTN_F16 : ATTN_F32,
                         .head_dim = dh,
                     };
                     const float scale = 1.0f / sqrtf((float)dh);
@@ -533,7 +533,7 @@ TEST(split_key_spans_merged_with_the_sink_term_match_the_naive_loops)
                         struct attn_keys keys = {
                             .k = f16 ? (const void *)c->kh : (const void *)c->kf,
                             .v = f16 ? (const void *)c->vh : (const void *)c->vf,
-                            .f16 = f16,
+                            .fmt = f16 ? ATTN_F16 : ATTN_F32,
                             .head_dim = dh,
                         };
                         /* two runs, so spans also cut across a run boundary */
@@ -614,7 +614,7 @@ TEST(softpick_survives_spans_whose_scores_are_all_below_minus_88)
             struct attn_keys keys = {
                 .k = f16 ? (const void *)c->kh : (const void *)c->kf,
                 .v = f16 ? (const void *)c->vh : (const void *)c->vf,
-                .f16 = f16,
+                .fmt = f16 ? ATTN_F16 : ATTN_F32,
                 .head_dim = dh,
             };
             keys.run_start[0] = 1;

@@ -60,6 +60,13 @@ static inline simde__m512i emu_cvtepu16_epi32(simde__m256i v)
     return simde_mm512_inserti64x4(simde_mm512_castsi256_si512(lo), hi, 1);
 }
 
+static inline simde__m512i emu_cvtepi8_epi32(simde__m128i v)
+{
+    simde__m256i lo = simde_mm256_cvtepi8_epi32(v);
+    simde__m256i hi = simde_mm256_cvtepi8_epi32(simde_mm_srli_si128(v, 8));
+    return simde_mm512_inserti64x4(simde_mm512_castsi256_si512(lo), hi, 1);
+}
+
 static inline simde__m512 emu_cvtph_ps(simde__m256i v)
 {
     simde__m256 lo = simde_mm256_cvtph_ps(simde_mm256_castsi256_si128(v));
@@ -125,6 +132,7 @@ static inline simde__m256i emu_maskz_loadu_epi16(simde__mmask16 k, const void *p
 #define _mm512_cvtps_epi32 emu_cvtps_epi32
 #define _mm512_cvtepu16_epi32 emu_cvtepu16_epi32
 #define _mm512_cvtph_ps emu_cvtph_ps
+#define _mm512_cvtepi8_epi32 emu_cvtepi8_epi32
 #undef _mm512_i32gather_epi32 /* a macro in GCC's header without __OPTIMIZE__ */
 #define _mm512_i32gather_epi32 emu_i32gather_epi32
 #define _mm512_cvtepi32_epi16 emu_cvtepi32_epi16

@@ -9,7 +9,9 @@
  * reference loop written here in double (scores, max, exponentials and the
  * weighted sum of values, no tiles, no online rescaling), over: head_dim 64,
  * 256 (Gemma 3) and 20 (not a multiple of 8: the masked tails); GQA 3:1 and
- * 4:1; f16 and f32 K/V; the sink, softmax and softpick normalizers; sinks
+ * 4:1; f32, f16 and q8_0 K/V (q8_0 where head_dim is a multiple of 32; the
+ * reference reads the values that engine/quant.c's scalar dequantizer gives
+ * for the stored blocks); the sink, softmax and softpick normalizers; sinks
  * scored with the in-cache query; a window that wraps around its ring (three
  * runs); rows of unequal, odd lengths spanning several key blocks.
  *
@@ -45,32 +47,52 @@
 #define FLOOR (-64.0)     /* ATTN_SOFTPICK_M_FLOOR */
 
 struct kv {
-    int dh, f16;
+    int dh, fmt;
     float kf[MAX_CELLS * MAX_DH], vf[MAX_CELLS * MAX_DH]; /* the stored values, as f32 */
     uint16_t kh[MAX_CELLS * MAX_DH], vh[MAX_CELLS * MAX_DH];
+    struct block_q8_0 kq[MAX_CELLS * MAX_DH / 32], vq[MAX_CELLS * MAX_DH / 32];
 };
 
-static void kv_fill(struct kv *c, int dh, int f16, uint64_t seed)
+/* Random K and V rows stored in fmt; kf and vf get the values as stored
+ * (for q8_0 through quant_dequant_row, the scalar reference). */
+static void kv_fill(struct kv *c, int dh, int fmt, uint64_t seed)
 {
     c->dh = dh;
-    c->f16 = f16;
+    c->fmt = fmt;
     for (int i = 0; i < MAX_CELLS * dh; i++) {
         float k = test_rng_sym(&seed) * 2.0f, v = test_rng_sym(&seed);
         c->kh[i] = quant_f32_to_f16(k);
         c->vh[i] = quant_f32_to_f16(v);
-        c->kf[i] = f16 ? quant_f16_to_f32(c->kh[i]) : k;
-        c->vf[i] = f16 ? quant_f16_to_f32(c->vh[i]) : v;
+        c->kf[i] = fmt == ATTN_F16 ? quant_f16_to_f32(c->kh[i]) : k;
+        c->vf[i] = fmt == ATTN_F16 ? quant_f16_to_f32(c->vh[i]) : v;
     }
+    if (fmt == ATTN_Q8_0) {
+        quant_quantize_row(QTYPE_Q8_0, c->kf, c->kq, (int64_t)MAX_CELLS * dh);
+        quant_quantize_row(QTYPE_Q8_0, c->vf, c->vq, (int64_t)MAX_CELLS * dh);
+        quant_dequant_row(QTYPE_Q8_0, c->kq, c->kf, (int64_t)MAX_CELLS * dh);
+        quant_dequant_row(QTYPE_Q8_0, c->vq, c->vf, (int64_t)MAX_CELLS * dh);
+    }
+}
+
+static const void *kv_k(const struct kv *c)
+{
+    return c->fmt == ATTN_F16    ? (const void *)c->kh
+           : c->fmt == ATTN_Q8_0 ? (const void *)c->kq
+                                 : (const void *)c->kf;
+}
+
+static const void *kv_v(const struct kv *c)
+{
+    return c->fmt == ATTN_F16    ? (const void *)c->vh
+           : c->fmt == ATTN_Q8_0 ? (const void *)c->vq
+                                 : (const void *)c->vf;
 }
 
 /* keys of a token that sees `end` visit indices: sinks [0, S), then a
  * window of the ring [S, S + R) starting at ring offset o (wrapping) */
 static struct attn_keys keys_of(const struct kv *c, int S, int R, int o, int64_t end)
 {
-    struct attn_keys k = {.k = c->f16 ? (const void *)c->kh : (const void *)c->kf,
-                          .v = c->f16 ? (const void *)c->vh : (const void *)c->vf,
-                          .f16 = c->f16,
-                          .head_dim = c->dh};
+    struct attn_keys k = {.k = kv_k(c), .v = kv_v(c), .fmt = c->fmt, .head_dim = c->dh};
     int64_t w = end - S; /* window keys */
     k.run_start[0] = 0;
     k.run_len[0] = S;
@@ -141,19 +163,20 @@ static void reference(const struct kv *c, const struct attn_keys *k, const float
 #ifdef SS_EMULATE_AVX512
 #define cpu__attn_scores_avx512 emu_attn_scores_avx512
 #define cpu__attn_accum_avx512 emu_attn_accum_avx512
-#define cpu__attn_scores_f16_avx512 emu_attn_scores_f16_avx512
-#define cpu__attn_accum_f16_avx512 emu_attn_accum_f16_avx512
+#define cpu__attn_scores_kv_avx512 emu_attn_scores_kv_avx512
+#define cpu__attn_accum_kv_avx512 emu_attn_accum_kv_avx512
 float emu_attn_scores_avx512(float *z, const float *q, const float *kf, int nt, int n, float scale);
 void emu_attn_accum_avx512(float *acc, const float *w, const float *vf, int nt, int n);
-void emu_attn_scores_f16_avx512(float *z, int64_t zs, int nr, const float *const *q,
-                                const uint16_t *const *k, int nt, int n, float scale, float *mx);
-void emu_attn_accum_f16_avx512(float *const *acc, int nr, const float *w, int64_t ws,
-                               const uint16_t *const *v, int nt, int n);
+void emu_attn_scores_kv_avx512(float *z, int64_t zs, int nr, const float *const *q,
+                               const void *const *k, int nt, int n, float scale, float *mx,
+                               int fmt);
+void emu_attn_accum_kv_avx512(float *const *acc, int nr, const float *w, int64_t ws,
+                              const void *const *v, int nt, int n, int fmt);
 #include "engine/cpu/attention_avx512.c"
 #undef cpu__attn_scores_avx512
 #undef cpu__attn_accum_avx512
-#undef cpu__attn_scores_f16_avx512
-#undef cpu__attn_accum_f16_avx512
+#undef cpu__attn_scores_kv_avx512
+#undef cpu__attn_accum_kv_avx512
 #endif
 #include "support/simde_avx512_end.h"
 
@@ -172,8 +195,8 @@ static int kernel_sets(struct attn_kernels *k, const char **names)
         cpu_attention_kernels(&k[n], 1);
         k[n].scores = emu_attn_scores_avx512;
         k[n].accum = emu_attn_accum_avx512;
-        k[n].scores_f16 = emu_attn_scores_f16_avx512;
-        k[n].accum_f16 = emu_attn_accum_f16_avx512;
+        k[n].scores_kv = emu_attn_scores_kv_avx512;
+        k[n].accum_kv = emu_attn_accum_kv_avx512;
         names[n++] = "avx512 (SIMDe)";
     }
 #endif
@@ -194,7 +217,7 @@ struct shape {
     int64_t end[MAX_TOK]; /* keys each token sees (sinks included) */
 };
 
-/* One shape, all kernel sets, f16 and f32, all normalizers: returns the
+/* One shape, all kernel sets, f32, f16 and q8_0, all normalizers: returns the
  * largest error against the reference, or -1 on a bit-identity failure. */
 static double run_shape(const struct shape *sh, uint64_t seed, int *failed)
 {
@@ -210,8 +233,10 @@ static double run_shape(const struct shape *sh, uint64_t seed, int *failed)
     for (int t = 0; t < sh->ntok; t++)
         longest = sh->end[t] > longest ? sh->end[t] : longest;
     const int nb = (int)((longest + BLOCK - 1) / BLOCK);
-    for (int f16 = 0; f16 < 2; f16++) {
-        kv_fill(&g_kv, n, f16, seed + (uint64_t)f16);
+    for (int fmt = ATTN_F32; fmt <= ATTN_Q8_0; fmt++) {
+        if (fmt == ATTN_Q8_0 && n % 32 != 0)
+            continue; /* q8_0 rows are whole blocks */
+        kv_fill(&g_kv, n, fmt, seed + (uint64_t)fmt);
         uint64_t qs = seed * 31 + 7;
         for (int i = 0; i < sh->ntok * G * n; i++) {
             g_q[i] = test_rng_sym(&qs) * 1.5f;
@@ -251,9 +276,9 @@ static double run_shape(const struct shape *sh, uint64_t seed, int *failed)
                                 memcmp(&s_l[h], &g_l[r][b], sizeof(float)) != 0 ||
                                 memcmp(s_acc + h * n, g_acc[r][b], (size_t)n * sizeof(float))) {
                                 fprintf(stderr,
-                                        "  %s dh %d G %d f16 %d norm %zu token %d head %d block "
+                                        "  %s dh %d G %d fmt %d norm %zu token %d head %d block "
                                         "%d: grouped state differs from the token alone\n",
-                                        names[ki], n, G, f16, ni, t, h, b);
+                                        names[ki], n, G, fmt, ni, t, h, b);
                                 *failed = 1;
                                 return -1;
                             }
@@ -278,9 +303,9 @@ static double run_shape(const struct shape *sh, uint64_t seed, int *failed)
                             double e = fabs(out[i] - ref[i]);
                             if (!(e <= TOL)) {
                                 fprintf(stderr,
-                                        "  %s dh %d G %d f16 %d norm %zu token %d head %d [%d]: "
+                                        "  %s dh %d G %d fmt %d norm %zu token %d head %d [%d]: "
                                         "%.8f vs reference %.8f\n",
-                                        names[ki], n, G, f16, ni, t, h, i, out[i], ref[i]);
+                                        names[ki], n, G, fmt, ni, t, h, i, out[i], ref[i]);
                                 *failed = 1;
                                 return -1;
                             }
@@ -385,86 +410,112 @@ TEST(score_and_accumulate_kernels_match_double_loops)
     }
 }
 
-/* The in-place f16 kernels (scores_f16, accum_f16: several rows at once,
- * K/V rows read where they lie, addressed one by one and scattered here), on
- * odd shapes and row counts: each row against a double loop, and bit for
- * bit equal to scores / accum of the same kernel set on the rows converted
- * to f32 (the backend mixes the two paths and relies on that). */
-TEST(f16_row_kernels_match_double_loops_and_the_f32_kernels_bit_for_bit)
+/* The in-place kernels (scores_kv, accum_kv: several rows at once, f16 or
+ * q8_0 K/V rows read where they lie, addressed one by one and scattered
+ * here), on odd shapes and row counts: each row against a double loop, and
+ * bit for bit equal to scores / accum of the same kernel set on the rows
+ * converted to f32 by its to_f32 (the backend mixes the two paths and
+ * relies on that). to_f32 itself must give what quant.c's scalar
+ * dequantizer gives. */
+TEST(in_place_row_kernels_match_double_loops_and_the_f32_kernels_bit_for_bit)
 {
     struct attn_kernels kr[4];
     const char *names[4];
     const int nks = kernel_sets(kr, names);
-    enum { NT = 40, NR = 7, GAP = 3 };
+    enum { NT = 40, NR = 7, GAP = 6 };
     static float q[NR][MAX_DH], kf[NT * MAX_DH], vf[NT * MAX_DH], w[NR][NT], z[NR][NT];
-    static float acc[NR][MAX_DH], acc0[NR][MAX_DH], zf[NT], accf[MAX_DH];
-    static uint16_t kh[NT * (MAX_DH + GAP)], vh[NT * (MAX_DH + GAP)];
+    static float acc[NR][MAX_DH], acc0[NR][MAX_DH], zf[NT], accf[MAX_DH], row[MAX_DH];
+    static float kref[NT * MAX_DH], vref[NT * MAX_DH];
+    static uint8_t kmem[NT * (MAX_DH * 2 + GAP)], vmem[NT * (MAX_DH * 2 + GAP)];
     uint64_t s = 4242;
     int tested = 0;
-    const int dims[] = {1, 15, 16, 20, 64, 65, 100, 256};
-    for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++) {
-        const int n = dims[di], stride = n + GAP; /* rows not back to back */
-        for (int nt = 1; nt <= NT; nt += (nt < 9 ? 1 : 7)) {
-            for (int nr = 1; nr <= NR; nr++) {
-                const float *qp[NR];
-                float *ap[NR];
-                const uint16_t *kp[NT], *vp[NT];
-                for (int r = 0; r < nr; r++) {
-                    for (int j = 0; j < n; j++)
-                        q[r][j] = test_rng_sym(&s);
-                    for (int i = 0; i < nt; i++)
-                        w[r][i] = (float)test_rng_unit(&s);
-                    for (int j = 0; j < MAX_DH; j++)
-                        acc0[r][j] = test_rng_sym(&s);
-                    qp[r] = q[r];
-                    ap[r] = acc[r];
-                }
-                for (int i = 0; i < nt; i++) { /* keys in reverse order in memory */
-                    kp[i] = kh + (size_t)(nt - 1 - i) * stride;
-                    vp[i] = vh + (size_t)(nt - 1 - i) * stride;
-                    for (int j = 0; j < n; j++) {
-                        ((uint16_t *)kp[i])[j] = quant_f32_to_f16(test_rng_sym(&s));
-                        ((uint16_t *)vp[i])[j] = quant_f32_to_f16(test_rng_sym(&s));
-                        kf[i * n + j] = quant_f16_to_f32(kp[i][j]);
-                        vf[i * n + j] = quant_f16_to_f32(vp[i][j]);
-                    }
-                }
-                for (int ki = 0; ki < nks; ki++) {
-                    if (!kr[ki].scores_f16)
-                        continue;
-                    tested++;
-                    float mx[NR];
-                    kr[ki].scores_f16(&z[0][0], NT, nr, qp, kp, nt, n, 0.125f, mx);
-                    memcpy(acc, acc0, sizeof acc);
-                    kr[ki].accum_f16(ap, nr, &w[0][0], NT, vp, nt, n);
+    const int dims[] = {1, 15, 16, 20, 32, 64, 65, 96, 100, 160, 256};
+    for (int fmt = ATTN_F16; fmt <= ATTN_Q8_0; fmt++) {
+        for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++) {
+            const int n = dims[di];
+            if (fmt == ATTN_Q8_0 && n % 32 != 0)
+                continue;
+            const size_t rb = attn_row_bytes(fmt, n), stride = rb + GAP; /* not back to back */
+            for (int nt = 1; nt <= NT; nt += (nt < 9 ? 1 : 7)) {
+                for (int nr = 1; nr <= NR; nr++) {
+                    const float *qp[NR];
+                    float *ap[NR];
+                    const void *kp[NT], *vp[NT];
                     for (int r = 0; r < nr; r++) {
-                        float fm = kr[ki].scores(zf, q[r], kf, nt, n, 0.125f);
-                        if (memcmp(zf, z[r], (size_t)nt * sizeof(float)) || fm != mx[r])
-                            FAIL_AT("%s scores_f16 n %d nt %d nr %d row %d: not the f32 "
-                                    "kernel's bits",
-                                    names[ki], n, nt, nr, r);
-                        memcpy(accf, acc0[r], sizeof accf);
-                        kr[ki].accum(accf, w[r], vf, nt, n);
-                        if (memcmp(accf, acc[r], sizeof accf))
-                            FAIL_AT("%s accum_f16 n %d nt %d nr %d row %d: not the f32 "
-                                    "kernel's bits (or wrote past the row)",
-                                    names[ki], n, nt, nr, r);
-                        for (int i = 0; i < nt; i++) {
-                            double ref = 0;
-                            for (int j = 0; j < n; j++)
-                                ref += (double)q[r][j] * kf[i * n + j];
-                            ref *= 0.125;
-                            if (fabs(z[r][i] - ref) > 1e-6 * (1 + n))
-                                FAIL_AT("%s scores_f16 n %d row %d key %d: %.8f vs %.8f", names[ki],
-                                        n, r, i, z[r][i], ref);
+                        for (int j = 0; j < n; j++)
+                            q[r][j] = test_rng_sym(&s);
+                        for (int i = 0; i < nt; i++)
+                            w[r][i] = (float)test_rng_unit(&s);
+                        for (int j = 0; j < MAX_DH; j++)
+                            acc0[r][j] = test_rng_sym(&s);
+                        qp[r] = q[r];
+                        ap[r] = acc[r];
+                    }
+                    for (int i = 0; i < nt; i++) { /* keys in reverse order in memory */
+                        uint8_t *kb = kmem + (size_t)(nt - 1 - i) * stride;
+                        uint8_t *vb = vmem + (size_t)(nt - 1 - i) * stride;
+                        kp[i] = kb;
+                        vp[i] = vb;
+                        const float ks = fmt == ATTN_Q8_0 ? 4.0f : 1.0f; /* various scales */
+                        for (int j = 0; j < n; j++)
+                            row[j] = test_rng_sym(&s) * ks * (float)(1 + j % 3);
+                        quant_quantize_row(fmt == ATTN_Q8_0 ? QTYPE_Q8_0 : QTYPE_F16, row, kb, n);
+                        quant_dequant_row(fmt == ATTN_Q8_0 ? QTYPE_Q8_0 : QTYPE_F16, kb,
+                                          kref + i * n, n);
+                        for (int j = 0; j < n; j++)
+                            row[j] = test_rng_sym(&s);
+                        quant_quantize_row(fmt == ATTN_Q8_0 ? QTYPE_Q8_0 : QTYPE_F16, row, vb, n);
+                        quant_dequant_row(fmt == ATTN_Q8_0 ? QTYPE_Q8_0 : QTYPE_F16, vb,
+                                          vref + i * n, n);
+                    }
+                    for (int ki = 0; ki < nks; ki++) {
+                        for (int i = 0; i < nt; i++) { /* this set's conversion */
+                            kr[ki].to_f32(kf + i * n, kp[i], 1, n, fmt);
+                            kr[ki].to_f32(vf + i * n, vp[i], 1, n, fmt);
                         }
-                        for (int j = 0; j < n; j++) {
-                            double ref = acc0[r][j];
-                            for (int i = 0; i < nt; i++)
-                                ref += (double)w[r][i] * vf[i * n + j];
-                            if (fabs(acc[r][j] - ref) > 1e-6 * (1 + nt))
-                                FAIL_AT("%s accum_f16 n %d row %d [%d]: %.8f vs %.8f", names[ki], n,
-                                        r, j, acc[r][j], ref);
+                        if (memcmp(kf, kref, (size_t)(nt * n) * sizeof(float)) ||
+                            memcmp(vf, vref, (size_t)(nt * n) * sizeof(float)))
+                            FAIL_AT("%s to_f32 fmt %d n %d: not the scalar dequantizer's values",
+                                    names[ki], fmt, n);
+                        if (!kr[ki].scores_kv)
+                            continue;
+                        tested++;
+                        float mx[NR];
+                        kr[ki].scores_kv(&z[0][0], NT, nr, qp, kp, nt, n, 0.125f, mx, fmt);
+                        memcpy(acc, acc0, sizeof acc);
+                        kr[ki].accum_kv(ap, nr, &w[0][0], NT, vp, nt, n, fmt);
+                        for (int r = 0; r < nr; r++) {
+                            float fm = kr[ki].scores(zf, q[r], kf, nt, n, 0.125f);
+                            if (memcmp(zf, z[r], (size_t)nt * sizeof(float)) || fm != mx[r])
+                                FAIL_AT("%s scores_kv fmt %d n %d nt %d nr %d row %d: not the "
+                                        "f32 kernel's bits",
+                                        names[ki], fmt, n, nt, nr, r);
+                            memcpy(accf, acc0[r], sizeof accf);
+                            kr[ki].accum(accf, w[r], vf, nt, n);
+                            if (memcmp(accf, acc[r], sizeof accf))
+                                FAIL_AT("%s accum_kv fmt %d n %d nt %d nr %d row %d: not the f32 "
+                                        "kernel's bits (or wrote past the row)",
+                                        names[ki], fmt, n, nt, nr, r);
+                            for (int i = 0; i < nt; i++) {
+                                double ref = 0, mag = 0;
+                                for (int j = 0; j < n; j++) {
+                                    ref += (double)q[r][j] * kref[i * n + j];
+                                    mag += fabs((double)q[r][j] * kref[i * n + j]);
+                                }
+                                ref *= 0.125;
+                                if (fabs(z[r][i] - ref) > 1e-6 * (1 + mag))
+                                    FAIL_AT("%s scores_kv fmt %d n %d row %d key %d: %.8f vs "
+                                            "%.8f",
+                                            names[ki], fmt, n, r, i, z[r][i], ref);
+                            }
+                            for (int j = 0; j < n; j++) {
+                                double ref = acc0[r][j];
+                                for (int i = 0; i < nt; i++)
+                                    ref += (double)w[r][i] * vref[i * n + j];
+                                if (fabs(acc[r][j] - ref) > 1e-6 * (1 + nt))
+                                    FAIL_AT("%s accum_kv fmt %d n %d row %d [%d]: %.8f vs %.8f",
+                                            names[ki], fmt, n, r, j, acc[r][j], ref);
+                            }
                         }
                     }
                 }
@@ -472,7 +523,55 @@ TEST(f16_row_kernels_match_double_loops_and_the_f32_kernels_bit_for_bit)
         }
     }
     if (!tested)
-        TEST_SKIP("no kernel set on this CPU has the f16 row kernels");
+        TEST_SKIP("no kernel set on this CPU has the in-place row kernels");
+}
+
+/* The row kernels the probe path uses (dot, axpy) read q8_0 rows as the
+ * scalar dequantizer does, and a row quantized from NaN or infinite values
+ * reads back as NaN (never an undefined cast in the quantizer). */
+TEST(q8_0_rows_through_dot_and_axpy_and_non_finite_input)
+{
+    struct attn_kernels kr[4];
+    const char *names[4];
+    const int nks = kernel_sets(kr, names);
+    float x[64], deq[64], q[64], acc[64];
+    struct block_q8_0 b[2];
+    uint64_t s = 7;
+    for (int j = 0; j < 64; j++) {
+        x[j] = test_rng_sym(&s) * 3.0f;
+        q[j] = test_rng_sym(&s);
+    }
+    quant_quantize_row(QTYPE_Q8_0, x, b, 64);
+    quant_dequant_row(QTYPE_Q8_0, b, deq, 64);
+    /* the quantization itself: within half a step d = amax / 127 <= 3 / 127,
+     * plus 127 times the f16 rounding of d (2^-11 relative) */
+    const float tol = (0.5f + 127.0f / 2048.0f) * 3.0f / 127.0f;
+    for (int j = 0; j < 64; j++)
+        if (!(fabsf(deq[j] - x[j]) <= tol))
+            FAIL_AT("q8_0 value %d: %.6f stored as %.6f", j, x[j], deq[j]);
+    for (int ki = 0; ki < nks; ki++) {
+        double want = 0;
+        for (int j = 0; j < 64; j++)
+            want += (double)q[j] * deq[j];
+        float got = kr[ki].dot(q, b, 64, ATTN_Q8_0);
+        if (fabs(got - want) > 1e-5)
+            FAIL_AT("%s dot q8_0: %.8f vs %.8f", names[ki], got, want);
+        memset(acc, 0, sizeof acc);
+        kr[ki].axpy(acc, 0.5f, b, 64, ATTN_Q8_0);
+        for (int j = 0; j < 64; j++)
+            if (acc[j] != 0.5f * deq[j])
+                FAIL_AT("%s axpy q8_0 [%d]: %.8f vs %.8f", names[ki], j, acc[j], 0.5f * deq[j]);
+    }
+    x[3] = NAN;
+    x[40] = INFINITY;
+    quant_quantize_row(QTYPE_Q8_0, x, b, 64);
+    quant_dequant_row(QTYPE_Q8_0, b, deq, 64);
+    if (!isnan(deq[40]) || !isnan(deq[33]))
+        FAIL_AT("a block with an infinity reads back as %.3f, %.3f (want NaN)", deq[40], deq[33]);
+    for (int j = 0; j < 32; j++) /* the NaN's own block: its finite values survive, the NaN
+                                  * reads as 0 (f16 would keep it) */
+        if (j != 3 && !(fabsf(deq[j] - x[j]) <= tol))
+            FAIL_AT("q8_0 value %d next to a NaN: %.6f stored as %.6f", j, x[j], deq[j]);
 }
 
 TEST_MAIN()

@@ -63,6 +63,54 @@ TEST(pool_hands_out_every_slot_once_then_refuses)
     kv_pool_free(&pool);
 }
 
+/* Row sizes and byte offsets per dtype: a q8_0 row is head_dim / 32 blocks
+ * of 34 bytes, rows stay back to back in the same order as f16's, and a
+ * head_dim that is no multiple of 32 is refused with a message. */
+TEST(q8_0_rows_are_blocks_back_to_back_and_need_whole_blocks)
+{
+    ASSERT_EQ(kv_dtype_row_bytes(KV_DTYPE_F16, 64), (size_t)128);
+    ASSERT_EQ(kv_dtype_row_bytes(KV_DTYPE_F32, 64), (size_t)256);
+    ASSERT_EQ(kv_dtype_row_bytes(KV_DTYPE_Q8_0, 64), (size_t)68);
+    ASSERT_EQ(kv_dtype_row_bytes(KV_DTYPE_Q8_0, 256), (size_t)272);
+    ASSERT_EQ(kv_dtype_row_bytes(KV_DTYPE_Q8_0, 48), (size_t)0);
+    ASSERT_EQ(kv_dtype_row_bytes((enum kv_dtype)7, 64), (size_t)0);
+    static const char *const names[] = {"f16", "f32", "q8_0"};
+    for (int i = 0; i < 3; i++) {
+        enum kv_dtype t;
+        ASSERT_EQ(kv_dtype_parse(names[i], &t), 0);
+        ASSERT(strcmp(kv_dtype_name(t), names[i]) == 0);
+    }
+    enum kv_dtype t;
+    ASSERT_EQ(kv_dtype_parse("q8", &t), -EINVAL);
+    ASSERT_EQ(kv_dtype_parse("Q8_0", &t), -EINVAL);
+    ASSERT_EQ(kv_dtype_parse(NULL, &t), -EINVAL);
+
+    /* Gemma-like: local and global layers, 2 kv heads of 256 */
+    struct kv_geometry f = {6, 2, 256, 4, 100, 16, 3, KV_DTYPE_F16, 3, 40};
+    struct kv_geometry q = f;
+    q.dtype = KV_DTYPE_Q8_0;
+    size_t next = 0;
+    for (int64_t slot = 0; slot < q.n_slots; slot++)
+        for (int l = 0; l < q.n_layer; l++)
+            for (int h = 0; h < q.n_kv_head; h++)
+                for (int64_t c = 0; c < kv_geometry_layer_cells(&q, l); c++) {
+                    ASSERT_EQ(kv_geometry_byte_offset(&q, slot, l, h, c), next);
+                    ASSERT_EQ(kv_geometry_byte_offset(&f, slot, l, h, c), next / 272 * 512);
+                    next += 272;
+                }
+    ASSERT_EQ(next, kv_geometry_slot_bytes(&q) * 3);
+    ASSERT_EQ(kv_geometry_slot_bytes(&q) * 512, kv_geometry_slot_bytes(&f) * 272);
+
+    struct kv_pool pool;
+    char err[160] = "";
+    q.head_dim = 48;
+    ASSERT_EQ(kv_pool_init(&pool, &q, err, sizeof err), -EINVAL);
+    ASSERT(strstr(err, "q8_0") != NULL && strstr(err, "48") != NULL);
+    q.head_dim = 64;
+    ASSERT_EQ(kv_pool_init(&pool, &q, err, sizeof err), 0);
+    kv_pool_free(&pool);
+}
+
 TEST(pool_rejects_bad_geometry_with_a_message)
 {
     struct kv_pool pool;

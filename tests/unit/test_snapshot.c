@@ -312,6 +312,32 @@ TEST(snapshot_of_another_version_says_so)
     free(buf);
 }
 
+/* A q8_0 snapshot round-trips (its cells are head_dim / 32 blocks of 34
+ * bytes), and one whose head_dim is no multiple of 32 is refused with a
+ * message, not divided by a zero row size. */
+TEST(snapshot_of_a_q8_0_cache_round_trips_and_needs_whole_blocks)
+{
+    struct snapshot_meta m = sample_meta(), d;
+    m.dtype = KV_DTYPE_Q8_0;
+    m.head_dim = 64;
+    ASSERT_EQ(snapshot_kv_bytes(&m), (size_t)(2 * 1 * 7) * 68);
+    size_t len;
+    uint8_t *buf = NULL;
+    round_trip(failed, &m, &d, &buf, &len);
+    free(buf);
+    if (*failed)
+        return;
+    m.dtype = KV_DTYPE_F16; /* 48 values are no whole blocks: written as f16, relabelled */
+    m.head_dim = 48;
+    buf = build(&m, &len);
+    uint32_t q8 = KV_DTYPE_Q8_0;
+    memcpy(buf + 56, &q8, 4);
+    char err[160] = "";
+    ASSERT_EQ(snapshot_decode_header(buf, len, &d, err, sizeof err), -EINVAL);
+    ASSERT(strstr(err, "q8_0") != NULL);
+    free(buf);
+}
+
 TEST(snapshot_with_fields_that_disagree_is_refused_even_with_a_good_checksum)
 {
     struct snapshot_meta m = sample_meta();
@@ -437,6 +463,8 @@ static void continue_after_copy(int *failed, enum kv_dtype dt, struct kv_policy 
 {
     struct tiny_config tc = tiny_config_default();
     tc.n_layer = 3;
+    if (dt == KV_DTYPE_Q8_0)
+        tc.head_dim = 32; /* whole Q8_0 blocks */
     tc.swa_period = swa_period;
     tc.n_swa = swa_window;
     struct tiny_model tm;
@@ -521,6 +549,11 @@ TEST(cpu_kv_export_import_continues_bit_for_bit_f16_sinks)
 TEST(cpu_kv_export_import_continues_bit_for_bit_f32_window)
 {
     continue_after_copy(failed, KV_DTYPE_F32, (struct kv_policy){KV_POLICY_WINDOW, 0}, 0, 0, 34);
+}
+
+TEST(cpu_kv_export_import_continues_bit_for_bit_q8_0_sinks)
+{
+    continue_after_copy(failed, KV_DTYPE_Q8_0, (struct kv_policy){KV_POLICY_SINKS, 2}, 0, 0, 34);
 }
 
 /* Layers 0 and 1 local (window 5: a ring of 9 cells), layer 2 global. */

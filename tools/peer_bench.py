@@ -20,6 +20,9 @@ Figures (tokens/s):
             largest thread count only.
 llama.cpp's figure is the better of its two attention paths (flash attention
 off and on, both run in the same call), whichever wins for that figure.
+--kv-dtype q8_0 runs both sides with an 8-bit KV cache (streamsink
+--kv-dtype q8_0; llama.cpp -ctk q8_0 -ctv q8_0, which needs its flash
+attention path, so that one alone).
 Prints one row per (figure, model, threads): both medians, the ratio A/B and
 the spread min/median/max of each side.
 """
@@ -47,6 +50,7 @@ def run(cmd, timeout=3600):
 def ss_run(a, model, threads, ctx4096):
     cmd = [a.streamsink, "run", "-m", model, "-f", a.text, "--ignore-eos", "-t", str(threads),
            "--chunk", "512"]
+    cmd += ["--kv-dtype", a.kv_dtype]
     if ctx4096:
         cmd += ["--prompt-tokens", "4200", "--kv-policy", "sinks:4", "--ctx", "4096", "-n", "128"]
     else:
@@ -63,18 +67,19 @@ def llama_bench(a, model, threads, args):
     """llama.cpp's better figure of its two attention paths, measured in one
     call: flash attention off and on (its default, auto, picks on for the CPU,
     which is the faster for prompts and 3x slower at a 4,096-token depth)."""
-    out, _ = run([a.llama_bench, "-m", model, "-t", str(threads), "-r", "1", "-fa", "0,1", "-o",
-                  "jsonl"] + args)
+    fa = ["0", "1"] if a.kv_dtype == "f16" else ["1"]
+    out, _ = run([a.llama_bench, "-m", model, "-t", str(threads), "-r", "1", "-fa", ",".join(fa),
+                  "-ctk", a.kv_dtype, "-ctv", a.kv_dtype, "-o", "jsonl"] + args)
     rows = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
-    if len(rows) != 2:
-        raise RuntimeError("llama-bench: expected two result rows (-fa 0,1):\n" + out)
+    if len(rows) != len(fa):
+        raise RuntimeError(f"llama-bench: expected {len(fa)} result rows (-fa):\n" + out)
     return max(float(r["avg_ts"]) for r in rows)
 
 
 def ss_batch(a, model, threads, batches):
     out, _ = run([a.bench_batch, "--model", model, "--threads", str(threads), "--window",
                   str(a.batch_window), "--batches", ",".join(map(str, batches)), "--steps",
-                  str(a.batch_steps)])
+                  str(a.batch_steps), "--kv-dtype", a.kv_dtype])
     res = {}
     for m in re.finditer(r"^batch (\d+) rep \d+ tokens/s ([0-9.]+)", out, re.M):
         res[int(m.group(1))] = float(m.group(2))
@@ -86,11 +91,12 @@ def llama_batch(a, model, threads, batches):
     off and on (see llama_bench)."""
     ctx = max(batches) * (a.batch_window + a.batch_steps) + 64
     res = {}
-    for fa in ("off", "on"):
+    for fa in ("off", "on") if a.kv_dtype == "f16" else ("on",):
         out, err = run([a.llama_batched_bench, "-m", model, "-t", str(threads), "-tb",
                         str(threads), "-c", str(ctx), "-b", "2048", "-ub", "512", "-npp",
                         str(a.batch_window), "-ntg", str(a.batch_steps), "-npl",
-                        ",".join(map(str, batches)), "-fa", fa, "--output-format", "jsonl"])
+                        ",".join(map(str, batches)), "-fa", fa, "-ctk", a.kv_dtype, "-ctv",
+                        a.kv_dtype, "--output-format", "jsonl"])
         for line in (out + "\n" + err).splitlines():
             i = line.find("{")
             if i < 0 or '"speed_tg"' not in line:
@@ -137,7 +143,7 @@ def print_table(a, res, copies):
         pass
     print(f"# peer_bench {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {flags}; "
           f"{os.cpu_count()} CPUs; load average at end {os.getloadavg()[0]:.1f}; "
-          f"{a.reps} repetitions interleaved; {platform.machine()}")
+          f"{a.reps} repetitions interleaved; {platform.machine()}; KV cache {a.kv_dtype}")
     if copies:
         print(f"# memory copy, one thread, 256 MiB (read + write): {spread(copies)} GB/s "
               "(min/median/max, one per repetition)")
@@ -166,6 +172,7 @@ def main():
     ap.add_argument("--batches", default="1,4,8,16,32")
     ap.add_argument("--batch-window", type=int, default=1024)
     ap.add_argument("--batch-steps", type=int, default=32)
+    ap.add_argument("--kv-dtype", choices=("f16", "q8_0"), default="f16")
     ap.add_argument("models", nargs="+")
     a = ap.parse_args()
     threads = [int(x) for x in a.threads.split(",")]

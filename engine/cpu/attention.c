@@ -103,6 +103,8 @@ void cpu_attention_kernels(struct attn_kernels *out, int level)
         if (level >= 2) {
             out->scores = cpu__attn_scores_avx512;
             out->accum = cpu__attn_accum_avx512;
+            out->exp_sub = cpu__attn_exp_sub_avx512;
+            out->to_f32 = cpu__attn_to_f32_avx512;
             out->scores_kv = cpu__attn_scores_kv_avx512;
             out->accum_kv = cpu__attn_accum_kv_avx512;
         }

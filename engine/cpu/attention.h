@@ -84,7 +84,8 @@ struct attn_kernels { /* row kernels chosen at run time (F16C+FMA or scalar) */
                      int nt, int n, int fmt);
 };
 /* level: 0 scalar, 1 AVX2 (+FMA, F16C), 2 AVX-512 tile kernels (scores,
- * accum) over the AVX2 row kernels; the cpu_isa of matmul.h fits. */
+ * accum, exp_sub, to_f32 and the in-place ones) over the AVX2 row kernels;
+ * the cpu_isa of matmul.h fits. */
 void cpu_attention_kernels(struct attn_kernels *out, int level);
 
 /* out (Dh) = attention of query q (and qc for sink runs) over keys. scale is
@@ -148,6 +149,8 @@ void cpu__attn_accum_avx2(float *acc, const float *w, const float *vf, int nt, i
 float cpu__attn_scores_avx512(float *z, const float *q, const float *kf, int nt, int n,
                               float scale);
 void cpu__attn_accum_avx512(float *acc, const float *w, const float *vf, int nt, int n);
+float cpu__attn_exp_sub_avx512(float *w, const float *z, float m, int n);
+void cpu__attn_to_f32_avx512(float *dst, const void *src, int rows, int n, int fmt);
 void cpu__attn_scores_kv_avx512(float *z, int64_t zs, int nr, const float *const *q,
                                 const void *const *k, int nt, int n, float scale, float *mx,
                                 int fmt);

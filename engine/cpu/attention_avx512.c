@@ -327,3 +327,71 @@ void cpu__attn_accum_kv_avx512(float *const *acc, int nr, const float *w, int64_
         }
     }
 }
+
+/* cpu_exp256 (simd_avx2.h) on 16 lanes: the same operations per lane, so the
+ * same bits per lane. */
+static inline __m512 exp512(__m512 x)
+{
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
+    __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(k, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 720);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    __m512i ki = _mm512_cvtps_epi32(k);
+    __m512i k1 = _mm512_srai_epi32(ki, 1), k2 = _mm512_sub_epi32(ki, k1);
+    __m512 e1 =
+        _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(k1, _mm512_set1_epi32(127)), 23));
+    __m512 e2 =
+        _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(k2, _mm512_set1_epi32(127)), 23));
+    return _mm512_mul_ps(_mm512_mul_ps(p, e1), e2);
+}
+
+float cpu__attn_exp_sub_avx512(float *w, const float *z, float m, int n)
+{
+    const __m512 vm = _mm512_set1_ps(m), lo = _mm512_set1_ps(-87.0f);
+    __m512 acc = _mm512_setzero_ps();
+    for (int i = 0; i < n; i += 16) {
+        /* lanes past n read as -inf: e^-inf = 0 adds nothing */
+        const __mmask16 k = mask16(n - i < 16 ? n - i : 16);
+        __m512 x = _mm512_sub_ps(_mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), k, z + i), vm);
+        /* e^x for x <= 0; below -87 it is 0 */
+        __m512 e = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ), exp512(x));
+        acc = _mm512_add_ps(acc, e);
+        _mm512_mask_storeu_ps(w + i, k, e);
+    }
+    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(acc),
+                             _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1)));
+    __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+    q = _mm_add_ss(q, _mm_movehdup_ps(q));
+    return _mm_cvtss_f32(q);
+}
+
+void cpu__attn_to_f32_avx512(float *dst, const void *src, int rows, int n, int fmt)
+{
+    const size_t rb = attn_row_bytes(fmt, n);
+    if (fmt == ATTN_F32) {
+        memcpy(dst, src, (size_t)rows * rb);
+        return;
+    }
+    for (int r = 0; r < rows; r++) {
+        const char *row = (const char *)src + (size_t)r * rb;
+        float *d = dst + (size_t)r * (size_t)n;
+        if (fmt == ATTN_Q8_0) { /* n is a multiple of 32 */
+            for (int j = 0; j < n; j += 16)
+                _mm512_storeu_ps(d + j, load16(row, j, q8_scale(row, j / 32), ATTN_Q8_0));
+            continue;
+        }
+        for (int j = 0; j < n; j += 16) {
+            const __mmask16 m = mask16(n - j < 16 ? n - j : 16);
+            _mm512_mask_storeu_ps(d + j, m, load16_f16_masked(row, j, m));
+        }
+    }
+}

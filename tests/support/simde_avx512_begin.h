@@ -67,6 +67,13 @@ static inline simde__m512i emu_cvtepi8_epi32(simde__m128i v)
     return simde_mm512_inserti64x4(simde_mm512_castsi256_si512(lo), hi, 1);
 }
 
+static inline simde__m512i emu_srai_epi32(simde__m512i v, int i)
+{
+    simde__m256i lo = simde_mm256_srai_epi32(simde_mm512_castsi512_si256(v), i);
+    simde__m256i hi = simde_mm256_srai_epi32(simde_mm512_extracti64x4_epi64(v, 1), i);
+    return simde_mm512_inserti64x4(simde_mm512_castsi256_si512(lo), hi, 1);
+}
+
 static inline simde__m512 emu_cvtph_ps(simde__m256i v)
 {
     simde__m256 lo = simde_mm256_cvtph_ps(simde_mm256_castsi256_si128(v));
@@ -105,6 +112,16 @@ static inline simde__m512 emu_maskz_loadu_ps(simde__mmask16 k, const void *p)
     return simde_mm512_loadu_ps(v);
 }
 
+static inline simde__m512 emu_mask_loadu_ps(simde__m512 src, simde__mmask16 k, const void *p)
+{
+    float v[16];
+    simde_mm512_storeu_ps(v, src);
+    for (int l = 0; l < 16; l++)
+        if ((k >> l) & 1)
+            v[l] = ((const float *)p)[l];
+    return simde_mm512_loadu_ps(v);
+}
+
 static inline void emu_mask_storeu_ps(void *p, simde__mmask16 k, simde__m512 v)
 {
     float a[16];
@@ -135,9 +152,19 @@ static inline simde__m256i emu_maskz_loadu_epi16(simde__mmask16 k, const void *p
 #define _mm512_cvtepi8_epi32 emu_cvtepi8_epi32
 #undef _mm512_i32gather_epi32 /* a macro in GCC's header without __OPTIMIZE__ */
 #define _mm512_i32gather_epi32 emu_i32gather_epi32
+/* more of GCC's macros without __OPTIMIZE__ (the exponential's) */
+#undef _mm512_srai_epi32
+#define _mm512_srai_epi32(a, i) emu_srai_epi32(a, i)
+#undef _mm512_slli_epi32
+#define _mm512_slli_epi32(a, i) simde_mm512_slli_epi32(a, i)
+#undef _mm512_roundscale_ps
+#define _mm512_roundscale_ps(a, i) simde_mm512_roundscale_ps(a, i)
+#undef _mm512_cmp_ps_mask
+#define _mm512_cmp_ps_mask(a, b, i) simde_mm512_cmp_ps_mask(a, b, i)
 #define _mm512_cvtepi32_epi16 emu_cvtepi32_epi16
 #define _mm512_maskz_loadu_ps emu_maskz_loadu_ps
 #define _mm512_mask_storeu_ps emu_mask_storeu_ps
+#define _mm512_mask_loadu_ps emu_mask_loadu_ps
 #define _mm256_maskz_loadu_epi16 emu_maskz_loadu_epi16
 /* SIMDe provides everything immintrin.h would: skip the real header (GCC's and
  * clang's include guards), whose declarations the aliases above would rename. */

@@ -165,6 +165,8 @@ static void reference(const struct kv *c, const struct attn_keys *k, const float
 #define cpu__attn_accum_avx512 emu_attn_accum_avx512
 #define cpu__attn_scores_kv_avx512 emu_attn_scores_kv_avx512
 #define cpu__attn_accum_kv_avx512 emu_attn_accum_kv_avx512
+#define cpu__attn_exp_sub_avx512 emu_attn_exp_sub_avx512
+#define cpu__attn_to_f32_avx512 emu_attn_to_f32_avx512
 float emu_attn_scores_avx512(float *z, const float *q, const float *kf, int nt, int n, float scale);
 void emu_attn_accum_avx512(float *acc, const float *w, const float *vf, int nt, int n);
 void emu_attn_scores_kv_avx512(float *z, int64_t zs, int nr, const float *const *q,
@@ -172,11 +174,15 @@ void emu_attn_scores_kv_avx512(float *z, int64_t zs, int nr, const float *const 
                                int fmt);
 void emu_attn_accum_kv_avx512(float *const *acc, int nr, const float *w, int64_t ws,
                               const void *const *v, int nt, int n, int fmt);
+float emu_attn_exp_sub_avx512(float *w, const float *z, float m, int n);
+void emu_attn_to_f32_avx512(float *dst, const void *src, int rows, int n, int fmt);
 #include "engine/cpu/attention_avx512.c"
 #undef cpu__attn_scores_avx512
 #undef cpu__attn_accum_avx512
 #undef cpu__attn_scores_kv_avx512
 #undef cpu__attn_accum_kv_avx512
+#undef cpu__attn_exp_sub_avx512
+#undef cpu__attn_to_f32_avx512
 #endif
 #include "support/simde_avx512_end.h"
 
@@ -197,6 +203,8 @@ static int kernel_sets(struct attn_kernels *k, const char **names)
         k[n].accum = emu_attn_accum_avx512;
         k[n].scores_kv = emu_attn_scores_kv_avx512;
         k[n].accum_kv = emu_attn_accum_kv_avx512;
+        k[n].exp_sub = emu_attn_exp_sub_avx512;
+        k[n].to_f32 = emu_attn_to_f32_avx512;
         names[n++] = "avx512 (SIMDe)";
     }
 #endif

@@ -48,8 +48,11 @@ int fwd_init(struct fwd *f, const struct model *m, struct backend *b, const stru
         return rc;
     rc = b->ops->kv_alloc(b, &geo);
     if (rc == -EINVAL) {
-        snprintf(err, err_len, "kv cache: the %s backend cannot hold a %s KV cache of head dim %d",
-                 b->ops->name, kv_dtype_name(geo.dtype), geo.head_dim);
+        snprintf(err, err_len,
+                 "kv cache: the %s backend cannot hold this KV cache (%s, head dim %d, %lld keys "
+                 "a query)",
+                 b->ops->name, kv_dtype_name(geo.dtype), geo.head_dim,
+                 (long long)(geo.n_sinks + geo.window));
         fwd_free(f);
         return rc;
     }

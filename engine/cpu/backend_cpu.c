@@ -121,6 +121,11 @@ static void cpu_free(struct backend *b)
 static int cpu_kv_alloc(struct backend *b, const struct kv_geometry *g)
 {
     struct cpu_ctx *c = b->ctx;
+    /* rows the attention kernels can read: a q8_0 row is at most
+     * ATTN_KV_MAX_BLOCKS blocks (the model loader keeps head_dim <= 256) */
+    if (kv_geometry_row_bytes(g) == 0 ||
+        (g->dtype == KV_DTYPE_Q8_0 && g->head_dim > ATTN_KV_MAX_BLOCKS * 32))
+        return -EINVAL;
     size_t bytes = kv_geometry_slot_bytes(g) * (size_t)g->n_slots;
     c->kmem = xalloc_large(bytes);
     c->vmem = xalloc_large(bytes);
@@ -130,8 +135,6 @@ static int cpu_kv_alloc(struct backend *b, const struct kv_geometry *g)
     c->kv_fmt = g->dtype == KV_DTYPE_F16    ? ATTN_F16
                 : g->dtype == KV_DTYPE_Q8_0 ? ATTN_Q8_0
                                             : ATTN_F32;
-    if (g->head_dim > ATTN_KV_MAX_BLOCKS * 32 || kv_geometry_row_bytes(g) == 0)
-        return -EINVAL;
     /* a query sees at most S + W keys in a global layer, swa_window in a local one */
     int64_t most_keys = g->n_sinks + g->window;
     if (g->swa_period > 0 && g->swa_window > most_keys)

@@ -15,8 +15,6 @@
 #include "decoder.h"
 #include "engine.h"
 
-/* $STREAMSINK_MODEL, else ${XDG_CACHE_HOME:-$HOME/.cache}/streamsink/..., where
- * scripts/fetch-model.sh puts it. */
 int cmd_kv_dtype(const char *name, int kv_f32, enum engine_kv_dtype *out)
 {
     *out = ENGINE_KV_F16;
@@ -24,11 +22,17 @@ int cmd_kv_dtype(const char *name, int kv_f32, enum engine_kv_dtype *out)
         fprintf(stderr, "error: --kv-dtype expects f16, f32 or q8_0, got '%s'\n", name);
         return CMD_EXIT_USAGE;
     }
+    if (name && kv_f32 && *out != ENGINE_KV_F32) {
+        fprintf(stderr, "error: --kv-f32 and --kv-dtype %s disagree\n", name);
+        return CMD_EXIT_USAGE;
+    }
     if (kv_f32)
         *out = ENGINE_KV_F32;
     return CMD_EXIT_OK;
 }
 
+/* $STREAMSINK_MODEL, else ${XDG_CACHE_HOME:-$HOME/.cache}/streamsink/..., where
+ * scripts/fetch-model.sh puts it. */
 const char *cmd_default_model(void)
 {
     static char buf[4096];

@@ -191,11 +191,13 @@ static void quantize_q8_0(const float *x, struct block_q8_0 *b)
     float id = d != 0.0f ? 1.0f / d : 0.0f;
     b->d = quant_f32_to_f16(d);
     for (int j = 0; j < QK; j++) {
-        /* |x * id| <= 127 for finite x; a NaN or infinite block (d = inf or
-         * NaN) stores 0, which reads back as d * 0 = NaN, never an undefined
-         * cast */
+        /* |x * id| <= 127 for finite x (a hair above after rounding, which
+         * still rounds to 127); a NaN value, or any value of a block with an
+         * infinity (d = inf, id = 0, x * id NaN), stores 0: never an
+         * undefined cast. A NaN reads back as 0, an infinite block as
+         * inf * 0 = NaN. */
         float v = x[j] * id;
-        b->qs[j] = v >= -127.5f && v <= 127.5f ? (int8_t)roundf(v) : 0;
+        b->qs[j] = v > -127.5f && v < 127.5f ? (int8_t)roundf(v) : 0;
     }
 }
 

@@ -443,13 +443,13 @@ void cpu_attention_merge(const struct attn_kernels *kr, int n, const float *m, c
         L = expf(m_sink - M);
     memset(out, 0, (size_t)head_dim * sizeof(float));
     if (norm == MODEL_NORM_SINK && sink_v)
-        kr->axpy(out, L, sink_v, head_dim, 0);
+        kr->axpy(out, L, sink_v, head_dim, ATTN_F32);
     for (int i = 0; i < n; i++) {
         if (!(m[i] > -INFINITY))
             continue; /* an empty span */
         float c = expf(m[i] - M);
         L += l[i] * c;
-        kr->axpy(out, c, acc + i * acc_stride, head_dim, 0);
+        kr->axpy(out, c, acc + i * acc_stride, head_dim, ATTN_F32);
     }
     if (softpick) {
         kr->scale(out, 1.0f / (L + SOFTPICK_EPS), head_dim);

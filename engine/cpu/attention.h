@@ -14,12 +14,18 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "../../kvcache/kvcache.h"
 #include "../model.h"
 
-/* How a K/V row of n values is stored (kvcache.h's kv_dtype, numbered so
- * that a 0/1 "is f16" flag reads as f32/f16): n f32 values, n f16 values, or
- * n / 32 Q8_0 blocks (f16 scale d, 32 int8 q; value d * q). */
+/* How a K/V row of n values is stored: n f32 values, n f16 values, or
+ * n / 32 Q8_0 blocks (f16 scale d, 32 int8 q; value d * q). Numbered so
+ * that a 0/1 "is f16" flag reads as f32/f16, not as kvcache.h's kv_dtype:
+ * convert with attn_fmt_of. */
 enum attn_fmt { ATTN_F32 = 0, ATTN_F16 = 1, ATTN_Q8_0 = 2 };
+static inline int attn_fmt_of(enum kv_dtype t)
+{
+    return t == KV_DTYPE_F16 ? ATTN_F16 : t == KV_DTYPE_Q8_0 ? ATTN_Q8_0 : ATTN_F32;
+}
 /* Bytes of one row of n values in fmt. */
 static inline size_t attn_row_bytes(int fmt, int n)
 {

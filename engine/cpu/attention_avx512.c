@@ -329,7 +329,8 @@ void cpu__attn_accum_kv_avx512(float *const *acc, int nr, const float *w, int64_
 }
 
 /* cpu_exp256 (simd_avx2.h) on 16 lanes: the same operations per lane, so the
- * same bits per lane. */
+ * same bits per lane (cpu__attn_exp_sub_avx2 zeroes the same lanes too:
+ * those below -87, not NaN ones). */
 static inline __m512 exp512(__m512 x)
 {
     x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
@@ -362,7 +363,7 @@ float cpu__attn_exp_sub_avx512(float *w, const float *z, float m, int n)
         const __mmask16 k = mask16(n - i < 16 ? n - i : 16);
         __m512 x = _mm512_sub_ps(_mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), k, z + i), vm);
         /* e^x for x <= 0; below -87 it is 0 */
-        __m512 e = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ), exp512(x));
+        __m512 e = _mm512_maskz_mov_ps(~_mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ), exp512(x));
         acc = _mm512_add_ps(acc, e);
         _mm512_mask_storeu_ps(w + i, k, e);
     }

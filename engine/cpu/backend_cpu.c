@@ -132,9 +132,7 @@ static int cpu_kv_alloc(struct backend *b, const struct kv_geometry *g)
     if (!c->kmem || !c->vmem)
         return -ENOMEM;
     c->geo = *g;
-    c->kv_fmt = g->dtype == KV_DTYPE_F16    ? ATTN_F16
-                : g->dtype == KV_DTYPE_Q8_0 ? ATTN_Q8_0
-                                            : ATTN_F32;
+    c->kv_fmt = attn_fmt_of(g->dtype);
     /* a query sees at most S + W keys in a global layer, swa_window in a local one */
     int64_t most_keys = g->n_sinks + g->window;
     if (g->swa_period > 0 && g->swa_window > most_keys)

@@ -12,7 +12,8 @@ f16's 64).
 - A session saved by a q8_0 server and read by an f16 one is refused with a
   409 that names both dtypes, and kept on disk; the q8_0 server's KV pool
   (/metrics streamsink_kv_bytes) is 68 / 128 of the f16 one's.
-- A bad --kv-dtype is a usage error (exit 2) for serve, run and perplexity.
+- A bad --kv-dtype is a usage error (exit 2) for serve, run and perplexity,
+  and so is --kv-f32 with another --kv-dtype.
 
 Continuing a q8_0 session after a restart is in test_session_snapshots.py.
 """
@@ -110,3 +111,8 @@ def test_a_bad_kv_dtype_is_a_usage_error(binary, model, cmd):
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2, (r.returncode, r.stderr)
     assert "--kv-dtype expects f16, f32 or q8_0, got 'q4'" in r.stderr
+    if cmd != "serve":  # --kv-f32 is the older spelling of --kv-dtype f32
+        r = subprocess.run([binary, cmd, "-m", model, *args, "--kv-dtype", "q8_0", "--kv-f32"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2, (r.returncode, r.stderr)
+        assert "--kv-f32 and --kv-dtype q8_0 disagree" in r.stderr

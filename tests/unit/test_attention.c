@@ -434,7 +434,6 @@ TEST(in_place_row_kernels_match_double_loops_and_the_f32_kernels_bit_for_bit)
     static float q[NR][MAX_DH], kf[NT * MAX_DH], vf[NT * MAX_DH], w[NR][NT], z[NR][NT];
     static float acc[NR][MAX_DH], acc0[NR][MAX_DH], zf[NT], accf[MAX_DH], row[MAX_DH];
     static float kref[NT * MAX_DH], vref[NT * MAX_DH];
-    static uint8_t kmem[NT * (MAX_DH * 2 + GAP)], vmem[NT * (MAX_DH * 2 + GAP)];
     uint64_t s = 4242;
     int tested = 0;
     const int dims[] = {1, 15, 16, 20, 32, 64, 65, 96, 100, 160, 256};
@@ -445,6 +444,11 @@ TEST(in_place_row_kernels_match_double_loops_and_the_f32_kernels_bit_for_bit)
                 continue;
             const size_t rb = attn_row_bytes(fmt, n), stride = rb + GAP; /* not back to back */
             for (int nt = 1; nt <= NT; nt += (nt < 9 ? 1 : 7)) {
+                /* the row at the highest address ends the allocation: a read
+                 * past a row is a heap overflow under ASan */
+                const size_t bytes = (size_t)(nt - 1) * stride + rb;
+                uint8_t *kmem = malloc(bytes), *vmem = malloc(bytes);
+                ASSERT(kmem && vmem);
                 for (int nr = 1; nr <= NR; nr++) {
                     const float *qp[NR];
                     float *ap[NR];
@@ -527,6 +531,8 @@ TEST(in_place_row_kernels_match_double_loops_and_the_f32_kernels_bit_for_bit)
                         }
                     }
                 }
+                free(kmem);
+                free(vmem);
             }
         }
     }

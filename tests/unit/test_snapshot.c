@@ -386,6 +386,26 @@ TEST(snapshot_written_by_an_independent_python_writer_decodes)
     ASSERT_EQ(k[1], 7);
 }
 
+/* The same seed rewritten by Python as a q8_0 cache of head dim 32 (one
+ * 34-byte block a row: f16 scale 1/16, then 32 int8): it decodes, its K and V
+ * are 14 rows of 34 bytes each, and its first block reads as written. It is
+ * the q8_0 seed of the snapshot fuzzer too. */
+TEST(snapshot_of_a_q8_0_cache_written_by_an_independent_python_writer_decodes)
+{
+    uint8_t buf[2048];
+    struct snapshot_meta m;
+    const uint8_t *k, *v;
+    ASSERT_OK(decode_seed("valid_q8_0_sinks2", buf, sizeof buf, &m, &k, &v));
+    ASSERT_EQ(m.dtype, KV_DTYPE_Q8_0);
+    ASSERT_EQ(m.head_dim, 32);
+    ASSERT_EQ(m.n_cells, 7);
+    ASSERT_EQ(snapshot_kv_bytes(&m), (size_t)14 * 34);
+    ASSERT(v == k + 14 * 34);
+    ASSERT_EQ(k[0] | k[1] << 8, 0x2c00);
+    ASSERT_EQ((int8_t)k[2], -127);
+    ASSERT_EQ((int8_t)k[3], -124);
+}
+
 TEST(snapshot_with_local_layers_written_by_an_independent_python_writer_decodes)
 {
     /* layer 0 local (window 3), layer 1 global, 12 positions stored */

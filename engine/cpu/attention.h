@@ -29,7 +29,14 @@ static inline int attn_fmt_of(enum kv_dtype t)
 /* Bytes of one row of n values in fmt. */
 static inline size_t attn_row_bytes(int fmt, int n)
 {
-    return fmt == ATTN_Q8_0 ? (size_t)(n / 32) * 34 : (size_t)n * (fmt == ATTN_F16 ? 2 : 4);
+    return fmt == ATTN_Q8_0 ? (size_t)(n / KV_Q8_BLOCK) * KV_Q8_BLOCK_BYTES
+                            : (size_t)n * (fmt == ATTN_F16 ? 2 : 4);
+}
+/* The Q8_0 block of a row that holds value i: its f16 scale at bytes 0-1,
+ * then the int8 values, value i at byte 2 + i % KV_Q8_BLOCK. */
+static inline const char *attn_q8_block(const void *row, int i)
+{
+    return (const char *)row + (size_t)(i / KV_Q8_BLOCK) * KV_Q8_BLOCK_BYTES;
 }
 
 /* K/V rows of one kv head, Dh values each, in one attn_fmt. */

@@ -23,7 +23,7 @@ static inline __m256 load8(const void *p, int i, int fmt)
     if (fmt == ATTN_F16)
         return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));
     if (fmt == ATTN_Q8_0) {
-        const char *b = (const char *)p + (size_t)(i / 32) * 34;
+        const char *b = attn_q8_block(p, i);
         uint16_t d;
         memcpy(&d, b, 2);
         const __m128i q = _mm_loadl_epi64((const __m128i *)(b + 2 + i % 32));
@@ -38,7 +38,7 @@ static inline float load1(const void *p, int i, int fmt)
     if (fmt == ATTN_F16)
         return _cvtsh_ss(((const uint16_t *)p)[i]);
     if (fmt == ATTN_Q8_0) {
-        const char *b = (const char *)p + (size_t)(i / 32) * 34;
+        const char *b = attn_q8_block(p, i);
         uint16_t d;
         memcpy(&d, b, 2);
         return _cvtsh_ss(d) * (float)(int8_t)b[2 + i % 32];

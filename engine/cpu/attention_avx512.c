@@ -132,7 +132,7 @@ void cpu__attn_accum_avx512(float *acc, const float *w, const float *vf, int nt,
 static inline float q8_scale(const void *row, int b)
 {
     uint16_t d;
-    memcpy(&d, (const char *)row + (size_t)b * 34, 2);
+    memcpy(&d, attn_q8_block(row, b * KV_Q8_BLOCK), 2);
     return _cvtsh_ss(d);
 }
 
@@ -142,8 +142,8 @@ static inline __attribute__((always_inline)) __m512 load16(const void *row, int 
                                                            const int fmt)
 {
     if (fmt == ATTN_Q8_0) {
-        const __m128i q = _mm_loadu_si128(
-            (const __m128i *)((const char *)row + (size_t)(j / 32) * 34 + 2 + j % 32));
+        const __m128i q =
+            _mm_loadu_si128((const __m128i *)(attn_q8_block(row, j) + 2 + j % KV_Q8_BLOCK));
         return _mm512_mul_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)));
     }
     return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)row + j)));

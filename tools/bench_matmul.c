@@ -21,6 +21,11 @@
  *   build/bench_matmul formats (every weight format on Gemma 3 270M's shapes, on
  *                               every ISA this CPU has, side by side: GB/s and
  *                               rows/s at T = 1, GFLOP/s at T = 64)
+ *   build/bench_matmul batch   (SmolLM2's Q4_0 shapes, repacked, and its Q8_0
+ *                               output matrix, weights from memory, at T = 1,
+ *                               2, 4, 8, 16, 32 and 64: microseconds per call
+ *                               and per token, GFLOP/s; a batched decode step
+ *                               of T streams runs these products at that T)
  *
  * Q5_0 and K-quant weights are random bytes with finite f16 scales (there is
  * no quantizer for them here; the kernels' speed does not depend on the
@@ -232,6 +237,70 @@ static int bench_formats(void)
     return 0;
 }
 
+/* Per-call time from memory (the matrix cycled through LLC_BYTES, as a
+ * decode step meets it) for T activation rows, T = 1 .. 64. */
+static int bench_batch_ts(enum cpu_isa isa)
+{
+    static const struct shape shapes[] = {
+        {"attn_q/o  576x576   Q4_0", QTYPE_Q4_0, 576, 576},
+        {"ffn_up   1536x576   Q4_0", QTYPE_Q4_0, 1536, 576},
+        {"ffn_down  576x1536  Q4_0", QTYPE_Q4_0, 576, 1536},
+        {"lm_head 49152x576   Q8_0", QTYPE_Q8_0, 49152, 576},
+    };
+    static const int64_t ts[] = {1, 2, 4, 8, 16, 32, 64};
+    const int nts = (int)(sizeof ts / sizeof ts[0]);
+    const int64_t tmax = 64;
+    printf("isa %s (single thread), weights from memory (cycled through %u MiB)\n",
+           cpu_isa_name(isa), LLC_BYTES >> 20);
+    printf("%-25s %-8s %4s %10s %10s %12s %9s %9s\n", "shape", "layout", "T", "us/call", "hot us",
+           "us/token", "GFLOP/s", "GB/s");
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const struct shape *s = &shapes[si];
+        const int packed = cpu_matmul_packs(isa, s->type);
+        const size_t mat_bytes = qtype_row_bytes(s->type, s->k) * (size_t)s->n;
+        const int nw = (int)(LLC_BYTES / mat_bytes) + 1;
+        char **w = malloc((size_t)nw * sizeof *w);
+        float *x = malloc((size_t)(s->k > s->n ? s->k : s->n) * sizeof *x);
+        char *act = malloc(quant_act_bytes(s->type, s->k) * (size_t)tmax);
+        float *y = malloc((size_t)(s->n * tmax) * sizeof *y);
+        if (!w || !x || !act || !y)
+            return 1;
+        for (int i = 0; i < nw; i++)
+            if (!(w[i] = malloc(mat_bytes)))
+                return 1;
+        fill_weights(s->type, w[0], s->n, s->k, x);
+        if (packed) {
+            cpu_pack_rows(s->type, w[0], s->k, s->n, w[1 % nw]);
+            memcpy(w[0], w[1 % nw], mat_bytes);
+        }
+        for (int i = 1; i < nw; i++)
+            memcpy(w[i], w[0], mat_bytes);
+        for (int64_t t = 0; t < tmax; t++) {
+            for (int64_t i = 0; i < s->k; i++)
+                x[i] = frand();
+            cpu_prepare_act(isa, s->type, x, s->k,
+                            act + (size_t)t * quant_act_bytes(s->type, s->k));
+        }
+        for (int i = 0; i < nts; i++) {
+            const double sec = time_calls(isa, s, w, nw, act, ts[i], y, packed);
+            const double hot = time_calls(isa, s, w, 1, act, ts[i], y, packed);
+            printf("%s %-8s %4lld %10.1f %10.1f %12.2f %9.1f %9.1f\n", s->name,
+                   packed ? "repacked" : "rows", (long long)ts[i], sec * 1e6, hot * 1e6,
+                   sec * 1e6 / (double)ts[i],
+                   2.0 * (double)s->n * (double)s->k * (double)ts[i] / sec * 1e-9,
+                   (double)mat_bytes / sec * 1e-9);
+            fflush(stdout);
+        }
+        for (int i = 0; i < nw; i++)
+            free(w[i]);
+        free(w);
+        free(x);
+        free(act);
+        free(y);
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     static const struct shape shapes[] = {
@@ -246,6 +315,8 @@ int main(int argc, char **argv)
     enum cpu_isa isa = cpu_isa_best();
     if (argc > 1 && strcmp(argv[1], "formats") == 0)
         return bench_formats();
+    if (argc > 1 && strcmp(argv[1], "batch") == 0)
+        return bench_batch_ts(isa);
     if (argc > 1) {
         for (int i = CPU_ISA_SCALAR; i <= CPU_ISA_AVX512; i++)
             if (strcmp(argv[1], cpu_isa_name((enum cpu_isa)i)) == 0 && i <= (int)cpu_isa_best())

@@ -28,12 +28,13 @@
  * sixteen, so a row's result is bit-identical however it is batched.
  *
  * Repacked weights (cpu_pack_rows, layout in matmul.h) hold every full group
- * already transposed, so cpu__matmul_rows16_packed_avx512_vnni only loads
- * them: at T = 1 straight into the dot products, at T > 1 into the scratch
- * buffer (the nibbles split, the scales converted) for the register tiles.
- * The arithmetic is the one above, step for step; the integer part i may be
- * summed in two chains at T = 1 (int32 addition is exact and associative),
- * so a repacked row's result is bit-identical to the row's result here.
+ * already transposed, so cpu__matmul_rows16_packed_avx512_vnni loads them
+ * straight into the dot products, in register tiles of up to TILE_T
+ * activation rows (no scratch buffer), prefetching the next group's bytes
+ * block by block meanwhile. The arithmetic is the one above, step for
+ * step; the integer part i may be summed in two chains for up to four rows
+ * (int32 addition is exact and associative), so a repacked row's result is
+ * bit-identical to the row's result here.
  */
 #include "matmul_impl.h"
 
@@ -337,16 +338,17 @@ INLINE void load_block(const enum qtype type, const struct group_src *s, int64_t
         *m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s->m + (size_t)b * GROUP)));
 }
 
-/* pack() for a repacked group: blocks b0 .. b0+nb-1 into P. */
-INLINE void unpack(const enum qtype type, const struct group_src *s, int64_t b0, int nb,
-                   struct packed *P)
+/* Starts loading block b of a repacked group (its quants, and the line of
+ * scales it falls in). */
+INLINE void prefetch_block(const enum qtype type, const struct group_src *s, int64_t b)
 {
-    for (int bb = 0; bb < nb; bb++) {
-        __m512 m = _mm512_setzero_ps();
-        load_block(type, s, b0 + bb, P->q[bb], &P->d[bb], &m);
-        if (type == QTYPE_Q4_1)
-            P->m[bb] = m;
-    }
+    const char *qb = s->q + (size_t)b * packed_qb(type);
+    for (size_t o = 0; o < packed_qb(type); o += 64)
+        _mm_prefetch(qb + o, _MM_HINT_T0);
+    if (b % 2 == 0) /* 16 f16 scales a block: a cache line holds two blocks' */
+        _mm_prefetch((const char *)(s->d + (size_t)b * GROUP), _MM_HINT_T0);
+    if (type == QTYPE_Q4_1 && b % 2 == 0)
+        _mm_prefetch((const char *)(s->m + (size_t)b * GROUP), _MM_HINT_T0);
 }
 
 /* tile() for one activation row, reading the repacked group directly. */
@@ -412,6 +414,87 @@ INLINE void tile1x2(const enum qtype type, const struct group_src *s0, const str
     *f1 = fb;
 }
 
+/* tile() for nt (2 .. TILE_T) activation rows, reading the repacked group
+ * directly: each block's quants are loaded (the nibbles split) once for the
+ * nt rows, with no scratch copy. Up to four rows, each row's integer dot
+ * product runs in two chains (int32 addition is exact and associative), so
+ * that a few rows still keep enough independent VNNI chains in flight.
+ * next (or NULL): the group after this one, whose same block is prefetched
+ * with each block, so that a batched decode step, which streams its weights
+ * from memory, has them arrive while this group is computed. */
+INLINE void tile_direct(const enum qtype type, const int nt, const struct group_src *s,
+                        const struct group_src *next, int64_t b0, int nb, const char *a,
+                        size_t a_stride, const int32_t (*corr)[CHUNK_BLOCKS], __m512 f[TILE_T])
+{
+    const int two = nt <= 4;
+    for (int bb = 0; bb < nb; bb++) {
+        if (next)
+            prefetch_block(type, next, b0 + bb);
+        __m512i q[8];
+        __m512 d, m = _mm512_setzero_ps();
+        load_block(type, s, b0 + bb, q, &d, &m);
+        __m512i i0[TILE_T], i1[TILE_T];
+#pragma GCC unroll 8
+        for (int t = 0; t < nt; t++) {
+            i0[t] = _mm512_set1_epi32(type == QTYPE_Q4_1 ? 0 : corr[t][bb]);
+            i1[t] = _mm512_setzero_si512();
+        }
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) {
+#pragma GCC unroll 8
+            for (int t = 0; t < nt; t++) {
+                const struct block_q8_act *ab =
+                    (const struct block_q8_act *)(a + (size_t)t * a_stride) + bb;
+                const __m512i x = _mm512_set1_epi32(load_i32(ab->qs + 4 * j));
+                if (two && j % 2)
+                    i1[t] = dpbusd(i1[t], q[j], x);
+                else
+                    i0[t] = dpbusd(i0[t], q[j], x);
+            }
+        }
+#pragma GCC unroll 8
+        for (int t = 0; t < nt; t++) {
+            const struct block_q8_act *ab =
+                (const struct block_q8_act *)(a + (size_t)t * a_stride) + bb;
+            const __m512i i = two ? _mm512_add_epi32(i0[t], i1[t]) : i0[t];
+            f[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_mul_ps(d, _mm512_set1_ps(ab->d)),
+                                   f[t]);
+            if (type == QTYPE_Q4_1)
+                f[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(ab->s), f[t]);
+        }
+    }
+}
+
+/* Calls tile_direct with nt as a constant. */
+INLINE void tile_direct_n(const enum qtype type, int nt, const struct group_src *s,
+                          const struct group_src *next, int64_t b0, int nb, const char *a,
+                          size_t a_stride, const int32_t (*corr)[CHUNK_BLOCKS], __m512 f[TILE_T])
+{
+    switch (nt) {
+    case 8:
+        tile_direct(type, 8, s, next, b0, nb, a, a_stride, corr, f);
+        break;
+    case 7:
+        tile_direct(type, 7, s, next, b0, nb, a, a_stride, corr, f);
+        break;
+    case 6:
+        tile_direct(type, 6, s, next, b0, nb, a, a_stride, corr, f);
+        break;
+    case 5:
+        tile_direct(type, 5, s, next, b0, nb, a, a_stride, corr, f);
+        break;
+    case 4:
+        tile_direct(type, 4, s, next, b0, nb, a, a_stride, corr, f);
+        break;
+    case 3:
+        tile_direct(type, 3, s, next, b0, nb, a, a_stride, corr, f);
+        break;
+    default:
+        tile_direct(type, 2, s, next, b0, nb, a, a_stride, corr, f);
+        break;
+    }
+}
+
 /* Rows [n0, n1) within the full groups of a repacked matrix. */
 INLINE void rows16_packed(const enum qtype type, const void *restrict wp, int64_t k, int64_t n0,
                           int64_t n1, const void *restrict act, int64_t T, float *restrict y,
@@ -421,7 +504,6 @@ INLINE void rows16_packed(const enum qtype type, const void *restrict wp, int64_
     const size_t row_bytes = qtype_row_bytes(type, k);
     const size_t a_stride = quant_act_bytes(type, k);
     const int64_t nbk = k / QK;
-    _Alignas(64) struct packed P;
     int32_t corr[TOKEN_BLOCK][CHUNK_BLOCKS];
 
     for (int64_t t0 = 0; t0 < T; t0 += TOKEN_BLOCK) {
@@ -453,14 +535,12 @@ INLINE void rows16_packed(const enum qtype type, const void *restrict wp, int64_
                     g += GROUP;
                     continue;
                 }
-                if (tn == 1) {
-                    float *yt = y + t0 * ldy + g;
-                    __m512 f = b0 == 0 ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(live, yt);
-                    f = tile1(type, &src, b0, nb, ab0, corr[0], f);
-                    _mm512_mask_storeu_ps(yt, live, f);
-                    continue;
-                }
-                unpack(type, &src, b0, nb, &P);
+                /* register tiles of up to TILE_T rows straight from the
+                 * repacked quants (one row: tile1); the first tile also
+                 * starts loading the next group, the later ones find this
+                 * group in L1 */
+                const struct group_src nxt =
+                    g + GROUP < n1 ? group_at(type, wp, row_bytes, nbk, g + GROUP) : src;
                 for (int64_t tt = 0; tt < tn; tt += TILE_T) {
                     const int nt = tn - tt < TILE_T ? (int)(tn - tt) : TILE_T;
                     float *yt = y + (t0 + tt) * ldy + g;
@@ -468,8 +548,13 @@ INLINE void rows16_packed(const enum qtype type, const void *restrict wp, int64_
                     for (int t = 0; t < nt; t++)
                         f[t] = b0 == 0 ? _mm512_setzero_ps()
                                        : _mm512_maskz_loadu_ps(live, yt + t * ldy);
-                    tile_n(type, nt, &P, nb, ab0 + (size_t)tt * a_stride, a_stride,
-                           (const int32_t(*)[CHUNK_BLOCKS])corr[tt], f);
+                    if (nt == 1)
+                        f[0] =
+                            tile1(type, &src, b0, nb, ab0 + (size_t)tt * a_stride, corr[tt], f[0]);
+                    else
+                        tile_direct_n(type, nt, &src, tt == 0 && g + GROUP < n1 ? &nxt : NULL, b0,
+                                      nb, ab0 + (size_t)tt * a_stride, a_stride,
+                                      (const int32_t(*)[CHUNK_BLOCKS])corr[tt], f);
                     for (int t = 0; t < nt; t++)
                         _mm512_mask_storeu_ps(yt + t * ldy, live, f[t]);
                 }

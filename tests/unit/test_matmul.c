@@ -654,7 +654,9 @@ TEST(packed_rows_are_bit_identical_to_the_kernel_on_the_rows_as_they_are)
     enum { NMAX = 53, LDY = NMAX + 3, TMAX = 70 };
     static const int64_t ks[] = {32, 96, 576, 1536};
     static const int64_t Ns[] = {53, 48, 16, 7};
-    static const int64_t ts[] = {1, 2, 8, 9, 70};
+    /* 1: the one-row path; 2 .. 8: one register tile straight from the
+     * repacked quants (two chains per row up to 4); 9 and 70: the scratch */
+    static const int64_t ts[] = {1, 2, 3, 4, 5, 7, 8, 9, 70};
     static const int64_t ranges[][2] = {{0, 53}, {0, 16}, {16, 48}, {3, 38}, {40, 53}, {5, 6}};
     static float x[K_MAX];
     _Alignas(64) static uint8_t w[NMAX * K_MAX * 2], p[NMAX * K_MAX * 2];
@@ -751,13 +753,14 @@ TEST(packed_rows_are_bit_identical_to_the_kernel_on_the_rows_as_they_are)
 }
 
 /* The tied output matrix of SmolLM2-135M: 49,152 Q8_0 rows of 576 (and three
- * more rows, a partial group), repacked, for one activation row (decode) and
- * for five, split into per-thread ranges the way the CPU backend splits them:
+ * more rows, a partial group), repacked, for one activation row (decode),
+ * for five and eight (a batched decode step's register tile) and for twelve
+ * (the scratch path), split into per-thread ranges the way the CPU backend splits them:
  * bit-identical to the kernel on the rows as they are, within the scalar
  * reference's tolerance. */
 TEST(packed_output_matrix_matches_the_kernel_and_the_reference)
 {
-    enum { N = 49152 + 3, K = 576, T = 5 };
+    enum { N = 49152 + 3, K = 576, T = 12 };
     const enum qtype t = QTYPE_Q8_0;
     if (!cpu_matmul_packs(cpu_isa_best(), t))
         TEST_SKIP("no AVX512-VNNI here (or capped by STREAMSINK_ISA)");
@@ -774,8 +777,8 @@ TEST(packed_output_matrix_matches_the_kernel_and_the_reference)
         quant_prepare_act_ref(t, x, K, act + (size_t)tt * ab);
     }
     cpu_pack_rows(t, w, K, N, p);
-    static const int64_t Ts[] = {1, T};
-    for (int i = 0; i < 2; i++) {
+    static const int64_t Ts[] = {1, 5, 8, T};
+    for (int i = 0; i < 4; i++) {
         const int64_t bt = Ts[i];
         cpu__matmul_rows16_avx512_vnni(t, w, K, 0, N, act, bt, want, N);
         const int64_t parts = 8, blocks = (N + 15) / 16;

@@ -14,10 +14,11 @@ Figures (tokens/s):
   ctx4096   128 tokens decoded at a 4,096-token context.  A: sinks:4 window
             4,096, full and evicting (a 4,200-token prompt); B: llama-bench
             -p 0 -n 128 -d 4096.
-  batch     aggregate decode of B sequences at a ~W-token context.  A:
-            bench_batch (B greedy streams, window W, prompt W); B:
-            llama-batched-bench -npp W -ntg STEPS -npl B. Measured at the
-            largest thread count only.
+  batch     aggregate decode of B sequences after a P-token prompt each
+            (--batch-fill P, default W: a full window).  A: bench_batch (B
+            greedy streams, window W, prompt P); B: llama-batched-bench
+            -npp P -ntg STEPS -npl B. Measured at the largest thread count
+            only.
 llama.cpp's figure is the better of its two attention paths (flash attention
 off and on, both run in the same call), whichever wins for that figure.
 --kv-dtype q8_0 runs both sides with an 8-bit KV cache (streamsink
@@ -78,8 +79,9 @@ def llama_bench(a, model, threads, args):
 
 def ss_batch(a, model, threads, batches):
     out, _ = run([a.bench_batch, "--model", model, "--threads", str(threads), "--window",
-                  str(a.batch_window), "--batches", ",".join(map(str, batches)), "--steps",
-                  str(a.batch_steps), "--kv-dtype", a.kv_dtype])
+                  str(a.batch_window), "--fill", str(a.batch_fill), "--batches",
+                  ",".join(map(str, batches)), "--steps", str(a.batch_steps), "--kv-dtype",
+                  a.kv_dtype])
     res = {}
     for m in re.finditer(r"^batch (\d+) rep \d+ tokens/s ([0-9.]+)", out, re.M):
         res[int(m.group(1))] = float(m.group(2))
@@ -89,12 +91,12 @@ def ss_batch(a, model, threads, batches):
 def llama_batch(a, model, threads, batches):
     """Aggregate decode tokens/s per batch size, the better of flash attention
     off and on (see llama_bench)."""
-    ctx = max(batches) * (a.batch_window + a.batch_steps) + 64
+    ctx = max(batches) * (a.batch_fill + a.batch_steps) + 64
     res = {}
     for fa in ("off", "on") if a.kv_dtype == "f16" else ("on",):
         out, err = run([a.llama_batched_bench, "-m", model, "-t", str(threads), "-tb",
                         str(threads), "-c", str(ctx), "-b", "2048", "-ub", "512", "-npp",
-                        str(a.batch_window), "-ntg", str(a.batch_steps), "-npl",
+                        str(a.batch_fill), "-ntg", str(a.batch_steps), "-npl",
                         ",".join(map(str, batches)), "-fa", fa, "-ctk", a.kv_dtype, "-ctv",
                         a.kv_dtype, "--output-format", "jsonl"])
         for line in (out + "\n" + err).splitlines():
@@ -143,7 +145,8 @@ def print_table(a, res, copies):
         pass
     print(f"# peer_bench {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {flags}; "
           f"{os.cpu_count()} CPUs; load average at end {os.getloadavg()[0]:.1f}; "
-          f"{a.reps} repetitions interleaved; {platform.machine()}; KV cache {a.kv_dtype}")
+          f"{a.reps} repetitions interleaved; {platform.machine()}; KV cache {a.kv_dtype}; "
+          f"batch: window {a.batch_window}, prompt {a.batch_fill}, {a.batch_steps} steps")
     if copies:
         print(f"# memory copy, one thread, 256 MiB (read + write): {spread(copies)} GB/s "
               "(min/median/max, one per repetition)")
@@ -172,12 +175,18 @@ def main():
     ap.add_argument("--batches", default="1,4,8,16,32")
     ap.add_argument("--batch-window", type=int, default=1024)
     ap.add_argument("--batch-steps", type=int, default=32)
+    ap.add_argument("--batch-fill", type=int, default=0,
+                    help="prompt tokens per sequence (default: the window)")
     ap.add_argument("--kv-dtype", choices=("f16", "q8_0"), default="f16")
     ap.add_argument("models", nargs="+")
     a = ap.parse_args()
     threads = [int(x) for x in a.threads.split(",")]
     figures = a.figures.split(",")
     batches = [int(x) for x in a.batches.split(",")]
+    if a.batch_fill <= 0:
+        a.batch_fill = a.batch_window
+    if a.batch_fill > a.batch_window:
+        ap.error("--batch-fill must not exceed --batch-window")
     res = {}  # (figure, model, threads) -> ([A...], [B...])
 
     def add(fig, model, t, side, v):

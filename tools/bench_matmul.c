@@ -21,6 +21,10 @@
  *   build/bench_matmul formats (every weight format on Gemma 3 270M's shapes, on
  *                               every ISA this CPU has, side by side: GB/s and
  *                               rows/s at T = 1, GFLOP/s at T = 64)
+ *   build/bench_matmul peak    (this core's measured throughput of 512-bit
+ *                               VPDPBUSD and FMA: twelve independent chains,
+ *                               instructions per ns and GOP/s, the ceiling the
+ *                               GFLOP/s figures are read against)
  *   build/bench_matmul batch   (SmolLM2's Q4_0 shapes, repacked, and its Q8_0
  *                               output matrix, weights from memory, at T = 1,
  *                               2, 4, 8, 16, 32 and 64: microseconds per call
@@ -33,6 +37,7 @@
  */
 #include "cpu/matmul.h"
 
+#include <immintrin.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -237,6 +242,74 @@ static int bench_formats(void)
     return 0;
 }
 
+/* Instructions per ns of 512-bit VPDPBUSD (64 multiply-adds each) and FMA
+ * (16), twelve independent accumulators each, single thread (wall time). */
+#define PEAK_ROUNDS 20000000L
+#define DP(a) __asm__ volatile("vpdpbusd %2, %1, %0" : "+v"(a) : "v"(u), "v"(s))
+#define FM(a) __asm__ volatile("vfmadd231ps %2, %1, %0" : "+v"(a) : "v"(fu), "v"(fs))
+__attribute__((target("avx512f,avx512bw"))) static void peak_avx512(double *dp, double *fma)
+{
+    __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0,
+            a7 = a0, a8 = a0, a9 = a0, a10 = a0, a11 = a0;
+    const __m512i u = _mm512_set1_epi32(0x01020304), s = _mm512_set1_epi32(0x01010101);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (long i = 0; i < PEAK_ROUNDS; i++) {
+        DP(a0);
+        DP(a1);
+        DP(a2);
+        DP(a3);
+        DP(a4);
+        DP(a5);
+        DP(a6);
+        DP(a7);
+        DP(a8);
+        DP(a9);
+        DP(a10);
+        DP(a11);
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    *dp = 12.0 * PEAK_ROUNDS /
+          ((double)(t1.tv_sec - t0.tv_sec) * 1e9 + (double)(t1.tv_nsec - t0.tv_nsec));
+    __m512 f0 = _mm512_setzero_ps(), f1 = f0, f2 = f0, f3 = f0, f4 = f0, f5 = f0, f6 = f0, f7 = f0,
+           f8 = f0, f9 = f0, f10 = f0, f11 = f0;
+    const __m512 fu = _mm512_set1_ps(1.0001f), fs = _mm512_set1_ps(0.9999f);
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (long i = 0; i < PEAK_ROUNDS; i++) {
+        FM(f0);
+        FM(f1);
+        FM(f2);
+        FM(f3);
+        FM(f4);
+        FM(f5);
+        FM(f6);
+        FM(f7);
+        FM(f8);
+        FM(f9);
+        FM(f10);
+        FM(f11);
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    *fma = 12.0 * PEAK_ROUNDS /
+           ((double)(t1.tv_sec - t0.tv_sec) * 1e9 + (double)(t1.tv_nsec - t0.tv_nsec));
+}
+
+static int bench_peak(void)
+{
+    if (!cpu_matmul_packs(cpu_isa_best(), QTYPE_Q4_0)) {
+        printf("peak: this CPU has no AVX512-VNNI (or STREAMSINK_ISA caps it)\n");
+        return 0;
+    }
+    for (int r = 0; r < 3; r++) {
+        double dp, fma;
+        peak_avx512(&dp, &fma);
+        printf("peak, one thread: VPDPBUSD zmm %.2f/ns = %.0f int8 GOP/s; FMA zmm %.2f/ns = "
+               "%.0f GFLOP/s\n",
+               dp, dp * 128.0, fma, fma * 32.0);
+    }
+    return 0;
+}
+
 /* Per-call time from memory (the matrix cycled through LLC_BYTES, as a
  * decode step meets it) for T activation rows, T = 1 .. 64. */
 static int bench_batch_ts(enum cpu_isa isa)
@@ -317,6 +390,8 @@ int main(int argc, char **argv)
         return bench_formats();
     if (argc > 1 && strcmp(argv[1], "batch") == 0)
         return bench_batch_ts(isa);
+    if (argc > 1 && strcmp(argv[1], "peak") == 0)
+        return bench_peak();
     if (argc > 1) {
         for (int i = CPU_ISA_SCALAR; i <= CPU_ISA_AVX512; i++)
             if (strcmp(argv[1], cpu_isa_name((enum cpu_isa)i)) == 0 && i <= (int)cpu_isa_best())

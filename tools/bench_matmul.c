@@ -30,6 +30,8 @@
  *                               2, 4, 8, 16, 32 and 64: microseconds per call
  *                               and per token, GFLOP/s; a batched decode step
  *                               of T streams runs these products at that T)
+ * $BENCH_MATMUL_MIB sets the memory a matrix is cycled through "from memory"
+ * (default 64 MiB; use more than the last-level cache).
  *
  * Q5_0 and K-quant weights are random bytes with finite f16 scales (there is
  * no quantizer for them here; the kernels' speed does not depend on the
@@ -45,7 +47,16 @@
 #include <string.h>
 #include <time.h>
 
-#define LLC_BYTES (64u << 20) /* cycle through at least this much weight memory */
+/* Cycle through at least this much weight memory: 64 MiB, or
+ * $BENCH_MATMUL_MIB MiB (above the last-level cache, so that "from memory"
+ * is from DRAM). */
+static size_t llc_bytes(void)
+{
+    const char *e = getenv("BENCH_MATMUL_MIB");
+    long mib = e ? atol(e) : 0;
+    return (size_t)(mib > 0 ? mib : 64) << 20;
+}
+#define LLC_BYTES llc_bytes()
 
 struct shape {
     const char *name;
@@ -226,7 +237,7 @@ static int bench_formats(void)
     };
     printf("single thread; T=1: weight bytes / s and rows / s (matrix cycled through %u MiB); "
            "T=64: GFLOP/s\n",
-           LLC_BYTES >> 20);
+           (unsigned)(LLC_BYTES >> 20));
     printf("%-25s %-7s %9s %9s %12s %9s %9s\n", "shape", "isa", "T=1 GB/s", "hot GB/s", "rows/s",
            "T=1 us", "T=64 GF/s");
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
@@ -324,7 +335,7 @@ static int bench_batch_ts(enum cpu_isa isa)
     const int nts = (int)(sizeof ts / sizeof ts[0]);
     const int64_t tmax = 64;
     printf("isa %s (single thread), weights from memory (cycled through %u MiB)\n",
-           cpu_isa_name(isa), LLC_BYTES >> 20);
+           cpu_isa_name(isa), (unsigned)(LLC_BYTES >> 20));
     printf("%-25s %-8s %4s %10s %10s %12s %9s %9s\n", "shape", "layout", "T", "us/call", "hot us",
            "us/token", "GFLOP/s", "GB/s");
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {

@@ -38,6 +38,7 @@
  */
 #include "matmul_impl.h"
 
+#include <assert.h>
 #include <immintrin.h>
 #include <string.h>
 
@@ -345,9 +346,9 @@ INLINE void prefetch_block(const enum qtype type, const struct group_src *s, int
     const char *qb = s->q + (size_t)b * packed_qb(type);
     for (size_t o = 0; o < packed_qb(type); o += 64)
         _mm_prefetch(qb + o, _MM_HINT_T0);
-    if (b % 2 == 0) /* 16 f16 scales a block: a cache line holds two blocks' */
-        _mm_prefetch((const char *)(s->d + (size_t)b * GROUP), _MM_HINT_T0);
-    if (type == QTYPE_Q4_1 && b % 2 == 0)
+    /* the block's 16 f16 scales: 32 bytes, within one line */
+    _mm_prefetch((const char *)(s->d + (size_t)b * GROUP), _MM_HINT_T0);
+    if (type == QTYPE_Q4_1)
         _mm_prefetch((const char *)(s->m + (size_t)b * GROUP), _MM_HINT_T0);
 }
 
@@ -470,6 +471,7 @@ INLINE void tile_direct_n(const enum qtype type, int nt, const struct group_src 
                           const struct group_src *next, int64_t b0, int nb, const char *a,
                           size_t a_stride, const int32_t (*corr)[CHUNK_BLOCKS], __m512 f[TILE_T])
 {
+    assert(nt >= 2 && nt <= TILE_T); /* one row is tile1's */
     switch (nt) {
     case 8:
         tile_direct(type, 8, s, next, b0, nb, a, a_stride, corr, f);

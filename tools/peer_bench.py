@@ -10,7 +10,7 @@ Figures (tokens/s):
   prompt    512-token prompt.  A: streamsink run --prompt-tokens 512 --chunk 512;
             B: llama-bench -p 512 -n 0.
   decode    128 generated tokens after it.  A: the same run's decode figure;
-            B: llama-bench -p 0 -n 128.
+            B: llama-bench -p 0 -n 128 -d 512 (the same 512-token context).
   ctx4096   128 tokens decoded at a 4,096-token context.  A: sinks:4 window
             4,096, full and evicting (a 4,200-token prompt); B: llama-bench
             -p 0 -n 128 -d 4096.
@@ -215,7 +215,7 @@ def main():
                                 llama_bench(a, model, t, ["-p", "512", "-n", "0"]))
                         if "decode" in figures:
                             add("decode", model, t, 1,
-                                llama_bench(a, model, t, ["-p", "0", "-n", "128"]))
+                                llama_bench(a, model, t, ["-p", "0", "-n", "128", "-d", "512"]))
                         if "ctx4096" in figures:
                             add("ctx4096", model, t, 1,
                                 llama_bench(a, model, t, ["-p", "0", "-n", "128", "-d", "4096"]))

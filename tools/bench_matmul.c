@@ -162,42 +162,78 @@ struct result {
     double copy_gbs;                     /* memcpy, read + write */
 };
 
-static int bench_shape(enum cpu_isa isa, const struct shape *s, struct result *res, int packed)
-{
-    size_t row_bytes = qtype_row_bytes(s->type, s->k);
-    size_t mat_bytes = row_bytes * (size_t)s->n;
-    int nw = (int)(LLC_BYTES / mat_bytes) + 1;
-    const int64_t tmax = 64;
-    char **w = malloc((size_t)nw * sizeof *w);
-    float *x = malloc((size_t)(s->k > s->n ? s->k : s->n) * sizeof *x);
-    char *act = malloc(quant_act_bytes(s->type, s->k) * (size_t)tmax);
-    float *y = malloc((size_t)(s->n * tmax) * sizeof *y);
-    if (!w || !x || !act || !y)
-        return -1;
+/* One shape's buffers: nw copies of the matrix (repacked when packed),
+ * enough to cycle through LLC_BYTES, tmax prepared activation rows, the
+ * output. */
+struct bench_mats {
+    char **w;
+    int nw;
+    size_t mat_bytes;
+    char *act;
+    float *y;
+};
+#define BENCH_TMAX 64
 
-    w[0] = malloc(mat_bytes);
-    if (!w[0])
+static void mats_free(struct bench_mats *m)
+{
+    for (int i = 0; m->w && i < m->nw; i++)
+        free(m->w[i]);
+    free(m->w);
+    free(m->act);
+    free(m->y);
+}
+
+static int mats_make(enum cpu_isa isa, const struct shape *s, int packed, struct bench_mats *m)
+{
+    memset(m, 0, sizeof *m);
+    m->mat_bytes = qtype_row_bytes(s->type, s->k) * (size_t)s->n;
+    m->nw = (int)(LLC_BYTES / m->mat_bytes) + 1;
+    m->w = calloc((size_t)m->nw, sizeof *m->w);
+    float *x = malloc((size_t)(s->k > s->n ? s->k : s->n) * sizeof *x);
+    m->act = malloc(quant_act_bytes(s->type, s->k) * (size_t)BENCH_TMAX);
+    m->y = malloc((size_t)(s->n * BENCH_TMAX) * sizeof *m->y);
+    int ok = m->w && x && m->act && m->y;
+    for (int i = 0; ok && i < m->nw; i++)
+        ok = (m->w[i] = malloc(m->mat_bytes)) != NULL;
+    if (!ok) {
+        free(x);
+        mats_free(m);
         return -1;
-    fill_weights(s->type, w[0], s->n, s->k, x);
-    if (packed) {
-        char *p = malloc(mat_bytes);
-        if (!p)
-            return -1;
-        cpu_pack_rows(s->type, w[0], s->k, s->n, p);
-        free(w[0]);
-        w[0] = p;
     }
-    for (int i = 1; i < nw; i++) {
-        w[i] = malloc(mat_bytes);
-        if (!w[i])
+    fill_weights(s->type, m->w[0], s->n, s->k, x);
+    if (packed) { /* w[0] becomes the repacked copy */
+        char *p = malloc(m->mat_bytes);
+        if (!p) {
+            free(x);
+            mats_free(m);
             return -1;
-        memcpy(w[i], w[0], mat_bytes);
+        }
+        cpu_pack_rows(s->type, m->w[0], s->k, s->n, p);
+        free(m->w[0]);
+        m->w[0] = p;
     }
-    for (int64_t t = 0; t < tmax; t++) {
+    for (int i = 1; i < m->nw; i++)
+        memcpy(m->w[i], m->w[0], m->mat_bytes);
+    for (int64_t t = 0; t < BENCH_TMAX; t++) {
         for (int64_t i = 0; i < s->k; i++)
             x[i] = frand();
-        cpu_prepare_act(isa, s->type, x, s->k, act + (size_t)t * quant_act_bytes(s->type, s->k));
+        cpu_prepare_act(isa, s->type, x, s->k, m->act + (size_t)t * quant_act_bytes(s->type, s->k));
     }
+    free(x);
+    return 0;
+}
+
+static int bench_shape(enum cpu_isa isa, const struct shape *s, struct result *res, int packed)
+{
+    struct bench_mats m;
+    if (mats_make(isa, s, packed, &m) < 0)
+        return -1;
+    char **w = m.w;
+    const int nw = m.nw;
+    const size_t mat_bytes = m.mat_bytes;
+    const int64_t tmax = BENCH_TMAX;
+    const char *act = m.act;
+    float *y = m.y;
 
     double t1 = time_calls(isa, s, w, nw, act, 1, y, packed);
     double t1_hot = time_calls(isa, s, w, 1, act, 1, y, packed);
@@ -210,13 +246,7 @@ static int bench_shape(enum cpu_isa isa, const struct shape *s, struct result *r
     res->us = t1 * 1e6;
     res->gflops = flop * (double)tmax / t64 * 1e-9;
     res->us64 = t64 * 1e6;
-
-    for (int i = 0; i < nw; i++)
-        free(w[i]);
-    free(w);
-    free(x);
-    free(act);
-    free(y);
+    mats_free(&m);
     return 0;
 }
 
@@ -258,6 +288,11 @@ static int bench_formats(void)
 #define PEAK_ROUNDS 20000000L
 #define DP(a) __asm__ volatile("vpdpbusd %2, %1, %0" : "+v"(a) : "v"(u), "v"(s))
 #define FM(a) __asm__ volatile("vfmadd231ps %2, %1, %0" : "+v"(a) : "v"(fu), "v"(fs))
+static double ns_between(const struct timespec *t0, const struct timespec *t1)
+{
+    return (double)(t1->tv_sec - t0->tv_sec) * 1e9 + (double)(t1->tv_nsec - t0->tv_nsec);
+}
+
 __attribute__((target("avx512f,avx512bw"))) static void peak_avx512(double *dp, double *fma)
 {
     __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0,
@@ -280,8 +315,7 @@ __attribute__((target("avx512f,avx512bw"))) static void peak_avx512(double *dp, 
         DP(a11);
     }
     clock_gettime(CLOCK_MONOTONIC, &t1);
-    *dp = 12.0 * PEAK_ROUNDS /
-          ((double)(t1.tv_sec - t0.tv_sec) * 1e9 + (double)(t1.tv_nsec - t0.tv_nsec));
+    *dp = 12.0 * PEAK_ROUNDS / ns_between(&t0, &t1);
     __m512 f0 = _mm512_setzero_ps(), f1 = f0, f2 = f0, f3 = f0, f4 = f0, f5 = f0, f6 = f0, f7 = f0,
            f8 = f0, f9 = f0, f10 = f0, f11 = f0;
     const __m512 fu = _mm512_set1_ps(1.0001f), fs = _mm512_set1_ps(0.9999f);
@@ -301,8 +335,7 @@ __attribute__((target("avx512f,avx512bw"))) static void peak_avx512(double *dp, 
         FM(f11);
     }
     clock_gettime(CLOCK_MONOTONIC, &t1);
-    *fma = 12.0 * PEAK_ROUNDS /
-           ((double)(t1.tv_sec - t0.tv_sec) * 1e9 + (double)(t1.tv_nsec - t0.tv_nsec));
+    *fma = 12.0 * PEAK_ROUNDS / ns_between(&t0, &t1);
 }
 
 static int bench_peak(void)
@@ -333,7 +366,6 @@ static int bench_batch_ts(enum cpu_isa isa)
     };
     static const int64_t ts[] = {1, 2, 4, 8, 16, 32, 64};
     const int nts = (int)(sizeof ts / sizeof ts[0]);
-    const int64_t tmax = 64;
     printf("isa %s (single thread), weights from memory (cycled through %u MiB)\n",
            cpu_isa_name(isa), (unsigned)(LLC_BYTES >> 20));
     printf("%-25s %-8s %4s %10s %10s %12s %9s %9s\n", "shape", "layout", "T", "us/call", "hot us",
@@ -341,46 +373,20 @@ static int bench_batch_ts(enum cpu_isa isa)
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         const struct shape *s = &shapes[si];
         const int packed = cpu_matmul_packs(isa, s->type);
-        const size_t mat_bytes = qtype_row_bytes(s->type, s->k) * (size_t)s->n;
-        const int nw = (int)(LLC_BYTES / mat_bytes) + 1;
-        char **w = malloc((size_t)nw * sizeof *w);
-        float *x = malloc((size_t)(s->k > s->n ? s->k : s->n) * sizeof *x);
-        char *act = malloc(quant_act_bytes(s->type, s->k) * (size_t)tmax);
-        float *y = malloc((size_t)(s->n * tmax) * sizeof *y);
-        if (!w || !x || !act || !y)
+        struct bench_mats m;
+        if (mats_make(isa, s, packed, &m) < 0)
             return 1;
-        for (int i = 0; i < nw; i++)
-            if (!(w[i] = malloc(mat_bytes)))
-                return 1;
-        fill_weights(s->type, w[0], s->n, s->k, x);
-        if (packed) {
-            cpu_pack_rows(s->type, w[0], s->k, s->n, w[1 % nw]);
-            memcpy(w[0], w[1 % nw], mat_bytes);
-        }
-        for (int i = 1; i < nw; i++)
-            memcpy(w[i], w[0], mat_bytes);
-        for (int64_t t = 0; t < tmax; t++) {
-            for (int64_t i = 0; i < s->k; i++)
-                x[i] = frand();
-            cpu_prepare_act(isa, s->type, x, s->k,
-                            act + (size_t)t * quant_act_bytes(s->type, s->k));
-        }
         for (int i = 0; i < nts; i++) {
-            const double sec = time_calls(isa, s, w, nw, act, ts[i], y, packed);
-            const double hot = time_calls(isa, s, w, 1, act, ts[i], y, packed);
+            const double sec = time_calls(isa, s, m.w, m.nw, m.act, ts[i], m.y, packed);
+            const double hot = time_calls(isa, s, m.w, 1, m.act, ts[i], m.y, packed);
             printf("%s %-8s %4lld %10.1f %10.1f %12.2f %9.1f %9.1f\n", s->name,
                    packed ? "repacked" : "rows", (long long)ts[i], sec * 1e6, hot * 1e6,
                    sec * 1e6 / (double)ts[i],
                    2.0 * (double)s->n * (double)s->k * (double)ts[i] / sec * 1e-9,
-                   (double)mat_bytes / sec * 1e-9);
+                   (double)m.mat_bytes / sec * 1e-9);
             fflush(stdout);
         }
-        for (int i = 0; i < nw; i++)
-            free(w[i]);
-        free(w);
-        free(x);
-        free(act);
-        free(y);
+        mats_free(&m);
     }
     return 0;
 }

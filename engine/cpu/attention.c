@@ -219,14 +219,12 @@ static int64_t visit_cell(const struct attn_keys *keys, int64_t v, int *run, int
     return keys->run_start[r] + v - base;
 }
 
-/* Starts loading the K rows, the V rows or both (which) of the tile that
- * begins at visit index v (up to ATTN_TILE keys, not past last or the end of
- * v's run): in a many-stream or long-window decode step they come from
- * memory, once. Issuing the keys before the scores and the values before
- * the weighted sum spreads the misses over the tile's work (a whole tile at
- * once stalls on the line-fill buffers). */
-enum { PREFETCH_K = 1, PREFETCH_V = 2 };
-static void prefetch_tile(const struct attn_keys *keys, int64_t v, int64_t last, int which)
+/* Starts loading the K and V rows of the tile that begins at visit index v
+ * (up to ATTN_TILE keys, not past last or the end of v's run) while the
+ * converted-tile path works on the current one: a prefill chunk's tiles
+ * come from memory once per chunk, and its conversion and per-row work
+ * leave time for the whole tile to arrive. */
+static void prefetch_tile(const struct attn_keys *keys, int64_t v, int64_t last)
 {
     int run;
     int64_t left, c = visit_cell(keys, v, &run, &left), cnt = last - v;
@@ -235,10 +233,8 @@ static void prefetch_tile(const struct attn_keys *keys, int64_t v, int64_t last,
     const size_t rb = attn_row_bytes(keys->fmt, keys->head_dim);
     const size_t o0 = (size_t)c * rb, bytes = (size_t)cnt * rb;
     for (size_t o = 0; o < bytes; o += 64) {
-        if (which & PREFETCH_K)
-            __builtin_prefetch((const char *)keys->k + o0 + o);
-        if (which & PREFETCH_V)
-            __builtin_prefetch((const char *)keys->v + o0 + o);
+        __builtin_prefetch((const char *)keys->k + o0 + o);
+        __builtin_prefetch((const char *)keys->v + o0 + o);
     }
 }
 
@@ -271,7 +267,11 @@ static void row_weights(const struct attn_kernels *kr, const struct attn_row *ro
 /* cpu_attention_span_rows for rows that all see the same keys (a decode
  * step's query heads of one kv head) over f16 or Q8_0 K/V, with the
  * in-place kernels: each K and V row is read once per tile for all rows,
- * converted in registers. Same tiles, same per-row arithmetic, same bits. */
+ * converted in registers. Same tiles, same per-row arithmetic, same bits.
+ * No software prefetch: the keys and values of a span are two sequential
+ * streams, which the hardware prefetchers follow, and a burst of prefetches
+ * for the next tile made a 4,096-key decode 1.5x slower on a Zen 4 core
+ * (docs/benchmarks.md). */
 static void span_rows_inplace(const struct attn_kernels *kr, int nr, const struct attn_row *rows,
                               const struct attn_keys *keys, int64_t v0, int64_t last, float scale,
                               int softpick)
@@ -306,8 +306,6 @@ static void span_rows_inplace(const struct attn_kernels *kr, int nr, const struc
                 n_qc = i + cnt;
             i += cnt;
         }
-        if (t1 < last) /* the next tile's keys load while this one is scored */
-            prefetch_tile(keys, t1, last, PREFETCH_K);
         for (int r = 0; r < nr; r++)
             bm[r] = -INFINITY;
         if (n_qc > 0)
@@ -319,8 +317,6 @@ static void span_rows_inplace(const struct attn_kernels *kr, int nr, const struc
         }
         for (int r = 0; r < nr; r++)
             row_weights(kr, &rows[r], z + r * ATTN_TILE, w + r * ATTN_TILE, nt, bm[r], n, softpick);
-        if (t1 < last) /* and its values while this one's are summed */
-            prefetch_tile(keys, t1, last, PREFETCH_V);
         kr->accum_kv(accs, nr, w, ATTN_TILE, vp, nt, n, fmt);
         t0 = t1;
     }
@@ -356,7 +352,7 @@ static void span_rows_tiled(const struct attn_kernels *kr, int nr, const struct 
             i += cnt;
         }
         if (t1 < last)
-            prefetch_tile(keys, t1, last, PREFETCH_K | PREFETCH_V);
+            prefetch_tile(keys, t1, last);
         /* sink keys (scored with qc) come first in visit order */
         int n_qc = 0;
         while (n_qc < nt && use_qc[n_qc])

@@ -160,10 +160,9 @@ void cpu_pack_rows(enum qtype t, const void *restrict w, int64_t k, int64_t n, v
     const int64_t nbk = k / QK, full = n / 16 * 16;
     for (int64_t g = 0; g < full; g += 16) {
         const uint8_t *src = (const uint8_t *)w + (size_t)g * rb;
-        uint8_t *q = (uint8_t *)dst + (size_t)g * rb;
-        uint8_t *d = q + (size_t)nbk * (size_t)nq * 64;
-        uint8_t *m = d + (size_t)nbk * 32;
         for (int64_t b = 0; b < nbk; b++) {
+            uint8_t *q = (uint8_t *)dst + (size_t)g * rb + (size_t)b * 16 * bs;
+            uint8_t *d = q + (size_t)nq * 64, *m = d + 32;
             for (int r = 0; r < 16; r++) {
                 const uint8_t *blk = src + (size_t)r * rb + (size_t)b * bs;
                 for (int j = 0; j < nq; j++) {
@@ -171,11 +170,11 @@ void cpu_pack_rows(enum qtype t, const void *restrict w, int64_t k, int64_t n, v
                     memcpy(&v, blk + qoff + 4 * j, 4);
                     if (t == QTYPE_Q8_0)
                         v ^= 0x80808080u;
-                    memcpy(q + (size_t)b * (size_t)nq * 64 + 64 * j + 4 * r, &v, 4);
+                    memcpy(q + 64 * j + 4 * r, &v, 4);
                 }
-                memcpy(d + ((size_t)b * 16 + (size_t)r) * 2, blk, 2);
+                memcpy(d + 2 * r, blk, 2);
                 if (t == QTYPE_Q4_1)
-                    memcpy(m + ((size_t)b * 16 + (size_t)r) * 2, blk + 2, 2);
+                    memcpy(m + 2 * r, blk + 2, 2);
             }
         }
     }

@@ -42,12 +42,14 @@ void cpu_matmul_rows(enum cpu_isa isa, enum qtype t, const void *restrict w, int
  * they are and call cpu_matmul_rows.
  *
  * Layout: the same bytes as the n rows (qtype_row_bytes(t, k) * n). Rows
- * 16g .. 16g+15 of every full group of sixteen fill that group's place, in
- * three parts: for each of the k/32 blocks b, the quants (Q4: 4, Q8_0: 8 runs
- * of 64 bytes; bytes 4r .. 4r+3 of run j are bytes 4j .. 4j+3 of row r's
- * quants in block b, Q8_0 quants stored as unsigned w + 128); then each
- * block's sixteen f16 scales d, row r at [16b + r]; then (Q4_1) the sixteen
- * f16 minimums m alike. The last n % 16 rows are copied as they are. */
+ * 16g .. 16g+15 of every full group of sixteen fill that group's place,
+ * block after block (each block's sixteen rows take 16 * the block's bytes),
+ * each block b in three parts: the quants (Q4: 4, Q8_0: 8 runs of 64 bytes;
+ * bytes 4r .. 4r+3 of run j are bytes 4j .. 4j+3 of row r's quants in block
+ * b, Q8_0 quants stored as unsigned w + 128); then the sixteen f16 scales d,
+ * row r at [r]; then (Q4_1) the sixteen f16 minimums m alike. A group is
+ * thus read front to back in one pass. The last n % 16 rows are copied as
+ * they are. */
 int cpu_matmul_packs(enum cpu_isa isa, enum qtype t);
 void cpu_pack_rows(enum qtype t, const void *restrict w, int64_t k, int64_t n, void *restrict dst);
 

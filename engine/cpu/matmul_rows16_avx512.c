@@ -31,10 +31,14 @@
  * already transposed, so cpu__matmul_rows16_packed_avx512_vnni loads them
  * straight into the dot products, in register tiles of up to TILE_T
  * activation rows (no scratch buffer), prefetching the next group's bytes
- * block by block meanwhile. The arithmetic is the one above, step for
- * step; the integer part i may be summed in two chains for up to four rows
- * (int32 addition is exact and associative), so a repacked row's result is
- * bit-identical to the row's result here.
+ * block by block meanwhile. At T = 1 the groups are read one after another,
+ * each front to back: one sequential stream, which the hardware prefetchers
+ * follow at about twice the rate they reach on two interleaved streams (two
+ * groups at once, or a group's quants and its scales apart). The
+ * arithmetic is the one above, step for step; the integer part i may be
+ * summed in two chains for up to four rows (int32 addition is exact and
+ * associative), so a repacked row's result is bit-identical to the row's
+ * result here.
  */
 #include "matmul_impl.h"
 
@@ -293,34 +297,36 @@ void cpu__matmul_rows16_avx512_vnni(enum qtype t, const void *restrict w, int64_
 
 /* ---- repacked weights ----------------------------------------------------- */
 
-/* One full group of repacked rows: quants q (QB bytes per block), then the
- * f16 scales d (16 per block), then, Q4_1 only, the f16 minimums m. */
+/* One full group of repacked rows: block after block, each block's quants,
+ * then its sixteen f16 scales d, then (Q4_1) its sixteen f16 minimums m, so
+ * that a group is one sequential stream. */
 struct group_src {
-    const char *q;
-    const uint16_t *d, *m;
+    const char *base; /* block b at base + b * packed_bs(type) */
 };
 
+/* Bytes of a block's quants in a repacked group (Q4: 4, Q8_0: 8 runs of 64) */
 INLINE size_t packed_qb(const enum qtype type)
 {
     return type == QTYPE_Q8_0 ? 8 * 64 : 4 * 64;
 }
 
-INLINE struct group_src group_at(const enum qtype type, const void *wp, size_t row_bytes,
-                                 int64_t nbk, int64_t g)
+/* and of the whole block: its quants, then its sixteen f16 scales d, then
+ * (Q4_1) its sixteen f16 minimums m */
+INLINE size_t packed_bs(const enum qtype type)
 {
-    const char *base = (const char *)wp + (size_t)g * row_bytes;
-    struct group_src s;
-    s.q = base;
-    s.d = (const uint16_t *)(base + (size_t)nbk * packed_qb(type));
-    s.m = s.d + (size_t)nbk * GROUP;
-    return s;
+    return packed_qb(type) + (type == QTYPE_Q4_1 ? 64 : 32);
+}
+
+INLINE struct group_src group_at(const void *wp, size_t row_bytes, int64_t g)
+{
+    return (struct group_src){(const char *)wp + (size_t)g * row_bytes};
 }
 
 /* Block b of a repacked group as the vectors pack() makes of it. */
 INLINE void load_block(const enum qtype type, const struct group_src *s, int64_t b, __m512i q[8],
                        __m512 *d, __m512 *m)
 {
-    const char *qb = s->q + (size_t)b * packed_qb(type);
+    const char *qb = s->base + (size_t)b * packed_bs(type);
     if (type == QTYPE_Q8_0) {
 #pragma GCC unroll 8
         for (int j = 0; j < 8; j++)
@@ -334,22 +340,19 @@ INLINE void load_block(const enum qtype type, const struct group_src *s, int64_t
             q[j + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
         }
     }
-    *d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s->d + (size_t)b * GROUP)));
+    *d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(qb + packed_qb(type))));
     if (type == QTYPE_Q4_1)
-        *m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s->m + (size_t)b * GROUP)));
+        *m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(qb + packed_qb(type) + 32)));
 }
 
-/* Starts loading block b of a repacked group (its quants, and the line of
- * scales it falls in). */
+/* Starts loading block b of a repacked group: the lines its bytes span (a
+ * Q4_0 block is 4.5 lines, so its first and last may be shared). */
 INLINE void prefetch_block(const enum qtype type, const struct group_src *s, int64_t b)
 {
-    const char *qb = s->q + (size_t)b * packed_qb(type);
-    for (size_t o = 0; o < packed_qb(type); o += 64)
+    const char *qb = s->base + (size_t)b * packed_bs(type);
+    for (size_t o = 0; o < packed_bs(type); o += 64)
         _mm_prefetch(qb + o, _MM_HINT_T0);
-    /* the block's 16 f16 scales: 32 bytes, within one line */
-    _mm_prefetch((const char *)(s->d + (size_t)b * GROUP), _MM_HINT_T0);
-    if (type == QTYPE_Q4_1)
-        _mm_prefetch((const char *)(s->m + (size_t)b * GROUP), _MM_HINT_T0);
+    _mm_prefetch(qb + packed_bs(type) - 1, _MM_HINT_T0);
 }
 
 /* tile() for one activation row, reading the repacked group directly. */
@@ -374,45 +377,6 @@ INLINE __m512 tile1(const enum qtype type, const struct group_src *s, int64_t b0
             f = _mm512_fmadd_ps(m, _mm512_set1_ps(ab->s), f);
     }
     return f;
-}
-
-/* tile1 for two groups at once: each activation broadcast serves both, and
- * the two groups' dependency chains interleave. */
-INLINE void tile1x2(const enum qtype type, const struct group_src *s0, const struct group_src *s1,
-                    int64_t b0, int nb, const char *a, const int32_t *corr, __m512 *f0, __m512 *f1)
-{
-    __m512 fa = *f0, fb = *f1;
-    for (int bb = 0; bb < nb; bb++) {
-        const struct block_q8_act *ab = (const struct block_q8_act *)a + bb;
-        __m512i qa[8], qb[8];
-        __m512 da, db, ma = _mm512_setzero_ps(), mb = _mm512_setzero_ps();
-        load_block(type, s0, b0 + bb, qa, &da, &ma);
-        load_block(type, s1, b0 + bb, qb, &db, &mb);
-        const __m512i c = _mm512_set1_epi32(type == QTYPE_Q4_1 ? 0 : corr[bb]);
-        __m512i ia0 = c, ia1 = _mm512_setzero_si512();
-        __m512i ib0 = c, ib1 = _mm512_setzero_si512();
-#pragma GCC unroll 4
-        for (int j = 0; j < 8; j += 2) {
-            const __m512i x0 = _mm512_set1_epi32(load_i32(ab->qs + 4 * j));
-            const __m512i x1 = _mm512_set1_epi32(load_i32(ab->qs + 4 * j + 4));
-            ia0 = dpbusd(ia0, qa[j], x0);
-            ib0 = dpbusd(ib0, qb[j], x0);
-            ia1 = dpbusd(ia1, qa[j + 1], x1);
-            ib1 = dpbusd(ib1, qb[j + 1], x1);
-        }
-        const __m512 ad = _mm512_set1_ps(ab->d);
-        fa = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(ia0, ia1)), _mm512_mul_ps(da, ad),
-                             fa);
-        fb = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(ib0, ib1)), _mm512_mul_ps(db, ad),
-                             fb);
-        if (type == QTYPE_Q4_1) {
-            const __m512 as = _mm512_set1_ps(ab->s);
-            fa = _mm512_fmadd_ps(ma, as, fa);
-            fb = _mm512_fmadd_ps(mb, as, fb);
-        }
-    }
-    *f0 = fa;
-    *f1 = fb;
 }
 
 /* tile() for nt (2 .. TILE_T) activation rows, reading the repacked group
@@ -520,29 +484,13 @@ INLINE void rows16_packed(const enum qtype type, const void *restrict wp, int64_
                 const int lo = n0 > g ? (int)(n0 - g) : 0;
                 const int hi = n1 - g < GROUP ? (int)(n1 - g) : GROUP;
                 const __mmask16 live = (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
-                const struct group_src src = group_at(type, wp, row_bytes, nbk, g);
-                /* Q4: this group and the next together (Q8_0's twice as many
-                 * quant vectors per block gain nothing from it) */
-                if (tn == 1 && type != QTYPE_Q8_0 && g + GROUP < n1) {
-                    const int hi2 = n1 - g - GROUP < GROUP ? (int)(n1 - g - GROUP) : GROUP;
-                    const __mmask16 live2 = (__mmask16)((1u << hi2) - 1);
-                    const struct group_src src2 = group_at(type, wp, row_bytes, nbk, g + GROUP);
-                    float *yt = y + t0 * ldy + g;
-                    __m512 f0 = b0 == 0 ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(live, yt);
-                    __m512 f1 =
-                        b0 == 0 ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(live2, yt + GROUP);
-                    tile1x2(type, &src, &src2, b0, nb, ab0, corr[0], &f0, &f1);
-                    _mm512_mask_storeu_ps(yt, live, f0);
-                    _mm512_mask_storeu_ps(yt + GROUP, live2, f1);
-                    g += GROUP;
-                    continue;
-                }
+                const struct group_src src = group_at(wp, row_bytes, g);
                 /* register tiles of up to TILE_T rows straight from the
                  * repacked quants (one row: tile1); the first tile also
                  * starts loading the next group, the later ones find this
                  * group in L1 */
                 const struct group_src nxt =
-                    g + GROUP < n1 ? group_at(type, wp, row_bytes, nbk, g + GROUP) : src;
+                    g + GROUP < n1 ? group_at(wp, row_bytes, g + GROUP) : src;
                 for (int64_t tt = 0; tt < tn; tt += TILE_T) {
                     const int nt = tn - tt < TILE_T ? (int)(tn - tt) : TILE_T;
                     float *yt = y + (t0 + tt) * ldy + g;
@@ -565,6 +513,32 @@ INLINE void rows16_packed(const enum qtype type, const void *restrict wp, int64_
     }
 }
 
+/* T = 1 on the full groups of a repacked matrix, rows [n0, n1): each group
+ * is read from its first block to its last and the groups in order, so the
+ * weights are one sequential stream. (rows16_packed takes K in chunks of
+ * blocks; at T = 1 that would break each group's stream at every chunk.)
+ * The same tile1 steps over the blocks in the same order: the same bits. */
+#define T1_MAX_BLOCKS 1024 /* K up to 32,768 */
+INLINE void rows16_packed_t1(const enum qtype type, const void *restrict wp, int64_t k, int64_t n0,
+                             int64_t n1, const void *restrict act, float *restrict y)
+{
+    const int bias = type == QTYPE_Q8_0 ? 128 : type == QTYPE_Q4_0 ? 8 : 0;
+    const size_t row_bytes = qtype_row_bytes(type, k);
+    const int nbk = (int)(k / QK);
+    int32_t corr[T1_MAX_BLOCKS];
+    assert(nbk <= T1_MAX_BLOCKS);
+    for (int b = 0; b < nbk; b++)
+        corr[b] = bias ? -bias * act_sum((const struct block_q8_act *)act + b) : 0;
+    for (int64_t g = n0 / GROUP * GROUP; g < n1; g += GROUP) {
+        const int lo = n0 > g ? (int)(n0 - g) : 0;
+        const int hi = n1 - g < GROUP ? (int)(n1 - g) : GROUP;
+        const __mmask16 live = (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
+        const struct group_src src = group_at(wp, row_bytes, g);
+        _mm512_mask_storeu_ps(
+            y + g, live, tile1(type, &src, 0, nbk, (const char *)act, corr, _mm512_setzero_ps()));
+    }
+}
+
 void cpu__matmul_rows16_packed_avx512_vnni(enum qtype t, const void *restrict wp, int64_t k,
                                            int64_t N, int64_t n0, int64_t n1,
                                            const void *restrict act, int64_t T, float *restrict y,
@@ -578,6 +552,20 @@ void cpu__matmul_rows16_packed_avx512_vnni(enum qtype t, const void *restrict wp
     }
     if (n0 >= n1)
         return;
+    if (T == 1 && k / QK <= T1_MAX_BLOCKS) {
+        switch (t) {
+        case QTYPE_Q4_0:
+            rows16_packed_t1(QTYPE_Q4_0, wp, k, n0, n1, act, y);
+            break;
+        case QTYPE_Q4_1:
+            rows16_packed_t1(QTYPE_Q4_1, wp, k, n0, n1, act, y);
+            break;
+        default:
+            rows16_packed_t1(QTYPE_Q8_0, wp, k, n0, n1, act, y);
+            break;
+        }
+        return;
+    }
     switch (t) {
     case QTYPE_Q4_0:
         rows16_packed(QTYPE_Q4_0, wp, k, n0, n1, act, T, y, ldy);

@@ -621,20 +621,20 @@ TEST(pack_rows_writes_the_documented_layout)
         memset(p, 0xa5, sizeof p);
         cpu_pack_rows(t, w, K, N, p);
         for (int g = 0; g < N / 16; g++) {
-            const uint8_t *gp = p + (size_t)g * 16 * rb;
-            const uint8_t *gd = gp + (size_t)NB * (size_t)nq * 64, *gm = gd + NB * 32;
-            for (int r = 0; r < 16; r++) {
-                for (int b = 0; b < NB; b++) {
+            for (int b = 0; b < NB; b++) {
+                /* block b of the group: 16 * bs bytes, quants then d then m */
+                const uint8_t *gq = p + (size_t)g * 16 * rb + (size_t)b * 16 * bs;
+                const uint8_t *gd = gq + (size_t)nq * 64, *gm = gd + 32;
+                for (int r = 0; r < 16; r++) {
                     const uint8_t *blk = w + (size_t)(16 * g + r) * rb + (size_t)b * bs;
                     for (int i = 0; i < 4 * nq; i++) {
                         uint8_t want = blk[qoff + i] ^ (t == QTYPE_Q8_0 ? 0x80 : 0);
-                        uint8_t got =
-                            gp[(size_t)b * (size_t)nq * 64 + 64 * (i / 4) + 4 * r + i % 4];
+                        uint8_t got = gq[64 * (i / 4) + 4 * r + i % 4];
                         ASSERT_EQ(got, want);
                     }
-                    ASSERT(memcmp(gd + (b * 16 + r) * 2, blk, 2) == 0);
+                    ASSERT(memcmp(gd + r * 2, blk, 2) == 0);
                     if (t == QTYPE_Q4_1)
-                        ASSERT(memcmp(gm + (b * 16 + r) * 2, blk + 2, 2) == 0);
+                        ASSERT(memcmp(gm + r * 2, blk + 2, 2) == 0);
                 }
             }
         }

@@ -30,6 +30,9 @@
  *                               2, 4, 8, 16, 32 and 64: microseconds per call
  *                               and per token, GFLOP/s; a batched decode step
  *                               of T streams runs these products at that T)
+ *   build/bench_matmul decode  (one decode token's products in the engine's
+ *                               order, every matrix in its own buffer: ms
+ *                               per token, GB/s, microseconds per call)
  * $BENCH_MATMUL_MIB sets the memory a matrix is cycled through "from memory"
  * (default 64 MiB; use more than the last-level cache).
  *
@@ -83,20 +86,22 @@ static float frand(void)
 }
 
 /* Seconds per call: best of several rounds, each at least ~0.1 s long.
- * packed: w holds repacked copies (cpu_matmul_rows_packed). */
+ * packed: w holds repacked copies (cpu_matmul_rows_packed). The calls go
+ * round the nw copies without restarting at each round, so that with nw
+ * copies above the last-level cache every call reads its copy from memory
+ * (restarting would time the first few copies again, from the cache). */
 static double time_calls(enum cpu_isa isa, const struct shape *s, char *const *w, int nw,
                          const void *act, int64_t T, float *y, int packed)
 {
     double best = 1e30;
-    int calls = 1;
+    int calls = 1, next = 0;
     for (int round = 0; round < 6; round++) {
         double t0 = now_s();
-        for (int c = 0; c < calls; c++)
+        for (int c = 0; c < calls; c++, next = (next + 1) % nw)
             if (packed)
-                cpu_matmul_rows_packed(isa, s->type, w[c % nw], s->k, s->n, 0, s->n, act, T, y,
-                                       s->n);
+                cpu_matmul_rows_packed(isa, s->type, w[next], s->k, s->n, 0, s->n, act, T, y, s->n);
             else
-                cpu_matmul_rows(isa, s->type, w[c % nw], s->k, 0, s->n, act, T, y, s->n);
+                cpu_matmul_rows(isa, s->type, w[next], s->k, 0, s->n, act, T, y, s->n);
         double dt = (now_s() - t0) / calls;
         if (dt < best)
             best = dt;
@@ -138,15 +143,15 @@ static void fill_weights(enum qtype t, char *w, int64_t n, int64_t k, float *x)
 }
 
 /* Seconds per memcpy of one matrix, cycling through the nw buffers (into the
- * next one): best of several rounds, as time_calls. */
+ * next one): best of several rounds, going round the buffers as time_calls. */
 static double time_copy(char *const *w, int nw, size_t bytes)
 {
     double best = 1e30;
-    int calls = 1;
+    int calls = 1, next = 0;
     for (int round = 0; round < 6; round++) {
         double t0 = now_s();
-        for (int c = 0; c < calls; c++)
-            memcpy(w[(c + 1) % nw], w[c % nw], bytes);
+        for (int c = 0; c < calls; c++, next = (next + 1) % nw)
+            memcpy(w[(next + 1) % nw], w[next], bytes);
         double dt = (now_s() - t0) / calls;
         if (dt < best)
             best = dt;
@@ -391,6 +396,102 @@ static int bench_batch_ts(enum cpu_isa isa)
     return 0;
 }
 
+/* One decode token's products in the engine's order, T = 1: for each of 30
+ * layers the fused QKV (960 x 576), the attention output (576 x 576), the
+ * fused gate|up (3,072 x 576) and the down projection (576 x 1,536), Q4_0
+ * (repacked where the kernel takes it), then the 49,152-row Q8_0 output
+ * matrix; every matrix in its own buffer, as a model's are. A token's 90 MB
+ * stream from memory once, a different matrix at every call, which a shape
+ * timed alone (the modes above) does not reproduce: there the same pattern
+ * repeats call after call. Prints the median and fastest of 15 tokens (wall
+ * time) and the median microseconds per call of each shape. */
+#define DEC_LAYERS 30
+static double wall_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static int bench_decode(enum cpu_isa isa)
+{
+    static const struct shape per_layer[4] = {
+        {"attn_qkv   960x576   Q4_0", QTYPE_Q4_0, 960, 576},
+        {"attn_o     576x576   Q4_0", QTYPE_Q4_0, 576, 576},
+        {"gate|up   3072x576   Q4_0", QTYPE_Q4_0, 3072, 576},
+        {"ffn_down   576x1536  Q4_0", QTYPE_Q4_0, 576, 1536},
+    };
+    static const struct shape out = {"output   49152x576   Q8_0", QTYPE_Q8_0, 49152, 576};
+    enum { NM = DEC_LAYERS * 4 + 1, REPS = 15 };
+    const struct shape *sh[NM];
+    char *w[NM];
+    int packed[NM];
+    double total = 0, tok[REPS], per[5][REPS];
+    float *x = malloc((size_t)out.n * sizeof *x), *y = malloc((size_t)out.n * sizeof *y);
+    char *act = malloc(quant_act_bytes(QTYPE_Q4_0, 1536));
+    if (!x || !y || !act)
+        return 1;
+    for (int i = 0; i < NM; i++) {
+        sh[i] = i < NM - 1 ? &per_layer[i % 4] : &out;
+        const size_t bytes = qtype_row_bytes(sh[i]->type, sh[i]->k) * (size_t)sh[i]->n;
+        char *rows = malloc(bytes);
+        w[i] = malloc(bytes);
+        if (!rows || !w[i])
+            return 1;
+        fill_weights(sh[i]->type, rows, sh[i]->n, sh[i]->k, x);
+        packed[i] = cpu_matmul_packs(isa, sh[i]->type);
+        if (packed[i])
+            cpu_pack_rows(sh[i]->type, rows, sh[i]->k, sh[i]->n, w[i]);
+        else
+            memcpy(w[i], rows, bytes);
+        free(rows);
+        total += (double)bytes;
+    }
+    for (int64_t i = 0; i < 1536; i++)
+        x[i] = frand();
+    cpu_prepare_act(isa, QTYPE_Q4_0, x, 1536, act); /* its first 576 serve K = 576 */
+    for (int r = 0; r < REPS; r++) {
+        double sum[5] = {0}, t0 = wall_s();
+        for (int i = 0; i < NM; i++) {
+            const struct shape *s = sh[i];
+            const double c0 = wall_s();
+            if (packed[i])
+                cpu_matmul_rows_packed(isa, s->type, w[i], s->k, s->n, 0, s->n, act, 1, y, s->n);
+            else
+                cpu_matmul_rows(isa, s->type, w[i], s->k, 0, s->n, act, 1, y, s->n);
+            sum[i < NM - 1 ? i % 4 : 4] += wall_s() - c0;
+        }
+        tok[r] = wall_s() - t0;
+        for (int k = 0; k < 5; k++)
+            per[k][r] = sum[k] / (k < 4 ? DEC_LAYERS : 1);
+    }
+    qsort(tok, REPS, sizeof tok[0], cmp_double);
+    printf("isa %s (single thread), one decode token's products in the engine's order, %d "
+           "tokens\n",
+           cpu_isa_name(isa), REPS);
+    printf("%.1f MB per token: median %.2f ms (%.1f GB/s), fastest %.2f ms\n", total * 1e-6,
+           tok[REPS / 2] * 1e3, total / tok[REPS / 2] * 1e-9, tok[0] * 1e3);
+    for (int k = 0; k < 5; k++) {
+        qsort(per[k], REPS, sizeof per[k][0], cmp_double);
+        const struct shape *s = k < 4 ? &per_layer[k] : &out;
+        const double bytes = (double)qtype_row_bytes(s->type, s->k) * (double)s->n;
+        printf("  %s: %9.1f us per call (%.1f GB/s)\n", s->name, per[k][REPS / 2] * 1e6,
+               bytes / per[k][REPS / 2] * 1e-9);
+    }
+    for (int i = 0; i < NM; i++)
+        free(w[i]);
+    free(x);
+    free(y);
+    free(act);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     static const struct shape shapes[] = {
@@ -409,6 +510,8 @@ int main(int argc, char **argv)
         return bench_batch_ts(isa);
     if (argc > 1 && strcmp(argv[1], "peak") == 0)
         return bench_peak();
+    if (argc > 1 && strcmp(argv[1], "decode") == 0)
+        return bench_decode(isa);
     if (argc > 1) {
         for (int i = CPU_ISA_SCALAR; i <= CPU_ISA_AVX512; i++)
             if (strcmp(argv[1], cpu_isa_name((enum cpu_isa)i)) == 0 && i <= (int)cpu_isa_best())

@@ -4,6 +4,7 @@
  * or scalar, chosen at run time) and attention.c. KV storage is one host
  * allocation laid out by kv_geometry_offset.
  */
+#include <assert.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -55,6 +56,8 @@ struct cpu_ctx {
     int kv_fmt;                   /* enum attn_fmt of the K/V rows */
     struct packed_weight *packed; /* open-addressed table of n_packed_cap entries */
     size_t n_packed_cap;
+    char *packed_arena; /* every repacked matrix, in the order a forward pass reads them */
+    size_t packed_used, packed_size;
 };
 
 static void *xalloc(size_t n)
@@ -103,8 +106,7 @@ static void cpu_free(struct backend *b)
         free(c->attn_nk);
         free(c->attn_group);
         free(c->vmem);
-        for (size_t i = 0; i < c->n_packed_cap; i++)
-            free(c->packed[i].data);
+        free(c->packed_arena);
         free(c->packed);
         free(c);
     }
@@ -335,19 +337,28 @@ static const void *packed_find(const struct cpu_ctx *c, const struct tensor *W)
     }
 }
 
-/* Repacks W once for the kernel (a tied output matrix is the embedding: one
- * copy serves both names). Where the model file is mapped, the original
- * pages are dropped from this process afterwards, so the copy replaces them in
- * memory instead of doubling them; embedding lookups that read the original
- * fault their few pages back in from the file. */
-static int pack_weight(struct cpu_ctx *c, const struct model *m, const struct tensor *W)
+/* Bytes W takes in the arena of repacked weights (0: it is not repacked). */
+static size_t packed_bytes(const struct cpu_ctx *c, const struct tensor *W)
 {
-    if (!W->data || !cpu_matmul_packs(c->isa, (enum qtype)W->type) || packed_find(c, W))
+    if (!W->data || !cpu_matmul_packs(c->isa, (enum qtype)W->type))
         return 0;
+    return (W->row_bytes * (size_t)W->ne1 + 63) / 64 * 64;
+}
+
+/* Repacks W once for the kernel into the arena (a tied output matrix is the
+ * embedding: one copy serves both names). Where the model file is mapped,
+ * the original pages are dropped from this process afterwards, so the copy
+ * replaces them in memory instead of doubling them; embedding lookups that
+ * read the original fault their few pages back in from the file. */
+static void pack_weight(struct cpu_ctx *c, const struct model *m, const struct tensor *W)
+{
+    const size_t room = packed_bytes(c, W);
+    if (!room || packed_find(c, W))
+        return;
+    assert(c->packed_used + room <= c->packed_size);
+    void *p = c->packed_arena + c->packed_used;
+    c->packed_used += room;
     const size_t bytes = W->row_bytes * (size_t)W->ne1;
-    void *p = xalloc(bytes);
-    if (!p)
-        return -ENOMEM;
     cpu_pack_rows((enum qtype)W->type, W->data, W->ne0, W->ne1, p);
     size_t i = packed_slot(W->data, c->n_packed_cap);
     while (c->packed[i].src)
@@ -360,25 +371,57 @@ static int pack_weight(struct cpu_ctx *c, const struct model *m, const struct te
         if (hi > lo)
             madvise((void *)lo, hi - lo, MADV_DONTNEED);
     }
-    return 0;
 }
 
+/* The matrices a forward pass multiplies by, in the order it does: each
+ * layer's Q, K, V (one fused product), output projection, gate, up (one
+ * fused product) and down projection, then the output matrix. */
+static size_t forward_weights(const struct model *m, const struct tensor **ws, size_t cap)
+{
+    size_t n = 0;
+    for (int l = 0; l < m->hp.n_layer; l++) {
+        const struct model_layer *ly = &m->w.layers[l];
+        const struct tensor *lw[] = {&ly->wq,     &ly->wk,   &ly->wv,    &ly->wo,
+                                     &ly->w_gate, &ly->w_up, &ly->w_down};
+        for (size_t i = 0; i < sizeof lw / sizeof lw[0] && n < cap; i++)
+            ws[n++] = lw[i];
+    }
+    if (n < cap)
+        ws[n++] = &m->w.output;
+    return n;
+}
+
+/* Repacks every matrix the kernel takes into one arena, laid out in the
+ * order a forward pass reads them and, where the kernel offers transparent
+ * huge pages, on 2 MiB pages: a decode step then streams its weights from
+ * memory as one run, without a TLB miss every 4 KiB (on the Zen 4 VM of
+ * docs/benchmarks.md the T = 1 products read 1.3-1.9x faster so). */
 static int pack_weights(struct cpu_ctx *c, const struct model *m)
 {
-    const int L = m->hp.n_layer;
-    c->n_packed_cap = 2 * (7 * (size_t)L + 1) + 1;
+    const size_t cap = 7 * (size_t)m->hp.n_layer + 1;
+    const struct tensor **ws = calloc(cap, sizeof *ws);
+    c->n_packed_cap = 2 * cap + 1;
     c->packed = calloc(c->n_packed_cap, sizeof *c->packed);
-    if (!c->packed)
+    if (!ws || !c->packed) {
+        free(ws);
         return -ENOMEM;
-    int rc = pack_weight(c, m, &m->w.output);
-    for (int l = 0; l < L && rc == 0; l++) {
-        const struct model_layer *ly = &m->w.layers[l];
-        const struct tensor *ws[] = {&ly->wq,     &ly->wk,   &ly->wv,    &ly->wo,
-                                     &ly->w_gate, &ly->w_up, &ly->w_down};
-        for (size_t i = 0; i < sizeof ws / sizeof ws[0] && rc == 0; i++)
-            rc = pack_weight(c, m, ws[i]);
     }
-    return rc;
+    const size_t n = forward_weights(m, ws, cap);
+    size_t total = 0;
+    for (size_t i = 0; i < n; i++)
+        total += packed_bytes(c, ws[i]);
+    if (total) {
+        c->packed_arena = xalloc_large(total);
+        if (!c->packed_arena) {
+            free(ws);
+            return -ENOMEM;
+        }
+        c->packed_size = total;
+        for (size_t i = 0; i < n; i++)
+            pack_weight(c, m, ws[i]);
+    }
+    free(ws);
+    return 0;
 }
 
 /* Prepares x once for the n weights of j and runs their products as one. */

@@ -31,8 +31,9 @@
  *                               and per token, GFLOP/s; a batched decode step
  *                               of T streams runs these products at that T)
  *   build/bench_matmul decode  (one decode token's products in the engine's
- *                               order, every matrix in its own buffer: ms
- *                               per token, GB/s, microseconds per call)
+ *                               order, each matrix in its own buffer and all
+ *                               in one huge-page arena, in turn: ms per
+ *                               token, GB/s, microseconds per call)
  * $BENCH_MATMUL_MIB sets the memory a matrix is cycled through "from memory"
  * (default 64 MiB; use more than the last-level cache).
  *
@@ -48,6 +49,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 /* Cycle through at least this much weight memory: 64 MiB, or
@@ -400,12 +402,17 @@ static int bench_batch_ts(enum cpu_isa isa)
  * layers the fused QKV (960 x 576), the attention output (576 x 576), the
  * fused gate|up (3,072 x 576) and the down projection (576 x 1,536), Q4_0
  * (repacked where the kernel takes it), then the 49,152-row Q8_0 output
- * matrix; every matrix in its own buffer, as a model's are. A token's 90 MB
- * stream from memory once, a different matrix at every call, which a shape
- * timed alone (the modes above) does not reproduce: there the same pattern
- * repeats call after call. Prints the median and fastest of 15 tokens (wall
- * time) and the median microseconds per call of each shape. */
+ * matrix. A token's 90 MB stream from memory once, a different matrix at
+ * every call, which a shape timed alone (the modes above) does not
+ * reproduce: there the same pattern repeats call after call. Two
+ * placements of the same bytes, timed token by token in turn: every matrix
+ * in its own malloc'd buffer (4 KiB pages), and all of them in one arena in
+ * call order on transparent huge pages, as the CPU backend keeps its
+ * repacked weights. Prints, per placement, the median and fastest of 15
+ * tokens (wall time) and the median microseconds per call of each shape. */
 #define DEC_LAYERS 30
+#define DEC_NM (DEC_LAYERS * 4 + 1)
+#define DEC_REPS 15
 static double wall_s(void)
 {
     struct timespec ts;
@@ -419,73 +426,101 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+static const struct shape dec_layer[4] = {
+    {"attn_qkv   960x576   Q4_0", QTYPE_Q4_0, 960, 576},
+    {"attn_o     576x576   Q4_0", QTYPE_Q4_0, 576, 576},
+    {"gate|up   3072x576   Q4_0", QTYPE_Q4_0, 3072, 576},
+    {"ffn_down   576x1536  Q4_0", QTYPE_Q4_0, 576, 1536},
+};
+static const struct shape dec_out = {"output   49152x576   Q8_0", QTYPE_Q8_0, 49152, 576};
+
+static const struct shape *dec_shape(int i)
+{
+    return i < DEC_NM - 1 ? &dec_layer[i % 4] : &dec_out;
+}
+
+static size_t dec_bytes(int i)
+{
+    return qtype_row_bytes(dec_shape(i)->type, dec_shape(i)->k) * (size_t)dec_shape(i)->n;
+}
+
+/* One token's products over the matrices w; seconds per shape into sum. */
+static double dec_token(enum cpu_isa isa, char *const *w, const char *act, float *y, double *sum)
+{
+    const double t0 = wall_s();
+    for (int i = 0; i < DEC_NM; i++) {
+        const struct shape *s = dec_shape(i);
+        const double c0 = wall_s();
+        if (cpu_matmul_packs(isa, s->type))
+            cpu_matmul_rows_packed(isa, s->type, w[i], s->k, s->n, 0, s->n, act, 1, y, s->n);
+        else
+            cpu_matmul_rows(isa, s->type, w[i], s->k, 0, s->n, act, 1, y, s->n);
+        sum[i < DEC_NM - 1 ? i % 4 : 4] += wall_s() - c0;
+    }
+    return wall_s() - t0;
+}
+
 static int bench_decode(enum cpu_isa isa)
 {
-    static const struct shape per_layer[4] = {
-        {"attn_qkv   960x576   Q4_0", QTYPE_Q4_0, 960, 576},
-        {"attn_o     576x576   Q4_0", QTYPE_Q4_0, 576, 576},
-        {"gate|up   3072x576   Q4_0", QTYPE_Q4_0, 3072, 576},
-        {"ffn_down   576x1536  Q4_0", QTYPE_Q4_0, 576, 1536},
-    };
-    static const struct shape out = {"output   49152x576   Q8_0", QTYPE_Q8_0, 49152, 576};
-    enum { NM = DEC_LAYERS * 4 + 1, REPS = 15 };
-    const struct shape *sh[NM];
-    char *w[NM];
-    int packed[NM];
-    double total = 0, tok[REPS], per[5][REPS];
-    float *x = malloc((size_t)out.n * sizeof *x), *y = malloc((size_t)out.n * sizeof *y);
+    static char *own[DEC_NM], *in_arena[DEC_NM];
+    static double tok[2][DEC_REPS], per[2][5][DEC_REPS];
+    const size_t huge = (size_t)2 << 20;
+    size_t total = 0;
+    for (int i = 0; i < DEC_NM; i++)
+        total += (dec_bytes(i) + 63) / 64 * 64;
+    const size_t arena_bytes = (total + huge - 1) / huge * huge;
+    char *arena = NULL;
+    float *x = malloc((size_t)dec_out.n * sizeof *x), *y = malloc((size_t)dec_out.n * sizeof *y);
     char *act = malloc(quant_act_bytes(QTYPE_Q4_0, 1536));
-    if (!x || !y || !act)
+    if (!x || !y || !act || posix_memalign((void **)&arena, huge, arena_bytes) != 0)
         return 1;
-    for (int i = 0; i < NM; i++) {
-        sh[i] = i < NM - 1 ? &per_layer[i % 4] : &out;
-        const size_t bytes = qtype_row_bytes(sh[i]->type, sh[i]->k) * (size_t)sh[i]->n;
-        char *rows = malloc(bytes);
-        w[i] = malloc(bytes);
-        if (!rows || !w[i])
+    (void)madvise(arena, arena_bytes, MADV_HUGEPAGE);
+    for (int i = 0, off = 0; i < DEC_NM; i++) {
+        const struct shape *s = dec_shape(i);
+        char *rows = malloc(dec_bytes(i));
+        own[i] = malloc(dec_bytes(i));
+        if (!rows || !own[i])
             return 1;
-        fill_weights(sh[i]->type, rows, sh[i]->n, sh[i]->k, x);
-        packed[i] = cpu_matmul_packs(isa, sh[i]->type);
-        if (packed[i])
-            cpu_pack_rows(sh[i]->type, rows, sh[i]->k, sh[i]->n, w[i]);
+        fill_weights(s->type, rows, s->n, s->k, x);
+        if (cpu_matmul_packs(isa, s->type))
+            cpu_pack_rows(s->type, rows, s->k, s->n, own[i]);
         else
-            memcpy(w[i], rows, bytes);
+            memcpy(own[i], rows, dec_bytes(i));
+        in_arena[i] = arena + off;
+        memcpy(in_arena[i], own[i], dec_bytes(i));
+        off += (int)((dec_bytes(i) + 63) / 64 * 64);
         free(rows);
-        total += (double)bytes;
     }
     for (int64_t i = 0; i < 1536; i++)
         x[i] = frand();
     cpu_prepare_act(isa, QTYPE_Q4_0, x, 1536, act); /* its first 576 serve K = 576 */
-    for (int r = 0; r < REPS; r++) {
-        double sum[5] = {0}, t0 = wall_s();
-        for (int i = 0; i < NM; i++) {
-            const struct shape *s = sh[i];
-            const double c0 = wall_s();
-            if (packed[i])
-                cpu_matmul_rows_packed(isa, s->type, w[i], s->k, s->n, 0, s->n, act, 1, y, s->n);
-            else
-                cpu_matmul_rows(isa, s->type, w[i], s->k, 0, s->n, act, 1, y, s->n);
-            sum[i < NM - 1 ? i % 4 : 4] += wall_s() - c0;
+    for (int r = 0; r < DEC_REPS; r++)
+        for (int pl = 0; pl < 2; pl++) {
+            double sum[5] = {0};
+            tok[pl][r] = dec_token(isa, pl ? in_arena : own, act, y, sum);
+            for (int k = 0; k < 5; k++)
+                per[pl][k][r] = sum[k] / (k < 4 ? DEC_LAYERS : 1);
         }
-        tok[r] = wall_s() - t0;
-        for (int k = 0; k < 5; k++)
-            per[k][r] = sum[k] / (k < 4 ? DEC_LAYERS : 1);
-    }
-    qsort(tok, REPS, sizeof tok[0], cmp_double);
     printf("isa %s (single thread), one decode token's products in the engine's order, %d "
-           "tokens\n",
-           cpu_isa_name(isa), REPS);
-    printf("%.1f MB per token: median %.2f ms (%.1f GB/s), fastest %.2f ms\n", total * 1e-6,
-           tok[REPS / 2] * 1e3, total / tok[REPS / 2] * 1e-9, tok[0] * 1e3);
-    for (int k = 0; k < 5; k++) {
-        qsort(per[k], REPS, sizeof per[k][0], cmp_double);
-        const struct shape *s = k < 4 ? &per_layer[k] : &out;
-        const double bytes = (double)qtype_row_bytes(s->type, s->k) * (double)s->n;
-        printf("  %s: %9.1f us per call (%.1f GB/s)\n", s->name, per[k][REPS / 2] * 1e6,
-               bytes / per[k][REPS / 2] * 1e-9);
+           "tokens per placement, in turn\n",
+           cpu_isa_name(isa), DEC_REPS);
+    for (int pl = 0; pl < 2; pl++) {
+        qsort(tok[pl], DEC_REPS, sizeof tok[pl][0], cmp_double);
+        printf("%s: %.1f MB per token, median %.2f ms (%.1f GB/s), fastest %.2f ms\n",
+               pl ? "one arena, huge pages" : "own buffers, 4 KiB pages", (double)total * 1e-6,
+               tok[pl][DEC_REPS / 2] * 1e3, (double)total / tok[pl][DEC_REPS / 2] * 1e-9,
+               tok[pl][0] * 1e3);
+        for (int k = 0; k < 5; k++) {
+            qsort(per[pl][k], DEC_REPS, sizeof per[pl][k][0], cmp_double);
+            const struct shape *s = k < 4 ? &dec_layer[k] : &dec_out;
+            const double bytes = (double)qtype_row_bytes(s->type, s->k) * (double)s->n;
+            printf("  %s: %9.1f us per call (%.1f GB/s)\n", s->name, per[pl][k][DEC_REPS / 2] * 1e6,
+                   bytes / per[pl][k][DEC_REPS / 2] * 1e-9);
+        }
     }
-    for (int i = 0; i < NM; i++)
-        free(w[i]);
+    for (int i = 0; i < DEC_NM; i++)
+        free(own[i]);
+    free(arena);
     free(x);
     free(y);
     free(act);

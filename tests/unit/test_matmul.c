@@ -755,6 +755,43 @@ TEST(packed_rows_are_bit_identical_to_the_kernel_on_the_rows_as_they_are)
     printf("  %lld outputs checked\n", checked);
 }
 
+/* At T = 1 each repacked group is read in one pass of all its blocks, up to
+ * 1,024 blocks (K = 32,768); past that the chunked path takes T = 1 too.
+ * Both, just inside and just past the limit, give exactly the bits of the
+ * kernel on the rows as they are. A row of K values is made of K / 1,024
+ * rows of 1,024 (make_weights' longest rows are K_MAX). */
+TEST(packed_single_row_inside_and_past_the_one_pass_limit)
+{
+    enum { N = 37, KC = 1024, KMAX = 33 * KC };
+    static const int64_t ks[] = {32 * KC, 33 * KC};
+    if (!cpu_matmul_packs(cpu_isa_best(), QTYPE_Q4_0))
+        TEST_SKIP("no AVX512-VNNI here (or capped by STREAMSINK_ISA)");
+    static float x[KMAX], y[N], want[N];
+    uint8_t *w = malloc(qtype_row_bytes(QTYPE_Q8_0, KMAX) * N);
+    uint8_t *p = malloc(qtype_row_bytes(QTYPE_Q8_0, KMAX) * N);
+    uint8_t *act = malloc(quant_act_bytes(QTYPE_Q8_0, KMAX));
+    ASSERT(w && p && act);
+    for (size_t ti = 0; ti < sizeof packed_types / sizeof packed_types[0]; ti++) {
+        const enum qtype t = packed_types[ti];
+        for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++) {
+            const int64_t k = ks[ki];
+            make_weights(t, N * (k / KC), KC, w);
+            fill(x, k);
+            quant_prepare_act_ref(t, x, k, act);
+            cpu_pack_rows(t, w, k, N, p);
+            cpu__matmul_rows16_avx512_vnni(t, w, k, 0, N, act, 1, want, N);
+            cpu_matmul_rows_packed(CPU_ISA_AVX512, t, p, k, N, 0, N, act, 1, y, N);
+            for (int n = 0; n < N; n++)
+                if (memcmp(&y[n], &want[n], sizeof y[n]) != 0)
+                    FAIL_AT("%s K=%lld: y[%d] = %.9g repacked, %.9g as they are", qtype_name(t),
+                            (long long)k, n, y[n], want[n]);
+        }
+    }
+    free(w);
+    free(p);
+    free(act);
+}
+
 /* The tied output matrix of SmolLM2-135M: 49,152 Q8_0 rows of 576 (and three
  * more rows, a partial group), repacked, for one activation row (decode),
  * for five and eight (a batched decode step's register tile) and for twelve

@@ -475,7 +475,8 @@ static int bench_decode(enum cpu_isa isa)
     if (!x || !y || !act || posix_memalign((void **)&arena, huge, arena_bytes) != 0)
         return 1;
     (void)madvise(arena, arena_bytes, MADV_HUGEPAGE);
-    for (int i = 0, off = 0; i < DEC_NM; i++) {
+    size_t off = 0;
+    for (int i = 0; i < DEC_NM; i++) {
         const struct shape *s = dec_shape(i);
         char *rows = malloc(dec_bytes(i));
         own[i] = malloc(dec_bytes(i));
@@ -488,7 +489,7 @@ static int bench_decode(enum cpu_isa isa)
             memcpy(own[i], rows, dec_bytes(i));
         in_arena[i] = arena + off;
         memcpy(in_arena[i], own[i], dec_bytes(i));
-        off += (int)((dec_bytes(i) + 63) / 64 * 64);
+        off += (dec_bytes(i) + 63) / 64 * 64;
         free(rows);
     }
     for (int64_t i = 0; i < 1536; i++)

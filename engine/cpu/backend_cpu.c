@@ -70,11 +70,12 @@ static void *xalloc(size_t n)
     return p;
 }
 
-/* xalloc for the large buffers streamed every step (the KV pool): 2 MiB
- * aligned and, where the kernel has transparent huge pages in madvise mode,
- * backed by huge pages. A decode step reads every slot's window once; with
- * 4 KiB pages each 4 KiB of K or V is a new TLB entry (a page walk), and the
- * KV of a few streams spans more pages than the TLB holds. */
+/* xalloc for the large buffers streamed every step (the KV pool, the arena
+ * of repacked weights): 2 MiB aligned and, where the kernel has transparent
+ * huge pages in madvise mode, backed by huge pages (under 4 MiB: xalloc).
+ * A decode step reads every slot's window once; with 4 KiB pages each 4 KiB
+ * of K or V is a new TLB entry (a page walk), and the KV of a few streams
+ * spans more pages than the TLB holds. */
 static void *xalloc_large(size_t n)
 {
     const size_t huge = (size_t)2 << 20;

@@ -31,14 +31,14 @@
  * already transposed, so cpu__matmul_rows16_packed_avx512_vnni loads them
  * straight into the dot products, in register tiles of up to TILE_T
  * activation rows (no scratch buffer), prefetching the next group's bytes
- * block by block meanwhile. At T = 1 the groups are read one after another,
- * each front to back: one sequential stream, which the hardware prefetchers
- * follow at about twice the rate they reach on two interleaved streams (two
- * groups at once, or a group's quants and its scales apart). The
- * arithmetic is the one above, step for step; the integer part i may be
- * summed in two chains for up to four rows (int32 addition is exact and
- * associative), so a repacked row's result is bit-identical to the row's
- * result here.
+ * block by block meanwhile. At T = 1 (up to K = 32,768) the groups are read
+ * one after another, each front to back: one sequential stream, which the
+ * hardware prefetchers follow at about twice the rate they reach on two
+ * interleaved streams (two groups at once, or a group's quants and its
+ * scales apart). The arithmetic is the one above, step for step; the
+ * integer part i may be summed in two chains for up to four rows (int32
+ * addition is exact and associative), so a repacked row's result is
+ * bit-identical to the row's result here.
  */
 #include "matmul_impl.h"
 

@@ -396,7 +396,7 @@ static size_t forward_weights(const struct model *m, const struct tensor **ws, s
  * order a forward pass reads them and, where the kernel offers transparent
  * huge pages, on 2 MiB pages: a decode step then streams its weights from
  * memory as one run, without a TLB miss every 4 KiB (on the Zen 4 VM of
- * docs/benchmarks.md the T = 1 products read 1.3-1.9x faster so). */
+ * docs/benchmarks.md the T = 1 products read 1.2-1.9x faster so). */
 static int pack_weights(struct cpu_ctx *c, const struct model *m)
 {
     const size_t cap = 7 * (size_t)m->hp.n_layer + 1;

@@ -444,6 +444,12 @@ static size_t dec_bytes(int i)
     return qtype_row_bytes(dec_shape(i)->type, dec_shape(i)->k) * (size_t)dec_shape(i)->n;
 }
 
+/* Bytes matrix i takes in the arena: its own, rounded up to a cache line. */
+static size_t dec_room(int i)
+{
+    return (dec_bytes(i) + 63) / 64 * 64;
+}
+
 /* One token's products over the matrices w; seconds per shape into sum. */
 static double dec_token(enum cpu_isa isa, char *const *w, const char *act, float *y, double *sum)
 {
@@ -467,7 +473,7 @@ static int bench_decode(enum cpu_isa isa)
     const size_t huge = (size_t)2 << 20;
     size_t total = 0;
     for (int i = 0; i < DEC_NM; i++)
-        total += (dec_bytes(i) + 63) / 64 * 64;
+        total += dec_room(i);
     const size_t arena_bytes = (total + huge - 1) / huge * huge;
     char *arena = NULL;
     float *x = malloc((size_t)dec_out.n * sizeof *x), *y = malloc((size_t)dec_out.n * sizeof *y);
@@ -489,7 +495,7 @@ static int bench_decode(enum cpu_isa isa)
             memcpy(own[i], rows, dec_bytes(i));
         in_arena[i] = arena + off;
         memcpy(in_arena[i], own[i], dec_bytes(i));
-        off += (dec_bytes(i) + 63) / 64 * 64;
+        off += dec_room(i);
         free(rows);
     }
     for (int64_t i = 0; i < 1536; i++)

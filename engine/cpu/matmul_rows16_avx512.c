@@ -220,6 +220,13 @@ INLINE void tile_n(const enum qtype type, int nt, const struct packed *P, int nb
     }
 }
 
+/* What the quants of type are stored offset by, as unsigned bytes: Q4_0's
+ * nibbles are w + 8, Q8_0's bytes w + 128; Q4_1's nibbles are unsigned. */
+INLINE int quant_bias(const enum qtype type)
+{
+    return type == QTYPE_Q8_0 ? 128 : type == QTYPE_Q4_0 ? 8 : 0;
+}
+
 /* corr[t][bb] = -bias x sum(a) of activation block b0 + bb of token t, the
  * exact integer correction for quants stored unsigned (q + bias). */
 INLINE void bias_corrections(int32_t corr[TOKEN_BLOCK][CHUNK_BLOCKS], const char *a0,
@@ -234,7 +241,7 @@ INLINE void bias_corrections(int32_t corr[TOKEN_BLOCK][CHUNK_BLOCKS], const char
 INLINE void rows16(const enum qtype type, const void *restrict w, int64_t k, int64_t n0, int64_t n1,
                    const void *restrict act, int64_t T, float *restrict y, int64_t ldy)
 {
-    const int bias = type == QTYPE_Q8_0 ? 128 : type == QTYPE_Q4_0 ? 8 : 0;
+    const int bias = quant_bias(type);
     const size_t row_bytes = qtype_row_bytes(type, k);
     const size_t a_stride = quant_act_bytes(type, k);
     const int64_t nbk = k / QK;
@@ -320,6 +327,14 @@ INLINE size_t packed_bs(const enum qtype type)
 INLINE struct group_src group_at(const void *wp, size_t row_bytes, int64_t g)
 {
     return (struct group_src){(const char *)wp + (size_t)g * row_bytes};
+}
+
+/* The lanes of the group of rows [g, g + 16) that fall in [n0, n1). */
+INLINE __mmask16 group_live(int64_t g, int64_t n0, int64_t n1)
+{
+    const int lo = n0 > g ? (int)(n0 - g) : 0;
+    const int hi = n1 - g < GROUP ? (int)(n1 - g) : GROUP;
+    return (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
 }
 
 /* Block b of a repacked group as the vectors pack() makes of it. */
@@ -466,7 +481,7 @@ INLINE void rows16_packed(const enum qtype type, const void *restrict wp, int64_
                           int64_t n1, const void *restrict act, int64_t T, float *restrict y,
                           int64_t ldy)
 {
-    const int bias = type == QTYPE_Q8_0 ? 128 : type == QTYPE_Q4_0 ? 8 : 0;
+    const int bias = quant_bias(type);
     const size_t row_bytes = qtype_row_bytes(type, k);
     const size_t a_stride = quant_act_bytes(type, k);
     const int64_t nbk = k / QK;
@@ -481,9 +496,7 @@ INLINE void rows16_packed(const enum qtype type, const void *restrict wp, int64_
                 bias_corrections(corr, a0, a_stride, tn, b0, nb, bias);
             const char *ab0 = a0 + (size_t)b0 * sizeof(struct block_q8_act);
             for (int64_t g = n0 / GROUP * GROUP; g < n1; g += GROUP) {
-                const int lo = n0 > g ? (int)(n0 - g) : 0;
-                const int hi = n1 - g < GROUP ? (int)(n1 - g) : GROUP;
-                const __mmask16 live = (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
+                const __mmask16 live = group_live(g, n0, n1);
                 const struct group_src src = group_at(wp, row_bytes, g);
                 /* register tiles of up to TILE_T rows straight from the
                  * repacked quants (one row: tile1); the first tile also
@@ -522,7 +535,7 @@ INLINE void rows16_packed(const enum qtype type, const void *restrict wp, int64_
 INLINE void rows16_packed_t1(const enum qtype type, const void *restrict wp, int64_t k, int64_t n0,
                              int64_t n1, const void *restrict act, float *restrict y)
 {
-    const int bias = type == QTYPE_Q8_0 ? 128 : type == QTYPE_Q4_0 ? 8 : 0;
+    const int bias = quant_bias(type);
     const size_t row_bytes = qtype_row_bytes(type, k);
     const int nbk = (int)(k / QK);
     int32_t corr[T1_MAX_BLOCKS];
@@ -530,9 +543,7 @@ INLINE void rows16_packed_t1(const enum qtype type, const void *restrict wp, int
     for (int b = 0; b < nbk; b++)
         corr[b] = bias ? -bias * act_sum((const struct block_q8_act *)act + b) : 0;
     for (int64_t g = n0 / GROUP * GROUP; g < n1; g += GROUP) {
-        const int lo = n0 > g ? (int)(n0 - g) : 0;
-        const int hi = n1 - g < GROUP ? (int)(n1 - g) : GROUP;
-        const __mmask16 live = (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
+        const __mmask16 live = group_live(g, n0, n1);
         const struct group_src src = group_at(wp, row_bytes, g);
         _mm512_mask_storeu_ps(
             y + g, live, tile1(type, &src, 0, nbk, (const char *)act, corr, _mm512_setzero_ps()));

@@ -25,8 +25,10 @@
  *                               VPDPBUSD and FMA: twelve independent chains,
  *                               instructions per ns and GOP/s, the ceiling the
  *                               GFLOP/s figures are read against)
- *   build/bench_matmul batch   (SmolLM2's Q4_0 shapes, repacked, and its Q8_0
- *                               output matrix, weights from memory, at T = 1,
+ *   build/bench_matmul batch   (SmolLM2's Q4_0 shapes, repacked, its Q8_0
+ *                               output matrix and two of its shapes in Q8_0
+ *                               (a Q8_0 copy of the model), weights from
+ *                               memory, at T = 1,
  *                               2, 4, 8, 16, 32 and 64: microseconds per call
  *                               and per token, GFLOP/s; a batched decode step
  *                               of T streams runs these products at that T)
@@ -370,6 +372,8 @@ static int bench_batch_ts(enum cpu_isa isa)
         {"ffn_up   1536x576   Q4_0", QTYPE_Q4_0, 1536, 576},
         {"ffn_down  576x1536  Q4_0", QTYPE_Q4_0, 576, 1536},
         {"lm_head 49152x576   Q8_0", QTYPE_Q8_0, 49152, 576},
+        {"attn_q/o  576x576   Q8_0", QTYPE_Q8_0, 576, 576},
+        {"ffn_up   1536x576   Q8_0", QTYPE_Q8_0, 1536, 576},
     };
     static const int64_t ts[] = {1, 2, 4, 8, 16, 32, 64};
     const int nts = (int)(sizeof ts / sizeof ts[0]);

@@ -360,14 +360,18 @@ INLINE void load_block(const enum qtype type, const struct group_src *s, int64_t
         *m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(qb + packed_qb(type) + 32)));
 }
 
-/* Starts loading block b of a repacked group: the lines its bytes span (a
- * Q4_0 block is 4.5 lines, so its first and last may be shared). */
+/* Starts loading block b of a repacked group into L2: the lines its bytes
+ * span (a Q4_0 block is 4.5 lines, so its first and last may be shared).
+ * Into L2, not L1: the L1 holds the group being computed and the activation
+ * rows (at T = 32, 20 KiB of them against an 18-block Q8_0 group of 9.8
+ * KiB); the next group on top of them evicted both, and the 49,152-row Q8_0
+ * output matrix at T = 2 .. 32 ran 1.2-1.7x slower (bench_matmul batch). */
 INLINE void prefetch_block(const enum qtype type, const struct group_src *s, int64_t b)
 {
     const char *qb = s->base + (size_t)b * packed_bs(type);
     for (size_t o = 0; o < packed_bs(type); o += 64)
-        _mm_prefetch(qb + o, _MM_HINT_T0);
-    _mm_prefetch(qb + packed_bs(type) - 1, _MM_HINT_T0);
+        _mm_prefetch(qb + o, _MM_HINT_T1);
+    _mm_prefetch(qb + packed_bs(type) - 1, _MM_HINT_T1);
 }
 
 /* tile() for one activation row, reading the repacked group directly. */
@@ -501,7 +505,7 @@ INLINE void rows16_packed(const enum qtype type, const void *restrict wp, int64_
                 /* register tiles of up to TILE_T rows straight from the
                  * repacked quants (one row: tile1); the first tile also
                  * starts loading the next group, the later ones find this
-                 * group in L1 */
+                 * group in L1 or L2 */
                 const struct group_src nxt =
                     g + GROUP < n1 ? group_at(wp, row_bytes, g + GROUP) : src;
                 for (int64_t tt = 0; tt < tn; tt += TILE_T) {

@@ -758,15 +758,20 @@ TEST(packed_rows_are_bit_identical_to_the_kernel_on_the_rows_as_they_are)
 /* At T = 1 each repacked group is read in one pass of all its blocks, up to
  * 1,024 blocks (K = 32,768); past that the chunked path takes T = 1 too.
  * Both, just inside and just past the limit, give exactly the bits of the
- * kernel on the rows as they are. A row of K values is made of K / 1,024
- * rows of 1,024 (make_weights' longest rows are K_MAX). */
+ * kernel on the rows as they are, for all N rows and for a range that
+ * starts and ends inside a group (rows [3, 34)), and write nothing outside
+ * the rows asked for (the outputs around them, and past N, keep a canary).
+ * A row of K values is made of K / 1,024 rows of 1,024 (make_weights'
+ * longest rows are K_MAX). */
 TEST(packed_single_row_inside_and_past_the_one_pass_limit)
 {
-    enum { N = 37, KC = 1024, KMAX = 33 * KC };
+    enum { N = 37, KC = 1024, KMAX = 33 * KC, GUARD = 16 };
     static const int64_t ks[] = {32 * KC, 33 * KC};
+    static const int64_t ranges[][2] = {{0, N}, {3, 34}};
     if (!cpu_matmul_packs(cpu_isa_best(), QTYPE_Q4_0))
         TEST_SKIP("no AVX512-VNNI here (or capped by STREAMSINK_ISA)");
-    static float x[KMAX], y[N], want[N];
+    static float x[KMAX], y[N + GUARD], want[N];
+    const float canary = -1234.5f;
     uint8_t *w = malloc(qtype_row_bytes(QTYPE_Q8_0, KMAX) * N);
     uint8_t *p = malloc(qtype_row_bytes(QTYPE_Q8_0, KMAX) * N);
     uint8_t *act = malloc(quant_act_bytes(QTYPE_Q8_0, KMAX));
@@ -780,11 +785,23 @@ TEST(packed_single_row_inside_and_past_the_one_pass_limit)
             quant_prepare_act_ref(t, x, k, act);
             cpu_pack_rows(t, w, k, N, p);
             cpu__matmul_rows16_avx512_vnni(t, w, k, 0, N, act, 1, want, N);
-            cpu_matmul_rows_packed(CPU_ISA_AVX512, t, p, k, N, 0, N, act, 1, y, N);
-            for (int n = 0; n < N; n++)
-                if (memcmp(&y[n], &want[n], sizeof y[n]) != 0)
-                    FAIL_AT("%s K=%lld: y[%d] = %.9g repacked, %.9g as they are", qtype_name(t),
-                            (long long)k, n, y[n], want[n]);
+            for (size_t ri = 0; ri < sizeof ranges / sizeof ranges[0]; ri++) {
+                const int64_t n0 = ranges[ri][0], n1 = ranges[ri][1];
+                for (int n = 0; n < N + GUARD; n++)
+                    y[n] = canary;
+                cpu_matmul_rows_packed(CPU_ISA_AVX512, t, p, k, N, n0, n1, act, 1, y, N);
+                for (int n = 0; n < N + GUARD; n++) {
+                    const int inside = n >= n0 && n < n1;
+                    if (inside && memcmp(&y[n], &want[n], sizeof y[n]) != 0)
+                        FAIL_AT("%s K=%lld rows [%lld, %lld): y[%d] = %.9g repacked, %.9g as "
+                                "they are",
+                                qtype_name(t), (long long)k, (long long)n0, (long long)n1, n, y[n],
+                                want[n]);
+                    if (!inside && y[n] != canary)
+                        FAIL_AT("%s K=%lld rows [%lld, %lld): y[%d] written (%.9g)", qtype_name(t),
+                                (long long)k, (long long)n0, (long long)n1, n, y[n]);
+                }
+            }
         }
     }
     free(w);

@@ -26,12 +26,12 @@
  *                               instructions per ns and GOP/s, the ceiling the
  *                               GFLOP/s figures are read against)
  *   build/bench_matmul batch   (SmolLM2's Q4_0 shapes, repacked, its Q8_0
- *                               output matrix and two of its shapes in Q8_0
- *                               (a Q8_0 copy of the model), weights from
- *                               memory, at T = 1,
- *                               2, 4, 8, 16, 32 and 64: microseconds per call
- *                               and per token, GFLOP/s; a batched decode step
- *                               of T streams runs these products at that T)
+ *                               output matrix, and attn_q/o and ffn_up in
+ *                               Q8_0 as a Q8_0 copy of the model has them;
+ *                               weights from memory, at T = 1, 2, 4, 8, 16,
+ *                               32 and 64: microseconds per call and per
+ *                               token, GFLOP/s; a batched decode step of T
+ *                               streams runs these products at that T)
  *   build/bench_matmul decode  (one decode token's products in the engine's
  *                               order, each matrix in its own buffer and all
  *                               in one huge-page arena, in turn: ms per

@@ -206,9 +206,10 @@ static void ew_run(struct cpu_ctx *c, void (*fn)(void *, int, int), struct ew_jo
 }
 
 /* The sum of squares of x[0, n) in double, in eight interleaved chains
- * added in a fixed tree: one chain waited an add latency per value, which
- * made RMSNorm a few percent of a batched decode step, run on the calling
- * thread while the pool waited (rows this short are not split). */
+ * added in a fixed tree, so a row's result depends only on the row. One
+ * chain would wait an add latency per value, and below 2 x EW_MIN_PER_PART
+ * values (up to 28 rows of 576) ew_run runs the op on the calling thread
+ * while the pool waits. */
 static double sum_squares(const float *x, int64_t n)
 {
     double s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;

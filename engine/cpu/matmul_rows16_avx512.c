@@ -362,11 +362,11 @@ INLINE void load_block(const enum qtype type, const struct group_src *s, int64_t
 
 /* Starts loading block b of a repacked group into L2: the lines its bytes
  * span (a Q4_0 block is 4.5 lines, so its first and last may be shared).
- * Into L2, not L1: the L1 holds the group being computed and the activation
- * rows (at T = 32 and K = 576, 22.5 KiB of them next to a Q8_0 group's 9.6
- * KiB, a 32 KiB L1 on Zen 4); the next group on top of them evicted both,
- * and the 49,152-row Q8_0 output matrix at T = 2 .. 32 ran 1.1-2x slower
- * (bench_matmul batch). */
+ * Into L2, not L1: with the L1 hint the 49,152-row Q8_0 output matrix at
+ * T = 2 .. 32 ran 1.1-2x slower on Zen 4 (bench_matmul batch, weights from
+ * memory); the layer shapes did not get slower. Why the L1 hint cost that
+ * much was not pinned down (the next group, the one being computed and the
+ * activation rows fit a 32 KiB L1 together up to T = 16). */
 INLINE void prefetch_block(const enum qtype type, const struct group_src *s, int64_t b)
 {
     const char *qb = s->base + (size_t)b * packed_bs(type);

@@ -20,8 +20,8 @@
  * schedule: "stride", "stride.reverse", "stride.shuffle").
  *
  * Checks, each printed as "emu-vs-cpu NAME REL":
- * - NAME.rmsnorm, NAME.rmsnorm_inplace: against cpu_rmsnorm's loop (sum of
- *   squares in double, then float); REL is the largest |emu - cpu| over the
+ * - NAME.rmsnorm, NAME.rmsnorm_inplace: against cpu_rmsnorm's arithmetic (sum
+ *   of squares in double, here in one chain, then float); REL is the largest |emu - cpu| over the
  *   largest |cpu| of a row, over all rows (rows are scaled from 1e-3 to 1e3).
  *   Tolerance 1e-6: the kernel sums at most 3 squares per thread, then two
  *   5- and 3-level shuffle trees in float, a relative error below ~11 float

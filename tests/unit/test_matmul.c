@@ -758,16 +758,18 @@ TEST(packed_rows_are_bit_identical_to_the_kernel_on_the_rows_as_they_are)
 /* At T = 1 each repacked group is read in one pass of all its blocks, up to
  * 1,024 blocks (K = 32,768); past that the chunked path takes T = 1 too.
  * Both, just inside and just past the limit, give exactly the bits of the
- * kernel on the rows as they are, for all N rows and for a range that
- * starts and ends inside a group (rows [3, 34)), and write nothing outside
- * the rows asked for (the outputs around them, and past N, keep a canary).
+ * kernel on the rows as they are, for all N rows, for a range that starts
+ * and ends inside a repacked group (rows [17, 29)) and for one that starts
+ * inside a group and ends in the rows past the last full group (rows [3,
+ * 34)), and write nothing outside the rows asked for (the outputs around
+ * them, and past N, keep a canary).
  * A row of K values is made of K / 1,024 rows of 1,024 (make_weights'
  * longest rows are K_MAX). */
 TEST(packed_single_row_inside_and_past_the_one_pass_limit)
 {
     enum { N = 37, KC = 1024, KMAX = 33 * KC, GUARD = 16 };
     static const int64_t ks[] = {32 * KC, 33 * KC};
-    static const int64_t ranges[][2] = {{0, N}, {3, 34}};
+    static const int64_t ranges[][2] = {{0, N}, {17, 29}, {3, 34}};
     if (!cpu_matmul_packs(cpu_isa_best(), QTYPE_Q4_0))
         TEST_SKIP("no AVX512-VNNI here (or capped by STREAMSINK_ISA)");
     static float x[KMAX], y[N + GUARD], want[N];

@@ -68,6 +68,28 @@ INLINE __m512i dpbusd(__m512i acc, __m512i u, __m512i s)
 }
 #endif
 
+INLINE int32_t load_i32(const void *p)
+{
+    int32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* dpbusd(acc, u, the four bytes at p broadcast to every lane), with the
+ * broadcast folded into the instruction's memory operand ({1to16}): one
+ * instruction where a broadcast load and the product were two. The same
+ * operation, so the same bits. */
+#ifdef AVX512_DPBUSD
+#define dpbusd_bcast(acc, u, p) AVX512_DPBUSD(acc, u, _mm512_set1_epi32(load_i32(p)))
+#else
+typedef int32_t __attribute__((may_alias, aligned(1))) i32_bytes; /* four bytes of qs */
+INLINE __m512i dpbusd_bcast(__m512i acc, __m512i u, const void *p)
+{
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*(const i32_bytes *)p));
+    return acc;
+}
+#endif
+
 /* One group's blocks, transposed: q[b][j] lane r = values 4j .. 4j+3 of row r
  * in block b, as unsigned bytes; d (and m, Q4_1) lane r = row r's scale. */
 struct packed {
@@ -145,13 +167,6 @@ INLINE int32_t act_sum(const struct block_q8_act *a)
     __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
     s2 = _mm_add_epi64(s2, _mm_unpackhi_epi64(s2, s2));
     return _mm_cvtsi128_si32(s2) - 32 * 128;
-}
-
-INLINE int32_t load_i32(const void *p)
-{
-    int32_t v;
-    memcpy(&v, p, sizeof v);
-    return v;
 }
 
 /* nt activation rows (a, a_stride apart, positioned at the chunk's first
@@ -388,8 +403,8 @@ INLINE __m512 tile1(const enum qtype type, const struct group_src *s, int64_t b0
         __m512i i1 = _mm512_setzero_si512();
 #pragma GCC unroll 4
         for (int j = 0; j < 8; j += 2) {
-            i0 = dpbusd(i0, q[j], _mm512_set1_epi32(load_i32(ab->qs + 4 * j)));
-            i1 = dpbusd(i1, q[j + 1], _mm512_set1_epi32(load_i32(ab->qs + 4 * j + 4)));
+            i0 = dpbusd_bcast(i0, q[j], ab->qs + 4 * j);
+            i1 = dpbusd_bcast(i1, q[j + 1], ab->qs + 4 * j + 4);
         }
         const __m512i i = _mm512_add_epi32(i0, i1);
         f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_mul_ps(d, _mm512_set1_ps(ab->d)), f);
@@ -430,11 +445,10 @@ INLINE void tile_direct(const enum qtype type, const int nt, const struct group_
             for (int t = 0; t < nt; t++) {
                 const struct block_q8_act *ab =
                     (const struct block_q8_act *)(a + (size_t)t * a_stride) + bb;
-                const __m512i x = _mm512_set1_epi32(load_i32(ab->qs + 4 * j));
                 if (two && j % 2)
-                    i1[t] = dpbusd(i1[t], q[j], x);
+                    i1[t] = dpbusd_bcast(i1[t], q[j], ab->qs + 4 * j);
                 else
-                    i0[t] = dpbusd(i0[t], q[j], x);
+                    i0[t] = dpbusd_bcast(i0[t], q[j], ab->qs + 4 * j);
             }
         }
 #pragma GCC unroll 8

@@ -26,11 +26,12 @@ BUILD_DIR=build-asan bash scripts/build.sh -DSTREAMSINK_WERROR=ON -DSTREAMSINK_C
   -DSTREAMSINK_SANITIZE=address,undefined -DCMAKE_BUILD_TYPE=Debug
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -L unit -j1)
 
-echo "== threaded tests under ThreadSanitizer (the engine's queues, the HTTP connection)"
+echo "== threaded tests under ThreadSanitizer (the engine's queues, the HTTP connection, the CPU thread pool)"
 cmake -S . -B build-tsan -DSTREAMSINK_CUDA=OFF -DSTREAMSINK_SANITIZE=thread \
   -DCMAKE_BUILD_TYPE=Debug >/dev/null
-cmake --build build-tsan -j"$(nproc)" --target test_queue test_http_conn
-(cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -R '^(test_queue|test_http_conn)$' -j1)
+cmake --build build-tsan -j"$(nproc)" --target test_queue test_http_conn test_threadpool
+(cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure \
+  -R '^(test_queue|test_http_conn|test_threadpool)$' -j1)
 
 echo "== fuzzing: each libFuzzer target for a bounded time from its seed corpus"
 bash scripts/fuzz.sh

@@ -8,6 +8,20 @@
  * the number of parts; it never waits for a worker that has claimed nothing.
  * The job (fn, arg) is read only after a successful claim: while a part of
  * generation g is claimed and unfinished, the caller cannot publish g + 1.
+ *
+ * A part that a worker has claimed cannot be taken back, so a worker that
+ * the OS preempts in the middle of one (another process busy on its core)
+ * holds the caller up for the rest of its time slice, milliseconds against
+ * runs of microseconds. The caller watches for that: a run in which it ran
+ * parts itself and then waited for the last ones both long (STRAGGLER_NS)
+ * and longer than it had worked. One such run alone is a page fault or a
+ * blip of the host and is let pass (on an idle 2-vCPU VM they came about
+ * once or twice a second); a second within STRAGGLER_GAP_NS means a shared
+ * core, and the caller runs every part itself (solo) for a while,
+ * then tries the workers again. The while starts at SOLO_MIN_NS and doubles,
+ * up to SOLO_MAX_NS, each time the workers fail again sooner than the last
+ * while lasted. Which thread runs a part never changes a result (parts
+ * depend only on i and n).
  */
 #include "threadpool.h"
 
@@ -16,6 +30,7 @@
 #include <sched.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <time.h>
 
 /* Spin this many pause rounds (a few tens of microseconds) before yielding
  * the CPU; on an oversubscribed machine a spinning waiter would otherwise
@@ -24,6 +39,11 @@
 #define YIELD_ROUNDS 200
 
 #define MAX_PARTS 65535
+
+#define STRAGGLER_NS 200000LL       /* a wait for the last parts this long... */
+#define STRAGGLER_GAP_NS 50000000LL /* ...twice within 50 ms, */
+#define SOLO_MIN_NS 20000000LL      /* ...and the caller runs alone for 20 ms, */
+#define SOLO_MAX_NS 1000000000LL    /* doubling up to 1 s while it recurs */
 
 struct worker {
     struct threadpool *tp;
@@ -41,7 +61,54 @@ struct threadpool {
     int stop;                     /* atomic */
     pthread_mutex_t mu;
     pthread_cond_t cv;
+    /* the caller's alone (read and written by the caller only) */
+    int64_t solo_until;     /* CLOCK_MONOTONIC ns; 0: not solo */
+    int64_t solo_len;       /* the last solo stretch's length */
+    int64_t shared_since;   /* when the workers were last taken back */
+    int64_t last_straggler; /* when a run last waited that way */
+    long solo_count;        /* solo stretches so far */
 };
+
+static int64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* Whether the caller runs this run alone (see the top of the file). */
+static int caller_alone(struct threadpool *tp)
+{
+    if (tp->solo_until == 0)
+        return 0;
+    int64_t now = now_ns();
+    if (now < tp->solo_until)
+        return 1;
+    tp->solo_until = 0;
+    tp->shared_since = now;
+    return 0;
+}
+
+/* After a run: busy = the caller's time until no part was left to claim,
+ * wait = its time from then until the last part was done. */
+static void note_wait(struct threadpool *tp, int64_t busy, int64_t wait, int64_t now)
+{
+    if (wait < STRAGGLER_NS || wait <= busy)
+        return;
+    /* one alone is a page fault or a blip of the host; two close together
+     * are a core shared with someone else */
+    const int64_t prev = tp->last_straggler;
+    tp->last_straggler = now;
+    if (prev == 0 || now - prev > STRAGGLER_GAP_NS)
+        return;
+    tp->last_straggler = 0;
+    /* the workers failed again within as long as the caller was alone */
+    int again = tp->solo_len > 0 && now - tp->shared_since < tp->solo_len;
+    int64_t len = again ? 2 * tp->solo_len : SOLO_MIN_NS;
+    tp->solo_len = len < SOLO_MAX_NS ? len : SOLO_MAX_NS;
+    tp->solo_until = now + tp->solo_len;
+    tp->solo_count++;
+}
 
 static inline void cpu_relax(void)
 {
@@ -66,9 +133,10 @@ static inline int st_next(uint64_t s)
 }
 
 /* Runs parts of generation gen until none is left unclaimed (or the state has
- * moved on to another generation). */
-static void work(struct threadpool *tp, uint32_t gen)
+ * moved on to another generation); returns how many it ran. */
+static int work(struct threadpool *tp, uint32_t gen)
 {
+    int ran = 0;
     uint64_t s = __atomic_load_n(&tp->state, __ATOMIC_ACQUIRE);
     while (st_gen(s) == gen && st_next(s) < st_parts(s)) {
         if (!__atomic_compare_exchange_n(&tp->state, &s, s + 1, 1, __ATOMIC_ACQ_REL,
@@ -78,15 +146,19 @@ static void work(struct threadpool *tp, uint32_t gen)
         void *arg = __atomic_load_n(&tp->arg, __ATOMIC_RELAXED);
         fn(arg, st_next(s), st_parts(s));
         __atomic_fetch_add(&tp->done, 1, __ATOMIC_ACQ_REL);
+        ran++;
         s = __atomic_load_n(&tp->state, __ATOMIC_ACQUIRE);
     }
+    return ran;
 }
 
 static void *worker_main(void *p)
 {
     struct worker *w = p;
     struct threadpool *tp = w->tp;
-    uint32_t seen = st_gen(__atomic_load_n(&tp->state, __ATOMIC_ACQUIRE));
+    /* generation 0 is the pool's before any run: a worker that starts after
+     * the first run was published still joins it */
+    uint32_t seen = 0;
     for (;;) {
         uint32_t g;
         int spins = 0;
@@ -111,7 +183,7 @@ static void *worker_main(void *p)
         if (__atomic_load_n(&tp->stop, __ATOMIC_ACQUIRE))
             return NULL;
         seen = g;
-        work(tp, g);
+        (void)work(tp, g);
     }
 }
 
@@ -170,11 +242,12 @@ void threadpool_run_parts(struct threadpool *tp, void (*fn)(void *arg, int ith, 
         n_parts = 1;
     if (n_parts > MAX_PARTS)
         n_parts = MAX_PARTS;
-    if (tp->n == 1) {
+    if (tp->n == 1 || caller_alone(tp)) {
         for (int i = 0; i < n_parts; i++)
             fn(arg, i, n_parts);
         return;
     }
+    const int64_t t0 = now_ns();
     /* every part of the previous run is finished, so no thread reads these */
     __atomic_store_n(&tp->fn, fn, __ATOMIC_RELAXED);
     __atomic_store_n(&tp->arg, arg, __ATOMIC_RELAXED);
@@ -186,7 +259,10 @@ void threadpool_run_parts(struct threadpool *tp, void (*fn)(void *arg, int ith, 
         pthread_cond_broadcast(&tp->cv);
         pthread_mutex_unlock(&tp->mu);
     }
-    work(tp, gen);
+    const int ran = work(tp, gen);
+    if (__atomic_load_n(&tp->done, __ATOMIC_ACQUIRE) == n_parts)
+        return;
+    const int64_t t1 = now_ns();
     int spins = 0;
     while (__atomic_load_n(&tp->done, __ATOMIC_ACQUIRE) < n_parts) {
         if (++spins < SPIN_ROUNDS)
@@ -194,6 +270,14 @@ void threadpool_run_parts(struct threadpool *tp, void (*fn)(void *arg, int ith, 
         else
             sched_yield(); /* a worker that claimed a part may be waiting for a CPU */
     }
+    const int64_t t2 = now_ns();
+    if (ran > 0) /* a run the workers took whole says nothing of them */
+        note_wait(tp, t1 - t0, t2 - t1, t2);
+}
+
+long threadpool_solo_count(const struct threadpool *tp)
+{
+    return tp->solo_count;
 }
 
 void threadpool_run(struct threadpool *tp, void (*fn)(void *arg, int ith, int nth), void *arg)

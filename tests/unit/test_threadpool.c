@@ -4,10 +4,16 @@
  * back runs (where a worker that wakes up late must not run a part of the
  * previous run, nor one of the next run twice); a run returns only after all
  * of its parts are done; parts report the part count they were given.
+ * A worker held up inside a part (as by a preemption) in two runs close
+ * together sends the caller solo: the next runs' parts all run on the
+ * caller's thread, and after the solo stretch the workers take parts again;
+ * two such runs far apart do not.
  */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cpu/threadpool.h"
 
@@ -26,12 +32,12 @@ static int failures;
     } while (0)
 
 struct job {
-    int run;              /* the run this job belongs to */
-    int hits[MAX_PARTS];  /* atomic: times part i ran */
-    int bad_nth;          /* atomic: calls whose nth was wrong */
-    int nth;              /* expected part count */
-    volatile double sink; /* some work per part */
-    int *last_run_seen;   /* atomic: written by every part */
+    int run;                         /* the run this job belongs to */
+    int hits[MAX_PARTS];             /* atomic: times part i ran */
+    int bad_nth;                     /* atomic: calls whose nth was wrong */
+    int nth;                         /* expected part count */
+    volatile double sink[MAX_PARTS]; /* some work per part, a slot each */
+    int *last_run_seen;              /* atomic: written by every part */
 };
 
 static void part_fn(void *arg, int ith, int nth)
@@ -45,7 +51,7 @@ static void part_fn(void *arg, int ith, int nth)
     double s = 0;
     for (int i = 0; i < 200 * (ith % 7 + 1); i++)
         s += (double)i * 1e-9;
-    j->sink = s;
+    j->sink[ith] = s;
     __atomic_fetch_add(&j->hits[ith], 1, __ATOMIC_RELAXED);
     __atomic_store_n(j->last_run_seen, j->run, __ATOMIC_RELAXED);
 }
@@ -89,8 +95,85 @@ static void check_pool(int n_threads)
     threadpool_free(tp);
 }
 
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0)
+        ;
+}
+
+/* A run of two parts in which a worker runs one: the caller's part waits
+ * (up to wait_ms) until a worker has started the other, which then sleeps
+ * hold_ms, as a worker preempted in the middle of a part would. */
+struct held {
+    pthread_t caller;
+    int hold_ms, wait_ms;
+    int worker_started; /* atomic */
+    int on_worker;      /* atomic: parts run off the caller's thread */
+};
+
+static void held_fn(void *arg, int ith, int nth)
+{
+    struct held *h = arg;
+    (void)ith;
+    (void)nth;
+    if (pthread_equal(pthread_self(), h->caller)) {
+        for (int i = 0; i < h->wait_ms && !__atomic_load_n(&h->worker_started, __ATOMIC_ACQUIRE);
+             i++)
+            sleep_ms(1);
+        return;
+    }
+    __atomic_fetch_add(&h->on_worker, 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&h->worker_started, 1, __ATOMIC_RELEASE);
+    sleep_ms(h->hold_ms);
+}
+
+/* Returns how many of the run's parts ran off the caller's thread. */
+static int held_run(struct threadpool *tp, int hold_ms, int wait_ms)
+{
+    struct held h = {pthread_self(), hold_ms, wait_ms, 0, 0};
+    threadpool_run_parts(tp, held_fn, &h, 2);
+    return __atomic_load_n(&h.on_worker, __ATOMIC_RELAXED);
+}
+
+static void check_solo(void)
+{
+    struct threadpool *tp;
+    CHECK(threadpool_init(&tp, 2) == 0, "init");
+    /* one held-up run, then a pause past the gap (50 ms): not solo */
+    CHECK(held_run(tp, 12, 5000) == 1, "a worker ran the held part");
+    sleep_ms(80);
+    CHECK(held_run(tp, 12, 5000) == 1, "a worker ran the held part");
+    CHECK(threadpool_solo_count(tp) == 0, "two stragglers 80 ms apart went solo");
+    /* a second close after it: solo */
+    CHECK(held_run(tp, 12, 5000) == 1, "a worker ran the held part");
+    CHECK(threadpool_solo_count(tp) == 1, "two stragglers within the gap: solo count %ld",
+          threadpool_solo_count(tp));
+    /* within the solo stretch (20 ms) no worker takes a part, although the
+     * caller's part waits 4 ms for one (twice: it runs both parts); on a
+     * machine so loaded that the stretch may have ended, not checked */
+    const double t0 = now_ms();
+    const int on_worker = held_run(tp, 0, 4);
+    if (now_ms() - t0 < 15.0)
+        CHECK(on_worker == 0, "solo, yet a worker ran a part");
+    else
+        printf("test_threadpool: the solo run took %.1f ms, not checked\n", now_ms() - t0);
+    /* past it the workers are back */
+    sleep_ms(40);
+    CHECK(held_run(tp, 0, 5000) == 1, "after the solo stretch no worker took a part");
+    threadpool_free(tp);
+}
+
 int main(void)
 {
+    check_solo();
     for (int n = 1; n <= 5; n++)
         check_pool(n);
     /* more threads than this machine has cores: still exact */

@@ -12,16 +12,20 @@
  * A part that a worker has claimed cannot be taken back, so a worker that
  * the OS preempts in the middle of one (another process busy on its core)
  * holds the caller up for the rest of its time slice, milliseconds against
- * runs of microseconds. The caller watches for that: a run in which it ran
- * parts itself and then waited for the last ones both long (STRAGGLER_NS)
- * and longer than it had worked. One such run alone is a page fault or a
- * blip of the host and is let pass (on an idle 2-vCPU VM they came about
- * once or twice a second); a second within STRAGGLER_GAP_NS means a shared
- * core, and the caller runs every part itself (solo) for a while,
- * then tries the workers again. The while starts at SOLO_MIN_NS and doubles,
- * up to SOLO_MAX_NS, each time the workers fail again sooner than the last
- * while lasted. Which thread runs a part never changes a result (parts
- * depend only on i and n).
+ * runs of microseconds. In a pool of two threads (the case measured, on a
+ * 2-vCPU machine) the caller watches for that: a run in which it ran parts
+ * itself and then waited for the last ones both long (over STRAGGLER_NS)
+ * and longer than it had worked. One such run alone is let pass: on an idle
+ * 2-vCPU VM such waits came about once or twice a second (page faults or
+ * the host, presumably). A second within STRAGGLER_GAP_NS is taken for a
+ * shared core, and the caller runs every part itself (solo) for a while,
+ * then tries the worker again. The while starts at SOLO_MIN_NS and doubles,
+ * up to SOLO_MAX_NS, each time the worker fails again sooner than the last
+ * while lasted. The caller's own preemption during a wait counts as well.
+ * Larger pools never go solo: one slow worker of many costs less than
+ * dropping them all, and harmless waits would come n - 1 times as often.
+ * Which thread runs a part never changes a result (parts depend only on i
+ * and n).
  */
 #include "threadpool.h"
 
@@ -61,7 +65,8 @@ struct threadpool {
     int stop;                     /* atomic */
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    /* the caller's alone (read and written by the caller only) */
+    /* the caller's solo state (read and written by the caller only) */
+    int solo_ok;            /* whether this pool may go solo */
     int64_t solo_until;     /* CLOCK_MONOTONIC ns; 0: not solo */
     int64_t solo_len;       /* the last solo stretch's length */
     int64_t shared_since;   /* when the workers were last taken back */
@@ -93,7 +98,7 @@ static int caller_alone(struct threadpool *tp)
  * wait = its time from then until the last part was done. */
 static void note_wait(struct threadpool *tp, int64_t busy, int64_t wait, int64_t now)
 {
-    if (wait < STRAGGLER_NS || wait <= busy)
+    if (wait <= STRAGGLER_NS || wait <= busy)
         return;
     /* one alone is a page fault or a blip of the host; two close together
      * are a core shared with someone else */
@@ -102,7 +107,7 @@ static void note_wait(struct threadpool *tp, int64_t busy, int64_t wait, int64_t
     if (prev == 0 || now - prev > STRAGGLER_GAP_NS)
         return;
     tp->last_straggler = 0;
-    /* the workers failed again within as long as the caller was alone */
+    /* the worker failed again within as long as the caller was alone */
     int again = tp->solo_len > 0 && now - tp->shared_since < tp->solo_len;
     int64_t len = again ? 2 * tp->solo_len : SOLO_MIN_NS;
     tp->solo_len = len < SOLO_MAX_NS ? len : SOLO_MAX_NS;
@@ -195,6 +200,7 @@ int threadpool_init(struct threadpool **out, int n_threads)
     if (n_threads < 1)
         n_threads = 1;
     tp->n = n_threads;
+    tp->solo_ok = n_threads == 2;
     pthread_mutex_init(&tp->mu, NULL);
     pthread_cond_init(&tp->cv, NULL);
     tp->workers = calloc((size_t)n_threads, sizeof *tp->workers);
@@ -242,12 +248,12 @@ void threadpool_run_parts(struct threadpool *tp, void (*fn)(void *arg, int ith, 
         n_parts = 1;
     if (n_parts > MAX_PARTS)
         n_parts = MAX_PARTS;
-    if (tp->n == 1 || caller_alone(tp)) {
+    if (tp->n == 1 || (tp->solo_ok && caller_alone(tp))) {
         for (int i = 0; i < n_parts; i++)
             fn(arg, i, n_parts);
         return;
     }
-    const int64_t t0 = now_ns();
+    const int64_t t0 = tp->solo_ok ? now_ns() : 0;
     /* every part of the previous run is finished, so no thread reads these */
     __atomic_store_n(&tp->fn, fn, __ATOMIC_RELAXED);
     __atomic_store_n(&tp->arg, arg, __ATOMIC_RELAXED);
@@ -262,7 +268,7 @@ void threadpool_run_parts(struct threadpool *tp, void (*fn)(void *arg, int ith, 
     const int ran = work(tp, gen);
     if (__atomic_load_n(&tp->done, __ATOMIC_ACQUIRE) == n_parts)
         return;
-    const int64_t t1 = now_ns();
+    const int64_t t1 = tp->solo_ok ? now_ns() : 0;
     int spins = 0;
     while (__atomic_load_n(&tp->done, __ATOMIC_ACQUIRE) < n_parts) {
         if (++spins < SPIN_ROUNDS)
@@ -270,14 +276,21 @@ void threadpool_run_parts(struct threadpool *tp, void (*fn)(void *arg, int ith, 
         else
             sched_yield(); /* a worker that claimed a part may be waiting for a CPU */
     }
-    const int64_t t2 = now_ns();
-    if (ran > 0) /* a run the workers took whole says nothing of them */
+    if (tp->solo_ok && ran > 0) { /* a run the worker took whole says nothing of it */
+        const int64_t t2 = now_ns();
         note_wait(tp, t1 - t0, t2 - t1, t2);
+    }
 }
 
 long threadpool_solo_count(const struct threadpool *tp)
 {
     return tp->solo_count;
+}
+
+void threadpool_allow_solo(struct threadpool *tp, int allow)
+{
+    tp->solo_ok = allow && tp->n == 2;
+    tp->solo_until = 0;
 }
 
 void threadpool_run(struct threadpool *tp, void (*fn)(void *arg, int ith, int nth), void *arg)

@@ -7,12 +7,12 @@
  * caller runs its part instead) and an oversubscribed machine slows a run
  * down instead of stalling it. fn must therefore not assume that part i runs
  * on thread i; results depend only on i and n. Workers spin briefly between
- * runs (a decode step issues hundreds of runs), then sleep. A worker that
- * the OS preempts in the middle of a part (a core busy with another
- * process) would hold each run up for its time slice; when the caller's
- * waits for the last parts of its runs show that twice within 50 ms, it
- * runs every part itself for a while (20 ms, doubling up to 1 s while it
- * recurs), then tries the workers again.
+ * runs (a decode step issues hundreds of runs), then sleep. In a pool of
+ * two threads, a worker that the OS preempts in the middle of a part (a
+ * core busy with another process) would hold runs up for its time slice;
+ * when the caller's waits for the last parts of its runs show that twice
+ * within 50 ms, it runs every part itself for a while (20 ms, doubling up
+ * to 1 s while it recurs), then tries the worker again.
  */
 #ifndef SS_CPU_THREADPOOL_H
 #define SS_CPU_THREADPOOL_H
@@ -28,7 +28,12 @@ void threadpool_run(struct threadpool *tp, void (*fn)(void *arg, int ith, int nt
  * size: finer parts balance better when threads run at unequal speeds. */
 void threadpool_run_parts(struct threadpool *tp, void (*fn)(void *arg, int ith, int nth), void *arg,
                           int n_parts);
-/* How many times the caller has gone solo (for tests and diagnostics). */
+/* How many times the caller has gone solo (for tests and diagnostics).
+ * Caller's thread only, as is threadpool_allow_solo. */
 long threadpool_solo_count(const struct threadpool *tp);
+/* Whether the pool may go solo (default: yes for two threads; never for
+ * other sizes). Tests of the claiming turn it off, so that the workers
+ * always take part. */
+void threadpool_allow_solo(struct threadpool *tp, int allow);
 
 #endif

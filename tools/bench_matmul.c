@@ -26,8 +26,8 @@
  *                               instructions per ns and GOP/s, the ceiling the
  *                               GFLOP/s figures are read against; and
  *                               VPDPBUSD's rate in the repacked kernels'
- *                               instruction mix, the ceiling of those kernels
- *                               once their weights are in cache)
+ *                               instruction mix, an upper bound for those
+ *                               kernels once their weights are in cache)
  *   build/bench_matmul batch   (SmolLM2's Q4_0 shapes, repacked, its Q8_0
  *                               output matrix, and attn_q/o and ffn_up in
  *                               Q8_0 as a Q8_0 copy of the model has them;

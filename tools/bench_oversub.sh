@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Oversubscription benchmark: does a 2-thread decoder lose to a 1-thread one
-# when another process keeps one core busy? Runs, in turn, 1 and 2 threads
-# with a busy loop pinned to the last CPU, and the same without it:
+# when another process keeps one of its two cores busy? Everything runs on
+# CPUs 0 and 1 (on a larger machine the scheduler would otherwise move the
+# threads off the busy core). Runs, in turn, 1 and 2 threads with a busy
+# loop pinned to CPU 1, and the same without it:
 #   - one stream: `streamsink run`, a 512-token prompt, then N_PREDICT tokens;
 #   - batched: `bench_batch --batches 8` (window 1,024, a 64-token prompt).
 # With a second build directory (a baseline), its 2-thread figures are
@@ -14,10 +16,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD="${1:-build}"
 BASE="${2:-}"
+if [ "$BASE" = "$BUILD" ]; then BASE=; fi
 REPS="${REPS:-5}"
 N_PREDICT="${N_PREDICT:-128}"
 MODEL="${MODEL:-$(STREAMSINK_VENV=.venv bash scripts/fetch-model.sh)}"
-BURN_CPU=$(($(nproc) - 1))
+CPUS=0,1
+BURN_CPU=1
 TEXT=$(mktemp)
 BURNER=
 cleanup() {
@@ -27,21 +31,33 @@ cleanup() {
 trap cleanup EXIT
 bible Gen1:1-Gen10:32 > "$TEXT"
 
-burn_on() { taskset -c "$BURN_CPU" awk 'BEGIN { for (;;) x++ }' & BURNER=$!; sleep 0.5; }
+burn_on() {
+  taskset -c "$BURN_CPU" awk 'BEGIN { for (;;) x++ }' &
+  BURNER=$!
+  sleep 0.5
+  kill -0 "$BURNER" || { echo "bench_oversub: the busy loop did not start on CPU $BURN_CPU" >&2; exit 1; }
+}
 burn_off() { kill "$BURNER"; wait "$BURNER" 2>/dev/null || true; BURNER=; }
 
 declare -A R
 KEYS=()
+need() { # value what: the value, or a stop if a figure was not found
+  if [ -z "$1" ]; then echo "bench_oversub: no $2 figure in the output" >&2; exit 1; fi
+  echo "$1"
+}
 one() { # key build threads: appends prompt, decode and batch-8 tokens/s to R[key.*]
-  local out
+  local out p d b
   [[ " ${KEYS[*]} " == *" $1 "* ]] || KEYS+=("$1")
-  out=$("$2/streamsink" run -m "$MODEL" -f "$TEXT" --prompt-tokens 512 -n "$N_PREDICT" \
-        --ignore-eos -t "$3" --chunk 512 2>&1 >/dev/null)
-  R[$1.prompt]+="$(echo "$out" | sed -n 's/^prompt: .*(\(.*\) tokens\/s)/\1/p') "
-  R[$1.decode]+="$(echo "$out" | sed -n 's/^decode: .*(\(.*\) tokens\/s)/\1/p') "
-  out=$("$2/bench_batch" --model "$MODEL" --threads "$3" --window 1024 --fill 64 \
-        --batches 8 --steps 32 2>/dev/null)
-  R[$1.batch8]+="$(echo "$out" | sed -n 's/^batch 8 rep 0 tokens\/s \(.*\)/\1/p') "
+  out=$(taskset -c "$CPUS" "$2/streamsink" run -m "$MODEL" -f "$TEXT" --prompt-tokens 512 \
+        -n "$N_PREDICT" --ignore-eos -t "$3" --chunk 512 2>&1 >/dev/null)
+  p=$(need "$(echo "$out" | sed -n 's/^prompt: .*(\(.*\) tokens\/s)/\1/p')" prompt)
+  d=$(need "$(echo "$out" | sed -n 's/^decode: .*(\(.*\) tokens\/s)/\1/p')" decode)
+  out=$(taskset -c "$CPUS" "$2/bench_batch" --model "$MODEL" --threads "$3" --window 1024 \
+        --fill 64 --batches 8 --steps 32 2>/dev/null)
+  b=$(need "$(echo "$out" | sed -n 's/^batch 8 rep 0 tokens\/s \(.*\)/\1/p')" batch)
+  R[$1.prompt]+="$p "
+  R[$1.decode]+="$d "
+  R[$1.batch8]+="$b "
 }
 stats() { # median (min-max) of the numbers in $1
   echo "$1" | tr ' ' '\n' | grep . | sort -g |
@@ -61,7 +77,7 @@ for rep in $(seq "$REPS"); do
   round idle
 done
 
-echo "model $(basename "$MODEL"); busy loop on CPU $BURN_CPU of $(nproc); $(date -u '+%Y-%m-%d %H:%M UTC');" \
+echo "model $(basename "$MODEL"); CPUs $CPUS, busy loop on CPU $BURN_CPU; $(date -u '+%Y-%m-%d %H:%M UTC');" \
   "tokens/s, median (min-max) of $REPS"
 printf "| other core | build | threads | prompt 512 | decode %s | 8 streams, batched |\n" "$N_PREDICT"
 printf "|---|---|---|---|---|---|\n"

@@ -5,6 +5,12 @@
  * temperature <= 0 is greedy. Memory is sized at init (vocab-sized scratch
  * and a ring of recent tokens): nothing grows with the stream. The same seed
  * and the same inputs give the same tokens.
+ *
+ * The filters keep a prefix of the tokens ranked by logit (larger first,
+ * ties by smaller id); the draw walks the kept tokens in id order. Ranking
+ * sorts only the tokens of one bucket of a histogram by probability, the
+ * one the prefix ends in, so a step costs O(V) plus that sort, not
+ * O(V log V).
  */
 #ifndef SS_SAMPLER_H
 #define SS_SAMPLER_H
@@ -26,15 +32,24 @@ struct sampler_params {
 /* Defaults: temperature 1, top_p 1, others off, penalty_last_n 64, seed 0. */
 struct sampler_params sampler_default_params(void);
 
+#define SAMPLER_BUCKETS 2048 /* histogram buckets by probability (sampler.c) */
+
+struct sampler_ranked {
+    float logit;
+    int32_t id;
+};
+
 struct sampler {
     struct sampler_params p;
     int64_t n_vocab;
     uint64_t rng[4];
     int32_t *recent; /* ring of penalty_last_n tokens */
     int64_t n_recent, recent_head;
-    int32_t *counts; /* [V] occurrences within the ring */
-    float *probs;    /* [V] scratch */
-    int32_t *heap;   /* [V] scratch */
+    int32_t *counts;               /* [V] occurrences within the ring */
+    float *probs;                  /* [V] scratch */
+    struct sampler_ranked *ranked; /* [V] scratch: one bucket's tokens */
+    int64_t *bucket_n;             /* [SAMPLER_BUCKETS] tokens per bucket */
+    double *bucket_mass;           /* [SAMPLER_BUCKETS] their probability */
 };
 
 /* Returns 0, -EINVAL for out-of-range params, or -ENOMEM. */
@@ -45,6 +60,8 @@ void sampler_accept(struct sampler *s, int32_t token);
 /* Picks the next token. logits (V) is modified (penalties, temperature). If
  * prob is non-NULL it gets the chosen token's probability after the filters. */
 int32_t sampler_sample(struct sampler *s, float *logits, float *prob);
+/* The first index of the largest of x[0, n) (n >= 1; NaN never wins). */
+int64_t sampler_argmax(const float *x, int64_t n);
 /* log Σ_v e^logits[v] over n logits (max-shifted, summed in double): a
  * token's log-probability is logits[t] - sampler_logsumexp(logits, n). */
 double sampler_logsumexp(const float *logits, int64_t n);

@@ -5,15 +5,20 @@
  *
  *   bench_batch --model FILE [--threads N] [--window W] [--fill N]
  *               [--batches 1,4,8,16,32] [--steps N] [--reps R] [--kv-dtype T]
+ *               [--temperature T [--top-p P] [--top-k K] [--min-p M]]
  *
  * Every one of max(B) sequences gets a window of W keys (sinks:4, KV in T:
  * f16 by default, f32 or q8_0) and
  * a prompt of --fill tokens (default W, so the window is full), prefilled in
  * chunks of 256. Then for each B, R times: B sequences decode --steps tokens
  * together, one token per sequence per forward step, each stream feeding back
- * the argmax of its own logits (greedy). Prints one line per (B, repetition):
+ * the argmax of its own logits (greedy, the sampler's sampler_argmax as
+ * the engine's greedy path runs it) or, with --temperature above 0, a token
+ * drawn by its own sampler (sampler.h, seeded by the stream's index), one
+ * stream after another as the engine thread samples. Prints one line per
+ * (B, repetition):
  *   batch B rep R tokens/s X
- * with X = B * steps / wall time of the steps (the argmax included). The
+ * with X = B * steps / wall time of the steps (the sampling included). The
  * forward pass and backend are the engine's own (forward.h); the scheduler
  * thread and HTTP are not in the loop.
  */
@@ -27,6 +32,7 @@
 #include "forward.h"
 #include "kvcache.h"
 #include "model.h"
+#include "sampler.h"
 
 #define MAX_BATCHES 16
 #define MAX_SEQS 256
@@ -43,16 +49,8 @@ static void usage(void)
 {
     fprintf(stderr, "usage: bench_batch --model FILE [--threads N] [--window W] [--fill N]\n"
                     "                   [--batches 1,4,8,16,32] [--steps N] [--reps R]\n"
-                    "                   [--kv-dtype f16|f32|q8_0]\n");
-}
-
-static int32_t argmax(const float *x, int64_t n)
-{
-    int64_t best = 0;
-    for (int64_t i = 1; i < n; i++)
-        if (x[i] > x[best])
-            best = i;
-    return (int32_t)best;
+                    "                   [--kv-dtype f16|f32|q8_0]\n"
+                    "                   [--temperature T [--top-p P] [--top-k K] [--min-p M]]\n");
 }
 
 int main(int argc, char **argv)
@@ -62,6 +60,8 @@ int main(int argc, char **argv)
     int64_t batches[MAX_BATCHES] = {1, 4, 8, 16, 32};
     int n_batches = 5;
     enum kv_dtype kv_dtype = KV_DTYPE_F16;
+    struct sampler_params sp = sampler_default_params();
+    sp.temperature = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) {
@@ -79,6 +79,14 @@ int main(int argc, char **argv)
                 usage();
                 return 2;
             }
+        } else if (strcmp(a, "--temperature") == 0) {
+            sp.temperature = strtof(v, NULL);
+        } else if (strcmp(a, "--top-p") == 0) {
+            sp.top_p = strtof(v, NULL);
+        } else if (strcmp(a, "--top-k") == 0) {
+            sp.top_k = strtoll(v, NULL, 10);
+        } else if (strcmp(a, "--min-p") == 0) {
+            sp.min_p = strtof(v, NULL);
         } else if (strcmp(a, "--fill") == 0) {
             fill = strtoll(v, NULL, 10);
         } else if (strcmp(a, "--steps") == 0) {
@@ -149,6 +157,7 @@ int main(int argc, char **argv)
         return 1;
     }
     static struct kv_seq seq[MAX_SEQS];
+    static struct sampler smp[MAX_SEQS];
     const struct kv_policy pol = {KV_POLICY_SINKS, 4};
     int exit_code = 0;
     int32_t *toks = malloc((size_t)CHUNK * 2 * sizeof(int32_t));
@@ -158,6 +167,15 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_batch: out of memory\n");
         exit_code = 1;
         goto out;
+    }
+    for (int64_t i = 0; i < max_b; i++) {
+        struct sampler_params spi = sp;
+        spi.seed = (uint64_t)i;
+        if (sampler_init(&smp[i], &spi, hp->n_vocab) < 0) {
+            fprintf(stderr, "bench_batch: bad sampling parameters\n");
+            exit_code = 2;
+            goto out;
+        }
     }
     for (int64_t i = 0; i < max_b; i++)
         if (kv_seq_init(&seq[i], &f.pool.geo, i, pol, window, 0) < 0) {
@@ -183,7 +201,8 @@ int main(int argc, char **argv)
             }
             if (done + n >= fill)
                 for (int k = 0; k < ns; k++)
-                    next[s0 + k] = argmax(f.logits + (int64_t)k * hp->n_vocab, hp->n_vocab);
+                    next[s0 + k] =
+                        (int32_t)sampler_argmax(f.logits + (int64_t)k * hp->n_vocab, hp->n_vocab);
         }
     }
     fprintf(stderr, "prefill: %lld sequences x %lld tokens in %.1f s\n", (long long)max_b,
@@ -202,7 +221,7 @@ int main(int argc, char **argv)
                     goto out;
                 }
                 for (int64_t k = 0; k < B; k++)
-                    next[k] = argmax(f.logits + k * hp->n_vocab, hp->n_vocab);
+                    next[k] = sampler_sample(&smp[k], f.logits + k * hp->n_vocab, NULL);
             }
             double el = now() - ts;
             printf("batch %lld rep %lld tokens/s %.2f\n", (long long)B, (long long)r,
@@ -211,6 +230,8 @@ int main(int argc, char **argv)
         }
     }
 out:
+    for (int64_t i = 0; i < max_b; i++)
+        sampler_free(&smp[i]);
     free(toks);
     free(next);
     free(in);

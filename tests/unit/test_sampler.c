@@ -2,12 +2,19 @@
  * test_sampler.c: the sampler against direct computations: greedy is the
  * argmax, filters that keep one token are greedy, draws follow the softmax
  * (checked by frequency over many draws), penalties follow their formulas,
- * and the same seed gives the same tokens.
+ * and the same seed gives the same tokens. On a larger vocabulary (where
+ * the sampler ranks through a histogram and sorts one bucket), the kept set
+ * matches a brute-force ranking of every token and the draws and reported
+ * probabilities follow the renormalized softmax over it; sampler_argmax
+ * matches a scalar loop on ties, NaN, -inf and signed zeros.
  */
 #include "engine/sampler.h"
 #include "test.h"
 
 #include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #define V 64
 
@@ -19,11 +26,12 @@ static void fill(float *lg, unsigned seed)
     }
 }
 
-static int argmax(const float *lg)
+/* The first index of the largest (a NaN never compares larger). */
+static int64_t argmax_ref(const float *x, int64_t n)
 {
-    int b = 0;
-    for (int i = 1; i < V; i++)
-        if (lg[i] > lg[b])
+    int64_t b = 0;
+    for (int64_t i = 1; i < n; i++)
+        if (x[i] > x[b])
             b = i;
     return b;
 }
@@ -54,7 +62,7 @@ TEST(greedy_and_single_token_filters_pick_the_argmax)
     float lg[V], tmp[V];
     for (unsigned seed = 1; seed < 50; seed++) {
         fill(lg, seed);
-        int want = argmax(lg);
+        int want = argmax_ref(lg, V);
         struct sampler_params variants[4];
         for (int k = 0; k < 4; k++)
             variants[k] = sampler_default_params();
@@ -89,7 +97,7 @@ TEST(draws_follow_the_tempered_softmax)
         count[sampler_sample(&s, tmp, NULL)]++;
     }
     sampler_free(&s);
-    double mx = lg[argmax(lg)], z = 0, pr[V];
+    double mx = lg[argmax_ref(lg, V)], z = 0, pr[V];
     for (int i = 0; i < V; i++)
         z += pr[i] = exp((lg[i] - mx) / 0.7);
     for (int i = 0; i < V; i++) {
@@ -222,6 +230,171 @@ TEST(bad_parameters_are_rejected)
     p = sampler_default_params();
     p.temperature = NAN;
     ASSERT_EQ(sampler_init(&s, &p, V), -EINVAL);
+}
+
+#define VB 5003 /* a larger vocabulary: odd, so blocks of 16 and 64 leave a tail */
+
+static unsigned lcg(unsigned *x)
+{
+    *x = *x * 1103515245u + 12345u;
+    return *x >> 8;
+}
+
+/* Logits dense in [-4, 4) with many exact ties (multiples of 1/512), so
+ * a histogram bucket holds several tokens and several distinct logits. */
+static void fill_big(float *lg, unsigned seed)
+{
+    for (int i = 0; i < VB; i++)
+        lg[i] = (float)(lcg(&seed) % 4096) / 512.0f - 4.0f;
+}
+
+/* The definition (sampler.h), brute force: every token ranked by logit,
+ * then id; token j is kept if it is the first, or fewer than top_k are
+ * kept, the probability before it is below top_p and its own is at least
+ * min_p times the largest (probabilities in double). Returns how many are
+ * kept; order gets the ranking, pr each token's probability. */
+static int rank_ref(const float *lg, const struct sampler_params *p, int *order, double *pr)
+{
+    for (int i = 0; i < VB; i++)
+        order[i] = i;
+    /* insertion sort by (logit desc, id asc) */
+    for (int i = 1; i < VB; i++) {
+        int t = order[i], j = i;
+        while (j > 0 && lg[order[j - 1]] < lg[t])
+            order[j] = order[j - 1], j--;
+        order[j] = t;
+    }
+    double z = 0;
+    for (int i = 0; i < VB; i++)
+        z += pr[i] = exp(((double)lg[i] - lg[order[0]]) / p->temperature);
+    for (int i = 0; i < VB; i++)
+        pr[i] /= z;
+    int kept = 0;
+    double cum = 0;
+    for (int j = 0; j < VB; j++) {
+        double pj = pr[order[j]];
+        if (kept > 0 && ((p->top_k > 0 && kept >= p->top_k) || (p->top_p < 1 && cum >= p->top_p) ||
+                         pj < p->min_p * pr[order[0]]))
+            break;
+        kept++;
+        cum += pj;
+    }
+    return kept;
+}
+
+TEST(on_a_large_vocabulary_the_kept_set_is_the_ranked_prefix)
+{
+    static float lg[VB], tmp[VB];
+    static int order[VB], count[VB], rank_of[VB];
+    static double pr[VB];
+    struct sampler s;
+    for (unsigned seed = 1; seed <= 12; seed++) {
+        fill_big(lg, seed);
+        struct sampler_params p = sampler_default_params();
+        p.seed = seed;
+        p.temperature = 0.5f + 0.25f * (float)(seed % 4);
+        rank_ref(lg, &p, order, pr); /* the ranking alone */
+        /* top_p halfway between two prefix sums (so float rounding cannot
+         * move the boundary); top_k and min_p on some seeds */
+        int m = 1 + (int)(seed * 311 % 2000);
+        double before = 0;
+        for (int j = 0; j < m; j++)
+            before += pr[order[j]];
+        p.top_p = (float)(before + pr[order[m]] / 2);
+        if (seed % 3 == 0)
+            p.top_k = 5 + 37 * seed;
+        if (seed % 4 == 1)
+            p.min_p = 0.3f;
+        if (seed == 12)
+            p.top_p = 1.0f; /* off: every token, the vocabulary walked whole */
+        const int kept = rank_ref(lg, &p, order, pr);
+        ASSERT(kept >= 1);
+        for (int j = 0; j < VB; j++)
+            rank_of[order[j]] = j;
+        double zk = 0;
+        for (int j = 0; j < kept; j++)
+            zk += pr[order[j]];
+        memset(count, 0, sizeof count);
+        ASSERT_OK(sampler_init(&s, &p, VB));
+        const int N = 6000;
+        for (int i = 0; i < N; i++) {
+            memcpy(tmp, lg, sizeof lg);
+            float prob = -1;
+            int t = sampler_sample(&s, tmp, &prob);
+            ASSERT(t >= 0 && t < VB);
+            ASSERT(rank_of[t] < kept);                                   /* only kept tokens */
+            ASSERT(fabs(prob - pr[t] / zk) <= 1e-5 * pr[t] / zk + 1e-9); /* renormalized */
+            count[t]++;
+        }
+        sampler_free(&s);
+        for (int j = 0; j < kept; j++) { /* frequencies: 5 sigma per token */
+            double expect = pr[order[j]] / zk * N, sd = sqrt(expect) + 1;
+            ASSERT(fabs(count[order[j]] - expect) < 5 * sd);
+        }
+    }
+}
+
+TEST(ties_rank_by_id)
+{
+    static float lg[VB], tmp[VB];
+    static int count[VB];
+    for (int i = 0; i < VB; i++)
+        lg[i] = 1.5f;
+    struct sampler s;
+    struct sampler_params p = sampler_default_params();
+    p.top_k = 3;
+    p.seed = 5;
+    ASSERT_OK(sampler_init(&s, &p, VB));
+    for (int i = 0; i < 3000; i++) {
+        memcpy(tmp, lg, sizeof lg);
+        count[sampler_sample(&s, tmp, NULL)]++;
+    }
+    sampler_free(&s);
+    for (int t = 0; t < 3; t++)
+        ASSERT(abs(count[t] - 1000) < 5 * 32);
+    ASSERT_EQ(count[0] + count[1] + count[2], 3000);
+}
+
+TEST(nan_logits_are_never_drawn_and_crash_nothing)
+{
+    static float lg[VB], tmp[VB];
+    fill_big(lg, 77);
+    unsigned x = 3;
+    static int is_nan[VB];
+    for (int k = 0; k < 50; k++) {
+        int i = (int)(lcg(&x) % VB);
+        lg[i] = NAN;
+        is_nan[i] = 1;
+    }
+    struct sampler s;
+    struct sampler_params p = sampler_default_params();
+    p.top_p = 0.9f;
+    ASSERT_OK(sampler_init(&s, &p, VB));
+    for (int i = 0; i < 2000; i++) {
+        memcpy(tmp, lg, sizeof lg);
+        int t = sampler_sample(&s, tmp, NULL);
+        ASSERT(t >= 0 && t < VB && !is_nan[t]);
+    }
+    for (int i = 0; i < VB; i++)
+        tmp[i] = NAN;
+    ASSERT_EQ(sampler_sample(&s, tmp, NULL), 0); /* nothing to draw from: token 0 */
+    sampler_free(&s);
+}
+
+TEST(argmax_matches_a_scalar_loop)
+{
+    static float x[VB];
+    const float pool[] = {-1.0f, 0.0f, -0.0f, 2.5f, 2.5f, -INFINITY, NAN, 1e30f, -3.0f};
+    unsigned seed = 9;
+    for (int n = 1; n <= VB; n += n < 300 ? 1 : 977) {
+        for (int rep = 0; rep < 4; rep++) {
+            for (int i = 0; i < n; i++)
+                x[i] = rep < 2 ? pool[lcg(&seed) % 9] : (float)(lcg(&seed) % 1000) - 500.0f;
+            if (rep == 3)
+                x[0] = NAN; /* a NaN first wins by default: nothing compares above it */
+            ASSERT_EQ(sampler_argmax(x, n), argmax_ref(x, n));
+        }
+    }
 }
 
 TEST_MAIN()

@@ -2,6 +2,7 @@
 #include "sampler.h"
 
 #include <errno.h>
+#include <float.h>
 #include <stdint.h>
 #include <math.h>
 #include <stdlib.h>
@@ -132,12 +133,17 @@ static void apply_penalties(struct sampler *s, float *logits)
 
 int64_t sampler_argmax(const float *x, int64_t n)
 {
-    /* blocks of ARGMAX_BLOCK: eight running maxima per block (vectorizable),
-     * and only a block whose maximum beats the best so far is searched for
-     * the first index holding it */
+    /* blocks of ARGMAX_BLOCK: eight running maxima per block (vectorizable;
+     * a NaN never compares larger, so it is never taken), and only a block
+     * whose maximum beats the best so far is searched for the first index
+     * holding it. The best starts at the first value that is not NaN. */
     enum { ARGMAX_BLOCK = 64 };
     int64_t best = 0, b = 0;
-    float bv = x[0];
+    while (best < n && x[best] != x[best])
+        best++;
+    if (best == n)
+        return 0;
+    float bv = x[best];
     for (; b + ARGMAX_BLOCK <= n; b += ARGMAX_BLOCK) {
         float m[8];
         for (int j = 0; j < 8; j++)
@@ -239,7 +245,8 @@ int32_t sampler_sample(struct sampler *s, float *logits, float *prob)
     apply_penalties(s, logits);
 
     const int64_t best = sampler_argmax(logits, V);
-    if (p->temperature <= 0.0f) {
+    const float inv_t = 1.0f / p->temperature;
+    if (!(inv_t <= FLT_MAX)) { /* temperature 0 or too small to divide by: greedy */
         if (prob)
             *prob = 1.0f;
         return (int32_t)best;
@@ -247,7 +254,6 @@ int32_t sampler_sample(struct sampler *s, float *logits, float *prob)
 
     /* softmax with temperature, left unnormalized: e_i = e^((l_i - max) / t)
      * in (0, 1], the largest exactly 1, summed in four fixed chains */
-    const float inv_t = 1.0f / p->temperature;
     const float mx = logits[best];
     float *e = s->probs;
     exp_row(e, logits, mx, inv_t, V);
@@ -271,9 +277,9 @@ int32_t sampler_sample(struct sampler *s, float *logits, float *prob)
     const double top_p = p->top_p < 1.0f ? p->top_p * sum : INFINITY; /* 1: off */
     int64_t kept = 0;
     double cum = 0;
-    int cut = -1; /* the bucket the prefix ends in, or -1: every candidate is kept */
-    float cut_logit = INFINITY;
-    int32_t cut_id = -1; /* the last kept token of the cut bucket */
+    int cut = -1;               /* the bucket the prefix ends in, or -1: every candidate is kept */
+    float cut_logit = INFINITY; /* the last kept token of the cut bucket: */
+    int32_t cut_id = -1;        /* the cut bucket's tokens ranked after it are not kept */
     if (top_k < V || top_p < INFINITY) {
         int64_t *bn = s->bucket_n;
         double *bm = s->bucket_mass;
@@ -285,26 +291,34 @@ int32_t sampler_sample(struct sampler *s, float *logits, float *prob)
                 bn[k]++;
                 bm[k] += e[i];
             }
+        /* whole buckets while they fit; the first that does not is ranked
+         * and walked token by token, and the walk may use it up (rounding
+         * of the bucket's sum) and go on to the next */
         for (int k = SAMPLER_BUCKETS - 1; k >= 0 && cut < 0; k--) {
             if (bn[k] == 0)
                 continue;
-            if (kept + bn[k] >= top_k || cum + bm[k] >= top_p)
-                cut = k;
-            else {
+            if (kept + bn[k] < top_k && cum + bm[k] < top_p) {
                 kept += bn[k];
                 cum += bm[k];
+                continue;
             }
-        }
-        if (cut >= 0) {
             struct sampler_ranked *rk = s->ranked;
-            int64_t n = 0;
+            int64_t n = 0, sorted = 1;
             for (i = 0; i < V; i++)
-                if (e[i] > 0 && e[i] >= thr && prob_bucket(e[i]) == cut)
-                    rk[n++] = (struct sampler_ranked){logits[i], (int32_t)i};
-            qsort(rk, (size_t)n, sizeof *rk, by_rank);
+                if (e[i] > 0 && e[i] >= thr && prob_bucket(e[i]) == k) {
+                    rk[n] = (struct sampler_ranked){logits[i], (int32_t)i};
+                    sorted &= n == 0 || rk[n].logit <= rk[n - 1].logit; /* ids ascend */
+                    n++;
+                }
+            if (!sorted)
+                qsort(rk, (size_t)n, sizeof *rk, by_rank);
+            cut_logit = INFINITY; /* none of this bucket kept yet */
+            cut_id = -1;
             for (int64_t j = 0; j < n; j++) {
-                if (kept > 0 && (kept >= top_k || cum >= top_p))
+                if (kept > 0 && (kept >= top_k || cum >= top_p)) {
+                    cut = k; /* ends before rk[j]: the last kept is rk[j - 1] */
                     break;
+                }
                 cut_logit = rk[j].logit;
                 cut_id = rk[j].id;
                 kept++;

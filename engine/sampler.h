@@ -7,10 +7,12 @@
  * and the same inputs give the same tokens.
  *
  * The filters keep a prefix of the tokens ranked by logit (larger first,
- * ties by smaller id); the draw walks the kept tokens in id order. Ranking
- * sorts only the tokens of one bucket of a histogram by probability, the
- * one the prefix ends in, so a step costs O(V) plus that sort, not
- * O(V log V).
+ * ties by smaller id); the draw walks the kept tokens in id order. A
+ * histogram of the probabilities (buckets 1/16 of an octave wide) finds the
+ * bucket the prefix ends in, and only that bucket's tokens are sorted by
+ * logit: O(V) a step for real logits, whose buckets hold few tokens each;
+ * O(V log V) at worst, for a near-flat distribution that puts most of the
+ * vocabulary in one bucket.
  */
 #ifndef SS_SAMPLER_H
 #define SS_SAMPLER_H
@@ -57,10 +59,11 @@ int sampler_init(struct sampler *s, const struct sampler_params *p, int64_t n_vo
 void sampler_free(struct sampler *s);
 /* Records a token (prompt or generated) for the penalties. */
 void sampler_accept(struct sampler *s, int32_t token);
-/* Picks the next token. logits (V) is modified (penalties, temperature). If
+/* Picks the next token. logits (V) is modified (penalties). If
  * prob is non-NULL it gets the chosen token's probability after the filters. */
 int32_t sampler_sample(struct sampler *s, float *logits, float *prob);
-/* The first index of the largest of x[0, n) (n >= 1; NaN never wins). */
+/* The first index of the largest value of x[0, n) that is not NaN (n >= 1;
+ * 0 if every value is NaN). */
 int64_t sampler_argmax(const float *x, int64_t n);
 /* log Σ_v e^logits[v] over n logits (max-shifted, summed in double): a
  * token's log-probability is logits[t] - sampler_logsumexp(logits, n). */

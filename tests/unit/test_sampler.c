@@ -26,14 +26,14 @@ static void fill(float *lg, unsigned seed)
     }
 }
 
-/* The first index of the largest (a NaN never compares larger). */
+/* The first index of the largest value that is not NaN (0 if all are). */
 static int64_t argmax_ref(const float *x, int64_t n)
 {
-    int64_t b = 0;
-    for (int64_t i = 1; i < n; i++)
-        if (x[i] > x[b])
+    int64_t b = -1;
+    for (int64_t i = 0; i < n; i++)
+        if (!isnan(x[i]) && (b < 0 || x[i] > x[b]))
             b = i;
-    return b;
+    return b < 0 ? 0 : b;
 }
 
 TEST(logsumexp_matches_a_direct_sum_and_survives_large_logits)
@@ -391,10 +391,86 @@ TEST(argmax_matches_a_scalar_loop)
             for (int i = 0; i < n; i++)
                 x[i] = rep < 2 ? pool[lcg(&seed) % 9] : (float)(lcg(&seed) % 1000) - 500.0f;
             if (rep == 3)
-                x[0] = NAN; /* a NaN first wins by default: nothing compares above it */
+                x[0] = NAN; /* never wins, even first */
             ASSERT_EQ(sampler_argmax(x, n), argmax_ref(x, n));
         }
     }
+}
+
+/* One draw at params p from lg (V values); prob into *pr. */
+static int draw(const float *lg, struct sampler_params p, float *pr)
+{
+    struct sampler s;
+    float tmp[V];
+    memcpy(tmp, lg, sizeof tmp);
+    if (sampler_init(&s, &p, V) < 0)
+        return -1;
+    int t = sampler_sample(&s, tmp, pr);
+    sampler_free(&s);
+    return t;
+}
+
+TEST(degenerate_logits_pick_what_greedy_would)
+{
+    float lg[V], pr;
+    struct sampler_params p = sampler_default_params();
+    fill(lg, 5);
+    /* a NaN at 0 wins nothing: greedy and sampling skip it */
+    lg[0] = NAN;
+    p.temperature = 0;
+    ASSERT_EQ(draw(lg, p, &pr), argmax_ref(lg, V));
+    ASSERT(pr == 1.0f);
+    p.temperature = 1;
+    for (uint64_t seed = 0; seed < 200; seed++) {
+        p.seed = seed;
+        ASSERT(draw(lg, p, NULL) != 0);
+    }
+    /* two +inf: the first, with probability 1 (nothing finite is left) */
+    fill(lg, 6);
+    lg[17] = INFINITY;
+    lg[40] = INFINITY;
+    ASSERT_EQ(draw(lg, p, &pr), 17);
+    ASSERT(pr == 1.0f);
+    /* -inf everywhere but one token: that token, probability 1 */
+    for (int i = 0; i < V; i++)
+        lg[i] = -INFINITY;
+    lg[33] = -2.0f;
+    ASSERT_EQ(draw(lg, p, &pr), 33);
+    ASSERT(pr == 1.0f);
+    /* a temperature too small to divide by is greedy: the first of tied maxima */
+    fill(lg, 7);
+    lg[50] = lg[51] = lg[52] = 9.0f;
+    p.temperature = 1e-40f;
+    for (uint64_t seed = 0; seed < 20; seed++) {
+        p.seed = seed;
+        ASSERT_EQ(draw(lg, p, NULL), 50);
+    }
+}
+
+TEST(min_p_alone_keeps_the_ranked_prefix_above_it)
+{
+    static float lg[VB], tmp[VB];
+    static int order[VB], rank_of[VB];
+    static double pr[VB];
+    fill_big(lg, 21);
+    struct sampler_params p = sampler_default_params();
+    p.min_p = 0.5f;
+    p.seed = 4;
+    const int kept = rank_ref(lg, &p, order, pr);
+    ASSERT(kept > 1 && kept < VB);
+    for (int j = 0; j < VB; j++)
+        rank_of[order[j]] = j;
+    struct sampler s;
+    ASSERT_OK(sampler_init(&s, &p, VB));
+    int seen_last = 0;
+    for (int i = 0; i < 20000; i++) {
+        memcpy(tmp, lg, sizeof lg);
+        int t = sampler_sample(&s, tmp, NULL);
+        ASSERT(rank_of[t] < kept);
+        seen_last |= rank_of[t] >= kept - kept / 4; /* the low end is reached too */
+    }
+    sampler_free(&s);
+    ASSERT(seen_last);
 }
 
 TEST_MAIN()

@@ -239,6 +239,16 @@ int64_t decoder__step(struct decoder *d, const struct fwd_input *in, int n_in)
     return fwd_step(&d->fwd, in, n_in);
 }
 
+void decoder__run_parts(struct decoder *d, void (*fn)(void *arg, int i, int n), void *arg, int n)
+{
+    if (n > 1 && d->backend.ops->run_parts) {
+        d->backend.ops->run_parts(&d->backend, fn, arg, n);
+        return;
+    }
+    for (int i = 0; i < n; i++)
+        fn(arg, i, n);
+}
+
 float *decoder_logits(struct decoder *d)
 {
     return d->fwd.logits;

@@ -36,5 +36,8 @@ int decoder__init(struct decoder *d, const struct decoder_config *cfg, char *err
 void decoder__free(struct decoder *d);
 /* One batched step over the caller's own sequences (fwd_step). */
 int64_t decoder__step(struct decoder *d, const struct fwd_input *in, int n_in);
+/* fn(arg, i, n) for every i < n on the backend's threads (the calling
+ * thread alone where the backend has none); between steps only. */
+void decoder__run_parts(struct decoder *d, void (*fn)(void *arg, int i, int n), void *arg, int n);
 
 #endif

@@ -724,30 +724,49 @@ static void top_logprobs(const float *lg, int64_t V, int n, float lse, struct en
     }
 }
 
-/* Samples the next token of s from its logits row, emits it, and finishes
- * the request when it is done. */
-static void after_logits(struct engine *e, struct seq *s, float *lg)
+/* Picks the next token of s from its logits row into ev: the log-probs the
+ * request asked for (of the row as the model gave it: scratch keeps a copy,
+ * V floats, before the penalties change the row), then the sampler. Runs on
+ * any of the backend's threads: it touches only s's sampler, its row, ev and
+ * scratch. */
+static void pick_token(const struct engine *e, struct seq *s, float *lg, float *scratch,
+                       struct engine_event *ev)
 {
     const int64_t V = e->info.n_vocab;
-    struct engine_event ev;
-    memset(&ev, 0, sizeof ev);
-    ev.id = s->id;
-    ev.kind = ENGINE_EV_TOKEN;
+    const int lp = s->req.logprobs || s->req.top_logprobs > 0;
+    memset(ev, 0, sizeof *ev);
+    ev->id = s->id;
+    ev->kind = ENGINE_EV_TOKEN;
     float lse = 0;
-    if (s->req.logprobs || s->req.top_logprobs > 0) {
+    if (lp) {
         lse = (float)sampler_logsumexp(lg, V);
-        memcpy(e->scratch, lg, (size_t)V * sizeof(float));
+        memcpy(scratch, lg, (size_t)V * sizeof(float));
         if (s->req.top_logprobs > 0)
-            top_logprobs(lg, V, s->req.top_logprobs, lse, &ev);
+            top_logprobs(lg, V, s->req.top_logprobs, lse, ev);
     }
-    int32_t tok = sampler_sample(&s->smp, lg, NULL);
-    sampler_accept(&s->smp, tok);
+    ev->token = sampler_sample(&s->smp, lg, NULL);
+    sampler_accept(&s->smp, ev->token);
+    if (lp)
+        ev->logprob = scratch[ev->token] - lse;
+}
+
+/* Part i of n of a step's picks: rows i, i + n, ... with scratch row i. */
+static void pick_task(void *arg, int i, int n)
+{
+    struct engine *e = arg;
+    float *scratch = e->scratch + (size_t)i * (size_t)e->info.n_vocab;
+    for (int k = i; k < e->n_pick; k += n)
+        pick_token(e, e->pick_seq[k], e->pick_logits[k], scratch, &e->picked[k]);
+}
+
+/* Emits the token picked for s (ev) and finishes the request when it is
+ * done. */
+static void after_pick(struct engine *e, struct seq *s, struct engine_event *ev)
+{
+    const int32_t tok = ev->token;
     s->n_gen++;
     s->next_tok = tok;
     s->has_next = 1; /* fed next step, or kept for the session */
-    ev.token = tok;
-    if (s->req.logprobs || s->req.top_logprobs > 0)
-        ev.logprob = e->scratch[tok] - lse;
     e->stats.gen_tokens_total++;
 
     if (tok_is_eog(e->dec.tok, tok)) {
@@ -760,7 +779,7 @@ static void after_logits(struct engine *e, struct seq *s, float *lg)
     if (w > 0)
         stopped = stop_filter_push(&s->stop, e->piece, (size_t)w, e->text_out,
                                    e->piece_cap + STOP_HOLD_MAX, &out_len);
-    emit_text(e, &ev, e->text_out, out_len); /* always one event per token, maybe empty text */
+    emit_text(e, ev, e->text_out, out_len); /* always one event per token, maybe empty text */
     if (stopped == 1) {
         seq_finish(e, s, ENGINE_FINISH_STOP, 0);
         return;
@@ -829,6 +848,7 @@ static int step(struct engine *e)
     }
     e->stats.steps_total++;
     int64_t row = 0;
+    e->n_pick = 0;
     for (int k = 0; k < n_in; k++) {
         struct seq *s = &e->seqs[e->input_seq[k]];
         struct fwd_input *in = &e->inputs[k];
@@ -843,9 +863,17 @@ static int step(struct engine *e)
             continue;
         float *lg = e->dec.fwd.logits + row * e->info.n_vocab;
         row++;
-        if (s->state == SEQ_RUNNING)
-            after_logits(e, s, lg);
+        if (s->state == SEQ_RUNNING) {
+            e->pick_seq[e->n_pick] = s;
+            e->pick_logits[e->n_pick++] = lg;
+        }
     }
+    /* sampling is per sequence: the streams' picks run on the backend's
+     * threads, then their events go out in order on this one */
+    int parts = e->n_pick < e->n_scratch ? e->n_pick : e->n_scratch;
+    decoder__run_parts(&e->dec, pick_task, e, parts);
+    for (int k = 0; k < e->n_pick; k++)
+        after_pick(e, e->pick_seq[k], &e->picked[k]);
     return 1;
 }
 
@@ -932,6 +960,9 @@ static void engine_free(struct engine *e)
     free(e->input_seq);
     free(e->evicted_before);
     free(e->scratch);
+    free(e->picked);
+    free(e->pick_seq);
+    free(e->pick_logits);
     free(e->piece);
     free(e->text_out);
     free((void *)e->info.chat_template);

@@ -78,7 +78,13 @@ struct engine {
     int64_t n_waiting;
     struct fwd_input *inputs;
     int *input_seq;
-    float *scratch; /* V floats for logprobs */
+    float *scratch; /* [n_scratch][V] one row per part of a step's picks (logprobs) */
+    int n_scratch;  /* the backend's threads */
+    /* a step's rows to sample (step, pick_task), and their token events */
+    struct seq **pick_seq;       /* [max_seqs] */
+    float **pick_logits;         /* [max_seqs] */
+    struct engine_event *picked; /* [max_seqs] */
+    int n_pick;
     char *piece;    /* [piece_cap] one token's text */
     char *text_out; /* [piece_cap + STOP_HOLD_MAX] text released by the stop filter */
     size_t piece_cap;

@@ -60,9 +60,13 @@ int engine__load(struct engine *e)
     e->inputs = calloc((size_t)e->cfg.max_seqs, sizeof *e->inputs);
     e->input_seq = calloc((size_t)e->cfg.max_seqs, sizeof *e->input_seq);
     e->evicted_before = calloc((size_t)e->cfg.max_seqs, sizeof *e->evicted_before);
-    e->scratch = calloc((size_t)hp->n_vocab, sizeof(float));
+    e->n_scratch = e->cfg.n_threads > 1 ? e->cfg.n_threads : 1;
+    e->scratch = calloc((size_t)e->n_scratch * (size_t)hp->n_vocab, sizeof(float));
+    e->pick_seq = calloc((size_t)e->cfg.max_seqs, sizeof *e->pick_seq);
+    e->pick_logits = calloc((size_t)e->cfg.max_seqs, sizeof *e->pick_logits);
+    e->picked = calloc((size_t)e->cfg.max_seqs, sizeof *e->picked);
     if (!e->seqs || !e->waiting || !e->inputs || !e->input_seq || !e->scratch ||
-        !e->evicted_before) {
+        !e->evicted_before || !e->pick_seq || !e->pick_logits || !e->picked) {
         snprintf(err, el, "engine: out of memory");
         return -ENOMEM;
     }

@@ -26,12 +26,13 @@ BUILD_DIR=build-asan bash scripts/build.sh -DSTREAMSINK_WERROR=ON -DSTREAMSINK_C
   -DSTREAMSINK_SANITIZE=address,undefined -DCMAKE_BUILD_TYPE=Debug
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -L unit -j1)
 
-echo "== threaded tests under ThreadSanitizer (the engine's queues, the HTTP connection, the CPU thread pool)"
+echo "== threaded tests under ThreadSanitizer (the engine's queues, the HTTP connection, the CPU thread pool, requests through the engine thread)"
 cmake -S . -B build-tsan -DSTREAMSINK_CUDA=OFF -DSTREAMSINK_SANITIZE=thread \
   -DCMAKE_BUILD_TYPE=Debug >/dev/null
-cmake --build build-tsan -j"$(nproc)" --target test_queue test_http_conn test_threadpool
+cmake --build build-tsan -j"$(nproc)" --target test_queue test_http_conn test_threadpool \
+  test_engine_requests
 (cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure \
-  -R '^(test_queue|test_http_conn|test_threadpool)$' -j1)
+  -R '^(test_queue|test_http_conn|test_threadpool|test_engine_requests)$' -j1)
 
 echo "== fuzzing: each libFuzzer target for a bounded time from its seed corpus"
 bash scripts/fuzz.sh

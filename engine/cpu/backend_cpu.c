@@ -907,6 +907,12 @@ static void cpu_logits(struct backend *b, const struct tensor *W, const float *x
     cpu_matmul(b, W, xo, host_logits, c->batch->n_out);
 }
 
+static void cpu_run_parts(struct backend *b, void (*fn)(void *, int, int), void *arg, int n)
+{
+    struct cpu_ctx *c = b->ctx;
+    threadpool_run_parts(c->tp, fn, arg, n);
+}
+
 static int cpu_sync(struct backend *b)
 {
     (void)b;
@@ -983,6 +989,7 @@ static const struct backend_ops cpu_ops = {
     .kv_export = cpu_kv_export,
     .kv_import = cpu_kv_import,
     .matmul_shared = cpu_matmul_shared,
+    .run_parts = cpu_run_parts,
 };
 
 int backend_cpu_init(struct backend *b, const struct model *m, const struct backend_cpu_config *cfg,

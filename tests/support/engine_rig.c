@@ -70,8 +70,11 @@ int rig_wait_all(struct rig *r, const uint64_t *ids, struct rig_result **outs, i
                 continue;
             struct rig_result *out = outs[k];
             if (v->kind == ENGINE_EV_TOKEN) {
-                if (v->token >= 0 && out->n_tok < RIG_MAX_GEN)
+                if (v->token >= 0 && out->n_tok < RIG_MAX_GEN) {
+                    out->logprob[out->n_tok] = v->logprob;
+                    out->top_id[out->n_tok] = v->n_top > 0 ? v->top_id[0] : -1;
                     out->toks[out->n_tok++] = v->token;
+                }
                 if (out->n_text + v->text_len < RIG_TEXT_CAP) {
                     memcpy(out->text + out->n_text, v->text, v->text_len);
                     out->n_text += v->text_len;

@@ -41,6 +41,8 @@ struct rig_result {
     int error, status;
     char param[32], code[32], message[160];
     int32_t toks[RIG_MAX_GEN];
+    float logprob[RIG_MAX_GEN];  /* each token's, where the request asked */
+    int32_t top_id[RIG_MAX_GEN]; /* its first alternative (top_logprobs >= 1) */
     int n_tok;
     char text[RIG_TEXT_CAP];
     size_t n_text;

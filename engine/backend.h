@@ -121,8 +121,9 @@ struct backend_ops {
     void (*matmul_shared)(struct backend *b, const struct tensor *const *W, float *const *y, int n,
                           const float *x, int64_t rows);
     /* Host work between steps on the backend's threads: fn(arg, i, n) once
-     * for every i < n, on any thread, returning when all are done. NULL
-     * where a backend has no host threads (the caller then runs them). */
+     * for every i < n, on any thread, returning when all are done; parts
+     * may be long and uneven. NULL where a backend has no host threads (the
+     * caller then runs them). */
     void (*run_parts)(struct backend *b, void (*fn)(void *arg, int i, int n), void *arg, int n);
 };
 

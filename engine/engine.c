@@ -750,13 +750,16 @@ static void pick_token(const struct engine *e, struct seq *s, float *lg, float *
         ev->logprob = scratch[ev->token] - lse;
 }
 
-/* Part i of n of a step's picks: rows i, i + n, ... with scratch row i. */
+/* Part i of n of a step's picks: rows i, i + n, ..., each with its
+ * sequence's scratch row. */
 static void pick_task(void *arg, int i, int n)
 {
     struct engine *e = arg;
-    float *scratch = e->scratch + (size_t)i * (size_t)e->info.n_vocab;
-    for (int k = i; k < e->n_pick; k += n)
-        pick_token(e, e->pick_seq[k], e->pick_logits[k], scratch, &e->picked[k]);
+    for (int k = i; k < e->n_pick; k += n) {
+        struct seq *s = e->pick_seq[k];
+        float *scratch = e->scratch + (size_t)(s - e->seqs) * (size_t)e->info.n_vocab;
+        pick_token(e, s, e->pick_logits[k], scratch, &e->picked[k]);
+    }
 }
 
 /* Emits the token picked for s (ev) and finishes the request when it is
@@ -869,9 +872,9 @@ static int step(struct engine *e)
         }
     }
     /* sampling is per sequence: the streams' picks run on the backend's
-     * threads, then their events go out in order on this one */
-    int parts = e->n_pick < e->n_scratch ? e->n_pick : e->n_scratch;
-    decoder__run_parts(&e->dec, pick_task, e, parts);
+     * threads, one part each (claimed, so uneven picks balance), then their
+     * events go out in order on this one */
+    decoder__run_parts(&e->dec, pick_task, e, e->n_pick);
     for (int k = 0; k < e->n_pick; k++)
         after_pick(e, e->pick_seq[k], &e->picked[k]);
     return 1;

@@ -78,8 +78,7 @@ struct engine {
     int64_t n_waiting;
     struct fwd_input *inputs;
     int *input_seq;
-    float *scratch; /* [n_scratch][V] one row per part of a step's picks (logprobs) */
-    int n_scratch;  /* the backend's threads */
+    float *scratch; /* [max_seqs][V] a sequence's logits as the model gave them (logprobs) */
     /* a step's rows to sample (step, pick_task), and their token events */
     struct seq **pick_seq;       /* [max_seqs] */
     float **pick_logits;         /* [max_seqs] */

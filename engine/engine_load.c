@@ -60,8 +60,7 @@ int engine__load(struct engine *e)
     e->inputs = calloc((size_t)e->cfg.max_seqs, sizeof *e->inputs);
     e->input_seq = calloc((size_t)e->cfg.max_seqs, sizeof *e->input_seq);
     e->evicted_before = calloc((size_t)e->cfg.max_seqs, sizeof *e->evicted_before);
-    e->n_scratch = e->cfg.n_threads > 1 ? e->cfg.n_threads : 1;
-    e->scratch = calloc((size_t)e->n_scratch * (size_t)hp->n_vocab, sizeof(float));
+    e->scratch = calloc((size_t)e->cfg.max_seqs * (size_t)hp->n_vocab, sizeof(float));
     e->pick_seq = calloc((size_t)e->cfg.max_seqs, sizeof *e->pick_seq);
     e->pick_logits = calloc((size_t)e->cfg.max_seqs, sizeof *e->pick_logits);
     e->picked = calloc((size_t)e->cfg.max_seqs, sizeof *e->picked);

@@ -910,7 +910,7 @@ static void cpu_logits(struct backend *b, const struct tensor *W, const float *x
 static void cpu_run_parts(struct backend *b, void (*fn)(void *, int, int), void *arg, int n)
 {
     struct cpu_ctx *c = b->ctx;
-    threadpool_run_parts(c->tp, fn, arg, n);
+    threadpool_run_parts_uneven(c->tp, fn, arg, n);
 }
 
 static int cpu_sync(struct backend *b)

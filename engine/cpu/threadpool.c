@@ -241,8 +241,9 @@ int threadpool_size(const struct threadpool *tp)
     return tp->n;
 }
 
-void threadpool_run_parts(struct threadpool *tp, void (*fn)(void *arg, int ith, int nth), void *arg,
-                          int n_parts)
+/* A run; timed: its waits may send the caller solo (note_wait). */
+static void run_parts(struct threadpool *tp, void (*fn)(void *arg, int ith, int nth), void *arg,
+                      int n_parts, int timed)
 {
     if (n_parts < 1)
         n_parts = 1;
@@ -276,10 +277,22 @@ void threadpool_run_parts(struct threadpool *tp, void (*fn)(void *arg, int ith, 
         else
             sched_yield(); /* a worker that claimed a part may be waiting for a CPU */
     }
-    if (tp->solo_ok && ran > 0) { /* a run the worker took whole says nothing of it */
+    if (timed && tp->solo_ok && ran > 0) { /* a run the worker took whole says nothing */
         const int64_t t2 = now_ns();
         note_wait(tp, t1 - t0, t2 - t1, t2);
     }
+}
+
+void threadpool_run_parts(struct threadpool *tp, void (*fn)(void *arg, int ith, int nth), void *arg,
+                          int n_parts)
+{
+    run_parts(tp, fn, arg, n_parts, 1);
+}
+
+void threadpool_run_parts_uneven(struct threadpool *tp, void (*fn)(void *arg, int ith, int nth),
+                                 void *arg, int n_parts)
+{
+    run_parts(tp, fn, arg, n_parts, 0);
 }
 
 long threadpool_solo_count(const struct threadpool *tp)

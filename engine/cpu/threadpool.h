@@ -28,6 +28,11 @@ void threadpool_run(struct threadpool *tp, void (*fn)(void *arg, int ith, int nt
  * size: finer parts balance better when threads run at unequal speeds. */
 void threadpool_run_parts(struct threadpool *tp, void (*fn)(void *arg, int ith, int nth), void *arg,
                           int n_parts);
+/* The same for work whose parts may be long and uneven (a step's sampling,
+ * some streams asking for log-probs): the caller's waits in it say nothing
+ * of a preempted worker, so they do not count toward going solo. */
+void threadpool_run_parts_uneven(struct threadpool *tp, void (*fn)(void *arg, int ith, int nth),
+                                 void *arg, int n_parts);
 /* How many times the caller has gone solo (for tests and diagnostics).
  * Caller's thread only, as is threadpool_allow_solo. */
 long threadpool_solo_count(const struct threadpool *tp);

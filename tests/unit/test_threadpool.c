@@ -147,6 +147,14 @@ static int held_run(struct threadpool *tp, int hold_ms, int wait_ms)
     return __atomic_load_n(&h.on_worker, __ATOMIC_RELAXED);
 }
 
+/* The same as an uneven run (threadpool_run_parts_uneven). */
+static int held_run_uneven(struct threadpool *tp, int hold_ms, int wait_ms)
+{
+    struct held h = {pthread_self(), hold_ms, wait_ms, 0, 0};
+    threadpool_run_parts_uneven(tp, held_fn, &h, 2);
+    return __atomic_load_n(&h.on_worker, __ATOMIC_RELAXED);
+}
+
 static void check_solo(void)
 {
     struct threadpool *tp;
@@ -173,6 +181,13 @@ static void check_solo(void)
     /* past it the worker is back */
     sleep_ms(40);
     CHECK(held_run(tp, 0, 5000) >= 1, "after the solo stretch no worker took a part");
+    threadpool_free(tp);
+
+    /* uneven runs held up back to back never send it solo */
+    CHECK(threadpool_init(&tp, 2) == 0, "init");
+    for (int i = 0; i < 3; i++)
+        CHECK(held_run_uneven(tp, 25, 5000) == 1, "a worker ran the held part");
+    CHECK(threadpool_solo_count(tp) == 0, "uneven runs went solo");
     threadpool_free(tp);
 
     /* a pool of three never goes solo */

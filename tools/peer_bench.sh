@@ -11,7 +11,9 @@
 # FIGURES (prompt,decode,ctx4096,batch), BATCHES (1,4,8,16,32),
 # BATCH_WINDOW (1024), BATCH_FILL (prompt tokens per sequence; default
 # BATCH_WINDOW, a full window), BATCH_STEPS (32), KV_DTYPE (f16; or q8_0 on both
-# sides), PEER_DIR, PEER_VERSION.
+# sides), PEER_DIR, PEER_VERSION, PEER_NO_AMX (1: a llama.cpp build without
+# ggml's AMX path, for CPUs with AMX-INT8 where that path crashes; see
+# tools/peer_build.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD="${1:-build}"

@@ -5,7 +5,12 @@
 # directory outside the repository. Never run by CI.
 #   usage: tools/peer_build.sh        (prints the bin directory on stdout)
 # Environment: PEER_DIR (default ~/.cache/streamsink/peer), PEER_VERSION
-# (default 0.3.36), PYTHON (default .venv/bin/python, else python3), JOBS (2).
+# (default 0.3.36), PYTHON (default .venv/bin/python, else python3), JOBS (2),
+# PEER_NO_AMX (1: leave out ggml's AMX path, build-VERSION-noamx). On a CPU
+# with AMX-INT8 a native build routes Q4_0/Q4_1 products through ggml's AMX
+# kernels, and 0.3.36's llama-bench crashed in them (SIGSEGV in
+# ggml_backend_amx_mul_mat, 2026-12-03); with PEER_NO_AMX=1 the build names
+# every other extension this CPU has instead of -march=native.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PEER_DIR="${PEER_DIR:-$HOME/.cache/streamsink/peer}"
@@ -16,7 +21,24 @@ if [ -z "$PYTHON" ]; then
   if [ -x .venv/bin/python ]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
 fi
 SRC="$PEER_DIR/llama_cpp_python-$PEER_VERSION"
-BIN="$PEER_DIR/build-$PEER_VERSION/bin"
+BDIR="$PEER_DIR/build-$PEER_VERSION"
+ISA_FLAGS=(-DGGML_NATIVE=ON)
+if [ "${PEER_NO_AMX:-0}" = 1 ]; then
+  BDIR="$BDIR-noamx"
+  ISA_FLAGS=(-DGGML_NATIVE=OFF)
+  flags=$(grep -m1 '^flags' /proc/cpuinfo)
+  has() { [[ " $flags " == *" $1 "* ]]; }
+  has avx && ISA_FLAGS+=(-DGGML_AVX=ON)
+  has avx2 && ISA_FLAGS+=(-DGGML_AVX2=ON)
+  has fma && ISA_FLAGS+=(-DGGML_FMA=ON)
+  has f16c && ISA_FLAGS+=(-DGGML_F16C=ON)
+  has avx_vnni && ISA_FLAGS+=(-DGGML_AVX_VNNI=ON)
+  has avx512f && ISA_FLAGS+=(-DGGML_AVX512=ON)
+  has avx512vbmi && ISA_FLAGS+=(-DGGML_AVX512_VBMI=ON)
+  has avx512_vnni && ISA_FLAGS+=(-DGGML_AVX512_VNNI=ON)
+  has avx512_bf16 && ISA_FLAGS+=(-DGGML_AVX512_BF16=ON)
+fi
+BIN="$BDIR/bin"
 if [ -x "$BIN/llama-bench" ] && [ -x "$BIN/llama-batched-bench" ]; then
   echo "$BIN"
   exit 0
@@ -32,9 +54,9 @@ if [ ! -d "$SRC" ]; then
 fi
 LLAMA="$SRC/vendor/llama.cpp"
 [ -f "$LLAMA/CMakeLists.txt" ] || { echo "peer_build.sh: no vendored llama.cpp in $SRC" >&2; exit 1; }
-cmake -S "$LLAMA" -B "$PEER_DIR/build-$PEER_VERSION" -DCMAKE_BUILD_TYPE=Release \
-  -DGGML_NATIVE=ON -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DLLAMA_CURL=OFF \
+cmake -S "$LLAMA" -B "$BDIR" -DCMAKE_BUILD_TYPE=Release \
+  "${ISA_FLAGS[@]}" -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DLLAMA_CURL=OFF \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
   -DLLAMA_BUILD_TOOLS=ON -DBUILD_SHARED_LIBS=OFF >&2
-nice cmake --build "$PEER_DIR/build-$PEER_VERSION" -j"$JOBS" --target llama-bench llama-batched-bench >&2
+nice cmake --build "$BDIR" -j"$JOBS" --target llama-bench llama-batched-bench >&2
 echo "$BIN"

@@ -541,6 +541,8 @@ static void store_row(void *dst, const float *src, int n, int fmt, enum cpu_isa 
         uint16_t *d = dst;
         for (int i = 0; i < n; i++)
             d[i] = quant_f32_to_f16(src[i]);
+    } else if (fmt == ATTN_Q8_0 && isa >= CPU_ISA_AVX2) {
+        cpu__quantize_row_q8_0_avx2(dst, src, n); /* the same bytes */
     } else if (fmt == ATTN_Q8_0) {
         quant_quantize_row(QTYPE_Q8_0, src, dst, n);
     } else {

@@ -1,5 +1,6 @@
 /*
- * ops.h: element-wise kernels of the CPU backend (SwiGLU, f32 -> f16 rows),
+ * ops.h: element-wise kernels of the CPU backend (SwiGLU, f32 -> f16 rows,
+ * f32 -> Q8_0 rows),
  * AVX2 forms chosen at run time by backend_cpu.c. Internal to engine/cpu.
  */
 #ifndef SS_CPU_OPS_H
@@ -13,5 +14,8 @@ void cpu__swiglu_avx2(float *hb, const float *hb2, int64_t n);
 /* dst[i] = src[i] rounded to f16, to nearest even (F16C): the same bits as
  * quant_f32_to_f16 for every non-NaN input. */
 void cpu__f32_to_f16_avx2(uint16_t *dst, const float *src, int64_t n);
+/* quant_quantize_row(QTYPE_Q8_0, src, dst, n), n a multiple of 32: the same
+ * bytes for every input (NaN and infinities included). */
+void cpu__quantize_row_q8_0_avx2(void *dst, const float *src, int64_t n);
 
 #endif

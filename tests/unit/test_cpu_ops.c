@@ -2,9 +2,10 @@
  * test_cpu_ops.c: the CPU backend's element-wise kernels (engine/cpu/ops.h)
  * against their scalar forms: SwiGLU with the C library's expf (relative
  * tolerance: the vector e^x is within 2e-7 relative, one division and two
- * products add a few ulps: 1e-6), and the F16C row conversion against
+ * products add a few ulps: 1e-6), the F16C row conversion against
  * quant_f32_to_f16 bit for bit (every rounding case: ties, subnormals,
- * overflow, infinities).
+ * overflow, infinities), and the Q8_0 row quantizer of the 8-bit KV store
+ * against quant_quantize_row byte for byte.
  */
 #include <math.h>
 #include <stdint.h>
@@ -69,6 +70,63 @@ TEST(f16_rows_round_like_quant_f32_to_f16)
         if (h[i] != quant_f32_to_f16(x[i]))
             FAIL_AT("[%d] %a: 0x%04x vs quant_f32_to_f16 0x%04x", i, x[i], h[i],
                     quant_f32_to_f16(x[i]));
+}
+
+/* The Q8_0 KV store's AVX2 quantizer writes exactly quant_quantize_row's
+ * bytes: random blocks over many scales, blocks whose scaled values fall on
+ * halves (amax 127, so d = 1: roundf's ties away from zero, and the
+ * largest floats below a half), all zero, -0, subnormal, two NaN (one in
+ * the last eight values, which a max in the wrong operand order lets
+ * through), one infinity, and the largest finite values. */
+TEST(q8_0_rows_quantize_like_quant_quantize_row)
+{
+    if (cpu_isa_best() < CPU_ISA_AVX2)
+        TEST_SKIP("no AVX2");
+    enum { B = 64, K = B * 32 };
+    static float x[K];
+    static struct block_q8_0 got[B], want[B];
+    uint64_t s = 29;
+    for (int round = 0; round < 200; round++) {
+        for (int b = 0; b < B; b++) {
+            float *xb = x + b * 32;
+            const int kind = (b + round) % 9;
+            const float scale = ldexpf(1.0f, (int)test_rng_below(&s, 60) - 30);
+            for (int j = 0; j < 32; j++) {
+                switch (kind) {
+                case 0: /* halves and just below: d = 1 */
+                    xb[j] = j == 0 ? 127.0f
+                                   : (float)((int)test_rng_below(&s, 254) - 127) +
+                                         (j % 2 ? 0.5f : nextafterf(0.5f, 0.0f));
+                    break;
+                case 1:
+                    xb[j] = 0.0f;
+                    break;
+                case 2:
+                    xb[j] = j % 2 ? -0.0f : 0x1p-140f * (float)j;
+                    break;
+                case 3:
+                    xb[j] = j == 7 || j == 30 ? NAN : test_rng_sym(&s) * scale;
+                    break;
+                case 4:
+                    xb[j] = j == 9 ? -INFINITY : test_rng_sym(&s) * scale;
+                    break;
+                case 5:
+                    xb[j] = j % 3 ? 3.4e38f : -3.4e38f;
+                    break;
+                default:
+                    xb[j] = (float)test_rng_normal(&s) * scale;
+                    break;
+                }
+            }
+        }
+        memset(got, 0xa5, sizeof got);
+        quant_quantize_row(QTYPE_Q8_0, x, want, K);
+        cpu__quantize_row_q8_0_avx2(got, x, K);
+        for (int b = 0; b < B; b++)
+            if (memcmp(&got[b], &want[b], sizeof got[b]) != 0)
+                FAIL_AT("round %d block %d (kind %d): bytes differ from quant_quantize_row", round,
+                        b, (b + round) % 9);
+    }
 }
 
 TEST_MAIN()

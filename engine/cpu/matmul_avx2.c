@@ -23,6 +23,7 @@
  * match it bit for bit.
  */
 #include "matmul_impl.h"
+#include "simd_avx2.h"
 
 #include <immintrin.h>
 #include <string.h>
@@ -104,38 +105,26 @@ INLINE __m256i unpack_nibbles(const uint8_t *qs)
 /* ---- activation preparation --------------------------------------------- */
 
 /* Same arithmetic as quant_prepare_act_ref, so the bytes are identical: amax
- * by exact max, d = amax / 127 and 1/d in scalar float, x * (1/d) in float,
- * VCVTPS2DQ rounding half to even (the default MXCSR mode, as nearbyintf in
- * the default FE mode). */
+ * by exact max (cpu_amax32: a NaN value ignored, as block_amax ignores it),
+ * d = amax / 127 and 1/d in scalar float, x * (1/d) in float, VCVTPS2DQ
+ * rounding half to even (the default MXCSR mode, as nearbyintf in the
+ * default FE mode). */
 static void prepare_q8(const float *x, int64_t k, struct block_q8_act *out)
 {
-    const __m256 sign = _mm256_set1_ps(-0.0f);
-    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-
     for (int64_t b = 0; b < k / QK; b++) {
         const float *xb = x + b * QK;
-        __m256 v0 = _mm256_loadu_ps(xb);
-        __m256 v1 = _mm256_loadu_ps(xb + 8);
-        __m256 v2 = _mm256_loadu_ps(xb + 16);
-        __m256 v3 = _mm256_loadu_ps(xb + 24);
-        __m256 m01 = _mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1));
-        __m256 m23 = _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3));
-        __m256 m = _mm256_max_ps(m01, m23);
-        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-        h = _mm_max_ss(h, _mm_movehdup_ps(h));
-        float d = _mm_cvtss_f32(h) / 127.0f;
+        __m256 v[4];
+        for (int j = 0; j < 4; j++)
+            v[j] = _mm256_loadu_ps(xb + 8 * j);
+        float d = cpu_amax32(v) / 127.0f;
         float id = d != 0.0f ? 1.0f / d : 0.0f;
         __m256 vid = _mm256_set1_ps(id);
-        __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(v0, vid));
-        __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(v1, vid));
-        __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(v2, vid));
-        __m256i i3 = _mm256_cvtps_epi32(_mm256_mul_ps(v3, vid));
-        int sum = hsum_i32(_mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3)));
-        /* packs work within 128-bit lanes; the permute puts the dwords back in order */
-        __m256i q = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
-        q = _mm256_permutevar8x32_epi32(q, order);
-        _mm256_storeu_si256((__m256i *)out[b].qs, q);
+        __m256i q[4];
+        for (int j = 0; j < 4; j++)
+            q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], vid));
+        int sum =
+            hsum_i32(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
+        cpu_store_i8x32(out[b].qs, q);
         out[b].d = d;
         out[b].s = d * (float)sum;
     }

@@ -41,20 +41,13 @@ void cpu__quantize_row_q8_0_avx2(void *dst, const float *src, int64_t n)
      * 0.49999997 up. */
     const __m256 below_half = _mm256_set1_ps(0.49999997f);
     const __m256 lo = _mm256_set1_ps(-127.5f), hi = _mm256_set1_ps(127.5f);
-    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     struct block_q8_0 *b = dst;
     for (int64_t i = 0; i < n / QK; i++, b++) {
         const float *x = src + i * QK;
-        __m256 v[4], amax = _mm256_setzero_ps();
-        for (int j = 0; j < 4; j++) {
+        __m256 v[4];
+        for (int j = 0; j < 4; j++)
             v[j] = _mm256_loadu_ps(x + 8 * j);
-            /* a NaN |x| loses to amax, as in fmaxf */
-            amax = _mm256_max_ps(_mm256_andnot_ps(sign, v[j]), amax);
-        }
-        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
-        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-        const float d = _mm_cvtss_f32(m4) / 127.0f;
+        const float d = cpu_amax32(v) / 127.0f;
         const float id = d != 0.0f ? 1.0f / d : 0.0f;
         b->d = quant_f32_to_f16(d);
         const __m256 vid = _mm256_set1_ps(id);
@@ -69,10 +62,6 @@ void cpu__quantize_row_q8_0_avx2(void *dst, const float *src, int64_t n)
                                 _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
             q[j] = _mm256_cvttps_epi32(_mm256_and_ps(r, ok));
         }
-        /* int32 -> int8 (all within +-127), then the 128-bit lanes' dwords
-         * back in order */
-        const __m256i p =
-            _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
-        _mm256_storeu_si256((__m256i *)b->qs, _mm256_permutevar8x32_epi32(p, order));
+        cpu_store_i8x32(b->qs, q); /* all within +-127 */
     }
 }

@@ -33,6 +33,30 @@ static inline __m256 cpu_exp256(__m256 x)
     return _mm256_mul_ps(_mm256_mul_ps(p, e1), e2);
 }
 
+/* The largest |x| over the 32 floats of v[0..3], a NaN value ignored as
+ * fmaxf ignores it (the block scale of quant.c's Q8 quantizers). */
+static inline float cpu_amax32(const __m256 v[4])
+{
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 m = _mm256_setzero_ps();
+    for (int j = 0; j < 4; j++) /* a NaN operand loses: MAXPS returns the second */
+        m = _mm256_max_ps(_mm256_andnot_ps(sign, v[j]), m);
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+
+/* The 32 int32 of q[0..3], each within int8, stored as 32 int8 in order. */
+static inline void cpu_store_i8x32(void *dst, const __m256i q[4])
+{
+    /* packs work within 128-bit lanes; the permute puts the dwords back in order */
+    const __m256i p =
+        _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+    _mm256_storeu_si256((__m256i *)dst,
+                        _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+}
+
 /* The sums of 8 accumulators in one vector, lane i = the sum of a[i]'s lanes,
  * always by the same tree: ((l0+l1)+(l2+l3)) + ((l4+l5)+(l6+l7)). Lane i
  * depends on a[i] alone, so a key's score does not depend on the other keys

@@ -53,6 +53,28 @@ struct backend_acts { /* activation buffers, sized for max_tokens rows */
 
 struct backend;
 
+#define BACKEND_SHARED_MAX 3
+
+/* What follows a product in backend_ops.product. */
+enum backend_then {
+    BACKEND_THEN_NONE,
+    BACKEND_THEN_SWIGLU, /* y[0] = silu(y[0]) * y[1] (gate, up: n = 2, same shape) */
+    BACKEND_THEN_ADD,    /* res += y[0] (a projection back into the residual stream: n = 1) */
+};
+
+/* in = norm ? rmsnorm(x, norm), also written to xn : x;
+ * y[i] = in W[i]^T for i < n (weights that take the same input); then. */
+struct backend_product {
+    const float *x;            /* (rows, W[i].ne0) */
+    const struct tensor *norm; /* RMSNorm weight, or NULL */
+    float *xn;                 /* (rows, ne0): the normed input (with norm) */
+    int n;                     /* 1 .. BACKEND_SHARED_MAX */
+    const struct tensor *W[BACKEND_SHARED_MAX];
+    float *y[BACKEND_SHARED_MAX]; /* (rows, W[i].ne1) */
+    enum backend_then then;
+    float *res; /* (rows, W[0].ne1): BACKEND_THEN_ADD's residual stream */
+};
+
 struct backend_ops {
     const char *name;
     /* Frees everything the backend owns. */
@@ -125,9 +147,13 @@ struct backend_ops {
      * may be long and uneven. NULL where a backend has no host threads (the
      * caller then runs them). */
     void (*run_parts)(struct backend *b, void (*fn)(void *arg, int i, int n), void *arg, int n);
+    /* One projection with the element-wise ops around it (struct
+     * backend_product): the values of rmsnorm, matmul_shared (or matmul),
+     * then swiglu or add, called one after another, bit for bit, in one pass
+     * over the rows where the backend can. NULL where a backend has no such
+     * op (forward.c then makes those calls). */
+    void (*product)(struct backend *b, const struct backend_product *p, int64_t rows);
 };
-
-#define BACKEND_SHARED_MAX 3
 
 struct backend {
     const struct backend_ops *ops;

@@ -213,6 +213,27 @@ static void matmul_shared(struct backend *b, const struct tensor *const *W, floa
         b->ops->matmul(b, W[i], x, y[i], T);
 }
 
+/* A projection with its element-wise neighbours (struct backend_product):
+ * the backend's fused op, or the same ops one after another. */
+static void product(struct backend *b, const struct backend_product *p, int64_t T)
+{
+    const struct backend_ops *op = b->ops;
+    if (op->product) {
+        op->product(b, p, T);
+        return;
+    }
+    const float *in = p->x;
+    if (p->norm) {
+        op->rmsnorm(b, p->x, p->norm, p->xn, T);
+        in = p->xn;
+    }
+    matmul_shared(b, p->W, p->y, p->n, in, T);
+    if (p->then == BACKEND_THEN_SWIGLU)
+        op->swiglu(b, p->y[0], p->y[1], T);
+    else if (p->then == BACKEND_THEN_ADD)
+        op->add(b, p->res, p->y[0], T);
+}
+
 /* q, k, v (T, H*Dh), (T, Hkv*Dh), (T, Hkv*Dh) = projections of xb */
 static void project_qkv(struct backend *b, const struct model_layer *ly, int64_t T)
 {
@@ -234,23 +255,55 @@ static void project_gate_up(struct backend *b, const struct model_layer *ly, int
 static void llama_layer(struct fwd *f, int l, int64_t T, int inline_obs)
 {
     const struct model_layer *ly = &f->m->w.layers[l];
-    const struct backend_ops *op = f->b->ops;
     struct backend *b = f->b;
     struct backend_acts *a = &b->acts;
 
-    /* attention block: pre-norm, projections, RoPE, cache, attend, project back */
-    op->rmsnorm(b, a->x, &ly->attn_norm, a->xb, T); /* xb (T, D) */
-    project_qkv(b, ly, T);                          /* q, k, v */
-    attend(f, l, T, inline_obs);                    /* att (T, H*Dh) */
-    op->matmul(b, &ly->wo, a->att, a->xb2, T);      /* xb2 (T, D) */
-    op->add(b, a->x, a->xb2, T);                    /* residual */
+    /* attention block: pre-norm, projections, RoPE, cache, attend, project
+     * back into the residual stream */
+    /* xb = rmsnorm(x); q, k, v = xb Wq, xb Wk, xb Wv */
+    const struct backend_product qkv = {
+        .x = a->x,
+        .norm = &ly->attn_norm,
+        .xn = a->xb,
+        .n = 3,
+        .W = {&ly->wq, &ly->wk, &ly->wv},
+        .y = {a->q, a->k, a->v},
+    };
+    /* x += att Wo */
+    const struct backend_product out = {
+        .x = a->att,
+        .n = 1,
+        .W = {&ly->wo},
+        .y = {a->xb2},
+        .then = BACKEND_THEN_ADD,
+        .res = a->x,
+    };
+    product(b, &qkv, T);
+    attend(f, l, T, inline_obs); /* att (T, H*Dh) */
+    product(b, &out, T);
 
     /* feed-forward block: pre-norm, SwiGLU, project back */
-    op->rmsnorm(b, a->x, &ly->ffn_norm, a->xb, T);
-    project_gate_up(b, ly, T);                    /* hb, hb2 (T, F) */
-    op->swiglu(b, a->hb, a->hb2, T);              /* hb = silu(hb) * hb2 */
-    op->matmul(b, &ly->w_down, a->hb, a->xb2, T); /* xb2 (T, D) */
-    op->add(b, a->x, a->xb2, T);                  /* residual */
+    /* xb = rmsnorm(x); hb = silu(xb Wgate) * (xb Wup) */
+    const struct backend_product gate_up = {
+        .x = a->x,
+        .norm = &ly->ffn_norm,
+        .xn = a->xb,
+        .n = 2,
+        .W = {&ly->w_gate, &ly->w_up},
+        .y = {a->hb, a->hb2},
+        .then = BACKEND_THEN_SWIGLU,
+    };
+    /* x += hb Wdown */
+    const struct backend_product down = {
+        .x = a->hb,
+        .n = 1,
+        .W = {&ly->w_down},
+        .y = {a->xb2},
+        .then = BACKEND_THEN_ADD,
+        .res = a->x,
+    };
+    product(b, &gate_up, T);
+    product(b, &down, T);
 }
 
 static void gemma_layer(struct fwd *f, int l, int64_t T, int inline_obs)

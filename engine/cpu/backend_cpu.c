@@ -193,12 +193,18 @@ struct ew_job {
     float s;
 };
 
-static void ew_run(struct cpu_ctx *c, void (*fn)(void *, int, int), struct ew_job *j)
+/* The parts ew_run splits an op of rows x row_len values into. */
+static int64_t ew_parts(const struct cpu_ctx *c, int64_t rows, int64_t row_len)
 {
-    int64_t n = j->rows * j->row_len, parts = n / EW_MIN_PER_PART;
+    int64_t parts = rows * row_len / EW_MIN_PER_PART;
     int64_t most = 2 * (int64_t)threadpool_size(c->tp);
     parts = parts < most ? parts : most;
-    parts = parts < j->rows ? parts : j->rows;
+    return parts < rows ? parts : rows;
+}
+
+static void ew_run(struct cpu_ctx *c, void (*fn)(void *, int, int), struct ew_job *j)
+{
+    int64_t parts = ew_parts(c, j->rows, j->row_len);
     if (parts <= 1)
         fn(j, 0, 1);
     else
@@ -229,21 +235,27 @@ static double sum_squares(const float *x, int64_t n)
     return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7));
 }
 
+/* One row of RMSNorm: o = x / rms(x) * g, D values (o may be x). */
+static void rmsnorm_row(const float *xr, const float *g, int64_t D, float eps, float *o)
+{
+    const double ss = sum_squares(xr, D);
+    float inv = (float)(1.0 / sqrt(ss / (double)D + eps));
+    for (int64_t i = 0; i < D; i++)
+        o[i] = xr[i] * inv * g[i];
+}
+
 static void rmsnorm_task(void *arg, int ith, int nth)
 {
     struct ew_job *j = arg;
     const int64_t D = j->w->ne0;
-    const float *g = j->w->data;
     const float eps = j->b->model->hp.norm_eps;
-    for (int64_t t = j->rows * ith / nth; t < j->rows * (ith + 1) / nth; t++) {
-        const float *xr = j->y + t * D;
-        float *o = j->out + t * D;
-        const double ss = sum_squares(xr, D);
-        float inv = (float)(1.0 / sqrt(ss / (double)D + eps));
-        for (int64_t i = 0; i < D; i++)
-            o[i] = xr[i] * inv * g[i];
-    }
+    for (int64_t t = j->rows * ith / nth; t < j->rows * (ith + 1) / nth; t++)
+        rmsnorm_row(j->y + t * D, j->w->data, D, eps, j->out + t * D);
 }
+
+/* hb = silu(hb) * hb2 over n values; each value's arithmetic depends on
+ * nothing but its two inputs (not on n or on where the span starts). */
+static void swiglu_span(const struct cpu_ctx *c, float *hb, const float *hb2, int64_t n);
 
 static void cpu_rmsnorm(struct backend *b, const float *x, const struct tensor *w, float *out,
                         int64_t rows)
@@ -265,15 +277,27 @@ struct matmul_job {
     const float *x;
     int64_t rows;
     size_t act_bytes;
+    /* cpu_product's element-wise neighbours (zero in a plain product) */
+    const struct tensor *norm; /* x's RMSNorm, into xn, before it is prepared */
+    float *xn;
+    float eps;
+    enum backend_then then; /* done by each part on the outputs it made */
+    float *res;
 };
 
 static void matmul_prepare_task(void *arg, int ith, int nth)
 {
     struct matmul_job *j = arg;
     const struct tensor *W = j->W[0];
-    for (int64_t t = ith; t < j->rows; t += nth)
-        cpu_prepare_act(j->c->isa, W->type, j->x + t * W->ne0, W->ne0,
-                        (char *)j->c->act + (size_t)t * j->act_bytes);
+    const int64_t K = W->ne0;
+    for (int64_t t = ith; t < j->rows; t += nth) {
+        const float *xr = j->x + t * K;
+        if (j->norm) { /* the row's RMSNorm, as cpu_rmsnorm computes it */
+            rmsnorm_row(xr, j->norm->data, K, j->eps, j->xn + t * K);
+            xr = j->xn + t * K;
+        }
+        cpu_prepare_act(j->c->isa, W->type, xr, K, (char *)j->c->act + (size_t)t * j->act_bytes);
+    }
 }
 
 /* Row blocks [b0, b1) of W (repacked: wp) into y. */
@@ -303,11 +327,40 @@ static void matmul_blocks(const struct matmul_job *j, const struct tensor *W, co
     }
 }
 
+/* The row blocks a run's parts split: with SwiGLU after it, the gate's, each
+ * taken with the up projection's block of the same rows. */
+static int64_t job_blocks(const struct matmul_job *j)
+{
+    return j->then == BACKEND_THEN_SWIGLU ? j->blk0[1] : j->blk0[j->n];
+}
+
 static void matmul_rows_task(void *arg, int ith, int nth)
 {
     struct matmul_job *j = arg;
-    const int64_t blocks = j->blk0[j->n];
+    const int64_t blocks = job_blocks(j);
     const int64_t b0 = blocks * ith / nth, b1 = blocks * (ith + 1) / nth;
+    if (j->then != BACKEND_THEN_NONE) {
+        /* output rows [n0, n1) of W[0] (and W[1]), finished here by the
+         * part that made them, while they are in its cache */
+        const int64_t N = j->W[0]->ne1, n0 = b0 * MATMUL_ROW_BLOCK,
+                      n1 = b1 * MATMUL_ROW_BLOCK < N ? b1 * MATMUL_ROW_BLOCK : N;
+        if (b0 >= b1)
+            return;
+        matmul_blocks(j, j->W[0], j->wp[0], j->y[0], b0, b1);
+        if (j->then == BACKEND_THEN_SWIGLU) {
+            matmul_blocks(j, j->W[1], j->wp[1], j->y[1], b0, b1);
+            for (int64_t t = 0; t < j->rows; t++)
+                swiglu_span(j->c, j->y[0] + t * N + n0, j->y[1] + t * N + n0, n1 - n0);
+        } else {
+            for (int64_t t = 0; t < j->rows; t++) {
+                float *r = j->res + t * N;
+                const float *y = j->y[0] + t * N;
+                for (int64_t i = n0; i < n1; i++)
+                    r[i] += y[i];
+            }
+        }
+        return;
+    }
     for (int i = 0; i < j->n; i++) {
         int64_t lo = b0 > j->blk0[i] ? b0 : j->blk0[i];
         int64_t hi = b1 < j->blk0[i + 1] ? b1 : j->blk0[i + 1];
@@ -455,7 +508,7 @@ static void matmul_run(struct cpu_ctx *c, struct matmul_job *j)
     else
         threadpool_run(c->tp, matmul_prepare_task, j);
     /* a few parts per thread: a thread that runs late takes fewer of them */
-    int64_t blocks = j->blk0[j->n];
+    int64_t blocks = job_blocks(j);
     int64_t parts = 4 * (int64_t)threadpool_size(c->tp);
     threadpool_run_parts(c->tp, matmul_rows_task, j, (int)(parts < blocks ? parts : blocks));
 }
@@ -523,8 +576,10 @@ static void cpu_rope(struct backend *b, int layer, float *q, float *qc, float *k
     const float *cs_abs = local ? c->cs_abs_local : c->cs_abs;
     /* local layers keep no sinks, so their qc is never scored */
     const float *cs_cache = local ? c->cs_abs_local : c->cs_cache;
-    void (*apply)(float *, int, int, int, const float *) =
-        hp->rope_neox ? rope_apply_neox : rope_apply;
+    void (*apply)(float *, int, int, int, const float *) = hp->rope_neox ? rope_apply_neox
+                                                           : c->isa >= CPU_ISA_AVX2
+                                                               ? cpu__rope_apply_avx2
+                                                               : rope_apply;
     for (int64_t t = 0; t < c->batch->T; t++) {
         memcpy(qc + t * dq, q + t * dq, (size_t)dq * sizeof(float));
         apply(q + t * dq, hp->n_head, hp->head_dim, hp->rope_dim, cs_abs + t * hp->rope_dim);
@@ -822,20 +877,24 @@ static void cpu_attention(struct backend *b, int layer, const float *q, const fl
     threadpool_run_parts(c->tp, attention_merge_task, &j, (int)mparts);
 }
 
+static void swiglu_span(const struct cpu_ctx *c, float *hb, const float *hb2, int64_t n)
+{
+    if (c->isa >= CPU_ISA_AVX2) {
+        cpu__swiglu_avx2(hb, hb2, n);
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        float g = hb[i];
+        hb[i] = g / (1.0f + expf(-g)) * hb2[i];
+    }
+}
+
 static void swiglu_task(void *arg, int ith, int nth)
 {
     struct ew_job *j = arg;
-    const struct cpu_ctx *c = j->b->ctx;
     const int64_t n = j->rows * j->row_len;
-    const int64_t i0 = n * ith / nth / 8 * 8, i1 = ith + 1 == nth ? n : n * (ith + 1) / nth / 8 * 8;
-    if (c->isa >= CPU_ISA_AVX2) {
-        cpu__swiglu_avx2(j->x + i0, j->y + i0, i1 - i0);
-        return;
-    }
-    for (int64_t i = i0; i < i1; i++) {
-        float g = j->x[i];
-        j->x[i] = g / (1.0f + expf(-g)) * j->y[i];
-    }
+    const int64_t i0 = n * ith / nth, i1 = n * (ith + 1) / nth;
+    swiglu_span(j->b->ctx, j->x + i0, j->y + i0, i1 - i0);
 }
 
 static void cpu_swiglu(struct backend *b, float *hb, const float *hb2, int64_t rows)
@@ -892,6 +951,57 @@ static void cpu_add(struct backend *b, float *x, const float *y, int64_t rows)
 {
     struct ew_job j = {.b = b, .x = x, .y = y, .rows = rows, .row_len = b->model->hp.n_embd};
     ew_run(b->ctx, add_task, &j);
+}
+
+/* backend_ops.product: where the products share one prepared input, one
+ * preparation run (each row's RMSNorm first) and one run of the products,
+ * each part finishing the outputs it made (SwiGLU on a gate block and the up
+ * block of the same rows, or the residual add); else the ops one by one.
+ * The values are those of the separate ops, bit for bit: each value's
+ * arithmetic is theirs, only where and when it is done differ. */
+static void cpu_product(struct backend *b, const struct backend_product *p, int64_t rows)
+{
+    struct cpu_ctx *c = b->ctx;
+    int fuse = !c->reference_matmul && p->n >= 1 && p->n <= BACKEND_SHARED_MAX;
+    for (int i = 1; i < p->n && fuse; i++)
+        fuse = same_act(p->W[0], p->W[i]);
+    if (p->then == BACKEND_THEN_SWIGLU)
+        fuse = fuse && p->n == 2 && p->W[1]->ne1 == p->W[0]->ne1;
+    if (p->then == BACKEND_THEN_ADD)
+        fuse = fuse && p->n == 1;
+    /* an op is folded in where on its own it would run on the calling
+     * thread alone (ew_run): there it leaves the pool idle; larger ones
+     * run faster as pool runs of their own */
+    const int fuse_norm = fuse && p->norm && ew_parts(c, rows, p->W[0]->ne0) <= 1;
+    const int fuse_then =
+        fuse && p->then != BACKEND_THEN_NONE && ew_parts(c, rows, p->W[0]->ne1) <= 1;
+    const float *in = p->x;
+    if (p->norm && !fuse_norm) {
+        cpu_rmsnorm(b, p->x, p->norm, p->xn, rows);
+        in = p->xn;
+    }
+    if (!fuse) {
+        cpu_matmul_shared(b, p->W, p->y, p->n, in, rows);
+    } else {
+        struct matmul_job j = {.c = c,
+                               .x = in,
+                               .rows = rows,
+                               .act_bytes = quant_act_bytes(p->W[0]->type, p->W[0]->ne0),
+                               .norm = fuse_norm ? p->norm : NULL,
+                               .xn = p->xn,
+                               .eps = b->model->hp.norm_eps,
+                               .then = fuse_then ? p->then : BACKEND_THEN_NONE,
+                               .res = p->res};
+        for (int i = 0; i < p->n; i++)
+            job_add(c, &j, p->W[i], p->y[i]);
+        matmul_run(c, &j);
+        if (fuse_then)
+            return;
+    }
+    if (p->then == BACKEND_THEN_SWIGLU)
+        cpu_swiglu(b, p->y[0], p->y[1], rows);
+    else if (p->then == BACKEND_THEN_ADD)
+        cpu_add(b, p->res, p->y[0], rows);
 }
 
 static void cpu_gather(struct backend *b, const float *x, float *xo)
@@ -992,6 +1102,7 @@ static const struct backend_ops cpu_ops = {
     .kv_import = cpu_kv_import,
     .matmul_shared = cpu_matmul_shared,
     .run_parts = cpu_run_parts,
+    .product = cpu_product,
 };
 
 int backend_cpu_init(struct backend *b, const struct model *m, const struct backend_cpu_config *cfg,

@@ -1,5 +1,5 @@
 /*
- * ops.h: element-wise kernels of the CPU backend (SwiGLU, f32 -> f16 rows,
+ * ops.h: element-wise kernels of the CPU backend (SwiGLU, RoPE, f32 -> f16 rows,
  * f32 -> Q8_0 rows),
  * AVX2 forms chosen at run time by backend_cpu.c. Internal to engine/cpu.
  */
@@ -9,8 +9,12 @@
 #include <stdint.h>
 
 /* hb[i] = silu(hb[i]) * hb2[i], silu(g) = g / (1 + e^-g). The AVX2 form's
- * e^x has a relative error below 2e-7 (attention_avx2.c's polynomial). */
+ * e^x has a relative error below 2e-7 (attention_avx2.c's polynomial); every
+ * value, the last few of a span too, goes through the same vector steps, so
+ * its result does not depend on n or on where the span starts. */
 void cpu__swiglu_avx2(float *hb, const float *hb2, int64_t n);
+/* rope_apply (rope.h, the adjacent-pair layout) with AVX2: the same bits. */
+void cpu__rope_apply_avx2(float *x, int n_head, int head_dim, int rope_dim, const float *cs);
 /* dst[i] = src[i] rounded to f16, to nearest even (F16C): the same bits as
  * quant_f32_to_f16 for every non-NaN input. */
 void cpu__f32_to_f16_avx2(uint16_t *dst, const float *src, int64_t n);

@@ -17,9 +17,36 @@ void cpu__swiglu_avx2(float *hb, const float *hb2, int64_t n)
         __m256 s = _mm256_div_ps(g, _mm256_add_ps(one, e));
         _mm256_storeu_ps(hb + i, _mm256_mul_ps(s, _mm256_loadu_ps(hb2 + i)));
     }
-    for (; i < n; i++) {
-        float g = hb[i];
-        hb[i] = g / (1.0f + expf(-g)) * hb2[i];
+    if (i < n) { /* the last 1..7 values in the same vector arithmetic: a value's result
+                  * does not depend on where a span of them starts or ends */
+        const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n - i)),
+                                             _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        __m256 g = _mm256_maskload_ps(hb + i, m);
+        __m256 e = cpu_exp256(_mm256_sub_ps(_mm256_setzero_ps(), g));
+        __m256 s = _mm256_div_ps(g, _mm256_add_ps(one, e));
+        _mm256_maskstore_ps(hb + i, m, _mm256_mul_ps(s, _mm256_maskload_ps(hb2 + i, m)));
+    }
+}
+
+void cpu__rope_apply_avx2(float *x, int n_head, int head_dim, int rope_dim, const float *cs)
+{
+    for (int h = 0; h < n_head; h++) {
+        float *v = x + (int64_t)h * head_dim;
+        int i = 0;
+        for (; i + 8 <= rope_dim; i += 8) { /* four pairs */
+            const __m256 xv = _mm256_loadu_ps(v + i), t = _mm256_loadu_ps(cs + i);
+            const __m256 c = _mm256_moveldup_ps(t), s = _mm256_movehdup_ps(t);
+            const __m256 xs = _mm256_permute_ps(xv, 0xb1); /* each pair swapped */
+            /* even lanes x0 c - x1 s, odd lanes x1 c + x0 s: rope_apply's two
+             * products and one sum per value (no fused multiply-add) */
+            _mm256_storeu_ps(v + i, _mm256_addsub_ps(_mm256_mul_ps(xv, c), _mm256_mul_ps(xs, s)));
+        }
+        for (; i < rope_dim; i += 2) {
+            float c = cs[i], s = cs[i + 1];
+            float x0 = v[i], x1 = v[i + 1];
+            v[i] = x0 * c - x1 * s;
+            v[i + 1] = x0 * s + x1 * c;
+        }
     }
 }
 

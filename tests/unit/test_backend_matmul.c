@@ -4,7 +4,11 @@
  * with VNNI), its products must be, bit for bit, the kernel dispatch
  * (cpu_prepare_act + cpu_matmul_rows) on the rows as the file holds them; and
  * matmul_shared (Q/K/V, gate/up: one prepared input, one run) must be, bit for
- * bit, the separate matmul calls. Both at T = 1 (decode) and T = 5.
+ * bit, the separate matmul calls. Both at T = 1 (decode) and T = 5. And
+ * product (a projection with RMSNorm before it and SwiGLU or the residual
+ * add after it) must be, bit for bit, those ops called one after another,
+ * at every T where it folds some or all of them into the products' runs
+ * and where it does not.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,7 +21,10 @@
 #include "support/rng.h"
 #include "test.h"
 
-enum { T_MAX = 5 };
+enum { T_MAX = 40 };
+
+/* the products' tests: decode and a short batch */
+static const int T_PRODUCTS[] = {1, 5};
 
 struct rig {
     struct model m;
@@ -81,7 +88,8 @@ TEST(backend_products_are_the_kernel_on_the_rows_as_the_file_holds_them)
            cpu_matmul_packs(cpu_isa_best(), QTYPE_Q4_1) ? " (weights repacked at load)" : "");
     const int L = r.m.hp.n_layer;
     long long compared = 0;
-    for (int T = 1; T <= T_MAX; T += T_MAX - 1) {
+    for (size_t ti = 0; ti < sizeof T_PRODUCTS / sizeof T_PRODUCTS[0]; ti++) {
+        const int T = T_PRODUCTS[ti];
         for (int li = 0; li < 2; li++) {
             const struct model_layer *ly = &r.m.w.layers[li ? L - 1 : 0];
             const struct tensor *ws[] = {&ly->wq,     &ly->wk,   &ly->wv,    &ly->wo,
@@ -114,7 +122,8 @@ TEST(matmul_shared_is_the_separate_products_bit_for_bit)
         FAIL_AT("cannot open the model and backend: %s", err);
     }
     ASSERT(r.b.ops->matmul_shared);
-    for (int T = 1; T <= T_MAX; T += T_MAX - 1) {
+    for (size_t ti = 0; ti < sizeof T_PRODUCTS / sizeof T_PRODUCTS[0]; ti++) {
+        const int T = T_PRODUCTS[ti];
         for (int l = 0; l < r.m.hp.n_layer; l += r.m.hp.n_layer - 1) {
             const struct model_layer *ly = &r.m.w.layers[l];
             const struct tensor *qkv[] = {&ly->wq, &ly->wk, &ly->wv};
@@ -142,6 +151,114 @@ TEST(matmul_shared_is_the_separate_products_bit_for_bit)
         }
     }
     rig_close(&r);
+}
+
+/* The four products of a layer as forward.c asks for them, against the
+ * separate ops: xb = rmsnorm(x), q/k/v; xb = rmsnorm(x), gate/up, SwiGLU;
+ * x += att Wo; x += hb Wdown. */
+TEST(product_is_the_separate_ops_bit_for_bit)
+{
+    struct rig r;
+    char err[256];
+    TEST_NEED_MODEL();
+    if (rig_open(&r, err, sizeof err) < 0) {
+        rig_close(&r);
+        FAIL_AT("cannot open the model and backend: %s", err);
+    }
+    const struct backend_ops *op = r.b.ops;
+    ASSERT(op->product);
+    const int64_t D = r.m.hp.n_embd, F = r.m.hp.n_ff;
+    const size_t big = (size_t)T_MAX * (size_t)(F > D ? F : D);
+    float *yw[BACKEND_SHARED_MAX], *yg[BACKEND_SHARED_MAX];
+    float *xnw = malloc(big * sizeof(float)), *xng = malloc(big * sizeof(float));
+    float *resw = malloc(big * sizeof(float)), *resg = malloc(big * sizeof(float));
+    int ok = xnw && xng && resw && resg;
+    for (int i = 0; i < BACKEND_SHARED_MAX; i++) {
+        yw[i] = malloc(big * sizeof(float));
+        yg[i] = malloc(big * sizeof(float));
+        ok = ok && yw[i] && yg[i];
+    }
+    /* T = 1, 3, 8: every op folded in; 20: RMSNorm folded in, SwiGLU (20 x
+     * F values) a pool run of its own; 40: none folded in */
+    static const int Ts[] = {1, 3, 8, 20, 40};
+    long long compared = 0;
+    char what[160] = "";
+    for (size_t ti = 0; ok && ti < sizeof Ts / sizeof Ts[0]; ti++) {
+        const int64_t T = Ts[ti];
+        for (int l = 0; ok && l < r.m.hp.n_layer; l += r.m.hp.n_layer - 1) {
+            const struct model_layer *ly = &r.m.w.layers[l];
+            const struct backend_product cases[] = {
+                {.x = r.x, .norm = &ly->attn_norm, .n = 3, .W = {&ly->wq, &ly->wk, &ly->wv}},
+                {.x = r.x,
+                 .norm = &ly->ffn_norm,
+                 .n = 2,
+                 .W = {&ly->w_gate, &ly->w_up},
+                 .then = BACKEND_THEN_SWIGLU},
+                {.x = r.x, .n = 1, .W = {&ly->wo}, .then = BACKEND_THEN_ADD},
+                {.x = r.x, .n = 1, .W = {&ly->w_down}, .then = BACKEND_THEN_ADD},
+            };
+            for (size_t ci = 0; ok && ci < sizeof cases / sizeof cases[0]; ci++) {
+                struct backend_product want = cases[ci], got = cases[ci];
+                const int64_t N = want.W[0]->ne1;
+                want.xn = xnw;
+                got.xn = xng;
+                want.res = resw;
+                got.res = resg;
+                uint64_t g = 77 + ci;
+                for (int64_t i = 0; i < T * N; i++) /* the residual stream before the add */
+                    resw[i] = resg[i] = (float)(2.0 * test_rng_unit(&g) - 1.0);
+                memset(xng, 0xff, big * sizeof(float));
+                for (int i = 0; i < want.n; i++) {
+                    want.y[i] = yw[i];
+                    got.y[i] = yg[i];
+                    memset(yg[i], 0xff, big * sizeof(float));
+                }
+                /* the ops one after another */
+                const float *in = want.x;
+                if (want.norm) {
+                    op->rmsnorm(&r.b, want.x, want.norm, want.xn, T);
+                    in = want.xn;
+                }
+                for (int i = 0; i < want.n; i++)
+                    op->matmul(&r.b, want.W[i], in, want.y[i], T);
+                if (want.then == BACKEND_THEN_SWIGLU)
+                    op->swiglu(&r.b, want.y[0], want.y[1], T);
+                else if (want.then == BACKEND_THEN_ADD)
+                    op->add(&r.b, want.res, want.y[0], T);
+                op->product(&r.b, &got, T);
+
+                snprintf(what, sizeof what, "layer %d product %zu T=%lld", l, ci, (long long)T);
+                if (want.norm && memcmp(xng, xnw, (size_t)(T * D) * sizeof(float)) != 0) {
+                    ok = 0;
+                    strcat(what, ": the normed input differs");
+                }
+                for (int i = 0; ok && i < want.n; i++)
+                    if (memcmp(yg[i], yw[i], (size_t)(T * want.W[i]->ne1) * sizeof(float)) != 0) {
+                        ok = 0;
+                        snprintf(what + strlen(what), sizeof what - strlen(what),
+                                 ": output %d differs", i);
+                    }
+                if (ok && want.then == BACKEND_THEN_ADD &&
+                    memcmp(resg, resw, (size_t)(T * N) * sizeof(float)) != 0) {
+                    ok = 0;
+                    strcat(what, ": the residual stream differs");
+                }
+                compared += ok ? T * N : 0;
+            }
+        }
+    }
+    for (int i = 0; i < BACKEND_SHARED_MAX; i++) {
+        free(yw[i]);
+        free(yg[i]);
+    }
+    free(xnw);
+    free(xng);
+    free(resw);
+    free(resg);
+    rig_close(&r);
+    if (!ok)
+        FAIL_AT("%s", what[0] ? what : "out of memory");
+    printf("  %lld outputs compared\n", compared);
 }
 
 TEST_MAIN()

@@ -2,7 +2,9 @@
  * test_cpu_ops.c: the CPU backend's element-wise kernels (engine/cpu/ops.h)
  * against their scalar forms: SwiGLU with the C library's expf (relative
  * tolerance: the vector e^x is within 2e-7 relative, one division and two
- * products add a few ulps: 1e-6), the F16C row conversion against
+ * products add a few ulps: 1e-6) and each value's result independent of the
+ * span it is in, the RoPE rotation against rope_apply bit for bit, the F16C
+ * row conversion against
  * quant_f32_to_f16 bit for bit (every rounding case: ties, subnormals,
  * overflow, infinities), and the Q8_0 row quantizer of the 8-bit KV store
  * against quant_quantize_row byte for byte.
@@ -14,6 +16,7 @@
 #include "engine/cpu/matmul.h"
 #include "engine/cpu/ops.h"
 #include "engine/quant.h"
+#include "engine/rope.h"
 #include "test.h"
 #include "support/rng.h"
 
@@ -38,6 +41,67 @@ TEST(swiglu_matches_the_scalar_formula)
         if (!(fabs(out[i] - ref) <= tol))
             FAIL_AT("[%d] gate %.6g up %.6g: %.9g vs %.9g", i, g[i], u[i], out[i], ref);
     }
+}
+
+/* Each value's SwiGLU depends on its inputs alone: the fused products call
+ * the kernel on spans that start and end anywhere (the row blocks a part
+ * made), and a value must come out the same whichever span holds it. */
+TEST(swiglu_values_do_not_depend_on_the_span)
+{
+    if (cpu_isa_best() < CPU_ISA_AVX2)
+        TEST_SKIP("no AVX2");
+    static float g[N], u[N], whole[N], part[N];
+    uint64_t s = 11;
+    for (int i = 0; i < N; i++) {
+        g[i] = (float)test_rng_normal(&s) * 6.0f;
+        u[i] = test_rng_sym(&s) * 3.0f;
+    }
+    memcpy(whole, g, sizeof whole);
+    cpu__swiglu_avx2(whole, u, N);
+    for (int shift = 0; shift < 8; shift++) {
+        /* spans of 1 .. 23 values, the first starting at shift */
+        memcpy(part, g, sizeof part);
+        cpu__swiglu_avx2(part, u, shift);
+        for (int i = shift, len = 1; i < N; i += len, len = len % 23 + 1)
+            cpu__swiglu_avx2(part + i, u + i, i + len <= N ? len : N - i);
+        for (int i = 0; i < N; i++)
+            if (memcmp(&part[i], &whole[i], sizeof(float)) != 0)
+                FAIL_AT("[%d] shift %d: %.9g in short spans, %.9g in one", i, shift, part[i],
+                        whole[i]);
+    }
+}
+
+/* The AVX2 rotation is rope_apply's arithmetic, bit for bit: heads of 64 and
+ * 80 values, rope_dim the whole head or a part of it (a multiple of 8, or
+ * not: the scalar pairs after the vector ones), angles from small and huge
+ * positions. */
+TEST(rope_rotation_is_rope_apply_bit_for_bit)
+{
+    if (cpu_isa_best() < CPU_ISA_AVX2)
+        TEST_SKIP("no AVX2");
+    static const int shapes[][2] = {{64, 64}, {64, 32}, {80, 80}, {80, 42}, {64, 6}};
+    static const int64_t pos[] = {0, 1, 7, 4095, 1000003, (int64_t)1 << 40};
+    enum { HEADS = 5, DMAX = 80 };
+    float x[HEADS * DMAX], want[HEADS * DMAX], got[HEADS * DMAX], cs[DMAX];
+    uint64_t s = 3;
+    long compared = 0;
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+        const int hd = shapes[k][0], rd = shapes[k][1];
+        for (size_t p = 0; p < sizeof pos / sizeof pos[0]; p++) {
+            rope_cos_sin(pos[p], 10000.0, rd, cs);
+            for (int i = 0; i < HEADS * hd; i++)
+                x[i] = (float)test_rng_normal(&s) * (i % 7 == 0 ? 100.0f : 1.0f);
+            memcpy(want, x, sizeof x);
+            memcpy(got, x, sizeof x);
+            rope_apply(want, HEADS, hd, rd, cs);
+            cpu__rope_apply_avx2(got, HEADS, hd, rd, cs);
+            for (int i = 0; i < HEADS * hd; i++, compared++)
+                if (memcmp(&got[i], &want[i], sizeof(float)) != 0)
+                    FAIL_AT("head_dim %d rope_dim %d pos %lld [%d]: %.9g vs rope_apply's %.9g", hd,
+                            rd, (long long)pos[p], i, got[i], want[i]);
+        }
+    }
+    printf("  %ld values compared\n", compared);
 }
 
 TEST(f16_rows_round_like_quant_f32_to_f16)

@@ -14,9 +14,9 @@
  * together, one token per sequence per forward step, each stream feeding back
  * the argmax of its own logits (greedy, the sampler's sampler_argmax as
  * the engine's greedy path runs it) or, with --temperature above 0, a token
- * drawn by its own sampler (sampler.h, seeded by the stream's index), one
- * stream after another as the engine thread samples. Prints one line per
- * (B, repetition):
+ * drawn by its own sampler (sampler.h, seeded by the stream's index), the
+ * streams' picks run on the backend's threads, one part each, as the engine
+ * runs them. Prints one line per (B, repetition):
  *   batch B rep R tokens/s X
  * with X = B * steps / wall time of the steps (the sampling included). The
  * forward pass and backend are the engine's own (forward.h); the scheduler
@@ -43,6 +43,21 @@ static double now(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* A step's picks: stream k's next token from its logits row. */
+struct picks {
+    struct sampler *smp;
+    float *logits; /* (B, n_vocab); a sampler may change its row */
+    int64_t n_vocab;
+    int32_t *next;
+};
+
+static void pick_task(void *arg, int i, int n)
+{
+    const struct picks *p = arg;
+    (void)n;
+    p->next[i] = sampler_sample(&p->smp[i], p->logits + (int64_t)i * p->n_vocab, NULL);
 }
 
 static void usage(void)
@@ -220,8 +235,12 @@ int main(int argc, char **argv)
                     exit_code = 1;
                     goto out;
                 }
-                for (int64_t k = 0; k < B; k++)
-                    next[k] = sampler_sample(&smp[k], f.logits + k * hp->n_vocab, NULL);
+                struct picks pk = {smp, f.logits, hp->n_vocab, next};
+                if (B > 1 && b.ops->run_parts)
+                    b.ops->run_parts(&b, pick_task, &pk, (int)B);
+                else
+                    for (int k = 0; k < (int)B; k++)
+                        pick_task(&pk, k, (int)B);
             }
             double el = now() - ts;
             printf("batch %lld rep %lld tokens/s %.2f\n", (long long)B, (long long)r,

@@ -6,6 +6,7 @@
 #include "simd_avx2.h"
 
 #include "../quant.h"
+#include "../rope.h"
 
 void cpu__swiglu_avx2(float *hb, const float *hb2, int64_t n)
 {
@@ -41,12 +42,8 @@ void cpu__rope_apply_avx2(float *x, int n_head, int head_dim, int rope_dim, cons
              * products and one sum per value (no fused multiply-add) */
             _mm256_storeu_ps(v + i, _mm256_addsub_ps(_mm256_mul_ps(xv, c), _mm256_mul_ps(xs, s)));
         }
-        for (; i < rope_dim; i += 2) {
-            float c = cs[i], s = cs[i + 1];
-            float x0 = v[i], x1 = v[i + 1];
-            v[i] = x0 * c - x1 * s;
-            v[i + 1] = x0 * s + x1 * c;
-        }
+        if (i < rope_dim) /* the pairs after the last four: rope_apply's own loop */
+            rope_apply(v + i, 1, rope_dim - i, rope_dim - i, cs + i);
     }
 }
 

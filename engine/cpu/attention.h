@@ -140,6 +140,10 @@ struct attn_row {
     float *m, *l, *acc;
 };
 #define ATTN_MAX_ROWS 64
+
+/* Starts loading into L2 the K and V rows of visit indices [v0, v1) (those
+ * of them keys has): the cells a later span will read. */
+void cpu_attention_prefetch(const struct attn_keys *keys, int64_t v0, int64_t v1);
 void cpu_attention_span_rows(const struct attn_kernels *kr, int nr, const struct attn_row *rows,
                              const struct attn_keys *keys, int64_t v0, int64_t v1, float scale,
                              int softpick);

@@ -22,10 +22,11 @@
 #include "sink_key.h"
 #include "threadpool.h"
 
-#define MATMUL_ROW_BLOCK 16  /* weight rows per work item */
-#define MATMUL_T_TILE 64     /* activation rows per pass over a weight block */
-#define ATTN_KEY_BLOCK 256   /* keys per attention task (fixed: batch-invariant) */
-#define ATTN_GROUP_TOKENS 16 /* tokens of one sequence scored together in a task */
+#define MATMUL_ROW_BLOCK 16    /* weight rows per work item */
+#define MATMUL_T_TILE 64       /* activation rows per pass over a weight block */
+#define ATTN_KEY_BLOCK 256     /* keys per attention task (fixed: batch-invariant) */
+#define ATTN_GROUP_TOKENS 16   /* tokens of one sequence scored together in a task */
+#define ATTN_PREFETCH_KEYS 128 /* keys of the next attention task loaded ahead */
 
 /* A weight matrix repacked at load for the kernel (cpu_pack_rows), keyed by
  * the data pointer of the model's tensor. */
@@ -771,6 +772,29 @@ static int same_mapping(const struct attn_keys *a, const struct attn_keys *b)
  * row as it would alone, so a token's attention is bit-identical whether it
  * is decoded alone or prefilled in a chunk. Partial states are merged in
  * block order by cpu_attention_merge. */
+/* Task i of a layer's attention: its group of tokens [*ta, *tb), kv head *g,
+ * key block *blk and the keys of the group's longest token, which cover
+ * every visit index of the group. 0: the block is past every token's keys
+ * (no work, and merge reads no state there). */
+static int attention_task_keys(const struct cpu_ctx *c, int layer, int64_t i, int64_t *ta,
+                               int64_t *tb, int *g, int64_t *blk, struct attn_keys *keys)
+{
+    const int Hkv = c->geo.n_kv_head;
+    /* blocks outermost: neighbouring parts hold unlike amounts of work */
+    *blk = i / (c->attn_n_groups * Hkv);
+    const int64_t gi = i / Hkv % c->attn_n_groups;
+    *g = (int)(i % Hkv);
+    *ta = c->attn_group[gi];
+    *tb = c->attn_group[gi + 1];
+    int64_t t_long = *ta;
+    for (int64_t t = *ta + 1; t < *tb; t++)
+        t_long = c->attn_nk[t] > c->attn_nk[t_long] ? t : t_long;
+    if (*blk * ATTN_KEY_BLOCK >= c->attn_nk[t_long])
+        return 0;
+    *keys = keys_for(c, t_long, layer, *g, c->geo.head_dim);
+    return 1;
+}
+
 static void attention_task(void *arg, int ith, int nth)
 {
     struct attn_job *j = arg;
@@ -780,35 +804,47 @@ static void attention_task(void *arg, int ith, int nth)
     const float scale = hp->attn_scale;
     const int64_t NB = c->attn_blocks, n_tasks = c->attn_n_groups * Hkv * NB;
     const int64_t part = (int64_t)G * (Dh + 2); /* floats of one task's partial state */
+    const int64_t i1 = n_tasks * (ith + 1) / nth;
     struct attn_row rows[ATTN_MAX_ROWS];
-    for (int64_t i = n_tasks * ith / nth; i < n_tasks * (ith + 1) / nth; i++) {
-        /* blocks outermost: neighbouring parts hold unlike amounts of work */
-        int64_t blk = i / (c->attn_n_groups * Hkv);
-        int64_t gi = i / Hkv % c->attn_n_groups;
-        int g = (int)(i % Hkv);
-        const int64_t ta = c->attn_group[gi], tb = c->attn_group[gi + 1];
-        int64_t v0 = blk * ATTN_KEY_BLOCK, v1 = v0 + ATTN_KEY_BLOCK, t_long = ta;
-        for (int64_t t = ta + 1; t < tb; t++)
-            t_long = c->attn_nk[t] > c->attn_nk[t_long] ? t : t_long;
-        if (v0 >= c->attn_nk[t_long])
-            continue; /* past every token's keys: merge reads no state here */
-        /* the longest token's runs cover every visit index of the group */
-        struct attn_keys keys = keys_for(c, t_long, j->layer, g, Dh);
-        int nr = 0;
-        for (int64_t t = ta; t < tb; t++) {
-            float *st = c->attn_part + ((t * Hkv + g) * NB + blk) * part; /* m[G], l[G], acc */
-            const int64_t off = t * (int64_t)H * Dh + (int64_t)g * G * Dh;
-            const int64_t end = c->attn_nk[t];
-            for (int k = 0; k < G; k++)
-                rows[nr++] = (struct attn_row){j->q + off + (int64_t)k * Dh,
-                                               j->qc + off + (int64_t)k * Dh,
-                                               end,
-                                               st + k,
-                                               st + G + k,
-                                               st + 2 * G + (int64_t)k * Dh};
+    struct attn_keys keys = {0}, next_keys = {0};
+    int64_t ta = 0, tb = 0, blk = 0, nta = 0, ntb = 0, nblk = 0;
+    int g = 0, ng = 0;
+    int live = n_tasks * ith / nth < i1 &&
+               attention_task_keys(c, j->layer, n_tasks * ith / nth, &ta, &tb, &g, &blk, &keys);
+    for (int64_t i = n_tasks * ith / nth; i < i1; i++) {
+        /* the next task's first keys start coming into L2 while this one
+         * runs: a decode task's span is a few 4 KiB pages of K and V, and
+         * without this each began with its reads from memory stalled (the
+         * hardware prefetchers start over on every page) */
+        int next_live = i + 1 < i1 &&
+                        attention_task_keys(c, j->layer, i + 1, &nta, &ntb, &ng, &nblk, &next_keys);
+        if (next_live)
+            cpu_attention_prefetch(&next_keys, nblk * ATTN_KEY_BLOCK,
+                                   nblk * ATTN_KEY_BLOCK + ATTN_PREFETCH_KEYS);
+        if (live) {
+            int nr = 0;
+            for (int64_t t = ta; t < tb; t++) {
+                float *st = c->attn_part + ((t * Hkv + g) * NB + blk) * part; /* m[G], l[G], acc */
+                const int64_t off = t * (int64_t)H * Dh + (int64_t)g * G * Dh;
+                const int64_t end = c->attn_nk[t];
+                for (int k = 0; k < G; k++)
+                    rows[nr++] = (struct attn_row){j->q + off + (int64_t)k * Dh,
+                                                   j->qc + off + (int64_t)k * Dh,
+                                                   end,
+                                                   st + k,
+                                                   st + G + k,
+                                                   st + 2 * G + (int64_t)k * Dh};
+            }
+            const int64_t v0 = blk * ATTN_KEY_BLOCK;
+            cpu_attention_span_rows(&c->akr, nr, rows, &keys, v0, v0 + ATTN_KEY_BLOCK, scale,
+                                    j->norm == MODEL_NORM_SOFTPICK);
         }
-        cpu_attention_span_rows(&c->akr, nr, rows, &keys, v0, v1, scale,
-                                j->norm == MODEL_NORM_SOFTPICK);
+        live = next_live;
+        ta = nta;
+        tb = ntb;
+        g = ng;
+        blk = nblk;
+        keys = next_keys;
     }
 }
 

@@ -761,17 +761,6 @@ static int same_mapping(const struct attn_keys *a, const struct attn_keys *b)
     return 1;
 }
 
-/* Hot path: one task per (group of tokens, kv head, block of ATTN_KEY_BLOCK
- * keys in visit order). A group is up to ATTN_GROUP_TOKENS consecutive tokens
- * of the batch whose keys map alike (same_mapping: a prefill chunk of one
- * sequence); all query heads of the kv head of all its tokens are scored
- * together, so each K/V row is read and converted once per tile for the whole
- * group, and the blocks spread a decode step's long window over every thread
- * (flash-decoding). The blocks are fixed by key index alone, never by batch
- * size, grouping or thread count, and cpu_attention_span_rows computes each
- * row as it would alone, so a token's attention is bit-identical whether it
- * is decoded alone or prefilled in a chunk. Partial states are merged in
- * block order by cpu_attention_merge. */
 /* Task i of a layer's attention: its group of tokens [*ta, *tb), kv head *g,
  * key block *blk and the keys of the group's longest token, which cover
  * every visit index of the group. 0: the block is past every token's keys
@@ -795,6 +784,17 @@ static int attention_task_keys(const struct cpu_ctx *c, int layer, int64_t i, in
     return 1;
 }
 
+/* Hot path: one task per (group of tokens, kv head, block of ATTN_KEY_BLOCK
+ * keys in visit order). A group is up to ATTN_GROUP_TOKENS consecutive tokens
+ * of the batch whose keys map alike (same_mapping: a prefill chunk of one
+ * sequence); all query heads of the kv head of all its tokens are scored
+ * together, so each K/V row is read and converted once per tile for the whole
+ * group, and the blocks spread a decode step's long window over every thread
+ * (flash-decoding). The blocks are fixed by key index alone, never by batch
+ * size, grouping or thread count, and cpu_attention_span_rows computes each
+ * row as it would alone, so a token's attention is bit-identical whether it
+ * is decoded alone or prefilled in a chunk. Partial states are merged in
+ * block order by cpu_attention_merge. */
 static void attention_task(void *arg, int ith, int nth)
 {
     struct attn_job *j = arg;

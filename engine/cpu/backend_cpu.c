@@ -813,9 +813,8 @@ static void attention_task(void *arg, int ith, int nth)
                attention_task_keys(c, j->layer, n_tasks * ith / nth, &ta, &tb, &g, &blk, &keys);
     for (int64_t i = n_tasks * ith / nth; i < i1; i++) {
         /* the next task's first keys start coming into L2 while this one
-         * runs: a decode task's span is a few 4 KiB pages of K and V, and
-         * without this each began with its reads from memory stalled (the
-         * hardware prefetchers start over on every page) */
+         * runs: at 8 or more streams a decode task's span of a few pages of
+         * K and V comes from memory (docs/benchmarks.md has what this gave) */
         int next_live = i + 1 < i1 &&
                         attention_task_keys(c, j->layer, i + 1, &nta, &ntb, &ng, &nblk, &next_keys);
         if (next_live)

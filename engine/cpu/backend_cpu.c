@@ -254,6 +254,13 @@ static void rmsnorm_task(void *arg, int ith, int nth)
         rmsnorm_row(j->y + t * D, j->w->data, D, eps, j->out + t * D);
 }
 
+/* x += y over n values (the residual add). */
+static void add_span(float *x, const float *y, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        x[i] += y[i];
+}
+
 /* hb = silu(hb) * hb2 over n values; each value's arithmetic depends on
  * nothing but its two inputs (not on n or on where the span starts). */
 static void swiglu_span(const struct cpu_ctx *c, float *hb, const float *hb2, int64_t n);
@@ -353,12 +360,8 @@ static void matmul_rows_task(void *arg, int ith, int nth)
             for (int64_t t = 0; t < j->rows; t++)
                 swiglu_span(j->c, j->y[0] + t * N + n0, j->y[1] + t * N + n0, n1 - n0);
         } else {
-            for (int64_t t = 0; t < j->rows; t++) {
-                float *r = j->res + t * N;
-                const float *y = j->y[0] + t * N;
-                for (int64_t i = n0; i < n1; i++)
-                    r[i] += y[i];
-            }
+            for (int64_t t = 0; t < j->rows; t++)
+                add_span(j->res + t * N + n0, j->y[0] + t * N + n0, n1 - n0);
         }
         return;
     }
@@ -761,27 +764,33 @@ static int same_mapping(const struct attn_keys *a, const struct attn_keys *b)
     return 1;
 }
 
-/* Task i of a layer's attention: its group of tokens [*ta, *tb), kv head *g,
- * key block *blk and the keys of the group's longest token, which cover
- * every visit index of the group. 0: the block is past every token's keys
+/* Task i of a layer's attention: its group of tokens [ta, tb), kv head g,
+ * key block blk and the keys of the group's longest token, which cover every
+ * visit index of the group. live = 0: the block is past every token's keys
  * (no work, and merge reads no state there). */
-static int attention_task_keys(const struct cpu_ctx *c, int layer, int64_t i, int64_t *ta,
-                               int64_t *tb, int *g, int64_t *blk, struct attn_keys *keys)
+struct attn_task {
+    int64_t ta, tb, blk;
+    int g, live;
+    struct attn_keys keys;
+};
+
+static struct attn_task attention_task_at(const struct cpu_ctx *c, int layer, int64_t i)
 {
     const int Hkv = c->geo.n_kv_head;
+    struct attn_task k = {0};
     /* blocks outermost: neighbouring parts hold unlike amounts of work */
-    *blk = i / (c->attn_n_groups * Hkv);
+    k.blk = i / (c->attn_n_groups * Hkv);
     const int64_t gi = i / Hkv % c->attn_n_groups;
-    *g = (int)(i % Hkv);
-    *ta = c->attn_group[gi];
-    *tb = c->attn_group[gi + 1];
-    int64_t t_long = *ta;
-    for (int64_t t = *ta + 1; t < *tb; t++)
+    k.g = (int)(i % Hkv);
+    k.ta = c->attn_group[gi];
+    k.tb = c->attn_group[gi + 1];
+    int64_t t_long = k.ta;
+    for (int64_t t = k.ta + 1; t < k.tb; t++)
         t_long = c->attn_nk[t] > c->attn_nk[t_long] ? t : t_long;
-    if (*blk * ATTN_KEY_BLOCK >= c->attn_nk[t_long])
-        return 0;
-    *keys = keys_for(c, t_long, layer, *g, c->geo.head_dim);
-    return 1;
+    k.live = k.blk * ATTN_KEY_BLOCK < c->attn_nk[t_long];
+    if (k.live)
+        k.keys = keys_for(c, t_long, layer, k.g, c->geo.head_dim);
+    return k;
 }
 
 /* Hot path: one task per (group of tokens, kv head, block of ATTN_KEY_BLOCK
@@ -804,26 +813,24 @@ static void attention_task(void *arg, int ith, int nth)
     const float scale = hp->attn_scale;
     const int64_t NB = c->attn_blocks, n_tasks = c->attn_n_groups * Hkv * NB;
     const int64_t part = (int64_t)G * (Dh + 2); /* floats of one task's partial state */
-    const int64_t i1 = n_tasks * (ith + 1) / nth;
+    const int64_t i0 = n_tasks * ith / nth, i1 = n_tasks * (ith + 1) / nth;
     struct attn_row rows[ATTN_MAX_ROWS];
-    struct attn_keys keys = {0}, next_keys = {0};
-    int64_t ta = 0, tb = 0, blk = 0, nta = 0, ntb = 0, nblk = 0;
-    int g = 0, ng = 0;
-    int live = n_tasks * ith / nth < i1 &&
-               attention_task_keys(c, j->layer, n_tasks * ith / nth, &ta, &tb, &g, &blk, &keys);
-    for (int64_t i = n_tasks * ith / nth; i < i1; i++) {
+    struct attn_task cur = i0 < i1 ? attention_task_at(c, j->layer, i0) : (struct attn_task){0};
+    for (int64_t i = i0; i < i1; i++) {
         /* the next task's first keys start coming into L2 while this one
          * runs: at 8 or more streams a decode task's span of a few pages of
          * K and V comes from memory (docs/benchmarks.md has what this gave) */
-        int next_live = i + 1 < i1 &&
-                        attention_task_keys(c, j->layer, i + 1, &nta, &ntb, &ng, &nblk, &next_keys);
-        if (next_live)
-            cpu_attention_prefetch(&next_keys, nblk * ATTN_KEY_BLOCK,
-                                   nblk * ATTN_KEY_BLOCK + ATTN_PREFETCH_KEYS);
-        if (live) {
+        const struct attn_task next =
+            i + 1 < i1 ? attention_task_at(c, j->layer, i + 1) : (struct attn_task){0};
+        if (next.live)
+            cpu_attention_prefetch(&next.keys, next.blk * ATTN_KEY_BLOCK,
+                                   next.blk * ATTN_KEY_BLOCK + ATTN_PREFETCH_KEYS);
+        if (cur.live) {
+            const int g = cur.g;
             int nr = 0;
-            for (int64_t t = ta; t < tb; t++) {
-                float *st = c->attn_part + ((t * Hkv + g) * NB + blk) * part; /* m[G], l[G], acc */
+            for (int64_t t = cur.ta; t < cur.tb; t++) {
+                float *st =
+                    c->attn_part + ((t * Hkv + g) * NB + cur.blk) * part; /* m[G], l[G], acc */
                 const int64_t off = t * (int64_t)H * Dh + (int64_t)g * G * Dh;
                 const int64_t end = c->attn_nk[t];
                 for (int k = 0; k < G; k++)
@@ -834,16 +841,11 @@ static void attention_task(void *arg, int ith, int nth)
                                                    st + G + k,
                                                    st + 2 * G + (int64_t)k * Dh};
             }
-            const int64_t v0 = blk * ATTN_KEY_BLOCK;
-            cpu_attention_span_rows(&c->akr, nr, rows, &keys, v0, v0 + ATTN_KEY_BLOCK, scale,
+            const int64_t v0 = cur.blk * ATTN_KEY_BLOCK;
+            cpu_attention_span_rows(&c->akr, nr, rows, &cur.keys, v0, v0 + ATTN_KEY_BLOCK, scale,
                                     j->norm == MODEL_NORM_SOFTPICK);
         }
-        live = next_live;
-        ta = nta;
-        tb = ntb;
-        g = ng;
-        blk = nblk;
-        keys = next_keys;
+        cur = next;
     }
 }
 
@@ -977,9 +979,8 @@ static void cpu_scale(struct backend *b, float *x, float s, int64_t rows)
 static void add_task(void *arg, int ith, int nth)
 {
     struct ew_job *j = arg;
-    const int64_t n = j->rows * j->row_len;
-    for (int64_t i = n * ith / nth; i < n * (ith + 1) / nth; i++)
-        j->x[i] += j->y[i];
+    const int64_t n = j->rows * j->row_len, i0 = n * ith / nth;
+    add_span(j->x + i0, j->y + i0, n * (ith + 1) / nth - i0);
 }
 
 static void cpu_add(struct backend *b, float *x, const float *y, int64_t rows)

@@ -634,6 +634,7 @@ struct attn_job {
     float *att;
     float *probe;
     const float *tsinks; /* (T, H) per-token sink logits (sink keys), or NULL: sinks[h] */
+    int merge_in_task;   /* every token's keys fit one block: each task merges its own rows */
 };
 
 /* The sink logit of token t's query head h. */
@@ -793,6 +794,29 @@ static struct attn_task attention_task_at(const struct cpu_ctx *c, int layer, in
     return k;
 }
 
+/* Merges the blocks of token t's query head h into its row of att. */
+static void attention_merge_row(const struct attn_job *j, int64_t t, int h)
+{
+    const struct cpu_ctx *c = j->b->ctx;
+    const struct model_hparams *hp = &j->b->model->hp;
+    const int H = hp->n_head, Hkv = hp->n_head_kv, Dh = hp->head_dim, G = H / Hkv;
+    const int64_t NB = c->attn_blocks;
+    const int64_t part = (int64_t)G * (Dh + 2);
+    const float *sv = j->b->model->w.layers[j->layer].attn_sinks_v.data; /* (H, Dh) or NULL */
+    float m[ATTN_MAX_BLOCKS], l[ATTN_MAX_BLOCKS];
+    const int g = h / G, k = h % G;
+    const float *st0 = c->attn_part + ((t * Hkv + g) * NB) * part;
+    /* blocks past the token's keys hold no state */
+    int64_t nb = (c->attn_nk[t] + ATTN_KEY_BLOCK - 1) / ATTN_KEY_BLOCK;
+    for (int64_t blk = 0; blk < nb; blk++) {
+        m[blk] = st0[blk * part + k];
+        l[blk] = st0[blk * part + G + k];
+    }
+    cpu_attention_merge(&c->akr, (int)nb, m, l, st0 + 2 * G + (int64_t)k * Dh, part, Dh, j->norm,
+                        sink_logit(j, t, h), sv ? sv + (int64_t)h * Dh : NULL,
+                        j->att + (t * H + h) * Dh);
+}
+
 /* Hot path: one task per (group of tokens, kv head, block of ATTN_KEY_BLOCK
  * keys in visit order). A group is up to ATTN_GROUP_TOKENS consecutive tokens
  * of the batch whose keys map alike (same_mapping: a prefill chunk of one
@@ -844,6 +868,12 @@ static void attention_task(void *arg, int ith, int nth)
             const int64_t v0 = cur.blk * ATTN_KEY_BLOCK;
             cpu_attention_span_rows(&c->akr, nr, rows, &cur.keys, v0, v0 + ATTN_KEY_BLOCK, scale,
                                     j->norm == MODEL_NORM_SOFTPICK);
+            /* the task holds all of its rows' keys: merge them here (the
+             * merge run's own call), and the step has one run fewer */
+            if (j->merge_in_task)
+                for (int64_t t = cur.ta; t < cur.tb; t++)
+                    for (int k = 0; k < G; k++)
+                        attention_merge_row(j, t, g * G + k);
         }
         cur = next;
     }
@@ -853,27 +883,11 @@ static void attention_task(void *arg, int ith, int nth)
 static void attention_merge_task(void *arg, int ith, int nth)
 {
     struct attn_job *j = arg;
-    struct cpu_ctx *c = j->b->ctx;
-    const struct model_hparams *hp = &j->b->model->hp;
-    const int H = hp->n_head, Hkv = hp->n_head_kv, Dh = hp->head_dim, G = H / Hkv;
-    const int64_t T = c->batch->T, NB = c->attn_blocks;
-    const int64_t part = (int64_t)G * (Dh + 2);
-    const float *sv = j->b->model->w.layers[j->layer].attn_sinks_v.data; /* (H, Dh) or NULL */
-    float m[ATTN_MAX_BLOCKS], l[ATTN_MAX_BLOCKS];
-    for (int64_t i = T * H * ith / nth; i < T * H * (ith + 1) / nth; i++) {
-        int64_t t = i / H;
-        int h = (int)(i % H), g = h / G, k = h % G;
-        const float *st0 = c->attn_part + ((t * Hkv + g) * NB) * part;
-        /* blocks past the token's keys hold no state */
-        int64_t nb = (c->attn_nk[t] + ATTN_KEY_BLOCK - 1) / ATTN_KEY_BLOCK;
-        for (int64_t blk = 0; blk < nb; blk++) {
-            m[blk] = st0[blk * part + k];
-            l[blk] = st0[blk * part + G + k];
-        }
-        cpu_attention_merge(&c->akr, (int)nb, m, l, st0 + 2 * G + (int64_t)k * Dh, part, Dh,
-                            j->norm, sink_logit(j, t, h), sv ? sv + (int64_t)h * Dh : NULL,
-                            j->att + (t * H + h) * Dh);
-    }
+    const struct cpu_ctx *c = j->b->ctx;
+    const int H = j->b->model->hp.n_head;
+    const int64_t T = c->batch->T;
+    for (int64_t i = T * H * ith / nth; i < T * H * (ith + 1) / nth; i++)
+        attention_merge_row(j, i / H, (int)(i % H));
 }
 
 static void cpu_attention(struct backend *b, int layer, const float *q, const float *qc,
@@ -883,7 +897,7 @@ static void cpu_attention(struct backend *b, int layer, const float *q, const fl
     const struct model_hparams *hp = &b->model->hp;
     const int H = hp->n_head, Hkv = hp->n_head_kv, Dh = hp->head_dim, G = H / Hkv;
     const int64_t T = c->batch->T, NB = c->attn_blocks;
-    struct attn_job j = {b, layer, q, qc, sinks, norm, att, probe, NULL};
+    struct attn_job j = {b, layer, q, qc, sinks, norm, att, probe, NULL, 0};
     j.tsinks = sink_key_logits(c, b->model, layer, q, sinks, norm);
     if (probe) {
         threadpool_run(c->tp, attention_probe_task, &j);
@@ -905,9 +919,16 @@ static void cpu_attention(struct backend *b, int layer, const float *q, const fl
     c->attn_group[ng] = T;
     c->attn_n_groups = ng;
     int64_t n_tasks = ng * Hkv * NB;
+    /* when no token has keys past the first block (a decode step at short
+     * contexts), each task holds all of its rows' keys and merges them */
+    j.merge_in_task = 1;
+    for (int64_t t = 0; t < T; t++)
+        j.merge_in_task &= c->attn_nk[t] <= ATTN_KEY_BLOCK;
     /* many parts: the work per task is uneven (causal prefill, empty blocks) */
     int64_t parts = 16 * (int64_t)threadpool_size(c->tp);
     threadpool_run_parts(c->tp, attention_task, &j, (int)(parts < n_tasks ? parts : n_tasks));
+    if (j.merge_in_task)
+        return;
     int64_t mparts = 4 * (int64_t)threadpool_size(c->tp);
     if (T * H < mparts)
         mparts = T * H;

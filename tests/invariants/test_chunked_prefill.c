@@ -245,6 +245,53 @@ TEST(tiny_model_chunked_prefill_equals_token_by_token_with_q8_0_weights)
     ASSERT(worst <= TINY_TOL);
 }
 
+/* Past ATTN_KEY_BLOCK (256) keys a token's attention is split in blocks and
+ * merged by a run of its own; up to it, the attention task merges its own
+ * rows (the same merge call). A chunk that straddles the 256th key takes the
+ * merge run for every token in it, while token by token the tokens before
+ * the boundary take the in-task merge: the two must give the same bits,
+ * under every normalizer, on one and two threads. */
+TEST(tiny_model_merge_in_task_equals_the_merge_run_bit_for_bit)
+{
+    enum { W = 300, N = 340 };
+    static const int64_t straddling[] = {3, 7}; /* [255, 258) and [252, 259) */
+    for (int variant = 0; variant < 4; variant++) {
+        struct tiny_config cfg = tiny_config_default();
+        if (variant == 1)
+            cfg.normalizer = MODEL_NORM_SOFTMAX1;
+        if (variant == 2) {
+            cfg.normalizer = MODEL_NORM_SINK;
+            cfg.sink_vectors = 1;
+        }
+        if (variant == 3)
+            cfg.normalizer = MODEL_NORM_SOFTPICK;
+        struct tiny_model tm;
+        ASSERT_OK(tiny_model_init(&tm, &cfg));
+        const int64_t V = tm.m.hp.n_vocab;
+        static int32_t toks[N];
+        tiny_tokens(toks, N, V, 77 + variant);
+        float *ref = malloc((size_t)(N * V) * sizeof(float));
+        float *got = malloc((size_t)(N * V) * sizeof(float));
+        ASSERT(ref && got);
+        const struct kv_policy pol = {KV_POLICY_SINKS, 4};
+        for (int thr = 1; thr <= 2; thr++) {
+            ASSERT_OK(feed(&tm.m, pol, W, 1, KV_DTYPE_F16, thr, toks, N, ref));
+            for (size_t ci = 0; ci < sizeof straddling / sizeof straddling[0]; ci++) {
+                ASSERT_OK(feed(&tm.m, pol, W, straddling[ci], KV_DTYPE_F16, thr, toks, N, got));
+                const double d = tiny_max_diff(ref, got, N * V, NULL);
+                printf("  normalizer %d, %d thr, chunk %lld: max logit diff %.3g\n", variant, thr,
+                       (long long)straddling[ci], d);
+                if (memcmp(ref, got, (size_t)(N * V) * sizeof(float)) != 0)
+                    report(ref, got, N, V, 0);
+                ASSERT(memcmp(ref, got, (size_t)(N * V) * sizeof(float)) == 0);
+            }
+        }
+        free(ref);
+        free(got);
+        tiny_model_free(&tm);
+    }
+}
+
 /* ---- SmolLM2 ---- */
 
 static const char smol_text[] =

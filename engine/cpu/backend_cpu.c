@@ -511,9 +511,12 @@ static void matmul_run(struct cpu_ctx *c, struct matmul_job *j)
         matmul_prepare_task(j, 0, 1);
     else
         threadpool_run(c->tp, matmul_prepare_task, j);
-    /* a few parts per thread: a thread that runs late takes fewer of them */
+    /* two parts per thread: a thread that runs late takes fewer of them,
+     * and each part's claim and completion are two atomics that cross
+     * cores, which at a decode step's sizes cost more than the finer
+     * balance of four parts per thread gained (docs/benchmarks.md) */
     int64_t blocks = job_blocks(j);
-    int64_t parts = 4 * (int64_t)threadpool_size(c->tp);
+    int64_t parts = 2 * (int64_t)threadpool_size(c->tp);
     threadpool_run_parts(c->tp, matmul_rows_task, j, (int)(parts < blocks ? parts : blocks));
 }
 

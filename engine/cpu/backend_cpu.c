@@ -511,10 +511,10 @@ static void matmul_run(struct cpu_ctx *c, struct matmul_job *j)
         matmul_prepare_task(j, 0, 1);
     else
         threadpool_run(c->tp, matmul_prepare_task, j);
-    /* two parts per thread: a thread that runs late takes fewer of them,
-     * and each part's claim and completion are two atomics that cross
-     * cores, which at a decode step's sizes cost more than the finer
-     * balance of four parts per thread gained (docs/benchmarks.md) */
+    /* two parts per thread: a thread that runs late takes fewer of them;
+     * four were slower at a decode step's sizes, where each part is a few
+     * microseconds and its claim and completion cross cores
+     * (docs/benchmarks.md) */
     int64_t blocks = job_blocks(j);
     int64_t parts = 2 * (int64_t)threadpool_size(c->tp);
     threadpool_run_parts(c->tp, matmul_rows_task, j, (int)(parts < blocks ? parts : blocks));

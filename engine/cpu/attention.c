@@ -241,18 +241,19 @@ static void prefetch_tile(const struct attn_keys *keys, int64_t v, int64_t last)
 void cpu_attention_prefetch(const struct attn_keys *keys, int64_t v0, int64_t v1)
 {
     const size_t rb = attn_row_bytes(keys->fmt, keys->head_dim);
-    int64_t base = 0; /* the visit index of run r's first cell */
-    for (int r = 0; r < 3; r++) {
-        const int64_t end = base + keys->run_len[r];
-        const int64_t a = v0 > base ? v0 : base, b = v1 < end ? v1 : end;
-        if (a < b) {
-            const size_t o0 = (size_t)(keys->run_start[r] + a - base) * rb;
-            for (size_t o = 0; o < (size_t)(b - a) * rb; o += 64) {
-                __builtin_prefetch((const char *)keys->k + o0 + o, 0, 2); /* into L2 */
-                __builtin_prefetch((const char *)keys->v + o0 + o, 0, 2);
-            }
+    const int64_t n = keys->run_len[0] + keys->run_len[1] + keys->run_len[2];
+    if (v1 > n)
+        v1 = n; /* visit_cell takes only the indices keys has */
+    for (int64_t v = v0; v < v1;) {
+        int run;
+        int64_t left, c = visit_cell(keys, v, &run, &left);
+        const int64_t cnt = left < v1 - v ? left : v1 - v;
+        const size_t o0 = (size_t)c * rb;
+        for (size_t o = 0; o < (size_t)cnt * rb; o += 64) {
+            __builtin_prefetch((const char *)keys->k + o0 + o, 0, 2); /* into L2 */
+            __builtin_prefetch((const char *)keys->v + o0 + o, 0, 2);
         }
-        base = end;
+        v += cnt;
     }
 }
 

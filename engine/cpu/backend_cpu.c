@@ -912,9 +912,13 @@ static void cpu_attention(struct backend *b, int layer, const float *q, const fl
         ATTN_GROUP_TOKENS < ATTN_MAX_ROWS / G ? ATTN_GROUP_TOKENS : ATTN_MAX_ROWS / G;
     struct attn_keys prev = {0};
     int64_t ng = 0;
+    /* when no token has keys past the first block (a decode step at short
+     * contexts), each task holds all of its rows' keys and merges them */
+    j.merge_in_task = 1;
     for (int64_t t = 0; t < T; t++) {
         struct attn_keys k = keys_for(c, t, layer, 0, Dh);
         c->attn_nk[t] = k.run_len[0] + k.run_len[1] + k.run_len[2];
+        j.merge_in_task &= c->attn_nk[t] <= ATTN_KEY_BLOCK;
         if (t == 0 || t - c->attn_group[ng - 1] >= max_group || !same_mapping(&prev, &k))
             c->attn_group[ng++] = t;
         prev = k;
@@ -922,11 +926,6 @@ static void cpu_attention(struct backend *b, int layer, const float *q, const fl
     c->attn_group[ng] = T;
     c->attn_n_groups = ng;
     int64_t n_tasks = ng * Hkv * NB;
-    /* when no token has keys past the first block (a decode step at short
-     * contexts), each task holds all of its rows' keys and merges them */
-    j.merge_in_task = 1;
-    for (int64_t t = 0; t < T; t++)
-        j.merge_in_task &= c->attn_nk[t] <= ATTN_KEY_BLOCK;
     /* many parts: the work per task is uneven (causal prefill, empty blocks) */
     int64_t parts = 16 * (int64_t)threadpool_size(c->tp);
     threadpool_run_parts(c->tp, attention_task, &j, (int)(parts < n_tasks ? parts : n_tasks));

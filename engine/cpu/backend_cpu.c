@@ -236,11 +236,18 @@ static double sum_squares(const float *x, int64_t n)
     return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7));
 }
 
-/* One row of RMSNorm: o = x / rms(x) * g, D values (o may be x). */
-static void rmsnorm_row(const float *xr, const float *g, int64_t D, float eps, float *o)
+/* One row of RMSNorm: o = x / rms(x) * g, D values (o may be x). The AVX2
+ * kernels are these loops' arithmetic, bit for bit (ops.h). */
+static void rmsnorm_row(enum cpu_isa isa, const float *xr, const float *g, int64_t D, float eps,
+                        float *o)
 {
-    const double ss = sum_squares(xr, D);
+    const int vec = isa >= CPU_ISA_AVX2;
+    const double ss = vec ? cpu__sum_squares_avx2(xr, D) : sum_squares(xr, D);
     float inv = (float)(1.0 / sqrt(ss / (double)D + eps));
+    if (vec) {
+        cpu__scale_mul_avx2(o, xr, inv, g, D);
+        return;
+    }
     for (int64_t i = 0; i < D; i++)
         o[i] = xr[i] * inv * g[i];
 }
@@ -248,15 +255,20 @@ static void rmsnorm_row(const float *xr, const float *g, int64_t D, float eps, f
 static void rmsnorm_task(void *arg, int ith, int nth)
 {
     struct ew_job *j = arg;
+    const struct cpu_ctx *c = j->b->ctx;
     const int64_t D = j->w->ne0;
     const float eps = j->b->model->hp.norm_eps;
     for (int64_t t = j->rows * ith / nth; t < j->rows * (ith + 1) / nth; t++)
-        rmsnorm_row(j->y + t * D, j->w->data, D, eps, j->out + t * D);
+        rmsnorm_row(c->isa, j->y + t * D, j->w->data, D, eps, j->out + t * D);
 }
 
 /* x += y over n values (the residual add). */
-static void add_span(float *x, const float *y, int64_t n)
+static void add_span(const struct cpu_ctx *c, float *x, const float *y, int64_t n)
 {
+    if (c->isa >= CPU_ISA_AVX2) {
+        cpu__add_avx2(x, y, n);
+        return;
+    }
     for (int64_t i = 0; i < n; i++)
         x[i] += y[i];
 }
@@ -301,7 +313,7 @@ static void matmul_prepare_task(void *arg, int ith, int nth)
     for (int64_t t = ith; t < j->rows; t += nth) {
         const float *xr = j->x + t * K;
         if (j->norm) { /* the row's RMSNorm, as cpu_rmsnorm computes it */
-            rmsnorm_row(xr, j->norm->data, K, j->eps, j->xn + t * K);
+            rmsnorm_row(j->c->isa, xr, j->norm->data, K, j->eps, j->xn + t * K);
             xr = j->xn + t * K;
         }
         cpu_prepare_act(j->c->isa, W->type, xr, K, (char *)j->c->act + (size_t)t * j->act_bytes);
@@ -361,7 +373,7 @@ static void matmul_rows_task(void *arg, int ith, int nth)
                 swiglu_span(j->c, j->y[0] + t * N + n0, j->y[1] + t * N + n0, n1 - n0);
         } else {
             for (int64_t t = 0; t < j->rows; t++)
-                add_span(j->res + t * N + n0, j->y[0] + t * N + n0, n1 - n0);
+                add_span(j->c, j->res + t * N + n0, j->y[0] + t * N + n0, n1 - n0);
         }
         return;
     }
@@ -1003,7 +1015,7 @@ static void add_task(void *arg, int ith, int nth)
 {
     struct ew_job *j = arg;
     const int64_t n = j->rows * j->row_len, i0 = n * ith / nth;
-    add_span(j->x + i0, j->y + i0, n * (ith + 1) / nth - i0);
+    add_span(j->b->ctx, j->x + i0, j->y + i0, n * (ith + 1) / nth - i0);
 }
 
 static void cpu_add(struct backend *b, float *x, const float *y, int64_t rows)

@@ -21,5 +21,14 @@ void cpu__f32_to_f16_avx2(uint16_t *dst, const float *src, int64_t n);
 /* quant_quantize_row(QTYPE_Q8_0, src, dst, n), n a multiple of 32: the same
  * bytes for every input (NaN and infinities included). */
 void cpu__quantize_row_q8_0_avx2(void *dst, const float *src, int64_t n);
+/* The sum of x[i]^2 in double in eight chains (chain k takes the values
+ * i = k mod 8 below the last multiple of 8, chain 0 the rest after them),
+ * added ((c0 + c1) + (c2 + c3)) + ((c4 + c5) + (c6 + c7)): RMSNorm's sum of
+ * squares, bit for bit the scalar loop's. */
+double cpu__sum_squares_avx2(const float *x, int64_t n);
+/* o[i] = (x[i] * s) * g[i] (o may be x): the same bits as the scalar loop. */
+void cpu__scale_mul_avx2(float *o, const float *x, float s, const float *g, int64_t n);
+/* x[i] += y[i]: the same bits as the scalar loop. */
+void cpu__add_avx2(float *x, const float *y, int64_t n);
 
 #endif

@@ -89,3 +89,43 @@ void cpu__quantize_row_q8_0_avx2(void *dst, const float *src, int64_t n)
         cpu_store_i8x32(b->qs, q); /* all within +-127 */
     }
 }
+
+double cpu__sum_squares_avx2(const float *x, int64_t n)
+{
+    /* lanes of lo: chains 0..3, of hi: chains 4..7; each value squared in
+     * double and added, as the scalar chains do (no fused multiply-add) */
+    __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256d a = _mm256_cvtps_pd(_mm_loadu_ps(x + i));
+        const __m256d b = _mm256_cvtps_pd(_mm_loadu_ps(x + i + 4));
+        lo = _mm256_add_pd(lo, _mm256_mul_pd(a, a));
+        hi = _mm256_add_pd(hi, _mm256_mul_pd(b, b));
+    }
+    double s[8];
+    _mm256_storeu_pd(s, lo);
+    _mm256_storeu_pd(s + 4, hi);
+    for (; i < n; i++)
+        s[0] += (double)x[i] * x[i];
+    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+
+void cpu__scale_mul_avx2(float *o, const float *x, float s, const float *g, int64_t n)
+{
+    const __m256 vs = _mm256_set1_ps(s);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), vs),
+                                              _mm256_loadu_ps(g + i)));
+    for (; i < n; i++)
+        o[i] = x[i] * s * g[i];
+}
+
+void cpu__add_avx2(float *x, const float *y, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(x + i, _mm256_add_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++)
+        x[i] += y[i];
+}

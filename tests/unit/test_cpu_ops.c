@@ -6,8 +6,9 @@
  * span it is in, the RoPE rotation against rope_apply bit for bit, the F16C
  * row conversion against
  * quant_f32_to_f16 bit for bit (every rounding case: ties, subnormals,
- * overflow, infinities), and the Q8_0 row quantizer of the 8-bit KV store
- * against quant_quantize_row byte for byte.
+ * overflow, infinities), the Q8_0 row quantizer of the 8-bit KV store
+ * against quant_quantize_row byte for byte, and RMSNorm's sum of squares,
+ * its scaling and the residual add against their scalar loops bit for bit.
  */
 #include <math.h>
 #include <stdint.h>
@@ -190,6 +191,91 @@ TEST(q8_0_rows_quantize_like_quant_quantize_row)
             if (memcmp(&got[b], &want[b], sizeof got[b]) != 0)
                 FAIL_AT("round %d block %d (kind %d): bytes differ from quant_quantize_row", round,
                         b, (b + round) % 9);
+    }
+}
+
+/* The backend's scalar sum of squares (backend_cpu.c): eight chains in
+ * double, the values after the last multiple of eight in chain 0, a fixed
+ * tree at the end. */
+static double sum_squares_ref(const float *x, int64_t n)
+{
+    double c[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++)
+            c[k] += (double)x[i + k] * x[i + k];
+    for (; i < n; i++)
+        c[0] += (double)x[i] * x[i];
+    return ((c[0] + c[1]) + (c[2] + c[3])) + ((c[4] + c[5]) + (c[6] + c[7]));
+}
+
+/* Values over many scales, so that a sum of the squares in another order or
+ * with a fused multiply-add rounds differently somewhere. */
+static void fill_scaled(float *x, int n, uint64_t *s)
+{
+    for (int i = 0; i < n; i++)
+        x[i] = test_rng_sym(s) * ldexpf(1.0f, (int)test_rng_below(s, 40) - 20);
+}
+
+/* Row lengths around the vector width and the model's (576, 1536), and N. */
+static const int lens[] = {0, 1, 3, 7, 8, 9, 15, 16, 17, 63, 64, 65, 576, 1536, N};
+
+TEST(rmsnorm_sum_of_squares_is_the_scalar_chains_bit_for_bit)
+{
+    if (cpu_isa_best() < CPU_ISA_AVX2)
+        TEST_SKIP("no AVX2");
+    static float x[N];
+    uint64_t s = 31;
+    for (int round = 0; round < 50; round++) {
+        fill_scaled(x, N, &s);
+        for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+            /* from an offset too: the vector loads are unaligned */
+            const int off = round % 5, n = lens[li] + off <= N ? lens[li] : N - off;
+            const double want = sum_squares_ref(x + off, n),
+                         got = cpu__sum_squares_avx2(x + off, n);
+            if (memcmp(&got, &want, sizeof got) != 0)
+                FAIL_AT("round %d n %d: %.17g vs %.17g", round, n, got, want);
+        }
+    }
+}
+
+TEST(rmsnorm_scaling_and_the_residual_add_are_the_scalar_loops_bit_for_bit)
+{
+    if (cpu_isa_best() < CPU_ISA_AVX2)
+        TEST_SKIP("no AVX2");
+    static float x[N], g[N], y[N], got[N], want[N];
+    uint64_t s = 37;
+    for (int round = 0; round < 20; round++) {
+        fill_scaled(x, N, &s);
+        fill_scaled(g, N, &s);
+        fill_scaled(y, N, &s);
+        const float sc = test_rng_sym(&s) * 8.0f;
+        for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+            const int n = lens[li];
+            /* o = (x * s) * g, into another row and in place */
+            for (int i = 0; i < n; i++)
+                want[i] = x[i] * sc * g[i];
+            memset(got, 0xa5, sizeof got);
+            cpu__scale_mul_avx2(got, x, sc, g, n);
+            if (memcmp(got, want, (size_t)n * sizeof(float)) != 0)
+                FAIL_AT("round %d n %d: scaling differs", round, n);
+            memcpy(got, x, (size_t)n * sizeof(float));
+            cpu__scale_mul_avx2(got, got, sc, g, n);
+            if (memcmp(got, want, (size_t)n * sizeof(float)) != 0)
+                FAIL_AT("round %d n %d: scaling in place differs", round, n);
+            const uint32_t fill = 0xa5a5a5a5u;
+            if (n < N && memcmp(&got[n], &fill, sizeof fill) != 0)
+                FAIL_AT("round %d n %d: the scaling wrote past the row", round, n);
+            /* x += y */
+            for (int i = 0; i < n; i++)
+                want[i] = x[i] + y[i];
+            memcpy(got, x, sizeof got);
+            cpu__add_avx2(got, y, n);
+            if (memcmp(got, want, (size_t)n * sizeof(float)) != 0)
+                FAIL_AT("round %d n %d: the add differs", round, n);
+            if (n < N && memcmp(&got[n], &x[n], sizeof(float)) != 0)
+                FAIL_AT("round %d n %d: the add wrote past the row", round, n);
+        }
     }
 }
 

@@ -305,12 +305,17 @@ struct matmul_job {
     float *res;
 };
 
+/* Each part prepares one contiguous range of rows, split as ew_run splits
+ * the element-wise op before it (a decode step of a few dozen streams: one
+ * range per thread), so a row is mostly read in the cache of the core that
+ * wrote it; rows dealt out in turn crossed cores every other row (at 32
+ * streams this run took 1.1 ms of a step instead of 0.86). */
 static void matmul_prepare_task(void *arg, int ith, int nth)
 {
     struct matmul_job *j = arg;
     const struct tensor *W = j->W[0];
     const int64_t K = W->ne0;
-    for (int64_t t = ith; t < j->rows; t += nth) {
+    for (int64_t t = j->rows * ith / nth; t < j->rows * (ith + 1) / nth; t++) {
         const float *xr = j->x + t * K;
         if (j->norm) { /* the row's RMSNorm, as cpu_rmsnorm computes it */
             rmsnorm_row(j->c->isa, xr, j->norm->data, K, j->eps, j->xn + t * K);

@@ -54,12 +54,20 @@ struct cpu_ctx {
     int64_t *attn_nk;    /* (T) keys each token sees in the current layer */
     int64_t *attn_group; /* (T + 1) first token of each group of tokens scored together */
     int64_t attn_n_groups;
-    int kv_fmt;                   /* enum attn_fmt of the K/V rows */
+    int kv_fmt;                 /* enum attn_fmt of the K/V rows */
+    struct deferred {           /* a product's element-wise op not done yet (cpu_product) */
+        enum backend_then then; /* NONE: nothing deferred */
+        float *x;               /* x += y (ADD) or x = silu(x) * y (SWIGLU) */
+        const float *y;
+        int64_t rows, row_len;
+    } deferred;
     struct packed_weight *packed; /* open-addressed table of n_packed_cap entries */
     size_t n_packed_cap;
     char *packed_arena; /* every repacked matrix, in the order a forward pass reads them */
     size_t packed_used, packed_size;
 };
+
+static void settle(struct backend *b);
 
 static void *xalloc(size_t n)
 {
@@ -154,6 +162,7 @@ static int cpu_kv_alloc(struct backend *b, const struct kv_geometry *g)
 
 static int cpu_begin_step(struct backend *b, const struct fwd_batch *batch)
 {
+    settle(b);
     struct cpu_ctx *c = b->ctx;
     const struct model_hparams *hp = &b->model->hp;
     if (batch->T > b->max_tokens || batch->n_out > batch->T)
@@ -172,6 +181,7 @@ static int cpu_begin_step(struct backend *b, const struct fwd_batch *batch)
 
 static void cpu_embed(struct backend *b, float *x)
 {
+    settle(b);
     struct cpu_ctx *c = b->ctx;
     const struct tensor *e = &b->model->w.tok_embd;
     for (int64_t t = 0; t < c->batch->T; t++) {
@@ -280,6 +290,7 @@ static void swiglu_span(const struct cpu_ctx *c, float *hb, const float *hb2, in
 static void cpu_rmsnorm(struct backend *b, const float *x, const struct tensor *w, float *out,
                         int64_t rows)
 {
+    settle(b);
     struct ew_job j = {.b = b, .out = out, .y = x, .w = w, .rows = rows, .row_len = w->ne0};
     ew_run(b->ctx, rmsnorm_task, &j);
 }
@@ -303,6 +314,11 @@ struct matmul_job {
     float eps;
     enum backend_then then; /* done by each part on the outputs it made */
     float *res;
+    /* the previous product's deferred op, done on each row of x (in place:
+     * xd is x) before its RMSNorm and preparation */
+    enum backend_then first;
+    float *xd;
+    const float *first_y;
 };
 
 /* Each part prepares one contiguous range of rows, split as ew_run splits
@@ -317,6 +333,10 @@ static void matmul_prepare_task(void *arg, int ith, int nth)
     const int64_t K = W->ne0;
     for (int64_t t = j->rows * ith / nth; t < j->rows * (ith + 1) / nth; t++) {
         const float *xr = j->x + t * K;
+        if (j->first == BACKEND_THEN_ADD)
+            add_span(j->c, j->xd + t * K, j->first_y + t * K, K);
+        else if (j->first == BACKEND_THEN_SWIGLU)
+            swiglu_span(j->c, j->xd + t * K, j->first_y + t * K, K);
         if (j->norm) { /* the row's RMSNorm, as cpu_rmsnorm computes it */
             rmsnorm_row(j->c->isa, xr, j->norm->data, K, j->eps, j->xn + t * K);
             xr = j->xn + t * K;
@@ -549,6 +569,7 @@ static void job_add(struct cpu_ctx *c, struct matmul_job *j, const struct tensor
 static void cpu_matmul(struct backend *b, const struct tensor *W, const float *x, float *y,
                        int64_t rows)
 {
+    settle(b);
     struct cpu_ctx *c = b->ctx;
     struct matmul_job j = {
         .c = c, .x = x, .rows = rows, .act_bytes = quant_act_bytes(W->type, W->ne0)};
@@ -574,6 +595,7 @@ static int same_act(const struct tensor *a, const struct tensor *b)
 static void cpu_matmul_shared(struct backend *b, const struct tensor *const *W, float *const *y,
                               int n, const float *x, int64_t rows)
 {
+    settle(b);
     struct cpu_ctx *c = b->ctx;
     int shared = !c->reference_matmul && n <= BACKEND_SHARED_MAX;
     for (int i = 1; i < n && shared; i++)
@@ -592,6 +614,7 @@ static void cpu_matmul_shared(struct backend *b, const struct tensor *const *W, 
 
 static void cpu_rope(struct backend *b, int layer, float *q, float *qc, float *k)
 {
+    settle(b);
     struct cpu_ctx *c = b->ctx;
     const struct model_hparams *hp = &b->model->hp;
     const int64_t dq = (int64_t)hp->n_head * hp->head_dim;
@@ -631,6 +654,7 @@ static void store_row(void *dst, const float *src, int n, int fmt, enum cpu_isa 
 
 static void cpu_kv_store(struct backend *b, int layer, const float *k, const float *v)
 {
+    settle(b);
     struct cpu_ctx *c = b->ctx;
     const struct model_hparams *hp = &b->model->hp;
     const int Dh = hp->head_dim;
@@ -913,6 +937,7 @@ static void attention_merge_task(void *arg, int ith, int nth)
 static void cpu_attention(struct backend *b, int layer, const float *q, const float *qc,
                           const float *sinks, enum model_normalizer norm, float *att, float *probe)
 {
+    settle(b);
     struct cpu_ctx *c = b->ctx;
     const struct model_hparams *hp = &b->model->hp;
     const int H = hp->n_head, Hkv = hp->n_head_kv, Dh = hp->head_dim, G = H / Hkv;
@@ -976,6 +1001,7 @@ static void swiglu_task(void *arg, int ith, int nth)
 
 static void cpu_swiglu(struct backend *b, float *hb, const float *hb2, int64_t rows)
 {
+    settle(b);
     struct ew_job j = {.b = b, .x = hb, .y = hb2, .rows = rows, .row_len = b->model->hp.n_ff};
     ew_run(b->ctx, swiglu_task, &j);
 }
@@ -998,6 +1024,7 @@ static void geglu_task(void *arg, int ith, int nth)
 
 static void cpu_geglu(struct backend *b, float *hb, const float *hb2, int64_t rows)
 {
+    settle(b);
     struct ew_job j = {.b = b, .x = hb, .y = hb2, .rows = rows, .row_len = b->model->hp.n_ff};
     ew_run(b->ctx, geglu_task, &j);
 }
@@ -1012,6 +1039,7 @@ static void scale_task(void *arg, int ith, int nth)
 
 static void cpu_scale(struct backend *b, float *x, float s, int64_t rows)
 {
+    settle(b);
     struct ew_job j = {.b = b, .x = x, .rows = rows, .row_len = b->model->hp.n_embd, .s = s};
     ew_run(b->ctx, scale_task, &j);
 }
@@ -1025,6 +1053,7 @@ static void add_task(void *arg, int ith, int nth)
 
 static void cpu_add(struct backend *b, float *x, const float *y, int64_t rows)
 {
+    settle(b);
     struct ew_job j = {.b = b, .x = x, .y = y, .rows = rows, .row_len = b->model->hp.n_embd};
     ew_run(b->ctx, add_task, &j);
 }
@@ -1033,8 +1062,27 @@ static void cpu_add(struct backend *b, float *x, const float *y, int64_t rows)
  * preparation run (each row's RMSNorm first) and one run of the products,
  * each part finishing the outputs it made (SwiGLU on a gate block and the up
  * block of the same rows, or the residual add); else the ops one by one.
- * The values are those of the separate ops, bit for bit: each value's
- * arithmetic is theirs, only where and when it is done differ. */
+ * At batch sizes where that SwiGLU or add would be a pool run of its own,
+ * it is deferred instead (struct deferred): the next product whose input it
+ * makes does it row by row in its preparation run, before the RMSNorm, and
+ * any other op does it first (settle). That saves a run and a pass over the
+ * rows twice a layer. The values are those of the separate ops, bit for
+ * bit: each value's arithmetic is theirs, only where and when it is done
+ * differ. */
+/* The deferred op (struct deferred), if any, done now as its own op would
+ * do it. Every op but cpu_product (which may take it into its preparation
+ * run) starts here, so each sees the values the ops one by one make. */
+static void settle(struct backend *b)
+{
+    struct cpu_ctx *c = b->ctx;
+    const struct deferred d = c->deferred;
+    c->deferred.then = BACKEND_THEN_NONE;
+    if (d.then == BACKEND_THEN_ADD)
+        cpu_add(b, d.x, d.y, d.rows);
+    else if (d.then == BACKEND_THEN_SWIGLU)
+        cpu_swiglu(b, d.x, d.y, d.rows);
+}
+
 static void cpu_product(struct backend *b, const struct backend_product *p, int64_t rows)
 {
     struct cpu_ctx *c = b->ctx;
@@ -1045,10 +1093,21 @@ static void cpu_product(struct backend *b, const struct backend_product *p, int6
         fuse = fuse && p->n == 2 && p->W[1]->ne1 == p->W[0]->ne1;
     if (p->then == BACKEND_THEN_ADD)
         fuse = fuse && p->n == 1;
+    /* the previous product's deferred op, when it made this one's input:
+     * done row by row in this one's preparation run (with the RMSNorm, which
+     * must follow it) */
+    const struct deferred d = c->deferred;
+    const int take = fuse && d.then != BACKEND_THEN_NONE && d.x == p->x && d.rows == rows &&
+                     d.row_len == p->W[0]->ne0;
+    if (take)
+        c->deferred.then = BACKEND_THEN_NONE;
+    else
+        settle(b);
     /* an op is folded in where on its own it would run on the calling
      * thread alone (ew_run): there it leaves the pool idle; larger ones
-     * run faster as pool runs of their own */
-    const int fuse_norm = fuse && p->norm && ew_parts(c, rows, p->W[0]->ne0) <= 1;
+     * run faster as pool runs of their own, or in the next product's
+     * preparation run (deferred) */
+    const int fuse_norm = fuse && p->norm && (take || ew_parts(c, rows, p->W[0]->ne0) <= 1);
     const int fuse_then =
         fuse && p->then != BACKEND_THEN_NONE && ew_parts(c, rows, p->W[0]->ne1) <= 1;
     const float *in = p->x;
@@ -1067,12 +1126,25 @@ static void cpu_product(struct backend *b, const struct backend_product *p, int6
                                .xn = p->xn,
                                .eps = b->model->hp.norm_eps,
                                .then = fuse_then ? p->then : BACKEND_THEN_NONE,
-                               .res = p->res};
+                               .res = p->res,
+                               .first = take ? d.then : BACKEND_THEN_NONE,
+                               .xd = d.x,
+                               .first_y = d.y};
         for (int i = 0; i < p->n; i++)
             job_add(c, &j, p->W[i], p->y[i]);
         matmul_run(c, &j);
         if (fuse_then)
             return;
+        if (p->then != BACKEND_THEN_NONE) { /* for the next op (settle) or product */
+            c->deferred = (struct deferred){
+                .then = p->then,
+                .x = p->then == BACKEND_THEN_ADD ? p->res : p->y[0],
+                .y = p->then == BACKEND_THEN_ADD ? p->y[0] : p->y[1],
+                .rows = rows,
+                .row_len = p->W[0]->ne1,
+            };
+            return;
+        }
     }
     if (p->then == BACKEND_THEN_SWIGLU)
         cpu_swiglu(b, p->y[0], p->y[1], rows);
@@ -1082,6 +1154,7 @@ static void cpu_product(struct backend *b, const struct backend_product *p, int6
 
 static void cpu_gather(struct backend *b, const float *x, float *xo)
 {
+    settle(b);
     struct cpu_ctx *c = b->ctx;
     const int64_t D = b->model->hp.n_embd;
     for (int64_t i = 0; i < c->batch->n_out; i++)
@@ -1091,24 +1164,28 @@ static void cpu_gather(struct backend *b, const float *x, float *xo)
 static void cpu_logits(struct backend *b, const struct tensor *W, const float *xo,
                        float *host_logits)
 {
+    settle(b);
     struct cpu_ctx *c = b->ctx;
     cpu_matmul(b, W, xo, host_logits, c->batch->n_out);
 }
 
 static void cpu_run_parts(struct backend *b, void (*fn)(void *, int, int), void *arg, int n)
 {
+    settle(b);
     struct cpu_ctx *c = b->ctx;
     threadpool_run_parts_uneven(c->tp, fn, arg, n);
 }
 
 static int cpu_sync(struct backend *b)
 {
+    settle(b);
     (void)b;
     return 0;
 }
 
 static int cpu_copy(struct backend *b, float *dst, const float *src, int64_t n)
 {
+    settle(b);
     (void)b;
     memcpy(dst, src, (size_t)n * sizeof(float));
     return 0;
@@ -1145,12 +1222,14 @@ static int kv_copy(struct backend *b, int64_t slot, int layer, int64_t cell0, in
 static int cpu_kv_export(struct backend *b, int64_t slot, int layer, int64_t cell0, int64_t n,
                          void *hk, void *hv, int64_t host_cells)
 {
+    settle(b);
     return kv_copy(b, slot, layer, cell0, n, hk, hv, host_cells, 0);
 }
 
 static int cpu_kv_import(struct backend *b, int64_t slot, int layer, int64_t cell0, int64_t n,
                          const void *hk, const void *hv, int64_t host_cells)
 {
+    settle(b);
     return kv_copy(b, slot, layer, cell0, n, (void *)hk, (void *)hv, host_cells, 1);
 }
 

@@ -8,7 +8,9 @@
  * product (a projection with RMSNorm before it and SwiGLU or the residual
  * add after it) must be, bit for bit, those ops called one after another,
  * at every T where it folds some or all of them into the products' runs
- * and where it does not.
+ * and where it does not; and so must a chain of products as a layer makes
+ * them, where the backend may leave one product's add or SwiGLU to the next
+ * product's preparation run or to the next op.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -226,6 +228,9 @@ TEST(product_is_the_separate_ops_bit_for_bit)
                 else if (want.then == BACKEND_THEN_ADD)
                     op->add(&r.b, want.res, want.y[0], T);
                 op->product(&r.b, &got, T);
+                /* the activations are the backend's: read after sync (the CPU
+                 * backend may leave a product's add or SwiGLU to the next op) */
+                ASSERT(op->sync(&r.b) == 0);
 
                 snprintf(what, sizeof what, "layer %d product %zu T=%lld", l, ci, (long long)T);
                 if (want.norm && memcmp(xng, xnw, (size_t)(T * D) * sizeof(float)) != 0) {
@@ -259,6 +264,145 @@ TEST(product_is_the_separate_ops_bit_for_bit)
     if (!ok)
         FAIL_AT("%s", what[0] ? what : "out of memory");
     printf("  %lld outputs compared\n", compared);
+}
+
+/* The ops of one side of the chain test: its own buffers, each (T_MAX, F
+ * or D) floats. */
+struct chain_bufs {
+    float *res, *xn, *y, *hb, *hb2, *q, *k, *v, *xn2;
+};
+
+static int chain_alloc(struct chain_bufs *c, size_t n)
+{
+    float **p[] = {&c->res, &c->xn, &c->y, &c->hb, &c->hb2, &c->q, &c->k, &c->v, &c->xn2};
+    int ok = 1;
+    for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) {
+        *p[i] = malloc(n * sizeof(float));
+        ok = ok && *p[i];
+        if (*p[i])
+            memset(*p[i], 0xff, n * sizeof(float));
+    }
+    return ok;
+}
+
+static void chain_free(struct chain_bufs *c)
+{
+    float *p[] = {c->res, c->xn, c->y, c->hb, c->hb2, c->q, c->k, c->v, c->xn2};
+    for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
+        free(p[i]);
+}
+
+/* A layer's products after its attention, then the next layer's Q/K/V and,
+ * after one more down projection, a plain RMSNorm of the residual stream:
+ * x += att Wo; gate/up of rmsnorm(x), SwiGLU; x += hb Wdown; q/k/v of
+ * rmsnorm(x); x += hb Wdown; rmsnorm(x). With fused = 0 as the ops one
+ * after another (forward.c's way without a product op). */
+static void run_chain(const struct backend_ops *op, struct backend *b, const struct model_layer *ly,
+                      const float *att, struct chain_bufs *c, int64_t T, int fused)
+{
+    const struct backend_product p[] = {
+        {.x = att, .n = 1, .W = {&ly->wo}, .y = {c->y}, .then = BACKEND_THEN_ADD, .res = c->res},
+        {.x = c->res,
+         .norm = &ly->ffn_norm,
+         .xn = c->xn,
+         .n = 2,
+         .W = {&ly->w_gate, &ly->w_up},
+         .y = {c->hb, c->hb2},
+         .then = BACKEND_THEN_SWIGLU},
+        {.x = c->hb,
+         .n = 1,
+         .W = {&ly->w_down},
+         .y = {c->y},
+         .then = BACKEND_THEN_ADD,
+         .res = c->res},
+        {.x = c->res,
+         .norm = &ly->attn_norm,
+         .xn = c->xn,
+         .n = 3,
+         .W = {&ly->wq, &ly->wk, &ly->wv},
+         .y = {c->q, c->k, c->v}},
+        {.x = c->hb,
+         .n = 1,
+         .W = {&ly->w_down},
+         .y = {c->y},
+         .then = BACKEND_THEN_ADD,
+         .res = c->res},
+    };
+    for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) {
+        if (fused) {
+            op->product(b, &p[i], T);
+            continue;
+        }
+        const float *in = p[i].x;
+        if (p[i].norm) {
+            op->rmsnorm(b, p[i].x, p[i].norm, p[i].xn, T);
+            in = p[i].xn;
+        }
+        for (int w = 0; w < p[i].n; w++)
+            op->matmul(b, p[i].W[w], in, p[i].y[w], T);
+        if (p[i].then == BACKEND_THEN_SWIGLU)
+            op->swiglu(b, p[i].y[0], p[i].y[1], T);
+        else if (p[i].then == BACKEND_THEN_ADD)
+            op->add(b, p[i].res, p[i].y[0], T);
+    }
+    op->rmsnorm(b, c->res, &ly->attn_norm, c->xn2, T);
+}
+
+TEST(a_chain_of_products_is_the_separate_ops_bit_for_bit)
+{
+    struct rig r;
+    char err[256];
+    TEST_NEED_MODEL();
+    if (rig_open(&r, err, sizeof err) < 0) {
+        rig_close(&r);
+        FAIL_AT("cannot open the model and backend: %s", err);
+    }
+    const struct backend_ops *op = r.b.ops;
+    const int64_t D = r.m.hp.n_embd, F = r.m.hp.n_ff;
+    const size_t big = (size_t)T_MAX * (size_t)(F > D ? F : D);
+    struct chain_bufs want = {0}, got = {0};
+    int ok = chain_alloc(&want, big) && chain_alloc(&got, big);
+    /* T = 1, 8: the adds and SwiGLU folded into the products; 20, 32, 40:
+     * left to the next product or op */
+    static const int Ts[] = {1, 8, 20, 32, 40};
+    char what[160] = "";
+    for (size_t ti = 0; ok && ti < sizeof Ts / sizeof Ts[0]; ti++) {
+        const int64_t T = Ts[ti];
+        for (int l = 0; ok && l < r.m.hp.n_layer; l += r.m.hp.n_layer - 1) {
+            const struct model_layer *ly = &r.m.w.layers[l];
+            uint64_t g = 91 + (uint64_t)l;
+            for (int64_t i = 0; i < T * D; i++) /* the residual stream before the layer */
+                want.res[i] = got.res[i] = (float)(2.0 * test_rng_unit(&g) - 1.0);
+            run_chain(op, &r.b, ly, r.x, &want, T, 0);
+            run_chain(op, &r.b, ly, r.x, &got, T, 1);
+            ASSERT(op->sync(&r.b) == 0);
+            const struct {
+                const char *name;
+                const float *w, *g;
+                int64_t n;
+            } out[] = {
+                {"residual stream", want.res, got.res, T * D},
+                {"normed input", want.xn, got.xn, T * D},
+                {"down projection", want.y, got.y, T * D},
+                {"SwiGLU", want.hb, got.hb, T * F},
+                {"q", want.q, got.q, T * ly->wq.ne1},
+                {"k", want.k, got.k, T * ly->wk.ne1},
+                {"v", want.v, got.v, T * ly->wv.ne1},
+                {"final RMSNorm", want.xn2, got.xn2, T * D},
+            };
+            for (size_t o = 0; ok && o < sizeof out / sizeof out[0]; o++)
+                if (memcmp(out[o].w, out[o].g, (size_t)out[o].n * sizeof(float)) != 0) {
+                    ok = 0;
+                    snprintf(what, sizeof what, "layer %d T=%lld: the %s differs", l, (long long)T,
+                             out[o].name);
+                }
+        }
+    }
+    chain_free(&want);
+    chain_free(&got);
+    rig_close(&r);
+    if (!ok)
+        FAIL_AT("%s", what[0] ? what : "out of memory");
 }
 
 TEST_MAIN()

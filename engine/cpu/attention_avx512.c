@@ -6,6 +6,7 @@
 
 #include "attention.h"
 #include "simd_avx2.h"
+#include "simd_avx512.h"
 
 /* lanes 0..n-1 of 16 */
 static inline __mmask16 mask16(int n)
@@ -328,32 +329,8 @@ void cpu__attn_accum_kv_avx512(float *const *acc, int nr, const float *w, int64_
     }
 }
 
-/* cpu_exp256 (simd_avx2.h) on 16 lanes: the same operations per lane, so the
- * same bits per lane (cpu__attn_exp_sub_avx2 zeroes the same lanes too:
- * those below -87, not NaN ones). */
-static inline __m512 exp512(__m512 x)
-{
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
-    __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(k, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.0f / 720);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    __m512i ki = _mm512_cvtps_epi32(k);
-    __m512i k1 = _mm512_srai_epi32(ki, 1), k2 = _mm512_sub_epi32(ki, k1);
-    __m512 e1 =
-        _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(k1, _mm512_set1_epi32(127)), 23));
-    __m512 e2 =
-        _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(k2, _mm512_set1_epi32(127)), 23));
-    return _mm512_mul_ps(_mm512_mul_ps(p, e1), e2);
-}
-
+/* cpu__attn_exp_sub_avx2 on 16 lanes (cpu_exp512 is cpu_exp256's steps):
+ * the same bits, and the same lanes zeroed (those below -87, not NaN ones). */
 float cpu__attn_exp_sub_avx512(float *w, const float *z, float m, int n)
 {
     const __m512 vm = _mm512_set1_ps(m), lo = _mm512_set1_ps(-87.0f);
@@ -363,7 +340,7 @@ float cpu__attn_exp_sub_avx512(float *w, const float *z, float m, int n)
         const __mmask16 k = mask16(n - i < 16 ? n - i : 16);
         __m512 x = _mm512_sub_ps(_mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), k, z + i), vm);
         /* e^x for x <= 0; below -87 it is 0 */
-        __m512 e = _mm512_maskz_mov_ps(~_mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ), exp512(x));
+        __m512 e = _mm512_maskz_mov_ps(~_mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ), cpu_exp512(x));
         acc = _mm512_add_ps(acc, e);
         _mm512_mask_storeu_ps(w + i, k, e);
     }

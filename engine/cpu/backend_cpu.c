@@ -981,6 +981,10 @@ static void cpu_attention(struct backend *b, int layer, const float *q, const fl
 
 static void swiglu_span(const struct cpu_ctx *c, float *hb, const float *hb2, int64_t n)
 {
+    if (c->isa >= CPU_ISA_AVX512) {
+        cpu__swiglu_avx512(hb, hb2, n);
+        return;
+    }
     if (c->isa >= CPU_ISA_AVX2) {
         cpu__swiglu_avx2(hb, hb2, n);
         return;

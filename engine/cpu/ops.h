@@ -1,7 +1,8 @@
 /*
  * ops.h: element-wise kernels of the CPU backend (SwiGLU, RoPE, f32 -> f16 rows,
- * f32 -> Q8_0 rows),
- * AVX2 forms chosen at run time by backend_cpu.c. Internal to engine/cpu.
+ * f32 -> Q8_0 rows, RMSNorm's sums and scaling, the residual add), AVX2 (and
+ * for SwiGLU AVX-512) forms chosen at run time by backend_cpu.c. Internal to
+ * engine/cpu.
  */
 #ifndef SS_CPU_OPS_H
 #define SS_CPU_OPS_H
@@ -13,6 +14,9 @@
  * value, the last few of a span too, goes through the same vector steps, so
  * its result does not depend on n or on where the span starts. */
 void cpu__swiglu_avx2(float *hb, const float *hb2, int64_t n);
+/* cpu__swiglu_avx2 sixteen values at a time (AVX-512 F): the same steps per
+ * value, so the same bits. */
+void cpu__swiglu_avx512(float *hb, const float *hb2, int64_t n);
 /* rope_apply (rope.h, the adjacent-pair layout) with AVX2: the same bits. */
 void cpu__rope_apply_avx2(float *x, int n_head, int head_dim, int rope_dim, const float *cs);
 /* dst[i] = src[i] rounded to f16, to nearest even (F16C): the same bits as

@@ -3,12 +3,11 @@
  * against their scalar forms: SwiGLU with the C library's expf (relative
  * tolerance: the vector e^x is within 2e-7 relative, one division and two
  * products add a few ulps: 1e-6) and each value's result independent of the
- * span it is in, the RoPE rotation against rope_apply bit for bit, the F16C
- * row conversion against
- * quant_f32_to_f16 bit for bit (every rounding case: ties, subnormals,
- * overflow, infinities), the Q8_0 row quantizer of the 8-bit KV store
- * against quant_quantize_row byte for byte, and RMSNorm's sum of squares,
- * its scaling and the residual add against their scalar loops bit for bit.
+ * span it is in, the AVX-512 SwiGLU against the AVX2 one bit for bit, the RoPE rotation against
+ * rope_apply bit for bit, the F16C row conversion against quant_f32_to_f16 bit for bit (every
+ * rounding case: ties, subnormals, overflow, infinities), the Q8_0 row quantizer of the 8-bit KV
+ * store against quant_quantize_row byte for byte, and RMSNorm's sum of squares, its scaling and the
+ * residual add against their scalar loops bit for bit.
  */
 #include <math.h>
 #include <stdint.h>
@@ -70,6 +69,37 @@ TEST(swiglu_values_do_not_depend_on_the_span)
                 FAIL_AT("[%d] shift %d: %.9g in short spans, %.9g in one", i, shift, part[i],
                         whole[i]);
     }
+}
+
+/* The AVX-512 SwiGLU is the AVX2 kernel's arithmetic sixteen values at a
+ * time: the same bits for every value (the exponential's clamps, zeros,
+ * infinities and NaN gates included), in one span or in short ones. */
+TEST(swiglu_avx512_is_the_avx2_kernel_bit_for_bit)
+{
+    if (cpu_isa_best() < CPU_ISA_AVX512)
+        TEST_SKIP("no AVX-512");
+    static float g[N], u[N], want[N], got[N];
+    uint64_t s = 13;
+    const float special[] = {0.0f,  -0.0f,  87.0f,    -87.0f,    88.5f, -88.5f,
+                             1e30f, -1e30f, INFINITY, -INFINITY, NAN,   1e-40f};
+    for (int i = 0; i < N; i++) {
+        g[i] = i < 12 ? special[i] : (float)test_rng_normal(&s) * 8.0f;
+        u[i] = test_rng_sym(&s) * 3.0f;
+    }
+    memcpy(want, g, sizeof want);
+    cpu__swiglu_avx2(want, u, N);
+    memcpy(got, g, sizeof got);
+    cpu__swiglu_avx512(got, u, N);
+    for (int i = 0; i < N; i++)
+        if (memcmp(&got[i], &want[i], sizeof(float)) != 0)
+            FAIL_AT("[%d] gate %.9g: %.9g vs the AVX2 kernel's %.9g", i, g[i], got[i], want[i]);
+    /* spans of 1 .. 37 values */
+    memcpy(got, g, sizeof got);
+    for (int i = 0, len = 1; i < N; i += len, len = len % 37 + 1)
+        cpu__swiglu_avx512(got + i, u + i, i + len <= N ? len : N - i);
+    for (int i = 0; i < N; i++)
+        if (memcmp(&got[i], &want[i], sizeof(float)) != 0)
+            FAIL_AT("[%d] gate %.9g in short spans: %.9g vs %.9g", i, g[i], got[i], want[i]);
 }
 
 /* The AVX2 rotation is rope_apply's arithmetic, bit for bit: heads of 64 and

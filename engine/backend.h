@@ -153,6 +153,10 @@ struct backend_ops {
      * over the rows where the backend can. NULL where a backend has no such
      * op (forward.c then makes those calls). */
     void (*product)(struct backend *b, const struct backend_product *p, int64_t rows);
+    /* rope, then kv_store, as one op: the values of the two calls, bit for
+     * bit. NULL where a backend has no such op (forward.c then makes the two
+     * calls). */
+    void (*rope_store)(struct backend *b, int layer, float *q, float *qc, float *k, const float *v);
 };
 
 struct backend {

@@ -192,8 +192,12 @@ static void attend(struct fwd *f, int l, int64_t T, int inline_obs)
     struct backend *b = f->b;
     struct backend_acts *a = &b->acts;
 
-    op->rope(b, l, a->q, a->qc, a->k); /* q, qc, k rotated */
-    op->kv_store(b, l, a->k, a->v);    /* into each token's cell */
+    if (op->rope_store) { /* the same two ops as one */
+        op->rope_store(b, l, a->q, a->qc, a->k, a->v);
+    } else {
+        op->rope(b, l, a->q, a->qc, a->k); /* q, qc, k rotated */
+        op->kv_store(b, l, a->k, a->v);    /* into each token's cell */
+    }
     op->attention(b, l, a->q, a->qc, ly->attn_sinks, hp->normalizer, a->att,
                   f->first ? f->first + (size_t)l * (size_t)T * hp->n_head * BACKEND_PROBE_K
                            : NULL);

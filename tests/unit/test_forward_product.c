@@ -10,7 +10,8 @@
  * of one token, with a window small enough that the cache wraps. On the
  * default model (its Q4_1 and Q8_0 weights, repacked where the CPU has VNNI)
  * and on the tiny random model (F32 and Q8_0 weights), with f16 and q8_0
- * K/V.
+ * K/V. The same for rope_store (RoPE and the K/V store as one op) against
+ * rope and kv_store.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -24,9 +25,12 @@
 
 enum { N_TOK = 72 };
 
-/* Feeds the same tokens to a rig with the product op and to one without;
+/* Which fused op the second rig goes without. */
+enum fused { FUSED_PRODUCT, FUSED_ROPE_STORE };
+
+/* Feeds the same tokens to a rig with the fused op and to one without;
  * returns the first token whose logits differ, or -1. */
-static int64_t compare(const struct model *m, enum kv_dtype dtype)
+static int64_t compare(const struct model *m, enum kv_dtype dtype, enum fused without)
 {
     struct tiny_rig a, b;
     const struct tiny_rig_config rc = {
@@ -39,7 +43,10 @@ static int64_t compare(const struct model *m, enum kv_dtype dtype)
     }
     struct backend_ops ops = *b.b.ops; /* the same backend without the fused op */
     const struct backend_ops *real = b.b.ops;
-    ops.product = NULL;
+    if (without == FUSED_PRODUCT)
+        ops.product = NULL;
+    else
+        ops.rope_store = NULL;
     b.b.ops = &ops;
 
     const int64_t V = m->hp.n_vocab;
@@ -70,37 +77,48 @@ static int64_t compare(const struct model *m, enum kv_dtype dtype)
     return bad;
 }
 
-TEST(the_default_models_forward_pass_is_the_same_with_and_without_the_fused_product)
+/* Each fused op against the ops it stands for: product (with f16 and q8_0
+ * K/V) and rope_store (RoPE and the K/V store in one pool run, tokens split
+ * across parts at the 40-token chunk; with every K/V type). */
+TEST(the_default_models_forward_pass_is_the_same_with_and_without_each_fused_op)
 {
     TEST_NEED_MODEL();
     struct model m;
     char err[256];
     if (model_load(&m, test_model_path(), err, sizeof err) < 0)
         FAIL_AT("cannot load the model: %s", err);
-    const enum kv_dtype dt[] = {KV_DTYPE_F16, KV_DTYPE_Q8_0};
-    for (size_t i = 0; i < sizeof dt / sizeof dt[0]; i++) {
-        int64_t bad = compare(&m, dt[i]);
+    const struct {
+        enum fused without;
+        enum kv_dtype dt;
+    } runs[] = {{FUSED_PRODUCT, KV_DTYPE_F16},
+                {FUSED_PRODUCT, KV_DTYPE_Q8_0},
+                {FUSED_ROPE_STORE, KV_DTYPE_F16},
+                {FUSED_ROPE_STORE, KV_DTYPE_Q8_0},
+                {FUSED_ROPE_STORE, KV_DTYPE_F32}};
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        int64_t bad = compare(&m, runs[i].dt, runs[i].without);
         if (bad != -1) {
             model_free(&m);
-            FAIL_AT("kv dtype %zu: %s %lld", i,
-                    bad == -2 ? "setup failed" : "logits differ at token", (long long)bad);
+            FAIL_AT("run %zu (fused op %d, kv dtype %d): %s %lld", i, (int)runs[i].without,
+                    (int)runs[i].dt, bad == -2 ? "setup failed" : "logits differ at token",
+                    (long long)bad);
         }
     }
     model_free(&m);
 }
 
-TEST(the_tiny_models_forward_pass_is_the_same_with_and_without_the_fused_product)
+TEST(the_tiny_models_forward_pass_is_the_same_with_and_without_each_fused_op)
 {
     const enum qtype wt[] = {QTYPE_F32, QTYPE_Q8_0};
-    for (size_t i = 0; i < sizeof wt / sizeof wt[0]; i++) {
+    for (size_t i = 0; i < 2 * sizeof wt / sizeof wt[0]; i++) {
         struct tiny_config tc = tiny_config_default();
-        tc.wtype = wt[i];
+        tc.wtype = wt[i / 2];
         struct tiny_model tm;
         ASSERT_OK(tiny_model_init(&tm, &tc));
-        int64_t bad = compare(&tm.m, KV_DTYPE_F16);
+        int64_t bad = compare(&tm.m, KV_DTYPE_F16, i % 2 ? FUSED_ROPE_STORE : FUSED_PRODUCT);
         tiny_model_free(&tm);
         if (bad != -1)
-            FAIL_AT("weights %zu: %s %lld", i,
+            FAIL_AT("weights %zu, fused op %zu: %s %lld", i / 2, i % 2,
                     bad == -2 ? "setup failed" : "logits differ at token", (long long)bad);
     }
 }

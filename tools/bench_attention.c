@@ -95,7 +95,7 @@ static void pass(const struct attn_kernels *kr, const char *k, const char *v, in
                             (struct attn_row){q + h * DH, q + h * DH,     W,
                                               st + h,     st + GROUP + h, st + 2 * GROUP + h * DH};
                     cpu_attention_span_rows(kr, GROUP, rows, &keys, b * BLOCK, (b + 1) * BLOCK,
-                                            scale, 0);
+                                            scale, 0, NULL);
                 }
                 for (int h = 0; h < GROUP; h++) {
                     float m[ATTN_MAX_BLOCKS], lsum[ATTN_MAX_BLOCKS];

@@ -203,6 +203,10 @@ void cpu_attention_row(const struct attn_kernels *kr, const float *q, const floa
  * rescale per tile (if the max moved) and the exponentials as a vector. */
 #define ATTN_TILE 32
 #define ATTN_MAX_DH 256
+/* Lines of the next task's K (and as many of V) asked for after each tile
+ * (struct attn_ahead): a decode task of 80 keys has three tiles, and 64
+ * lines after each spread most of its 160 lines of K over them. */
+#define ATTN_AHEAD_PER_TILE 64
 
 /* Cell of visit index v: (run, cell) through the runs; *left = the cells
  * left in that run from v on. */
@@ -238,23 +242,34 @@ static void prefetch_tile(const struct attn_keys *keys, int64_t v, int64_t last)
     }
 }
 
-void cpu_attention_prefetch(const struct attn_keys *keys, int64_t v0, int64_t v1)
+void cpu_attention_ahead_init(struct attn_ahead *a, const struct attn_keys *keys, int64_t v0,
+                              int64_t v1)
 {
-    const size_t rb = attn_row_bytes(keys->fmt, keys->head_dim);
     const int64_t n = keys->run_len[0] + keys->run_len[1] + keys->run_len[2];
-    if (v1 > n)
-        v1 = n; /* visit_cell takes only the indices keys has */
-    for (int64_t v = v0; v < v1;) {
-        int run;
-        int64_t left, c = visit_cell(keys, v, &run, &left);
-        const int64_t cnt = left < v1 - v ? left : v1 - v;
-        const size_t o0 = (size_t)c * rb;
-        for (size_t o = 0; o < (size_t)cnt * rb; o += 64) {
-            __builtin_prefetch((const char *)keys->k + o0 + o, 0, 2); /* into L2 */
-            __builtin_prefetch((const char *)keys->v + o0 + o, 0, 2);
+    *a = (struct attn_ahead){.keys = *keys, .v = v0, .v1 = v1 < n ? v1 : n};
+}
+
+int64_t cpu_attention_ahead_issue(struct attn_ahead *a, int64_t n)
+{
+    int64_t issued = 0;
+    if (!a)
+        return 0;
+    const size_t rb = attn_row_bytes(a->keys.fmt, a->keys.head_dim);
+    while (n != 0 && a->v < a->v1) {
+        int run; /* visit_cell takes only the indices keys has: v < v1 <= n */
+        int64_t left, c = visit_cell(&a->keys, a->v, &run, &left);
+        const int64_t cnt = left < a->v1 - a->v ? left : a->v1 - a->v;
+        const size_t o0 = (size_t)c * rb, bytes = (size_t)cnt * rb;
+        for (; n != 0 && a->off < bytes; a->off += 64, n--, issued++) {
+            __builtin_prefetch((const char *)a->keys.k + o0 + a->off, 0, 2); /* into L2 */
+            __builtin_prefetch((const char *)a->keys.v + o0 + a->off, 0, 2);
         }
-        v += cnt;
+        if (a->off >= bytes) {
+            a->v += cnt;
+            a->off = 0;
+        }
     }
+    return issued;
 }
 
 /* One online-softmax step of a row over its scores z[0, nt) of a tile:
@@ -287,13 +302,14 @@ static void row_weights(const struct attn_kernels *kr, const struct attn_row *ro
  * step's query heads of one kv head) over f16 or Q8_0 K/V, with the
  * in-place kernels: each K and V row is read once per tile for all rows,
  * converted in registers. Same tiles, same per-row arithmetic, same bits.
- * No software prefetch: the keys and values of a span are two sequential
- * streams, which the hardware prefetchers follow, and a burst of prefetches
- * for the next tile made a 4,096-key decode 1.5x slower on a Zen 4 core
- * (docs/benchmarks.md). */
+ * No software prefetch of its own tiles: the keys and values of a span are
+ * two sequential streams, which the hardware prefetchers follow, and a
+ * burst of prefetches for the next tile made a 4,096-key decode 1.5x slower
+ * on a Zen 4 core (docs/benchmarks.md). The next task's rows (ahead) are
+ * asked for a dose after each tile. */
 static void span_rows_inplace(const struct attn_kernels *kr, int nr, const struct attn_row *rows,
                               const struct attn_keys *keys, int64_t v0, int64_t last, float scale,
-                              int softpick)
+                              int softpick, struct attn_ahead *ahead)
 {
     const int n = keys->head_dim, fmt = keys->fmt;
     const size_t rb = attn_row_bytes(fmt, n);
@@ -337,6 +353,7 @@ static void span_rows_inplace(const struct attn_kernels *kr, int nr, const struc
         for (int r = 0; r < nr; r++)
             row_weights(kr, &rows[r], z + r * ATTN_TILE, w + r * ATTN_TILE, nt, bm[r], n, softpick);
         kr->accum_kv(accs, nr, w, ATTN_TILE, vp, nt, n, fmt);
+        cpu_attention_ahead_issue(ahead, ATTN_AHEAD_PER_TILE);
         t0 = t1;
     }
 }
@@ -345,7 +362,7 @@ static void span_rows_inplace(const struct attn_kernels *kr, int nr, const struc
  * converted once for all rows; rows may see different prefixes. */
 static void span_rows_tiled(const struct attn_kernels *kr, int nr, const struct attn_row *rows,
                             const struct attn_keys *keys, int64_t v0, int64_t last, float scale,
-                            int softpick)
+                            int softpick, struct attn_ahead *ahead)
 {
     const int n = keys->head_dim;
     const size_t rb = attn_row_bytes(keys->fmt, n);
@@ -397,13 +414,14 @@ static void span_rows_tiled(const struct attn_kernels *kr, int nr, const struct 
             row_weights(kr, row, z, w, ntr, bm, n, softpick);
             kr->accum(row->acc, w, vf, ntr, n);
         }
+        cpu_attention_ahead_issue(ahead, ATTN_AHEAD_PER_TILE);
         t0 = t1;
     }
 }
 
 void cpu_attention_span_rows(const struct attn_kernels *kr, int nr, const struct attn_row *rows,
                              const struct attn_keys *keys, int64_t v0, int64_t v1, float scale,
-                             int softpick)
+                             int softpick, struct attn_ahead *ahead)
 {
     int64_t last = v0; /* the furthest visit index any row sees */
     int same_end = 1;
@@ -417,9 +435,9 @@ void cpu_attention_span_rows(const struct attn_kernels *kr, int nr, const struct
         same_end &= rows[r].end == rows[0].end;
     }
     if (keys->fmt != ATTN_F32 && kr->scores_kv && same_end)
-        span_rows_inplace(kr, nr, rows, keys, v0, last, scale, softpick);
+        span_rows_inplace(kr, nr, rows, keys, v0, last, scale, softpick, ahead);
     else
-        span_rows_tiled(kr, nr, rows, keys, v0, last, scale, softpick);
+        span_rows_tiled(kr, nr, rows, keys, v0, last, scale, softpick, ahead);
     for (int r = 0; r < nr; r++)
         if (rows[r].end <= v0 || v1 <= v0)
             *rows[r].m = -INFINITY; /* no keys here: merge skips the span */
@@ -436,7 +454,7 @@ void cpu_attention_span(const struct attn_kernels *kr, int nq, const float *q, c
         rows[h] = (struct attn_row){
             q + (size_t)h * (size_t)n,  qc + (size_t)h * (size_t)n, v1, m + h, l + h,
             acc + (size_t)h * (size_t)n};
-    cpu_attention_span_rows(kr, nq, rows, keys, v0, v1, scale, softpick);
+    cpu_attention_span_rows(kr, nq, rows, keys, v0, v1, scale, softpick, NULL);
 }
 
 void cpu_attention_merge(const struct attn_kernels *kr, int n, const float *m, const float *l,

@@ -141,12 +141,25 @@ struct attn_row {
 };
 #define ATTN_MAX_ROWS 64
 
-/* Starts loading into L2 the K and V rows of visit indices [v0, v1) (those
- * of them keys has): the cells a later span will read. */
-void cpu_attention_prefetch(const struct attn_keys *keys, int64_t v0, int64_t v1);
+/* The K and V rows of visit indices [v, v1) of keys (those of them keys
+ * has), the cells a later span will read, to be loaded into L2 a few lines
+ * at a time while other work runs: a burst of a few hundred prefetches
+ * holds the core until line-fill buffers free up. */
+struct attn_ahead {
+    struct attn_keys keys;
+    int64_t v, v1;
+    size_t off; /* bytes of v's run already asked for */
+};
+void cpu_attention_ahead_init(struct attn_ahead *a, const struct attn_keys *keys, int64_t v0,
+                              int64_t v1);
+/* Asks for up to n more lines of K (each with the V line at the same
+ * offset); n < 0: all that are left. Returns how many it asked for (a NULL
+ * a: none). */
+int64_t cpu_attention_ahead_issue(struct attn_ahead *a, int64_t n);
+/* ahead: NULL, or rows to load a dose of after each tile (the next task's) */
 void cpu_attention_span_rows(const struct attn_kernels *kr, int nr, const struct attn_row *rows,
                              const struct attn_keys *keys, int64_t v0, int64_t v1, float scale,
-                             int softpick);
+                             int softpick, struct attn_ahead *ahead);
 /* Merges n partial states of one head (m[i], l[i], acc + i * acc_stride) with
  * the sink term of the normalizer (logit sink, value sink_v as in
  * cpu_attention_row) and writes the normalized output (Dh). */

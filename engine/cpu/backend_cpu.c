@@ -27,6 +27,7 @@
 #define ATTN_KEY_BLOCK 256     /* keys per attention task (fixed: batch-invariant) */
 #define ATTN_GROUP_TOKENS 16   /* tokens of one sequence scored together in a task */
 #define ATTN_PREFETCH_KEYS 128 /* keys of the next attention task loaded ahead */
+#define ATTN_AHEAD_FIRST 16    /* lines of them asked for before the task's own work */
 
 /* A weight matrix repacked at load for the kernel (cpu_pack_rows), keyed by
  * the data pointer of the model's tensor. */
@@ -935,15 +936,20 @@ static void attention_task(void *arg, int ith, int nth)
     const int64_t i0 = n_tasks * ith / nth, i1 = n_tasks * (ith + 1) / nth;
     struct attn_row rows[ATTN_MAX_ROWS];
     struct attn_task cur = i0 < i1 ? attention_task_at(c, j->layer, i0) : (struct attn_task){0};
+    struct attn_ahead ahead;
     for (int64_t i = i0; i < i1; i++) {
         /* the next task's first keys start coming into L2 while this one
          * runs: at 8 or more streams a decode task's span of a few pages of
-         * K and V comes from memory (docs/benchmarks.md has what this gave) */
+         * K and V comes from memory (docs/benchmarks.md has what this gave).
+         * A few lines now, a dose after each of this task's tiles, the rest
+         * when it is done. */
         const struct attn_task next =
             i + 1 < i1 ? attention_task_at(c, j->layer, i + 1) : (struct attn_task){0};
-        if (next.live)
-            cpu_attention_prefetch(&next.keys, next.blk * ATTN_KEY_BLOCK,
-                                   next.blk * ATTN_KEY_BLOCK + ATTN_PREFETCH_KEYS);
+        if (next.live) {
+            cpu_attention_ahead_init(&ahead, &next.keys, next.blk * ATTN_KEY_BLOCK,
+                                     next.blk * ATTN_KEY_BLOCK + ATTN_PREFETCH_KEYS);
+            cpu_attention_ahead_issue(&ahead, ATTN_AHEAD_FIRST);
+        }
         if (cur.live) {
             const int g = cur.g;
             int nr = 0;
@@ -962,7 +968,7 @@ static void attention_task(void *arg, int ith, int nth)
             }
             const int64_t v0 = cur.blk * ATTN_KEY_BLOCK;
             cpu_attention_span_rows(&c->akr, nr, rows, &cur.keys, v0, v0 + ATTN_KEY_BLOCK, scale,
-                                    j->norm == MODEL_NORM_SOFTPICK);
+                                    j->norm == MODEL_NORM_SOFTPICK, next.live ? &ahead : NULL);
             /* the task holds all of its rows' keys: merge them here (the
              * merge run's own call), and the step has one run fewer */
             if (j->merge_in_task)
@@ -970,6 +976,8 @@ static void attention_task(void *arg, int ith, int nth)
                     for (int k = 0; k < G; k++)
                         attention_merge_row(j, t, g * G + k);
         }
+        if (next.live)
+            cpu_attention_ahead_issue(&ahead, -1);
         cur = next;
     }
 }

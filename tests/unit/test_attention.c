@@ -267,7 +267,7 @@ static double run_shape(const struct shape *sh, uint64_t seed, int *failed)
                                                          &g_l[nr][b],
                                                          g_acc[nr][b]};
                     cpu_attention_span_rows(&kr[ki], nr, rows, &kl, (int64_t)b * BLOCK,
-                                            (int64_t)(b + 1) * BLOCK, scale, softpick);
+                                            (int64_t)(b + 1) * BLOCK, scale, softpick, NULL);
                     /* each token alone, as decoding it: its own keys and
                      * block end, all its heads in one call */
                     for (int t = 0; t < sh->ntok; t++) {
@@ -586,6 +586,60 @@ TEST(q8_0_rows_through_dot_and_axpy_and_non_finite_input)
                                   * reads as 0 (f16 would keep it) */
         if (j != 3 && !(fabsf(deq[j] - x[j]) <= tol))
             FAIL_AT("q8_0 value %d next to a NaN: %.6f stored as %.6f", j, x[j], deq[j]);
+}
+
+/* The next task's rows asked for in doses (struct attn_ahead): every line of
+ * K of visit indices [v0, v1) once, run by run (sinks, then a window that
+ * wraps), whatever the doses, and none past the keys there are. */
+TEST(rows_loaded_ahead_in_doses_cover_each_line_once)
+{
+    struct attn_keys k = {0};
+    static char kbuf[1 << 16], vbuf[1 << 16];
+    k.k = kbuf;
+    k.v = vbuf;
+    k.head_dim = 64;
+    const int fmts[] = {ATTN_F16, ATTN_F32, ATTN_Q8_0};
+    const int64_t runs[][3] = {{4, 50, 30}, {0, 81, 0}, {3, 1, 77}};
+    const int64_t ranges[][2] = {{0, 84}, {2, 70}, {50, 200}, {80, 81}, {5, 5}};
+    for (size_t fi = 0; fi < sizeof fmts / sizeof fmts[0]; fi++)
+        for (size_t ri = 0; ri < sizeof runs / sizeof runs[0]; ri++)
+            for (size_t gi = 0; gi < sizeof ranges / sizeof ranges[0]; gi++) {
+                k.fmt = fmts[fi];
+                int64_t start = 0;
+                for (int r = 0; r < 3; r++) { /* runs in separate places, as a ring's */
+                    k.run_start[r] = 100 * r + 7;
+                    k.run_len[r] = runs[ri][r];
+                }
+                const size_t rb = attn_row_bytes(k.fmt, k.head_dim);
+                const int64_t n = runs[ri][0] + runs[ri][1] + runs[ri][2];
+                const int64_t v0 = ranges[gi][0], v1 = ranges[gi][1] < n ? ranges[gi][1] : n;
+                /* the lines each run's part of [v0, v1) spans, run by run */
+                int64_t want = 0;
+                for (int r = 0; r < 3; r++) {
+                    const int64_t lo = v0 > start ? v0 : start;
+                    const int64_t hi = v1 < start + k.run_len[r] ? v1 : start + k.run_len[r];
+                    if (hi > lo)
+                        want += (int64_t)(((size_t)(hi - lo) * rb + 63) / 64);
+                    start += k.run_len[r];
+                }
+                for (int dose = 1; dose <= 65; dose += 16) {
+                    struct attn_ahead a;
+                    cpu_attention_ahead_init(&a, &k, v0, ranges[gi][1]);
+                    int64_t got = 0, d;
+                    while ((d = cpu_attention_ahead_issue(&a, dose)) > 0) {
+                        if (d > dose)
+                            FAIL_AT("a dose of %d asked for %lld lines", dose, (long long)d);
+                        got += d;
+                    }
+                    got += cpu_attention_ahead_issue(&a, -1);
+                    if (got != want || a.v < v1)
+                        FAIL_AT("fmt %d runs %zu range %zu dose %d: %lld lines (want %lld), at "
+                                "visit index %lld of %lld",
+                                k.fmt, ri, gi, dose, (long long)got, (long long)want,
+                                (long long)a.v, (long long)v1);
+                }
+            }
+    ASSERT(cpu_attention_ahead_issue(NULL, -1) == 0);
 }
 
 TEST_MAIN()

@@ -203,9 +203,10 @@ void cpu_attention_row(const struct attn_kernels *kr, const float *q, const floa
  * rescale per tile (if the max moved) and the exponentials as a vector. */
 #define ATTN_TILE 32
 #define ATTN_MAX_DH 256
-/* Lines of the next task's K (and as many of V) asked for after each tile
- * (struct attn_ahead): a decode task of 80 keys has three tiles, and 64
- * lines after each spread most of its 160 lines of K over them. */
+/* Lines of the next task's K (and as many of V) asked for in each tile
+ * (struct attn_ahead), half after the scores and half after the weighted
+ * sums: a decode task of 80 keys has three tiles, and 64 lines in each
+ * spread most of its 160 lines of K over them. */
 #define ATTN_AHEAD_PER_TILE 64
 
 /* Cell of visit index v: (run, cell) through the runs; *left = the cells
@@ -350,10 +351,11 @@ static void span_rows_inplace(const struct attn_kernels *kr, int nr, const struc
             for (int r = 0; r < nr; r++)
                 bm[r] = b2[r] > bm[r] ? b2[r] : bm[r];
         }
+        cpu_attention_ahead_issue(ahead, ATTN_AHEAD_PER_TILE / 2);
         for (int r = 0; r < nr; r++)
             row_weights(kr, &rows[r], z + r * ATTN_TILE, w + r * ATTN_TILE, nt, bm[r], n, softpick);
         kr->accum_kv(accs, nr, w, ATTN_TILE, vp, nt, n, fmt);
-        cpu_attention_ahead_issue(ahead, ATTN_AHEAD_PER_TILE);
+        cpu_attention_ahead_issue(ahead, ATTN_AHEAD_PER_TILE / 2);
         t0 = t1;
     }
 }

@@ -206,7 +206,7 @@ void cpu_attention_row(const struct attn_kernels *kr, const float *q, const floa
 /* Lines of the next task's K (and as many of V) asked for in each tile
  * (struct attn_ahead), half after the scores and half after the weighted
  * sums: a decode task of 80 keys has three tiles, and 64 lines in each
- * spread most of its 160 lines of K over them. */
+ * spread all of its 160 lines of K over them. */
 #define ATTN_AHEAD_PER_TILE 64
 
 /* Cell of visit index v: (run, cell) through the runs; *left = the cells

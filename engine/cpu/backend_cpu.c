@@ -1121,17 +1121,6 @@ static void cpu_add(struct backend *b, float *x, const float *y, int64_t rows)
     ew_run(b->ctx, add_task, &j);
 }
 
-/* backend_ops.product: where the products share one prepared input, one
- * preparation run (each row's RMSNorm first) and one run of the products,
- * each part finishing the outputs it made (SwiGLU on a gate block and the up
- * block of the same rows, or the residual add); else the ops one by one.
- * At batch sizes where that SwiGLU or add would be a pool run of its own,
- * it is deferred instead (struct deferred): the next product whose input it
- * makes does it row by row in its preparation run, before the RMSNorm, and
- * any other op does it first (settle). That saves a run and a pass over the
- * rows twice a layer. The values are those of the separate ops, bit for
- * bit: each value's arithmetic is theirs, only where and when it is done
- * differ. */
 /* The deferred op (struct deferred), if any, done now as its own op would
  * do it. Every op but cpu_product (which may take it into its preparation
  * run) starts here, so each sees the values the ops one by one make. */
@@ -1146,6 +1135,17 @@ static void settle(struct backend *b)
         cpu_swiglu(b, d.x, d.y, d.rows);
 }
 
+/* backend_ops.product: where the products share one prepared input, one
+ * preparation run (each row's RMSNorm first) and one run of the products,
+ * each part finishing the outputs it made (SwiGLU on a gate block and the up
+ * block of the same rows, or the residual add); else the ops one by one.
+ * At batch sizes where that SwiGLU or add would be a pool run of its own,
+ * it is deferred instead (struct deferred): the next product whose input it
+ * makes does it row by row in its preparation run, before the RMSNorm, and
+ * any other op does it first (settle). That saves a run and a pass over the
+ * rows twice a layer. The values are those of the separate ops, bit for
+ * bit: each value's arithmetic is theirs, only where and when it is done
+ * differ. */
 static void cpu_product(struct backend *b, const struct backend_product *p, int64_t rows)
 {
     struct cpu_ctx *c = b->ctx;

@@ -155,6 +155,24 @@ TEST(matmul_shared_is_the_separate_products_bit_for_bit)
     rig_close(&r);
 }
 
+/* What a product op stands for: the ops one after another (forward.c's way
+ * without it). */
+static void separate_ops(const struct backend_ops *op, struct backend *b,
+                         const struct backend_product *p, int64_t T)
+{
+    const float *in = p->x;
+    if (p->norm) {
+        op->rmsnorm(b, p->x, p->norm, p->xn, T);
+        in = p->xn;
+    }
+    for (int i = 0; i < p->n; i++)
+        op->matmul(b, p->W[i], in, p->y[i], T);
+    if (p->then == BACKEND_THEN_SWIGLU)
+        op->swiglu(b, p->y[0], p->y[1], T);
+    else if (p->then == BACKEND_THEN_ADD)
+        op->add(b, p->res, p->y[0], T);
+}
+
 /* The four products of a layer as forward.c asks for them, against the
  * separate ops: xb = rmsnorm(x), q/k/v; xb = rmsnorm(x), gate/up, SwiGLU;
  * x += att Wo; x += hb Wdown. */
@@ -215,18 +233,7 @@ TEST(product_is_the_separate_ops_bit_for_bit)
                     got.y[i] = yg[i];
                     memset(yg[i], 0xff, big * sizeof(float));
                 }
-                /* the ops one after another */
-                const float *in = want.x;
-                if (want.norm) {
-                    op->rmsnorm(&r.b, want.x, want.norm, want.xn, T);
-                    in = want.xn;
-                }
-                for (int i = 0; i < want.n; i++)
-                    op->matmul(&r.b, want.W[i], in, want.y[i], T);
-                if (want.then == BACKEND_THEN_SWIGLU)
-                    op->swiglu(&r.b, want.y[0], want.y[1], T);
-                else if (want.then == BACKEND_THEN_ADD)
-                    op->add(&r.b, want.res, want.y[0], T);
+                separate_ops(op, &r.b, &want, T);
                 op->product(&r.b, &got, T);
                 /* the activations are the backend's: read after sync (the CPU
                  * backend may leave a product's add or SwiGLU to the next op) */
@@ -329,21 +336,10 @@ static void run_chain(const struct backend_ops *op, struct backend *b, const str
          .res = c->res},
     };
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) {
-        if (fused) {
+        if (fused)
             op->product(b, &p[i], T);
-            continue;
-        }
-        const float *in = p[i].x;
-        if (p[i].norm) {
-            op->rmsnorm(b, p[i].x, p[i].norm, p[i].xn, T);
-            in = p[i].xn;
-        }
-        for (int w = 0; w < p[i].n; w++)
-            op->matmul(b, p[i].W[w], in, p[i].y[w], T);
-        if (p[i].then == BACKEND_THEN_SWIGLU)
-            op->swiglu(b, p[i].y[0], p[i].y[1], T);
-        else if (p[i].then == BACKEND_THEN_ADD)
-            op->add(b, p[i].res, p[i].y[0], T);
+        else
+            separate_ops(op, b, &p[i], T);
     }
     op->rmsnorm(b, c->res, &ly->attn_norm, c->xn2, T);
 }

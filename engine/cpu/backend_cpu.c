@@ -945,11 +945,13 @@ static void attention_task(void *arg, int ith, int nth)
          * when it is done. */
         const struct attn_task next =
             i + 1 < i1 ? attention_task_at(c, j->layer, i + 1) : (struct attn_task){0};
+        struct attn_ahead *ah = NULL; /* NULL: no next task to load */
         if (next.live) {
             cpu_attention_ahead_init(&ahead, &next.keys, next.blk * ATTN_KEY_BLOCK,
                                      next.blk * ATTN_KEY_BLOCK + ATTN_PREFETCH_KEYS);
-            cpu_attention_ahead_issue(&ahead, ATTN_AHEAD_FIRST);
+            ah = &ahead;
         }
+        cpu_attention_ahead_issue(ah, ATTN_AHEAD_FIRST);
         if (cur.live) {
             const int g = cur.g;
             int nr = 0;
@@ -968,7 +970,7 @@ static void attention_task(void *arg, int ith, int nth)
             }
             const int64_t v0 = cur.blk * ATTN_KEY_BLOCK;
             cpu_attention_span_rows(&c->akr, nr, rows, &cur.keys, v0, v0 + ATTN_KEY_BLOCK, scale,
-                                    j->norm == MODEL_NORM_SOFTPICK, next.live ? &ahead : NULL);
+                                    j->norm == MODEL_NORM_SOFTPICK, ah);
             /* the task holds all of its rows' keys: merge them here (the
              * merge run's own call), and the step has one run fewer */
             if (j->merge_in_task)
@@ -976,8 +978,7 @@ static void attention_task(void *arg, int ith, int nth)
                     for (int k = 0; k < G; k++)
                         attention_merge_row(j, t, g * G + k);
         }
-        if (next.live)
-            cpu_attention_ahead_issue(&ahead, -1);
+        cpu_attention_ahead_issue(ah, -1);
         cur = next;
     }
 }
@@ -1242,14 +1243,12 @@ static void cpu_run_parts(struct backend *b, void (*fn)(void *, int, int), void 
 static int cpu_sync(struct backend *b)
 {
     settle(b);
-    (void)b;
     return 0;
 }
 
 static int cpu_copy(struct backend *b, float *dst, const float *src, int64_t n)
 {
     settle(b);
-    (void)b;
     memcpy(dst, src, (size_t)n * sizeof(float));
     return 0;
 }

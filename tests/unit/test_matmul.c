@@ -654,10 +654,11 @@ TEST(packed_rows_are_bit_identical_to_the_kernel_on_the_rows_as_they_are)
     enum { NMAX = 53, LDY = NMAX + 3, TMAX = 70 };
     static const int64_t ks[] = {32, 96, 576, 1536};
     static const int64_t Ns[] = {53, 48, 16, 7};
-    /* 1: the one-row path; 2 .. 8: one register tile straight from the
-     * repacked quants (two chains per row up to 4); 9: a tile of 8 and one
-     * row; 14: tiles of 8 and 6; 70: a block of 64 rows and one of 6 */
-    static const int64_t ts[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 14, 70};
+    /* 1: the one-row path; 2 .. 12: one register tile straight from the
+     * repacked quants (two chains per row up to 4); 13: tiles of 7 and 6;
+     * 14: two of 7; 25: 9, 8 and 8; 32: 11, 11 and 10; 70: a block of 64
+     * rows (tiles of 11 and 10) and one of 6 */
+    static const int64_t ts[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 12, 13, 14, 25, 32, 70};
     static const int64_t ranges[][2] = {{0, 53}, {0, 16}, {16, 48}, {3, 38}, {40, 53}, {5, 6}};
     static float x[K_MAX];
     _Alignas(64) static uint8_t w[NMAX * K_MAX * 2], p[NMAX * K_MAX * 2];

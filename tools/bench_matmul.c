@@ -9,7 +9,7 @@
  * would (they still share the memory bus).
  *
  * Where the kernel takes repacked weights (cpu_matmul_packs: the sixteen-row
- * VNNI kernel), each SmolLM2 shape is also timed on its repacked copy
+ * kernels, VNNI or AVX2), each SmolLM2 shape is also timed on its repacked copy
  * (cpu_pack_rows, as the CPU backend does at load), and each line shows the
  * single-thread memcpy rate over the same buffers in the same run (read +
  * write bytes / s), the ceiling a T = 1 product that streams its weights
@@ -398,7 +398,7 @@ __attribute__((target("avx512f,avx512bw"))) static double peak_mix_avx512(void)
 
 static int bench_peak(void)
 {
-    if (!cpu_matmul_packs(cpu_isa_best(), QTYPE_Q4_0)) {
+    if (cpu_isa_best() != CPU_ISA_AVX512 || !cpu_matmul_packs(CPU_ISA_AVX512, QTYPE_Q4_0)) {
         printf("peak: this CPU has no AVX512-VNNI (or STREAMSINK_ISA caps it)\n");
         return 0;
     }

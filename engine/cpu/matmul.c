@@ -1,7 +1,8 @@
 /*
  * matmul.c: run-time ISA choice and dispatch for the CPU matrix products
- * (API in matmul.h). The kernels live in matmul_avx2.c, matmul_avx512.c and
- * matmul_rows16_avx512.c (K-quants: matmul_kquant_*.c), which are compiled
+ * (API in matmul.h). The kernels live in matmul_avx2.c, matmul_avx512.c,
+ * matmul_rows16_avx512.c and matmul_rows16_avx2.c (K-quants:
+ * matmul_kquant_*.c), which are compiled
  * with their ISA enabled; nothing here calls into them unless CPUID (and the
  * OS, which __builtin_cpu_supports also checks through XGETBV) says the
  * instructions exist. The scalar ISA is the reference in
@@ -125,6 +126,10 @@ void cpu_matmul_rows(enum cpu_isa isa, enum qtype t, const void *restrict w, int
         cpu__matmul_rows16_avx512_vnni(t, w, k, n0, n1, act, T, y, ldy);
         return;
     }
+    if (isa == CPU_ISA_AVX2 && (t == QTYPE_Q4_0 || t == QTYPE_Q4_1 || t == QTYPE_Q8_0)) {
+        cpu__matmul_rows16_avx2(t, w, k, n0, n1, act, T, y, ldy);
+        return;
+    }
     switch (isa) {
     case CPU_ISA_AVX512:
         cpu__matmul_rows_avx512(t, w, k, n0, n1, act, T, y, ldy);
@@ -147,37 +152,41 @@ void cpu_matmul_rows(enum cpu_isa isa, enum qtype t, const void *restrict w, int
 
 int cpu_matmul_packs(enum cpu_isa isa, enum qtype t)
 {
-    return isa == CPU_ISA_AVX512 && cpu__has_vnni() &&
+    return ((isa == CPU_ISA_AVX512 && cpu__has_vnni()) || isa == CPU_ISA_AVX2) &&
            (t == QTYPE_Q4_0 || t == QTYPE_Q4_1 || t == QTYPE_Q8_0);
+}
+
+void cpu__pack_block(enum qtype t, const void *rows, size_t rb, int nr, int64_t b, void *dst)
+{
+    const size_t bs = qtype_block_bytes(t);
+    const size_t qoff = t == QTYPE_Q4_1 ? 4 : 2; /* the quants follow d (and m) */
+    const int nq = t == QTYPE_Q8_0 ? 8 : 4;      /* runs of 64 bytes per block */
+    uint8_t *q = dst, *d = q + (size_t)nq * 64, *m = d + 32;
+    for (int r = 0; r < 16; r++) {
+        const uint8_t *blk =
+            (const uint8_t *)rows + (size_t)(r < nr ? r : nr - 1) * rb + (size_t)b * bs;
+        for (int j = 0; j < nq; j++) {
+            uint32_t v;
+            memcpy(&v, blk + qoff + 4 * j, 4);
+            if (t == QTYPE_Q8_0)
+                v ^= 0x80808080u;
+            memcpy(q + 64 * j + 4 * r, &v, 4);
+        }
+        memcpy(d + 2 * r, blk, 2);
+        if (t == QTYPE_Q4_1)
+            memcpy(m + 2 * r, blk + 2, 2);
+    }
 }
 
 void cpu_pack_rows(enum qtype t, const void *restrict w, int64_t k, int64_t n, void *restrict dst)
 {
     assert((t == QTYPE_Q4_0 || t == QTYPE_Q4_1 || t == QTYPE_Q8_0) && k % QK == 0);
     const size_t rb = qtype_row_bytes(t, k), bs = qtype_block_bytes(t);
-    const size_t qoff = t == QTYPE_Q4_1 ? 4 : 2; /* the quants follow d (and m) */
-    const int nq = t == QTYPE_Q8_0 ? 8 : 4;      /* runs of 64 bytes per block */
     const int64_t nbk = k / QK, full = n / 16 * 16;
-    for (int64_t g = 0; g < full; g += 16) {
-        const uint8_t *src = (const uint8_t *)w + (size_t)g * rb;
-        for (int64_t b = 0; b < nbk; b++) {
-            uint8_t *q = (uint8_t *)dst + (size_t)g * rb + (size_t)b * 16 * bs;
-            uint8_t *d = q + (size_t)nq * 64, *m = d + 32;
-            for (int r = 0; r < 16; r++) {
-                const uint8_t *blk = src + (size_t)r * rb + (size_t)b * bs;
-                for (int j = 0; j < nq; j++) {
-                    uint32_t v;
-                    memcpy(&v, blk + qoff + 4 * j, 4);
-                    if (t == QTYPE_Q8_0)
-                        v ^= 0x80808080u;
-                    memcpy(q + 64 * j + 4 * r, &v, 4);
-                }
-                memcpy(d + 2 * r, blk, 2);
-                if (t == QTYPE_Q4_1)
-                    memcpy(m + 2 * r, blk + 2, 2);
-            }
-        }
-    }
+    for (int64_t g = 0; g < full; g += 16)
+        for (int64_t b = 0; b < nbk; b++)
+            cpu__pack_block(t, (const uint8_t *)w + (size_t)g * rb, rb, 16, b,
+                            (uint8_t *)dst + (size_t)g * rb + (size_t)b * 16 * bs);
     memcpy((char *)dst + (size_t)full * rb, (const char *)w + (size_t)full * rb,
            (size_t)(n - full) * rb);
 }
@@ -188,6 +197,8 @@ void cpu_matmul_rows_packed(enum cpu_isa isa, enum qtype t, const void *restrict
 {
     assert(cpu_matmul_packs(isa, t) && k % QK == 0);
     assert(0 <= n0 && n0 <= n1 && n1 <= N && (T <= 1 || ldy >= n1));
-    (void)isa;
-    cpu__matmul_rows16_packed_avx512_vnni(t, wp, k, N, n0, n1, act, T, y, ldy);
+    if (isa == CPU_ISA_AVX512)
+        cpu__matmul_rows16_packed_avx512_vnni(t, wp, k, N, n0, n1, act, T, y, ldy);
+    else
+        cpu__matmul_rows16_packed_avx2(t, wp, k, N, n0, n1, act, T, y, ldy);
 }

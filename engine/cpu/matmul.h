@@ -38,8 +38,8 @@ void cpu_matmul_rows(enum cpu_isa isa, enum qtype t, const void *restrict w, int
 /* Repacked weights. The sixteen-row VNNI kernel reads each weight row group
  * transposed; cpu_pack_rows does that once (at load) instead of once per call.
  * cpu_matmul_packs says whether cpu_matmul_rows_packed takes type t on isa
- * (AVX-512 with VNNI, Q4_0, Q4_1 and Q8_0); when it does not, keep the rows as
- * they are and call cpu_matmul_rows.
+ * (Q4_0, Q4_1 and Q8_0, on AVX-512 with VNNI and on AVX2); when it does not,
+ * keep the rows as they are and call cpu_matmul_rows.
  *
  * Layout: the same bytes as the n rows (qtype_row_bytes(t, k) * n). Rows
  * 16g .. 16g+15 of every full group of sixteen fill that group's place,

@@ -38,6 +38,18 @@ void cpu__matmul_rows16_packed_avx512_vnni(enum qtype t, const void *restrict wp
                                            int64_t ldy);
 
 /* 1 when the CPU has AVX512-VNNI (cached). */
+void cpu__matmul_rows16_avx2(enum qtype t, const void *restrict w, int64_t k, int64_t n0,
+                             int64_t n1, const void *restrict act, int64_t T, float *restrict y,
+                             int64_t ldy);
+void cpu__matmul_rows16_packed_avx2(enum qtype t, const void *restrict wp, int64_t k, int64_t N,
+                                    int64_t n0, int64_t n1, const void *restrict act, int64_t T,
+                                    float *restrict y, int64_t ldy);
+
+/* Block b of the sixteen rows at rows (rb bytes apart; the last 16 - nr
+ * repeat row nr - 1) in cpu_pack_rows' layout at dst (16 * the block's
+ * bytes). */
+void cpu__pack_block(enum qtype t, const void *rows, size_t rb, int nr, int64_t b, void *dst);
+
 int cpu__has_vnni(void);
 
 #endif

@@ -29,7 +29,7 @@ TEST(stop_strings_of_254_to_256_bytes_end_generation_where_they_first_occur)
     ASSERT(rig);
     const char *prompt = "<|im_start|>user\nWrite a long story about a lighthouse keeper and "
                          "the sea.<|im_end|>\n<|im_start|>assistant\n";
-    enum { N_STOP = 3, GEN = 80 };
+    enum { N_STOP = 3, GEN = 128 };
     struct rig_result *full = malloc(sizeof *full), *res[N_STOP];
     uint64_t ids[N_STOP];
     long want[N_STOP];

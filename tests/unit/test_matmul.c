@@ -665,7 +665,7 @@ TEST(packed_rows_are_bit_identical_to_the_kernel_on_the_rows_as_they_are)
     _Alignas(64) static uint8_t act[TMAX * (K_MAX / 32) * sizeof(struct block_q8_act)];
     static float y[TMAX * LDY], want[TMAX * LDY];
     const float sentinel = -12345.0f;
-    int native = cpu_matmul_packs(cpu_isa_best(), QTYPE_Q4_0);
+    int native = cpu_isa_best() == CPU_ISA_AVX512 && cpu_matmul_packs(CPU_ISA_AVX512, QTYPE_Q4_0);
     int emulated = 0;
 #ifdef SS_EMULATE_AVX512
     emulated = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
@@ -756,6 +756,131 @@ TEST(packed_rows_are_bit_identical_to_the_kernel_on_the_rows_as_they_are)
     printf("  %lld outputs checked\n", checked);
 }
 
+/* The sixteen-row kernels' arithmetic for one output, as a scalar loop: per
+ * block the exact integer dot product of the quants (Q4: the nibbles, less
+ * 8 for Q4_0; Q8_0: the signed bytes), then acc = fma((float)i, d_w * d_a,
+ * acc) and, for Q4_1, acc = fma(m_w, s_a, acc), in block order. */
+static float rows16_steps(enum qtype t, const uint8_t *w, const uint8_t *a, int64_t k)
+{
+    const struct block_q8_act *ab = (const struct block_q8_act *)a;
+    float acc = 0.0f;
+    for (int64_t b = 0; b < k / 32; b++) {
+        int32_t i = 0;
+        uint16_t d, m = 0;
+        if (t == QTYPE_Q8_0) {
+            const struct block_q8_0 *wb = (const struct block_q8_0 *)w + b;
+            for (int j = 0; j < 32; j++)
+                i += wb->qs[j] * ab[b].qs[j];
+            d = wb->d;
+        } else {
+            const uint8_t *qs = t == QTYPE_Q4_0 ? ((const struct block_q4_0 *)w + b)->qs
+                                                : ((const struct block_q4_1 *)w + b)->qs;
+            const int bias = t == QTYPE_Q4_0 ? 8 : 0;
+            for (int j = 0; j < 16; j++)
+                i += ((qs[j] & 15) - bias) * ab[b].qs[j] + ((qs[j] >> 4) - bias) * ab[b].qs[j + 16];
+            d = t == QTYPE_Q4_0 ? ((const struct block_q4_0 *)w + b)->d
+                                : ((const struct block_q4_1 *)w + b)->d;
+            if (t == QTYPE_Q4_1)
+                m = ((const struct block_q4_1 *)w + b)->m;
+        }
+        const float dd = quant_f16_to_f32(d) * ab[b].d;
+        acc = fmaf((float)i, dd, acc);
+        if (t == QTYPE_Q4_1)
+            acc = fmaf(quant_f16_to_f32(m), ab[b].s, acc);
+    }
+    return acc;
+}
+
+/* The AVX2 kernel on repacked weights (what CPUs without AVX512-VNNI run)
+ * takes exactly rows16_steps for every type, K (one chunk of blocks or
+ * several; at T = 1 one pass), N (full groups, and rows past the last one,
+ * which it transposes on the fly), row range, and T (register tiles of 1 to
+ * 4 rows, as even as they divide; 64-row blocks), and writes nothing outside
+ * its rows. Where the CPU also has AVX512-VNNI the two kernels give the same
+ * bits. */
+TEST(packed_rows_on_avx2_take_the_exact_steps_of_the_scalar_loop)
+{
+    enum { NMAX = 53, LDY = NMAX + 3, TMAX = 70 };
+    static const int64_t ks[] = {32, 96, 576, 1536};
+    static const int64_t Ns[] = {53, 48, 16, 7};
+    static const int64_t ts[] = {1, 2, 3, 5, 6, 7, 11, 12, 13, 25, 32, 70};
+    static const int64_t ranges[][2] = {{0, 53}, {0, 16}, {16, 48}, {3, 38}, {40, 53}, {5, 6}};
+    static float x[K_MAX];
+    _Alignas(64) static uint8_t w[NMAX * K_MAX * 2], p[NMAX * K_MAX * 2];
+    _Alignas(64) static uint8_t act[TMAX * (K_MAX / 32) * sizeof(struct block_q8_act)];
+    static float y[TMAX * LDY], want[TMAX * LDY], vnni[TMAX * LDY];
+    const float sentinel = -12345.0f;
+    if (!cpu_matmul_packs(CPU_ISA_AVX2, QTYPE_Q4_0) || cpu_isa_best() < CPU_ISA_AVX2)
+        TEST_SKIP("no AVX2 here (or capped by STREAMSINK_ISA)");
+    const int also_vnni =
+        cpu_isa_best() == CPU_ISA_AVX512 && cpu_matmul_packs(CPU_ISA_AVX512, QTYPE_Q4_0);
+    long long checked = 0, compared = 0;
+    for (size_t ti = 0; ti < sizeof packed_types / sizeof packed_types[0]; ti++) {
+        const enum qtype t = packed_types[ti];
+        for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++) {
+            const int64_t k = ks[ki];
+            const size_t rb = qtype_row_bytes(t, k), ab = quant_act_bytes(t, k);
+            make_weights(t, NMAX, k, w);
+            for (int tt = 0; tt < TMAX; tt++) {
+                fill(x, k);
+                quant_prepare_act_ref(t, x, k, act + (size_t)tt * ab);
+            }
+            for (int tt = 0; tt < TMAX; tt++)
+                for (int n = 0; n < NMAX; n++)
+                    want[tt * LDY + n] =
+                        rows16_steps(t, w + (size_t)n * rb, act + (size_t)tt * ab, k);
+            for (size_t Ni = 0; Ni < sizeof Ns / sizeof Ns[0]; Ni++) {
+                const int64_t N = Ns[Ni];
+                cpu_pack_rows(t, w, k, N, p);
+                for (size_t ri = 0; ri < sizeof ranges / sizeof ranges[0]; ri++) {
+                    const int64_t n0 = ranges[ri][0];
+                    const int64_t n1 = ranges[ri][1] < N ? ranges[ri][1] : N;
+                    if (n0 > n1)
+                        continue;
+                    for (size_t tj = 0; tj < sizeof ts / sizeof ts[0]; tj++) {
+                        const int64_t T = ts[tj];
+                        for (size_t i = 0; i < sizeof y / sizeof y[0]; i++)
+                            y[i] = vnni[i] = sentinel;
+                        cpu_matmul_rows_packed(CPU_ISA_AVX2, t, p, k, N, n0, n1, act, T, y, LDY);
+                        if (also_vnni)
+                            cpu_matmul_rows_packed(CPU_ISA_AVX512, t, p, k, N, n0, n1, act, T, vnni,
+                                                   LDY);
+                        for (int64_t tt = 0; tt < TMAX; tt++) {
+                            for (int64_t n = 0; n < LDY; n++) {
+                                const float got = y[tt * LDY + n];
+                                if (tt >= T || n < n0 || n >= n1) {
+                                    if (got != sentinel)
+                                        FAIL_AT("%s K=%lld N=%lld T=%lld: wrote y[%lld][%lld]",
+                                                qtype_name(t), (long long)k, (long long)N,
+                                                (long long)T, (long long)tt, (long long)n);
+                                    continue;
+                                }
+                                if (memcmp(&got, &want[tt * LDY + n], sizeof got) != 0)
+                                    FAIL_AT("%s K=%lld N=%lld T=%lld rows [%lld,%lld): "
+                                            "y[%lld][%lld] = %.9g, the scalar steps %.9g",
+                                            qtype_name(t), (long long)k, (long long)N, (long long)T,
+                                            (long long)n0, (long long)n1, (long long)tt,
+                                            (long long)n, got, want[tt * LDY + n]);
+                                checked++;
+                                if (also_vnni) {
+                                    if (memcmp(&got, &vnni[tt * LDY + n], sizeof got) != 0)
+                                        FAIL_AT("%s K=%lld N=%lld T=%lld: y[%lld][%lld] = %.9g "
+                                                "on AVX2, %.9g with VNNI",
+                                                qtype_name(t), (long long)k, (long long)N,
+                                                (long long)T, (long long)tt, (long long)n, got,
+                                                vnni[tt * LDY + n]);
+                                    compared++;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    printf("  %lld outputs checked, %lld against the VNNI kernel\n", checked, compared);
+}
+
 /* At T = 1 each repacked group is read in one pass of all its blocks, up to
  * 1,024 blocks (K = 32,768); past that the chunked path takes T = 1 too.
  * Both, just inside and just past the limit, give exactly the bits of the
@@ -771,7 +896,7 @@ TEST(packed_single_row_inside_and_past_the_one_pass_limit)
     enum { N = 37, KC = 1024, KMAX = 33 * KC, GUARD = 16 };
     static const int64_t ks[] = {32 * KC, 33 * KC};
     static const int64_t ranges[][2] = {{0, N}, {17, 29}, {3, 34}};
-    if (!cpu_matmul_packs(cpu_isa_best(), QTYPE_Q4_0))
+    if (cpu_isa_best() != CPU_ISA_AVX512 || !cpu_matmul_packs(CPU_ISA_AVX512, QTYPE_Q4_0))
         TEST_SKIP("no AVX512-VNNI here (or capped by STREAMSINK_ISA)");
     static float x[KMAX], y[N + GUARD], want[N];
     const float canary = -1234.5f;
@@ -822,7 +947,7 @@ TEST(packed_output_matrix_matches_the_kernel_and_the_reference)
 {
     enum { N = 49152 + 3, K = 576, T = 12 };
     const enum qtype t = QTYPE_Q8_0;
-    if (!cpu_matmul_packs(cpu_isa_best(), t))
+    if (cpu_isa_best() != CPU_ISA_AVX512 || !cpu_matmul_packs(CPU_ISA_AVX512, t))
         TEST_SKIP("no AVX512-VNNI here (or capped by STREAMSINK_ISA)");
     const size_t rb = qtype_row_bytes(t, K), ab = quant_act_bytes(t, K);
     uint8_t *w = malloc(rb * N), *p = malloc(rb * N);

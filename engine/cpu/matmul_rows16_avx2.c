@@ -99,10 +99,15 @@ INLINE void tile(const enum qtype type, const int nt, const char *base, int h, i
 {
     const __m256i lo4 = _mm256_set1_epi8(0x0f), flip = _mm256_set1_epi8((char)0x80);
     const __m256i ones = _mm256_set1_epi16(1);
+    /* masked moves only where some lanes are out: on some AMD cores a
+     * masked store is microcoded */
+    const int whole = _mm256_movemask_ps(_mm256_castsi256_ps(mask)) == 0xff;
     __m256 f[TILE_MAX];
 #pragma GCC unroll 4
     for (int t = 0; t < nt; t++)
-        f[t] = first ? _mm256_setzero_ps() : _mm256_maskload_ps(y + t * ldy, mask);
+        f[t] = first   ? _mm256_setzero_ps()
+               : whole ? _mm256_loadu_ps(y + t * ldy)
+                       : _mm256_maskload_ps(y + t * ldy, mask);
     for (int bb = 0; bb < nb; bb++) {
         const char *qb = base + (size_t)bb * packed_bs(type);
         __m256i acc[TILE_MAX];
@@ -163,8 +168,12 @@ INLINE void tile(const enum qtype type, const int nt, const char *base, int h, i
         }
     }
 #pragma GCC unroll 4
-    for (int t = 0; t < nt; t++)
-        _mm256_maskstore_ps(y + t * ldy, mask, f[t]);
+    for (int t = 0; t < nt; t++) {
+        if (whole)
+            _mm256_storeu_ps(y + t * ldy, f[t]);
+        else
+            _mm256_maskstore_ps(y + t * ldy, mask, f[t]);
+    }
 }
 
 /* Calls tile with nt as a constant. */

@@ -147,6 +147,9 @@ def print_table(a, res, copies):
           f"{os.cpu_count()} CPUs; load average at end {os.getloadavg()[0]:.1f}; "
           f"{a.reps} repetitions interleaved; {platform.machine()}; KV cache {a.kv_dtype}; "
           f"batch: window {a.batch_window}, prompt {a.batch_fill}, {a.batch_steps} steps")
+    if os.environ.get("STREAMSINK_ISA"):
+        print(f"# STREAMSINK_ISA={os.environ['STREAMSINK_ISA']}: streamsink capped at that ISA "
+              "(and llama.cpp built for it, PEER_ISA)")
     if copies:
         print(f"# memory copy, one thread, 256 MiB (read + write): {spread(copies)} GB/s "
               "(min/median/max, one per repetition)")

@@ -13,12 +13,15 @@
 # BATCH_WINDOW, a full window), BATCH_STEPS (32), KV_DTYPE (f16; or q8_0 on both
 # sides), PEER_DIR, PEER_VERSION, PEER_NO_AMX (1: a llama.cpp build without
 # ggml's AMX path, for CPUs with AMX-INT8 where that path crashes; see
-# tools/peer_build.sh).
+# tools/peer_build.sh), PEER_ISA (avx2: both sides limited to AVX2, FMA and
+# F16C, as on a CPU without AVX-512: llama.cpp built so, streamsink run with
+# STREAMSINK_ISA=avx2).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD="${1:-build}"
 if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
 PEER_BIN=$(PYTHON="$PY" tools/peer_build.sh)
+[ "${PEER_ISA:-}" = avx2 ] && export STREAMSINK_ISA=avx2
 Q41=$(STREAMSINK_VENV=.venv bash scripts/fetch-model.sh)
 DIR=$(dirname "$Q41")
 MODELS=()

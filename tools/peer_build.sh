@@ -10,7 +10,10 @@
 # with AMX-INT8 a native build routes Q4_0/Q4_1 products through ggml's AMX
 # kernels, and 0.3.36's llama-bench crashed in them (SIGSEGV in
 # ggml_backend_amx_mul_mat, 2026-12-03); with PEER_NO_AMX=1 the build names
-# every other extension this CPU has instead of -march=native.
+# every other extension this CPU has instead of -march=native. PEER_ISA=avx2
+# (build-VERSION-avx2) builds for AVX, AVX2, FMA and F16C only: what an
+# AVX2-only CPU runs, for comparing on a bigger one against streamsink capped
+# the same way (tools/peer_bench.sh sets STREAMSINK_ISA=avx2 with it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PEER_DIR="${PEER_DIR:-$HOME/.cache/streamsink/peer}"
@@ -37,6 +40,13 @@ if [ "${PEER_NO_AMX:-0}" = 1 ]; then
   has avx512vbmi && ISA_FLAGS+=(-DGGML_AVX512_VBMI=ON)
   has avx512_vnni && ISA_FLAGS+=(-DGGML_AVX512_VNNI=ON)
   has avx512_bf16 && ISA_FLAGS+=(-DGGML_AVX512_BF16=ON)
+fi
+if [ "${PEER_ISA:-}" = avx2 ]; then
+  BDIR="$PEER_DIR/build-$PEER_VERSION-avx2"
+  ISA_FLAGS=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON)
+elif [ -n "${PEER_ISA:-}" ]; then
+  echo "peer_build.sh: PEER_ISA is avx2 or unset" >&2
+  exit 2
 fi
 BIN="$BDIR/bin"
 if [ -x "$BIN/llama-bench" ] && [ -x "$BIN/llama-batched-bench" ]; then

@@ -35,8 +35,9 @@ void cpu_matmul_rows(enum cpu_isa isa, enum qtype t, const void *restrict w, int
                      int64_t n1, const void *restrict act, int64_t T, float *restrict y,
                      int64_t ldy);
 
-/* Repacked weights. The sixteen-row VNNI kernel reads each weight row group
- * transposed; cpu_pack_rows does that once (at load) instead of once per call.
+/* Repacked weights. The sixteen-row kernels (VNNI, and AVX2 where there is no
+ * VNNI) read each weight row group transposed; cpu_pack_rows does that once
+ * (at load) instead of once per call.
  * cpu_matmul_packs says whether cpu_matmul_rows_packed takes type t on isa
  * (Q4_0, Q4_1 and Q8_0, on AVX-512 with VNNI and on AVX2); when it does not,
  * keep the rows as they are and call cpu_matmul_rows.

@@ -37,7 +37,9 @@ void cpu__matmul_rows16_packed_avx512_vnni(enum qtype t, const void *restrict wp
                                            const void *restrict act, int64_t T, float *restrict y,
                                            int64_t ldy);
 
-/* 1 when the CPU has AVX512-VNNI (cached). */
+/* The AVX2 kernel for Q4_0, Q4_1 and Q8_0 (matmul_rows16_avx2.c): the VNNI
+ * kernel's steps, the same bits; on rows as they are (cpu_matmul_rows) and on
+ * repacked ones (cpu_matmul_rows_packed). */
 void cpu__matmul_rows16_avx2(enum qtype t, const void *restrict w, int64_t k, int64_t n0,
                              int64_t n1, const void *restrict act, int64_t T, float *restrict y,
                              int64_t ldy);
@@ -50,6 +52,7 @@ void cpu__matmul_rows16_packed_avx2(enum qtype t, const void *restrict wp, int64
  * bytes). */
 void cpu__pack_block(enum qtype t, const void *rows, size_t rb, int nr, int64_t b, void *dst);
 
+/* 1 when the CPU has AVX512-VNNI (cached). */
 int cpu__has_vnni(void);
 
 #endif

@@ -159,9 +159,9 @@ int cpu_matmul_packs(enum cpu_isa isa, enum qtype t)
 void cpu__pack_block(enum qtype t, const void *rows, size_t rb, int nr, int64_t b, void *dst)
 {
     const size_t bs = qtype_block_bytes(t);
-    const size_t qoff = t == QTYPE_Q4_1 ? 4 : 2; /* the quants follow d (and m) */
-    const int nq = t == QTYPE_Q8_0 ? 8 : 4;      /* runs of 64 bytes per block */
-    uint8_t *q = dst, *d = q + (size_t)nq * 64, *m = d + 32;
+    const size_t qoff = t == QTYPE_Q4_1 ? 4 : 2;  /* the quants follow d (and m) */
+    const int nq = (int)(cpu__packed_qb(t) / 64); /* runs of 64 bytes per block */
+    uint8_t *q = dst, *d = q + cpu__packed_qb(t), *m = d + 32;
     for (int r = 0; r < 16; r++) {
         const uint8_t *blk =
             (const uint8_t *)rows + (size_t)(r < nr ? r : nr - 1) * rb + (size_t)b * bs;

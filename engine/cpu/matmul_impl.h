@@ -8,6 +8,7 @@
 #ifndef SS_CPU_MATMUL_IMPL_H
 #define SS_CPU_MATMUL_IMPL_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "../quant.h"
@@ -46,6 +47,19 @@ void cpu__matmul_rows16_avx2(enum qtype t, const void *restrict w, int64_t k, in
 void cpu__matmul_rows16_packed_avx2(enum qtype t, const void *restrict wp, int64_t k, int64_t N,
                                     int64_t n0, int64_t n1, const void *restrict act, int64_t T,
                                     float *restrict y, int64_t ldy);
+
+/* The repacked layout (matmul.h): the bytes of a block's quants in a group
+ * of sixteen rows (Q4: 4, Q8_0: 8 runs of 64), and of the whole block, the
+ * quants followed by the sixteen f16 scales d and (Q4_1) sixteen f16 m. */
+static inline __attribute__((always_inline)) size_t cpu__packed_qb(enum qtype t)
+{
+    return t == QTYPE_Q8_0 ? 8 * 64 : 4 * 64;
+}
+
+static inline __attribute__((always_inline)) size_t cpu__packed_bs(enum qtype t)
+{
+    return cpu__packed_qb(t) + (t == QTYPE_Q4_1 ? 64 : 32);
+}
 
 /* Block b of the sixteen rows at rows (rb bytes apart; the last 16 - nr
  * repeat row nr - 1) in cpu_pack_rows' layout at dst (16 * the block's

@@ -57,18 +57,6 @@
 
 #define INLINE static inline __attribute__((always_inline))
 
-/* Bytes of a block's quants in a repacked group, and of the whole block:
- * the quants, then sixteen f16 scales d, then (Q4_1) sixteen f16 m. */
-INLINE size_t packed_qb(const enum qtype type)
-{
-    return type == QTYPE_Q8_0 ? 8 * 64 : 4 * 64;
-}
-
-INLINE size_t packed_bs(const enum qtype type)
-{
-    return packed_qb(type) + (type == QTYPE_Q4_1 ? 64 : 32);
-}
-
 INLINE int32_t load_i32(const void *p)
 {
     int32_t v;
@@ -89,7 +77,7 @@ INLINE int32_t act_sum(const struct block_q8_act *a)
 }
 
 /* Half h (rows 8h .. 8h+7) of a repacked group, blocks bb = 0 .. nb-1 at
- * base + bb * packed_bs, against nt activation rows (a, a_stride apart,
+ * base + bb * cpu__packed_bs, against nt activation rows (a, a_stride apart,
  * positioned at the first of those blocks), accumulated into the outputs
  * y[t * ldy + 0 .. 7] of the lanes in mask (zero first where first).
  * corr[t * cs + bb] = -bias * sum of activation row t's block bb. */
@@ -109,7 +97,7 @@ INLINE void tile(const enum qtype type, const int nt, const char *base, int h, i
                : whole ? _mm256_loadu_ps(y + t * ldy)
                        : _mm256_maskload_ps(y + t * ldy, mask);
     for (int bb = 0; bb < nb; bb++) {
-        const char *qb = base + (size_t)bb * packed_bs(type);
+        const char *qb = base + (size_t)bb * cpu__packed_bs(type);
         __m256i acc[TILE_MAX];
         if (type == QTYPE_Q8_0) {
 #pragma GCC unroll 8
@@ -152,10 +140,10 @@ INLINE void tile(const enum qtype type, const int nt, const char *base, int h, i
             }
         }
         const __m256 d =
-            _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(qb + packed_qb(type) + 16 * h)));
+            _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(qb + cpu__packed_qb(type) + 16 * h)));
         const __m256 m = type == QTYPE_Q4_1
                              ? _mm256_cvtph_ps(_mm_loadu_si128(
-                                   (const __m128i *)(qb + packed_qb(type) + 32 + 16 * h)))
+                                   (const __m128i *)(qb + cpu__packed_qb(type) + 32 + 16 * h)))
                              : _mm256_setzero_ps();
 #pragma GCC unroll 4
         for (int t = 0; t < nt; t++) {
@@ -231,7 +219,7 @@ INLINE void rows16(const enum qtype type, const void *restrict wp, int64_t k, in
                    float *restrict y, int64_t ldy)
 {
     const int bias = type == QTYPE_Q4_0 ? 8 : 0;
-    const size_t rb = qtype_row_bytes(type, k), bs = packed_bs(type);
+    const size_t rb = qtype_row_bytes(type, k), bs = cpu__packed_bs(type);
     const size_t a_stride = quant_act_bytes(type, k);
     const int64_t nbk = k / QK;
     /* blocks per pass over the groups: at T = 1 all of them (up to

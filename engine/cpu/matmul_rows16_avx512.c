@@ -324,21 +324,8 @@ void cpu__matmul_rows16_avx512_vnni(enum qtype t, const void *restrict w, int64_
  * then its sixteen f16 scales d, then (Q4_1) its sixteen f16 minimums m, so
  * that a group is one sequential stream. */
 struct group_src {
-    const char *base; /* block b at base + b * packed_bs(type) */
+    const char *base; /* block b at base + b * cpu__packed_bs(type) */
 };
-
-/* Bytes of a block's quants in a repacked group (Q4: 4, Q8_0: 8 runs of 64) */
-INLINE size_t packed_qb(const enum qtype type)
-{
-    return type == QTYPE_Q8_0 ? 8 * 64 : 4 * 64;
-}
-
-/* and of the whole block: its quants, then its sixteen f16 scales d, then
- * (Q4_1) its sixteen f16 minimums m */
-INLINE size_t packed_bs(const enum qtype type)
-{
-    return packed_qb(type) + (type == QTYPE_Q4_1 ? 64 : 32);
-}
 
 INLINE struct group_src group_at(const void *wp, size_t row_bytes, int64_t g)
 {
@@ -357,7 +344,7 @@ INLINE __mmask16 group_live(int64_t g, int64_t n0, int64_t n1)
 INLINE void load_block(const enum qtype type, const struct group_src *s, int64_t b, __m512i q[8],
                        __m512 *d, __m512 *m)
 {
-    const char *qb = s->base + (size_t)b * packed_bs(type);
+    const char *qb = s->base + (size_t)b * cpu__packed_bs(type);
     if (type == QTYPE_Q8_0) {
 #pragma GCC unroll 8
         for (int j = 0; j < 8; j++)
@@ -371,9 +358,9 @@ INLINE void load_block(const enum qtype type, const struct group_src *s, int64_t
             q[j + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
         }
     }
-    *d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(qb + packed_qb(type))));
+    *d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(qb + cpu__packed_qb(type))));
     if (type == QTYPE_Q4_1)
-        *m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(qb + packed_qb(type) + 32)));
+        *m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(qb + cpu__packed_qb(type) + 32)));
 }
 
 /* Starts loading block b of a repacked group into L2: the lines its bytes
@@ -385,10 +372,10 @@ INLINE void load_block(const enum qtype type, const struct group_src *s, int64_t
  * activation rows fit a 32 KiB L1 together up to T = 16). */
 INLINE void prefetch_block(const enum qtype type, const struct group_src *s, int64_t b)
 {
-    const char *qb = s->base + (size_t)b * packed_bs(type);
-    for (size_t o = 0; o < packed_bs(type); o += 64)
+    const char *qb = s->base + (size_t)b * cpu__packed_bs(type);
+    for (size_t o = 0; o < cpu__packed_bs(type); o += 64)
         _mm_prefetch(qb + o, _MM_HINT_T1);
-    _mm_prefetch(qb + packed_bs(type) - 1, _MM_HINT_T1);
+    _mm_prefetch(qb + cpu__packed_bs(type) - 1, _MM_HINT_T1);
 }
 
 /* tile() for one activation row, reading the repacked group directly. */
@@ -452,7 +439,7 @@ INLINE void tile_direct(const enum qtype type, const int nt, const struct group_
             prefetch_block(type, next, b0 + bb);
             pf_next += pf_stride;
         }
-        const char *qb = s->base + (size_t)(b0 + bb) * packed_bs(type);
+        const char *qb = s->base + (size_t)(b0 + bb) * cpu__packed_bs(type);
         __m512i i0[DIRECT_T], i1[DIRECT_T];
 #pragma GCC unroll 12
         for (int t = 0; t < nt; t++) {
@@ -483,11 +470,10 @@ INLINE void tile_direct(const enum qtype type, const int nt, const struct group_
             }
         }
         const __m512 d =
-            _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(qb + packed_qb(type))));
-        const __m512 m =
-            type == QTYPE_Q4_1
-                ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(qb + packed_qb(type) + 32)))
-                : _mm512_setzero_ps();
+            _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(qb + cpu__packed_qb(type))));
+        const __m512 m = type == QTYPE_Q4_1 ? _mm512_cvtph_ps(_mm256_loadu_si256((
+                                                  const __m256i *)(qb + cpu__packed_qb(type) + 32)))
+                                            : _mm512_setzero_ps();
 #pragma GCC unroll 12
         for (int t = 0; t < nt; t++) {
             const struct block_q8_act *ab =

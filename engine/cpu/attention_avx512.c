@@ -5,7 +5,6 @@
 #include <string.h>
 
 #include "attention.h"
-#include "simd_avx2.h"
 #include "simd_avx512.h"
 
 /* lanes 0..n-1 of 16 */
@@ -14,16 +13,40 @@ static inline __mmask16 mask16(int n)
     return (__mmask16)((1u << n) - 1u);
 }
 
-/* cpu_sum8 (simd_avx2.h), after folding each 16-lane accumulator into 8
- * lanes (low half + high half): lane i depends on a[i] alone. */
+/* the 128-bit quarters of a and b that imm picks (VSHUFF32X4, as its integer
+ * twin: the emulation the unit tests build this file with has only that) */
+#define SHUF128(a, b, imm)                                                                         \
+    _mm512_castsi512_ps(_mm512_shuffle_i32x4(_mm512_castps_si512(a), _mm512_castps_si512(b), imm))
+
+/* The sums of 8 accumulators in one vector, lane i = the sum of a[i]'s 16
+ * lanes l0..l15, by cpu_sum8's tree (simd_avx2.h) after folding the two
+ * halves: with p_j = l_j + l_(j+8), ((p0+p1)+(p2+p3)) + ((p4+p5)+(p6+p7)).
+ * Lane i depends on a[i] alone. Each level adds two vectors whose lanes the
+ * shuffles pair up, four keys' 128-bit quarters side by side, so the eight
+ * sums take 16 shuffles and 8 adds (folding each accumulator on its own and
+ * then cpu_sum8 would take 22 shuffles and 15 adds). */
 static inline __m256 sum8_512(const __m512 *a)
 {
-    __m256 f[8];
-#pragma GCC unroll 8
-    for (int k = 0; k < 8; k++)
-        f[k] = _mm256_add_ps(_mm512_castps512_ps256(a[k]),
-                             _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a[k]), 1)));
-    return cpu_sum8(f);
+    /* level 0, keys (i, i+4): quarters 0-1 are p_0..7 of key i, 2-3 of key i+4 */
+    __m512 p[4];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++)
+        p[i] = _mm512_add_ps(SHUF128(a[i], a[i + 4], 0x44), SHUF128(a[i], a[i + 4], 0xEE));
+    /* level 1, adjacent lanes of each quarter: quarter 0 holds p0+p1, p2+p3
+     * of keys 0 and 1, quarter 1 their p4+p5, p6+p7, quarters 2-3 those of
+     * keys 4 and 5 (q01), and likewise for keys 2, 3, 6, 7 (q23) */
+    const __m512 q01 =
+        _mm512_add_ps(_mm512_shuffle_ps(p[0], p[1], 0x88), _mm512_shuffle_ps(p[0], p[1], 0xDD));
+    const __m512 q23 =
+        _mm512_add_ps(_mm512_shuffle_ps(p[2], p[3], 0x88), _mm512_shuffle_ps(p[2], p[3], 0xDD));
+    /* level 2: quarter 0 = the low sums (p0+p1)+(p2+p3) of keys 0-3, quarter 1
+     * their high sums, quarters 2-3 the same for keys 4-7 */
+    const __m512 r =
+        _mm512_add_ps(_mm512_shuffle_ps(q01, q23, 0x88), _mm512_shuffle_ps(q01, q23, 0xDD));
+    /* level 3: low + high, keys in order */
+    const __m512 x = SHUF128(r, r, 0xD8); /* quarters 0, 2, 1, 3 */
+    return _mm256_add_ps(_mm512_castps512_ps256(x),
+                         _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)));
 }
 
 float cpu__attn_scores_avx512(float *z, const float *q, const float *kf, int nt, int n, float scale)

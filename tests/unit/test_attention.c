@@ -418,6 +418,65 @@ TEST(score_and_accumulate_kernels_match_double_loops)
     }
 }
 
+/* The score of one key as the vector kernels compute it, step for step in
+ * scalar floats: lane l of L (8 for AVX2, 16 for AVX-512) chains the FMAs of
+ * values l, l + L, l + 2L, ... (a masked tail adds 0 * 0); 16 lanes fold
+ * lane l + 8 onto lane l; the eight lanes are summed
+ * ((l0+l1)+(l2+l3)) + ((l4+l5)+(l6+l7)); the sum is scaled. */
+static float score_model(const float *q, const float *k, int n, float scale, int L)
+{
+    float a[16] = {0};
+    for (int j = 0; j < n; j += L)
+        for (int l = 0; l < L; l++)
+            a[l] = j + l < n ? fmaf(q[j + l], k[j + l], a[l]) : fmaf(0.0f, 0.0f, a[l]);
+    float p[8];
+    for (int l = 0; l < 8; l++)
+        p[l] = L == 16 ? a[l] + a[l + 8] : a[l];
+    return (((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]))) * scale;
+}
+
+/* The AVX2 and AVX-512 score kernels against that model, bit for bit, on
+ * values whose exponents spread over 2^-20..2^20 (so that any other order of
+ * the additions rounds differently somewhere): a change to the reduction's
+ * shuffles that pairs other lanes shows here even where the double loop's
+ * tolerance would let it through. */
+TEST(vector_scores_take_the_exact_steps_of_the_scalar_model)
+{
+    struct attn_kernels kr[4];
+    const char *names[4];
+    const int nks = kernel_sets(kr, names);
+    static float q[MAX_DH], kf[40 * MAX_DH], z[40];
+    uint64_t s = 7;
+    const int dims[] = {1, 7, 8, 9, 16, 20, 24, 63, 64, 65, 72, 128, 200, 256};
+    int checked = 0;
+    for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++) {
+        const int n = dims[di];
+        for (int nt = 1; nt <= 40; nt += 3) {
+            for (int i = 0; i < n; i++)
+                q[i] = ldexpf(test_rng_sym(&s), (int)(test_rng_unit(&s) * 40) - 20);
+            for (int i = 0; i < nt * n; i++)
+                kf[i] = ldexpf(test_rng_sym(&s), (int)(test_rng_unit(&s) * 40) - 20);
+            for (int ki = 0; ki < nks; ki++) {
+                const int L = !strcmp(names[ki], "avx2")         ? 8
+                              : !strncmp(names[ki], "avx512", 6) ? 16
+                                                                 : 0;
+                if (!L)
+                    continue;
+                kr[ki].scores(z, q, kf, nt, n, 0.125f);
+                for (int i = 0; i < nt; i++) {
+                    const float want = score_model(q, kf + (size_t)i * n, n, 0.125f, L);
+                    if (memcmp(&z[i], &want, sizeof want))
+                        FAIL_AT("%s scores n %d nt %d key %d: %.9g, the model %.9g", names[ki], n,
+                                nt, i, z[i], want);
+                    checked++;
+                }
+            }
+        }
+    }
+    if (cpu_isa_best() >= CPU_ISA_AVX2 && checked == 0)
+        FAIL_AT("%s", "no vector kernel set was checked");
+}
+
 /* The in-place kernels (scores_kv, accum_kv: several rows at once, f16 or
  * q8_0 K/V rows read where they lie, addressed one by one and scattered
  * here), on odd shapes and row counts: each row against a double loop, and

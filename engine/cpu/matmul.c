@@ -1,12 +1,13 @@
 /*
  * matmul.c: run-time ISA choice and dispatch for the CPU matrix products
  * (API in matmul.h). The kernels live in matmul_avx2.c, matmul_avx512.c,
- * matmul_rows16_avx512.c and matmul_rows16_avx2.c (K-quants:
- * matmul_kquant_*.c), which are compiled
- * with their ISA enabled; nothing here calls into them unless CPUID (and the
- * OS, which __builtin_cpu_supports also checks through XGETBV) says the
- * instructions exist. The scalar ISA is the reference in
- * quant.c, looped: slow, and what everything else is tested against.
+ * matmul_rows16_avx512.c, matmul_rows16_avx2.c and matmul_rows16_avxvnni.c
+ * (two builds of matmul_rows16_ymm.h) and matmul_kquant_*.c (K-quants),
+ * which are compiled with their ISA enabled; nothing here calls into them
+ * unless CPUID (and the OS, which __builtin_cpu_supports also checks
+ * through XGETBV) says the instructions exist. The scalar ISA is the
+ * reference in quant.c, looped: slow, and what everything else is tested
+ * against.
  */
 #include "matmul.h"
 #include "matmul_impl.h"
@@ -21,6 +22,7 @@
 static pthread_once_t detect_once = PTHREAD_ONCE_INIT;
 static enum cpu_isa detected_isa;
 static int detected_vnni;
+static int detected_avxvnni;
 
 static int has_f16c(void)
 {
@@ -28,6 +30,16 @@ static int has_f16c(void)
     if (!__get_cpuid(1, &a, &b, &c, &d))
         return 0;
     return (c & bit_F16C) != 0;
+}
+
+/* AVX-VNNI, the VEX-encoded VPDPBUSD: CPUID leaf 7, sub-leaf 1, EAX bit 4
+ * (the OS's saving of the YMM state is part of the AVX2 check). */
+static int has_avxvnni(void)
+{
+    unsigned int a, b, c, d;
+    if (!__get_cpuid_count(7, 1, &a, &b, &c, &d))
+        return 0;
+    return (a & (1u << 4)) != 0;
 }
 
 /* Runs once. STREAMSINK_ISA can only lower the choice: asking for an ISA the
@@ -46,13 +58,19 @@ static void detect(void)
             best = CPU_ISA_AVX512;
     }
     detected_vnni = best == CPU_ISA_AVX512 && __builtin_cpu_supports("avx512vnni");
+    detected_avxvnni = best >= CPU_ISA_AVX2 && has_avxvnni();
 
     const char *cap = getenv("STREAMSINK_ISA");
     if (cap) {
-        if (strcmp(cap, "scalar") == 0)
+        if (strcmp(cap, "scalar") == 0) {
             best = CPU_ISA_SCALAR;
-        else if (strcmp(cap, "avx2") == 0 && best > CPU_ISA_AVX2)
-            best = CPU_ISA_AVX2;
+            detected_avxvnni = 0;
+        } else if (strcmp(cap, "avx2") == 0 || strcmp(cap, "avxvnni") == 0) {
+            if (best > CPU_ISA_AVX2)
+                best = CPU_ISA_AVX2;
+            if (strcmp(cap, "avx2") == 0)
+                detected_avxvnni = 0;
+        }
     }
     detected_isa = best;
 }
@@ -67,6 +85,12 @@ int cpu__has_vnni(void)
 {
     pthread_once(&detect_once, detect);
     return detected_vnni;
+}
+
+int cpu__has_avxvnni(void)
+{
+    pthread_once(&detect_once, detect);
+    return detected_avxvnni;
 }
 
 const char *cpu_isa_name(enum cpu_isa isa)
@@ -127,7 +151,10 @@ void cpu_matmul_rows(enum cpu_isa isa, enum qtype t, const void *restrict w, int
         return;
     }
     if (isa == CPU_ISA_AVX2 && (t == QTYPE_Q4_0 || t == QTYPE_Q4_1 || t == QTYPE_Q8_0)) {
-        cpu__matmul_rows16_avx2(t, w, k, n0, n1, act, T, y, ldy);
+        if (cpu__has_avxvnni())
+            cpu__matmul_rows16_avxvnni(t, w, k, n0, n1, act, T, y, ldy);
+        else
+            cpu__matmul_rows16_avx2(t, w, k, n0, n1, act, T, y, ldy);
         return;
     }
     switch (isa) {
@@ -199,6 +226,8 @@ void cpu_matmul_rows_packed(enum cpu_isa isa, enum qtype t, const void *restrict
     assert(0 <= n0 && n0 <= n1 && n1 <= N && (T <= 1 || ldy >= n1));
     if (isa == CPU_ISA_AVX512)
         cpu__matmul_rows16_packed_avx512_vnni(t, wp, k, N, n0, n1, act, T, y, ldy);
+    else if (cpu__has_avxvnni())
+        cpu__matmul_rows16_packed_avxvnni(t, wp, k, N, n0, n1, act, T, y, ldy);
     else
         cpu__matmul_rows16_packed_avx2(t, wp, k, N, n0, n1, act, T, y, ldy);
 }

@@ -19,7 +19,9 @@
 enum cpu_isa { CPU_ISA_SCALAR = 0, CPU_ISA_AVX2 = 1, CPU_ISA_AVX512 = 2 };
 
 /* Best ISA this CPU supports (cached). STREAMSINK_ISA=scalar|avx2|avx512 in
- * the environment caps it (for tests and benchmarks). */
+ * the environment caps it (for tests and benchmarks); avxvnni caps it at
+ * AVX2 as avx2 does but keeps AVX-VNNI (256-bit VPDPBUSD) where the CPU has
+ * it, which plain avx2 leaves out. */
 enum cpu_isa cpu_isa_best(void);
 const char *cpu_isa_name(enum cpu_isa isa);
 

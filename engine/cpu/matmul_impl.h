@@ -38,7 +38,7 @@ void cpu__matmul_rows16_packed_avx512_vnni(enum qtype t, const void *restrict wp
                                            const void *restrict act, int64_t T, float *restrict y,
                                            int64_t ldy);
 
-/* The AVX2 kernel for Q4_0, Q4_1 and Q8_0 (matmul_rows16_avx2.c): the VNNI
+/* The AVX2 kernel for Q4_0, Q4_1 and Q8_0 (matmul_rows16_ymm.h): the VNNI
  * kernel's steps, the same bits; on rows as they are (cpu_matmul_rows) and on
  * repacked ones (cpu_matmul_rows_packed). */
 void cpu__matmul_rows16_avx2(enum qtype t, const void *restrict w, int64_t k, int64_t n0,
@@ -47,6 +47,14 @@ void cpu__matmul_rows16_avx2(enum qtype t, const void *restrict w, int64_t k, in
 void cpu__matmul_rows16_packed_avx2(enum qtype t, const void *restrict wp, int64_t k, int64_t N,
                                     int64_t n0, int64_t n1, const void *restrict act, int64_t T,
                                     float *restrict y, int64_t ldy);
+/* The same kernel built for AVX-VNNI (matmul_rows16_avxvnni.c): the same
+ * bits; call only where cpu__has_avxvnni(). */
+void cpu__matmul_rows16_avxvnni(enum qtype t, const void *restrict w, int64_t k, int64_t n0,
+                                int64_t n1, const void *restrict act, int64_t T, float *restrict y,
+                                int64_t ldy);
+void cpu__matmul_rows16_packed_avxvnni(enum qtype t, const void *restrict wp, int64_t k, int64_t N,
+                                       int64_t n0, int64_t n1, const void *restrict act, int64_t T,
+                                       float *restrict y, int64_t ldy);
 
 /* The repacked layout (matmul.h): the bytes of a block's quants in a group
  * of sixteen rows (Q4: 4, Q8_0: 8 runs of 64), and of the whole block, the
@@ -68,5 +76,9 @@ void cpu__pack_block(enum qtype t, const void *rows, size_t rb, int nr, int64_t 
 
 /* 1 when the CPU has AVX512-VNNI (cached). */
 int cpu__has_vnni(void);
+/* 1 when the CPU has AVX2 and AVX-VNNI and STREAMSINK_ISA does not cap it
+ * below avxvnni (cached): the AVX2-level sixteen-row products then take the
+ * AVX-VNNI build of their kernel. */
+int cpu__has_avxvnni(void);
 
 #endif

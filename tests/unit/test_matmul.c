@@ -236,7 +236,12 @@ TEST(isa_names_and_detection_are_consistent)
     ASSERT_STREQ(cpu_isa_name(CPU_ISA_AVX2), "avx2");
     ASSERT_STREQ(cpu_isa_name(CPU_ISA_AVX512), "avx512");
     ASSERT(!cpu__has_vnni() || best == CPU_ISA_AVX512 || getenv("STREAMSINK_ISA"));
-    printf("  best isa here: %s%s\n", cpu_isa_name(best), cpu__has_vnni() ? " (vnni)" : "");
+    /* AVX-VNNI only on top of AVX2, and never where the cap leaves it out */
+    const char *cap = getenv("STREAMSINK_ISA");
+    ASSERT(!cpu__has_avxvnni() || best >= CPU_ISA_AVX2);
+    ASSERT(!cpu__has_avxvnni() || !cap || (strcmp(cap, "avx2") && strcmp(cap, "scalar")));
+    printf("  best isa here: %s%s%s\n", cpu_isa_name(best), cpu__has_vnni() ? " (vnni)" : "",
+           cpu__has_avxvnni() ? " (avx-vnni)" : "");
 }
 
 /* The SIMD quantizers do the same float operations as the reference (amax,
@@ -796,8 +801,8 @@ static float rows16_steps(enum qtype t, const uint8_t *w, const uint8_t *a, int6
  * several; at T = 1 one pass), N (full groups, and rows past the last one,
  * which it transposes on the fly), row range, and T (register tiles of 1 to
  * 4 rows, as even as they divide; 64-row blocks), and writes nothing outside
- * its rows. Where the CPU also has AVX512-VNNI the two kernels give the same
- * bits. */
+ * its rows; so does its AVX-VNNI build where the CPU has AVX-VNNI. Where the
+ * CPU also has AVX512-VNNI the kernels give the same bits. */
 TEST(packed_rows_on_avx2_take_the_exact_steps_of_the_scalar_loop)
 {
     enum { NMAX = 53, LDY = NMAX + 3, TMAX = 70 };
@@ -814,7 +819,9 @@ TEST(packed_rows_on_avx2_take_the_exact_steps_of_the_scalar_loop)
         TEST_SKIP("no AVX2 here (or capped by STREAMSINK_ISA)");
     const int also_vnni =
         cpu_isa_best() == CPU_ISA_AVX512 && cpu_matmul_packs(CPU_ISA_AVX512, QTYPE_Q4_0);
-    long long checked = 0, compared = 0;
+    long long checked = 0, compared = 0, checked_avxvnni = 0;
+    if (!cpu__has_avxvnni())
+        printf("  skip the AVX-VNNI build: no AVX-VNNI here (or capped by STREAMSINK_ISA)\n");
     for (size_t ti = 0; ti < sizeof packed_types / sizeof packed_types[0]; ti++) {
         const enum qtype t = packed_types[ti];
         for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++) {
@@ -837,11 +844,18 @@ TEST(packed_rows_on_avx2_take_the_exact_steps_of_the_scalar_loop)
                     const int64_t n1 = ranges[ri][1] < N ? ranges[ri][1] : N;
                     if (n0 > n1)
                         continue;
-                    for (size_t tj = 0; tj < sizeof ts / sizeof ts[0]; tj++) {
-                        const int64_t T = ts[tj];
+                    for (size_t tj = 0; tj < sizeof ts / sizeof ts[0] * 2; tj++) {
+                        const int64_t T = ts[tj / 2];
+                        const int avxvnni = (int)(tj % 2); /* 1: the AVX-VNNI build */
+                        if (avxvnni && !cpu__has_avxvnni())
+                            continue;
                         for (size_t i = 0; i < sizeof y / sizeof y[0]; i++)
                             y[i] = vnni[i] = sentinel;
-                        cpu_matmul_rows_packed(CPU_ISA_AVX2, t, p, k, N, n0, n1, act, T, y, LDY);
+                        if (avxvnni)
+                            cpu__matmul_rows16_packed_avxvnni(t, p, k, N, n0, n1, act, T, y, LDY);
+                        else
+                            cpu__matmul_rows16_packed_avx2(t, p, k, N, n0, n1, act, T, y, LDY);
+                        checked_avxvnni += avxvnni;
                         if (also_vnni)
                             cpu_matmul_rows_packed(CPU_ISA_AVX512, t, p, k, N, n0, n1, act, T, vnni,
                                                    LDY);
@@ -856,11 +870,12 @@ TEST(packed_rows_on_avx2_take_the_exact_steps_of_the_scalar_loop)
                                     continue;
                                 }
                                 if (memcmp(&got, &want[tt * LDY + n], sizeof got) != 0)
-                                    FAIL_AT("%s K=%lld N=%lld T=%lld rows [%lld,%lld): "
+                                    FAIL_AT("%s%s K=%lld N=%lld T=%lld rows [%lld,%lld): "
                                             "y[%lld][%lld] = %.9g, the scalar steps %.9g",
-                                            qtype_name(t), (long long)k, (long long)N, (long long)T,
-                                            (long long)n0, (long long)n1, (long long)tt,
-                                            (long long)n, got, want[tt * LDY + n]);
+                                            avxvnni ? " (AVX-VNNI)" : "", qtype_name(t),
+                                            (long long)k, (long long)N, (long long)T, (long long)n0,
+                                            (long long)n1, (long long)tt, (long long)n, got,
+                                            want[tt * LDY + n]);
                                 checked++;
                                 if (also_vnni) {
                                     if (memcmp(&got, &vnni[tt * LDY + n], sizeof got) != 0)
@@ -878,7 +893,9 @@ TEST(packed_rows_on_avx2_take_the_exact_steps_of_the_scalar_loop)
             }
         }
     }
-    printf("  %lld outputs checked, %lld against the VNNI kernel\n", checked, compared);
+    printf("  %lld outputs checked (%lld calls of the AVX-VNNI build), %lld against the VNNI "
+           "kernel\n",
+           checked, checked_avxvnni, compared);
 }
 
 /* At T = 1 each repacked group is read in one pass of all its blocks, up to

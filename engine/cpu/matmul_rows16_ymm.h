@@ -1,0 +1,368 @@
+/*
+ * matmul_rows16_ymm.h: the 256-bit kernel for Q4_0, Q4_1 and Q8_0 weights
+ * repacked by cpu_pack_rows (layout in matmul.h), behind
+ * cpu_matmul_rows_packed on CPUs whose best ISA is AVX2 (no AVX512-VNNI).
+ * Not a header to include for its declarations (those are in
+ * matmul_impl.h): the source of the kernel, which matmul_rows16_avx2.c
+ * compiles with AVX2, FMA and F16C and matmul_rows16_avxvnni.c with
+ * AVX-VNNI as well; matmul.c calls into either only after CPUID says the
+ * CPU has what it was compiled for.
+ *
+ * Layout. A repacked group of sixteen rows stores each block's quants as
+ * runs of 64 bytes, bytes 4r .. 4r+3 of run j being values 4j .. 4j+3 of
+ * row r: the low 32 bytes of a run are rows 0-7, the high 32 rows 8-15. So
+ * one 256-bit load gives eight rows, one row per int32 lane, and the
+ * activation's four bytes 4j .. 4j+3, broadcast, meet all eight at once:
+ * VPMADDUBSW multiplies the unsigned weight bytes by the signed activation
+ * bytes and adds neighbours into 16-bit lanes, VPMADDWD by ones adds those
+ * into one int32 per row. Nothing is summed across lanes. A half group
+ * (eight rows) is taken against a register tile of up to four activation
+ * rows, so that each block's quants are loaded (the nibbles split) once for
+ * the tile (five or six rows, which spilled, ran no faster).
+ *
+ * The integer dot product of a block is exact, as in the VNNI kernel:
+ *   Q4_0 and Q4_1: the nibbles q (0..15) against a (|a| <= 127: the
+ *     activation quantizer's range) in 16-bit lanes, summed over the eight
+ *     runs before widening: at most 8 * 2 * 15 * 128 = 30,720 < 2^15, no
+ *     saturation and no wrap; then i = that - bias * sum(a), bias 8 for
+ *     Q4_0 and 0 for Q4_1.
+ *   Q8_0: the stored bytes are w + 128, which VPMADDUBSW cannot take (a
+ *     pair of 255 * 127 saturates), so each run is made signed again (w)
+ *     and taken as |w| against a with w's sign: a pair is at most
+ *     2 * 128 * 127 = 32,512, widened to int32 at every run. i = sum(w a).
+ * Then, per output, the VNNI kernel's float steps in the same order:
+ *     acc = fma((float)i, d_w * d_a, acc)
+ *     acc = fma(m_w, s_a, acc)                     (Q4_1 only)
+ * so a repacked row's result is bit-identical to the VNNI kernel's (the
+ * tests compare them where both run), and it depends neither on T nor on
+ * the rows of the call nor on the row's place in its group: a row's result
+ * is the same however it is batched.
+ *
+ * Compiled with ROWS16_AVXVNNI defined (matmul_rows16_avxvnni.c) it is the
+ * kernel for CPUs with AVX-VNNI, the 256-bit VPDPBUSD, which Intel's parts
+ * without AVX-512 have had since Alder Lake (client cores, Sierra Forest):
+ * one VPDPBUSD per run and row takes the place of VPMADDUBSW and its 16-bit
+ * add (Q4), or of the sign steps, VPMADDUBSW, VPMADDWD and the add (Q8_0,
+ * whose stored bytes w + 128 it takes as they are, with bias 128 as in the
+ * VNNI kernel). Its sums are the same exact integers, so its results are
+ * the same bits.
+ *
+ * The last N % 16 rows of a repacked matrix are stored as they are; they are
+ * transposed block by block into a group of their own on the stack (its
+ * lanes past the last row repeat it and are not stored), so they take the
+ * same steps. cpu__matmul_rows16_avx2 does that for every group of a matrix
+ * whose rows are all as they are, so that cpu_matmul_rows gives these types
+ * the same bits on AVX2 whether or not the weights were repacked (slowly:
+ * the backend repacks them, so only tests and benchmarks go this way).
+ */
+#include "matmul_impl.h"
+
+#include <immintrin.h>
+#include <string.h>
+
+#define GROUP 16        /* weight rows per repacked group */
+#define HALF 8          /* rows per 256-bit vector: one per int32 lane */
+#define CHUNK_BLOCKS 32 /* blocks per pass over the groups */
+#define TILE_MAX 4      /* activation rows per register tile */
+#define TOKEN_BLOCK 64  /* activation rows whose corrections are kept at once */
+#define T1_BLOCKS 1024  /* T = 1: blocks per pass, so each group is read in one */
+
+#define INLINE static inline __attribute__((always_inline))
+
+#ifdef ROWS16_AVXVNNI
+#define ROWS16_NAME(f) f##_avxvnni
+#else
+#define ROWS16_NAME(f) f##_avx2
+#endif
+
+/* What the quants of type are stored offset by, as unsigned bytes, in the
+ * sums this kernel forms: Q4_0's nibbles are w + 8; Q8_0's bytes w + 128,
+ * which only the AVX-VNNI build takes as they are (the AVX2 one makes them
+ * signed again first). */
+INLINE int bias_of(const enum qtype type)
+{
+#ifdef ROWS16_AVXVNNI
+    if (type == QTYPE_Q8_0)
+        return 128;
+#endif
+    return type == QTYPE_Q4_0 ? 8 : 0;
+}
+
+INLINE int32_t load_i32(const void *p)
+{
+    int32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* The sum of a Q8 activation block's 32 quants. */
+INLINE int32_t act_sum(const struct block_q8_act *a)
+{
+    const __m256i q = _mm256_loadu_si256((const __m256i *)a->qs);
+    const __m256i s16 = _mm256_maddubs_epi16(_mm256_set1_epi8(1), q);
+    const __m256i s32 = _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
+    s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
+    return _mm_cvtsi128_si32(s);
+}
+
+/* Half h (rows 8h .. 8h+7) of a repacked group, blocks bb = 0 .. nb-1 at
+ * base + bb * cpu__packed_bs, against nt activation rows (a, a_stride apart,
+ * positioned at the first of those blocks), accumulated into the outputs
+ * y[t * ldy + 0 .. 7] of the lanes in mask (zero first where first).
+ * corr[t * cs + bb] = -bias * sum of activation row t's block bb. */
+INLINE void tile(const enum qtype type, const int nt, const char *base, int h, int nb,
+                 const char *a, size_t a_stride, const int32_t *corr, int cs, float *y, int64_t ldy,
+                 __m256i mask, int first)
+{
+    const __m256i lo4 = _mm256_set1_epi8(0x0f);
+#ifndef ROWS16_AVXVNNI
+    const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
+#endif
+    /* masked moves only where some lanes are out: on some AMD cores a
+     * masked store is microcoded */
+    const int whole = _mm256_movemask_ps(_mm256_castsi256_ps(mask)) == 0xff;
+    __m256 f[TILE_MAX];
+#pragma GCC unroll 4
+    for (int t = 0; t < nt; t++)
+        f[t] = first   ? _mm256_setzero_ps()
+               : whole ? _mm256_loadu_ps(y + t * ldy)
+                       : _mm256_maskload_ps(y + t * ldy, mask);
+    for (int bb = 0; bb < nb; bb++) {
+        const char *qb = base + (size_t)bb * cpu__packed_bs(type);
+        __m256i acc[TILE_MAX];
+#ifdef ROWS16_AVXVNNI
+        /* the block's correction first, then one VPDPBUSD per run: the
+         * stored bytes (nibbles, or w + 128) against the activation bytes */
+#pragma GCC unroll 4
+        for (int t = 0; t < nt; t++)
+            acc[t] =
+                type == QTYPE_Q4_1 ? _mm256_setzero_si256() : _mm256_set1_epi32(corr[t * cs + bb]);
+#pragma GCC unroll 8
+        for (int jj = 0; jj < 8; jj++) {
+            const int j = type == QTYPE_Q8_0 ? jj : jj % 2 ? 4 + jj / 2 : jj / 2;
+            __m256i u;
+            if (type == QTYPE_Q8_0) {
+                u = _mm256_loadu_si256((const __m256i *)(qb + 64 * j + 32 * h));
+            } else {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(qb + 64 * (j % 4) + 32 * h));
+                u = j < 4 ? _mm256_and_si256(v, lo4)
+                          : _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
+            }
+#pragma GCC unroll 4
+            for (int t = 0; t < nt; t++) {
+                const struct block_q8_act *ab =
+                    (const struct block_q8_act *)(a + (size_t)t * a_stride) + bb;
+                acc[t] =
+                    _mm256_dpbusd_avx_epi32(acc[t], u, _mm256_set1_epi32(load_i32(ab->qs + 4 * j)));
+            }
+        }
+#else
+        if (type == QTYPE_Q8_0) {
+#pragma GCC unroll 8
+            for (int j = 0; j < 8; j++) {
+                const __m256i w = _mm256_xor_si256(
+                    _mm256_loadu_si256((const __m256i *)(qb + 64 * j + 32 * h)), flip);
+                const __m256i aw = _mm256_abs_epi8(w);
+#pragma GCC unroll 4
+                for (int t = 0; t < nt; t++) {
+                    const struct block_q8_act *ab =
+                        (const struct block_q8_act *)(a + (size_t)t * a_stride) + bb;
+                    const __m256i x = _mm256_set1_epi32(load_i32(ab->qs + 4 * j));
+                    const __m256i p =
+                        _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w)), ones);
+                    acc[t] = j == 0 ? p : _mm256_add_epi32(acc[t], p);
+                }
+            }
+        } else {
+            /* a run's low nibbles, then its high ones */
+#pragma GCC unroll 8
+            for (int jj = 0; jj < 8; jj++) {
+                const int j = jj % 2 ? 4 + jj / 2 : jj / 2;
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(qb + 64 * (j % 4) + 32 * h));
+                const __m256i u = j < 4 ? _mm256_and_si256(v, lo4)
+                                        : _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
+#pragma GCC unroll 4
+                for (int t = 0; t < nt; t++) {
+                    const struct block_q8_act *ab =
+                        (const struct block_q8_act *)(a + (size_t)t * a_stride) + bb;
+                    const __m256i p =
+                        _mm256_maddubs_epi16(u, _mm256_set1_epi32(load_i32(ab->qs + 4 * j)));
+                    acc[t] = jj == 0 ? p : _mm256_add_epi16(acc[t], p);
+                }
+            }
+#pragma GCC unroll 4
+            for (int t = 0; t < nt; t++) {
+                acc[t] = _mm256_madd_epi16(acc[t], ones);
+                if (type == QTYPE_Q4_0)
+                    acc[t] = _mm256_add_epi32(acc[t], _mm256_set1_epi32(corr[t * cs + bb]));
+            }
+        }
+#endif
+        const __m256 d =
+            _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(qb + cpu__packed_qb(type) + 16 * h)));
+        const __m256 m = type == QTYPE_Q4_1
+                             ? _mm256_cvtph_ps(_mm_loadu_si128(
+                                   (const __m128i *)(qb + cpu__packed_qb(type) + 32 + 16 * h)))
+                             : _mm256_setzero_ps();
+#pragma GCC unroll 4
+        for (int t = 0; t < nt; t++) {
+            const struct block_q8_act *ab =
+                (const struct block_q8_act *)(a + (size_t)t * a_stride) + bb;
+            f[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[t]),
+                                   _mm256_mul_ps(d, _mm256_set1_ps(ab->d)), f[t]);
+            if (type == QTYPE_Q4_1)
+                f[t] = _mm256_fmadd_ps(m, _mm256_set1_ps(ab->s), f[t]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < nt; t++) {
+        if (whole)
+            _mm256_storeu_ps(y + t * ldy, f[t]);
+        else
+            _mm256_maskstore_ps(y + t * ldy, mask, f[t]);
+    }
+}
+
+/* Calls tile with nt as a constant. */
+INLINE void tile_n(const enum qtype type, int nt, const char *base, int h, int nb, const char *a,
+                   size_t a_stride, const int32_t *corr, int cs, float *y, int64_t ldy,
+                   __m256i mask, int first)
+{
+    switch (nt) {
+    case 4:
+        tile(type, 4, base, h, nb, a, a_stride, corr, cs, y, ldy, mask, first);
+        break;
+    case 3:
+        tile(type, 3, base, h, nb, a, a_stride, corr, cs, y, ldy, mask, first);
+        break;
+    case 2:
+        tile(type, 2, base, h, nb, a, a_stride, corr, cs, y, ldy, mask, first);
+        break;
+    default:
+        tile(type, 1, base, h, nb, a, a_stride, corr, cs, y, ldy, mask, first);
+        break;
+    }
+}
+
+/* The int32 lanes of half h of the group at row g that fall in [n0, n1). */
+INLINE __m256i half_mask(int64_t g, int h, int64_t n0, int64_t n1)
+{
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const int64_t r0 = g + HALF * h;
+    const int lo = n0 > r0 ? (int)(n0 - r0 < HALF ? n0 - r0 : HALF) : 0;
+    const int hi = n1 > r0 ? (int)(n1 - r0 < HALF ? n1 - r0 : HALF) : 0;
+    return _mm256_and_si256(_mm256_cmpgt_epi32(_mm256_set1_epi32(hi), lane),
+                            _mm256_cmpgt_epi32(lane, _mm256_set1_epi32(lo - 1)));
+}
+
+/* Tiles as even as they divide (7 rows: 4 and 3) of the tn
+ * activation rows at a (a_stride apart, positioned at the chunk's first
+ * block) against half h of a group, blocks bb = 0 .. nb-1 at base. */
+INLINE void tiles(const enum qtype type, const char *base, int h, int nb, const char *a,
+                  size_t a_stride, int64_t tn, const int32_t *corr, int cs, float *y, int64_t ldy,
+                  __m256i mask, int first)
+{
+    const int n_tiles = (int)((tn + TILE_MAX - 1) / TILE_MAX);
+    for (int64_t tt = 0, ti = 0; tt < tn; ti++) {
+        const int nt = (int)(tn / n_tiles + (ti < tn % n_tiles));
+        tile_n(type, nt, base, h, nb, a + (size_t)tt * a_stride, a_stride, corr + tt * cs, cs,
+               y + tt * ldy, ldy, mask, first);
+        tt += nt;
+    }
+}
+
+/* Rows [n0, n1) of a matrix of N rows of k values whose first `full` rows
+ * (a multiple of 16) are repacked and the rest stored as they are. */
+INLINE void rows16(const enum qtype type, const void *restrict wp, int64_t k, int64_t N,
+                   int64_t full, int64_t n0, int64_t n1, const void *restrict act, int64_t T,
+                   float *restrict y, int64_t ldy)
+{
+    const int bias = bias_of(type);
+    const size_t rb = qtype_row_bytes(type, k), bs = cpu__packed_bs(type);
+    const size_t a_stride = quant_act_bytes(type, k);
+    const int64_t nbk = k / QK;
+    /* blocks per pass over the groups: at T = 1 all of them (up to
+     * T1_BLOCKS), so that the weights are read as one stream */
+    const int chunk = T == 1 ? T1_BLOCKS : CHUNK_BLOCKS;
+    int32_t corr[TOKEN_BLOCK * CHUNK_BLOCKS];
+    _Static_assert(T1_BLOCKS <= TOKEN_BLOCK * CHUNK_BLOCKS, "corr holds a T = 1 pass");
+    _Alignas(64) char tail[CHUNK_BLOCKS * (8 * 64 + 64)]; /* the last rows' group */
+
+    for (int64_t t0 = 0; t0 < T; t0 += TOKEN_BLOCK) {
+        const int64_t tn = T - t0 < TOKEN_BLOCK ? T - t0 : TOKEN_BLOCK;
+        const char *a0 = (const char *)act + (size_t)t0 * a_stride;
+        for (int64_t b0 = 0; b0 < nbk; b0 += chunk) {
+            const int nb = nbk - b0 < chunk ? (int)(nbk - b0) : chunk;
+            if (bias)
+                for (int64_t t = 0; t < tn; t++)
+                    for (int bb = 0; bb < nb; bb++)
+                        corr[t * nb + bb] =
+                            -bias *
+                            act_sum((const struct block_q8_act *)(a0 + (size_t)t * a_stride) + b0 +
+                                    bb);
+            const char *ab0 = a0 + (size_t)b0 * sizeof(struct block_q8_act);
+            for (int64_t g = n0 / GROUP * GROUP; g < n1; g += GROUP) {
+                for (int h = 0; h < 2; h++) {
+                    const __m256i mask = half_mask(g, h, n0, n1);
+                    if (_mm256_testz_si256(mask, mask))
+                        continue;
+                    float *yg = y + t0 * ldy + g + HALF * h;
+                    if (g < full) {
+                        tiles(type, (const char *)wp + (size_t)g * rb + (size_t)b0 * bs, h, nb, ab0,
+                              a_stride, tn, corr, nb, yg, ldy, mask, b0 == 0);
+                        continue;
+                    }
+                    /* rows as they are, CHUNK_BLOCKS blocks at a time */
+                    for (int c0 = 0; c0 < nb; c0 += CHUNK_BLOCKS) {
+                        const int cn = nb - c0 < CHUNK_BLOCKS ? nb - c0 : CHUNK_BLOCKS;
+                        for (int bb = 0; bb < cn; bb++)
+                            cpu__pack_block(type, (const char *)wp + (size_t)g * rb, rb,
+                                            (int)(N - g < GROUP ? N - g : GROUP), b0 + c0 + bb,
+                                            tail + (size_t)bb * bs);
+                        tiles(type, tail, h, cn, ab0 + (size_t)c0 * sizeof(struct block_q8_act),
+                              a_stride, tn, corr + c0, nb, yg, ldy, mask, b0 + c0 == 0);
+                    }
+                }
+            }
+        }
+    }
+}
+
+void ROWS16_NAME(cpu__matmul_rows16_packed)(enum qtype t, const void *restrict wp, int64_t k,
+                                            int64_t N, int64_t n0, int64_t n1,
+                                            const void *restrict act, int64_t T, float *restrict y,
+                                            int64_t ldy)
+{
+    const int64_t full = N / GROUP * GROUP;
+    switch (t) {
+    case QTYPE_Q4_0:
+        rows16(QTYPE_Q4_0, wp, k, N, full, n0, n1, act, T, y, ldy);
+        break;
+    case QTYPE_Q4_1:
+        rows16(QTYPE_Q4_1, wp, k, N, full, n0, n1, act, T, y, ldy);
+        break;
+    default:
+        rows16(QTYPE_Q8_0, wp, k, N, full, n0, n1, act, T, y, ldy);
+        break;
+    }
+}
+
+void ROWS16_NAME(cpu__matmul_rows16)(enum qtype t, const void *restrict w, int64_t k, int64_t n0,
+                                     int64_t n1, const void *restrict act, int64_t T,
+                                     float *restrict y, int64_t ldy)
+{
+    /* no row is repacked; the matrix has at least n1 rows */
+    switch (t) {
+    case QTYPE_Q4_0:
+        rows16(QTYPE_Q4_0, w, k, n1, 0, n0, n1, act, T, y, ldy);
+        break;
+    case QTYPE_Q4_1:
+        rows16(QTYPE_Q4_1, w, k, n1, 0, n0, n1, act, T, y, ldy);
+        break;
+    default:
+        rows16(QTYPE_Q8_0, w, k, n1, 0, n0, n1, act, T, y, ldy);
+        break;
+    }
+}

@@ -15,13 +15,13 @@
 # ggml's AMX path, for CPUs with AMX-INT8 where that path crashes; see
 # tools/peer_build.sh), PEER_ISA (avx2: both sides limited to AVX2, FMA and
 # F16C, as on a CPU without AVX-512: llama.cpp built so, streamsink run with
-# STREAMSINK_ISA=avx2).
+# STREAMSINK_ISA=avx2; avxvnni: the same with AVX-VNNI on both sides).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD="${1:-build}"
 if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
 PEER_BIN=$(PYTHON="$PY" tools/peer_build.sh)
-[ "${PEER_ISA:-}" = avx2 ] && export STREAMSINK_ISA=avx2
+case "${PEER_ISA:-}" in avx2 | avxvnni) export STREAMSINK_ISA="$PEER_ISA" ;; esac
 Q41=$(STREAMSINK_VENV=.venv bash scripts/fetch-model.sh)
 DIR=$(dirname "$Q41")
 MODELS=()

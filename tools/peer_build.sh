@@ -14,6 +14,8 @@
 # (build-VERSION-avx2) builds for AVX, AVX2, FMA and F16C only: what an
 # AVX2-only CPU runs, for comparing on a bigger one against streamsink capped
 # the same way (tools/peer_bench.sh sets STREAMSINK_ISA=avx2 with it).
+# PEER_ISA=avxvnni (build-VERSION-avxvnni) adds AVX-VNNI to those, as on an
+# Intel CPU without AVX-512 since Alder Lake (streamsink: STREAMSINK_ISA=avxvnni).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PEER_DIR="${PEER_DIR:-$HOME/.cache/streamsink/peer}"
@@ -44,8 +46,12 @@ fi
 if [ "${PEER_ISA:-}" = avx2 ]; then
   BDIR="$PEER_DIR/build-$PEER_VERSION-avx2"
   ISA_FLAGS=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON)
+elif [ "${PEER_ISA:-}" = avxvnni ]; then
+  BDIR="$PEER_DIR/build-$PEER_VERSION-avxvnni"
+  ISA_FLAGS=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
+    -DGGML_AVX_VNNI=ON)
 elif [ -n "${PEER_ISA:-}" ]; then
-  echo "peer_build.sh: PEER_ISA is avx2 or unset" >&2
+  echo "peer_build.sh: PEER_ISA is avx2, avxvnni or unset" >&2
   exit 2
 fi
 BIN="$BDIR/bin"

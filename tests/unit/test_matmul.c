@@ -851,8 +851,11 @@ TEST(packed_rows_on_avx2_take_the_exact_steps_of_the_scalar_loop)
                             continue;
                         for (size_t i = 0; i < sizeof y / sizeof y[0]; i++)
                             y[i] = vnni[i] = sentinel;
+                        /* the AVX-VNNI build through the dispatch, which takes
+                         * it where the CPU has AVX-VNNI; the AVX2 one directly */
                         if (avxvnni)
-                            cpu__matmul_rows16_packed_avxvnni(t, p, k, N, n0, n1, act, T, y, LDY);
+                            cpu_matmul_rows_packed(CPU_ISA_AVX2, t, p, k, N, n0, n1, act, T, y,
+                                                   LDY);
                         else
                             cpu__matmul_rows16_packed_avx2(t, p, k, N, n0, n1, act, T, y, LDY);
                         checked_avxvnni += avxvnni;

@@ -18,7 +18,8 @@
  * into one int32 per row. Nothing is summed across lanes. A half group
  * (eight rows) is taken against a register tile of up to four activation
  * rows, so that each block's quants are loaded (the nibbles split) once for
- * the tile (five or six rows, which spilled, ran no faster).
+ * the tile (five or six rows, which spilled, ran no faster); the AVX-VNNI
+ * build below needs no 16-bit partial sums and takes up to six.
  *
  * The integer dot product of a block is exact, as in the VNNI kernel:
  *   Q4_0 and Q4_1: the nibbles q (0..15) against a (|a| <= 127: the
@@ -63,9 +64,13 @@
 #define GROUP 16        /* weight rows per repacked group */
 #define HALF 8          /* rows per 256-bit vector: one per int32 lane */
 #define CHUNK_BLOCKS 32 /* blocks per pass over the groups */
-#define TILE_MAX 4      /* activation rows per register tile */
-#define TOKEN_BLOCK 64  /* activation rows whose corrections are kept at once */
-#define T1_BLOCKS 1024  /* T = 1: blocks per pass, so each group is read in one */
+#ifdef ROWS16_AVXVNNI
+#define TILE_MAX 6 /* activation rows per register tile */
+#else
+#define TILE_MAX 4 /* activation rows per register tile */
+#endif
+#define TOKEN_BLOCK 64 /* activation rows whose corrections are kept at once */
+#define T1_BLOCKS 1024 /* T = 1: blocks per pass, so each group is read in one */
 
 #define INLINE static inline __attribute__((always_inline))
 
@@ -124,7 +129,7 @@ INLINE void tile(const enum qtype type, const int nt, const char *base, int h, i
      * masked store is microcoded */
     const int whole = _mm256_movemask_ps(_mm256_castsi256_ps(mask)) == 0xff;
     __m256 f[TILE_MAX];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int t = 0; t < nt; t++)
         f[t] = first   ? _mm256_setzero_ps()
                : whole ? _mm256_loadu_ps(y + t * ldy)
@@ -135,7 +140,7 @@ INLINE void tile(const enum qtype type, const int nt, const char *base, int h, i
 #ifdef ROWS16_AVXVNNI
         /* the block's correction first, then one VPDPBUSD per run: the
          * stored bytes (nibbles, or w + 128) against the activation bytes */
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int t = 0; t < nt; t++)
             acc[t] =
                 type == QTYPE_Q4_1 ? _mm256_setzero_si256() : _mm256_set1_epi32(corr[t * cs + bb]);
@@ -150,7 +155,7 @@ INLINE void tile(const enum qtype type, const int nt, const char *base, int h, i
                 u = j < 4 ? _mm256_and_si256(v, lo4)
                           : _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
             }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
             for (int t = 0; t < nt; t++) {
                 const struct block_q8_act *ab =
                     (const struct block_q8_act *)(a + (size_t)t * a_stride) + bb;
@@ -165,7 +170,7 @@ INLINE void tile(const enum qtype type, const int nt, const char *base, int h, i
                 const __m256i w = _mm256_xor_si256(
                     _mm256_loadu_si256((const __m256i *)(qb + 64 * j + 32 * h)), flip);
                 const __m256i aw = _mm256_abs_epi8(w);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
                 for (int t = 0; t < nt; t++) {
                     const struct block_q8_act *ab =
                         (const struct block_q8_act *)(a + (size_t)t * a_stride) + bb;
@@ -183,7 +188,7 @@ INLINE void tile(const enum qtype type, const int nt, const char *base, int h, i
                 const __m256i v = _mm256_loadu_si256((const __m256i *)(qb + 64 * (j % 4) + 32 * h));
                 const __m256i u = j < 4 ? _mm256_and_si256(v, lo4)
                                         : _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
                 for (int t = 0; t < nt; t++) {
                     const struct block_q8_act *ab =
                         (const struct block_q8_act *)(a + (size_t)t * a_stride) + bb;
@@ -192,7 +197,7 @@ INLINE void tile(const enum qtype type, const int nt, const char *base, int h, i
                     acc[t] = jj == 0 ? p : _mm256_add_epi16(acc[t], p);
                 }
             }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
             for (int t = 0; t < nt; t++) {
                 acc[t] = _mm256_madd_epi16(acc[t], ones);
                 if (type == QTYPE_Q4_0)
@@ -206,7 +211,7 @@ INLINE void tile(const enum qtype type, const int nt, const char *base, int h, i
                              ? _mm256_cvtph_ps(_mm_loadu_si128(
                                    (const __m128i *)(qb + cpu__packed_qb(type) + 32 + 16 * h)))
                              : _mm256_setzero_ps();
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int t = 0; t < nt; t++) {
             const struct block_q8_act *ab =
                 (const struct block_q8_act *)(a + (size_t)t * a_stride) + bb;
@@ -216,7 +221,7 @@ INLINE void tile(const enum qtype type, const int nt, const char *base, int h, i
                 f[t] = _mm256_fmadd_ps(m, _mm256_set1_ps(ab->s), f[t]);
         }
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int t = 0; t < nt; t++) {
         if (whole)
             _mm256_storeu_ps(y + t * ldy, f[t]);
@@ -231,6 +236,14 @@ INLINE void tile_n(const enum qtype type, int nt, const char *base, int h, int n
                    __m256i mask, int first)
 {
     switch (nt) {
+#if TILE_MAX > 4
+    case 6:
+        tile(type, 6, base, h, nb, a, a_stride, corr, cs, y, ldy, mask, first);
+        break;
+    case 5:
+        tile(type, 5, base, h, nb, a, a_stride, corr, cs, y, ldy, mask, first);
+        break;
+#endif
     case 4:
         tile(type, 4, base, h, nb, a, a_stride, corr, cs, y, ldy, mask, first);
         break;

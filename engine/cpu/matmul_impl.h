@@ -69,6 +69,15 @@ static inline __attribute__((always_inline)) size_t cpu__packed_bs(enum qtype t)
     return cpu__packed_qb(t) + (t == QTYPE_Q4_1 ? 64 : 32);
 }
 
+/* What a block's quants are stored offset by, as unsigned bytes: Q4_0's
+ * nibbles are w + 8, Q8_0's bytes w + 128 (quant.h); Q4_1's nibbles are
+ * unsigned. A kernel that multiplies them as they are subtracts
+ * bias * sum(a) per block. */
+static inline __attribute__((always_inline)) int cpu__packed_bias(enum qtype t)
+{
+    return t == QTYPE_Q8_0 ? 128 : t == QTYPE_Q4_0 ? 8 : 0;
+}
+
 /* Block b of the sixteen rows at rows (rb bytes apart; the last 16 - nr
  * repeat row nr - 1) in cpu_pack_rows' layout at dst (16 * the block's
  * bytes). */

@@ -236,13 +236,6 @@ INLINE void tile_n(const enum qtype type, int nt, const struct packed *P, int nb
     }
 }
 
-/* What the quants of type are stored offset by, as unsigned bytes: Q4_0's
- * nibbles are w + 8, Q8_0's bytes w + 128; Q4_1's nibbles are unsigned. */
-INLINE int quant_bias(const enum qtype type)
-{
-    return type == QTYPE_Q8_0 ? 128 : type == QTYPE_Q4_0 ? 8 : 0;
-}
-
 /* corr[t][bb] = -bias x sum(a) of activation block b0 + bb of token t, the
  * exact integer correction for quants stored unsigned (q + bias). */
 INLINE void bias_corrections(int32_t corr[TOKEN_BLOCK][CHUNK_BLOCKS], const char *a0,
@@ -257,7 +250,7 @@ INLINE void bias_corrections(int32_t corr[TOKEN_BLOCK][CHUNK_BLOCKS], const char
 INLINE void rows16(const enum qtype type, const void *restrict w, int64_t k, int64_t n0, int64_t n1,
                    const void *restrict act, int64_t T, float *restrict y, int64_t ldy)
 {
-    const int bias = quant_bias(type);
+    const int bias = cpu__packed_bias(type);
     const size_t row_bytes = qtype_row_bytes(type, k);
     const size_t a_stride = quant_act_bytes(type, k);
     const int64_t nbk = k / QK;
@@ -551,7 +544,7 @@ INLINE void rows16_packed(const enum qtype type, const void *restrict wp, int64_
                           int64_t n1, const void *restrict act, int64_t T, float *restrict y,
                           int64_t ldy)
 {
-    const int bias = quant_bias(type);
+    const int bias = cpu__packed_bias(type);
     const size_t row_bytes = qtype_row_bytes(type, k);
     const size_t a_stride = quant_act_bytes(type, k);
     const int64_t nbk = k / QK;
@@ -607,7 +600,7 @@ INLINE void rows16_packed(const enum qtype type, const void *restrict wp, int64_
 INLINE void rows16_packed_t1(const enum qtype type, const void *restrict wp, int64_t k, int64_t n0,
                              int64_t n1, const void *restrict act, float *restrict y)
 {
-    const int bias = quant_bias(type);
+    const int bias = cpu__packed_bias(type);
     const size_t row_bytes = qtype_row_bytes(type, k);
     const int nbk = (int)(k / QK);
     int32_t corr[T1_MAX_BLOCKS];

@@ -80,17 +80,16 @@
 #define ROWS16_NAME(f) f##_avx2
 #endif
 
-/* What the quants of type are stored offset by, as unsigned bytes, in the
- * sums this kernel forms: Q4_0's nibbles are w + 8; Q8_0's bytes w + 128,
- * which only the AVX-VNNI build takes as they are (the AVX2 one makes them
- * signed again first). */
+/* The offset of the quants in the sums this kernel forms
+ * (cpu__packed_bias): the AVX2 build makes Q8_0's bytes signed again first,
+ * so for it they have none; the AVX-VNNI build takes them as stored. */
 INLINE int bias_of(const enum qtype type)
 {
-#ifdef ROWS16_AVXVNNI
+#ifndef ROWS16_AVXVNNI
     if (type == QTYPE_Q8_0)
-        return 128;
+        return 0;
 #endif
-    return type == QTYPE_Q4_0 ? 8 : 0;
+    return cpu__packed_bias(type);
 }
 
 INLINE int32_t load_i32(const void *p)

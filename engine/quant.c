@@ -363,6 +363,7 @@ void quant_prepare_act_ref(enum qtype t, const float *restrict x, int64_t k, voi
         }
         a->d = d;
         a->s = d * (float)sum;
+        a->sum = sum;
     }
 }
 

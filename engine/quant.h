@@ -123,12 +123,16 @@ struct quant_group {
     float mw;      /* float min, 0 for types without one */
 };
 
-/* Activation block: 8-bit values, scale, and d * sum(qs) (needed by Q4_1's
- * offset term m * sum(x)). Not a file format: our own layout. */
+/* Activation block: 8-bit values, scale, d * sum(qs) (needed by Q4_1's
+ * offset term m * sum(x)) and sum(qs) itself, exact (the integer correction
+ * of the kernels that multiply Q4_0 or Q8_0 quants stored with an offset:
+ * made once with the values instead of in every product that reads them).
+ * Not a file format: our own layout. */
 struct block_q8_act {
     float d;
     float s; /* d * sum(qs) */
     int8_t qs[QK];
+    int32_t sum; /* sum(qs) */
 };
 
 /* 1 for Q5_0 and the K-quants: the types quant_k.c holds. */

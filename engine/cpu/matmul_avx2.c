@@ -127,6 +127,7 @@ static void prepare_q8(const float *x, int64_t k, struct block_q8_act *out)
         cpu_store_i8x32(out[b].qs, q);
         out[b].d = d;
         out[b].s = d * (float)sum;
+        out[b].sum = sum;
     }
 }
 

@@ -121,8 +121,10 @@ static void prepare_q8(const float *x, int64_t k, struct block_q8_act *out)
         s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(2, 3, 0, 1)));
         _mm_storeu_si128((__m128i *)out[b].qs, _mm512_cvtsepi32_epi8(i0));
         _mm_storeu_si128((__m128i *)(out[b].qs + 16), _mm512_cvtsepi32_epi8(i1));
+        const int sum = _mm_cvtsi128_si32(s4);
         out[b].d = d;
-        out[b].s = d * (float)_mm_cvtsi128_si32(s4);
+        out[b].s = d * (float)sum;
+        out[b].sum = sum;
     }
 }
 

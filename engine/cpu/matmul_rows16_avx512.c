@@ -159,17 +159,6 @@ INLINE void pack(const enum qtype type, const char *const row[GROUP], __m512i id
     }
 }
 
-/* The sum of a Q8 activation block's 32 quants. */
-INLINE int32_t act_sum(const struct block_q8_act *a)
-{
-    __m256i q =
-        _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)a->qs), _mm256_set1_epi8((char)0x80));
-    __m256i s = _mm256_sad_epu8(q, _mm256_setzero_si256());
-    __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-    s2 = _mm_add_epi64(s2, _mm_unpackhi_epi64(s2, s2));
-    return _mm_cvtsi128_si32(s2) - 32 * 128;
-}
-
 /* nt activation rows (a, a_stride apart, positioned at the chunk's first
  * block) against the packed group: f[t] lane r += row r's blocks. corr[t][b]
  * = -bias * sum of activation row t's block b. */
@@ -244,7 +233,7 @@ INLINE void bias_corrections(int32_t corr[TOKEN_BLOCK][CHUNK_BLOCKS], const char
     for (int64_t t = 0; t < tn; t++)
         for (int bb = 0; bb < nb; bb++)
             corr[t][bb] =
-                -bias * act_sum((const struct block_q8_act *)(a0 + (size_t)t * a_stride) + b0 + bb);
+                -bias * ((const struct block_q8_act *)(a0 + (size_t)t * a_stride))[b0 + bb].sum;
 }
 
 INLINE void rows16(const enum qtype type, const void *restrict w, int64_t k, int64_t n0, int64_t n1,
@@ -606,7 +595,7 @@ INLINE void rows16_packed_t1(const enum qtype type, const void *restrict wp, int
     int32_t corr[T1_MAX_BLOCKS];
     assert(nbk <= T1_MAX_BLOCKS);
     for (int b = 0; b < nbk; b++)
-        corr[b] = bias ? -bias * act_sum((const struct block_q8_act *)act + b) : 0;
+        corr[b] = -bias * ((const struct block_q8_act *)act)[b].sum;
     for (int64_t g = n0 / GROUP * GROUP; g < n1; g += GROUP) {
         const __mmask16 live = group_live(g, n0, n1);
         const struct group_src src = group_at(wp, row_bytes, g);

@@ -99,18 +99,6 @@ INLINE int32_t load_i32(const void *p)
     return v;
 }
 
-/* The sum of a Q8 activation block's 32 quants. */
-INLINE int32_t act_sum(const struct block_q8_act *a)
-{
-    const __m256i q = _mm256_loadu_si256((const __m256i *)a->qs);
-    const __m256i s16 = _mm256_maddubs_epi16(_mm256_set1_epi8(1), q);
-    const __m256i s32 = _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
-    s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
-    return _mm_cvtsi128_si32(s);
-}
-
 /* Half h (rows 8h .. 8h+7) of a repacked group, blocks bb = 0 .. nb-1 at
  * base + bb * cpu__packed_bs, against nt activation rows (a, a_stride apart,
  * positioned at the first of those blocks), accumulated into the outputs
@@ -312,8 +300,7 @@ INLINE void rows16(const enum qtype type, const void *restrict wp, int64_t k, in
                     for (int bb = 0; bb < nb; bb++)
                         corr[t * nb + bb] =
                             -bias *
-                            act_sum((const struct block_q8_act *)(a0 + (size_t)t * a_stride) + b0 +
-                                    bb);
+                            ((const struct block_q8_act *)(a0 + (size_t)t * a_stride))[b0 + bb].sum;
             const char *ab0 = a0 + (size_t)b0 * sizeof(struct block_q8_act);
             for (int64_t g = n0 / GROUP * GROUP; g < n1; g += GROUP) {
                 for (int h = 0; h < 2; h++) {

@@ -212,12 +212,12 @@ TEST(row_and_act_sizes_follow_the_block_layouts)
     ASSERT_EQ(sizeof(struct block_q8_0), 34);
     ASSERT_EQ(sizeof(struct block_q4_0), 18);
     ASSERT_EQ(sizeof(struct block_q4_1), 20);
-    ASSERT_EQ(sizeof(struct block_q8_act), 40);
+    ASSERT_EQ(sizeof(struct block_q8_act), 44);
     ASSERT_EQ(qtype_row_bytes(QTYPE_Q4_1, 576), 18 * 20);
     ASSERT_EQ(qtype_row_bytes(QTYPE_Q8_0, 576), 18 * 34);
     ASSERT_EQ(qtype_row_bytes(QTYPE_Q4_0, 33), 0);
     ASSERT_EQ(qtype_row_bytes(QTYPE_F16, 33), 66);
-    ASSERT_EQ(quant_act_bytes(QTYPE_Q4_1, 576), 18 * 40);
+    ASSERT_EQ(quant_act_bytes(QTYPE_Q4_1, 576), 18 * 44);
     ASSERT_EQ(quant_act_bytes(QTYPE_BF16, 576), 576 * 4);
 }
 
@@ -353,8 +353,10 @@ TEST(prepare_act_ref_scales_by_amax_and_rounds_half_to_even)
     ASSERT_EQ(a[0].qs[5], 126);
     ASSERT_EQ(a[0].qs[6], -127);
     ASSERT_EQ(a[0].s, 127 + 2 + 4 - 2 + 126 - 127);
+    ASSERT_EQ(a[0].sum, 127 + 2 + 4 - 2 + 126 - 127);
     ASSERT_EQ(a[1].d, 0.0f);
     ASSERT_EQ(a[1].s, 0.0f);
+    ASSERT_EQ(a[1].sum, 0);
     for (int j = 0; j < 32; j++)
         ASSERT_EQ(a[1].qs[j], 0);
 
@@ -371,6 +373,7 @@ TEST(prepare_act_ref_scales_by_amax_and_rounds_half_to_even)
             sum += ar[b].qs[j];
         }
         ASSERT(ar[b].s == ar[b].d * (float)sum);
+        ASSERT_EQ(ar[b].sum, sum);
     }
     /* float weights take the activations as they are */
     float copy[64];

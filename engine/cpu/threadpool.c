@@ -26,14 +26,29 @@
  * dropping them all, and harmless waits would come n - 1 times as often.
  * Which thread runs a part never changes a result (parts depend only on i
  * and n).
+ *
+ * Run trace, for finding where a step's threads wait: with
+ * STREAMSINK_TRACE_RUNS=FILE in the environment at threadpool_init, the pool
+ * keeps each run's publication and each part's thread, start and end
+ * (CLOCK_MONOTONIC ns) in memory, up to TRACE_MAX events (later ones are
+ * counted, not kept), and threadpool_free writes them to FILE, one a line:
+ *     run GEN FN T                      the caller published run GEN at T
+ *     part GEN FN THREAD PART T0 T1     THREAD 0 is the caller, i worker i
+ *     dropped N
+ * FN is the part function's address less the load address of the object
+ * that holds it (dladdr), which tools/run_trace.py names with nm. Without
+ * the variable it costs one untaken branch per part.
  */
 #include "threadpool.h"
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 /* Spin this many pause rounds (a few tens of microseconds) before yielding
@@ -44,6 +59,8 @@
 
 #define MAX_PARTS 65535
 
+#define TRACE_MAX (4 << 20) /* events kept: about a minute of 32-stream decode */
+
 #define STRAGGLER_NS 200000LL       /* a wait for the last parts this long... */
 #define STRAGGLER_GAP_NS 50000000LL /* ...twice within 50 ms, */
 #define SOLO_MIN_NS 20000000LL      /* ...and the caller runs alone for 20 ms, */
@@ -52,6 +69,15 @@
 struct worker {
     struct threadpool *tp;
     pthread_t thread;
+    int self; /* its index: 1 .. n - 1 (the caller is 0) */
+};
+
+struct trace_event {
+    void (*fn)(void *, int, int);
+    uint32_t gen;
+    int thread; /* -1: the run's publication */
+    int part;
+    int64_t t0, t1;
 };
 
 struct threadpool {
@@ -72,6 +98,11 @@ struct threadpool {
     int64_t shared_since;   /* when the workers were last taken back */
     int64_t last_straggler; /* when a run last waited that way */
     long solo_count;        /* solo stretches so far */
+    /* the run trace (see the top of the file): NULL when off */
+    struct trace_event *trace;
+    char *trace_path;
+    long trace_n;            /* atomic: events claimed, kept or not */
+    uint32_t trace_solo_gen; /* numbering of the runs the caller ran alone */
 };
 
 static int64_t now_ns(void)
@@ -79,6 +110,37 @@ static int64_t now_ns(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static void trace_add(struct threadpool *tp, struct trace_event e)
+{
+    long i = __atomic_fetch_add(&tp->trace_n, 1, __ATOMIC_RELAXED);
+    if (i < TRACE_MAX)
+        tp->trace[i] = e;
+}
+
+static void trace_write(const struct threadpool *tp)
+{
+    FILE *f = fopen(tp->trace_path, "w");
+    if (!f) {
+        fprintf(stderr, "threadpool: cannot write the run trace to %s\n", tp->trace_path);
+        return;
+    }
+    const long n = tp->trace_n < TRACE_MAX ? tp->trace_n : TRACE_MAX;
+    for (long i = 0; i < n; i++) {
+        const struct trace_event *e = &tp->trace[i];
+        Dl_info di;
+        unsigned long fn = (unsigned long)(uintptr_t)e->fn;
+        if (dladdr((void *)(uintptr_t)fn, &di) && di.dli_fbase)
+            fn -= (unsigned long)(uintptr_t)di.dli_fbase;
+        if (e->thread < 0)
+            fprintf(f, "run %u %lx %lld\n", e->gen, fn, (long long)e->t0);
+        else
+            fprintf(f, "part %u %lx %d %d %lld %lld\n", e->gen, fn, e->thread, e->part,
+                    (long long)e->t0, (long long)e->t1);
+    }
+    fprintf(f, "dropped %ld\n", tp->trace_n - n);
+    fclose(f);
 }
 
 /* Whether the caller runs this run alone (see the top of the file). */
@@ -138,8 +200,9 @@ static inline int st_next(uint64_t s)
 }
 
 /* Runs parts of generation gen until none is left unclaimed (or the state has
- * moved on to another generation); returns how many it ran. */
-static int work(struct threadpool *tp, uint32_t gen)
+ * moved on to another generation); returns how many it ran. self: the
+ * running thread's index, for the trace. */
+static int work(struct threadpool *tp, uint32_t gen, int self)
 {
     int ran = 0;
     uint64_t s = __atomic_load_n(&tp->state, __ATOMIC_ACQUIRE);
@@ -149,7 +212,13 @@ static int work(struct threadpool *tp, uint32_t gen)
             continue; /* s now holds the current word */
         void (*fn)(void *, int, int) = __atomic_load_n(&tp->fn, __ATOMIC_RELAXED);
         void *arg = __atomic_load_n(&tp->arg, __ATOMIC_RELAXED);
-        fn(arg, st_next(s), st_parts(s));
+        if (tp->trace) {
+            const int64_t t0 = now_ns();
+            fn(arg, st_next(s), st_parts(s));
+            trace_add(tp, (struct trace_event){fn, gen, self, st_next(s), t0, now_ns()});
+        } else {
+            fn(arg, st_next(s), st_parts(s));
+        }
         __atomic_fetch_add(&tp->done, 1, __ATOMIC_ACQ_REL);
         ran++;
         s = __atomic_load_n(&tp->state, __ATOMIC_ACQUIRE);
@@ -188,7 +257,7 @@ static void *worker_main(void *p)
         if (__atomic_load_n(&tp->stop, __ATOMIC_ACQUIRE))
             return NULL;
         seen = g;
-        (void)work(tp, g);
+        (void)work(tp, g, w->self);
     }
 }
 
@@ -201,15 +270,29 @@ int threadpool_init(struct threadpool **out, int n_threads)
         n_threads = 1;
     tp->n = n_threads;
     tp->solo_ok = n_threads == 2;
+    const char *trace = getenv("STREAMSINK_TRACE_RUNS");
+    if (trace && *trace) {
+        tp->trace = malloc(TRACE_MAX * sizeof *tp->trace);
+        tp->trace_path = strdup(trace);
+        if (!tp->trace || !tp->trace_path) {
+            free(tp->trace);
+            free(tp->trace_path);
+            free(tp);
+            return -ENOMEM;
+        }
+    }
     pthread_mutex_init(&tp->mu, NULL);
     pthread_cond_init(&tp->cv, NULL);
     tp->workers = calloc((size_t)n_threads, sizeof *tp->workers);
     if (!tp->workers) {
+        free(tp->trace);
+        free(tp->trace_path);
         free(tp);
         return -ENOMEM;
     }
     for (int i = 1; i < n_threads; i++) {
         tp->workers[i].tp = tp;
+        tp->workers[i].self = i;
         if (pthread_create(&tp->workers[i].thread, NULL, worker_main, &tp->workers[i]) != 0) {
             tp->n = i; /* only join the ones that started */
             threadpool_free(tp);
@@ -232,6 +315,10 @@ void threadpool_free(struct threadpool *tp)
         pthread_join(tp->workers[i].thread, NULL);
     pthread_mutex_destroy(&tp->mu);
     pthread_cond_destroy(&tp->cv);
+    if (tp->trace)
+        trace_write(tp);
+    free(tp->trace);
+    free(tp->trace_path);
     free(tp->workers);
     free(tp);
 }
@@ -250,8 +337,16 @@ static void run_parts(struct threadpool *tp, void (*fn)(void *arg, int ith, int 
     if (n_parts > MAX_PARTS)
         n_parts = MAX_PARTS;
     if (tp->n == 1 || (tp->solo_ok && caller_alone(tp))) {
-        for (int i = 0; i < n_parts; i++)
+        /* traced as a run of its own generation (no worker can claim it) */
+        const uint32_t gen = tp->trace ? ++tp->trace_solo_gen | 1u << 31 : 0;
+        if (tp->trace)
+            trace_add(tp, (struct trace_event){fn, gen, -1, 0, now_ns(), 0});
+        for (int i = 0; i < n_parts; i++) {
+            const int64_t t0 = tp->trace ? now_ns() : 0;
             fn(arg, i, n_parts);
+            if (tp->trace)
+                trace_add(tp, (struct trace_event){fn, gen, 0, i, t0, now_ns()});
+        }
         return;
     }
     const int64_t t0 = tp->solo_ok ? now_ns() : 0;
@@ -260,13 +355,15 @@ static void run_parts(struct threadpool *tp, void (*fn)(void *arg, int ith, int 
     __atomic_store_n(&tp->arg, arg, __ATOMIC_RELAXED);
     __atomic_store_n(&tp->done, 0, __ATOMIC_RELAXED);
     uint32_t gen = st_gen(__atomic_load_n(&tp->state, __ATOMIC_RELAXED)) + 1;
+    if (tp->trace)
+        trace_add(tp, (struct trace_event){fn, gen, -1, 0, now_ns(), 0});
     __atomic_store_n(&tp->state, (uint64_t)gen << 32 | (uint64_t)n_parts << 16, __ATOMIC_SEQ_CST);
     if (__atomic_load_n(&tp->sleepers, __ATOMIC_SEQ_CST) > 0) {
         pthread_mutex_lock(&tp->mu);
         pthread_cond_broadcast(&tp->cv);
         pthread_mutex_unlock(&tp->mu);
     }
-    const int ran = work(tp, gen);
+    const int ran = work(tp, gen, 0);
     if (__atomic_load_n(&tp->done, __ATOMIC_ACQUIRE) == n_parts)
         return;
     const int64_t t1 = tp->solo_ok ? now_ns() : 0;

@@ -11,12 +11,17 @@
  * pool of three. Not tested here: the 200 us floor, the rule that the wait
  * must outlast the caller's own work, the doubling and its 1 s cap. The
  * claiming checks run with solo off, so that the workers always take part.
+ * With STREAMSINK_TRACE_RUNS set, the pool writes a trace of its runs when
+ * freed: every run's publication once, every part of it once, on a thread
+ * of the pool, after the publication, start before end; the caller's runs
+ * in a pool of one (which it runs alone) as well.
  */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "cpu/threadpool.h"
 
@@ -198,6 +203,93 @@ static void check_solo(void)
     threadpool_free(tp);
 }
 
+/* Runs runs runs of parts parts on a traced pool of n_threads, frees it and
+ * checks the trace file. */
+static void check_trace(int n_threads, int runs, int parts)
+{
+    char path[] = "/tmp/ss_trace_XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0, "mkstemp");
+    if (fd < 0)
+        return;
+    close(fd);
+    setenv("STREAMSINK_TRACE_RUNS", path, 1);
+    struct threadpool *tp;
+    CHECK(threadpool_init(&tp, n_threads) == 0, "init %d threads traced", n_threads);
+    unsetenv("STREAMSINK_TRACE_RUNS");
+    threadpool_allow_solo(tp, 0);
+    static struct job job;
+    int last = -1;
+    for (int run = 0; run < runs; run++) {
+        memset(job.hits, 0, sizeof job.hits);
+        job.run = run;
+        job.nth = parts;
+        job.last_run_seen = &last;
+        threadpool_run_parts(tp, part_fn, &job, parts);
+    }
+    threadpool_free(tp);
+
+    FILE *f = fopen(path, "r");
+    CHECK(f != NULL, "no trace written to %s", path);
+    if (!f)
+        return;
+    enum { MAX_RUNS = 64 };
+    unsigned gens[MAX_RUNS];
+    long long pub_t[MAX_RUNS];
+    unsigned long fn0 = 0;
+    int n_runs = 0, n_parts = 0, dropped = -1, seen[MAX_RUNS][MAX_PARTS] = {{0}};
+    char kind[16];
+    while (fscanf(f, "%15s", kind) == 1) {
+        unsigned gen;
+        unsigned long fn;
+        if (!strcmp(kind, "run")) {
+            long long t;
+            CHECK(fscanf(f, "%u %lx %lld", &gen, &fn, &t) == 3, "a run line");
+            CHECK(n_runs < MAX_RUNS, "more runs traced than made");
+            if (n_runs >= MAX_RUNS)
+                break;
+            for (int i = 0; i < n_runs; i++)
+                CHECK(gens[i] != gen, "run %u traced twice", gen);
+            gens[n_runs] = gen;
+            pub_t[n_runs++] = t;
+            fn0 = fn0 ? fn0 : fn;
+            CHECK(fn == fn0 && fn != 0, "runs name different functions");
+        } else if (!strcmp(kind, "part")) {
+            int thr, part;
+            long long t0, t1;
+            CHECK(fscanf(f, "%u %lx %d %d %lld %lld", &gen, &fn, &thr, &part, &t0, &t1) == 6,
+                  "a part line");
+            int r = 0;
+            while (r < n_runs && gens[r] != gen)
+                r++;
+            CHECK(r < n_runs, "part of run %u before its publication", gen);
+            CHECK(fn == fn0, "a part names another function");
+            CHECK(thr >= 0 && thr < n_threads, "thread %d in a pool of %d", thr, n_threads);
+            CHECK(part >= 0 && part < parts, "part %d of %d", part, parts);
+            if (r < n_runs && part >= 0 && part < parts) {
+                seen[r][part]++;
+                CHECK(pub_t[r] <= t0 && t0 <= t1,
+                      "part %d of run %u: published %lld, ran %lld-%lld", part, gen, pub_t[r], t0,
+                      t1);
+            }
+            n_parts++;
+        } else if (!strcmp(kind, "dropped")) {
+            CHECK(fscanf(f, "%d", &dropped) == 1, "the dropped line");
+        } else {
+            CHECK(0, "unknown line kind %s", kind);
+            break;
+        }
+    }
+    fclose(f);
+    remove(path);
+    CHECK(n_runs == runs, "%d runs traced of %d", n_runs, runs);
+    CHECK(n_parts == runs * parts, "%d parts traced of %d", n_parts, runs * parts);
+    for (int r = 0; r < n_runs; r++)
+        for (int i = 0; i < parts; i++)
+            CHECK(seen[r][i] == 1, "run %d part %d traced %d times", r, i, seen[r][i]);
+    CHECK(dropped == 0, "dropped %d", dropped);
+}
+
 int main(void)
 {
     check_solo();
@@ -205,6 +297,8 @@ int main(void)
         check_pool(n);
     /* more threads than this machine has cores: still exact */
     check_pool(16);
+    check_trace(3, 40, 7);
+    check_trace(1, 5, 3); /* the caller alone */
     if (failures) {
         fprintf(stderr, "%d failures\n", failures);
         return 1;

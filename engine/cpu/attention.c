@@ -100,6 +100,8 @@ void cpu_attention_kernels(struct attn_kernels *out, int level)
         out->exp_sub = cpu__attn_exp_sub_avx2;
         out->scores = cpu__attn_scores_avx2;
         out->accum = cpu__attn_accum_avx2;
+        out->scores_kv = cpu__attn_scores_kv_avx2;
+        out->accum_kv = cpu__attn_accum_kv_avx2;
         if (level >= 2) {
             out->scores = cpu__attn_scores_avx512;
             out->accum = cpu__attn_accum_avx512;

@@ -96,9 +96,10 @@ struct attn_kernels { /* row kernels chosen at run time (F16C+FMA or scalar) */
     void (*accum_kv)(float *const *acc, int nr, const float *w, int64_t ws, const void *const *v,
                      int nt, int n, int fmt);
 };
-/* level: 0 scalar, 1 AVX2 (+FMA, F16C), 2 AVX-512 tile kernels (scores,
- * accum, exp_sub, to_f32 and the in-place ones) over the AVX2 row kernels;
- * the cpu_isa of matmul.h fits. */
+/* level: 0 scalar (no in-place kernels), 1 AVX2 (+FMA, F16C; in-place
+ * kernels one row at a time), 2 AVX-512 tile kernels (scores, accum,
+ * exp_sub, to_f32 and the in-place ones, up to three rows at once) over the
+ * AVX2 row kernels; the cpu_isa of matmul.h fits. */
 void cpu_attention_kernels(struct attn_kernels *out, int level);
 
 /* out (Dh) = attention of query q (and qc for sink runs) over keys. scale is
@@ -175,6 +176,10 @@ void cpu__attn_to_f32_avx2(float *dst, const void *src, int rows, int n, int fmt
 float cpu__attn_exp_sub_avx2(float *w, const float *z, float m, int n);
 float cpu__attn_scores_avx2(float *z, const float *q, const float *kf, int nt, int n, float scale);
 void cpu__attn_accum_avx2(float *acc, const float *w, const float *vf, int nt, int n);
+void cpu__attn_scores_kv_avx2(float *z, int64_t zs, int nr, const float *const *q,
+                              const void *const *k, int nt, int n, float scale, float *mx, int fmt);
+void cpu__attn_accum_kv_avx2(float *const *acc, int nr, const float *w, int64_t ws,
+                             const void *const *v, int nt, int n, int fmt);
 /* AVX-512 tile kernels (attention_avx512.c; AVX-512 F and the above) */
 float cpu__attn_scores_avx512(float *z, const float *q, const float *kf, int nt, int n,
                               float scale);

@@ -137,10 +137,35 @@ static inline __m256i tail_mask(int n)
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), idx);
 }
 
+/* Values nf .. n-1 of a row in fmt (0 < n - nf < 8; F32 or F16: a Q8_0 row
+ * is a whole number of 32-value blocks), zeros in the lanes after them:
+ * what the masked load of the f32 row gives. */
+static inline __m256 load_tail(const void *p, int nf, int n, __m256i tm, const int fmt)
+{
+    if (fmt == ATTN_F32)
+        return _mm256_maskload_ps((const float *)p + nf, tm);
+    uint16_t h[8] = {0};
+    memcpy(h, (const uint16_t *)p + nf, (size_t)(n - nf) * sizeof h[0]);
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
+}
+
+/* Key or value row i of a tile: f32 rows back to back at base, or (in place)
+ * the rows at ptr[i] in fmt. */
+static inline const void *row_at(const float *base, const void *const *ptr, int i, int n)
+{
+    return ptr ? ptr[i] : (const void *)(base + (size_t)i * (size_t)n);
+}
+
 /* Scores of a tile, eight keys at a time: one accumulator per key over the
  * 8-value chunks of the row (a chunk of q is loaded once for the eight keys),
- * then one transposing reduction instead of eight horizontal sums. */
-float cpu__attn_scores_avx2(float *z, const float *q, const float *kf, int nt, int n, float scale)
+ * then one transposing reduction instead of eight horizontal sums. The keys
+ * are f32 rows (kf) or rows in fmt read in place (kp): the same FMAs on the
+ * same values (f16 and Q8_0 convert to f32 as to_f32 does), so the same
+ * bits. */
+static inline __attribute__((always_inline)) float scores_rows(float *z, const float *q,
+                                                               const float *kf,
+                                                               const void *const *kp, int nt, int n,
+                                                               float scale, const int fmt)
 {
     const int nf = n & ~7;
     const __m256i tm = tail_mask(n & 7);
@@ -149,10 +174,10 @@ float cpu__attn_scores_avx2(float *z, const float *q, const float *kf, int nt, i
     for (int i0 = 0; i0 < nt; i0 += 8) {
         const int kn = nt - i0 < 8 ? nt - i0 : 8;
         /* a short last group repeats its last key; those lanes are dropped */
-        const float *kp[8];
+        const void *kr[8];
 #pragma GCC unroll 8
         for (int k = 0; k < 8; k++)
-            kp[k] = kf + (size_t)(i0 + (k < kn ? k : kn - 1)) * (size_t)n;
+            kr[k] = row_at(kf, kp, i0 + (k < kn ? k : kn - 1), n);
         __m256 a[8];
 #pragma GCC unroll 8
         for (int k = 0; k < 8; k++)
@@ -161,13 +186,13 @@ float cpu__attn_scores_avx2(float *z, const float *q, const float *kf, int nt, i
             __m256 qv = _mm256_loadu_ps(q + j);
 #pragma GCC unroll 8
             for (int k = 0; k < 8; k++)
-                a[k] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kp[k] + j), a[k]);
+                a[k] = _mm256_fmadd_ps(qv, load8(kr[k], j, fmt), a[k]);
         }
         if (nf < n) {
             __m256 qv = _mm256_maskload_ps(q + nf, tm);
 #pragma GCC unroll 8
             for (int k = 0; k < 8; k++)
-                a[k] = _mm256_fmadd_ps(qv, _mm256_maskload_ps(kp[k] + nf, tm), a[k]);
+                a[k] = _mm256_fmadd_ps(qv, load_tail(kr[k], nf, n, tm, fmt), a[k]);
         }
         __m256 s = _mm256_mul_ps(cpu_sum8(a), vs);
         mx = _mm256_max_ps(mx, s);
@@ -185,10 +210,19 @@ float cpu__attn_scores_avx2(float *z, const float *q, const float *kf, int nt, i
     return _mm_cvtss_f32(m4);
 }
 
+float cpu__attn_scores_avx2(float *z, const float *q, const float *kf, int nt, int n, float scale)
+{
+    return scores_rows(z, q, kf, NULL, nt, n, scale, ATTN_F32);
+}
+
 /* acc += sum_i w[i] v_i with the row's accumulators held in registers, 64
  * values at a time, keys innermost: eight independent FMA chains instead of
- * one chain per 8 values. Each value is still the keys' FMAs in key order. */
-void cpu__attn_accum_avx2(float *acc, const float *w, const float *vf, int nt, int n)
+ * one chain per 8 values. Each value is still the keys' FMAs in key order.
+ * The values are f32 rows (vf) or rows in fmt read in place (vp), as in
+ * scores_rows. */
+static inline __attribute__((always_inline)) void accum_rows(float *acc, const float *w,
+                                                             const float *vf, const void *const *vp,
+                                                             int nt, int n, const int fmt)
 {
     const int nf = n & ~7;
     int j = 0;
@@ -199,10 +233,10 @@ void cpu__attn_accum_avx2(float *acc, const float *w, const float *vf, int nt, i
             a[c] = _mm256_loadu_ps(acc + j + 8 * c);
         for (int i = 0; i < nt; i++) {
             const __m256 wi = _mm256_broadcast_ss(w + i);
-            const float *v = vf + (size_t)i * n + j;
+            const void *v = row_at(vf, vp, i, n);
 #pragma GCC unroll 8
             for (int c = 0; c < 8; c++)
-                a[c] = _mm256_fmadd_ps(wi, _mm256_loadu_ps(v + 8 * c), a[c]);
+                a[c] = _mm256_fmadd_ps(wi, load8(v, j + 8 * c, fmt), a[c]);
         }
 #pragma GCC unroll 8
         for (int c = 0; c < 8; c++)
@@ -211,9 +245,40 @@ void cpu__attn_accum_avx2(float *acc, const float *w, const float *vf, int nt, i
     for (; j < n; j += 8) { /* the rest, 8 values at a time (the last one masked) */
         const __m256i m = tail_mask(n - j < 8 ? n - j : 8);
         __m256 a = _mm256_maskload_ps(acc + j, m);
-        for (int i = 0; i < nt; i++)
+        for (int i = 0; i < nt; i++) {
+            const void *v = row_at(vf, vp, i, n);
             a = _mm256_fmadd_ps(_mm256_broadcast_ss(w + i),
-                                _mm256_maskload_ps(vf + (size_t)i * n + j, m), a);
+                                j + 8 <= n ? load8(v, j, fmt) : load_tail(v, j, n, m, fmt), a);
+        }
         _mm256_maskstore_ps(acc + j, m, a);
+    }
+}
+
+void cpu__attn_accum_avx2(float *acc, const float *w, const float *vf, int nt, int n)
+{
+    accum_rows(acc, w, vf, NULL, nt, n, ATTN_F32);
+}
+
+/* The in-place kernels (attention.h) on AVX2: sixteen registers hold one
+ * row's eight score (or value) accumulators, not three rows' as on
+ * AVX-512, so the rows are taken one after another; a tile's K and V rows
+ * are read from memory for the first and from L1 for the others, and no
+ * f32 copy of them is written and read back. */
+void cpu__attn_scores_kv_avx2(float *z, int64_t zs, int nr, const float *const *q,
+                              const void *const *k, int nt, int n, float scale, float *mx, int fmt)
+{
+    for (int r = 0; r < nr; r++)
+        mx[r] = fmt == ATTN_Q8_0 ? scores_rows(z + r * zs, q[r], NULL, k, nt, n, scale, ATTN_Q8_0)
+                                 : scores_rows(z + r * zs, q[r], NULL, k, nt, n, scale, ATTN_F16);
+}
+
+void cpu__attn_accum_kv_avx2(float *const *acc, int nr, const float *w, int64_t ws,
+                             const void *const *v, int nt, int n, int fmt)
+{
+    for (int r = 0; r < nr; r++) {
+        if (fmt == ATTN_Q8_0)
+            accum_rows(acc[r], w + r * ws, NULL, v, nt, n, ATTN_Q8_0);
+        else
+            accum_rows(acc[r], w + r * ws, NULL, v, nt, n, ATTN_F16);
     }
 }

@@ -18,7 +18,7 @@
  * into one int32 per row. Nothing is summed across lanes. A half group
  * (eight rows) is taken against a register tile of up to four activation
  * rows, so that each block's quants are loaded (the nibbles split) once for
- * the tile (five or six rows, which spilled, ran no faster); the AVX-VNNI
+ * the tile (five rows ran within the noise of four on Zen 3); the AVX-VNNI
  * build below needs no 16-bit partial sums and takes up to six.
  *
  * The integer dot product of a block is exact, as in the VNNI kernel:

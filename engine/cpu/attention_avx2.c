@@ -137,35 +137,21 @@ static inline __m256i tail_mask(int n)
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), idx);
 }
 
-/* Values nf .. n-1 of a row in fmt (0 < n - nf < 8; F32 or F16: a Q8_0 row
- * is a whole number of 32-value blocks), zeros in the lanes after them:
- * what the masked load of the f32 row gives. */
-static inline __m256 load_tail(const void *p, int nf, int n, __m256i tm, const int fmt)
+/* Values nf .. n-1 of an f16 row (0 < n - nf < 8; a Q8_0 row is a whole
+ * number of 32-value blocks), zeros in the lanes after them: what the masked
+ * load of the f32 row gives. */
+static inline __m256 load_tail_f16(const void *p, int nf, int n)
 {
-    if (fmt == ATTN_F32)
-        return _mm256_maskload_ps((const float *)p + nf, tm);
     uint16_t h[8] = {0};
     memcpy(h, (const uint16_t *)p + nf, (size_t)(n - nf) * sizeof h[0]);
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
 }
 
-/* Key or value row i of a tile: f32 rows back to back at base, or (in place)
- * the rows at ptr[i] in fmt. */
-static inline const void *row_at(const float *base, const void *const *ptr, int i, int n)
-{
-    return ptr ? ptr[i] : (const void *)(base + (size_t)i * (size_t)n);
-}
-
-/* Scores of a tile, eight keys at a time: one accumulator per key over the
- * 8-value chunks of the row (a chunk of q is loaded once for the eight keys),
- * then one transposing reduction instead of eight horizontal sums. The keys
- * are f32 rows (kf) or rows in fmt read in place (kp): the same FMAs on the
- * same values (f16 and Q8_0 convert to f32 as to_f32 does), so the same
- * bits. */
-static inline __attribute__((always_inline)) float scores_rows(float *z, const float *q,
-                                                               const float *kf,
-                                                               const void *const *kp, int nt, int n,
-                                                               float scale, const int fmt)
+/* Scores of a tile of f32 key rows, eight keys at a time: one accumulator
+ * per key over the 8-value chunks of the row (a chunk of q is loaded once
+ * for the eight keys), then one transposing reduction instead of eight
+ * horizontal sums. */
+float cpu__attn_scores_avx2(float *z, const float *q, const float *kf, int nt, int n, float scale)
 {
     const int nf = n & ~7;
     const __m256i tm = tail_mask(n & 7);
@@ -174,10 +160,10 @@ static inline __attribute__((always_inline)) float scores_rows(float *z, const f
     for (int i0 = 0; i0 < nt; i0 += 8) {
         const int kn = nt - i0 < 8 ? nt - i0 : 8;
         /* a short last group repeats its last key; those lanes are dropped */
-        const void *kr[8];
+        const float *kr[8];
 #pragma GCC unroll 8
         for (int k = 0; k < 8; k++)
-            kr[k] = row_at(kf, kp, i0 + (k < kn ? k : kn - 1), n);
+            kr[k] = kf + (size_t)(i0 + (k < kn ? k : kn - 1)) * (size_t)n;
         __m256 a[8];
 #pragma GCC unroll 8
         for (int k = 0; k < 8; k++)
@@ -186,13 +172,13 @@ static inline __attribute__((always_inline)) float scores_rows(float *z, const f
             __m256 qv = _mm256_loadu_ps(q + j);
 #pragma GCC unroll 8
             for (int k = 0; k < 8; k++)
-                a[k] = _mm256_fmadd_ps(qv, load8(kr[k], j, fmt), a[k]);
+                a[k] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kr[k] + j), a[k]);
         }
         if (nf < n) {
             __m256 qv = _mm256_maskload_ps(q + nf, tm);
 #pragma GCC unroll 8
             for (int k = 0; k < 8; k++)
-                a[k] = _mm256_fmadd_ps(qv, load_tail(kr[k], nf, n, tm, fmt), a[k]);
+                a[k] = _mm256_fmadd_ps(qv, _mm256_maskload_ps(kr[k] + nf, tm), a[k]);
         }
         __m256 s = _mm256_mul_ps(cpu_sum8(a), vs);
         mx = _mm256_max_ps(mx, s);
@@ -210,19 +196,11 @@ static inline __attribute__((always_inline)) float scores_rows(float *z, const f
     return _mm_cvtss_f32(m4);
 }
 
-float cpu__attn_scores_avx2(float *z, const float *q, const float *kf, int nt, int n, float scale)
-{
-    return scores_rows(z, q, kf, NULL, nt, n, scale, ATTN_F32);
-}
-
-/* acc += sum_i w[i] v_i with the row's accumulators held in registers, 64
- * values at a time, keys innermost: eight independent FMA chains instead of
- * one chain per 8 values. Each value is still the keys' FMAs in key order.
- * The values are f32 rows (vf) or rows in fmt read in place (vp), as in
- * scores_rows. */
-static inline __attribute__((always_inline)) void accum_rows(float *acc, const float *w,
-                                                             const float *vf, const void *const *vp,
-                                                             int nt, int n, const int fmt)
+/* acc += sum_i w[i] v_i over a tile of f32 value rows with the row's
+ * accumulators held in registers, 64 values at a time, keys innermost:
+ * eight independent FMA chains instead of one chain per 8 values. Each
+ * value is still the keys' FMAs in key order. */
+void cpu__attn_accum_avx2(float *acc, const float *w, const float *vf, int nt, int n)
 {
     const int nf = n & ~7;
     int j = 0;
@@ -233,10 +211,10 @@ static inline __attribute__((always_inline)) void accum_rows(float *acc, const f
             a[c] = _mm256_loadu_ps(acc + j + 8 * c);
         for (int i = 0; i < nt; i++) {
             const __m256 wi = _mm256_broadcast_ss(w + i);
-            const void *v = row_at(vf, vp, i, n);
+            const float *v = vf + (size_t)i * (size_t)n;
 #pragma GCC unroll 8
             for (int c = 0; c < 8; c++)
-                a[c] = _mm256_fmadd_ps(wi, load8(v, j + 8 * c, fmt), a[c]);
+                a[c] = _mm256_fmadd_ps(wi, _mm256_loadu_ps(v + j + 8 * c), a[c]);
         }
 #pragma GCC unroll 8
         for (int c = 0; c < 8; c++)
@@ -245,40 +223,187 @@ static inline __attribute__((always_inline)) void accum_rows(float *acc, const f
     for (; j < n; j += 8) { /* the rest, 8 values at a time (the last one masked) */
         const __m256i m = tail_mask(n - j < 8 ? n - j : 8);
         __m256 a = _mm256_maskload_ps(acc + j, m);
-        for (int i = 0; i < nt; i++) {
-            const void *v = row_at(vf, vp, i, n);
+        for (int i = 0; i < nt; i++)
             a = _mm256_fmadd_ps(_mm256_broadcast_ss(w + i),
-                                j + 8 <= n ? load8(v, j, fmt) : load_tail(v, j, n, m, fmt), a);
-        }
+                                _mm256_maskload_ps(vf + (size_t)i * (size_t)n + j, m), a);
         _mm256_maskstore_ps(acc + j, m, a);
     }
 }
 
-void cpu__attn_accum_avx2(float *acc, const float *w, const float *vf, int nt, int n)
+/* Four keys' sums at once with cpu_sum8's tree: each key's lanes are
+ * added ((0+1)+(2+3)) + ((4+5)+(6+7)), as cpu_sum8 adds them for its keys
+ * 0..3, so a score is the same bits in either. */
+static inline __m128 sum4(const __m256 *a)
 {
-    accum_rows(acc, w, vf, NULL, nt, n, ATTN_F32);
+    const __m256 q = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+    return _mm_add_ps(_mm256_castps256_ps128(q), _mm256_extractf128_ps(q, 1));
 }
 
-/* The in-place kernels (attention.h) on AVX2: sixteen registers hold one
- * row's eight score (or value) accumulators, not three rows' as on
- * AVX-512, so the rows are taken one after another; a tile's K and V rows
- * are read from memory for the first and from L1 for the others, and no
- * f32 copy of them is written and read back. */
+static inline float hmax4(__m128 m)
+{
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+
+/* The in-place kernels (attention.h) on AVX2. The query rows of a kv head
+ * are taken R = 3 (or fewer) at a time so that each 8-value chunk of a K or
+ * V row is converted once for the R rows, not once per row: the scores
+ * four keys at a time (3 x 4 accumulators), the weighted values 32 values
+ * at a time (3 x 4 accumulators and the R keys' weights). For every row,
+ * key and value these are the FMAs of the f32 kernels above in the
+ * same order, and the scores' reduction is cpu_sum8's tree (sum4), so the
+ * results are the f32 kernels' bits. */
+static inline __attribute__((always_inline)) void
+scores_group(float *z, int64_t zs, const float *const *q, const void *const *kp, int nt, int n,
+             float scale, float *mx, const int R, const int fmt, const int tail)
+{
+    const int nf = n & ~7;
+    const __m256i tm = tail_mask(n & 7);
+    const __m128 vs = _mm_set1_ps(scale);
+    __m128 m[3];
+#pragma GCC unroll 3
+    for (int r = 0; r < R; r++)
+        m[r] = _mm_set1_ps(-INFINITY);
+    for (int i0 = 0; i0 < nt; i0 += 4) {
+        const int kn = nt - i0 < 4 ? nt - i0 : 4;
+        const void *kr[4]; /* a short last group repeats its last key; dropped */
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++)
+            kr[k] = kp[i0 + (k < kn ? k : kn - 1)];
+        __m256 a[3][4];
+#pragma GCC unroll 3
+        for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++)
+                a[r][k] = _mm256_setzero_ps();
+        for (int j = 0; j < nf; j += 8) {
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) {
+                const __m256 kv = load8(kr[k], j, fmt);
+#pragma GCC unroll 3
+                for (int r = 0; r < R; r++)
+                    a[r][k] = _mm256_fmadd_ps(_mm256_loadu_ps(q[r] + j), kv, a[r][k]);
+            }
+        }
+        if (tail && nf < n) {
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) {
+                const __m256 kv = load_tail_f16(kr[k], nf, n);
+#pragma GCC unroll 3
+                for (int r = 0; r < R; r++)
+                    a[r][k] = _mm256_fmadd_ps(_mm256_maskload_ps(q[r] + nf, tm), kv, a[r][k]);
+            }
+        }
+#pragma GCC unroll 3
+        for (int r = 0; r < R; r++) {
+            const __m128 s = _mm_mul_ps(sum4(a[r]), vs);
+            m[r] = _mm_max_ps(m[r], s);
+            if (kn == 4) {
+                _mm_storeu_ps(z + r * zs + i0, s);
+            } else {
+                float t[4];
+                _mm_storeu_ps(t, s);
+                memcpy(z + r * zs + i0, t, (size_t)kn * sizeof(float));
+            }
+        }
+    }
+#pragma GCC unroll 3
+    for (int r = 0; r < R; r++)
+        mx[r] = hmax4(m[r]);
+}
+
+static inline __attribute__((always_inline)) void accum_group(float *const *acc, const float *w,
+                                                              int64_t ws, const void *const *vp,
+                                                              int nt, int n, const int R,
+                                                              const int fmt, const int tail)
+{
+    const int nf = n & ~7;
+    int j = 0;
+    for (; j + 32 <= nf; j += 32) {
+        __m256 a[3][4];
+#pragma GCC unroll 3
+        for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++)
+                a[r][c] = _mm256_loadu_ps(acc[r] + j + 8 * c);
+        for (int i = 0; i < nt; i++) {
+            __m256 wi[3];
+#pragma GCC unroll 3
+            for (int r = 0; r < R; r++)
+                wi[r] = _mm256_broadcast_ss(w + r * ws + i);
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) {
+                const __m256 kv = load8(vp[i], j + 8 * c, fmt);
+#pragma GCC unroll 3
+                for (int r = 0; r < R; r++)
+                    a[r][c] = _mm256_fmadd_ps(wi[r], kv, a[r][c]);
+            }
+        }
+#pragma GCC unroll 3
+        for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++)
+                _mm256_storeu_ps(acc[r] + j + 8 * c, a[r][c]);
+    }
+    for (; j < n; j += 8) { /* the rest, 8 values at a time (the last one masked) */
+        const __m256i msk = tail_mask(n - j < 8 ? n - j : 8);
+        __m256 a[3];
+#pragma GCC unroll 3
+        for (int r = 0; r < R; r++)
+            a[r] = _mm256_maskload_ps(acc[r] + j, msk);
+        for (int i = 0; i < nt; i++) {
+            const __m256 kv =
+                !tail || j + 8 <= n ? load8(vp[i], j, fmt) : load_tail_f16(vp[i], j, n);
+#pragma GCC unroll 3
+            for (int r = 0; r < R; r++)
+                a[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(w + r * ws + i), kv, a[r]);
+        }
+#pragma GCC unroll 3
+        for (int r = 0; r < R; r++)
+            _mm256_maskstore_ps(acc[r] + j, msk, a[r]);
+    }
+}
+
+/* R rows of a kernel for fmt, with or without code for a row's last n % 8
+ * values (a Q8_0 row has none; without it the accumulators stay in
+ * registers) */
+#define ATTN_AVX2_GROUP(call, R)                                                                   \
+    do {                                                                                           \
+        if (fmt == ATTN_Q8_0)                                                                      \
+            call(R, ATTN_Q8_0, 0);                                                                 \
+        else if (n & 7)                                                                            \
+            call(R, ATTN_F16, 1);                                                                  \
+        else                                                                                       \
+            call(R, ATTN_F16, 0);                                                                  \
+    } while (0)
+
 void cpu__attn_scores_kv_avx2(float *z, int64_t zs, int nr, const float *const *q,
                               const void *const *k, int nt, int n, float scale, float *mx, int fmt)
 {
-    for (int r = 0; r < nr; r++)
-        mx[r] = fmt == ATTN_Q8_0 ? scores_rows(z + r * zs, q[r], NULL, k, nt, n, scale, ATTN_Q8_0)
-                                 : scores_rows(z + r * zs, q[r], NULL, k, nt, n, scale, ATTN_F16);
+    for (int r0 = 0; r0 < nr; r0 += 3) {
+#define SCORES(R, F, T) scores_group(z + r0 * zs, zs, q + r0, k, nt, n, scale, mx + r0, R, F, T)
+        if (nr - r0 >= 3)
+            ATTN_AVX2_GROUP(SCORES, 3);
+        else if (nr - r0 == 2)
+            ATTN_AVX2_GROUP(SCORES, 2);
+        else
+            ATTN_AVX2_GROUP(SCORES, 1);
+#undef SCORES
+    }
 }
 
 void cpu__attn_accum_kv_avx2(float *const *acc, int nr, const float *w, int64_t ws,
                              const void *const *v, int nt, int n, int fmt)
 {
-    for (int r = 0; r < nr; r++) {
-        if (fmt == ATTN_Q8_0)
-            accum_rows(acc[r], w + r * ws, NULL, v, nt, n, ATTN_Q8_0);
+    for (int r0 = 0; r0 < nr; r0 += 3) {
+#define ACCUM(R, F, T) accum_group(acc + r0, w + r0 * ws, ws, v, nt, n, R, F, T)
+        if (nr - r0 >= 3)
+            ATTN_AVX2_GROUP(ACCUM, 3);
+        else if (nr - r0 == 2)
+            ATTN_AVX2_GROUP(ACCUM, 2);
         else
-            accum_rows(acc[r], w + r * ws, NULL, v, nt, n, ATTN_F16);
+            ATTN_AVX2_GROUP(ACCUM, 1);
+#undef ACCUM
     }
 }

@@ -97,7 +97,7 @@ struct attn_kernels { /* row kernels chosen at run time (F16C+FMA or scalar) */
                      int nt, int n, int fmt);
 };
 /* level: 0 scalar (no in-place kernels), 1 AVX2 (+FMA, F16C; in-place
- * kernels one row at a time), 2 AVX-512 tile kernels (scores, accum,
+ * kernels up to three rows at once), 2 AVX-512 tile kernels (scores, accum,
  * exp_sub, to_f32 and the in-place ones, up to three rows at once) over the
  * AVX2 row kernels; the cpu_isa of matmul.h fits. */
 void cpu_attention_kernels(struct attn_kernels *out, int level);

@@ -147,6 +147,14 @@ static inline __m256 load_tail_f16(const void *p, int nf, int n)
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
 }
 
+/* the largest of four lanes */
+static inline float hmax4(__m128 m)
+{
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+
 /* Scores of a tile of f32 key rows, eight keys at a time: one accumulator
  * per key over the 8-value chunks of the row (a chunk of q is loaded once
  * for the eight keys), then one transposing reduction instead of eight
@@ -190,10 +198,7 @@ float cpu__attn_scores_avx2(float *z, const float *q, const float *kf, int nt, i
             memcpy(z + i0, t, (size_t)kn * sizeof(float));
         }
     }
-    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
-    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-    return _mm_cvtss_f32(m4);
+    return hmax4(_mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1)));
 }
 
 /* acc += sum_i w[i] v_i over a tile of f32 value rows with the row's
@@ -237,13 +242,6 @@ static inline __m128 sum4(const __m256 *a)
 {
     const __m256 q = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
     return _mm_add_ps(_mm256_castps256_ps128(q), _mm256_extractf128_ps(q, 1));
-}
-
-static inline float hmax4(__m128 m)
-{
-    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    m = _mm_max_ss(m, _mm_movehdup_ps(m));
-    return _mm_cvtss_f32(m);
 }
 
 /* The in-place kernels (attention.h) on AVX2. The query rows of a kv head
@@ -378,17 +376,23 @@ static inline __attribute__((always_inline)) void accum_group(float *const *acc,
             call(R, ATTN_F16, 0);                                                                  \
     } while (0)
 
+/* the next min(3, left) rows */
+#define ATTN_AVX2_ROWS(call, left)                                                                 \
+    do {                                                                                           \
+        if ((left) >= 3)                                                                           \
+            ATTN_AVX2_GROUP(call, 3);                                                              \
+        else if ((left) == 2)                                                                      \
+            ATTN_AVX2_GROUP(call, 2);                                                              \
+        else                                                                                       \
+            ATTN_AVX2_GROUP(call, 1);                                                              \
+    } while (0)
+
 void cpu__attn_scores_kv_avx2(float *z, int64_t zs, int nr, const float *const *q,
                               const void *const *k, int nt, int n, float scale, float *mx, int fmt)
 {
     for (int r0 = 0; r0 < nr; r0 += 3) {
 #define SCORES(R, F, T) scores_group(z + r0 * zs, zs, q + r0, k, nt, n, scale, mx + r0, R, F, T)
-        if (nr - r0 >= 3)
-            ATTN_AVX2_GROUP(SCORES, 3);
-        else if (nr - r0 == 2)
-            ATTN_AVX2_GROUP(SCORES, 2);
-        else
-            ATTN_AVX2_GROUP(SCORES, 1);
+        ATTN_AVX2_ROWS(SCORES, nr - r0);
 #undef SCORES
     }
 }
@@ -398,12 +402,7 @@ void cpu__attn_accum_kv_avx2(float *const *acc, int nr, const float *w, int64_t 
 {
     for (int r0 = 0; r0 < nr; r0 += 3) {
 #define ACCUM(R, F, T) accum_group(acc + r0, w + r0 * ws, ws, v, nt, n, R, F, T)
-        if (nr - r0 >= 3)
-            ATTN_AVX2_GROUP(ACCUM, 3);
-        else if (nr - r0 == 2)
-            ATTN_AVX2_GROUP(ACCUM, 2);
-        else
-            ATTN_AVX2_GROUP(ACCUM, 1);
+        ATTN_AVX2_ROWS(ACCUM, nr - r0);
 #undef ACCUM
     }
 }

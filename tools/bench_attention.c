@@ -18,7 +18,16 @@
  * and with transparent huge pages (madvise), and both are timed side by
  * side.
  *
- *   build/bench_attention [--window W] [--streams S] [--reps R]
+ * With --prefill C it times a prompt chunk of C tokens of one stream at a
+ * full window that slides (sinks:4, each token's window one key on from
+ * the previous one's) in f16, two ways side by side: the chunk's tokens in
+ * groups of 16 over the union of their keys (each row with its shift, as the
+ * backend groups them), and each token on its own (its three query rows
+ * over its own keys, as a decode step reads them). It reports the median
+ * microseconds per chunk token of each and the median of the per-pass
+ * ratios, and checks that both give the same bits.
+ *
+ *   build/bench_attention [--window W] [--streams S] [--reps R] [--prefill C]
  */
 #include "cpu/attention.h"
 #include "cpu/matmul.h"
@@ -93,7 +102,8 @@ static void pass(const struct attn_kernels *kr, const char *k, const char *v, in
                     for (int h = 0; h < GROUP; h++)
                         rows[h] =
                             (struct attn_row){q + h * DH, q + h * DH,     W,
-                                              st + h,     st + GROUP + h, st + 2 * GROUP + h * DH};
+                                              st + h,     st + GROUP + h, st + 2 * GROUP + h * DH,
+                                              0};
                     cpu_attention_span_rows(kr, GROUP, rows, &keys, b * BLOCK, (b + 1) * BLOCK,
                                             scale, 0, NULL);
                 }
@@ -110,10 +120,111 @@ static void pass(const struct attn_kernels *kr, const char *k, const char *v, in
             }
 }
 
+#define PREFILL_SINKS 4
+#define PREFILL_GROUP 16 /* the backend's ATTN_GROUP_TOKENS */
+
+/* A chunk of C tokens at a full sliding window of W keys (PREFILL_SINKS of
+ * them sinks) for every layer and kv head: K/V of a (layer, head) are the
+ * sink cells, then a ring of W - PREFILL_SINKS + C cells in which token i's
+ * window starts at cell i. grouped: PREFILL_GROUP tokens a call over the
+ * union of their keys; else each token alone over its own. */
+static void prefill_pass(const struct attn_kernels *kr, const char *k, const char *v, int64_t W,
+                         int C, int grouped, const float *q, float *part, float *out)
+{
+    const size_t rb = attn_row_bytes(ATTN_F16, DH), cells = (size_t)(W + C);
+    const int64_t nb = (W + BLOCK - 1) / BLOCK, wl = W - PREFILL_SINKS;
+    const int part_n = PREFILL_GROUP * GROUP * (DH + 2); /* floats of a block's states */
+    const float scale = 1.0f / sqrtf((float)DH);
+    const int per = grouped ? PREFILL_GROUP : 1;
+    for (int l = 0; l < LAYERS; l++)
+        for (int g = 0; g < HKV; g++) {
+            const size_t off = ((size_t)l * HKV + (size_t)g) * cells * rb;
+            for (int a = 0; a < C; a += per) {
+                const int nt = C - a < per ? C - a : per, nr = nt * GROUP;
+                struct attn_keys keys = {
+                    .k = k + off, .v = v + off, .fmt = ATTN_F16, .head_dim = DH};
+                keys.run_len[0] = PREFILL_SINKS;
+                keys.run_uses_qc[0] = 1;
+                keys.run_start[1] = PREFILL_SINKS + a;
+                keys.run_len[1] = wl + nt - 1;
+                for (int64_t b = 0; b < nb; b++) {
+                    float *st = part + b * part_n;
+                    struct attn_row rows[PREFILL_GROUP * GROUP];
+                    for (int r = 0; r < nr; r++) {
+                        const float *qr = q + ((size_t)(a + r / GROUP) * HKV * GROUP +
+                                               (size_t)g * GROUP + (size_t)(r % GROUP)) *
+                                                  DH;
+                        rows[r] = (struct attn_row){
+                            qr, qr, W, st + r, st + nr + r, st + 2 * nr + r * DH, r / GROUP};
+                    }
+                    cpu_attention_span_rows(kr, nr, rows, &keys, b * BLOCK, (b + 1) * BLOCK, scale,
+                                            0, NULL);
+                }
+                for (int r = 0; r < nr; r++) {
+                    float m[ATTN_MAX_BLOCKS], lsum[ATTN_MAX_BLOCKS];
+                    for (int64_t b = 0; b < nb; b++) {
+                        m[b] = part[b * part_n + r];
+                        lsum[b] = part[b * part_n + nr + r];
+                    }
+                    float *o = out +
+                               (((size_t)(a + r / GROUP) * LAYERS + (size_t)l) * HKV + (size_t)g) *
+                                   GROUP * DH +
+                               (size_t)(r % GROUP) * DH;
+                    cpu_attention_merge(kr, (int)nb, m, lsum, part + 2 * nr + r * DH, part_n, DH,
+                                        MODEL_NORM_SOFTMAX, 0.0f, NULL, o);
+                }
+            }
+        }
+}
+
+static int prefill_bench(const struct attn_kernels *kr, int64_t W, int C, int reps)
+{
+    const size_t bytes = (size_t)LAYERS * HKV * (size_t)(W + C) * attn_row_bytes(ATTN_F16, DH);
+    const size_t nq = (size_t)C * HKV * GROUP * DH, no = nq * LAYERS;
+    char *k = alloc_kv(bytes, 0, ATTN_F16), *v = alloc_kv(bytes, 0, ATTN_F16);
+    float *q = malloc(nq * sizeof(float)), *o1 = malloc(no * sizeof(float)),
+          *o2 = malloc(no * sizeof(float));
+    float *part = malloc((size_t)((W + BLOCK - 1) / BLOCK) * PREFILL_GROUP * GROUP * (DH + 2) *
+                         sizeof(float));
+    if (!k || !v || !q || !o1 || !o2 || !part)
+        return 1;
+    for (size_t i = 0; i < nq; i++)
+        q[i] = (float)((int)(i * 37 % 101) - 50) / 50.0f;
+    double tg[99], ta[99], ratio[99];
+    for (int r = 0; r < reps; r++) { /* the two ways in turn, the order alternating */
+        for (int i = 0; i < 2; i++) {
+            const int grouped = (r + i) % 2;
+            double t0 = cpu_now();
+            prefill_pass(kr, k, v, W, C, grouped, q, part, grouped ? o1 : o2);
+            (grouped ? tg : ta)[r] = cpu_now() - t0;
+        }
+        ratio[r] = ta[r] / tg[r];
+    }
+    const int same = memcmp(o1, o2, no * sizeof(float)) == 0;
+    qsort(tg, (size_t)reps, sizeof tg[0], cmp_d);
+    qsort(ta, (size_t)reps, sizeof ta[0], cmp_d);
+    qsort(ratio, (size_t)reps, sizeof ratio[0], cmp_d);
+    printf("prefill chunk of %d tokens at a full sliding window of %lld keys (sinks:4), f16, %d "
+           "layers x %d kv heads, median of %d single-thread passes each\n",
+           C, (long long)W, LAYERS, HKV, reps);
+    printf("| way | us per chunk token |\n|---|---|\n");
+    printf("| %d tokens a call, shifted rows | %.0f |\n", PREFILL_GROUP, tg[reps / 2] / C * 1e6);
+    printf("| each token alone | %.0f |\n", ta[reps / 2] / C * 1e6);
+    printf("alone / grouped: median %.2f, range %.2f-%.2f; outputs %s\n", ratio[reps / 2], ratio[0],
+           ratio[reps - 1], same ? "bit-identical" : "DIFFER");
+    free(k);
+    free(v);
+    free(q);
+    free(o1);
+    free(o2);
+    free(part);
+    return same ? 0 : 1;
+}
+
 int main(int argc, char **argv)
 {
     int64_t W = 4100;
-    int S = 1, reps = 9;
+    int S = 1, reps = 9, prefill = 0;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--window"))
             W = atoll(argv[i + 1]);
@@ -121,10 +232,18 @@ int main(int argc, char **argv)
             S = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--reps"))
             reps = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--prefill"))
+            prefill = atoi(argv[i + 1]);
         else {
-            fprintf(stderr, "usage: bench_attention [--window W] [--streams S] [--reps R]\n");
+            fprintf(stderr, "usage: bench_attention [--window W] [--streams S] [--reps R] "
+                            "[--prefill C]\n");
             return 2;
         }
+    }
+    if (prefill < 0 || prefill > 4096 || (prefill > 0 && W <= PREFILL_SINKS)) {
+        fprintf(stderr, "bench_attention: --prefill 1..4096 with a window above %d\n",
+                PREFILL_SINKS);
+        return 2;
     }
     if (W < 1 || W > (int64_t)ATTN_MAX_BLOCKS * BLOCK || S < 1 || reps < 1 || reps > 99) {
         fprintf(stderr, "bench_attention: window 1..%d, streams >= 1, reps 1..99\n",
@@ -134,6 +253,8 @@ int main(int argc, char **argv)
     struct attn_kernels kr;
     int isa = (int)cpu_isa_best();
     cpu_attention_kernels(&kr, isa);
+    if (prefill)
+        return prefill_bench(&kr, W, prefill, reps);
     const size_t rows = (size_t)S * LAYERS * HKV * (size_t)W; /* of K, and of V */
     float q[GROUP * DH], out[GROUP * DH];
     for (int i = 0; i < GROUP * DH; i++)

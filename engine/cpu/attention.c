@@ -301,10 +301,10 @@ static void row_weights(const struct attn_kernels *kr, const struct attn_row *ro
     }
 }
 
-/* cpu_attention_span_rows for rows that all see the same keys (a decode
- * step's query heads of one kv head) over f16 or Q8_0 K/V, with the
- * in-place kernels: each K and V row is read once per tile for all rows,
- * converted in registers. Same tiles, same per-row arithmetic, same bits.
+/* cpu_attention_span_rows for rows that all see the same keys (the query
+ * heads of one kv head of a token: one end, one shift) over f16 or Q8_0
+ * K/V, with the in-place kernels: each K and V row is read once per tile
+ * for all rows, converted in registers. Same tiles, same per-row arithmetic, same bits.
  * No software prefetch of its own tiles: the keys and values of a span are
  * two sequential streams, which the hardware prefetchers follow, and a
  * burst of prefetches for the next tile made a 4,096-key decode 1.5x slower
@@ -314,6 +314,7 @@ static void span_rows_inplace(const struct attn_kernels *kr, int nr, const struc
                               const struct attn_keys *keys, int64_t v0, int64_t last, float scale,
                               int softpick, struct attn_ahead *ahead)
 {
+    const int64_t S = keys->run_len[0], shift = rows[0].shift;
     const int n = keys->head_dim, fmt = keys->fmt;
     const size_t rb = attn_row_bytes(fmt, n);
     float z[ATTN_MAX_ROWS * ATTN_TILE], w[ATTN_MAX_ROWS * ATTN_TILE], bm[ATTN_MAX_ROWS],
@@ -334,7 +335,8 @@ static void span_rows_inplace(const struct attn_kernels *kr, int nr, const struc
         int n_qc = 0; /* sink keys (scored with qc) come first in visit order */
         for (int i = 0; i < nt;) {
             int run;
-            int64_t left, c = visit_cell(keys, t0 + i, &run, &left);
+            const int64_t u = t0 + i < S ? t0 + i : t0 + i + shift; /* keys' index */
+            int64_t left, c = visit_cell(keys, u, &run, &left);
             const int cnt = left < nt - i ? (int)left : nt - i;
             for (int k = 0; k < cnt; k++) {
                 kp[i + k] = (const char *)keys->k + (size_t)(c + k) * rb;
@@ -362,28 +364,43 @@ static void span_rows_inplace(const struct attn_kernels *kr, int nr, const struc
     }
 }
 
-/* cpu_attention_span_rows through f32 tiles: each tile's K and V rows are
- * converted once for all rows; rows may see different prefixes. */
+/* cpu_attention_span_rows through f32 tiles: the keys any row needs for a
+ * tile are converted once for all rows; rows may see different prefixes of
+ * their visit orders and have different shifts. Row r's keys of the tile
+ * [t0, t1) are keys' visit indices [t0, min(t1, S)) (S: the sink run's
+ * length) and then [max(t0, S) + shift, t1 + shift): at most two stretches
+ * of the converted rows, which hold keys' indices [t0, u1). Each row's
+ * scores are made key by key, and its weighted values key after key for
+ * every value, so a row gets the same bits from its stretches as from one
+ * contiguous tile. last_u: the end of the keys' indices any row needs. */
 static void span_rows_tiled(const struct attn_kernels *kr, int nr, const struct attn_row *rows,
-                            const struct attn_keys *keys, int64_t v0, int64_t last, float scale,
-                            int softpick, struct attn_ahead *ahead)
+                            const struct attn_keys *keys, int64_t v0, int64_t last, int64_t last_u,
+                            float scale, int softpick, struct attn_ahead *ahead)
 {
+    enum { CAP = ATTN_TILE + ATTN_MAX_SHIFT }; /* converted rows a tile can need */
     const int n = keys->head_dim;
     const size_t rb = attn_row_bytes(keys->fmt, n);
-    float kf[ATTN_TILE * ATTN_MAX_DH], vf[ATTN_TILE * ATTN_MAX_DH];
+    const int64_t S = keys->run_len[0];
+    float kf[CAP * ATTN_MAX_DH], vf[CAP * ATTN_MAX_DH];
     float z[ATTN_TILE], w[ATTN_TILE];
-    int use_qc[ATTN_TILE];
+    int use_qc[CAP];
     for (int64_t t0 = v0; t0 < last;) {
         int64_t t1 = (t0 / ATTN_TILE + 1) * ATTN_TILE;
         if (t1 > last)
             t1 = last;
-        const int nt = (int)(t1 - t0);
-        /* gather the tile's rows: visit index -> (run, cell), one conversion
+        int64_t u1 = t0; /* keys' indices [t0, u1) are the tile's for some row */
+        for (int r = 0; r < nr; r++) {
+            const int64_t e = rows[r].end < t1 ? rows[r].end : t1;
+            const int64_t ue = e > S && e > t0 ? e + rows[r].shift : e;
+            u1 = ue > u1 ? ue : u1;
+        }
+        const int nc = (int)(u1 - t0);
+        /* gather the tile's rows: keys' index -> (run, cell), one conversion
          * per stretch of consecutive cells */
-        for (int i = 0; i < nt;) {
+        for (int i = 0; i < nc;) {
             int r;
             int64_t len, cell = visit_cell(keys, t0 + i, &r, &len);
-            const int cnt = len < nt - i ? (int)len : nt - i;
+            const int cnt = len < nc - i ? (int)len : nc - i;
             const size_t c = (size_t)cell * rb;
             kr->to_f32(kf + (size_t)i * n, (const char *)keys->k + c, cnt, n, keys->fmt);
             kr->to_f32(vf + (size_t)i * n, (const char *)keys->v + c, cnt, n, keys->fmt);
@@ -391,32 +408,39 @@ static void span_rows_tiled(const struct attn_kernels *kr, int nr, const struct 
                 use_qc[i + k] = keys->run_uses_qc[r];
             i += cnt;
         }
-        if (t1 < last)
-            prefetch_tile(keys, t1, last);
-        /* sink keys (scored with qc) come first in visit order */
-        int n_qc = 0;
-        while (n_qc < nt && use_qc[n_qc])
-            n_qc++;
+        if (t1 < last && u1 < last_u)
+            prefetch_tile(keys, u1, last_u);
         for (int r = 0; r < nr; r++) {
             const struct attn_row *row = &rows[r];
-            /* the keys of this tile that row r sees: the tile's first nr_t
-             * (a row sees a prefix of the visit order), in tile-aligned
+            /* the keys of this tile that row r sees: the tile's first ntr
+             * (a row sees a prefix of its visit order), in tile-aligned
              * steps exactly as it would alone */
             int64_t e = row->end < t1 ? row->end : t1;
             if (e <= t0)
                 continue;
             const int ntr = (int)(e - t0);
-            const int nqr = n_qc < ntr ? n_qc : ntr;
+            /* its stretches: keys [0, ns) at converted row 0 (the sink
+             * run), keys [ns, ntr) at converted row ns + sh */
+            const int ns = S > t0 ? (int)(S - t0 < ntr ? S - t0 : ntr) : 0;
+            const int sh = ns < ntr ? (int)row->shift : 0;
             float bm = -INFINITY;
-            if (nqr > 0)
-                bm = kr->scores(z, row->qc, kf, nqr, n, scale);
-            if (nqr < ntr) {
-                float b2 =
-                    kr->scores(z + nqr, row->q, kf + (size_t)nqr * (size_t)n, ntr - nqr, n, scale);
-                bm = b2 > bm ? b2 : bm;
+            for (int i = 0; i < ntr;) { /* runs of keys scored with the same query */
+                const int b = i < ns ? i : i + sh, stop = i < ns ? ns : ntr;
+                int j = i + 1;
+                while (j < stop && use_qc[(j < ns ? j : j + sh)] == use_qc[b])
+                    j++;
+                const float bj = kr->scores(z + i, use_qc[b] ? row->qc : row->q,
+                                            kf + (size_t)b * (size_t)n, j - i, n, scale);
+                bm = bj > bm ? bj : bm;
+                i = j;
             }
             row_weights(kr, row, z, w, ntr, bm, n, softpick);
-            kr->accum(row->acc, w, vf, ntr, n);
+            if (ns > 0 && sh > 0) {
+                kr->accum(row->acc, w, vf, ns, n);
+                kr->accum(row->acc, w + ns, vf + (size_t)(ns + sh) * (size_t)n, ntr - ns, n);
+            } else {
+                kr->accum(row->acc, w, vf + (size_t)sh * (size_t)n, ntr, n);
+            }
         }
         cpu_attention_ahead_issue(ahead, ATTN_AHEAD_PER_TILE);
         t0 = t1;
@@ -427,21 +451,36 @@ void cpu_attention_span_rows(const struct attn_kernels *kr, int nr, const struct
                              const struct attn_keys *keys, int64_t v0, int64_t v1, float scale,
                              int softpick, struct attn_ahead *ahead)
 {
-    int64_t last = v0; /* the furthest visit index any row sees */
-    int same_end = 1;
+    int64_t last = v0;   /* the furthest visit index any row sees */
+    int64_t last_u = v0; /* the furthest of keys' indices any row reads */
     assert(keys->head_dim <= ATTN_MAX_DH);
     for (int r = 0; r < nr; r++) {
         *rows[r].m = softpick ? ATTN_SOFTPICK_M_FLOOR : -INFINITY;
         *rows[r].l = 0.0f;
         memset(rows[r].acc, 0, (size_t)keys->head_dim * sizeof(float));
+        assert(rows[r].shift >= 0 && rows[r].shift <= ATTN_MAX_SHIFT);
         int64_t e = rows[r].end < v1 ? rows[r].end : v1;
         last = e > last ? e : last;
-        same_end &= rows[r].end == rows[0].end;
+        if (e > keys->run_len[0] && e > v0)
+            e += rows[r].shift;
+        last_u = e > last_u ? e : last_u;
     }
-    if (keys->fmt != ATTN_F32 && kr->scores_kv && same_end)
-        span_rows_inplace(kr, nr, rows, keys, v0, last, scale, softpick, ahead);
-    else
-        span_rows_tiled(kr, nr, rows, keys, v0, last, scale, softpick, ahead);
+    assert(last_u <= keys->run_len[0] + keys->run_len[1] + keys->run_len[2]);
+    /* f16 and Q8_0 rows in place, one token's rows (one end, one shift) at a
+     * time: per key that is faster than a converted tile's f32 rows taken a
+     * row at a time, even for a tile shared by 48 rows (docs/benchmarks.md) */
+    if (keys->fmt != ATTN_F32 && kr->scores_kv) {
+        for (int r0 = 0, r1; r0 < nr; r0 = r1) { /* runs of rows with one end and one shift */
+            for (r1 = r0 + 1;
+                 r1 < nr && rows[r1].end == rows[r0].end && rows[r1].shift == rows[r0].shift; r1++)
+                ;
+            const int64_t e = rows[r0].end < v1 ? rows[r0].end : v1;
+            if (e > v0)
+                span_rows_inplace(kr, r1 - r0, rows + r0, keys, v0, e, scale, softpick, ahead);
+        }
+    } else {
+        span_rows_tiled(kr, nr, rows, keys, v0, last, last_u, scale, softpick, ahead);
+    }
     for (int r = 0; r < nr; r++)
         if (rows[r].end <= v0 || v1 <= v0)
             *rows[r].m = -INFINITY; /* no keys here: merge skips the span */
@@ -455,9 +494,13 @@ void cpu_attention_span(const struct attn_kernels *kr, int nq, const float *q, c
     struct attn_row rows[ATTN_MAX_ROWS];
     assert(nq <= ATTN_MAX_ROWS);
     for (int h = 0; h < nq; h++)
-        rows[h] = (struct attn_row){
-            q + (size_t)h * (size_t)n,  qc + (size_t)h * (size_t)n, v1, m + h, l + h,
-            acc + (size_t)h * (size_t)n};
+        rows[h] = (struct attn_row){q + (size_t)h * (size_t)n,
+                                    qc + (size_t)h * (size_t)n,
+                                    v1,
+                                    m + h,
+                                    l + h,
+                                    acc + (size_t)h * (size_t)n,
+                                    0};
     cpu_attention_span_rows(kr, nq, rows, keys, v0, v1, scale, softpick, NULL);
 }
 

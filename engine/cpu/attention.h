@@ -125,22 +125,28 @@ void cpu_attention_span(const struct attn_kernels *kr, int nq, const float *q, c
 
 /*
  * The same for query rows that need not belong to one token: several tokens
- * of one sequence whose keys map visit index to cell alike (a prefill chunk),
- * each with all the query heads of the kv head. Row r sees the visit indices
+ * of one sequence (a prefill chunk), each with all the query heads of the kv
+ * head, over keys that cover every row's (the union of their views). Row r
+ * has its own visit order: its visit index v is keys' v while v is in the
+ * sink run (run 0) and keys' v + shift after it, so that rows whose windows
+ * slide by one key per token share keys. Row r sees its visit indices
  * [v0, min(v1, end)) and keeps its partial state in (*m, *l, acc[Dh]); a row
  * that sees none of them gets m = -inf (merge skips it). Each row's state is
  * bit-identical to what cpu_attention_span computes for it alone: the tiles
- * are fixed by visit index, and every float operation on a row depends only
- * on that row and the keys. K/V rows are converted once per tile for all
- * rows, so a chunk of tokens reads each K/V row once per tile, not once per
- * token.
+ * are fixed by the row's visit index, and every float operation on a row
+ * depends only on that row and its keys. f16 and Q8_0 K/V are read in place
+ * (scores_kv, accum_kv) by one token's rows at a time, while the group's
+ * keys are in cache; otherwise (f32, or no in-place kernels) each tile's K/V
+ * rows are converted once for all rows.
  */
 struct attn_row {
     const float *q, *qc; /* head_dim each; qc scores the sink run */
     int64_t end;         /* visit indices this row sees: [0, end) */
     float *m, *l, *acc;
+    int64_t shift; /* 0 .. ATTN_MAX_SHIFT: keys' index of visit index v past the sink run - v */
 };
 #define ATTN_MAX_ROWS 64
+#define ATTN_MAX_SHIFT 32
 
 /* The K and V rows of visit indices [v, v1) of keys (those of them keys
  * has), the cells a later span will read, to be loaded into L2 a few lines

@@ -54,6 +54,8 @@ struct cpu_ctx {
     int64_t attn_blocks; /* key blocks per (token, kv head): ceil((S + W) / ATTN_KEY_BLOCK) */
     int64_t *attn_nk;    /* (T) keys each token sees in the current layer */
     int64_t *attn_group; /* (T + 1) first token of each group of tokens scored together */
+    struct kv_view *attn_uview; /* (T) each group's keys: the union of its tokens' views */
+    int64_t *attn_shift;        /* (T) where each token's window starts in its group's */
     int64_t attn_n_groups;
     int kv_fmt;                 /* enum attn_fmt of the K/V rows */
     struct deferred {           /* a product's element-wise op not done yet (cpu_product) */
@@ -116,6 +118,8 @@ static void cpu_free(struct backend *b)
         free(c->attn_part);
         free(c->attn_nk);
         free(c->attn_group);
+        free(c->attn_uview);
+        free(c->attn_shift);
         free(c->vmem);
         free(c->packed_arena);
         free(c->packed);
@@ -769,14 +773,13 @@ static const struct kv_view *view_for(const struct cpu_ctx *c, int64_t t, int la
     return &bt->view[t];
 }
 
-/* The keys token t's query sees in kv head g, as runs of cells in visit
- * order: sinks (scored with qc), then the window ring, possibly wrapping. */
-static struct attn_keys keys_for(const struct cpu_ctx *c, int64_t t, int layer, int g, int Dh)
+/* The keys of view vw of token t's sequence (seq: as the layer stores it) in
+ * kv head g, as runs of cells in visit order: sinks (scored with qc), then
+ * the window ring, possibly wrapping. */
+static struct attn_keys keys_of_view(const struct cpu_ctx *c, int64_t t, const struct kv_seq *seq,
+                                     const struct kv_view *vw, int layer, int g, int Dh)
 {
-    const struct fwd_batch *bt = c->batch;
-    struct kv_seq seq;
-    const struct kv_view *vw = view_for(c, t, layer, &seq);
-    size_t base = kv_geometry_byte_offset(&c->geo, bt->slot[t], layer, g, 0);
+    size_t base = kv_geometry_byte_offset(&c->geo, c->batch->slot[t], layer, g, 0);
     struct attn_keys keys = {
         .k = (const char *)c->kmem + base,
         .v = (const char *)c->vmem + base,
@@ -786,13 +789,21 @@ static struct attn_keys keys_for(const struct cpu_ctx *c, int64_t t, int layer, 
     struct kv_run run[KV_VIEW_RUNS];
     _Static_assert(KV_VIEW_RUNS == sizeof keys.run_start / sizeof keys.run_start[0],
                    "attn_keys holds one entry per kv_view run");
-    kv_view_runs(&seq, vw, run);
+    kv_view_runs(seq, vw, run);
     for (int r = 0; r < KV_VIEW_RUNS; r++) {
         keys.run_start[r] = run[r].cell;
         keys.run_len[r] = run[r].len;
         keys.run_uses_qc[r] = r == 0; /* run 0 holds the sinks */
     }
     return keys;
+}
+
+/* The keys token t's query sees in kv head g. */
+static struct attn_keys keys_for(const struct cpu_ctx *c, int64_t t, int layer, int g, int Dh)
+{
+    struct kv_seq seq;
+    const struct kv_view *vw = view_for(c, t, layer, &seq);
+    return keys_of_view(c, t, &seq, vw, layer, g, Dh);
 }
 
 /* Probe path: one (token, head) at a time, recording the weights on the
@@ -836,35 +847,38 @@ static void attention_probe_task(void *arg, int ith, int nth)
     }
 }
 
-/* Whether two tokens' keys (keys_for, same layer and kv head) map every visit
- * index both see to the same cell: the same storage, the same runs, only the
- * last run of the shorter one may be shorter. Tokens of one sequence in a
- * prefill chunk usually do (until the window starts to slide). */
-static int same_mapping(const struct attn_keys *a, const struct attn_keys *b)
+/* Whether a token whose view is v can join a group of tokens of the same
+ * sequence whose keys are the union view u, and if so widens u to take v in
+ * and sets *shift to where v's window starts in u's (attn_row.shift). The
+ * union must fit the ring (every position in it is then still stored), v's
+ * window start at most ATTN_MAX_SHIFT keys after u's and never before it,
+ * and the two have the same sinks, unless the one with fewer has no window
+ * (the sequence's first tokens, which see sinks only). */
+static int view_join(struct kv_view *u, const struct kv_view *v, int64_t ring, int64_t *shift)
 {
-    if (a->k != b->k || a->v != b->v)
+    const int64_t ns = u->n_sinks > v->n_sinks ? u->n_sinks : v->n_sinks;
+    if ((u->n_sinks < ns && u->win_len > 0) || (v->n_sinks < ns && v->win_len > 0))
         return 0;
-    for (int r = 0; r < 3; r++) {
-        if (a->run_len[r] == b->run_len[r]) {
-            if (a->run_len[r] > 0 && a->run_start[r] != b->run_start[r])
-                return 0;
-            continue;
-        }
-        const struct attn_keys *s = a->run_len[r] < b->run_len[r] ? a : b;
-        if (s->run_len[r] > 0 && a->run_start[r] != b->run_start[r])
+    *shift = 0;
+    if (v->win_len > 0 && u->win_len == 0) {
+        u->win_start = v->win_start;
+        u->win_len = v->win_len;
+    } else if (v->win_len > 0) {
+        const int64_t sh = v->win_start - u->win_start;
+        const int64_t ue = u->win_start + u->win_len, ve = v->win_start + v->win_len;
+        const int64_t end = ue > ve ? ue : ve;
+        if (sh < 0 || sh > ATTN_MAX_SHIFT || end - u->win_start > ring)
             return 0;
-        for (int q = r + 1; q < 3; q++)
-            if (s->run_len[q] > 0)
-                return 0;
-        return 1;
+        u->win_len = end - u->win_start;
+        *shift = sh;
     }
+    u->n_sinks = ns;
     return 1;
 }
 
 /* Task i of a layer's attention: its group of tokens [ta, tb), kv head g,
- * key block blk and the keys of the group's longest token, which cover every
- * visit index of the group. live = 0: the block is past every token's keys
- * (no work, and merge reads no state there). */
+ * key block blk and the group's keys (the union of its tokens' views). live = 0: the block is past
+ * every token's keys (no work, and merge reads no state there). */
 struct attn_task {
     int64_t ta, tb, blk;
     int g, live;
@@ -885,8 +899,11 @@ static struct attn_task attention_task_at(const struct cpu_ctx *c, int layer, in
     for (int64_t t = k.ta + 1; t < k.tb; t++)
         t_long = c->attn_nk[t] > c->attn_nk[t_long] ? t : t_long;
     k.live = k.blk * ATTN_KEY_BLOCK < c->attn_nk[t_long];
-    if (k.live)
-        k.keys = keys_for(c, t_long, layer, k.g, c->geo.head_dim);
+    if (k.live) {
+        struct kv_seq seq;
+        view_for(c, k.ta, layer, &seq);
+        k.keys = keys_of_view(c, k.ta, &seq, &c->attn_uview[gi], layer, k.g, c->geo.head_dim);
+    }
     return k;
 }
 
@@ -915,15 +932,14 @@ static void attention_merge_row(const struct attn_job *j, int64_t t, int h)
 
 /* Hot path: one task per (group of tokens, kv head, block of ATTN_KEY_BLOCK
  * keys in visit order). A group is up to ATTN_GROUP_TOKENS consecutive tokens
- * of the batch whose keys map alike (same_mapping: a prefill chunk of one
- * sequence); all query heads of the kv head of all its tokens are scored
- * together, so each K/V row is read and converted once per tile for the whole
- * group, and the blocks spread a decode step's long window over every thread
- * (flash-decoding). The blocks are fixed by key index alone, never by batch
- * size, grouping or thread count, and cpu_attention_span_rows computes each
- * row as it would alone, so a token's attention is bit-identical whether it
- * is decoded alone or prefilled in a chunk. Partial states are merged in
- * block order by cpu_attention_merge. */
+ * of one sequence whose views join (view_join: a prefill chunk, the window
+ * full and sliding or not); all query heads of the kv head of all its tokens
+ * are scored in one call over the union of their keys, so a block of K/V is
+ * read from memory once for the group, and the blocks spread a decode step's
+ * long window over every thread (flash-decoding). The blocks are fixed by key index alone, never by
+ * batch size, grouping or thread count, and cpu_attention_span_rows computes each row as it would
+ * alone, so a token's attention is bit-identical whether it is decoded alone or prefilled in a
+ * chunk. Partial states are merged in block order by cpu_attention_merge. */
 static void attention_task(void *arg, int ith, int nth)
 {
     struct attn_job *j = arg;
@@ -966,7 +982,8 @@ static void attention_task(void *arg, int ith, int nth)
                                                    end,
                                                    st + k,
                                                    st + G + k,
-                                                   st + 2 * G + (int64_t)k * Dh};
+                                                   st + 2 * G + (int64_t)k * Dh,
+                                                   c->attn_shift[t]};
             }
             const int64_t v0 = cur.blk * ATTN_KEY_BLOCK;
             cpu_attention_span_rows(&c->akr, nr, rows, &cur.keys, v0, v0 + ATTN_KEY_BLOCK, scale,
@@ -1000,7 +1017,7 @@ static void cpu_attention(struct backend *b, int layer, const float *q, const fl
     settle(b);
     struct cpu_ctx *c = b->ctx;
     const struct model_hparams *hp = &b->model->hp;
-    const int H = hp->n_head, Hkv = hp->n_head_kv, Dh = hp->head_dim, G = H / Hkv;
+    const int H = hp->n_head, Hkv = hp->n_head_kv, G = H / Hkv;
     const int64_t T = c->batch->T, NB = c->attn_blocks;
     struct attn_job j = {b, layer, q, qc, sinks, norm, att, probe, NULL, 0};
     j.tsinks = sink_key_logits(c, b->model, layer, q, sinks, norm);
@@ -1008,22 +1025,26 @@ static void cpu_attention(struct backend *b, int layer, const float *q, const fl
         threadpool_run(c->tp, attention_probe_task, &j);
         return;
     }
-    /* group the tokens whose keys map alike (kv head 0 stands for all: the
-     * runs do not depend on the head) */
+    /* group consecutive tokens of one sequence whose views join (view_join:
+     * a prefill chunk, its window sliding or not) */
     const int max_group =
         ATTN_GROUP_TOKENS < ATTN_MAX_ROWS / G ? ATTN_GROUP_TOKENS : ATTN_MAX_ROWS / G;
-    struct attn_keys prev = {0};
     int64_t ng = 0;
     /* when no token has keys past the first block (a decode step at short
      * contexts), each task holds all of its rows' keys and merges them */
     j.merge_in_task = 1;
     for (int64_t t = 0; t < T; t++) {
-        struct attn_keys k = keys_for(c, t, layer, 0, Dh);
-        c->attn_nk[t] = k.run_len[0] + k.run_len[1] + k.run_len[2];
+        struct kv_seq seq;
+        const struct kv_view *vw = view_for(c, t, layer, &seq);
+        c->attn_nk[t] = vw->n_sinks + vw->win_len;
         j.merge_in_task &= c->attn_nk[t] <= ATTN_KEY_BLOCK;
-        if (t == 0 || t - c->attn_group[ng - 1] >= max_group || !same_mapping(&prev, &k))
-            c->attn_group[ng++] = t;
-        prev = k;
+        if (t == 0 || t - c->attn_group[ng - 1] >= max_group ||
+            c->batch->slot[t] != c->batch->slot[t - 1] ||
+            !view_join(&c->attn_uview[ng - 1], vw, seq.ring, &c->attn_shift[t])) {
+            c->attn_group[ng] = t;
+            c->attn_uview[ng++] = *vw;
+            c->attn_shift[t] = 0;
+        }
     }
     c->attn_group[ng] = T;
     c->attn_n_groups = ng;
@@ -1375,9 +1396,11 @@ int backend_cpu_init(struct backend *b, const struct model *m, const struct back
     c->act = xalloc(c->act_cap);
     c->attn_nk = xalloc(T * sizeof(int64_t));
     c->attn_group = xalloc((T + 1) * sizeof(int64_t));
-    if (!c->attn_nk || !c->attn_group || !a->x || !a->xb || !a->xb2 || !a->q || !a->qc || !a->k ||
-        !a->v || !a->att || !a->hb || !a->hb2 || !a->xo || !a->logits || !c->cs_abs ||
-        !c->cs_cache || !c->cs_abs_local || !c->sink_logits || !c->act)
+    c->attn_uview = xalloc(T * sizeof(struct kv_view));
+    c->attn_shift = xalloc(T * sizeof(int64_t));
+    if (!c->attn_nk || !c->attn_group || !c->attn_uview || !c->attn_shift || !a->x || !a->xb ||
+        !a->xb2 || !a->q || !a->qc || !a->k || !a->v || !a->att || !a->hb || !a->hb2 || !a->xo ||
+        !a->logits || !c->cs_abs || !c->cs_cache || !c->cs_abs_local || !c->sink_logits || !c->act)
         goto oom;
     if (!c->reference_matmul && pack_weights(c, m) < 0)
         goto oom;

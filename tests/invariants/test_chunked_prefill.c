@@ -245,6 +245,18 @@ TEST(tiny_model_chunked_prefill_equals_token_by_token_with_q8_0_weights)
     ASSERT(worst <= TINY_TOL);
 }
 
+/* Whether got is ref bit for bit (n positions of V logits); prints the
+ * largest difference after label, and the first position that differs. */
+static int bit_identical(const float *ref, const float *got, int64_t n, int64_t V,
+                         const char *label)
+{
+    printf("  %s: max logit diff %.3g\n", label, tiny_max_diff(ref, got, n * V, NULL));
+    if (memcmp(ref, got, (size_t)(n * V) * sizeof(float)) == 0)
+        return 1;
+    report(ref, got, n, V, 0);
+    return 0;
+}
+
 /* Past ATTN_KEY_BLOCK (256) keys a token's attention is split in blocks and
  * merged by a run of its own; up to it, the attention task merges its own
  * rows (the same merge call). A chunk that straddles the 256th key takes the
@@ -278,18 +290,56 @@ TEST(tiny_model_merge_in_task_equals_the_merge_run_bit_for_bit)
             ASSERT_OK(feed(&tm.m, pol, W, 1, KV_DTYPE_F16, thr, toks, N, ref));
             for (size_t ci = 0; ci < sizeof straddling / sizeof straddling[0]; ci++) {
                 ASSERT_OK(feed(&tm.m, pol, W, straddling[ci], KV_DTYPE_F16, thr, toks, N, got));
-                const double d = tiny_max_diff(ref, got, N * V, NULL);
-                printf("  normalizer %d, %d thr, chunk %lld: max logit diff %.3g\n", variant, thr,
-                       (long long)straddling[ci], d);
-                if (memcmp(ref, got, (size_t)(N * V) * sizeof(float)) != 0)
-                    report(ref, got, N, V, 0);
-                ASSERT(memcmp(ref, got, (size_t)(N * V) * sizeof(float)) == 0);
+                char label[64];
+                snprintf(label, sizeof label, "normalizer %d, %d thr, chunk %lld", variant, thr,
+                         (long long)straddling[ci]);
+                ASSERT(bit_identical(ref, got, N, V, label));
             }
         }
         free(ref);
         free(got);
         tiny_model_free(&tm);
     }
+}
+
+/* A window longer than a key block (256), full and sliding inside every
+ * chunk: the backend scores up to 16 of a chunk's tokens together over the
+ * union of their keys, each token's window starting one key after the
+ * previous one's, across the block boundary and the ring's wrap. Each
+ * token's logits must be the bits it gets decoded alone, for every KV
+ * dtype, with and without sinks, on one and two threads. */
+TEST(tiny_model_sliding_chunks_equal_token_by_token_bit_for_bit)
+{
+    enum { W = 300, N = 2 * W + 71 };
+    static const int64_t sliding[] = {7, 16, 64};
+    const struct kv_policy pols[] = {{KV_POLICY_SINKS, 4}, {KV_POLICY_WINDOW, 0}};
+    const enum kv_dtype dts[] = {KV_DTYPE_F16, KV_DTYPE_F32, KV_DTYPE_Q8_0};
+    struct tiny_config cfg = tiny_config_default();
+    cfg.head_dim = 64; /* q8_0 rows are whole blocks */
+    struct tiny_model tm;
+    ASSERT_OK(tiny_model_init(&tm, &cfg));
+    const int64_t V = tm.m.hp.n_vocab;
+    static int32_t toks[N];
+    tiny_tokens(toks, N, V, 4242);
+    float *ref = malloc((size_t)(N * V) * sizeof(float));
+    float *got = malloc((size_t)(N * V) * sizeof(float));
+    ASSERT(ref && got);
+    for (size_t di = 0; di < sizeof dts / sizeof dts[0]; di++)
+        for (size_t pi = 0; pi < sizeof pols / sizeof pols[0]; pi++) {
+            const int thr = 1 + (int)((di + pi) % 2);
+            ASSERT_OK(feed(&tm.m, pols[pi], W, 1, dts[di], thr, toks, N, ref));
+            for (size_t ci = 0; ci < sizeof sliding / sizeof sliding[0]; ci++) {
+                ASSERT_OK(feed(&tm.m, pols[pi], W, sliding[ci], dts[di], thr, toks, N, got));
+                char label[64];
+                snprintf(label, sizeof label, "%s KV, %s, %d thr, chunk %lld",
+                         kv_dtype_name(dts[di]), pi == 0 ? "sinks:4" : "window", thr,
+                         (long long)sliding[ci]);
+                ASSERT(bit_identical(ref, got, N, V, label));
+            }
+        }
+    free(ref);
+    free(got);
+    tiny_model_free(&tm);
 }
 
 /* ---- SmolLM2 ---- */

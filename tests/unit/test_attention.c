@@ -13,7 +13,8 @@
  * reference reads the values that engine/quant.c's scalar dequantizer gives
  * for the stored blocks); the sink, softmax and softpick normalizers; sinks
  * scored with the in-cache query; a window that wraps around its ring (three
- * runs); rows of unequal, odd lengths spanning several key blocks.
+ * runs); rows of unequal, odd lengths spanning several key blocks; rows
+ * whose windows slide (each starts some keys into the union of their keys).
  *
  * And batch invariance (DESIGN.md invariant 2 at the op level): each row's
  * partial state is bit-identical to the one cpu_attention_span computes for
@@ -222,7 +223,8 @@ static float s_m[MAX_G], s_l[MAX_G], s_acc[MAX_G * MAX_DH];
 struct shape {
     int dh, G, S, R, o; /* head_dim, heads per kv head, sinks, ring cells, window offset */
     int ntok;
-    int64_t end[MAX_TOK]; /* keys each token sees (sinks included) */
+    int64_t end[MAX_TOK];   /* keys each token sees (sinks included) */
+    int64_t shift[MAX_TOK]; /* where each token's window starts in the union's (attn_row) */
 };
 
 /* One shape, all kernel sets, f32, f16 and q8_0, all normalizers: returns the
@@ -237,9 +239,12 @@ static double run_shape(const struct shape *sh, uint64_t seed, int *failed)
                                            MODEL_NORM_SOFTPICK};
     const float scale = 1.0f / sqrtf((float)n);
     double worst = 0;
-    int64_t longest = 0;
-    for (int t = 0; t < sh->ntok; t++)
+    int64_t longest = 0, union_end = 0; /* the most keys a token sees; keys the union holds */
+    for (int t = 0; t < sh->ntok; t++) {
         longest = sh->end[t] > longest ? sh->end[t] : longest;
+        const int64_t ue = sh->end[t] + sh->shift[t];
+        union_end = ue > union_end ? ue : union_end;
+    }
     const int nb = (int)((longest + BLOCK - 1) / BLOCK);
     for (int fmt = ATTN_F32; fmt <= ATTN_Q8_0; fmt++) {
         if (fmt == ATTN_Q8_0 && n % 32 != 0)
@@ -254,7 +259,7 @@ static double run_shape(const struct shape *sh, uint64_t seed, int *failed)
             for (size_t ni = 0; ni < sizeof norms / sizeof norms[0]; ni++) {
                 const int softpick = norms[ni] == MODEL_NORM_SOFTPICK;
                 const float sink = 0.75f;
-                struct attn_keys kl = keys_of(&g_kv, sh->S, sh->R, sh->o, longest);
+                struct attn_keys kl = keys_of(&g_kv, sh->S, sh->R, sh->o, union_end);
                 for (int b = 0; b < nb; b++) {
                     struct attn_row rows[MAX_TOK * MAX_G];
                     int nr = 0;
@@ -265,7 +270,8 @@ static double run_shape(const struct shape *sh, uint64_t seed, int *failed)
                                                          sh->end[t],
                                                          &g_m[nr][b],
                                                          &g_l[nr][b],
-                                                         g_acc[nr][b]};
+                                                         g_acc[nr][b],
+                                                         sh->shift[t]};
                     cpu_attention_span_rows(&kr[ki], nr, rows, &kl, (int64_t)b * BLOCK,
                                             (int64_t)(b + 1) * BLOCK, scale, softpick, NULL);
                     /* each token alone, as decoding it: its own keys and
@@ -275,7 +281,8 @@ static double run_shape(const struct shape *sh, uint64_t seed, int *failed)
                         if (v0 >= sh->end[t])
                             continue; /* the backend never scores an empty block */
                         v1 = v1 < sh->end[t] ? v1 : sh->end[t];
-                        struct attn_keys kt = keys_of(&g_kv, sh->S, sh->R, sh->o, sh->end[t]);
+                        struct attn_keys kt = keys_of(
+                            &g_kv, sh->S, sh->R, (sh->o + (int)sh->shift[t]) % sh->R, sh->end[t]);
                         cpu_attention_span(&kr[ki], G, g_q + t * G * n, g_qc + t * G * n, &kt, v0,
                                            v1, scale, softpick, s_m, s_l, s_acc);
                         for (int h = 0; h < G; h++) {
@@ -294,7 +301,8 @@ static double run_shape(const struct shape *sh, uint64_t seed, int *failed)
                     }
                 }
                 for (int t = 0; t < sh->ntok; t++) {
-                    struct attn_keys kt = keys_of(&g_kv, sh->S, sh->R, sh->o, sh->end[t]);
+                    struct attn_keys kt = keys_of(&g_kv, sh->S, sh->R,
+                                                  (sh->o + (int)sh->shift[t]) % sh->R, sh->end[t]);
                     const int nbt = (int)((sh->end[t] + BLOCK - 1) / BLOCK);
                     for (int h = 0; h < G; h++) {
                         const int r = t * G + h;
@@ -332,13 +340,23 @@ TEST(grouped_rows_match_the_reference_and_each_token_alone)
     const struct shape shapes[] = {
         /* SmolLM2: Dh 64, GQA 3:1; a prefill chunk without wrap, odd ends,
          * the last ones across the first block boundary */
-        {64, 3, 4, 700, 0, 5, {5, 131, 255, 257, 261}},
+        {64, 3, 4, 700, 0, 5, {5, 131, 255, 257, 261}, {0}},
         /* window wrapping around the ring (three runs), 4:1 */
-        {64, 4, 4, 500, 377, 4, {300, 333, 401, 503}},
+        {64, 4, 4, 500, 377, 4, {300, 333, 401, 503}, {0}},
         /* Gemma 3: Dh 256, 4:1, no sinks, three blocks */
-        {256, 4, 0, 700, 50, 3, {1, 517, 700}},
+        {256, 4, 0, 700, 50, 3, {1, 517, 700}, {0}},
         /* Dh not a multiple of 8: masked tails; one key only; 3:1 */
-        {20, 3, 2, 300, 299, 6, {1, 2, 3, 9, 33, 302}},
+        {20, 3, 2, 300, 299, 6, {1, 2, 3, 9, 33, 302}, {0}},
+        /* a chunk whose window slides (each token's starts one key on, all
+         * see a full window) across the first block boundary and the
+         * ring's wrap */
+        {64, 3, 4, 300, 250, 6, {264, 264, 264, 264, 264, 264}, {0, 1, 2, 3, 4, 5}},
+        /* the window fills, then slides; 4:1 */
+        {64, 4, 4, 500, 100, 5, {100, 101, 102, 102, 102}, {0, 0, 0, 1, 2}},
+        /* masked tails and the largest shift, in no order */
+        {20, 3, 2, 300, 280, 3, {40, 40, 40}, {0, 32, 17}},
+        /* no sinks: every key is shifted; Dh 256 */
+        {256, 4, 0, 700, 650, 3, {300, 300, 300}, {0, 3, 9}},
     };
     double worst = 0;
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {

@@ -169,9 +169,12 @@ int cmd_run(int argc, char **argv)
         goto out;
     }
 
-    double t0 = cmd_now();
+    double t0 = cmd_now(), t_last = t0; /* t_last: when the prompt's last chunk began */
+    int64_t last_at = 0;                /* and the tokens before it */
     for (int64_t i = 0; i < n_prompt; i += chunk) {
         int64_t n = n_prompt - i < chunk ? n_prompt - i : chunk;
+        t_last = cmd_now();
+        last_at = i;
         struct decoder_input in = {seq, ids + i, n,
                                    i + n == n_prompt ? DECODER_LOGITS_LAST : DECODER_LOGITS_NONE};
         int64_t r = decoder_step(d, &in, 1);
@@ -224,6 +227,10 @@ int cmd_run(int argc, char **argv)
     int64_t steps = n_gen > 0 ? n_gen - 1 : 0;
     fprintf(stderr, "prompt: %lld tokens in %.3f s (%.1f tokens/s)\n", (long long)n_prompt, t1 - t0,
             (double)n_prompt / (t1 - t0));
+    if (last_at > 0) /* a prompt at depth: the last chunk after the context the others made */
+        fprintf(stderr, "prompt's last chunk: %lld tokens after %lld in %.3f s (%.1f tokens/s)\n",
+                (long long)(n_prompt - last_at), (long long)last_at, t1 - t_last,
+                (double)(n_prompt - last_at) / (t1 - t_last));
     fprintf(stderr, "decode: %lld tokens in %.3f s (%.1f tokens/s)\n", (long long)steps, t2 - t1,
             steps > 0 ? (double)steps / (t2 - t1) : 0.0);
 out:

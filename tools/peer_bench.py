@@ -14,6 +14,10 @@ Figures (tokens/s):
   ctx4096   128 tokens decoded at a 4,096-token context.  A: sinks:4 window
             4,096, full and evicting (a 4,200-token prompt); B: llama-bench
             -p 0 -n 128 -d 4096.
+  prompt4096  512 prompt tokens after a 4,096-token context.  A: the last
+            512-token chunk of a 4,608-token prompt, sinks:4 window 4,096
+            (full and sliding: every token of the chunk evicts one); B:
+            llama-bench -p 512 -n 0 -d 4096.
   batch     aggregate decode of B sequences after a P-token prompt each
             (--batch-fill P, default W: a full window).  A: bench_batch (B
             greedy streams, window W, prompt P); B: llama-batched-bench
@@ -62,6 +66,20 @@ def ss_run(a, model, threads, ctx4096):
     if not p or not d:
         raise RuntimeError("streamsink run printed no speed lines:\n" + err)
     return float(p.group(1)), float(d.group(1))
+
+
+def ss_prompt_depth(a, model, threads):
+    """Tokens/s of the last 512-token chunk of a 4,608-token prompt at a full
+    sliding window of 4,096 (streamsink run's "prompt's last chunk" line)."""
+    cmd = [a.streamsink, "run", "-m", model, "-f", a.text, "--ignore-eos", "-t", str(threads),
+           "--chunk", "512", "--kv-dtype", a.kv_dtype, "--prompt-tokens", "4608", "--kv-policy",
+           "sinks:4", "--ctx", "4096", "-n", "1"]
+    _, err = run(cmd)
+    m = re.search(r"^prompt's last chunk: 512 tokens after 4096 .*\(([0-9.]+) tokens/s\)", err,
+                  re.M)
+    if not m:
+        raise RuntimeError("streamsink run printed no last-chunk line:\n" + err)
+    return float(m.group(1))
 
 
 def llama_bench(a, model, threads, args):
@@ -174,7 +192,7 @@ def main():
     ap.add_argument("--text", required=True, help="prompt text file (4,200+ tokens)")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", default="1,2")
-    ap.add_argument("--figures", default="prompt,decode,ctx4096,batch")
+    ap.add_argument("--figures", default="prompt,decode,ctx4096,prompt4096,batch")
     ap.add_argument("--batches", default="1,4,8,16,32")
     ap.add_argument("--batch-window", type=int, default=1024)
     ap.add_argument("--batch-steps", type=int, default=32)
@@ -212,6 +230,8 @@ def main():
                             add("decode", model, t, 0, d)
                         if "ctx4096" in figures:
                             add("ctx4096", model, t, 0, ss_run(a, model, t, True)[1])
+                        if "prompt4096" in figures:
+                            add("prompt4096", model, t, 0, ss_prompt_depth(a, model, t))
                     else:
                         if "prompt" in figures:
                             add("prompt", model, t, 1,
@@ -222,6 +242,9 @@ def main():
                         if "ctx4096" in figures:
                             add("ctx4096", model, t, 1,
                                 llama_bench(a, model, t, ["-p", "0", "-n", "128", "-d", "4096"]))
+                        if "prompt4096" in figures:
+                            add("prompt4096", model, t, 1,
+                                llama_bench(a, model, t, ["-p", "512", "-n", "0", "-d", "4096"]))
                     print(f"rep {rep} {os.path.basename(model)} t={t} side={'AB'[side]} done "
                           f"({time.time() - t_start:.0f} s)", file=sys.stderr, flush=True)
             if "batch" in figures:

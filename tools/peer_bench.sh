@@ -8,7 +8,7 @@
 # file with tools/requant_gguf.py, then runs tools/peer_bench.py, which prints
 # every pair with its ratio and spread (min/median/max over REPS).
 # Environment (defaults): REPS (3), THREADS (1,2), FORMATS (q4_1,q4_0,q8_0),
-# FIGURES (prompt,decode,ctx4096,batch), BATCHES (1,4,8,16,32),
+# FIGURES (prompt,decode,ctx4096,prompt4096,batch), BATCHES (1,4,8,16,32),
 # BATCH_WINDOW (1024), BATCH_FILL (prompt tokens per sequence; default
 # BATCH_WINDOW, a full window), BATCH_STEPS (32), KV_DTYPE (f16; or q8_0 on both
 # sides), PEER_DIR, PEER_VERSION, PEER_NO_AMX (1: a llama.cpp build without
@@ -43,7 +43,7 @@ bible Gen1:1-Gen50:26 > "$TEXT"
 "$PY" tools/peer_bench.py --streamsink "$BUILD/streamsink" --bench-batch "$BUILD/bench_batch" \
   --llama-bench "$PEER_BIN/llama-bench" --llama-batched-bench "$PEER_BIN/llama-batched-bench" \
   --text "$TEXT" --reps "${REPS:-3}" --threads "${THREADS:-1,2}" \
-  --figures "${FIGURES:-prompt,decode,ctx4096,batch}" --batches "${BATCHES:-1,4,8,16,32}" \
+  --figures "${FIGURES:-prompt,decode,ctx4096,prompt4096,batch}" --batches "${BATCHES:-1,4,8,16,32}" \
   --batch-window "${BATCH_WINDOW:-1024}" --batch-fill "${BATCH_FILL:-0}" \
   --batch-steps "${BATCH_STEPS:-32}" \
   --kv-dtype "${KV_DTYPE:-f16}" "${MODELS[@]}"

@@ -226,8 +226,8 @@ static int64_t visit_cell(const struct attn_keys *keys, int64_t v, int *run, int
     return keys->run_start[r] + v - base;
 }
 
-/* Starts loading the K and V rows of the tile that begins at visit index v
- * (up to ATTN_TILE keys, not past last or the end of v's run) while the
+/* Starts loading the K and V rows of keys' visit indices from v on (up to
+ * ATTN_TILE keys, not past last or the end of v's run) while the
  * converted-tile path works on the current one: a prefill chunk's tiles
  * come from memory once per chunk, and its conversion and per-row work
  * leave time for the whole tile to arrive. */
@@ -367,8 +367,9 @@ static void span_rows_inplace(const struct attn_kernels *kr, int nr, const struc
 /* cpu_attention_span_rows through f32 tiles: the keys any row needs for a
  * tile are converted once for all rows; rows may see different prefixes of
  * their visit orders and have different shifts. Row r's keys of the tile
- * [t0, t1) are keys' visit indices [t0, min(t1, S)) (S: the sink run's
- * length) and then [max(t0, S) + shift, t1 + shift): at most two stretches
+ * [t0, t1), which it sees up to e = min(end, t1), are keys' visit indices
+ * [t0, min(e, S)) (S: the sink run's length) and then
+ * [max(t0, S) + shift, e + shift): at most two stretches
  * of the converted rows, which hold keys' indices [t0, u1). Each row's
  * scores are made key by key, and its weighted values key after key for
  * every value, so a row gets the same bits from its stretches as from one

@@ -849,11 +849,12 @@ static void attention_probe_task(void *arg, int ith, int nth)
 
 /* Whether a token whose view is v can join a group of tokens of the same
  * sequence whose keys are the union view u, and if so widens u to take v in
- * and sets *shift to where v's window starts in u's (attn_row.shift). The
- * union must fit the ring (every position in it is then still stored), v's
- * window start at most ATTN_MAX_SHIFT keys after u's and never before it,
- * and the two have the same sinks, unless the one with fewer has no window
- * (the sequence's first tokens, which see sinks only). */
+ * and sets *shift to where v's window starts in u's (attn_row.shift). v's
+ * window must start at most ATTN_MAX_SHIFT keys after u's, never before it
+ * and not past its end (so every position of the union is in some token's
+ * window, hence stored), the union must fit the ring (kv_view_runs), and
+ * the two have the same sinks, unless the one with fewer has no window (the
+ * sequence's first tokens, which see sinks only). */
 static int view_join(struct kv_view *u, const struct kv_view *v, int64_t ring, int64_t *shift)
 {
     const int64_t ns = u->n_sinks > v->n_sinks ? u->n_sinks : v->n_sinks;
@@ -867,7 +868,7 @@ static int view_join(struct kv_view *u, const struct kv_view *v, int64_t ring, i
         const int64_t sh = v->win_start - u->win_start;
         const int64_t ue = u->win_start + u->win_len, ve = v->win_start + v->win_len;
         const int64_t end = ue > ve ? ue : ve;
-        if (sh < 0 || sh > ATTN_MAX_SHIFT || end - u->win_start > ring)
+        if (sh < 0 || sh > ATTN_MAX_SHIFT || v->win_start > ue || end - u->win_start > ring)
             return 0;
         u->win_len = end - u->win_start;
         *shift = sh;

@@ -81,6 +81,21 @@ static void *alloc_kv(size_t n, int huge, int fmt)
     return p;
 }
 
+/* Merges row r's partial states (nb blocks of `stride` floats in part, each
+ * holding nr rows' m, then their l, then their acc) into out, as the
+ * backend's merge does. */
+static void merge_row(const struct attn_kernels *kr, int64_t nb, const float *part, int stride,
+                      int nr, int r, float *out)
+{
+    float m[ATTN_MAX_BLOCKS], lsum[ATTN_MAX_BLOCKS];
+    for (int64_t b = 0; b < nb; b++) {
+        m[b] = part[b * stride + r];
+        lsum[b] = part[b * stride + nr + r];
+    }
+    cpu_attention_merge(kr, (int)nb, m, lsum, part + 2 * nr + r * DH, stride, DH,
+                        MODEL_NORM_SOFTMAX, 0.0f, NULL, out);
+}
+
 /* One token for every stream: each (stream, layer, kv head) in blocks of
  * BLOCK keys, then the merge, as the backend's tasks do on one thread. */
 static void pass(const struct attn_kernels *kr, const char *k, const char *v, int fmt, int64_t W,
@@ -107,16 +122,8 @@ static void pass(const struct attn_kernels *kr, const char *k, const char *v, in
                     cpu_attention_span_rows(kr, GROUP, rows, &keys, b * BLOCK, (b + 1) * BLOCK,
                                             scale, 0, NULL);
                 }
-                for (int h = 0; h < GROUP; h++) {
-                    float m[ATTN_MAX_BLOCKS], lsum[ATTN_MAX_BLOCKS];
-                    for (int64_t b = 0; b < nb; b++) {
-                        m[b] = part[b * GROUP * (DH + 2) + h];
-                        lsum[b] = part[b * GROUP * (DH + 2) + GROUP + h];
-                    }
-                    cpu_attention_merge(kr, (int)nb, m, lsum, part + 2 * GROUP + h * DH,
-                                        GROUP * (DH + 2), DH, MODEL_NORM_SOFTMAX, 0.0f, NULL,
-                                        out + h * DH);
-                }
+                for (int h = 0; h < GROUP; h++)
+                    merge_row(kr, nb, part, GROUP * (DH + 2), GROUP, h, out + h * DH);
             }
 }
 
@@ -160,19 +167,13 @@ static void prefill_pass(const struct attn_kernels *kr, const char *k, const cha
                     cpu_attention_span_rows(kr, nr, rows, &keys, b * BLOCK, (b + 1) * BLOCK, scale,
                                             0, NULL);
                 }
-                for (int r = 0; r < nr; r++) {
-                    float m[ATTN_MAX_BLOCKS], lsum[ATTN_MAX_BLOCKS];
-                    for (int64_t b = 0; b < nb; b++) {
-                        m[b] = part[b * part_n + r];
-                        lsum[b] = part[b * part_n + nr + r];
-                    }
-                    float *o = out +
-                               (((size_t)(a + r / GROUP) * LAYERS + (size_t)l) * HKV + (size_t)g) *
-                                   GROUP * DH +
-                               (size_t)(r % GROUP) * DH;
-                    cpu_attention_merge(kr, (int)nb, m, lsum, part + 2 * nr + r * DH, part_n, DH,
-                                        MODEL_NORM_SOFTMAX, 0.0f, NULL, o);
-                }
+                for (int r = 0; r < nr; r++)
+                    merge_row(
+                        kr, nb, part, part_n, nr, r,
+                        out +
+                            (((size_t)(a + r / GROUP) * LAYERS + (size_t)l) * HKV + (size_t)g) *
+                                GROUP * DH +
+                            (size_t)(r % GROUP) * DH);
             }
         }
 }

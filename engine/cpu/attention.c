@@ -304,7 +304,8 @@ static void row_weights(const struct attn_kernels *kr, const struct attn_row *ro
 /* cpu_attention_span_rows for rows that all see the same keys (the query
  * heads of one kv head of a token: one end, one shift) over f16 or Q8_0
  * K/V, with the in-place kernels: each K and V row is read once per tile
- * for all rows, converted in registers. Same tiles, same per-row arithmetic, same bits.
+ * for all rows, converted in registers. Same tiles, same per-row
+ * arithmetic, same bits.
  * No software prefetch of its own tiles: the keys and values of a span are
  * two sequential streams, which the hardware prefetchers follow, and a
  * burst of prefetches for the next tile made a 4,096-key decode 1.5x slower
@@ -368,9 +369,9 @@ static void span_rows_inplace(const struct attn_kernels *kr, int nr, const struc
  * tile are converted once for all rows; rows may see different prefixes of
  * their visit orders and have different shifts. Row r's keys of the tile
  * [t0, t1), which it sees up to e = min(end, t1), are keys' visit indices
- * [t0, min(e, S)) (S: the sink run's length) and then
- * [max(t0, S) + shift, e + shift): at most two stretches
- * of the converted rows, which hold keys' indices [t0, u1). Each row's
+ * [t0, min(e, S)) (S: the sink run's length) and then [max(t0, S) + shift,
+ * e + shift): at most two stretches of the converted rows, which hold
+ * keys' indices [t0, u1). Each row's
  * scores are made key by key, and its weighted values key after key for
  * every value, so a row gets the same bits from its stretches as from one
  * contiguous tile. last_u: the end of the keys' indices any row needs. */

@@ -878,8 +878,9 @@ static int view_join(struct kv_view *u, const struct kv_view *v, int64_t ring, i
 }
 
 /* Task i of a layer's attention: its group of tokens [ta, tb), kv head g,
- * key block blk and the group's keys (the union of its tokens' views). live = 0: the block is past
- * every token's keys (no work, and merge reads no state there). */
+ * key block blk and the group's keys (the union of its tokens' views).
+ * live = 0: the block is past every token's keys (no work, and merge reads
+ * no state there). */
 struct attn_task {
     int64_t ta, tb, blk;
     int g, live;
@@ -937,9 +938,10 @@ static void attention_merge_row(const struct attn_job *j, int64_t t, int h)
  * full and sliding or not); all query heads of the kv head of all its tokens
  * are scored in one call over the union of their keys, so a block of K/V is
  * read from memory once for the group, and the blocks spread a decode step's
- * long window over every thread (flash-decoding). The blocks are fixed by key index alone, never by
- * batch size, grouping or thread count, and cpu_attention_span_rows computes each row as it would
- * alone, so a token's attention is bit-identical whether it is decoded alone or prefilled in a
+ * long window over every thread (flash-decoding). The blocks are fixed by
+ * key index alone, never by batch size, grouping or thread count, and
+ * cpu_attention_span_rows computes each row as it would alone, so a token's
+ * attention is bit-identical whether it is decoded alone or prefilled in a
  * chunk. Partial states are merged in block order by cpu_attention_merge. */
 static void attention_task(void *arg, int ith, int nth)
 {

@@ -13,6 +13,11 @@
 
 #include "../quant.h"
 
+/* Four bytes at any address read as one int32: the memory operand of the
+ * kernels' asm statements that broadcast four quant or activation bytes
+ * (matmul_rows16_avx512.c, matmul_rows16_ymm.h). */
+typedef int32_t __attribute__((may_alias, aligned(1))) i32_bytes;
+
 /* AVX2 + FMA + F16C. */
 void cpu__prepare_act_avx2(enum qtype t, const float *restrict x, int64_t k, void *restrict dst);
 void cpu__matmul_rows_avx2(enum qtype t, const void *restrict w, int64_t k, int64_t n0, int64_t n1,

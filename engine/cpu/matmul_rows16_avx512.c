@@ -83,7 +83,6 @@ INLINE int32_t load_i32(const void *p)
 #ifdef AVX512_DPBUSD
 #define dpbusd_bcast(acc, u, p) AVX512_DPBUSD(acc, u, _mm512_set1_epi32(load_i32(p)))
 #else
-typedef int32_t __attribute__((may_alias, aligned(1))) i32_bytes; /* four bytes of qs */
 INLINE __m512i dpbusd_bcast(__m512i acc, __m512i u, const void *p)
 {
     __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*(const i32_bytes *)p));

@@ -100,8 +100,6 @@ INLINE int32_t load_i32(const void *p)
 }
 
 #ifndef ROWS16_AVXVNNI
-typedef int32_t __attribute__((may_alias, aligned(1))) i32_bytes; /* four activation bytes */
-
 /* VPMADDUBSW of u against the four activation bytes at p, broadcast: the
  * sixteen-bit sums of a run's products. mub_add adds them to acc (VPADDW).
  * Each is one asm statement so that the product is made where it is used.

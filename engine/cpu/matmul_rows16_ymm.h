@@ -19,7 +19,10 @@
  * (eight rows) is taken against a register tile of up to four activation
  * rows, so that each block's quants are loaded (the nibbles split) once for
  * the tile (five rows ran within the noise of four on Zen 3); the AVX-VNNI
- * build below needs no 16-bit partial sums and takes up to six.
+ * build below needs no 16-bit partial sums and takes up to six. At T = 1
+ * the AVX2 build takes a group's two halves in one pass instead
+ * (tile16_t1): each broadcast serves sixteen rows, and each block's bytes
+ * are read once (a decode token's products ran 1.2x faster on Zen 3).
  *
  * The integer dot product of a block is exact, as in the VNNI kernel:
  *   Q4_0 and Q4_1: the nibbles q (0..15) against a (|a| <= 127: the
@@ -146,6 +149,119 @@ INLINE __m256i q8_add(__m256i acc, __m256i aw, __m256i w, __m256i ones, const vo
             : "+x"(acc), "=&x"(x)
             : "x"(aw), "x"(w), "x"(ones), "m"(*(const i32_bytes *)p));
     return acc;
+}
+
+/* The same for both halves of a group at once (T = 1): the four activation
+ * bytes at p are broadcast once for the two halves' runs u0 and u1 (Q8_0:
+ * aw0, w0 and aw1, w1), and each half's sums go to its own accumulator. */
+INLINE void mub2_first(__m256i *a0, __m256i *a1, __m256i u0, __m256i u1, const void *p)
+{
+    __m256i x;
+    __asm__("vpbroadcastd %5, %2\n\tvpmaddubsw %2, %3, %0\n\tvpmaddubsw %2, %4, %1"
+            : "=&x"(*a0), "=&x"(*a1), "=&x"(x)
+            : "x"(u0), "x"(u1), "m"(*(const i32_bytes *)p));
+}
+INLINE void mub2_add(__m256i *a0, __m256i *a1, __m256i u0, __m256i u1, const void *p)
+{
+    __m256i x, t;
+    __asm__("vpbroadcastd %6, %2\n\tvpmaddubsw %2, %4, %3\n\tvpaddw %3, %0, %0\n\t"
+            "vpmaddubsw %2, %5, %3\n\tvpaddw %3, %1, %1"
+            : "+x"(*a0), "+x"(*a1), "=&x"(x), "=&x"(t)
+            : "x"(u0), "x"(u1), "m"(*(const i32_bytes *)p));
+}
+INLINE void q82_first(__m256i *a0, __m256i *a1, __m256i aw0, __m256i w0, __m256i aw1, __m256i w1,
+                      __m256i ones, const void *p)
+{
+    __m256i x;
+    __asm__("vpbroadcastd %8, %2\n\t"
+            "vpsignb %4, %2, %0\n\tvpmaddubsw %0, %3, %0\n\tvpmaddwd %7, %0, %0\n\t"
+            "vpsignb %6, %2, %1\n\tvpmaddubsw %1, %5, %1\n\tvpmaddwd %7, %1, %1"
+            : "=&x"(*a0), "=&x"(*a1), "=&x"(x)
+            : "x"(aw0), "x"(w0), "x"(aw1), "x"(w1), "x"(ones), "m"(*(const i32_bytes *)p));
+}
+INLINE void q82_add(__m256i *a0, __m256i *a1, __m256i aw0, __m256i w0, __m256i aw1, __m256i w1,
+                    __m256i ones, const void *p)
+{
+    __m256i x, t;
+    __asm__("vpbroadcastd %9, %2\n\t"
+            "vpsignb %5, %2, %3\n\tvpmaddubsw %3, %4, %3\n\tvpmaddwd %8, %3, %3\n\t"
+            "vpaddd %3, %0, %0\n\t"
+            "vpsignb %7, %2, %3\n\tvpmaddubsw %3, %6, %3\n\tvpmaddwd %8, %3, %3\n\t"
+            "vpaddd %3, %1, %1"
+            : "+x"(*a0), "+x"(*a1), "=&x"(x), "=&x"(t)
+            : "x"(aw0), "x"(w0), "x"(aw1), "x"(w1), "x"(ones), "m"(*(const i32_bytes *)p));
+}
+
+/* Both halves of a repacked group (all sixteen rows live) against one
+ * activation row a, blocks bb = 0 .. nb-1 at base + bb * cpu__packed_bs,
+ * into y[0 .. 15] (zero first where first): at T = 1 each block's quants
+ * are read in one pass and each broadcast serves both halves, where tile
+ * takes the group twice, a half at a time. Per row the same integer sums
+ * and the same float steps in the same order as tile's, so the same bits. */
+INLINE void tile16_t1(const enum qtype type, const char *base, int nb, const char *a,
+                      const int32_t *corr, float *y, int first)
+{
+    const __m256i lo4 = _mm256_set1_epi8(0x0f), flip = _mm256_set1_epi8((char)0x80),
+                  ones = _mm256_set1_epi16(1);
+    __m256 f0 = first ? _mm256_setzero_ps() : _mm256_loadu_ps(y),
+           f1 = first ? _mm256_setzero_ps() : _mm256_loadu_ps(y + HALF);
+    for (int bb = 0; bb < nb; bb++) {
+        const char *qb = base + (size_t)bb * cpu__packed_bs(type);
+        const struct block_q8_act *ab = (const struct block_q8_act *)a + bb;
+        __m256i acc0, acc1;
+        if (type == QTYPE_Q8_0) {
+#pragma GCC unroll 8
+            for (int j = 0; j < 8; j++) {
+                const __m256i w0 =
+                    _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(qb + 64 * j)), flip);
+                const __m256i w1 =
+                    _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(qb + 64 * j + 32)), flip);
+                const __m256i aw0 = _mm256_abs_epi8(w0), aw1 = _mm256_abs_epi8(w1);
+                if (j == 0)
+                    q82_first(&acc0, &acc1, aw0, w0, aw1, w1, ones, ab->qs + 4 * j);
+                else
+                    q82_add(&acc0, &acc1, aw0, w0, aw1, w1, ones, ab->qs + 4 * j);
+            }
+        } else {
+#pragma GCC unroll 8
+            for (int jj = 0; jj < 8; jj++) {
+                const int j = jj % 2 ? 4 + jj / 2 : jj / 2;
+                const __m256i v0 = _mm256_loadu_si256((const __m256i *)(qb + 64 * (j % 4)));
+                const __m256i v1 = _mm256_loadu_si256((const __m256i *)(qb + 64 * (j % 4) + 32));
+                const __m256i u0 = j < 4 ? _mm256_and_si256(v0, lo4)
+                                         : _mm256_and_si256(_mm256_srli_epi16(v0, 4), lo4);
+                const __m256i u1 = j < 4 ? _mm256_and_si256(v1, lo4)
+                                         : _mm256_and_si256(_mm256_srli_epi16(v1, 4), lo4);
+                if (jj == 0)
+                    mub2_first(&acc0, &acc1, u0, u1, ab->qs + 4 * j);
+                else
+                    mub2_add(&acc0, &acc1, u0, u1, ab->qs + 4 * j);
+            }
+            acc0 = _mm256_madd_epi16(acc0, ones);
+            acc1 = _mm256_madd_epi16(acc1, ones);
+            if (type == QTYPE_Q4_0) {
+                acc0 = _mm256_add_epi32(acc0, _mm256_set1_epi32(corr[bb]));
+                acc1 = _mm256_add_epi32(acc1, _mm256_set1_epi32(corr[bb]));
+            }
+        }
+        const __m256 da = _mm256_set1_ps(ab->d);
+        const char *sc = qb + cpu__packed_qb(type);
+        f0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc0),
+                             _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sc)), da),
+                             f0);
+        f1 = _mm256_fmadd_ps(
+            _mm256_cvtepi32_ps(acc1),
+            _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + 16))), da), f1);
+        if (type == QTYPE_Q4_1) {
+            const __m256 sa = _mm256_set1_ps(ab->s);
+            f0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + 32))), sa,
+                                 f0);
+            f1 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + 48))), sa,
+                                 f1);
+        }
+    }
+    _mm256_storeu_ps(y, f0);
+    _mm256_storeu_ps(y + HALF, f1);
 }
 #endif
 
@@ -357,6 +473,13 @@ INLINE void rows16(const enum qtype type, const void *restrict wp, int64_t k, in
                     if (_mm256_testz_si256(mask, mask))
                         continue;
                     float *yg = y + t0 * ldy + g + HALF * h;
+#ifndef ROWS16_AVXVNNI
+                    if (tn == 1 && g < full && h == 0 && g >= n0 && g + GROUP <= n1) {
+                        tile16_t1(type, (const char *)wp + (size_t)g * rb + (size_t)b0 * bs, nb,
+                                  ab0, corr, yg, b0 == 0);
+                        break; /* both halves done */
+                    }
+#endif
                     if (g < full) {
                         tiles(type, (const char *)wp + (size_t)g * rb + (size_t)b0 * bs, h, nb, ab0,
                               a_stride, tn, corr, nb, yg, ldy, mask, b0 == 0);

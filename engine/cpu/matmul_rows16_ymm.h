@@ -19,10 +19,12 @@
  * (eight rows) is taken against a register tile of up to four activation
  * rows, so that each block's quants are loaded (the nibbles split) once for
  * the tile (five rows ran within the noise of four on Zen 3); the AVX-VNNI
- * build below needs no 16-bit partial sums and takes up to six. At T = 1
- * the AVX2 build takes a group's two halves in one pass instead
- * (tile16_t1): each broadcast serves sixteen rows, and each block's bytes
- * are read once (a decode token's products ran 1.2x faster on Zen 3).
+ * build below needs no 16-bit partial sums and takes up to six. A single
+ * activation row (T = 1, or the last of a 64-row block) the AVX2 build
+ * takes against a group's two halves in one pass instead (tile16_t1): each
+ * broadcast serves sixteen rows, and each 64-byte run of a block is loaded
+ * in one pass, not half of it in each of two (a decode token's products
+ * ran 1.2x faster on Zen 3, docs/benchmarks.md).
  *
  * The integer dot product of a block is exact, as in the VNNI kernel:
  *   Q4_0 and Q4_1: the nibbles q (0..15) against a (|a| <= 127: the
@@ -194,10 +196,11 @@ INLINE void q82_add(__m256i *a0, __m256i *a1, __m256i aw0, __m256i w0, __m256i a
 
 /* Both halves of a repacked group (all sixteen rows live) against one
  * activation row a, blocks bb = 0 .. nb-1 at base + bb * cpu__packed_bs,
- * into y[0 .. 15] (zero first where first): at T = 1 each block's quants
- * are read in one pass and each broadcast serves both halves, where tile
- * takes the group twice, a half at a time. Per row the same integer sums
- * and the same float steps in the same order as tile's, so the same bits. */
+ * into y[0 .. 15] (zero first where first; added to otherwise): each
+ * block's runs are loaded in one pass and each broadcast serves both
+ * halves, where tile takes the group twice, a half at a time. Per row the
+ * same integer sums and the same float steps in the same order as tile's,
+ * so the same bits. */
 INLINE void tile16_t1(const enum qtype type, const char *base, int nb, const char *a,
                       const int32_t *corr, float *y, int first)
 {
@@ -244,14 +247,14 @@ INLINE void tile16_t1(const enum qtype type, const char *base, int nb, const cha
                 acc1 = _mm256_add_epi32(acc1, _mm256_set1_epi32(corr[bb]));
             }
         }
+        /* each half's scales times the activation's, as tile makes them */
         const __m256 da = _mm256_set1_ps(ab->d);
         const char *sc = qb + cpu__packed_qb(type);
-        f0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc0),
-                             _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sc)), da),
-                             f0);
-        f1 = _mm256_fmadd_ps(
-            _mm256_cvtepi32_ps(acc1),
-            _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + 16))), da), f1);
+        const __m256 d0 = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sc)), da);
+        const __m256 d1 =
+            _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + 16))), da);
+        f0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc0), d0, f0);
+        f1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc1), d1, f1);
         if (type == QTYPE_Q4_1) {
             const __m256 sa = _mm256_set1_ps(ab->s);
             f0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + 32))), sa,

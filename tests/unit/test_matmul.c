@@ -800,8 +800,10 @@ static float rows16_steps(enum qtype t, const uint8_t *w, const uint8_t *a, int6
  * takes exactly rows16_steps for every type, K (one chunk of blocks or
  * several; at T = 1 one pass), N (full groups, and rows past the last one,
  * which it transposes on the fly), row range, and T (register tiles of 1 to
- * 4 rows, as even as they divide; 64-row blocks), and writes nothing outside
- * its rows; so does its AVX-VNNI build where the CPU has AVX-VNNI, whose
+ * 4 rows, as even as they divide; 64-row blocks; a single row, as at T = 1
+ * and in the last block of T = 65, takes both halves of a group in one
+ * pass, the second chunk of blocks adding to the first's outputs), and
+ * writes nothing outside its rows; so does its AVX-VNNI build where the CPU has AVX-VNNI, whose
  * tiles hold up to 6 rows (T = 5, 6, 11, 25, 32 and 70 take tiles of 5 or
  * 6 there). Where the CPU also has AVX512-VNNI the kernels give the same
  * bits. */
@@ -810,7 +812,7 @@ TEST(packed_rows_on_avx2_take_the_exact_steps_of_the_scalar_loop)
     enum { NMAX = 53, LDY = NMAX + 3, TMAX = 70 };
     static const int64_t ks[] = {32, 96, 576, 1536};
     static const int64_t Ns[] = {53, 48, 16, 7};
-    static const int64_t ts[] = {1, 2, 3, 5, 6, 7, 11, 12, 13, 25, 32, 70};
+    static const int64_t ts[] = {1, 2, 3, 5, 6, 7, 11, 12, 13, 25, 32, 65, 70};
     static const int64_t ranges[][2] = {{0, 53}, {0, 16}, {16, 48}, {3, 38}, {40, 53}, {5, 6}};
     static float x[K_MAX];
     _Alignas(64) static uint8_t w[NMAX * K_MAX * 2], p[NMAX * K_MAX * 2];

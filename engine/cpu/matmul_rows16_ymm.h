@@ -20,11 +20,12 @@
  * rows, so that each block's quants are loaded (the nibbles split) once for
  * the tile (five rows ran within the noise of four on Zen 3); the AVX-VNNI
  * build below needs no 16-bit partial sums and takes up to six. A single
- * activation row (T = 1, or the last of a 64-row block) the AVX2 build
- * takes against a group's two halves in one pass instead (tile16_t1): each
- * broadcast serves sixteen rows, and each 64-byte run of a block is loaded
- * in one pass, not half of it in each of two (a decode token's products
- * ran 1.2x faster on Zen 3, docs/benchmarks.md).
+ * activation row (T = 1, or the one row left in the last 64-row block of
+ * T = 65, 129, ...) the AVX2 build takes against a group's two halves in
+ * one pass instead (tile16_t1): each broadcast serves sixteen rows, and
+ * each 64-byte run of a block is loaded in one pass, not half of it in each
+ * of two (a decode token's products ran 1.2x faster on Zen 3,
+ * docs/benchmarks.md).
  *
  * The integer dot product of a block is exact, as in the VNNI kernel:
  *   Q4_0 and Q4_1: the nibbles q (0..15) against a (|a| <= 127: the
@@ -153,9 +154,10 @@ INLINE __m256i q8_add(__m256i acc, __m256i aw, __m256i w, __m256i ones, const vo
     return acc;
 }
 
-/* The same for both halves of a group at once (T = 1): the four activation
- * bytes at p are broadcast once for the two halves' runs u0 and u1 (Q8_0:
- * aw0, w0 and aw1, w1), and each half's sums go to its own accumulator. */
+/* The same for both halves of a group at once (one activation row): the
+ * four activation bytes at p are broadcast once for the two halves' runs u0
+ * and u1 (Q8_0: aw0, w0 and aw1, w1), and each half's sums go to its own
+ * accumulator. */
 INLINE void mub2_first(__m256i *a0, __m256i *a1, __m256i u0, __m256i u1, const void *p)
 {
     __m256i x;

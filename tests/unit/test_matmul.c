@@ -803,10 +803,10 @@ static float rows16_steps(enum qtype t, const uint8_t *w, const uint8_t *a, int6
  * 4 rows, as even as they divide; 64-row blocks; a single row, as at T = 1
  * and in the last block of T = 65, takes both halves of a group in one
  * pass, the second chunk of blocks adding to the first's outputs), and
- * writes nothing outside its rows; so does its AVX-VNNI build where the CPU has AVX-VNNI, whose
- * tiles hold up to 6 rows (T = 5, 6, 11, 25, 32 and 70 take tiles of 5 or
- * 6 there). Where the CPU also has AVX512-VNNI the kernels give the same
- * bits. */
+ * writes nothing outside its rows; so does its AVX-VNNI build where the CPU
+ * has AVX-VNNI, whose tiles hold up to 6 rows (T = 5, 6, 11, 25, 32 and 70
+ * take tiles of 5 or 6 there). Where the CPU also has AVX512-VNNI the
+ * kernels give the same bits. */
 TEST(packed_rows_on_avx2_take_the_exact_steps_of_the_scalar_loop)
 {
     enum { NMAX = 53, LDY = NMAX + 3, TMAX = 70 };

@@ -105,6 +105,42 @@ INLINE int32_t load_i32(const void *p)
     return v;
 }
 
+/* Run j's quants (0..15) from the 32 bytes v that hold runs j % 4 and
+ * j % 4 + 4 of eight rows: the low nibbles for runs 0-3, the high ones for
+ * 4-7. */
+INLINE __m256i run_nibbles(__m256i v, int j)
+{
+    const __m256i lo4 = _mm256_set1_epi8(0x0f);
+    return j < 4 ? _mm256_and_si256(v, lo4) : _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
+}
+
+/* Half h's eight f16 scales of the repacked block at qb, and (Q4_1) its
+ * minimums (zeros for the other types). */
+INLINE __m256 half_scales(const enum qtype type, const char *qb, int h)
+{
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(qb + cpu__packed_qb(type) + 16 * h)));
+}
+INLINE __m256 half_mins(const enum qtype type, const char *qb, int h)
+{
+    return type == QTYPE_Q4_1 ? _mm256_cvtph_ps(_mm_loadu_si128(
+                                    (const __m128i *)(qb + cpu__packed_qb(type) + 32 + 16 * h)))
+                              : _mm256_setzero_ps();
+}
+
+/* One block's float steps for eight outputs f: the block's integer sums i
+ * (one per row) times the rows' scales d times the activation block's, then
+ * (Q4_1) the rows' minimums m times the activation block's sum. Every tile
+ * here takes these steps in this order, so a row's bits do not depend on
+ * which tile made them. */
+INLINE __m256 block_out(const enum qtype type, __m256i i, __m256 d, __m256 m,
+                        const struct block_q8_act *ab, __m256 f)
+{
+    f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_mul_ps(d, _mm256_set1_ps(ab->d)), f);
+    if (type == QTYPE_Q4_1)
+        f = _mm256_fmadd_ps(m, _mm256_set1_ps(ab->s), f);
+    return f;
+}
+
 #ifndef ROWS16_AVXVNNI
 /* VPMADDUBSW of u against the four activation bytes at p, broadcast: the
  * sixteen-bit sums of a run's products. mub_add adds them to acc (VPADDW).
@@ -206,8 +242,7 @@ INLINE void q82_add(__m256i *a0, __m256i *a1, __m256i aw0, __m256i w0, __m256i a
 INLINE void tile16_t1(const enum qtype type, const char *base, int nb, const char *a,
                       const int32_t *corr, float *y, int first)
 {
-    const __m256i lo4 = _mm256_set1_epi8(0x0f), flip = _mm256_set1_epi8((char)0x80),
-                  ones = _mm256_set1_epi16(1);
+    const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
     __m256 f0 = first ? _mm256_setzero_ps() : _mm256_loadu_ps(y),
            f1 = first ? _mm256_setzero_ps() : _mm256_loadu_ps(y + HALF);
     for (int bb = 0; bb < nb; bb++) {
@@ -233,10 +268,7 @@ INLINE void tile16_t1(const enum qtype type, const char *base, int nb, const cha
                 const int j = jj % 2 ? 4 + jj / 2 : jj / 2;
                 const __m256i v0 = _mm256_loadu_si256((const __m256i *)(qb + 64 * (j % 4)));
                 const __m256i v1 = _mm256_loadu_si256((const __m256i *)(qb + 64 * (j % 4) + 32));
-                const __m256i u0 = j < 4 ? _mm256_and_si256(v0, lo4)
-                                         : _mm256_and_si256(_mm256_srli_epi16(v0, 4), lo4);
-                const __m256i u1 = j < 4 ? _mm256_and_si256(v1, lo4)
-                                         : _mm256_and_si256(_mm256_srli_epi16(v1, 4), lo4);
+                const __m256i u0 = run_nibbles(v0, j), u1 = run_nibbles(v1, j);
                 if (jj == 0)
                     mub2_first(&acc0, &acc1, u0, u1, ab->qs + 4 * j);
                 else
@@ -249,21 +281,8 @@ INLINE void tile16_t1(const enum qtype type, const char *base, int nb, const cha
                 acc1 = _mm256_add_epi32(acc1, _mm256_set1_epi32(corr[bb]));
             }
         }
-        /* each half's scales times the activation's, as tile makes them */
-        const __m256 da = _mm256_set1_ps(ab->d);
-        const char *sc = qb + cpu__packed_qb(type);
-        const __m256 d0 = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sc)), da);
-        const __m256 d1 =
-            _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + 16))), da);
-        f0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc0), d0, f0);
-        f1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc1), d1, f1);
-        if (type == QTYPE_Q4_1) {
-            const __m256 sa = _mm256_set1_ps(ab->s);
-            f0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + 32))), sa,
-                                 f0);
-            f1 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + 48))), sa,
-                                 f1);
-        }
+        f0 = block_out(type, acc0, half_scales(type, qb, 0), half_mins(type, qb, 0), ab, f0);
+        f1 = block_out(type, acc1, half_scales(type, qb, 1), half_mins(type, qb, 1), ab, f1);
     }
     _mm256_storeu_ps(y, f0);
     _mm256_storeu_ps(y + HALF, f1);
@@ -279,7 +298,6 @@ INLINE void tile(const enum qtype type, const int nt, const char *base, int h, i
                  const char *a, size_t a_stride, const int32_t *corr, int cs, float *y, int64_t ldy,
                  __m256i mask, int first)
 {
-    const __m256i lo4 = _mm256_set1_epi8(0x0f);
 #ifndef ROWS16_AVXVNNI
     const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
 #endif
@@ -310,8 +328,7 @@ INLINE void tile(const enum qtype type, const int nt, const char *base, int h, i
                 u = _mm256_loadu_si256((const __m256i *)(qb + 64 * j + 32 * h));
             } else {
                 const __m256i v = _mm256_loadu_si256((const __m256i *)(qb + 64 * (j % 4) + 32 * h));
-                u = j < 4 ? _mm256_and_si256(v, lo4)
-                          : _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
+                u = run_nibbles(v, j);
             }
 #pragma GCC unroll 8
             for (int t = 0; t < nt; t++) {
@@ -342,8 +359,7 @@ INLINE void tile(const enum qtype type, const int nt, const char *base, int h, i
             for (int jj = 0; jj < 8; jj++) {
                 const int j = jj % 2 ? 4 + jj / 2 : jj / 2;
                 const __m256i v = _mm256_loadu_si256((const __m256i *)(qb + 64 * (j % 4) + 32 * h));
-                const __m256i u = j < 4 ? _mm256_and_si256(v, lo4)
-                                        : _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
+                const __m256i u = run_nibbles(v, j);
 #pragma GCC unroll 8
                 for (int t = 0; t < nt; t++) {
                     const struct block_q8_act *ab =
@@ -360,21 +376,11 @@ INLINE void tile(const enum qtype type, const int nt, const char *base, int h, i
             }
         }
 #endif
-        const __m256 d =
-            _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(qb + cpu__packed_qb(type) + 16 * h)));
-        const __m256 m = type == QTYPE_Q4_1
-                             ? _mm256_cvtph_ps(_mm_loadu_si128(
-                                   (const __m128i *)(qb + cpu__packed_qb(type) + 32 + 16 * h)))
-                             : _mm256_setzero_ps();
+        const __m256 d = half_scales(type, qb, h), m = half_mins(type, qb, h);
 #pragma GCC unroll 8
-        for (int t = 0; t < nt; t++) {
-            const struct block_q8_act *ab =
-                (const struct block_q8_act *)(a + (size_t)t * a_stride) + bb;
-            f[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[t]),
-                                   _mm256_mul_ps(d, _mm256_set1_ps(ab->d)), f[t]);
-            if (type == QTYPE_Q4_1)
-                f[t] = _mm256_fmadd_ps(m, _mm256_set1_ps(ab->s), f[t]);
-        }
+        for (int t = 0; t < nt; t++)
+            f[t] = block_out(type, acc[t], d, m,
+                             (const struct block_q8_act *)(a + (size_t)t * a_stride) + bb, f[t]);
     }
 #pragma GCC unroll 8
     for (int t = 0; t < nt; t++) {

@@ -44,12 +44,30 @@ def test_concurrent_saves_restores_and_deletes_of_one_session_cannot_interleave(
             errors.append((what, st, r))
         done.set()
 
+    def left_memory(limit_s=60):
+        """Waits until the hammered session has left its slot (written out after
+        its idle second, or pushed out by a decoy): whichever turn comes next
+        must read it back."""
+        t_end = time.monotonic() + limit_s
+        while not done.is_set() and time.monotonic() < t_end:
+            st, r = call(s, "GET", "/v1/sessions/hammered", key="key-a")
+            if st == 200 and not r["in_memory"]:
+                return True
+            time.sleep(0.05)
+        return done.is_set()
+
     def continuer():
         while not done.is_set():
             with lock:
                 if not turns:
                     return
+                k = len(TURNS) - len(turns)
                 turn = turns.pop(0)
+            # every fourth turn waits for the session to leave memory, so that
+            # reads back between turns happen however the threads are scheduled
+            if k % 4 == 3 and not left_memory():
+                bad("the idle session never left memory", 0, None)
+                return
             while not done.is_set():
                 st, r = complete(s, turn, "hammered", max_tokens=6, key="key-a",
                                  session_create=False)
@@ -148,6 +166,7 @@ def test_concurrent_saves_restores_and_deletes_of_one_session_cannot_interleave(
         assert not errors, errors[:5]
         assert len(accepted) == len(TURNS)
         # the interleavings happened: the session was read back between turns
+        # (the turn after a wait for it to leave memory reads it back, whoever takes it)
         assert counts["restored"] >= 1, counts
         assert counts["saves"] >= 1 and counts["decoys"] >= 1, counts
         m = s.metrics()

@@ -98,6 +98,7 @@ void cpu_attention_kernels(struct attn_kernels *out, int level)
         out->scale = cpu__attn_scale_avx2;
         out->to_f32 = cpu__attn_to_f32_avx2;
         out->exp_sub = cpu__attn_exp_sub_avx2;
+        out->exp_sub_rows = cpu__attn_exp_sub_rows_avx2;
         out->scores = cpu__attn_scores_avx2;
         out->accum = cpu__attn_accum_avx2;
         out->scores_kv = cpu__attn_scores_kv_avx2;
@@ -106,6 +107,7 @@ void cpu_attention_kernels(struct attn_kernels *out, int level)
             out->scores = cpu__attn_scores_avx512;
             out->accum = cpu__attn_accum_avx512;
             out->exp_sub = cpu__attn_exp_sub_avx512;
+            out->exp_sub_rows = NULL;
             out->to_f32 = cpu__attn_to_f32_avx512;
             out->scores_kv = cpu__attn_scores_kv_avx512;
             out->accum_kv = cpu__attn_accum_kv_avx512;
@@ -275,11 +277,12 @@ int64_t cpu_attention_ahead_issue(struct attn_ahead *a, int64_t n)
     return issued;
 }
 
-/* One online-softmax step of a row over its scores z[0, nt) of a tile:
- * rescale (m, l, acc) if the tile's max bm is above m, then the tile's
- * weights into w (returned in place for the accumulation). */
-static void row_weights(const struct attn_kernels *kr, const struct attn_row *row, float *z,
-                        float *w, int nt, float bm, int n, int softpick)
+/* One online-softmax step of a row over its scores z[0, nt) of a tile, in
+ * two halves so that several rows' exponentials can be made in one call
+ * between them: row_frame rescales (m, l, acc) if the tile's max bm is
+ * above m; row_sum adds the tile's weights w (e^(z - m), summing to ws) to
+ * l, for softpick turning them into relu(e^(z-m) - e^-m) in place. */
+static void row_frame(const struct attn_kernels *kr, const struct attn_row *row, float bm, int n)
 {
     float *pm = row->m, *pl = row->l;
     if (bm > *pm) {
@@ -288,9 +291,13 @@ static void row_weights(const struct attn_kernels *kr, const struct attn_row *ro
         kr->scale(row->acc, corr, n);
         *pm = bm;
     }
-    float ws = kr->exp_sub(w, z, *pm, nt);
+}
+
+static void row_sum(const struct attn_row *row, float *w, float ws, int nt, int softpick)
+{
+    float *pl = row->l;
     if (softpick) { /* weights relu(e^(z-m) - e^-m), denominator |.| */
-        const float e0 = expf(-*pm);
+        const float e0 = expf(-*row->m);
         for (int i = 0; i < nt; i++) {
             float d = w[i] - e0;
             *pl += fabsf(d);
@@ -299,6 +306,48 @@ static void row_weights(const struct attn_kernels *kr, const struct attn_row *ro
     } else {
         *pl += ws;
     }
+}
+
+/* Both halves for one row: the tile's weights into w */
+static void row_weights(const struct attn_kernels *kr, const struct attn_row *row, float *z,
+                        float *w, int nt, float bm, int n, int softpick)
+{
+    row_frame(kr, row, bm, n);
+    row_sum(row, w, kr->exp_sub(w, z, *row->m, nt), nt, softpick);
+}
+
+/* The K and V rows of keys' indices [u0, u0 + n) past the sink run, found
+ * once for a span's runs of rows: each run (a token's rows, with its own
+ * shift) takes its tiles' rows from here instead of walking the runs again
+ * for every tile. */
+/* a backend task's block of 256 keys (ATTN_KEY_BLOCK), its rows' largest
+ * shift and a tile's slack; a longer span walks the runs for each tile */
+#define SPAN_CELLS_MAX (256 + ATTN_MAX_SHIFT + ATTN_TILE)
+struct span_cells {
+    int64_t u0, n;
+    const void *k[SPAN_CELLS_MAX], *v[SPAN_CELLS_MAX];
+};
+
+/* cells->k, v for keys' indices [u0, u1) when they fit, else cells->n = 0 */
+static void span_cells_find(struct span_cells *cells, const struct attn_keys *keys, int64_t u0,
+                            int64_t u1)
+{
+    const size_t rb = attn_row_bytes(keys->fmt, keys->head_dim);
+    cells->u0 = u0;
+    cells->n = 0;
+    if (u1 - u0 > SPAN_CELLS_MAX)
+        return;
+    for (int64_t u = u0; u < u1;) {
+        int run;
+        int64_t left, c = visit_cell(keys, u, &run, &left);
+        const int64_t cnt = left < u1 - u ? left : u1 - u;
+        for (int64_t k = 0; k < cnt; k++) {
+            cells->k[u - u0 + k] = (const char *)keys->k + (size_t)(c + k) * rb;
+            cells->v[u - u0 + k] = (const char *)keys->v + (size_t)(c + k) * rb;
+        }
+        u += cnt;
+    }
+    cells->n = u1 - u0;
 }
 
 /* cpu_attention_span_rows for rows that all see the same keys (the query
@@ -313,7 +362,8 @@ static void row_weights(const struct attn_kernels *kr, const struct attn_row *ro
  * asked for a dose after each tile. */
 static void span_rows_inplace(const struct attn_kernels *kr, int nr, const struct attn_row *rows,
                               const struct attn_keys *keys, int64_t v0, int64_t last, float scale,
-                              int softpick, struct attn_ahead *ahead)
+                              int softpick, const struct span_cells *cells,
+                              struct attn_ahead *ahead)
 {
     const int64_t S = keys->run_len[0], shift = rows[0].shift;
     const int n = keys->head_dim, fmt = keys->fmt;
@@ -322,7 +372,7 @@ static void span_rows_inplace(const struct attn_kernels *kr, int nr, const struc
         b2[ATTN_MAX_ROWS];
     const float *qs[ATTN_MAX_ROWS], *qcs[ATTN_MAX_ROWS];
     float *accs[ATTN_MAX_ROWS];
-    const void *kp[ATTN_TILE], *vp[ATTN_TILE];
+    const void *kt[ATTN_TILE], *vt[ATTN_TILE];
     for (int r = 0; r < nr; r++) {
         qs[r] = rows[r].q;
         qcs[r] = rows[r].qc;
@@ -333,19 +383,26 @@ static void span_rows_inplace(const struct attn_kernels *kr, int nr, const struc
         if (t1 > last)
             t1 = last;
         const int nt = (int)(t1 - t0);
+        const void *const *kp = kt, *const *vp = vt;
         int n_qc = 0; /* sink keys (scored with qc) come first in visit order */
-        for (int i = 0; i < nt;) {
-            int run;
-            const int64_t u = t0 + i < S ? t0 + i : t0 + i + shift; /* keys' index */
-            int64_t left, c = visit_cell(keys, u, &run, &left);
-            const int cnt = left < nt - i ? (int)left : nt - i;
-            for (int k = 0; k < cnt; k++) {
-                kp[i + k] = (const char *)keys->k + (size_t)(c + k) * rb;
-                vp[i + k] = (const char *)keys->v + (size_t)(c + k) * rb;
+        if (t0 >= S && cells && t0 + shift - cells->u0 + nt <= cells->n) {
+            /* past the sink run: keys' indices [t0 + shift, t1 + shift) */
+            kp = cells->k + (t0 + shift - cells->u0);
+            vp = cells->v + (t0 + shift - cells->u0);
+        } else {
+            for (int i = 0; i < nt;) {
+                int run;
+                const int64_t u = t0 + i < S ? t0 + i : t0 + i + shift; /* keys' index */
+                int64_t left, c = visit_cell(keys, u, &run, &left);
+                const int cnt = left < nt - i ? (int)left : nt - i;
+                for (int k = 0; k < cnt; k++) {
+                    kt[i + k] = (const char *)keys->k + (size_t)(c + k) * rb;
+                    vt[i + k] = (const char *)keys->v + (size_t)(c + k) * rb;
+                }
+                if (keys->run_uses_qc[run])
+                    n_qc = i + cnt;
+                i += cnt;
             }
-            if (keys->run_uses_qc[run])
-                n_qc = i + cnt;
-            i += cnt;
         }
         for (int r = 0; r < nr; r++)
             bm[r] = -INFINITY;
@@ -357,8 +414,18 @@ static void span_rows_inplace(const struct attn_kernels *kr, int nr, const struc
                 bm[r] = b2[r] > bm[r] ? b2[r] : bm[r];
         }
         cpu_attention_ahead_issue(ahead, ATTN_AHEAD_PER_TILE / 2);
+        for (int r = 0; r < nr; r++) {
+            row_frame(kr, &rows[r], bm[r], n);
+            bm[r] = *rows[r].m;
+        }
+        if (kr->exp_sub_rows) {
+            kr->exp_sub_rows(w, ATTN_TILE, z, ATTN_TILE, nr, bm, nt, b2);
+        } else {
+            for (int r = 0; r < nr; r++)
+                b2[r] = kr->exp_sub(w + r * ATTN_TILE, z + r * ATTN_TILE, bm[r], nt);
+        }
         for (int r = 0; r < nr; r++)
-            row_weights(kr, &rows[r], z + r * ATTN_TILE, w + r * ATTN_TILE, nt, bm[r], n, softpick);
+            row_sum(&rows[r], w + r * ATTN_TILE, b2[r], nt, softpick);
         kr->accum_kv(accs, nr, w, ATTN_TILE, vp, nt, n, fmt);
         cpu_attention_ahead_issue(ahead, ATTN_AHEAD_PER_TILE / 2);
         t0 = t1;
@@ -472,13 +539,22 @@ void cpu_attention_span_rows(const struct attn_kernels *kr, int nr, const struct
      * time: per key that is faster than a converted tile's f32 rows taken a
      * row at a time, even for a tile shared by 48 rows (docs/benchmarks.md) */
     if (keys->fmt != ATTN_F32 && kr->scores_kv) {
+        struct span_cells cells, *cp = NULL;
+        int runs = 1;
+        for (int r = 1; r < nr; r++)
+            runs += rows[r].end != rows[r - 1].end || rows[r].shift != rows[r - 1].shift;
+        if (runs > 1) { /* several tokens' rows: their cells found once for all */
+            const int64_t u0 = v0 > keys->run_len[0] ? v0 : keys->run_len[0];
+            span_cells_find(&cells, keys, u0, last_u > u0 ? last_u : u0);
+            cp = &cells;
+        }
         for (int r0 = 0, r1; r0 < nr; r0 = r1) { /* runs of rows with one end and one shift */
             for (r1 = r0 + 1;
                  r1 < nr && rows[r1].end == rows[r0].end && rows[r1].shift == rows[r0].shift; r1++)
                 ;
             const int64_t e = rows[r0].end < v1 ? rows[r0].end : v1;
             if (e > v0)
-                span_rows_inplace(kr, r1 - r0, rows + r0, keys, v0, e, scale, softpick, ahead);
+                span_rows_inplace(kr, r1 - r0, rows + r0, keys, v0, e, scale, softpick, cp, ahead);
         }
     } else {
         span_rows_tiled(kr, nr, rows, keys, v0, last, last_u, scale, softpick, ahead);

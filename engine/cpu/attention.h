@@ -79,6 +79,11 @@ struct attn_kernels { /* row kernels chosen at run time (F16C+FMA or scalar) */
     /* w[i] = e^(z[i] - m) for i < n (relative error < 2e-7 on the AVX2 path);
      * returns their sum, added in an order that depends on n alone */
     float (*exp_sub)(float *w, const float *z, float m, int n);
+    /* exp_sub for nr rows (w + r * ws from z + r * zs with max m[r], sum to
+     * sum[r]), each row's values and sum those of exp_sub; NULL: exp_sub
+     * row by row */
+    void (*exp_sub_rows)(float *w, int64_t ws, const float *z, int64_t zs, int nr, const float *m,
+                         int n, float *sum);
     /* z[i] = scale * dot(q, kf + i * n) for a tile of nt f32 key rows;
      * returns the largest z[i] */
     float (*scores)(float *z, const float *q, const float *kf, int nt, int n, float scale);
@@ -180,6 +185,8 @@ void cpu__attn_axpy_avx2(float *acc, float a, const void *v, int n, int fmt);
 void cpu__attn_scale_avx2(float *acc, float a, int n);
 void cpu__attn_to_f32_avx2(float *dst, const void *src, int rows, int n, int fmt);
 float cpu__attn_exp_sub_avx2(float *w, const float *z, float m, int n);
+void cpu__attn_exp_sub_rows_avx2(float *w, int64_t ws, const float *z, int64_t zs, int nr,
+                                 const float *m, int n, float *sum);
 float cpu__attn_scores_avx2(float *z, const float *q, const float *kf, int nt, int n, float scale);
 void cpu__attn_accum_avx2(float *acc, const float *w, const float *vf, int nt, int n);
 void cpu__attn_scores_kv_avx2(float *z, int64_t zs, int nr, const float *const *q,

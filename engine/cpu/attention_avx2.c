@@ -100,34 +100,91 @@ void cpu__attn_to_f32_avx2(float *dst, const void *src, int rows, int n, int fmt
     }
 }
 
-/* e^x for x <= 0 (the argument is always z - max); below -87 it is 0. */
+/* e^x for x <= 0 (the argument is always z - max); below -87 it is 0.
+ * cpu_exp256's steps, but 2^k as one factor: k >= -126 here, so 2^k is a
+ * normal float and p * 2^k rounds once, as p * 2^(k/2) * 2^(k - k/2) does
+ * (its first product is exact): the same bits with fewer steps. */
 static inline __m256 exp256_nonpos(__m256 x)
 {
-    __m256 under = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_LT_OQ);
-    return _mm256_andnot_ps(under, cpu_exp256(x));
+    const __m256 under = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_LT_OQ);
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+    const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 720);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    const __m256i e =
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+
+/* exp_sub for R rows at once (w + r * ws, z + r * zs, max m[r], sum to
+ * sum[r]): the rows' exponentials are independent chains, interleaved so
+ * that one row's latency hides behind the others'. Each row's values and
+ * sum are those of the one-row kernel. */
+static inline __attribute__((always_inline)) void exp_sub_group(float *w, int64_t ws,
+                                                                const float *z, int64_t zs,
+                                                                const float *m, int n, float *sum,
+                                                                const int R)
+{
+    __m256 vm[4], acc[4];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+        vm[r] = _mm256_set1_ps(m[r]);
+        acc[r] = _mm256_setzero_ps();
+    }
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            const __m256 e = exp256_nonpos(_mm256_sub_ps(_mm256_loadu_ps(z + r * zs + i), vm[r]));
+            acc[r] = _mm256_add_ps(acc[r], e);
+            _mm256_storeu_ps(w + r * ws + i, e);
+        }
+    }
+    if (i < n) {
+        const int rem = n - i;
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            float zt[8], wt[8];
+            for (int j = 0; j < 8; j++)
+                zt[j] = j < rem ? z[r * zs + i + j] : -INFINITY; /* e^-inf = 0: adds nothing */
+            const __m256 e = exp256_nonpos(_mm256_sub_ps(_mm256_loadu_ps(zt), vm[r]));
+            acc[r] = _mm256_add_ps(acc[r], e);
+            _mm256_storeu_ps(wt, e);
+            memcpy(w + r * ws + i, wt, (size_t)rem * sizeof(float));
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+        sum[r] = hsum(acc[r]);
 }
 
 float cpu__attn_exp_sub_avx2(float *w, const float *z, float m, int n)
 {
-    const __m256 vm = _mm256_set1_ps(m);
-    __m256 acc = _mm256_setzero_ps();
-    int i = 0;
-    for (; i + 8 <= n; i += 8) {
-        __m256 e = exp256_nonpos(_mm256_sub_ps(_mm256_loadu_ps(z + i), vm));
-        acc = _mm256_add_ps(acc, e);
-        _mm256_storeu_ps(w + i, e);
-    }
-    if (i < n) {
-        float zt[8], wt[8];
-        int rem = n - i;
-        for (int j = 0; j < 8; j++)
-            zt[j] = j < rem ? z[i + j] : -INFINITY; /* e^-inf = 0: adds nothing */
-        __m256 e = exp256_nonpos(_mm256_sub_ps(_mm256_loadu_ps(zt), vm));
-        acc = _mm256_add_ps(acc, e);
-        _mm256_storeu_ps(wt, e);
-        memcpy(w + i, wt, (size_t)rem * sizeof(float));
-    }
-    return hsum(acc);
+    float s;
+    exp_sub_group(w, 0, z, 0, &m, n, &s, 1);
+    return s;
+}
+
+void cpu__attn_exp_sub_rows_avx2(float *w, int64_t ws, const float *z, int64_t zs, int nr,
+                                 const float *m, int n, float *sum)
+{
+    int r0 = 0;
+    for (; r0 + 4 <= nr; r0 += 4)
+        exp_sub_group(w + r0 * ws, ws, z + r0 * zs, zs, m + r0, n, sum + r0, 4);
+    if (nr - r0 == 3)
+        exp_sub_group(w + r0 * ws, ws, z + r0 * zs, zs, m + r0, n, sum + r0, 3);
+    else if (nr - r0 == 2)
+        exp_sub_group(w + r0 * ws, ws, z + r0 * zs, zs, m + r0, n, sum + r0, 2);
+    else if (nr - r0 == 1)
+        exp_sub_group(w + r0 * ws, ws, z + r0 * zs, zs, m + r0, n, sum + r0, 1);
 }
 
 /* lanes 0..n-1 set, for a masked load of a row's last n % 8 values */

@@ -205,6 +205,7 @@ static int kernel_sets(struct attn_kernels *k, const char **names)
         k[n].scores_kv = emu_attn_scores_kv_avx512;
         k[n].accum_kv = emu_attn_accum_kv_avx512;
         k[n].exp_sub = emu_attn_exp_sub_avx512;
+        k[n].exp_sub_rows = NULL; /* as at level 2: exp_sub row by row */
         k[n].to_f32 = emu_attn_to_f32_avx512;
         names[n++] = "avx512 (SIMDe)";
     }
@@ -615,6 +616,59 @@ TEST(in_place_row_kernels_match_double_loops_and_the_f32_kernels_bit_for_bit)
     }
     if (!tested)
         TEST_SKIP("no kernel set on this CPU has the in-place row kernels");
+}
+
+/* The exponentials of several rows in one call are each row's exp_sub, bit
+ * for bit (values and sum), for 1-9 rows of 1-40 scores, with scores far
+ * below the max (e^x flushed to 0 under -87) and -inf (a short tile's
+ * padding); nothing past a row's n scores is written. */
+TEST(exp_sub_of_several_rows_is_each_rows_exp_sub_bit_for_bit)
+{
+    struct attn_kernels kr[4];
+    const char *names[4];
+    const int nks = kernel_sets(kr, names);
+    enum { MR = 9, NT = 40, ST = 48 };
+    static float z[MR * ST], w[MR * ST], w1[NT];
+    float m[MR], sum[MR];
+    uint64_t s = 7;
+    int checked = 0;
+    for (int ki = 0; ki < nks; ki++) {
+        if (!kr[ki].exp_sub_rows)
+            continue;
+        for (int nr = 1; nr <= MR; nr++) {
+            for (int nt = 1; nt <= NT; nt++) {
+                for (int r = 0; r < nr; r++) {
+                    m[r] = 4.0f * test_rng_sym(&s);
+                    for (int i = 0; i < nt; i++) {
+                        const float u = (float)test_rng_unit(&s);
+                        z[r * ST + i] = u < 0.05f   ? -INFINITY
+                                        : u < 0.15f ? m[r] - 90.0f - 20.0f * u
+                                                    : m[r] - 30.0f * u;
+                    }
+                    z[r * ST + (int)(test_rng_unit(&s) * nt)] = m[r]; /* the max is a score */
+                }
+                for (int i = 0; i < MR * ST; i++)
+                    w[i] = 12345.0f;
+                kr[ki].exp_sub_rows(w, ST, z, ST, nr, m, nt, sum);
+                for (int r = 0; r < nr; r++) {
+                    const float s1 = kr[ki].exp_sub(w1, z + r * ST, m[r], nt);
+                    if (memcmp(&s1, &sum[r], sizeof s1) != 0)
+                        FAIL_AT("%s exp_sub_rows nr %d nt %d row %d: sum %.9g, exp_sub's %.9g",
+                                names[ki], nr, nt, r, sum[r], s1);
+                    if (memcmp(w1, w + r * ST, (size_t)nt * sizeof(float)) != 0)
+                        FAIL_AT("%s exp_sub_rows nr %d nt %d row %d: not exp_sub's values",
+                                names[ki], nr, nt, r);
+                    for (int i = nt; i < ST; i++)
+                        if (w[r * ST + i] != 12345.0f)
+                            FAIL_AT("%s exp_sub_rows nr %d nt %d row %d wrote [%d]", names[ki], nr,
+                                    nt, r, i);
+                }
+                checked++;
+            }
+        }
+    }
+    if (cpu_isa_best() >= CPU_ISA_AVX2 && checked == 0)
+        FAIL_AT("%s", "no kernel set with exp_sub_rows was checked");
 }
 
 /* The row kernels the probe path uses (dot, axpy) read q8_0 rows as the

@@ -316,13 +316,14 @@ static void row_weights(const struct attn_kernels *kr, const struct attn_row *ro
     row_sum(row, w, kr->exp_sub(w, z, *row->m, nt), nt, softpick);
 }
 
+/* Capacity: a backend task's block of 256 keys (ATTN_KEY_BLOCK in
+ * backend_cpu.c), its rows' largest shift and a tile's slack; a longer span
+ * walks the runs for each tile. */
+#define SPAN_CELLS_MAX (256 + ATTN_MAX_SHIFT + ATTN_TILE)
 /* The K and V rows of keys' indices [u0, u0 + n) past the sink run, found
  * once for a span's runs of rows: each run (a token's rows, with its own
  * shift) takes its tiles' rows from here instead of walking the runs again
  * for every tile. */
-/* a backend task's block of 256 keys (ATTN_KEY_BLOCK), its rows' largest
- * shift and a tile's slack; a longer span walks the runs for each tile */
-#define SPAN_CELLS_MAX (256 + ATTN_MAX_SHIFT + ATTN_TILE)
 struct span_cells {
     int64_t u0, n;
     const void *k[SPAN_CELLS_MAX], *v[SPAN_CELLS_MAX];

@@ -671,6 +671,34 @@ TEST(exp_sub_of_several_rows_is_each_rows_exp_sub_bit_for_bit)
         FAIL_AT("%s", "no kernel set with exp_sub_rows was checked");
 }
 
+/* The vector kernels' exponentials are one another's bits: the AVX2 kernel
+ * builds 2^k as one factor, the AVX-512 one (cpu_exp512, here also under
+ * SIMDe) as two, which must round alike, for x from 0 down to -90 (every k
+ * of the range, and the flush to 0 under -87). */
+TEST(vector_exponentials_are_the_same_bits_at_every_level)
+{
+    struct attn_kernels kr[4];
+    const char *names[4];
+    const int nks = kernel_sets(kr, names);
+    uint64_t s = 11;
+    int avx2 = -1;
+    for (int ki = 0; ki < nks; ki++)
+        if (strcmp(names[ki], "avx2") == 0)
+            avx2 = ki;
+    for (int ki = 0; ki < nks && avx2 >= 0; ki++) {
+        if (strncmp(names[ki], "avx512", 6) != 0)
+            continue;
+        for (int i = 0; i < 4096; i++) {
+            const float zi = -90.0f * (float)test_rng_unit(&s);
+            float ea, eb;
+            kr[avx2].exp_sub(&ea, &zi, 0.0f, 1);
+            kr[ki].exp_sub(&eb, &zi, 0.0f, 1);
+            if (memcmp(&ea, &eb, sizeof ea) != 0)
+                FAIL_AT("%s exp_sub e^%.9g: %.9g, the AVX2 kernel's %.9g", names[ki], zi, eb, ea);
+        }
+    }
+}
+
 /* The row kernels the probe path uses (dot, axpy) read q8_0 rows as the
  * scalar dequantizer does, and a row quantized from NaN or infinite values
  * reads back as NaN (never an undefined cast in the quantizer). */

@@ -5,25 +5,33 @@
 
 #include <immintrin.h>
 
-/* e^x for x in [-87, 88] (clamped there): x = k ln2 + r with |r| <= ln2/2
- * (Cody-Waite, two steps), e^r by a degree-6 Taylor polynomial (remainder
- * < 2e-7 relative), 2^k built in the exponent field as two factors 2^(k/2)
- * so that k = 128 (x near 88.7) cannot overflow it. Each factor is an exact
- * power of two, so the result rounds once, as with one factor. */
-static inline __m256 cpu_exp256(__m256 x)
+/* e^x = p * 2^k for x clamped to [-87, 88]: x = k ln2 + r with |r| <= ln2/2
+ * (Cody-Waite, two steps), p = e^r by a degree-6 Taylor polynomial
+ * (remainder < 2e-7 relative); returns p, k (integral) in *k. */
+static inline __m256 cpu_exp256_frac(__m256 x, __m256 *k)
 {
     x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
-    __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440e-4f), r);
+    *k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(*k, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(*k, _mm256_set1_ps(-2.12194440e-4f), r);
     __m256 p = _mm256_set1_ps(1.0f / 720);
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    return _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+}
+
+/* e^x for x in [-87, 88] (clamped there): cpu_exp256_frac's p times 2^k,
+ * built in the exponent field as two factors 2^(k/2) so that k = 128 (x
+ * near 88.7) cannot overflow it. Each factor is an exact power of two, so
+ * the result rounds once, as with one factor. */
+static inline __m256 cpu_exp256(__m256 x)
+{
+    __m256 k;
+    const __m256 p = cpu_exp256_frac(x, &k);
     __m256i ki = _mm256_cvtps_epi32(k);
     __m256i k1 = _mm256_srai_epi32(ki, 1), k2 = _mm256_sub_epi32(ki, k1);
     __m256 e1 =

@@ -103,7 +103,10 @@ void cpu_attention_kernels(struct attn_kernels *out, int level)
         out->accum = cpu__attn_accum_avx2;
         out->scores_kv = cpu__attn_scores_kv_avx2;
         out->accum_kv = cpu__attn_accum_kv_avx2;
-        if (level >= 2) {
+        out->keys_t = cpu__attn_keys_t_avx2;
+        out->scores_t = cpu__attn_scores_t_avx2;
+        out->max_kv = cpu__attn_max_kv_avx2;
+        if (level >= 2) { /* their bits are the AVX2 scores_kv's */
             out->scores = cpu__attn_scores_avx512;
             out->accum = cpu__attn_accum_avx512;
             out->exp_sub = cpu__attn_exp_sub_avx512;
@@ -111,6 +114,9 @@ void cpu_attention_kernels(struct attn_kernels *out, int level)
             out->to_f32 = cpu__attn_to_f32_avx512;
             out->scores_kv = cpu__attn_scores_kv_avx512;
             out->accum_kv = cpu__attn_accum_kv_avx512;
+            out->keys_t = NULL;
+            out->scores_t = NULL;
+            out->max_kv = NULL;
         }
     } else {
         out->dot = dot_scalar;
@@ -363,8 +369,8 @@ static void span_cells_find(struct span_cells *cells, const struct attn_keys *ke
  * asked for a dose after each tile. */
 static void span_rows_inplace(const struct attn_kernels *kr, int nr, const struct attn_row *rows,
                               const struct attn_keys *keys, int64_t v0, int64_t last, float scale,
-                              int softpick, const struct span_cells *cells,
-                              struct attn_ahead *ahead)
+                              int softpick, const struct span_cells *cells, const float *zc,
+                              int64_t zcs, struct attn_ahead *ahead)
 {
     const int64_t S = keys->run_len[0], shift = rows[0].shift;
     const int n = keys->head_dim, fmt = keys->fmt;
@@ -385,11 +391,15 @@ static void span_rows_inplace(const struct attn_kernels *kr, int nr, const struc
             t1 = last;
         const int nt = (int)(t1 - t0);
         const void *const *kp = kt, *const *vp = vt;
+        const float *zp = z; /* the tile's scores: row r's at zp + r * zps */
+        int64_t zps = ATTN_TILE;
         int n_qc = 0; /* sink keys (scored with qc) come first in visit order */
+        int in_cells = 0;
         if (t0 >= S && cells && t0 + shift - cells->u0 + nt <= cells->n) {
             /* past the sink run: keys' indices [t0 + shift, t1 + shift) */
             kp = cells->k + (t0 + shift - cells->u0);
             vp = cells->v + (t0 + shift - cells->u0);
+            in_cells = 1;
         } else {
             for (int i = 0; i < nt;) {
                 int run;
@@ -407,12 +417,20 @@ static void span_rows_inplace(const struct attn_kernels *kr, int nr, const struc
         }
         for (int r = 0; r < nr; r++)
             bm[r] = -INFINITY;
-        if (n_qc > 0)
-            kr->scores_kv(z, ATTN_TILE, nr, qcs, kp, n_qc, n, scale, bm, fmt);
-        if (n_qc < nt) {
-            kr->scores_kv(z + n_qc, ATTN_TILE, nr, qs, kp + n_qc, nt - n_qc, n, scale, b2, fmt);
+        if (in_cells && zc) { /* scored already, with the span's other rows */
+            zp = zc + (t0 + shift - cells->u0);
+            zps = zcs;
+            kr->max_kv(b2, zp, zps, nr, nt);
             for (int r = 0; r < nr; r++)
                 bm[r] = b2[r] > bm[r] ? b2[r] : bm[r];
+        } else {
+            if (n_qc > 0)
+                kr->scores_kv(z, ATTN_TILE, nr, qcs, kp, n_qc, n, scale, bm, fmt);
+            if (n_qc < nt) {
+                kr->scores_kv(z + n_qc, ATTN_TILE, nr, qs, kp + n_qc, nt - n_qc, n, scale, b2, fmt);
+                for (int r = 0; r < nr; r++)
+                    bm[r] = b2[r] > bm[r] ? b2[r] : bm[r];
+            }
         }
         cpu_attention_ahead_issue(ahead, ATTN_AHEAD_PER_TILE / 2);
         for (int r = 0; r < nr; r++) {
@@ -420,16 +438,60 @@ static void span_rows_inplace(const struct attn_kernels *kr, int nr, const struc
             bm[r] = *rows[r].m;
         }
         if (kr->exp_sub_rows) {
-            kr->exp_sub_rows(w, ATTN_TILE, z, ATTN_TILE, nr, bm, nt, b2);
+            kr->exp_sub_rows(w, ATTN_TILE, zp, zps, nr, bm, nt, b2);
         } else {
             for (int r = 0; r < nr; r++)
-                b2[r] = kr->exp_sub(w + r * ATTN_TILE, z + r * ATTN_TILE, bm[r], nt);
+                b2[r] = kr->exp_sub(w + r * ATTN_TILE, zp + r * zps, bm[r], nt);
         }
         for (int r = 0; r < nr; r++)
             row_sum(&rows[r], w + r * ATTN_TILE, b2[r], nt, softpick);
         kr->accum_kv(accs, nr, w, ATTN_TILE, vp, nt, n, fmt);
         cpu_attention_ahead_issue(ahead, ATTN_AHEAD_PER_TILE / 2);
         t0 = t1;
+    }
+}
+
+/* A span's scores made once for all its rows (scores_t): keys in chunks
+ * of 8, for head_dim up to SPAN_Z_MAX_DH */
+#define SPAN_Z_KEYS ((SPAN_CELLS_MAX + 7) / 8 * 8)
+#define SPAN_Z_MAX_DH 128
+
+/* span_rows_inplace for several tokens' rows (runs of rows with one end and
+ * one shift), their cells found once for all. With f16 keys and the block
+ * kernels, every row's scores over all the cells are made first, in one
+ * call over the keys transposed once: a run's tiles past the sink run then
+ * read them (the same bits as scoring them tile by tile, scores_t), and the
+ * scores' horizontal sums, a third of scores_kv's time on AVX2, are gone
+ * (docs/benchmarks.md). */
+static __attribute__((noinline)) void span_rows_runs(const struct attn_kernels *kr, int nr,
+                                                     const struct attn_row *rows,
+                                                     const struct attn_keys *keys, int64_t v0,
+                                                     int64_t v1, int64_t last_u, float scale,
+                                                     int softpick, struct attn_ahead *ahead)
+{
+    struct span_cells cells;
+    float zc[ATTN_MAX_ROWS * SPAN_Z_KEYS];
+    uint16_t kt[SPAN_Z_KEYS * SPAN_Z_MAX_DH];
+    const int n = keys->head_dim;
+    const int64_t u0 = v0 > keys->run_len[0] ? v0 : keys->run_len[0];
+    span_cells_find(&cells, keys, u0, last_u > u0 ? last_u : u0);
+    const int scored =
+        kr->scores_t && keys->fmt == ATTN_F16 && n % 16 == 0 && n <= SPAN_Z_MAX_DH && cells.n > 0;
+    if (scored) {
+        const float *qs[ATTN_MAX_ROWS];
+        for (int r = 0; r < nr; r++)
+            qs[r] = rows[r].q;
+        kr->keys_t(kt, cells.k, (int)cells.n, n);
+        kr->scores_t(zc, SPAN_Z_KEYS, nr, qs, kt, (int)(cells.n + 7) / 8, n, scale);
+    }
+    for (int r0 = 0, r1; r0 < nr; r0 = r1) { /* runs of rows with one end and one shift */
+        for (r1 = r0 + 1;
+             r1 < nr && rows[r1].end == rows[r0].end && rows[r1].shift == rows[r0].shift; r1++)
+            ;
+        const int64_t e = rows[r0].end < v1 ? rows[r0].end : v1;
+        if (e > v0)
+            span_rows_inplace(kr, r1 - r0, rows + r0, keys, v0, e, scale, softpick, &cells,
+                              scored ? zc + (int64_t)r0 * SPAN_Z_KEYS : NULL, SPAN_Z_KEYS, ahead);
     }
 }
 
@@ -540,22 +602,15 @@ void cpu_attention_span_rows(const struct attn_kernels *kr, int nr, const struct
      * time: per key that is faster than a converted tile's f32 rows taken a
      * row at a time, even for a tile shared by 48 rows (docs/benchmarks.md) */
     if (keys->fmt != ATTN_F32 && kr->scores_kv) {
-        struct span_cells cells, *cp = NULL;
         int runs = 1;
         for (int r = 1; r < nr; r++)
             runs += rows[r].end != rows[r - 1].end || rows[r].shift != rows[r - 1].shift;
-        if (runs > 1) { /* several tokens' rows: their cells found once for all */
-            const int64_t u0 = v0 > keys->run_len[0] ? v0 : keys->run_len[0];
-            span_cells_find(&cells, keys, u0, last_u > u0 ? last_u : u0);
-            cp = &cells;
-        }
-        for (int r0 = 0, r1; r0 < nr; r0 = r1) { /* runs of rows with one end and one shift */
-            for (r1 = r0 + 1;
-                 r1 < nr && rows[r1].end == rows[r0].end && rows[r1].shift == rows[r0].shift; r1++)
-                ;
-            const int64_t e = rows[r0].end < v1 ? rows[r0].end : v1;
+        if (runs > 1) {
+            span_rows_runs(kr, nr, rows, keys, v0, v1, last_u, scale, softpick, ahead);
+        } else {
+            const int64_t e = rows[0].end < v1 ? rows[0].end : v1;
             if (e > v0)
-                span_rows_inplace(kr, r1 - r0, rows + r0, keys, v0, e, scale, softpick, cp, ahead);
+                span_rows_inplace(kr, nr, rows, keys, v0, e, scale, softpick, NULL, NULL, 0, ahead);
         }
     } else {
         span_rows_tiled(kr, nr, rows, keys, v0, last, last_u, scale, softpick, ahead);

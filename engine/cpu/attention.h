@@ -100,6 +100,17 @@ struct attn_kernels { /* row kernels chosen at run time (F16C+FMA or scalar) */
                       int nt, int n, float scale, float *mx, int fmt);
     void (*accum_kv)(float *const *acc, int nr, const float *w, int64_t ws, const void *const *v,
                      int nt, int n, int fmt);
+    /* Scores of many rows over keys they share (a prefill group's), f16 K
+     * with n a multiple of 16; NULL where the CPU has none. keys_t lays nk
+     * key rows k[i] out as ceil(nk / 8) chunks of 8 keys, transposed (n * 8
+     * halves each; a short last chunk repeats its last key); scores_t sets
+     * z[r * zs + i] for rows r < nr and the nc chunks' keys i < 8 * nc to
+     * the bits scores_kv gives row r for key i; max_kv sets mx[r] to the
+     * largest of z[r * zs + i], i < nt, as scores_kv finds it. */
+    void (*keys_t)(uint16_t *kt, const void *const *k, int nk, int n);
+    void (*scores_t)(float *z, int64_t zs, int nr, const float *const *q, const uint16_t *kt,
+                     int nc, int n, float scale);
+    void (*max_kv)(float *mx, const float *z, int64_t zs, int nr, int nt);
 };
 /* level: 0 scalar (no in-place kernels), 1 AVX2 (+FMA, F16C; in-place
  * kernels up to three rows at once), 2 AVX-512 tile kernels (scores, accum,
@@ -193,6 +204,10 @@ void cpu__attn_scores_kv_avx2(float *z, int64_t zs, int nr, const float *const *
                               const void *const *k, int nt, int n, float scale, float *mx, int fmt);
 void cpu__attn_accum_kv_avx2(float *const *acc, int nr, const float *w, int64_t ws,
                              const void *const *v, int nt, int n, int fmt);
+void cpu__attn_keys_t_avx2(uint16_t *kt, const void *const *k, int nk, int n);
+void cpu__attn_scores_t_avx2(float *z, int64_t zs, int nr, const float *const *q,
+                             const uint16_t *kt, int nc, int n, float scale);
+void cpu__attn_max_kv_avx2(float *mx, const float *z, int64_t zs, int nr, int nt);
 /* AVX-512 tile kernels (attention_avx512.c; AVX-512 F and the above) */
 float cpu__attn_scores_avx512(float *z, const float *q, const float *kf, int nt, int n,
                               float scale);

@@ -453,3 +453,164 @@ void cpu__attn_accum_kv_avx2(float *const *acc, int nr, const float *w, int64_t 
 #undef ACCUM
     }
 }
+
+/* The block kernels (attention.h: keys_t, scores_t, max_kv). A chunk of 8
+ * keys transposed: for each 16 values d0 .. d0 + 15 of the rows, eight
+ * 32-byte lines, line m holding value d0 + m of the 8 keys then value
+ * d0 + 8 + m of the 8 keys (what an 8 x 8 transpose of 16-bit values in
+ * each 128-bit lane gives). */
+static inline const uint16_t *chunk_at(const uint16_t *kt, int i, int j)
+{
+    /* value j + 8 i of the chunk's 8 keys (j < 8) */
+    return kt + (i >> 1) * 128 + j * 16 + (i & 1) * 8;
+}
+
+void cpu__attn_keys_t_avx2(uint16_t *kt, const void *const *k, int nk, int n)
+{
+    for (int c = 0; c * 8 < nk; c++) {
+        const uint16_t *r[8]; /* a short last chunk repeats its last key */
+#pragma GCC unroll 8
+        for (int l = 0; l < 8; l++)
+            r[l] = k[c * 8 + l < nk ? c * 8 + l : nk - 1];
+        uint16_t *o = kt + (size_t)c * 8 * (size_t)n;
+        for (int d0 = 0; d0 < n; d0 += 16) {
+            __m256i a[8], b[8];
+#pragma GCC unroll 8
+            for (int l = 0; l < 8; l++)
+                a[l] = _mm256_loadu_si256((const __m256i *)(r[l] + d0));
+#pragma GCC unroll 4
+            for (int p = 0; p < 4; p++) { /* keys 2p, 2p + 1 value by value */
+                b[2 * p] = _mm256_unpacklo_epi16(a[2 * p], a[2 * p + 1]);
+                b[2 * p + 1] = _mm256_unpackhi_epi16(a[2 * p], a[2 * p + 1]);
+            }
+            /* keys 0-3 (c0-c3) and 4-7 (c4-c7), values 2m and 2m + 1 */
+            const __m256i c0 = _mm256_unpacklo_epi32(b[0], b[2]),
+                          c1 = _mm256_unpackhi_epi32(b[0], b[2]),
+                          c2 = _mm256_unpacklo_epi32(b[1], b[3]),
+                          c3 = _mm256_unpackhi_epi32(b[1], b[3]),
+                          c4 = _mm256_unpacklo_epi32(b[4], b[6]),
+                          c5 = _mm256_unpackhi_epi32(b[4], b[6]),
+                          c6 = _mm256_unpacklo_epi32(b[5], b[7]),
+                          c7 = _mm256_unpackhi_epi32(b[5], b[7]);
+            const __m256i e[8] = {_mm256_unpacklo_epi64(c0, c4), _mm256_unpackhi_epi64(c0, c4),
+                                  _mm256_unpacklo_epi64(c1, c5), _mm256_unpackhi_epi64(c1, c5),
+                                  _mm256_unpacklo_epi64(c2, c6), _mm256_unpackhi_epi64(c2, c6),
+                                  _mm256_unpacklo_epi64(c3, c7), _mm256_unpackhi_epi64(c3, c7)};
+#pragma GCC unroll 8
+            for (int m = 0; m < 8; m++)
+                _mm256_storeu_si256((__m256i *)(o + d0 * 8 + m * 16), e[m]);
+        }
+    }
+}
+
+/* R rows x C chunks. Lane l of chain j of (row, chunk) is lane j of
+ * scores_group's accumulator of the chunk's key l: the FMAs of values j,
+ * j + 8, ... in order from zero; the eight chains are then added with
+ * sum4's tree and scaled, so each score is scores_kv's bits. */
+static inline __attribute__((always_inline)) void
+scores_t_tile(float *z, int64_t zs, const float *const *q, const uint16_t *kt, int n, float scale,
+              const int R, const int C)
+{
+    __m256 t[8][3][3];
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; j++) {
+        __m256 a[3][3];
+#pragma GCC unroll 3
+        for (int r = 0; r < R; r++)
+#pragma GCC unroll 3
+            for (int c = 0; c < C; c++)
+                a[r][c] = _mm256_setzero_ps();
+#pragma GCC unroll 16
+        for (int i = 0; i < n / 8; i++) {
+            __m256 kv[3];
+#pragma GCC unroll 3
+            for (int c = 0; c < C; c++)
+                kv[c] = _mm256_cvtph_ps(
+                    _mm_loadu_si128((const __m128i *)chunk_at(kt + (size_t)c * 8 * n, i, j)));
+#pragma GCC unroll 3
+            for (int r = 0; r < R; r++) {
+                const __m256 b = _mm256_broadcast_ss(q[r] + j + 8 * i);
+#pragma GCC unroll 3
+                for (int c = 0; c < C; c++)
+                    a[r][c] = _mm256_fmadd_ps(b, kv[c], a[r][c]);
+            }
+        }
+#pragma GCC unroll 3
+        for (int r = 0; r < R; r++)
+#pragma GCC unroll 3
+            for (int c = 0; c < C; c++)
+                t[j][r][c] = a[r][c];
+    }
+    const __m256 vs = _mm256_set1_ps(scale);
+#pragma GCC unroll 3
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 3
+        for (int c = 0; c < C; c++) {
+            const __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(t[0][r][c], t[1][r][c]),
+                                                         _mm256_add_ps(t[2][r][c], t[3][r][c])),
+                                           _mm256_add_ps(_mm256_add_ps(t[4][r][c], t[5][r][c]),
+                                                         _mm256_add_ps(t[6][r][c], t[7][r][c])));
+            _mm256_storeu_ps(z + r * zs + c * 8, _mm256_mul_ps(s, vs));
+        }
+}
+
+/* the next min(3, left) chunks of R rows; n = 64 (SmolLM2's heads) with
+ * its loop unrolled */
+#define SCORES_T_CHUNKS(R, left)                                                                   \
+    do {                                                                                           \
+        if (n == 64) {                                                                             \
+            if ((left) >= 3)                                                                       \
+                scores_t_tile(zr, zs, qr, ktc, 64, scale, R, 3);                                   \
+            else if ((left) == 2)                                                                  \
+                scores_t_tile(zr, zs, qr, ktc, 64, scale, R, 2);                                   \
+            else                                                                                   \
+                scores_t_tile(zr, zs, qr, ktc, 64, scale, R, 1);                                   \
+        } else {                                                                                   \
+            if ((left) >= 3)                                                                       \
+                scores_t_tile(zr, zs, qr, ktc, n, scale, R, 3);                                    \
+            else if ((left) == 2)                                                                  \
+                scores_t_tile(zr, zs, qr, ktc, n, scale, R, 2);                                    \
+            else                                                                                   \
+                scores_t_tile(zr, zs, qr, ktc, n, scale, R, 1);                                    \
+        }                                                                                          \
+    } while (0)
+
+void cpu__attn_scores_t_avx2(float *z, int64_t zs, int nr, const float *const *q,
+                             const uint16_t *kt, int nc, int n, float scale)
+{
+    for (int r0 = 0; r0 < nr; r0 += 3) {
+        const float *const *qr = q + r0;
+        for (int c0 = 0; c0 < nc; c0 += 3) {
+            float *zr = z + r0 * zs + c0 * 8;
+            const uint16_t *ktc = kt + (size_t)c0 * 8 * (size_t)n;
+            if (nr - r0 >= 3)
+                SCORES_T_CHUNKS(3, nc - c0);
+            else if (nr - r0 == 2)
+                SCORES_T_CHUNKS(2, nc - c0);
+            else
+                SCORES_T_CHUNKS(1, nc - c0);
+        }
+    }
+}
+#undef SCORES_T_CHUNKS
+
+/* The largest of each row's nt scores as scores_group finds it: four keys
+ * at a time lane by lane (a short last group repeating its last key), then
+ * hmax4 */
+void cpu__attn_max_kv_avx2(float *mx, const float *z, int64_t zs, int nr, int nt)
+{
+    for (int r = 0; r < nr; r++) {
+        const float *zr = z + r * zs;
+        __m128 m = _mm_set1_ps(-INFINITY);
+        int i0 = 0;
+        for (; i0 + 4 <= nt; i0 += 4)
+            m = _mm_max_ps(m, _mm_loadu_ps(zr + i0));
+        if (i0 < nt) {
+            float t[4];
+            for (int k = 0; k < 4; k++)
+                t[k] = zr[i0 + k < nt ? i0 + k : nt - 1];
+            m = _mm_max_ps(m, _mm_loadu_ps(t));
+        }
+        mx[r] = hmax4(m);
+    }
+}

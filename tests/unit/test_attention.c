@@ -206,6 +206,9 @@ static int kernel_sets(struct attn_kernels *k, const char **names)
         k[n].accum_kv = emu_attn_accum_kv_avx512;
         k[n].exp_sub = emu_attn_exp_sub_avx512;
         k[n].exp_sub_rows = NULL; /* as at level 2: exp_sub row by row */
+        k[n].keys_t = NULL;       /* as at level 2: no block kernels */
+        k[n].scores_t = NULL;
+        k[n].max_kv = NULL;
         k[n].to_f32 = emu_attn_to_f32_avx512;
         names[n++] = "avx512 (SIMDe)";
     }
@@ -622,6 +625,86 @@ TEST(in_place_row_kernels_match_double_loops_and_the_f32_kernels_bit_for_bit)
  * for bit (values and sum), for 1-9 rows of 1-40 scores, with scores far
  * below the max (e^x flushed to 0 under -87) and -inf (a short tile's
  * padding); nothing past a row's n scores is written. */
+/* The block kernels against scores_kv, bit for bit: keys transposed in
+ * chunks of 8 (a short last chunk), any number of rows, head dims that are
+ * multiples of 16, keys in reverse order in memory and not back to back,
+ * special values among the keys; and max_kv against scores_kv's largest
+ * score for every tile length. */
+TEST(block_scores_are_scores_kv_bit_for_bit)
+{
+    struct attn_kernels kr;
+    if (cpu_isa_best() < CPU_ISA_AVX2) {
+        fprintf(stderr, "  no AVX2: the block kernels are not used here\n");
+        return;
+    }
+    cpu_attention_kernels(&kr, 1);
+    ASSERT(kr.keys_t && kr.scores_t && kr.max_kv);
+    enum { NK = 41, NR = 8, GAP = 6, ZS = 48 };
+    static float q[NR][MAX_DH], z[NR][ZS], zb[NR][ZS], row[MAX_DH];
+    static uint16_t kt[ZS * 128];
+    uint64_t s = 777;
+    int tested = 0;
+    const int dims[] = {16, 32, 48, 64, 128};
+    for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++) {
+        const int n = dims[di];
+        const size_t rb = attn_row_bytes(ATTN_F16, n), stride = rb + GAP;
+        for (int nk = 1; nk <= NK; nk += (nk < 17 ? 1 : 6)) {
+            const size_t bytes = (size_t)(nk - 1) * stride + rb;
+            uint8_t *kmem = malloc(bytes);
+            ASSERT(kmem);
+            const void *kp[NK];
+            for (int i = 0; i < nk; i++) {
+                kp[i] = kmem + (size_t)(nk - 1 - i) * stride;
+                for (int j = 0; j < n; j++)
+                    row[j] = test_rng_sym(&s) * (float)(1 + j % 5);
+                if (i == 3)
+                    row[n - 1] = -0.0f; /* zeros of both signs */
+                if (i == 5)
+                    for (int j = 0; j < n; j++)
+                        row[j] = 0.0f;
+                quant_quantize_row(QTYPE_F16, row, (void *)kp[i], n);
+            }
+            const int nc = (nk + 7) / 8;
+            memset(kt, 0xA5, sizeof kt);
+            kr.keys_t(kt, kp, nk, n);
+            for (int nr = 1; nr <= NR; nr++) {
+                const float *qp[NR];
+                float mx[NR], mb[NR];
+                for (int r = 0; r < nr; r++) {
+                    for (int j = 0; j < n; j++)
+                        q[r][j] = test_rng_sym(&s) * 2.0f;
+                    qp[r] = q[r];
+                }
+                memset(z, 0, sizeof z);
+                memset(zb, 0xFF, sizeof zb); /* NaN: a score not written shows */
+                kr.scores_kv(&z[0][0], ZS, nr, qp, kp, nk, n, 0.125f, mx, ATTN_F16);
+                kr.scores_t(&zb[0][0], ZS, nr, qp, kt, nc, n, 0.125f);
+                for (int r = 0; r < nr; r++) {
+                    if (memcmp(z[r], zb[r], (size_t)nk * sizeof(float)) != 0) {
+                        for (int i = 0; i < nk; i++)
+                            if (memcmp(&z[r][i], &zb[r][i], sizeof(float)) != 0)
+                                fprintf(stderr,
+                                        "  dh %d keys %d rows %d: row %d key %d: %.9g vs %.9g\n", n,
+                                        nk, nr, r, i, zb[r][i], z[r][i]);
+                        ASSERT(0);
+                    }
+                    for (int i = nk; i < nc * 8; i++) /* a short chunk's repeats */
+                        ASSERT(memcmp(&zb[r][i], &z[r][nk - 1], sizeof(float)) == 0);
+                }
+                /* the largest of every prefix, as scores_kv finds it */
+                for (int nt = 1; nt <= nk; nt++) {
+                    kr.scores_kv(&z[0][0], ZS, nr, qp, kp, nt, n, 0.125f, mx, ATTN_F16);
+                    kr.max_kv(mb, &zb[0][0], ZS, nr, nt);
+                    ASSERT(memcmp(mx, mb, (size_t)nr * sizeof(float)) == 0);
+                }
+                tested++;
+            }
+            free(kmem);
+        }
+    }
+    fprintf(stderr, "  %d shapes, every score the same bits\n", tested);
+}
+
 TEST(exp_sub_of_several_rows_is_each_rows_exp_sub_bit_for_bit)
 {
     struct attn_kernels kr[4];

@@ -106,7 +106,7 @@ void cpu_attention_kernels(struct attn_kernels *out, int level)
         out->keys_t = cpu__attn_keys_t_avx2;
         out->scores_t = cpu__attn_scores_t_avx2;
         out->max_kv = cpu__attn_max_kv_avx2;
-        if (level >= 2) { /* their bits are the AVX2 scores_kv's */
+        if (level >= 2) { /* the block kernels give the AVX2 scores_kv's bits: none here */
             out->scores = cpu__attn_scores_avx512;
             out->accum = cpu__attn_accum_avx512;
             out->exp_sub = cpu__attn_exp_sub_avx512;
@@ -475,8 +475,8 @@ static __attribute__((noinline)) void span_rows_runs(const struct attn_kernels *
     const int n = keys->head_dim;
     const int64_t u0 = v0 > keys->run_len[0] ? v0 : keys->run_len[0];
     span_cells_find(&cells, keys, u0, last_u > u0 ? last_u : u0);
-    const int scored =
-        kr->scores_t && keys->fmt == ATTN_F16 && n % 16 == 0 && n <= SPAN_Z_MAX_DH && cells.n > 0;
+    const int scored = kr->keys_t && kr->scores_t && kr->max_kv && keys->fmt == ATTN_F16 &&
+                       n % 16 == 0 && n <= SPAN_Z_MAX_DH && cells.n > 0;
     if (scored) {
         const float *qs[ATTN_MAX_ROWS];
         for (int r = 0; r < nr; r++)
@@ -586,6 +586,7 @@ void cpu_attention_span_rows(const struct attn_kernels *kr, int nr, const struct
     int64_t last = v0;   /* the furthest visit index any row sees */
     int64_t last_u = v0; /* the furthest of keys' indices any row reads */
     assert(keys->head_dim <= ATTN_MAX_DH);
+    assert(nr <= ATTN_MAX_ROWS);
     for (int r = 0; r < nr; r++) {
         *rows[r].m = softpick ? ATTN_SOFTPICK_M_FLOOR : -INFINITY;
         *rows[r].l = 0.0f;

@@ -361,6 +361,10 @@ TEST(grouped_rows_match_the_reference_and_each_token_alone)
         {20, 3, 2, 300, 280, 3, {40, 40, 40}, {0, 32, 17}},
         /* no sinks: every key is shifted; Dh 256 */
         {256, 4, 0, 700, 650, 3, {300, 300, 300}, {0, 3, 9}},
+        /* the block kernels' other head dims: Dh 128 sliding, 3:1; Dh 48,
+         * 2:1 (a row tile of three holds two tokens' rows), shifts apart */
+        {128, 3, 4, 300, 120, 4, {264, 264, 264, 264}, {0, 1, 2, 3}},
+        {48, 2, 4, 400, 390, 3, {290, 290, 290}, {0, 5, 11}},
     };
     double worst = 0;
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
@@ -621,14 +625,11 @@ TEST(in_place_row_kernels_match_double_loops_and_the_f32_kernels_bit_for_bit)
         TEST_SKIP("no kernel set on this CPU has the in-place row kernels");
 }
 
-/* The exponentials of several rows in one call are each row's exp_sub, bit
- * for bit (values and sum), for 1-9 rows of 1-40 scores, with scores far
- * below the max (e^x flushed to 0 under -87) and -inf (a short tile's
- * padding); nothing past a row's n scores is written. */
 /* The block kernels against scores_kv, bit for bit: keys transposed in
  * chunks of 8 (a short last chunk), any number of rows, head dims that are
  * multiples of 16, keys in reverse order in memory and not back to back,
- * special values among the keys; and max_kv against scores_kv's largest
+ * zeros of both signs, a subnormal and an infinity among the keys, nothing
+ * written past the chunks or the rows; and max_kv against scores_kv's largest
  * score for every tile length. */
 TEST(block_scores_are_scores_kv_bit_for_bit)
 {
@@ -662,11 +663,17 @@ TEST(block_scores_are_scores_kv_bit_for_bit)
                 if (i == 5)
                     for (int j = 0; j < n; j++)
                         row[j] = 0.0f;
+                if (i == 7)
+                    row[1] = 3e-7f; /* an f16 subnormal */
+                if (i == 9)
+                    row[2] = INFINITY; /* scores of +-inf or NaN: the same bits too */
                 quant_quantize_row(QTYPE_F16, row, (void *)kp[i], n);
             }
             const int nc = (nk + 7) / 8;
             memset(kt, 0xA5, sizeof kt);
             kr.keys_t(kt, kp, nk, n);
+            for (size_t i = (size_t)nc * 8 * (size_t)n; i < sizeof kt / sizeof kt[0]; i++)
+                ASSERT(kt[i] == 0xA5A5); /* nothing past the last chunk */
             for (int nr = 1; nr <= NR; nr++) {
                 const float *qp[NR];
                 float mx[NR], mb[NR];
@@ -679,6 +686,9 @@ TEST(block_scores_are_scores_kv_bit_for_bit)
                 memset(zb, 0xFF, sizeof zb); /* NaN: a score not written shows */
                 kr.scores_kv(&z[0][0], ZS, nr, qp, kp, nk, n, 0.125f, mx, ATTN_F16);
                 kr.scores_t(&zb[0][0], ZS, nr, qp, kt, nc, n, 0.125f);
+                for (int r = 0; r < NR; r++) /* nothing past a row's chunks, or after the rows */
+                    for (int i = r < nr ? nc * 8 : 0; i < ZS; i++)
+                        ASSERT(((const uint32_t *)zb[r])[i] == 0xFFFFFFFFu);
                 for (int r = 0; r < nr; r++) {
                     if (memcmp(z[r], zb[r], (size_t)nk * sizeof(float)) != 0) {
                         for (int i = 0; i < nk; i++)
@@ -705,6 +715,10 @@ TEST(block_scores_are_scores_kv_bit_for_bit)
     fprintf(stderr, "  %d shapes, every score the same bits\n", tested);
 }
 
+/* The exponentials of several rows in one call are each row's exp_sub, bit
+ * for bit (values and sum), for 1-9 rows of 1-40 scores, with scores far
+ * below the max (e^x flushed to 0 under -87) and -inf (a short tile's
+ * padding); nothing past a row's n scores is written. */
 TEST(exp_sub_of_several_rows_is_each_rows_exp_sub_bit_for_bit)
 {
     struct attn_kernels kr[4];

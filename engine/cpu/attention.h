@@ -152,8 +152,10 @@ void cpu_attention_span(const struct attn_kernels *kr, int nq, const float *q, c
  * are fixed by the row's visit index, and every float operation on a row
  * depends only on that row and its keys. f16 and Q8_0 K/V are read in place
  * (scores_kv, accum_kv) by one token's rows at a time, while the group's
- * keys are in cache; otherwise (f32, or no in-place kernels) each tile's K/V
- * rows are converted once for all rows.
+ * keys are in cache; with f16 keys and the block kernels (keys_t, scores_t)
+ * every row's scores over the span are made first, in one call, with the
+ * same bits. Otherwise (f32, or no in-place kernels) each tile's K/V rows
+ * are converted once for all rows.
  */
 struct attn_row {
     const float *q, *qc; /* head_dim each; qc scores the sink run */

@@ -503,6 +503,23 @@ void cpu__attn_keys_t_avx2(uint16_t *kt, const void *const *k, int nk, int n)
     }
 }
 
+/* The tiles' loops fully unrolled, except under AddressSanitizer (the
+ * sanitizer and fuzz builds), where the unrolled tiles' checked loads take
+ * clang minutes to compile: the same operations in the same order, so the
+ * same bits, rolled up. */
+#if defined(__SANITIZE_ADDRESS__)
+#define SCORES_T_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define SCORES_T_ASAN 1
+#endif
+#endif
+#ifdef SCORES_T_ASAN
+#define SCORES_T_UNROLL _Pragma("GCC unroll 1")
+#else
+#define SCORES_T_UNROLL _Pragma("GCC unroll 16")
+#endif
+
 /* R rows x C chunks. Lane l of chain j of (row, chunk) is lane j of
  * scores_group's accumulator of the chunk's key l: the FMAs of values j,
  * j + 8, ... in order from zero; the eight chains are then added with
@@ -512,7 +529,7 @@ scores_t_tile(float *z, int64_t zs, const float *const *q, const uint16_t *kt, i
               const int R, const int C)
 {
     __m256 t[8][3][3];
-#pragma GCC unroll 8
+    SCORES_T_UNROLL
     for (int j = 0; j < 8; j++) {
         __m256 a[3][3];
 #pragma GCC unroll 3
@@ -520,7 +537,7 @@ scores_t_tile(float *z, int64_t zs, const float *const *q, const uint16_t *kt, i
 #pragma GCC unroll 3
             for (int c = 0; c < C; c++)
                 a[r][c] = _mm256_setzero_ps();
-#pragma GCC unroll 16
+        SCORES_T_UNROLL
         for (int i = 0; i < n / 8; i++) {
             __m256 kv[3];
 #pragma GCC unroll 3

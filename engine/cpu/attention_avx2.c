@@ -571,25 +571,19 @@ scores_t_tile(float *z, int64_t zs, const float *const *q, const uint16_t *kt, i
         }
 }
 
-/* the next min(3, left) chunks of R rows; n = 64 (SmolLM2's heads) with
- * its loop unrolled */
+/* R rows x C chunks; n = 64 (SmolLM2's heads) with its loop unrolled */
+#define SCORES_T_TILE(R, C)                                                                        \
+    (n == 64 ? scores_t_tile(zr, zs, qr, ktc, 64, scale, R, C)                                     \
+             : scores_t_tile(zr, zs, qr, ktc, n, scale, R, C))
+/* the next min(3, left) chunks of R rows */
 #define SCORES_T_CHUNKS(R, left)                                                                   \
     do {                                                                                           \
-        if (n == 64) {                                                                             \
-            if ((left) >= 3)                                                                       \
-                scores_t_tile(zr, zs, qr, ktc, 64, scale, R, 3);                                   \
-            else if ((left) == 2)                                                                  \
-                scores_t_tile(zr, zs, qr, ktc, 64, scale, R, 2);                                   \
-            else                                                                                   \
-                scores_t_tile(zr, zs, qr, ktc, 64, scale, R, 1);                                   \
-        } else {                                                                                   \
-            if ((left) >= 3)                                                                       \
-                scores_t_tile(zr, zs, qr, ktc, n, scale, R, 3);                                    \
-            else if ((left) == 2)                                                                  \
-                scores_t_tile(zr, zs, qr, ktc, n, scale, R, 2);                                    \
-            else                                                                                   \
-                scores_t_tile(zr, zs, qr, ktc, n, scale, R, 1);                                    \
-        }                                                                                          \
+        if ((left) >= 3)                                                                           \
+            SCORES_T_TILE(R, 3);                                                                   \
+        else if ((left) == 2)                                                                      \
+            SCORES_T_TILE(R, 2);                                                                   \
+        else                                                                                       \
+            SCORES_T_TILE(R, 1);                                                                   \
     } while (0)
 
 void cpu__attn_scores_t_avx2(float *z, int64_t zs, int nr, const float *const *q,
@@ -610,6 +604,7 @@ void cpu__attn_scores_t_avx2(float *z, int64_t zs, int nr, const float *const *q
     }
 }
 #undef SCORES_T_CHUNKS
+#undef SCORES_T_TILE
 
 /* The largest of each row's nt scores as scores_group finds it: four keys
  * at a time lane by lane (a short last group repeating its last key), then

@@ -322,10 +322,9 @@ static void row_weights(const struct attn_kernels *kr, const struct attn_row *ro
     row_sum(row, w, kr->exp_sub(w, z, *row->m, nt), nt, softpick);
 }
 
-/* Capacity: a backend task's block of 256 keys (ATTN_KEY_BLOCK in
- * backend_cpu.c), its rows' largest shift and a tile's slack; a longer span
- * walks the runs for each tile. */
-#define SPAN_CELLS_MAX (256 + ATTN_MAX_SHIFT + ATTN_TILE)
+/* Capacity: a backend task's block (ATTN_KEY_BLOCK keys), its rows' largest
+ * shift and a tile's slack; a longer span walks the runs for each tile. */
+#define SPAN_CELLS_MAX (ATTN_KEY_BLOCK + ATTN_MAX_SHIFT + ATTN_TILE)
 /* The K and V rows of keys' indices [u0, u0 + n) past the sink run, found
  * once for a span's runs of rows: each run (a token's rows, with its own
  * shift) takes its tiles' rows from here instead of walking the runs again
@@ -462,7 +461,10 @@ static void span_rows_inplace(const struct attn_kernels *kr, int nr, const struc
  * call over the keys transposed once: a run's tiles past the sink run then
  * read them (the same bits as scoring them tile by tile, scores_t), and the
  * scores' horizontal sums, a third of scores_kv's time on AVX2, are gone
- * (docs/benchmarks.md). */
+ * (docs/benchmarks.md). Its buffers take about 300 KB of stack (a block's
+ * cells, their scores for 64 rows, the keys transposed at head_dim 128):
+ * the pool's and the engine's threads have the default stack, 8 MiB under
+ * glibc's usual limit. */
 static __attribute__((noinline)) void span_rows_runs(const struct attn_kernels *kr, int nr,
                                                      const struct attn_row *rows,
                                                      const struct attn_keys *keys, int64_t v0,

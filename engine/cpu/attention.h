@@ -134,7 +134,11 @@ void cpu_attention_row(const struct attn_kernels *kr, const float *q, const floa
  * running max, sum and unnormalized output, started at m = -inf, l = 0 (no
  * sink term: cpu_attention_merge adds it exactly once). acc is nq * Dh.
  */
-#define ATTN_MAX_BLOCKS 4096 /* key blocks merged per query head: a window of ~1M keys */
+/* The backend's blocks: visit indices [b * ATTN_KEY_BLOCK, (b + 1) * ATTN_KEY_BLOCK),
+ * fixed by key index alone (never by batch, grouping or threads), so a
+ * token's attention is merged from the same blocks however it is run. */
+#define ATTN_KEY_BLOCK 512
+#define ATTN_MAX_BLOCKS 4096 /* key blocks merged per query head: a window of ~2M keys */
 void cpu_attention_span(const struct attn_kernels *kr, int nq, const float *q, const float *qc,
                         const struct attn_keys *keys, int64_t v0, int64_t v1, float scale,
                         int softpick, float *m, float *l, float *acc);

@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "engine/backend.h"
+#include "engine/cpu/attention.h"
 #include "engine/forward.h"
 #include "engine/model.h"
 #include "engine/tokenizer.h"
@@ -257,16 +258,18 @@ static int bit_identical(const float *ref, const float *got, int64_t n, int64_t 
     return 0;
 }
 
-/* Past ATTN_KEY_BLOCK (256) keys a token's attention is split in blocks and
+/* Past ATTN_KEY_BLOCK keys a token's attention is split in blocks and
  * merged by a run of its own; up to it, the attention task merges its own
- * rows (the same merge call). A chunk that straddles the 256th key takes the
- * merge run for every token in it, while token by token the tokens before
- * the boundary take the in-task merge: the two must give the same bits,
- * under every normalizer, on one and two threads. */
+ * rows (the same merge call). A chunk that straddles the block's last key
+ * takes the merge run for every token in it, while token by token the
+ * tokens before the boundary take the in-task merge: the two must give the
+ * same bits, under every normalizer, on one and two threads. */
 TEST(tiny_model_merge_in_task_equals_the_merge_run_bit_for_bit)
 {
-    enum { W = 300, N = 340 };
-    static const int64_t straddling[] = {3, 7}; /* [255, 258) and [252, 259) */
+    enum { W = ATTN_KEY_BLOCK + 44, N = ATTN_KEY_BLOCK + 84 };
+    /* chunks of 3 and 7 tokens: one of each holds tokens on both sides
+     * (for blocks of 512 keys, positions [510, 513) and [511, 518)) */
+    static const int64_t straddling[] = {3, 7};
     for (int variant = 0; variant < 4; variant++) {
         struct tiny_config cfg = tiny_config_default();
         if (variant == 1)
@@ -289,6 +292,7 @@ TEST(tiny_model_merge_in_task_equals_the_merge_run_bit_for_bit)
         for (int thr = 1; thr <= 2; thr++) {
             ASSERT_OK(feed(&tm.m, pol, W, 1, KV_DTYPE_F16, thr, toks, N, ref));
             for (size_t ci = 0; ci < sizeof straddling / sizeof straddling[0]; ci++) {
+                ASSERT(ATTN_KEY_BLOCK % straddling[ci] != 0); /* else no chunk straddles */
                 ASSERT_OK(feed(&tm.m, pol, W, straddling[ci], KV_DTYPE_F16, thr, toks, N, got));
                 char label[64];
                 snprintf(label, sizeof label, "normalizer %d, %d thr, chunk %lld", variant, thr,
@@ -302,7 +306,7 @@ TEST(tiny_model_merge_in_task_equals_the_merge_run_bit_for_bit)
     }
 }
 
-/* A window longer than a key block (256), full and sliding inside every
+/* A window longer than a key block (ATTN_KEY_BLOCK), full and sliding inside every
  * chunk: the backend scores up to 16 of a chunk's tokens together over the
  * union of their keys, each token's window starting one key after the
  * previous one's, across the block boundary and the ring's wrap. Each
@@ -310,7 +314,7 @@ TEST(tiny_model_merge_in_task_equals_the_merge_run_bit_for_bit)
  * dtype, with and without sinks, on one and two threads. */
 TEST(tiny_model_sliding_chunks_equal_token_by_token_bit_for_bit)
 {
-    enum { W = 300, N = 2 * W + 71 };
+    enum { W = ATTN_KEY_BLOCK + 44, N = 2 * W + 71 };
     static const int64_t sliding[] = {7, 16, 64};
     const struct kv_policy pols[] = {{KV_POLICY_SINKS, 4}, {KV_POLICY_WINDOW, 0}};
     const enum kv_dtype dts[] = {KV_DTYPE_F16, KV_DTYPE_F32, KV_DTYPE_Q8_0};

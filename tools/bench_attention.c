@@ -1,7 +1,7 @@
 /*
  * bench_attention.c: single-thread timing of decode attention as the CPU
- * backend runs it (cpu_attention_span_rows over blocks of 256 keys, then
- * cpu_attention_merge), on SmolLM2-135M's shape: 30 layers, 3 KV heads of
+ * backend runs it (cpu_attention_span_rows over blocks of ATTN_KEY_BLOCK
+ * keys, then cpu_attention_merge), on SmolLM2-135M's shape: 30 layers, 3 KV heads of
  * 64, 3 query heads per KV head, keys and values in f16 and in q8_0 (the
  * two KV dtypes the decode kernels read in place), timed side by side. One
  * "token" is one query per stream against every layer's window of W keys, so
@@ -44,7 +44,7 @@
 #define HKV 3
 #define GROUP 3
 #define DH 64
-#define BLOCK 256
+#define BLOCK ATTN_KEY_BLOCK
 
 static double cpu_now(void)
 {

@@ -34,7 +34,7 @@
  * quantization, each output row is its own dot product, rmsnorm is per row,
  * and attention visits a row's keys in the same order (sinks, then the window
  * oldest first) from the same stored values. On any number of threads the
- * attention op cuts a row's keys into fixed blocks of 256 by key index (never
+ * attention op cuts a row's keys into fixed blocks (ATTN_KEY_BLOCK) by key index (never
  * by batch size or thread count) and merges the blocks in order, so the sums
  * are the same too: measured 0 on one and two threads. TINY_TOL = 1e-4 only
  * allows for summation noise; a row that sees one key too many or too few

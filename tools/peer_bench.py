@@ -2,9 +2,11 @@
 """peer_bench.py: streamsink vs llama.cpp on the same GGUF files, interleaved.
 
 Driven by tools/peer_bench.sh (which builds the peer and makes the model
-copies); standard library only. For every repetition, model and thread count,
-each figure is measured once on each side, the order alternating between
-repetitions (A B, B A, ...), so slow phases of a shared machine hit both.
+copies); the standard library, plus numpy for the copy rate and the gguf
+package for the limits where they are installed. For every repetition, model
+and thread count, each figure is measured once on each side, the order
+alternating between repetitions (A B, B A, ...), so slow phases of a shared
+machine hit both.
 
 Figures (tokens/s):
   prompt    512-token prompt.  A: streamsink run --prompt-tokens 512 --chunk 512;
@@ -30,6 +32,22 @@ off and on, both run in the same call), whichever wins for that figure.
 attention path, so that one alone).
 Prints one row per (figure, model, threads): both medians, the ratio A/B and
 the spread min/median/max of each side.
+
+Then, where the gguf package can read the model files, where each figure's
+limit is. Per token: the bytes a forward pass reads (the weight matrices once
+per step, so divided by the step's tokens: 1 for decode, B for batch B, 512
+for a prompt chunk; plus each visible key's K and V rows) and its arithmetic
+(2 x the matrices' values for the products, 4 x heads x head_dim per key and
+layer for the attention). Times each side's median tokens/s, the bytes are
+set against the one-thread memory copy rate of the same run and the
+products' operations against the repacked kernels' peak (with
+--bench-matmul: bench_matmul peak's VPDPBUSD rate in their instruction mix,
+the best repetition's, times the threads). Keys per token: decode 576.5 (the
+mean over 128 tokens after 512), ctx4096 4,100 (sinks:4 and a full window of
+4,096), batch B the prompt plus half the steps, capped by the window; prompt
+256.5 and prompt4096 4,100 for the FLOPs. Prompt rows show no bytes: a
+chunk reads its K/V per group of tokens, not per token. The same model of a
+step is applied to both sides.
 """
 
 import argparse
@@ -144,6 +162,103 @@ def copy_gbps():
     return best
 
 
+def model_geometry(path):
+    """What a forward pass of the GGUF file at path reads and computes, per
+    token: {"weights": bytes of the matrices, "macs": their values, "kv_key":
+    K + V bytes of one key over all layers (f16), "attn_flops_key": the
+    attention's FLOPs per key over all layers}; None without the gguf package."""
+    try:
+        import gguf
+    except ImportError:
+        return None
+    r = gguf.GGUFReader(path)
+
+    def field(key):
+        f = r.fields[key]
+        return f.parts[f.data[0]]
+
+    arch = bytes(field("general.architecture")).decode()
+    n_layer = int(field(f"{arch}.block_count")[0])
+    n_head = int(field(f"{arch}.attention.head_count")[0])
+    n_kv = int(field(f"{arch}.attention.head_count_kv")[0])
+    embd = int(field(f"{arch}.embedding_length")[0])
+    key = f"{arch}.attention.key_length"
+    head_dim = int(field(key)[0]) if key in r.fields else embd // n_head
+    names = {t.name for t in r.tensors}
+    weights = macs = 0
+    for t in r.tensors:
+        if len(t.shape) != 2 or not t.name.endswith(".weight"):
+            continue
+        # the embedding is read a row per token, unless it is also the
+        # output matrix (tied: no output.weight)
+        if t.name == "token_embd.weight" and "output.weight" in names:
+            continue
+        weights += int(t.n_bytes)
+        macs += int(t.n_elements)
+    return {"weights": weights, "macs": macs, "kv_key": n_layer * n_kv * head_dim * 2 * 2,
+            "attn_flops_key": 4 * n_head * head_dim * n_layer}
+
+
+def kernel_peak(bench_matmul):
+    """bench_matmul peak's VPDPBUSD rate in the repacked kernels' instruction
+    mix, as int8 GOP/s for one thread (64 multiply-adds an instruction); None
+    where the CPU has no AVX512-VNNI."""
+    out, _ = run([bench_matmul, "peak"])
+    m = re.search(r"in the kernels' mix ([0-9.]+)/ns", out)
+    return float(m.group(1)) * 128 if m else None
+
+
+def keys_per_token(a, fig):
+    if fig == "decode":
+        return 512 + 64.5
+    if fig == "ctx4096":
+        return 4100
+    if fig.startswith("batch"):
+        return min(a.batch_fill + (a.batch_steps + 1) / 2, a.batch_window + 4)
+    return None
+
+
+def print_limits(a, res, copies, peaks, geo):
+    copy = statistics.median(copies) if copies else None
+    peak = max(peaks) if peaks else None
+    print("# where the limit is, per figure: bytes and FLOPs per token (weights once per step, "
+          "K/V once per key) times each side's median tokens/s (A streamsink / B llama.cpp), "
+          "against the one-thread copy rate (median "
+          + (f"{copy:.1f} GB/s" if copy else "not measured")
+          + ") and the products' int8 peak (best "
+          + (f"{peak:.0f} GOP/s a thread" if peak else "not measured") + " x threads)")
+    print("| figure | model | threads | MB/token, weights + K/V | GFLOP/token, products + "
+          "attention | GB/s, A / B | of copy, A / B | products GOP/s, A / B | of peak, A / B |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for (fig, model, t), (xa, xb) in res.items():
+        g = geo.get(model)
+        if not g or not xa or not xb:
+            continue
+        ma, mb = statistics.median(xa), statistics.median(xb)
+        step = int(fig[5:]) if fig.startswith("batch") else 512 if fig.startswith("prompt") else 1
+        keys = keys_per_token(a, fig)
+        kv_key = g["kv_key"] * (34 / 64 if a.kv_dtype == "q8_0" else 1)
+        prod = 2 * g["macs"]
+        attn = g["attn_flops_key"] * (keys if keys else 256.5 if fig == "prompt" else 4100)
+        row = (f"| {fig} | {os.path.basename(model).split('.')[-2]} | {t} |")
+        if keys:
+            w, kv = g["weights"] / step, kv_key * keys
+            gba, gbb = ma * (w + kv) / 1e9, mb * (w + kv) / 1e9
+            row += f" {w / 1e6:.2f} + {kv / 1e6:.2f} |"
+        else:
+            row += " - |"
+        row += f" {prod / 1e9:.3f} + {attn / 1e9:.3f} |"
+        if keys:
+            row += f" {gba:.1f} / {gbb:.1f} |"
+            row += f" {gba / copy:.2f} / {gbb / copy:.2f} |" if copy else " - |"
+        else:
+            row += " - | - |"
+        pa, pb = ma * prod / 1e9, mb * prod / 1e9
+        row += f" {pa:.0f} / {pb:.0f} |"
+        row += f" {pa / (peak * t):.2f} / {pb / (peak * t):.2f} |" if peak else " - |"
+        print(row)
+
+
 def spread(xs):
     return f"{min(xs):.1f}/{statistics.median(xs):.1f}/{max(xs):.1f}"
 
@@ -189,6 +304,7 @@ def main():
     ap.add_argument("--bench-batch", required=True)
     ap.add_argument("--llama-bench", required=True)
     ap.add_argument("--llama-batched-bench", required=True)
+    ap.add_argument("--bench-matmul", help="build/bench_matmul, for the kernels' peak")
     ap.add_argument("--text", required=True, help="prompt text file (4,200+ tokens)")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", default="1,2")
@@ -213,12 +329,20 @@ def main():
     def add(fig, model, t, side, v):
         res.setdefault((fig, model, t), ([], []))[side].append(v)
 
+    geo = {}
+    for model in a.models:
+        g = model_geometry(model)
+        if g:
+            geo[model] = g
     t_start = time.time()
-    copies = []
+    copies, peaks = [], []
     for rep in range(a.reps):
         c = copy_gbps()
         if c:
             copies.append(c)
+        p = kernel_peak(a.bench_matmul) if a.bench_matmul else None
+        if p:
+            peaks.append(p)
         for model in a.models:
             for t in threads:
                 order = (0, 1) if (rep % 2 == 0) else (1, 0)
@@ -261,6 +385,8 @@ def main():
             print_table(a, res, copies)
 
     print_table(a, res, copies)
+    if geo:
+        print_limits(a, res, copies, peaks, geo)
 
 
 if __name__ == "__main__":

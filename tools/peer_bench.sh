@@ -6,7 +6,9 @@
 # llama-cpp-python sdist (tools/peer_build.sh, cached under
 # ~/.cache/streamsink/peer), makes Q4_0 and Q8_0 copies of the shipped Q4_1
 # file with tools/requant_gguf.py, then runs tools/peer_bench.py, which prints
-# every pair with its ratio and spread (min/median/max over REPS).
+# every pair with its ratio and spread (min/median/max over REPS), then where
+# each figure's limit is (bytes per token against the copy rate, the products'
+# operations against the kernels' peak; tools/peer_bench.py).
 # Environment (defaults): REPS (3), THREADS (1,2), FORMATS (q4_1,q4_0,q8_0),
 # FIGURES (prompt,decode,ctx4096,prompt4096,batch), BATCHES (1,4,8,16,32),
 # BATCH_WINDOW (1024), BATCH_FILL (prompt tokens per sequence; default
@@ -42,7 +44,7 @@ trap 'rm -f "$TEXT"' EXIT
 bible Gen1:1-Gen50:26 > "$TEXT"
 "$PY" tools/peer_bench.py --streamsink "$BUILD/streamsink" --bench-batch "$BUILD/bench_batch" \
   --llama-bench "$PEER_BIN/llama-bench" --llama-batched-bench "$PEER_BIN/llama-batched-bench" \
-  --text "$TEXT" --reps "${REPS:-3}" --threads "${THREADS:-1,2}" \
+  --bench-matmul "$BUILD/bench_matmul" --text "$TEXT" --reps "${REPS:-3}" --threads "${THREADS:-1,2}" \
   --figures "${FIGURES:-prompt,decode,ctx4096,prompt4096,batch}" --batches "${BATCHES:-1,4,8,16,32}" \
   --batch-window "${BATCH_WINDOW:-1024}" --batch-fill "${BATCH_FILL:-0}" \
   --batch-steps "${BATCH_STEPS:-32}" \

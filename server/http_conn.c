@@ -761,9 +761,18 @@ static int on_header_value(llhttp_t *p, const char *at, size_t len)
     /* obs-fold (RFC 9112 5.2): llhttp gives one span per contiguous run of the
      * value within one execute call, so a second span in the same call, or one
      * that does not start where the previous call's input ended, skipped a
-     * line break */
+     * line break. So does a span that a line break precedes, past blanks: a
+     * value folded onto the next line from an empty first line ("Field:" CRLF
+     * SP "chunked") comes as one span, preceded by that CRLF, which may
+     * have come in an earlier call. */
     int folded = memchr(at, '\r', len) || memchr(at, '\n', len);
     if (c->val_end && (c->val_seq == c->exec_seq || c->val_end != c->val_exec_end))
+        folded = 1;
+    const char *q = at;
+    while (q > c->exec_start && (q[-1] == ' ' || q[-1] == '\t'))
+        q--;
+    const char before = q > c->exec_start ? q[-1] : c->exec_tail;
+    if (before == '\n' || before == '\r')
         folded = 1;
     c->val_end = at + len;
     c->val_seq = c->exec_seq;
@@ -991,6 +1000,17 @@ static void parse_error(struct http_conn *c, llhttp_errno_t e)
     }
 }
 
+/* Remembers the last byte other than SP and HT of [from, to), the input an
+ * execute call consumed, for on_header_value's look back past the start of
+ * the next call's input. */
+static void note_tail(struct http_conn *c, const char *from, const char *to)
+{
+    while (to > from && (to[-1] == ' ' || to[-1] == '\t'))
+        to--;
+    if (to > from)
+        c->exec_tail = to[-1];
+}
+
 /* Feeds the buffered bytes to llhttp while READING. Re-entrant calls (a
  * handler that answers at once) return; the outer loop goes on. */
 static void conn_parse(struct http_conn *c)
@@ -1001,8 +1021,13 @@ static void conn_parse(struct http_conn *c)
     while (c->state == HTTP_CONN_READING && c->rpos < c->rlen) {
         const char *start = c->rbuf + c->rpos;
         c->exec_seq++;
+        c->exec_start = start;
         c->exec_end = c->rbuf + c->rlen;
         llhttp_errno_t e = llhttp_execute(&c->parser, start, c->rlen - c->rpos);
+        note_tail(c, start,
+                  e == HPE_OK                                  ? c->exec_end
+                  : e == HPE_PAUSED || e == HPE_PAUSED_UPGRADE ? llhttp_get_error_pos(&c->parser)
+                                                               : start);
         if (e == HPE_OK) {
             c->rpos = c->rlen;
         } else if (e == HPE_PAUSED || e == HPE_PAUSED_UPGRADE) {

@@ -180,10 +180,12 @@ struct http_conn {
     int value_overflow;
     char expect[16]; /* the Expect value so far (only 100-continue is acted on) */
     size_t expect_len;
-    uint64_t exec_seq;    /* llhttp_execute calls so far */
-    const char *exec_end; /* end of the input of the current call */
-    const char *val_end;  /* end of the current header value's last span, or NULL */
-    uint64_t val_seq;     /* ... the call it came from, and that call's input end */
+    uint64_t exec_seq;      /* llhttp_execute calls so far */
+    const char *exec_start; /* the input of the current call: [exec_start, exec_end) */
+    const char *exec_end;
+    char exec_tail;      /* the last byte other than SP and HT that earlier calls consumed */
+    const char *val_end; /* end of the current header value's last span, or NULL */
+    uint64_t val_seq;    /* ... the call it came from, and that call's input end */
     const char *val_exec_end;
 
     char rbuf[HTTP_RBUF_SIZE];

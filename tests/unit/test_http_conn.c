@@ -660,6 +660,67 @@ TEST(http_conn_answers_400_to_a_malformed_request)
     free(cl);
 }
 
+/* Header values folded onto a further line (obs-fold, RFC 9112 5.2), each
+ * sent in the pieces given (the server reads each piece on its own): every
+ * one must be refused with 400, whatever line the fold starts from and
+ * wherever the reads cut it. A Transfer-Encoding folded from an empty first
+ * line was taken as chunked (a request smuggling vector behind a proxy that
+ * reads the header otherwise). */
+static const char *const folds[][3] = {
+    {"POST /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding:\r\n chunked\r\n\r\n"
+     "2\r\n{}\r\n0\r\n\r\n"},
+    {"POST /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding:\r\n",
+     " chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n"},
+    {"POST /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding:\r\n\t",
+     "chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n"},
+    {"POST /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding:  ", "\r\n", "  chunked\r\n\r\n0\r\n\r\n"},
+    {"GET /x HTTP/1.1\r\nHost: x\r\nX-Note: a\r\n b\r\n\r\n"},
+    {"GET /x HTTP/1.1\r\nHost: x\r\nX-Note: a", "\r\n b\r\n\r\n"},
+    {"GET /x HTTP/1.1\r\nHost: x\r\nX-Note: a\r\n", " b\r\n\r\n"},
+};
+#define N_FOLDS (sizeof folds / sizeof folds[0])
+
+static int fold_refused[N_FOLDS];
+
+static void cl_folds(struct client *cl)
+{
+    int one = 1;
+    for (size_t i = 0; i < N_FOLDS; i++) {
+        int fd = cl_connect(cl->port, 0);
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        for (int k = 0; k < 3 && folds[i][k]; k++) {
+            if (k > 0)
+                ms_sleep(50); /* the server reads what came so far */
+            cl_sends(fd, folds[i][k]);
+        }
+        cl->len = 0;
+        cl->eof = 0;
+        cl_read_until(cl, fd, NULL, 0, 2000);
+        cl->buf[cl->len] = 0;
+        fold_refused[i] = strncmp(cl->buf, "HTTP/1.1 400 ", 13) == 0 &&
+                          strstr(cl->buf, "folded") != NULL && cl->eof;
+        close(fd);
+    }
+}
+
+TEST(http_conn_refuses_folded_header_values_wherever_the_reads_cut_them)
+{
+    struct http_limits lim = default_limits();
+    srv_start(&lim);
+    struct client *cl = calloc(1, sizeof *cl);
+    cl->fn = cl_folds;
+    run_with_client(cl);
+    size_t refused = 0;
+    for (size_t i = 0; i < N_FOLDS; i++) {
+        if (!fold_refused[i])
+            fprintf(stderr, "fold case %zu was not refused\n", i);
+        refused += fold_refused[i] != 0;
+    }
+    ASSERT_EQ(refused, N_FOLDS);
+    ASSERT_EQ(S.requests, 0); /* none reached the handler */
+    free(cl);
+}
+
 static void cl_hangup(struct client *cl)
 {
     int fd = cl_connect(cl->port, 0);

@@ -21,7 +21,11 @@
 #include <string.h>
 #include <strings.h>
 
+#include "engine.h"
 #include "log.h"
+
+/* an X-Session-Id clipped to what we keep is still longer than any id */
+_Static_assert(HTTP_SESSION_MAX - 1 >= ENGINE_SESSION_ID_MAX, "X-Session-Id kept too short");
 
 #define LINGER_MS 2000      /* after an error response: wait this long between reads */
 #define LINGER_MAX_MS 30000 /* ... and this long in all for the client's FIN */
@@ -787,9 +791,17 @@ static int on_header_value(llhttp_t *p, const char *at, size_t len)
     case HDR_AUTH:
         append_value(c, c->req.authorization, sizeof c->req.authorization, at, len);
         break;
-    case HDR_SESSION:
-        append_value(c, c->req.session_id, sizeof c->req.session_id, at, len);
+    case HDR_SESSION: {
+        /* longer than we keep is longer than any session id: kept clipped,
+         * still too long, so the request's own check answers 400
+         * invalid_value naming X-Session-Id (not 431, which is for headers
+         * the server cannot take at all) */
+        size_t have = strlen(c->req.session_id), room = sizeof c->req.session_id - 1 - have;
+        size_t n = len < room ? len : room;
+        memcpy(c->req.session_id + have, at, n);
+        c->req.session_id[have + n] = 0;
         break;
+    }
     case HDR_LAST_ID: /* too long to be an event id: the application answers 400 */
         append_value(c, c->req.last_event_id, sizeof c->req.last_event_id, at, len);
         if (c->value_overflow) {

@@ -9,7 +9,9 @@ file name, a gone session said so, and idle expiry ran under load.
   404 session_not_found when the request asks for an existing session
   (session_create: false), else a response with session.created = true;
 - --session-idle is enforced while other requests keep the engine busy;
-- ids that could walk the file system are refused (400)."""
+- ids that could walk the file system are refused (400), and so is an id too
+  long to be one, in the body or in X-Session-Id (a header longer than the
+  server keeps was a 431 and a closed connection)."""
 
 import os
 import threading
@@ -68,7 +70,7 @@ def test_two_session_headers_are_refused_not_concatenated(server):
 
 
 @pytest.mark.parametrize("sid", ["../escape", "a/b", "..", ".hidden", "a.snap", "a b", "x" * 128,
-                                 "%2e%2e", "a\\b"])
+                                 "x" * 159, "x" * 160, "x" * 1000, "%2e%2e", "a\\b"])
 def test_ids_that_could_reach_outside_the_session_dir_are_refused(start_server, tmp_path, sid):
     d = tmp_path / "sessions"
     d.mkdir()

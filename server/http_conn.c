@@ -888,10 +888,18 @@ static int on_headers_complete(llhttp_t *p)
         cap = want < BODY_MIN_ALLOC ? want : BODY_MIN_ALLOC; /* grows as bytes arrive */
         c->body_want = want;
     } else if (p->flags & F_CHUNKED) {
-        want = 0; /* reserved chunk by chunk */
         cap = 4096 < c->lim->max_body + 1 ? 4096 : c->lim->max_body + 1;
     }
-    if (cap > 0 && body_reserve(c, want ? want : cap) < 0) {
+    /* No GET, HEAD or DELETE endpoint takes a body: one is read and dropped,
+     * holding neither memory nor budget (GET /health and /metrics need no
+     * key, so a kept body there let anyone hold the budget). */
+    c->body_discard = p->method == HTTP_GET || p->method == HTTP_HEAD || p->method == HTTP_DELETE;
+    if (c->body_discard)
+        cap = 0;
+    /* The budget is drawn as the body's buffer grows, never from
+     * Content-Length up front: announcing 8 MiB and sending nothing holds
+     * what was allocated, not 8 MiB of every client's budget. */
+    if (cap > 0 && body_reserve(c, cap) < 0) {
         c->err_status = 503;
         snprintf(c->rej.message, sizeof c->rej.message,
                  "the server holds as many request bodies as it can; retry shortly");
@@ -922,6 +930,10 @@ static int on_body(llhttp_t *p, const char *at, size_t len)
         c->err_status = 413;
         return HPE_USER;
     }
+    if (c->body_discard) {
+        r->body_len += len; /* counted against --max-body, not kept */
+        return 0;
+    }
     if (r->body_len + len + 1 > r->body_cap) { /* grow with what arrives, bounded by max_body */
         size_t cap = r->body_cap ? r->body_cap : 4096;
         while (cap < r->body_len + len + 1)
@@ -929,9 +941,9 @@ static int on_body(llhttp_t *p, const char *at, size_t len)
         if (cap > c->lim->max_body + 1)
             cap = c->lim->max_body + 1;
         if (c->body_want && cap > c->body_want)
-            cap = c->body_want; /* Content-Length bodies were reserved whole */
+            cap = c->body_want; /* a Content-Length body needs no more */
         if (cap > c->body_reserved && body_reserve(c, cap - c->body_reserved) < 0) {
-            c->err_status = 503; /* chunked bodies draw on the budget as they grow */
+            c->err_status = 503; /* bodies draw on the budget as they grow */
             snprintf(c->rej.message, sizeof c->rej.message,
                      "the server holds as many request bodies as it can; retry shortly");
             snprintf(c->rej.code, sizeof c->rej.code, "server_busy");

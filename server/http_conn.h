@@ -39,7 +39,8 @@
  * so a request that will be refused (no API key, no route, wrong method) is
  * refused from its headers. Bodies grow with what arrives (never allocated
  * from Content-Length up front) and every body in flight draws on one
- * server-wide budget (body_budget; 503 + Retry-After beyond it).
+ * server-wide budget as it grows (body_budget; 503 + Retry-After beyond it).
+ * GET, HEAD and DELETE bodies are read and counted, never kept.
  *
  * Limits: request line + headers over max_header_bytes -> 431 (URL alone over
  * HTTP_URL_MAX -> 414), body over max_body -> 413, a request not complete
@@ -174,6 +175,7 @@ struct http_conn {
     unsigned seen;          /* singleton headers seen in this request (bit per HDR_*) */
     size_t body_reserved;   /* bytes of *lim->body_budget this request holds */
     size_t body_want;       /* Content-Length + 1, or 0 (chunked) */
+    int body_discard;       /* a GET, HEAD or DELETE: its body is read, counted, not kept */
     char field[HTTP_FIELD_MAX];
     size_t field_len;
     int field_which; /* which header the current value belongs to */

@@ -179,10 +179,10 @@ def test_authenticated_bodies_share_a_server_wide_budget(start_server):
     head = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
             f"Content-Type: application/json\r\nContent-Length: 2500000\r\n\r\n").encode()
     a = s.connect()
-    a.sendall(head + b"x" * 1000000)          # a body in progress holds its bytes
+    a.sendall(head + b"x" * 2000000)          # a body in progress holds its bytes
     time.sleep(0.5)
     b = s.connect()
-    b.sendall(head + b"x" * 1000000)          # this one would pass the budget
+    b.sendall(head + b"x" * 2000000)          # this one would pass the budget as it grows
     raw = read_until_quiet(b, 10, quiet=1.0)
     a.close()
     b.close()

@@ -721,6 +721,52 @@ TEST(http_conn_refuses_folded_header_values_wherever_the_reads_cut_them)
     free(cl);
 }
 
+/* The body budget holds what bodies have taken, not what they announce: a
+ * POST that announces 100,000 bytes and sends 10, and a GET (no key needed
+ * for /health) that sends most of 100,000, must not crowd a real 50,000-byte
+ * POST out of a 120,000-byte budget. Both reserved their Content-Length (or
+ * kept the GET's body) before, and the POST got 503. */
+static void cl_budget(struct client *cl)
+{
+    static char body[100000];
+    memset(body, 'b', sizeof body);
+    int hold = cl_connect(cl->port, 0);
+    cl_sends(hold, "POST /hold HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n0123456789");
+    int get = cl_connect(cl->port, 0);
+    cl_sends(get, "GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n");
+    cl_send(get, body, 99000);
+    ms_sleep(200); /* the server has read both */
+    int fd = cl_connect(cl->port, 0);
+    cl_sends(fd, "POST /real HTTP/1.1\r\nHost: x\r\nContent-Length: 50000\r\n"
+                 "Connection: close\r\n\r\n");
+    cl_send(fd, body, 50000);
+    cl_read_until(cl, fd, NULL, 0, 3000);
+    close(fd);
+    cl_send(get, body, 1000); /* the GET completes: its body was counted, not kept */
+    cl_read_until(cl, get, "/health 100000", 1, 3000);
+    close(get);
+    close(hold);
+}
+
+TEST(http_conn_body_budget_holds_what_bodies_took_not_what_they_announce)
+{
+    static size_t budget;
+    struct http_limits lim = default_limits();
+    lim.max_body = 100000;
+    lim.max_body_total = 120000;
+    budget = 0;
+    lim.body_budget = &budget;
+    srv_start(&lim);
+    struct client *cl = calloc(1, sizeof *cl);
+    cl->fn = cl_budget;
+    run_with_client(cl);
+    ASSERT(strncmp(cl->buf, "HTTP/1.1 200 ", 13) == 0);
+    ASSERT(strstr(cl->buf, "/real 50000") != NULL);
+    ASSERT(strstr(cl->buf, "/health 100000") != NULL);
+    ASSERT_EQ(budget, 0); /* every connection gave back what it held */
+    free(cl);
+}
+
 static void cl_hangup(struct client *cl)
 {
     int fd = cl_connect(cl->port, 0);

@@ -206,6 +206,41 @@ def test_idle_connections_are_reclaimed_when_the_limit_is_reached(start_server):
             c.close()
 
 
+def test_lingering_connections_are_reclaimed_when_the_limit_is_reached(start_server):
+    # after an error (a 401 needs no key) a connection lingers for the client's
+    # FIN, up to 30 s while bytes keep coming: a client that trickles them on
+    # every slot held /health at 503 before lingering ones could be reclaimed
+    s = start_server("--api-key", KEY, "--max-conns", "8")
+    socks = []
+    for _ in range(8):
+        c = s.connect()
+        c.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+        socks.append(c)
+    for c in socks:
+        assert read_until_quiet(c, 5, quiet=0.3).startswith(b"HTTP/1.1 401 ")
+    stop = threading.Event()
+
+    def trickle():
+        while not stop.wait(0.5):
+            for c in socks:
+                try:
+                    c.send(b"x")
+                except OSError:
+                    pass
+
+    t = threading.Thread(target=trickle)
+    t.start()
+    try:
+        time.sleep(1.0)
+        for _ in range(3):
+            assert s.get("/health")[0] == 200
+    finally:
+        stop.set()
+        t.join()
+        for c in socks:
+            c.close()
+
+
 def test_connections_running_requests_are_not_reclaimed(start_server):
     s = start_server("--max-conns", "2", "--max-seqs", "2")
     c = s.client()

@@ -226,7 +226,8 @@ static void set_state(struct http_conn *c, enum http_conn_state s)
 
 static void body_release(struct http_conn *c)
 {
-    if (c->body_reserved && c->lim->body_budget)
+    /* without a bound (max_body_total 0) body_reserve counted nothing in it */
+    if (c->body_reserved && c->lim->body_budget && c->lim->max_body_total)
         *c->lim->body_budget -= c->body_reserved;
     c->body_reserved = 0;
 }

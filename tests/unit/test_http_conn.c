@@ -767,6 +767,33 @@ TEST(http_conn_body_budget_holds_what_bodies_took_not_what_they_announce)
     free(cl);
 }
 
+static void cl_one_post(struct client *cl)
+{
+    int fd = cl_connect(cl->port, 0);
+    cl_sends(fd, "POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nConnection: close\r\n\r\n"
+                 "hello");
+    cl_read_until(cl, fd, NULL, 0, 3000);
+    close(fd);
+}
+
+/* With no bound (max_body_total 0) nothing is counted in the shared budget,
+ * so nothing may be taken out of it (it wrapped below zero). */
+TEST(http_conn_body_budget_without_a_bound_stays_zero)
+{
+    static size_t budget;
+    struct http_limits lim = default_limits();
+    lim.max_body_total = 0;
+    budget = 0;
+    lim.body_budget = &budget;
+    srv_start(&lim);
+    struct client *cl = calloc(1, sizeof *cl);
+    cl->fn = cl_one_post;
+    run_with_client(cl);
+    ASSERT(strstr(cl->buf, "/x 5") != NULL);
+    ASSERT_EQ(budget, 0);
+    free(cl);
+}
+
 static void cl_hangup(struct client *cl)
 {
     int fd = cl_connect(cl->port, 0);

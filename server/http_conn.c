@@ -178,6 +178,7 @@ static void arm_for_state(struct http_conn *c)
             arm(c, l->sse_keepalive_ms, l->sse_keepalive_ms);
         break;
     case HTTP_CONN_DRAINING:
+        c->drain_mark = http_conn_write_queue(c);
         arm(c, l->write_stall_timeout_ms, 0);
         break;
     case HTTP_CONN_LINGERING:
@@ -636,7 +637,24 @@ static void on_timeout(uv_timer_t *t)
             http_conn_stream_write(c, ka, sizeof ka - 1);
         }
         break;
-    case HTTP_CONN_DRAINING:  /* the client read nothing for write_stall_timeout */
+    case HTTP_CONN_DRAINING: {
+        /* One write may hold a whole response (up to --max-response), and
+         * its completion is the only progress on_write sees: what the client
+         * took of it since the timer was armed (libuv counts down the bytes
+         * left) is progress too. Nothing: it stopped reading; less than
+         * min_read_rate over the window: too slow. Either way, close. */
+        const size_t q = http_conn_write_queue(c);
+        const size_t took = c->drain_mark > q ? c->drain_mark - q : 0;
+        const double need = c->lim->min_read_rate * (double)c->lim->write_stall_timeout_ms / 1e3;
+        if (q > 0 && took > 0 && (double)took >= need) {
+            arm_for_state(c); /* the stall deadline starts over */
+            break;
+        }
+        if (took > 0)
+            c->slow = 1;
+        http_conn_close(c);
+        break;
+    }
     case HTTP_CONN_LINGERING: /* no FIN within the linger time */
     case HTTP_CONN_BROKEN:    /* the tick close_soon asked for */
         http_conn_close(c);

@@ -235,6 +235,7 @@ struct http_conn {
     uint64_t linger_until;          /* loop time (ms) lingering ends at the latest */
     uint64_t bytes_sent;            /* bytes whose writes completed */
     uint64_t rate_t0, rate_b0;      /* backlog window: start (ms, 0 none) and bytes_sent then */
+    size_t drain_mark;              /* DRAINING: bytes queued when its stall timer was armed */
     enum http_conn_state closed_in; /* the state a close began in (before BROKEN, if it broke) */
 
     /* application state */

@@ -55,6 +55,8 @@ struct srv {
 
 static struct srv S;
 
+#define BIG_RESPONSE (2 << 20)
+
 static void rec(char ev)
 {
     if (S.n_order < (int)sizeof S.order - 1)
@@ -117,6 +119,12 @@ static void on_request(struct http_conn *c, void *arg)
         http_conn_stream_begin(c, 200, "application/octet-stream", NULL);
         S.flooder = c;
         flood_more(c);
+        return;
+    }
+    if (strncmp(url, "/big", 4) == 0) { /* one whole response, one write */
+        static char big[BIG_RESPONSE];
+        memset(big, 'B', sizeof big);
+        http_conn_respond(c, 200, "application/octet-stream", NULL, big, sizeof big);
         return;
     }
     int n = snprintf(body, sizeof body, "%s %zu", url, c->req.body_len);
@@ -791,6 +799,57 @@ TEST(http_conn_body_budget_without_a_bound_stays_zero)
     run_with_client(cl);
     ASSERT(strstr(cl->buf, "/x 5") != NULL);
     ASSERT_EQ(budget, 0);
+    free(cl);
+}
+
+/* Reads a /big response at about 1.6 MB/s (32 KiB every 20 ms) until the
+ * server closes; returns the body bytes read. read_after_ms: nothing is read
+ * for that long first. */
+static size_t read_big(int port, int read_after_ms)
+{
+    int fd = cl_connect(port, 8192);
+    cl_sends(fd, "GET /big HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    ms_sleep(read_after_ms);
+    static char buf[32768];
+    size_t total = 0;
+    for (int i = 0; i < 1000; i++) {
+        struct pollfd pfd = {.fd = fd, .events = POLLIN};
+        if (poll(&pfd, 1, 3000) <= 0)
+            break;
+        ssize_t r = recv(fd, buf, sizeof buf, 0);
+        if (r <= 0)
+            break;
+        total += (size_t)r;
+        ms_sleep(20);
+    }
+    close(fd);
+    return total;
+}
+
+static size_t big_steady, big_stopped;
+
+static void cl_big_reader(struct client *cl)
+{
+    big_steady = read_big(cl->port, 0);
+    big_stopped = read_big(cl->port, 1000);
+}
+
+/* A whole response is one write, which on_write sees only when it is done:
+ * a client reading it steadily for longer than the stall timeout was cut off
+ * as if it had stopped. It must get all of it; one that reads nothing for
+ * longer than the timeout must still be closed. */
+TEST(http_conn_a_steady_reader_of_a_large_response_is_not_taken_for_a_stalled_one)
+{
+    struct http_limits lim = default_limits();
+    lim.write_stall_timeout_ms = 300;
+    lim.min_read_rate = 100000; /* the steady reader takes about 1.6 MB/s */
+    lim.sndbuf = 16384;
+    srv_start(&lim);
+    struct client *cl = calloc(1, sizeof *cl);
+    cl->fn = cl_big_reader;
+    run_with_client(cl);
+    ASSERT(big_steady > BIG_RESPONSE); /* the body and its headers */
+    ASSERT(big_stopped < BIG_RESPONSE);
     free(cl);
 }
 

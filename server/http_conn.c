@@ -30,6 +30,8 @@ _Static_assert(HTTP_SESSION_MAX - 1 >= ENGINE_SESSION_ID_MAX, "X-Session-Id kept
 #define LINGER_MS 2000      /* after an error response: wait this long between reads */
 #define LINGER_MAX_MS 30000 /* ... and this long in all for the client's FIN */
 #define BODY_MIN_ALLOC 16384
+#define WRITE_PIECE ((size_t)1 << 30) /* bytes per uv_buf_t of one write */
+#define WRITE_PIECES 16               /* so one write holds up to 16 GiB */
 
 enum header_which { HDR_NONE = 0, HDR_AUTH, HDR_SESSION, HDR_EXPECT, HDR_HOST, HDR_LAST_ID };
 
@@ -374,8 +376,20 @@ static int write_parts(struct http_conn *c, const char *const *parts, const size
         memcpy(r->data + o, parts[i], lens[i]);
         o += lens[i];
     }
-    uv_buf_t b = uv_buf_init(r->data, (unsigned int)total);
-    int rc = uv_write(&r->w, (uv_stream_t *)&c->tcp, &b, 1, on_write);
+    /* a uv_buf_t holds at most 4 GiB (unsigned int): a response escaped from
+     * a --max-response of up to 1 GiB may be longer, so it goes in pieces */
+    uv_buf_t b[WRITE_PIECES];
+    unsigned nb = 0;
+    for (size_t at = 0; at < total || nb == 0; at += WRITE_PIECE) {
+        if (nb == WRITE_PIECES) {
+            free(r);
+            close_soon(c);
+            return -EMSGSIZE;
+        }
+        size_t len = total - at < WRITE_PIECE ? total - at : WRITE_PIECE;
+        b[nb++] = uv_buf_init(r->data + at, (unsigned int)len);
+    }
+    int rc = uv_write(&r->w, (uv_stream_t *)&c->tcp, b, nb, on_write);
     if (rc < 0) {
         free(r); /* libuv: on error the callback never runs */
         close_soon(c);

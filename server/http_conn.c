@@ -707,6 +707,7 @@ static int on_message_begin(llhttp_t *p)
     memset(&c->rej, 0, sizeof c->rej);
     c->seen = 0;
     c->body_want = 0;
+    c->in_trailers = 0;
     c->val_end = NULL;
     c->field_len = 0;
     c->field_which = HDR_NONE;
@@ -749,6 +750,8 @@ static int on_header_field_complete(llhttp_t *p)
     struct http_conn *c = conn_of(p);
     c->field_which = HDR_NONE;
     c->val_end = NULL;
+    if (c->in_trailers)
+        return 0; /* a trailer field is not a header (RFC 9110 6.5.1): none is acted on */
     if (strcasecmp(c->field, "authorization") == 0)
         c->field_which = HDR_AUTH;
     else if (strcasecmp(c->field, "x-session-id") == 0)
@@ -899,6 +902,7 @@ static int check_framing(struct http_conn *c, llhttp_t *p)
 static int on_headers_complete(llhttp_t *p)
 {
     struct http_conn *c = conn_of(p);
+    c->in_trailers = 1;
     size_t cap = 0, want = 0;
     c->req.method = p->method;
     c->req.http_major = p->http_major;

@@ -7,6 +7,7 @@
 #include "tokenizer_impl.h"
 
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -397,6 +398,32 @@ static int build_specials(struct tokenizer *t, const struct gguf_str *tokens, co
     return 0;
 }
 
+/* tokenizer.max_token_bytes and spm_keeps_all (tokenizer_impl.h). A word
+ * token stands for the bytes of its piece (BPE: a merge's piece is its parts'
+ * pieces; SPM: the normalized text it was merged from, at most spm_max_len, or
+ * one character of at most 4 bytes that falls back to <unk> or to one token per
+ * byte); an added token for its text as matched. */
+static void set_max_token_bytes(struct tokenizer *t)
+{
+    size_t most = 1;
+
+    if (t->kind == TOK_SPM) {
+        int all_bytes = 1;
+        for (int b = 0; b < 256; b++)
+            all_bytes &= t->byte_tok[b] >= 0;
+        t->spm_keeps_all = t->unk >= 0 || all_bytes;
+        most = t->spm_max_len > 4 ? t->spm_max_len : 4;
+    } else {
+        for (size_t i = 0; i < t->n_vocab; i++)
+            if (t->piece_off[i + 1] - t->piece_off[i] > most)
+                most = t->piece_off[i + 1] - t->piece_off[i];
+    }
+    for (int32_t k = 0; k < t->n_special; k++)
+        if (t->specials[k].len > most)
+            most = t->specials[k].len;
+    t->max_token_bytes = most;
+}
+
 static int build_eog(struct tokenizer *t, const struct gguf_str *tokens)
 {
     static const char *const names[] = {"<|im_end|>",    "<|eot_id|>", "<|end_of_text|>",
@@ -561,6 +588,7 @@ int tok_load(struct tokenizer **out, const struct gguf_file *g, char *err, size_
     }
     if ((rc = build_specials(t, tokens, types)) < 0 || (rc = build_eog(t, tokens)) < 0)
         goto oom;
+    set_max_token_bytes(t);
     for (uint32_t c = 0; c < 128; c++)
         t->ascii_class[c] = (uint8_t)tok__classify(c);
 
@@ -612,13 +640,31 @@ const char *tok_warning(const struct tokenizer *t)
     return t->warning[0] ? t->warning : NULL;
 }
 
+size_t tok_max_token_bytes(const struct tokenizer *t)
+{
+    return t->max_token_bytes;
+}
+
 /* ---- encoding ---- */
 
-static void emit(struct encoder *e, int32_t id)
+void tok__emit(struct encoder *e, int32_t id)
 {
     if (e->n < e->cap)
         e->out[e->n] = id;
-    e->n++;
+    if (++e->n > e->max)
+        e->over = 1;
+}
+
+int tok__beyond(struct encoder *e, size_t bytes)
+{
+    size_t per = e->t->max_token_bytes;
+
+    if (e->over || e->max == INT64_MAX)
+        return e->over;
+    /* at least ceil(bytes / per) more tokens; n <= max while not over */
+    if ((uint64_t)(bytes / per + (bytes % per != 0)) > (uint64_t)(e->max - e->n))
+        e->over = 1;
+    return e->over;
 }
 
 static int merge_before(const struct tok_merge *a, const struct tok_merge *b)
@@ -696,9 +742,14 @@ void tok__bpe_word(struct encoder *e, const uint8_t *w, size_t n)
     const struct tokenizer *t = e->t;
     int32_t ns = 0;
     size_t nh = 0;
-    int rc = tok__reserve(e, n);
+    size_t kept = 0; /* the bytes with a token: the word's symbols */
+    int rc;
 
-    if (rc < 0) {
+    for (size_t i = 0; i < n; i++)
+        kept += t->byte_tok[w[i]] >= 0;
+    if (tok__beyond(e, kept))
+        return; /* too many tokens: no merge scratch for a word that long */
+    if ((rc = tok__reserve(e, kept)) < 0) {
         e->err = rc;
         return;
     }
@@ -737,7 +788,7 @@ void tok__bpe_word(struct encoder *e, const uint8_t *w, size_t n)
             push_pair(e, &nh, top.pos);
     }
     for (int32_t i = 0; i >= 0; i = e->sym[i].next)
-        emit(e, e->sym[i].id);
+        tok__emit(e, e->sym[i].id);
 }
 
 /* The leftmost added token in s[from..n) (the longest there); *at gets its
@@ -766,16 +817,40 @@ static const struct special *find_special(const struct tokenizer *t, const uint8
     return NULL;
 }
 
+/* The bytes of s[0..n) that give at least one token per max_token_bytes of
+ * them, wherever they end up (tokenizer_impl.h); SPM counts normalized bytes. */
+static size_t certain_bytes(const struct tokenizer *t, const uint8_t *s, size_t n)
+{
+    size_t kept = 0;
+
+    if (t->kind == TOK_SPM)
+        return t->spm_keeps_all ? tok__spm_normalized_len(t, s, n) : 0;
+    for (size_t i = 0; i < n; i++)
+        kept += t->byte_tok[s[i]] >= 0;
+    return kept;
+}
+
 int64_t tok_encode(const struct tokenizer *t, const char *text, size_t len, int add_bos,
                    int parse_special, int32_t *out, int64_t cap)
 {
+    return tok_encode_max(t, text, len, add_bos, parse_special, INT64_MAX, out, cap);
+}
+
+int64_t tok_encode_max(const struct tokenizer *t, const char *text, size_t len, int add_bos,
+                       int parse_special, int64_t max_tokens, int32_t *out, int64_t cap)
+{
     const uint8_t *s = (const uint8_t *)text;
-    struct encoder e = {.t = t, .out = out, .cap = out ? cap : 0};
+    struct encoder e = {.t = t, .out = out, .cap = out ? cap : 0, .max = max_tokens};
     uint8_t *norm = NULL;
     size_t i = 0;
 
-    if (!t || (!text && len > 0) || cap < 0)
+    if (!t || (!text && len > 0) || cap < 0 || max_tokens < 0)
         return -EINVAL;
+    if (add_bos && t->bos >= 0)
+        tok__emit(&e, t->bos);
+    /* one linear pass: a text certainly over the limit goes no further */
+    if (max_tokens < INT64_MAX && (e.over || tok__beyond(&e, certain_bytes(t, s, len))))
+        return max_tokens + 1;
     if (t->kind == TOK_SPM) {
         /* added tokens are matched in the normalized text (spm.c) */
         int rc = tok__spm_normalize(t, s, len, &norm, &len);
@@ -783,9 +858,7 @@ int64_t tok_encode(const struct tokenizer *t, const char *text, size_t len, int 
             return rc;
         s = norm;
     }
-    if (add_bos && t->bos >= 0)
-        emit(&e, t->bos);
-    while (i < len && !e.err) {
+    while (i < len && !e.err && !e.over) {
         size_t at = len;
         const struct special *sp =
             t->n_special ? find_special(t, s, len, i, parse_special, &at) : NULL;
@@ -796,11 +869,11 @@ int64_t tok_encode(const struct tokenizer *t, const char *text, size_t len, int 
             tok__encode_stretch(&e, s + i, at - i);
         if (!sp)
             break;
-        emit(&e, sp->id);
+        tok__emit(&e, sp->id);
         i = at + sp->len;
     }
     free(e.sym);
     free(e.heap);
     free(norm);
-    return e.err ? e.err : e.n;
+    return e.err ? e.err : e.over ? max_tokens + 1 : e.n;
 }

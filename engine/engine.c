@@ -203,25 +203,35 @@ static struct seq *find_running(struct engine *e, uint64_t id)
     return NULL;
 }
 
-/* Encodes text with the model's tokenizer, BOS first if bos. Returns the
- * count with a malloc'd array in *out, or a negative errno. */
+/* Encodes text with the model's tokenizer, BOS first if bos, stopping once
+ * the count (BOS included) is known to pass max (< 0: no limit). Returns the
+ * count with a malloc'd array in *out; max + 1 (more than max) with *out
+ * NULL; or a negative errno. Time and memory follow min(len, max), not len. */
 static int64_t encode(const struct tokenizer *t, const char *text, size_t len, int bos,
-                      int parse_special, int32_t **out)
+                      int parse_special, int64_t max, int32_t **out)
 {
     *out = NULL;
     if (!text && len > 0)
         return -EINVAL;
     if (len > (size_t)INT64_MAX / sizeof(int32_t) - 2)
         return -E2BIG;
+    if (max < 0)
+        max = INT64_MAX;
     /* every token but BOS covers at least one byte: one pass suffices */
     int64_t cap = (int64_t)len + 1 + (bos ? 1 : 0);
+    if (max < INT64_MAX && cap > max + 1)
+        cap = max + 1;
     int32_t *ids = malloc((size_t)cap * sizeof *ids);
     if (!ids)
         return -ENOMEM;
-    int64_t n = tok_encode(t, text, len, bos, parse_special, ids, cap);
+    int64_t n = tok_encode_max(t, text, len, bos, parse_special, max, ids, cap);
+    if (n > max) { /* only with a limit: more tokens than it */
+        free(ids);
+        return n;
+    }
     if (n > cap) { /* not expected; the contract allows it */
         int32_t *p = realloc(ids, (size_t)n * sizeof *ids);
-        n = p ? tok_encode(t, text, len, bos, parse_special, p, n) : -ENOMEM;
+        n = p ? tok_encode_max(t, text, len, bos, parse_special, max, p, n) : -ENOMEM;
         ids = p ? p : ids;
     }
     if (n < 0) {
@@ -237,7 +247,9 @@ static int64_t encode(const struct tokenizer *t, const char *text, size_t len, i
 static int64_t prompt_tokens(struct engine *e, struct engine_request *r, int bos, int32_t **out)
 {
     if (r->prompt) {
-        int64_t n = encode(e->dec.tok, r->prompt, r->prompt_len, bos, r->parse_special, out);
+        /* past the limit the count is max + 1 ("more"), and admit_into refuses it */
+        int64_t max = e->cfg.max_prompt_tokens > 0 ? e->cfg.max_prompt_tokens : -1;
+        int64_t n = encode(e->dec.tok, r->prompt, r->prompt_len, bos, r->parse_special, max, out);
         if (n < 0)
             emit_error(e, r->id, 500, NULL, NULL, "tokenizing the prompt failed");
         return n < 0 ? -1 : n;
@@ -310,8 +322,14 @@ static int admit_into(struct engine *e, struct seq *s, struct engine_request *r,
         return -1;
     if (e->cfg.max_prompt_tokens > 0 && n > e->cfg.max_prompt_tokens) {
         char msg[160];
-        snprintf(msg, sizeof msg, "the prompt has %lld tokens; this server accepts at most %lld",
-                 (long long)n, (long long)e->cfg.max_prompt_tokens);
+        if (r->prompt) /* tokenizing stopped at the limit: n is a lower bound */
+            snprintf(msg, sizeof msg,
+                     "the prompt has more than %lld tokens; this server accepts at most %lld",
+                     (long long)e->cfg.max_prompt_tokens, (long long)e->cfg.max_prompt_tokens);
+        else
+            snprintf(msg, sizeof msg,
+                     "the prompt has %lld tokens; this server accepts at most %lld", (long long)n,
+                     (long long)e->cfg.max_prompt_tokens);
         free(ids);
         emit_error(e, r->id, 400, "prompt", "context_length_exceeded", msg);
         return -1;
@@ -1058,7 +1076,16 @@ int64_t engine_tokenize(const struct engine *e, const char *text, size_t len, in
     *out = NULL;
     if (!e || !e->dec.tok)
         return -EINVAL;
-    return encode(e->dec.tok, text, len, 0, parse_special, out); /* *out has room for >= 1 */
+    return encode(e->dec.tok, text, len, 0, parse_special, -1, out); /* *out has room for >= 1 */
+}
+
+int64_t engine_tokenize_max(const struct engine *e, const char *text, size_t len, int parse_special,
+                            int64_t max_tokens, int32_t **out)
+{
+    *out = NULL;
+    if (!e || !e->dec.tok || max_tokens < 0)
+        return -EINVAL;
+    return encode(e->dec.tok, text, len, 0, parse_special, max_tokens, out);
 }
 
 size_t engine_token_text(const struct engine *e, int32_t id, char *buf, size_t cap)

@@ -155,7 +155,7 @@ static void split_gpt2(struct encoder *e, const uint8_t *s, size_t n)
     const struct tokenizer *t = e->t;
     size_t i = 0;
 
-    while (i < n && !e->err) {
+    while (i < n && !e->err && !e->over) {
         size_t l;
         size_t end;
         enum char_class c = class_at(t, s + i, n - i, &l);
@@ -200,7 +200,7 @@ void tok__encode_stretch(struct encoder *e, const uint8_t *s, size_t n)
     }
     /* smollm: every \p{N} character is a word of its own; GPT-2's pattern
      * runs on each stretch between them. */
-    while (i < n && !e->err) {
+    while (i < n && !e->err && !e->over) {
         size_t j = i;
         size_t l = 0;
         while (j < n && class_at(t, s + j, n - j, &l) != CC_NUMBER)

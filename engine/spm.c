@@ -214,22 +214,22 @@ int tok__spm_load(struct tokenizer *t, const struct gguf_file *g, const struct g
 
 /* ---- encoding ---- */
 
-static void emit(struct encoder *e, int32_t id)
+size_t tok__spm_normalized_len(const struct tokenizer *t, const uint8_t *s, size_t n)
 {
-    if (e->n < e->cap)
-        e->out[e->n] = id;
-    e->n++;
+    size_t need = n > 0 && t->add_space_prefix ? SPACE_MARK_LEN : 0;
+
+    for (size_t i = 0; i < n; i++)
+        need += s[i] == ' ' ? SPACE_MARK_LEN : 1;
+    return need;
 }
 
 int tok__spm_normalize(const struct tokenizer *t, const uint8_t *s, size_t n, uint8_t **out,
                        size_t *out_len)
 {
-    size_t need = n > 0 && t->add_space_prefix ? SPACE_MARK_LEN : 0;
+    size_t need = tok__spm_normalized_len(t, s, n);
     size_t m = 0;
     uint8_t *buf;
 
-    for (size_t i = 0; i < n; i++)
-        need += s[i] == ' ' ? SPACE_MARK_LEN : 1;
     buf = malloc(need ? need : 1);
     if (!buf)
         return -ENOMEM;
@@ -271,16 +271,16 @@ static void emit_symbol(struct encoder *e, const uint8_t *s, size_t n)
     size_t k = 0;
 
     if (id >= 0) {
-        emit(e, id);
+        tok__emit(e, id);
         return;
     }
     while (k < n && t->byte_tok[s[k]] >= 0)
         k++;
     if (k == n) {
         for (k = 0; k < n; k++)
-            emit(e, t->byte_tok[s[k]]);
+            tok__emit(e, t->byte_tok[s[k]]);
     } else if (t->unk >= 0) {
-        emit(e, t->unk);
+        tok__emit(e, t->unk);
     }
 }
 
@@ -292,6 +292,8 @@ void tok__spm_stretch(struct encoder *e, const uint8_t *s, size_t n)
 
     if (n == 0)
         return;
+    if (e->t->spm_keeps_all && tok__beyond(e, n))
+        return; /* too many tokens: no merge scratch for a stretch that long */
     if ((rc = tok__reserve(e, n)) < 0) {
         e->err = rc;
         return;

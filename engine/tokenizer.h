@@ -53,6 +53,23 @@ int tok_is_eog(const struct tokenizer *t, int32_t id);
 int64_t tok_encode(const struct tokenizer *t, const char *text, size_t len, int add_bos,
                    int parse_special, int32_t *out, int64_t cap);
 
+/* tok_encode for a text that may be refused as too long: stops as soon as the
+ * count (BOS included) is known to exceed max_tokens (>= 0) and returns
+ * max_tokens + 1, with out holding nothing useful. A count of at most
+ * max_tokens is exact, with tok_encode's ids. The merge work and scratch
+ * memory are bounded by max_tokens * tok_max_token_bytes(), whatever len is;
+ * beyond that there are only linear scans (counting the text's bytes, and
+ * skipping bytes that give no token). tokenizer_impl.h has the argument and
+ * its one exception (a SentencePiece vocabulary with neither <unk> nor byte
+ * fallback). tok_encode is this with max_tokens = INT64_MAX (no limit). */
+int64_t tok_encode_max(const struct tokenizer *t, const char *text, size_t len, int add_bos,
+                       int parse_special, int64_t max_tokens, int32_t *out, int64_t cap);
+
+/* The most bytes of text one token stands for (SPM: of the text with each
+ * ' ' spelled as the 3 bytes of '▁'): the longest piece or added token.
+ * SmolLM2: 81 ("\n" and 80 spaces); Gemma 3: 93 (31 spaces, an added token). */
+size_t tok_max_token_bytes(const struct tokenizer *t);
+
 /* Raw bytes of token id (byte-level decoded). Returns a view valid until
  * tok_free; *len gets the length. Special tokens give their text. NULL for a
  * bad id. */

@@ -44,6 +44,18 @@
  * After tok_load nothing is written: one tokenizer may encode on several
  * threads at once. Each tok_encode allocates its own scratch.
  *
+ * A limit on the count (tok_encode_max) bounds the work by the limit, not by
+ * the text: no token stands for more than max_token_bytes bytes of the text
+ * (normalized, for SPM), so a text, a word or a stretch of B bytes that can
+ * give tokens has at least ceil(B / max_token_bytes) of them. That lower bound
+ * refuses a text before anything else is done, and a word or stretch before
+ * its merge scratch is allocated; once the count passes the limit, encoding
+ * stops. The bytes counted are those that always give a token: for BPE the
+ * bytes with a byte token (the others are dropped, as HF does); for SPM every
+ * byte when the vocabulary has an unknown token or all 256 byte tokens (no
+ * character can then vanish), else none (no bound but the count: no model we
+ * load lacks both). Counts within the limit, and their ids, are tok_encode's.
+ *
  * The files, one noun each, share the structs and the tok__ functions below
  * (internal to engine/; tokenizer.h is the public side):
  *   pretok.c  UTF-8 and Unicode classes (utf8proc); step 2, the pre-tokenizers
@@ -131,6 +143,12 @@ struct tokenizer {
     uint8_t ascii_class[128]; /* enum char_class of each ASCII code point */
     int split_digits;         /* pre = smollm */
 
+    /* The most bytes of text (normalized, for SPM) one token stands for: the
+     * longest piece or special; for SPM also 4, the longest character that
+     * falls back to <unk>. At least 1. */
+    size_t max_token_bytes;
+    int spm_keeps_all; /* SPM: an unknown token or all 256 byte tokens */
+
     int32_t bos, eos, eot, eom, pad, unk; /* -1 if absent */
     int add_bos;
     char warning[200];
@@ -161,6 +179,8 @@ struct encoder { /* one tok_encode call */
     int32_t *out;
     int64_t cap;
     int64_t n;
+    int64_t max; /* stop once n is known to pass it; INT64_MAX: never */
+    int over;    /* n passed max: encoding stopped (not an error) */
     /* merge scratch, grown to the longest word or stretch (tok__reserve) */
     struct tok_sym *sym;
     struct tok_merge *heap;  /* at most n - 1 initial pairs plus two per merge */
@@ -171,7 +191,12 @@ struct encoder { /* one tok_encode call */
 
 struct gguf_file;
 
-/* bpe.c: the merge scratch and its heap, shared by both vocabularies */
+/* bpe.c: output, the limit, the merge scratch and its heap, shared by both
+ * vocabularies */
+void tok__emit(struct encoder *e, int32_t id);
+/* 1 (and e->over set) if bytes more bytes that always give tokens take the
+ * count past e->max; else 0. */
+int tok__beyond(struct encoder *e, size_t bytes);
 int tok__reserve(struct encoder *e, size_t n_sym);
 void tok__merge_push(struct tok_merge *h, size_t *n, struct tok_merge it);
 struct tok_merge tok__merge_pop(struct tok_merge *h, size_t *n);
@@ -188,6 +213,8 @@ uint64_t tok__hash_bytes(const char *s, size_t n);
 /* spm.c */
 int tok__spm_load(struct tokenizer *t, const struct gguf_file *g, const struct gguf_str *tokens,
                   const int32_t *types, char *err, size_t err_len);
+/* The length of s[0..n) normalized (below), without normalizing it. */
+size_t tok__spm_normalized_len(const struct tokenizer *t, const uint8_t *s, size_t n);
 /* The text as SentencePiece's normalizer leaves it: ' ' -> '▁', and a leading
  * '▁' with add_space_prefix. *out is malloc'd (caller frees). */
 int tok__spm_normalize(const struct tokenizer *t, const uint8_t *s, size_t n, uint8_t **out,

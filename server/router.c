@@ -298,23 +298,44 @@ static uint64_t fresh_seed(void)
     return x * 0xBF58476D1CE4E5B9ull;
 }
 
+/* BOS, when the model puts one before the request's prompt. */
+static int64_t bos_tokens(const struct server *s, const struct engine_request *req)
+{
+    return req->add_bos && s->info->add_bos ? 1 : 0;
+}
+
+/* The 400 for a prompt over --max-prompt (or the model's context): n tokens,
+ * BOS included, or, with more, more than the limit (a text prompt's count
+ * stops there, so n is only a lower bound). Takes req. */
+static void reply_too_long(struct server *s, struct http_conn *c, struct srv_req *r,
+                           struct engine_request *req, int64_t n, int more)
+{
+    char msg[200];
+    if (more)
+        snprintf(msg, sizeof msg,
+                 "This model's maximum prompt length is %lld tokens; the prompt has more than "
+                 "%lld tokens.",
+                 (long long)s->max_prompt_tokens, (long long)s->max_prompt_tokens);
+    else
+        snprintf(msg, sizeof msg,
+                 "This model's maximum prompt length is %lld tokens; the prompt has %lld tokens.",
+                 (long long)s->max_prompt_tokens, (long long)n);
+    engine_request_free(req);
+    enum metrics_endpoint ep = r->ep;
+    req_done(s, c);
+    reply_err(s, c, ep, 400, ep == METRICS_EP_CHAT ? "messages" : "prompt",
+              "context_length_exceeded", msg);
+}
+
 /* Hands a tokenized request to the engine, or answers why not: a prompt
  * over --max-prompt (or the model's context) never reaches the engine.
  * Takes req. */
 static void submit(struct server *s, struct http_conn *c, struct srv_req *r,
                    struct engine_request *req)
 {
-    int64_t n = req->n_prompt_ids + (req->add_bos && s->info->add_bos ? 1 : 0);
+    int64_t n = req->n_prompt_ids + bos_tokens(s, req);
     if (n > s->max_prompt_tokens) {
-        char msg[200];
-        snprintf(msg, sizeof msg,
-                 "This model's maximum prompt length is %lld tokens; the prompt has %lld tokens.",
-                 (long long)s->max_prompt_tokens, (long long)n);
-        engine_request_free(req);
-        enum metrics_endpoint ep = r->ep;
-        req_done(s, c);
-        reply_err(s, c, ep, 400, ep == METRICS_EP_CHAT ? "messages" : "prompt",
-                  "context_length_exceeded", msg);
+        reply_too_long(s, c, r, req, n, 0);
         return;
     }
     int rc = engine_submit(s->engine, req);
@@ -336,21 +357,25 @@ static void submit(struct server *s, struct http_conn *c, struct srv_req *r,
 
 /* A text prompt is tokenized on one of libuv's worker threads, so that a
  * megabyte prompt stalls neither the loop nor the engine's running streams.
- * The request is found again by id when the tokens are back. */
+ * The tokenizer stops once the prompt is known to be over the limit, so a
+ * prompt of megabytes holds a worker (there are 4) for what the limit's worth
+ * of text costs, not for its length. The request is found again by id when
+ * the tokens are back. */
 struct tok_work {
     uv_work_t work;
     struct server *s;
     uint64_t id;
     struct engine_request req;
-    int64_t n;
+    int64_t max; /* the most tokens the prompt may have, BOS aside */
+    int64_t n;   /* max + 1: more than max */
     int32_t *ids;
 };
 
 static void tok_run(uv_work_t *w) /* a worker thread */
 {
     struct tok_work *t = w->data;
-    t->n = engine_tokenize(t->s->engine, t->req.prompt, t->req.prompt_len, t->req.parse_special,
-                           &t->ids);
+    t->n = engine_tokenize_max(t->s->engine, t->req.prompt, t->req.prompt_len, t->req.parse_special,
+                               t->max, &t->ids);
 }
 
 static void tok_done(uv_work_t *w, int status)
@@ -375,6 +400,13 @@ static void tok_done(uv_work_t *w, int status)
         enum metrics_endpoint ep = r->ep;
         req_done(s, c);
         reply_err(s, c, ep, 500, NULL, NULL, "tokenizing the prompt failed");
+        return;
+    }
+    if (t->n > t->max) { /* the count stopped there */
+        struct engine_request req = t->req;
+        free(t->ids);
+        free(t);
+        reply_too_long(s, c, r, &req, s->max_prompt_tokens + 1, 1);
         return;
     }
     free(t->req.prompt); /* the engine gets the tokens */
@@ -448,6 +480,9 @@ static void handle_generate(struct server *s, struct http_conn *c, enum api_endp
     t->s = s;
     t->id = id;
     t->req = req;
+    t->max = s->max_prompt_tokens - bos_tokens(s, &req);
+    if (t->max < 0)
+        t->max = 0;
     t->work.data = t;
     if (uv_queue_work(s->loop, &t->work, tok_run, tok_done) < 0) {
         engine_request_free(&t->req);

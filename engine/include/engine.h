@@ -259,6 +259,13 @@ size_t engine_drain(struct engine *e, struct engine_event *ev, size_t max);
  * negative errno (*out NULL). */
 int64_t engine_tokenize(const struct engine *e, const char *text, size_t len, int parse_special,
                         int32_t **out);
+/* engine_tokenize for a prompt of at most max_tokens (>= 0) tokens: stops as
+ * soon as the text is known to have more, and returns max_tokens + 1 with *out
+ * NULL, so a text of megabytes costs what max_tokens tokens' worth of text
+ * costs, not what its length does. A count up to max_tokens is exact, with
+ * engine_tokenize's ids. */
+int64_t engine_tokenize_max(const struct engine *e, const char *text, size_t len, int parse_special,
+                            int64_t max_tokens, int32_t **out);
 
 /* Text of a token for logprobs (raw bytes, may be a partial UTF-8 sequence).
  * Any thread (the tokenizer is read-only). Returns bytes written (< cap). */

@@ -22,7 +22,9 @@
  *     (each invalid byte becomes its byte's token), and test_tokenizer
  *     checks it on the Hugging Face fixture;
  *   - the streaming detokenizer emits only valid UTF-8, and exactly the
- *     decoded text when that is valid UTF-8.
+ *     decoded text when that is valid UTF-8;
+ *   - tok_encode_max at limits at and under the count: the count and ids
+ *     within the limit, limit + 1 past it.
  *
  * Build and run (clang only): as fuzz_http_conn.c says, with
  *   STREAMSINK_MODEL=/path/to/model.gguf \
@@ -329,6 +331,20 @@ static void check_encode(const uint8_t *text, size_t len, int add_bos, int parse
         if (memcmp(small, ids, (size_t)(n < SMALL_CAP ? n : SMALL_CAP) * sizeof *ids) != 0)
             fail("a small output buffer got different ids", text, len);
     }
+
+    /* with a limit on the count (the server's prompt limit): the same count
+     * and ids up to it, max + 1 past it; limits at, just under and well under
+     * the count, where the early refusals decide */
+    int32_t *lim = malloc((size_t)cap * sizeof *lim);
+    const int64_t maxes[3] = {n, n - 1, (int64_t)(len % 7) * n / 8};
+    for (int k = 0; lim && k < 3; k++) {
+        int64_t max = maxes[k] < 0 ? 0 : maxes[k];
+        int64_t m =
+            tok_encode_max(T->t, (const char *)text, len, add_bos, parse_special, max, lim, cap);
+        if (n <= max ? m != n || memcmp(lim, ids, (size_t)n * sizeof *ids) != 0 : m != max + 1)
+            fail("tok_encode_max disagrees with tok_encode", text, len);
+    }
+    free(lim);
 
     int bos = add_bos && tok_bos(T->t) >= 0;
     if (bos && (n < 1 || ids[0] != tok_bos(T->t)))

@@ -250,6 +250,14 @@ static int body_reserve(struct http_conn *c, size_t n)
     return 0;
 }
 
+void http_conn_release_body(struct http_conn *c)
+{
+    free(c->req.body);
+    c->req.body = NULL;
+    c->req.body_len = c->req.body_cap = 0;
+    body_release(c);
+}
+
 /* ---- close -------------------------------------------------------------------- */
 
 static void on_handle_close(uv_handle_t *h)
@@ -446,10 +454,7 @@ static void finish_response(struct http_conn *c)
         return;
     if (!keep_alive(c))
         c->close_after = 1;
-    free(c->req.body);
-    c->req.body = NULL;
-    c->req.body_len = c->req.body_cap = 0;
-    body_release(c);
+    http_conn_release_body(c);
     set_state(c, HTTP_CONN_DRAINING);
     after_flush(c);
 }

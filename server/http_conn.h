@@ -277,6 +277,10 @@ void http_conn_close(struct http_conn *c);
  * idle connection is closed at once. */
 void http_conn_finish_and_close(struct http_conn *c);
 
+/* The application has taken what it needs from the request body: it is
+ * freed and its bytes go back to the body budget now, not when the response
+ * is finished. */
+void http_conn_release_body(struct http_conn *c);
 /* Bytes waiting in libuv's write queue. */
 size_t http_conn_write_queue(const struct http_conn *c);
 /* 1 between requests (nothing of the next one has arrived). */

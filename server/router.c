@@ -369,11 +369,17 @@ struct tok_work {
     int64_t max; /* the most tokens the prompt may have, BOS aside */
     int64_t n;   /* max + 1: more than max */
     int32_t *ids;
+    size_t held;   /* bytes of the body budget the prompt's copy holds until tok_done */
+    int cancelled; /* atomic: the client left before a worker took the job */
 };
 
 static void tok_run(uv_work_t *w) /* a worker thread */
 {
     struct tok_work *t = w->data;
+    if (__atomic_load_n(&t->cancelled, __ATOMIC_ACQUIRE)) {
+        t->n = -ECANCELED; /* tok_done drops it: nobody waits for these tokens */
+        return;
+    }
     t->n = engine_tokenize_max(t->s->engine, t->req.prompt, t->req.prompt_len, t->req.parse_special,
                                t->max, &t->ids);
 }
@@ -383,6 +389,7 @@ static void tok_done(uv_work_t *w, int status)
     struct tok_work *t = w->data;
     struct server *s = t->s;
     s->tokenizing--;
+    s->body_bytes -= t->held;
     struct http_conn *c = s->stopped ? NULL : server_find(s, t->id);
     struct srv_req *r = c ? c->user : NULL;
     if (!r || !r->tokenizing) { /* the client left, or the server is stopping */
@@ -393,6 +400,7 @@ static void tok_done(uv_work_t *w, int status)
         return;
     }
     r->tokenizing = 0;
+    r->tok_cancel = NULL;
     if (status < 0 || t->n < 0) {
         free(t->ids);
         engine_request_free(&t->req);
@@ -448,6 +456,18 @@ static void handle_generate(struct server *s, struct http_conn *c, enum api_endp
         reply_error(s, c, mep, &err);
         return;
     }
+    http_conn_release_body(c); /* the request holds what it needs of it */
+    /* A queued prompt's copy outlives its connection (the job runs on, and
+     * the body is given back when the client leaves), so it holds its bytes
+     * of the body budget until its job is done: one client cannot queue
+     * prompt after prompt and hang up, past the bound every body keeps to. */
+    if (req.prompt && s->cfg.max_body_total > 0 &&
+        s->body_bytes + req.prompt_len > (size_t)s->cfg.max_body_total) {
+        engine_request_free(&req);
+        reply_err(s, c, mep, 503, NULL, "server_busy",
+                  "the server holds as many prompts as it can; retry shortly");
+        return;
+    }
     struct srv_req *r = calloc(1, sizeof *r);
     struct tok_work *t = req.prompt ? calloc(1, sizeof *t) : NULL;
     if (!r || (req.prompt && !t)) {
@@ -492,7 +512,10 @@ static void handle_generate(struct server *s, struct http_conn *c, enum api_endp
         return;
     }
     r->tokenizing = 1;
+    r->tok_cancel = &t->cancelled;
     s->tokenizing++;
+    t->held = t->req.prompt_len;
+    s->body_bytes += t->held;
 }
 
 /* ---- the session API ------------------------------------------------------------------------ */
@@ -1082,6 +1105,8 @@ int router_forget(struct server *s, struct http_conn *c)
     if (!r)
         return 0;
     c->user = NULL;
+    if (r->tokenizing) /* tok_done drops what nobody is here for: skip the work */
+        __atomic_store_n(r->tok_cancel, 1, __ATOMIC_RELEASE);
     if (r->st) { /* the stream goes on without a client, for a while */
         streams_detach(s, r->st);
         return 1;

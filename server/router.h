@@ -79,6 +79,7 @@ struct srv_req {
     double t_submit, t_last;
     int64_t n_tokens;
     int tokenizing;    /* the prompt is on a worker thread; not submitted yet */
+    int *tok_cancel;   /* ... and this flag, set when its client leaves, skips the work */
     struct stream *st; /* streamed: the stream that owns this request */
     /* session API requests: the sessions the engine described, answered at DONE */
     enum engine_request_kind kind;

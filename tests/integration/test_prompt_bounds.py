@@ -18,6 +18,7 @@ margin both ways.
 """
 
 import json
+import os
 import threading
 import time
 
@@ -154,3 +155,57 @@ def test_the_limit_is_exact_for_text_chat_and_ids(start_server):
                             json.dumps({"model": "smol", "prompt": "a" * BIG, "max_tokens": 1}))
     assert_too_long(status, out, "prompt", 64)
     assert time.time() - t0 < BAD_BOUND_S
+
+
+WORD = 600_000  # one word inside the byte bound (8,192 x 81 bytes): merged, then refused
+
+
+def cpu_s(pid):
+    """The process's CPU time so far, user + system, in seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_idle(pid, quiet_s=0.5, limit_s=60):
+    """Waits until the process has used no CPU for quiet_s (its workers are done)."""
+    last, since, t_end = cpu_s(pid), time.time(), time.time() + limit_s
+    while time.time() < t_end:
+        time.sleep(0.1)
+        now = cpu_s(pid)
+        if now != last:
+            last, since = now, time.time()
+        elif time.time() - since >= quiet_s:
+            return
+    raise AssertionError("the server did not go idle")
+
+
+def test_prompts_whose_clients_left_are_not_tokenized(server):
+    """A prompt's tokenization job outlived its client: the worker merged the
+    whole word for nobody (its answer was dropped), so a client could queue
+    prompt after prompt and hang up, holding libuv's 4 workers from everyone
+    else. Jobs whose client left are skipped now; a few a worker took at once
+    still run. Judged by the server's CPU time, which the noise of a shared
+    machine moves less than latency."""
+    pid = server.proc.pid
+    body = json.dumps({"model": "smol", "prompt": "a" * WORD, "max_tokens": 1}).encode()
+    head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(body))
+    wait_idle(pid)
+    c0 = cpu_s(pid)
+    status, _, out = server.post("/v1/completions", body)  # one, waited for: its full cost
+    assert_too_long(status, out, "prompt", 8192)
+    wait_idle(pid)
+    one = cpu_s(pid) - c0
+    n = 40
+    c0 = cpu_s(pid)
+    for _ in range(n):
+        sock = server.connect()
+        sock.sendall(head + body)
+        sock.close()
+    wait_idle(pid)
+    used = cpu_s(pid) - c0
+    print(f"one prompt {one:.2f} s of CPU; {n} left behind {used:.2f} s")
+    assert one > 0.05, one  # the merge is what a left prompt must not cost
+    assert used < n * one / 3, (used, one)
+    assert server.get("/health")[0] == 200

@@ -217,7 +217,7 @@ struct engine_event { /* copied by value across the queue */
     int64_t prompt_tokens; /* usage, on DONE */
     int64_t completion_tokens;
     int status;        /* HTTP status for ERROR (400, 409, 429, 500, 503) */
-    char message[160]; /* for ERROR */
+    char message[256]; /* for ERROR (as long as api_error's: a session id fits whole) */
     char param[32];    /* for ERROR: the request field at fault ("prompt", "kv_policy", ...), "" */
     char code[32];     /* for ERROR: an OpenAI-style code ("context_length_exceeded", ...), "" */
     struct engine_session_info session; /* SESSION; DONE of a request with a session_id */

@@ -86,6 +86,15 @@ def test_ids_that_could_reach_outside_the_session_dir_are_refused(start_server, 
     assert st == 400
 
 
+def test_a_missing_session_of_the_longest_id_is_named_whole(server):
+    # the engine's error message was cut at 159 bytes, in the middle of a long id
+    sid = "s" * 127
+    st, r = complete(server, "Hi", sid, max_tokens=1, session_create=False)
+    assert st == 404 and r["error"]["code"] == "session_not_found", r
+    assert f"'{sid}'" in r["error"]["message"], r
+    assert r["error"]["message"].endswith("belongs to another API key"), r
+
+
 def test_a_session_evicted_from_its_slot_says_its_context_is_gone(start_server):
     s = start_server("--max-seqs", "1")
     st, r = complete(s, PROMPT, "evicted", max_tokens=4)

@@ -357,6 +357,23 @@ static int admit_into(struct engine *e, struct seq *s, struct engine_request *r,
         }
         s->has_next = 0;
         s->owner = r->owner;
+    } else if (r->has_policy) {
+        /* a session's cache was built under its policy, which it keeps: a
+         * request that names another one is refused, not quietly overruled */
+        struct kv_policy want = kv_policy_resolve(engine__kv_policy(r->policy),
+                                                  e->dec.model.hp.normalizer == MODEL_NORM_SOFTMAX);
+        if (want.kind != s->kv.policy.kind ||
+            kv_policy_sinks(&want) != kv_policy_sinks(&s->kv.policy)) {
+            char have[32], asked[32], msg[256];
+            kv_policy_name(&s->kv.policy, have, sizeof have);
+            kv_policy_name(&want, asked, sizeof asked);
+            snprintf(msg, sizeof msg,
+                     "session '%.127s' keeps kv_policy %.15s; a request cannot change it to %.15s",
+                     r->session_id, have, asked);
+            free(ids);
+            emit_error(e, r->id, 400, "kv_policy", "invalid_value", msg);
+            return -1;
+        }
     }
     int64_t pending = s->has_next ? 1 : 0;
     if (n + pending == 0) {

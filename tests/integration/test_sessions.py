@@ -2,6 +2,8 @@
 concatenated prompt produces (greedy), because the second prompt is appended
 to the session's KV stream."""
 
+from session_util import call
+
 
 def test_two_session_turns_equal_one_concatenated_prompt(client):
     a = "The capital of France is"
@@ -14,3 +16,23 @@ def test_two_session_turns_equal_one_concatenated_prompt(client):
     one = client.completions.create(model="smol", prompt=a + t1 + b, max_tokens=6, temperature=0)
     assert second.choices[0].text == one.choices[0].text
     assert second.usage.prompt_tokens < one.usage.prompt_tokens  # only the new text was sent
+
+
+def test_a_session_keeps_its_kv_policy_and_a_request_naming_another_is_refused(server):
+    # a kv_policy sent on an existing session was silently ignored (200, the
+    # session still sinks:4): now the same policy is fine and another is a 400
+    st, r = call(server, "POST", "/v1/completions",
+                 {"model": "smol", "prompt": "Hi", "max_tokens": 1, "session_id": "keeps-policy",
+                  "kv_policy": "sinks:4"})
+    assert st == 200, r
+    st, r = call(server, "POST", "/v1/completions",
+                 {"model": "smol", "prompt": " there", "max_tokens": 1,
+                  "session_id": "keeps-policy", "kv_policy": "sinks:4"})
+    assert st == 200, r
+    st, r = call(server, "POST", "/v1/completions",
+                 {"model": "smol", "prompt": " again", "max_tokens": 1,
+                  "session_id": "keeps-policy", "kv_policy": "window"})
+    assert st == 400 and r["error"]["param"] == "kv_policy", r
+    assert "sinks:4" in r["error"]["message"] and "window" in r["error"]["message"], r
+    st, r = call(server, "GET", "/v1/sessions/keeps-policy")
+    assert st == 200 and r["kv_policy"] == "sinks:4", r

@@ -115,7 +115,9 @@ struct api_request {
  * whitespace after it; no key twice; strings valid UTF-8 without U+0000),
  * else a 400 (named after the string or key at fault where there is one).
  * Unknown fields are ignored; a wrong type or an out-of-range value fails
- * with a 400 that names the param; a model not in ctx->model_names is a 404;
+ * with a 400 that names the param and quotes the number as sent (integers
+ * are read exactly over int64_t's range, beyond 2^53 from their literal,
+ * which a double cannot hold); a model not in ctx->model_names is a 404;
  * a body over ctx->max_json_values values is a 413. Returns 0, or -EINVAL
  * with err filled and out left empty (nothing to free). On success the
  * caller owns out (engine_request_free, or engine_submit). */
@@ -131,21 +133,33 @@ struct api_token_text {
     void *arg;
 };
 
+/* JSON text being built (internal to response.c). */
+struct api_buf {
+    char *p;
+    size_t len, cap;
+    int oom; /* an allocation failed: the text is incomplete */
+};
+
 struct api_response {
     struct api_request meta;
     char id[48];     /* cmpl-... or chatcmpl-... */
     int64_t created; /* unix seconds */
     char model[128];
     struct api_token_text tt;
-    /* non-streaming accumulation; bounded by text_max */
+    /* Non-streaming accumulation: the text, and the logprobs serialized as
+     * they come (chat: lp[0] holds the items of "content"; completions: lp[0..3]
+     * those of "tokens", "token_logprobs", "top_logprobs", "text_offset").
+     * text_len + lp_len never exceeds text_max. */
     char *text;
     size_t text_len, text_cap, text_max;
-    void *lp;           /* logprob entries so far (a cJSON array; internal) */
+    struct api_buf lp[4];
+    size_t lp_len;      /* bytes in lp[0..3] */
     size_t text_offset; /* completions logprobs: offset of the next token's text */
 };
 
 /* Sets up r for one request. model is the served model's id. text_max bounds
- * a non-streamed completion's text. Returns 0. */
+ * a non-streamed answer: its text's bytes plus its logprobs' JSON bytes.
+ * Returns 0. */
 int api_response_init(struct api_response *r, const struct api_request *meta, const char *model,
                       uint64_t id, int64_t created, size_t text_max,
                       const struct api_token_text *tt);
@@ -170,8 +184,10 @@ char *api_session_json(const struct engine_session_info *in);
 char *api_session_list_json(const struct engine_session_info *in, size_t n);
 char *api_session_new_json(const char *id);
 
-/* Non-streaming: add a TOKEN event. Returns 0, or -E2BIG once text_max is
- * reached (the caller cancels and answers with finish_reason "length"). */
+/* Non-streaming: add a TOKEN event. Returns 0, or -E2BIG when the event's
+ * text and logprobs would take the answer past text_max (they are not added;
+ * the caller cancels and answers with finish_reason "length"), or -ENOMEM
+ * (likewise). */
 int api_response_add(struct api_response *r, const struct engine_event *ev);
 /* Non-streaming: the whole text_completion / chat.completion for DONE. */
 char *api_response_body(struct api_response *r, const struct engine_event *ev);

@@ -66,10 +66,207 @@ static int not_finite(struct api_error *err, const char *name)
     return -1;
 }
 
-static int get_number(const cJSON *o, const char *name, double lo, double hi, double *out,
+/* ---- numbers as sent ------------------------------------------------------
+ *
+ * cJSON keeps a number only as a double: exact for integers up to 2^53, the
+ * nearest double beyond (9223372036854775807 reads as 2^63, past int64_t;
+ * two seeds 1 apart read as one), and %g prints 2.0000001 as "2". So an
+ * integer parameter beyond 2^53 is read from its literal in the body, and an
+ * error message quotes the literal. The parameters are members of the root
+ * object, and cJSON keeps members in document order, so a member's literal
+ * is found by walking the root object's members in the text (the body has
+ * already passed parse_body: strict JSON, an object, no key twice). The walk
+ * is linear in the body and only runs for such integers and for errors. */
+
+struct body {
+    const cJSON *root;
+    const char *text;
+    size_t len;
+};
+
+static size_t skip_ws(const char *s, size_t len, size_t i)
+{
+    while (i < len && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r'))
+        i++;
+    return i;
+}
+
+/* s[i] is a string's opening quote: the index after its closing quote. */
+static size_t skip_string(const char *s, size_t len, size_t i)
+{
+    size_t from = i + 1;
+    while (from < len) {
+        const char *q = memchr(s + from, '"', len - from);
+        if (!q)
+            return len;
+        size_t j = (size_t)(q - s), bs = 0;
+        while (j - bs > i + 1 && s[j - bs - 1] == '\\')
+            bs++;
+        if (bs % 2 == 0) /* not escaped */
+            return j + 1;
+        from = j + 1;
+    }
+    return len;
+}
+
+/* The index after the value that starts at s[i]. */
+static size_t skip_value(const char *s, size_t len, size_t i)
+{
+    if (i < len && s[i] == '"')
+        return skip_string(s, len, i);
+    if (i < len && (s[i] == '{' || s[i] == '[')) {
+        size_t depth = 0;
+        while (i < len) {
+            char c = s[i];
+            if (c == '"') {
+                i = skip_string(s, len, i);
+                continue;
+            }
+            if (c == '{' || c == '[')
+                depth++;
+            else if ((c == '}' || c == ']') && --depth == 0)
+                return i + 1;
+            i++;
+        }
+        return len;
+    }
+    while (i < len && s[i] != ',' && s[i] != '}' && s[i] != ']' && s[i] != ' ' && s[i] != '\t' &&
+           s[i] != '\n' && s[i] != '\r')
+        i++;
+    return i;
+}
+
+/* The literal of v, a member of b's root object, as sent. Returns its length
+ * and sets *lit, or 0 when it is not found (not reached for a parsed body). */
+static size_t member_literal(const struct body *b, const cJSON *v, const char **lit)
+{
+    const char *s = b->text;
+    size_t len = b->len, i = 0, idx = 0;
+    const cJSON *c = b->root->child;
+    for (; c && c != v; c = c->next)
+        idx++;
+    if (!c || !s)
+        return 0;
+    if (len >= 3 && memcmp(s, "\xEF\xBB\xBF", 3) == 0)
+        i = 3; /* skipped by cJSON too */
+    i = skip_ws(s, len, i);
+    if (i >= len || s[i] != '{')
+        return 0;
+    for (size_t k = 0;; k++) {
+        i = skip_ws(s, len, i + 1);
+        if (i >= len || s[i] != '"')
+            return 0;
+        i = skip_ws(s, len, skip_string(s, len, i));
+        if (i >= len || s[i] != ':')
+            return 0;
+        size_t start = skip_ws(s, len, i + 1);
+        i = skip_value(s, len, start);
+        if (k == idx) {
+            *lit = s + start;
+            return i - start;
+        }
+        i = skip_ws(s, len, i);
+        if (i >= len || s[i] != ',')
+            return 0;
+    }
+}
+
+/* v's literal for a message: at most 40 bytes of it, then "...". */
+static const char *as_sent(const struct body *b, const cJSON *v, char *buf, size_t cap)
+{
+    const char *lit = NULL;
+    size_t n = member_literal(b, v, &lit);
+    if (n == 0)
+        snprintf(buf, cap, "%.17g", v->valuedouble);
+    else
+        snprintf(buf, cap, "%.*s%s", n > 40 ? 40 : (int)n, lit, n > 40 ? "..." : "");
+    return buf;
+}
+
+enum int_literal {
+    INT_LITERAL_OK = 0,
+    INT_LITERAL_FRACTION, /* not an integer */
+    INT_LITERAL_RANGE,    /* an integer beyond int64_t */
+};
+
+/* The JSON number lit[0..n) read exactly (a JSON number: prescan checked the
+ * grammar): value = mantissa digits * 10^exp, with the point dropped. */
+static enum int_literal int_literal(const char *lit, size_t n, int64_t *out)
+{
+    size_t i = 0;
+    int neg = 0;
+    if (i < n && lit[i] == '-') {
+        neg = 1;
+        i++;
+    }
+    size_t mant = i, n_digits = 0, n_frac = 0;
+    int frac = 0;
+    for (; i < n && lit[i] != 'e' && lit[i] != 'E'; i++) {
+        if (lit[i] == '.') {
+            frac = 1;
+            continue;
+        }
+        n_digits++;
+        n_frac += (size_t)frac;
+    }
+    int64_t exp = 0; /* saturated well beyond any digit count that matters */
+    if (i < n) {
+        int eneg = 0;
+        i++;
+        if (i < n && (lit[i] == '+' || lit[i] == '-'))
+            eneg = lit[i++] == '-';
+        for (; i < n; i++)
+            if (exp < ((int64_t)1 << 40))
+                exp = exp * 10 + (lit[i] - '0');
+        if (eneg)
+            exp = -exp;
+    }
+    /* the significant digits: first and last nonzero (k0, k1), by digit index */
+    size_t k = 0, k0 = SIZE_MAX, k1 = 0;
+    for (size_t j = mant; k < n_digits; j++) {
+        if (lit[j] == '.')
+            continue;
+        if (lit[j] != '0') {
+            if (k0 == SIZE_MAX)
+                k0 = k;
+            k1 = k;
+        }
+        k++;
+    }
+    if (k0 == SIZE_MAX) {
+        *out = 0;
+        return INT_LITERAL_OK;
+    }
+    /* value = digits k0..k1 * 10^e10, the last of them nonzero */
+    int64_t e10 = exp - (int64_t)n_frac + (int64_t)(n_digits - 1 - k1);
+    if (e10 < 0)
+        return INT_LITERAL_FRACTION;
+    if ((int64_t)(k1 - k0 + 1) + e10 > 19) /* 10^19 > 2^63 */
+        return INT_LITERAL_RANGE;
+    uint64_t u = 0;
+    k = 0;
+    for (size_t j = mant; k <= k1; j++) {
+        if (lit[j] == '.')
+            continue;
+        if (k >= k0)
+            u = u * 10 + (uint64_t)(lit[j] - '0');
+        k++;
+    }
+    for (int64_t e = 0; e < e10; e++)
+        u *= 10; /* at most 19 digits: below 2^64 */
+    if (u > (uint64_t)INT64_MAX + (uint64_t)neg)
+        return INT_LITERAL_RANGE;
+    if (neg)
+        *out = u == (uint64_t)INT64_MAX + 1 ? INT64_MIN : -(int64_t)u;
+    else
+        *out = (int64_t)u;
+    return INT_LITERAL_OK;
+}
+
+static int get_number(const struct body *b, const char *name, double lo, double hi, double *out,
                       struct api_error *err)
 {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(b->root, name);
     if (!v || cJSON_IsNull(v))
         return 0;
     if (!cJSON_IsNumber(v))
@@ -77,40 +274,54 @@ static int get_number(const cJSON *o, const char *name, double lo, double hi, do
     if (!isfinite(v->valuedouble))
         return not_finite(err, name);
     if (v->valuedouble < lo || v->valuedouble > hi) {
+        char lit[48];
         api_error_set(err, 400, name, "invalid_value",
-                      "Invalid value for '%s': %g is outside the range [%g, %g].", name,
-                      v->valuedouble, lo, hi);
+                      "Invalid value for '%s': %s is outside the range [%g, %g].", name,
+                      as_sent(b, v, lit, sizeof lit), lo, hi);
         return -1;
     }
     *out = v->valuedouble;
     return 1;
 }
 
-static int get_int(const cJSON *o, const char *name, int64_t lo, int64_t hi, int64_t *out,
+static int int_out_of_range(const struct body *b, const cJSON *v, const char *name, int64_t lo,
+                            int64_t hi, struct api_error *err)
+{
+    char lit[48];
+    api_error_set(err, 400, name, "invalid_value",
+                  "Invalid value for '%s': %s is outside the range [%lld, %lld].", name,
+                  as_sent(b, v, lit, sizeof lit), (long long)lo, (long long)hi);
+    return -1;
+}
+
+/* An integer in [lo, hi], exactly as sent (1.0 and 1e3 are integers). */
+static int get_int(const struct body *b, const char *name, int64_t lo, int64_t hi, int64_t *out,
                    struct api_error *err)
 {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(b->root, name);
     if (!v || cJSON_IsNull(v))
         return 0;
     if (!cJSON_IsNumber(v))
         return bad_type(err, name, "an integer", v);
-    if (!isfinite(v->valuedouble))
+    double d = v->valuedouble;
+    if (!isfinite(d))
         return not_finite(err, name);
-    if (v->valuedouble != floor(v->valuedouble))
-        return bad_type(err, name, "an integer", v);
-    if (fabs(v->valuedouble) > 9.0e18) { /* past int64_t, so past any range here */
-        api_error_set(err, 400, name, "invalid_value",
-                      "Invalid value for '%s': %g is outside the range [%lld, %lld].", name,
-                      v->valuedouble, (long long)lo, (long long)hi);
-        return -1;
+    int64_t x;
+    if (fabs(d) < 0x1p53) { /* the double is the literal's value, to the integer */
+        if (d != floor(d))
+            return bad_type(err, name, "an integer", v);
+        x = (int64_t)d;
+    } else {
+        const char *lit = NULL;
+        size_t n = member_literal(b, v, &lit);
+        enum int_literal k = n ? int_literal(lit, n, &x) : INT_LITERAL_RANGE;
+        if (k == INT_LITERAL_FRACTION)
+            return bad_type(err, name, "an integer", v);
+        if (k == INT_LITERAL_RANGE)
+            return int_out_of_range(b, v, name, lo, hi, err);
     }
-    int64_t x = (int64_t)v->valuedouble;
-    if (x < lo || x > hi) {
-        api_error_set(err, 400, name, "invalid_value",
-                      "Invalid value for '%s': %lld is outside the range [%lld, %lld].", name,
-                      (long long)x, (long long)lo, (long long)hi);
-        return -1;
-    }
+    if (x < lo || x > hi)
+        return int_out_of_range(b, v, name, lo, hi, err);
     *out = x;
     return 1;
 }
@@ -210,7 +421,7 @@ static int parse_stop(const cJSON *o, const struct api_parse_ctx *ctx, struct en
     return 0;
 }
 
-static int parse_sampling(const cJSON *o, const struct api_parse_ctx *ctx,
+static int parse_sampling(const struct body *b, const struct api_parse_ctx *ctx,
                           struct engine_sampling *sp, struct api_error *err)
 {
     double d;
@@ -218,33 +429,39 @@ static int parse_sampling(const cJSON *o, const struct api_parse_ctx *ctx,
     int rc;
     *sp = engine_sampling_defaults();
     sp->seed = ctx->default_seed;
-    if ((rc = get_number(o, "temperature", 0, 2, &d, err)) < 0)
+    /* The range checks run on the double and carry over to the float it
+     * becomes: rounding is monotone and every bound (0, 1, 2, -2) is a float.
+     * A value that rounds to 0 is a valid setting for all but top_p
+     * (temperature 0 is greedy, min_p and the penalties 0 are off). */
+    if ((rc = get_number(b, "temperature", 0, 2, &d, err)) < 0)
         return -1;
     if (rc)
         sp->temperature = (float)d;
-    if ((rc = get_number(o, "top_p", 0, 1, &d, err)) < 0)
+    /* top_p 0 keeps no mass but the top token's: greedy. So does a top_p that
+     * rounds to 0 as a float (1e-46), which the sampler would refuse. */
+    if ((rc = get_number(b, "top_p", 0, 1, &d, err)) < 0)
         return -1;
-    if (rc && d == 0)
-        sp->temperature = 0; /* no mass kept but the top token: greedy */
+    if (rc && (float)d == 0)
+        sp->temperature = 0;
     else if (rc)
         sp->top_p = (float)d;
-    if ((rc = get_int(o, "top_k", 0, (int64_t)1 << 31, &i, err)) < 0)
+    if ((rc = get_int(b, "top_k", 0, (int64_t)1 << 31, &i, err)) < 0)
         return -1;
     if (rc)
         sp->top_k = i;
-    if ((rc = get_number(o, "min_p", 0, 1, &d, err)) < 0)
+    if ((rc = get_number(b, "min_p", 0, 1, &d, err)) < 0)
         return -1;
     if (rc)
         sp->min_p = (float)d;
-    if ((rc = get_number(o, "presence_penalty", -2, 2, &d, err)) < 0)
+    if ((rc = get_number(b, "presence_penalty", -2, 2, &d, err)) < 0)
         return -1;
     if (rc)
         sp->presence_penalty = (float)d;
-    if ((rc = get_number(o, "frequency_penalty", -2, 2, &d, err)) < 0)
+    if ((rc = get_number(b, "frequency_penalty", -2, 2, &d, err)) < 0)
         return -1;
     if (rc)
         sp->frequency_penalty = (float)d;
-    if ((rc = get_int(o, "seed", INT64_MIN, INT64_MAX, &i, err)) < 0)
+    if ((rc = get_int(b, "seed", INT64_MIN, INT64_MAX, &i, err)) < 0)
         return -1;
     if (rc)
         sp->seed = (uint64_t)i;
@@ -313,12 +530,13 @@ static int parse_tools(const cJSON *o, struct api_error *err)
 }
 
 /* Fields both endpoints share, and the ones we refuse. */
-static int parse_common(const cJSON *o, const struct api_parse_ctx *ctx, enum api_endpoint ep,
+static int parse_common(const struct body *b, const struct api_parse_ctx *ctx, enum api_endpoint ep,
                         struct engine_request *r, struct api_request *meta, struct api_error *err)
 {
+    const cJSON *o = b->root;
     const char *s = NULL;
     int64_t i;
-    int b = 0, rc;
+    int echo = 0, rc;
 
     if ((rc = get_string(o, "model", &s, err)) < 0)
         return -1;
@@ -326,7 +544,7 @@ static int parse_common(const cJSON *o, const struct api_parse_ctx *ctx, enum ap
         return -1;
     if (get_string(o, "user", &s, err) < 0)
         return -1;
-    if ((rc = get_int(o, "n", INT64_MIN, INT64_MAX, &i, err)) < 0)
+    if ((rc = get_int(b, "n", INT64_MIN, INT64_MAX, &i, err)) < 0)
         return -1;
     if (rc && i != 1) {
         api_error_set(err, 400, "n", "invalid_value",
@@ -336,17 +554,17 @@ static int parse_common(const cJSON *o, const struct api_parse_ctx *ctx, enum ap
 
     /* max_tokens: absent or null runs until EOS, a stop, or the client leaves */
     r->max_tokens = -1;
-    if ((rc = get_int(o, "max_tokens", 1, INT64_MAX, &i, err)) < 0)
+    if ((rc = get_int(b, "max_tokens", 1, INT64_MAX, &i, err)) < 0)
         return -1;
     if (rc)
         r->max_tokens = i;
     if (ep == API_CHAT) {
-        if ((rc = get_int(o, "max_completion_tokens", 1, INT64_MAX, &i, err)) < 0)
+        if ((rc = get_int(b, "max_completion_tokens", 1, INT64_MAX, &i, err)) < 0)
             return -1;
         if (rc)
             r->max_tokens = i;
     }
-    if (parse_sampling(o, ctx, &r->sampling, err) < 0)
+    if (parse_sampling(b, ctx, &r->sampling, err) < 0)
         return -1;
     if (parse_stop(o, ctx, r, err) < 0)
         return -1;
@@ -407,11 +625,11 @@ static int parse_common(const cJSON *o, const struct api_parse_ctx *ctx, enum ap
     }
 
     /* known, not implemented: refuse rather than ignore */
-    if (get_bool(o, "echo", &b, err) < 0)
+    if (get_bool(o, "echo", &echo, err) < 0)
         return -1;
-    if (b)
+    if (echo)
         return unsupported(err, "echo", "echo = true");
-    if ((rc = get_int(o, "best_of", INT64_MIN, INT64_MAX, &i, err)) < 0)
+    if ((rc = get_int(b, "best_of", INT64_MIN, INT64_MAX, &i, err)) < 0)
         return -1;
     if (rc && i != 1)
         return unsupported(err, "best_of", "best_of other than 1");
@@ -521,16 +739,16 @@ static int parse_prompt(const cJSON *o, const struct api_parse_ctx *ctx, struct 
     return bad_type(err, "prompt", want, v->child);
 }
 
-static int parse_completions(const cJSON *o, const struct api_parse_ctx *ctx,
+static int parse_completions(const struct body *b, const struct api_parse_ctx *ctx,
                              struct engine_request *r, struct api_request *meta,
                              struct api_error *err)
 {
     int64_t i;
     int rc;
-    if (parse_prompt(o, ctx, r, err) < 0)
+    if (parse_prompt(b->root, ctx, r, err) < 0)
         return -1;
     /* legacy logprobs: an integer, the number of alternatives (0..5) */
-    if ((rc = get_int(o, "logprobs", 0, COMPLETIONS_MAX_LOGPROBS, &i, err)) < 0)
+    if ((rc = get_int(b, "logprobs", 0, COMPLETIONS_MAX_LOGPROBS, &i, err)) < 0)
         return -1;
     if (rc) {
         meta->logprobs = 1;
@@ -665,8 +883,8 @@ out:
     return rc;
 }
 
-static int parse_chat(const cJSON *o, const struct api_parse_ctx *ctx, struct engine_request *r,
-                      struct api_request *meta, struct api_error *err)
+static int parse_chat(const struct body *b, const struct api_parse_ctx *ctx,
+                      struct engine_request *r, struct api_request *meta, struct api_error *err)
 {
     int lp = 0, rc;
     int64_t i;
@@ -674,11 +892,11 @@ static int parse_chat(const cJSON *o, const struct api_parse_ctx *ctx, struct en
         api_error_set(err, 500, NULL, NULL, "no chat template configured");
         return -1;
     }
-    if (parse_messages(o, ctx, r, err) < 0)
+    if (parse_messages(b->root, ctx, r, err) < 0)
         return -1;
-    if (get_bool(o, "logprobs", &lp, err) < 0)
+    if (get_bool(b->root, "logprobs", &lp, err) < 0)
         return -1;
-    if ((rc = get_int(o, "top_logprobs", 0, ENGINE_MAX_TOP_LOGPROBS, &i, err)) < 0)
+    if ((rc = get_int(b, "top_logprobs", 0, ENGINE_MAX_TOP_LOGPROBS, &i, err)) < 0)
         return -1;
     if (rc && !lp) {
         api_error_set(err, 400, "top_logprobs", "invalid_value",
@@ -1038,10 +1256,11 @@ int api_request_parse(const struct api_parse_ctx *ctx, enum api_endpoint ep, con
     if (!root)
         goto out;
     /* common first: the session decides how chat messages are rendered */
-    if (parse_common(root, ctx, ep, out, meta, err) < 0)
+    struct body b = {root, body, len};
+    if (parse_common(&b, ctx, ep, out, meta, err) < 0)
         goto out;
-    rc = ep == API_CHAT ? parse_chat(root, ctx, out, meta, err)
-                        : parse_completions(root, ctx, out, meta, err);
+    rc = ep == API_CHAT ? parse_chat(&b, ctx, out, meta, err)
+                        : parse_completions(&b, ctx, out, meta, err);
     if (rc < 0)
         goto out;
     out->logprobs = meta->logprobs;

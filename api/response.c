@@ -15,24 +15,33 @@
  *   logprobs, chat:          {"content":[{"token","logprob","bytes",
  *                             "top_logprobs":[{"token","logprob","bytes"}]}],"refusal":null}
  *
- * One small cJSON tree per chunk, printed unformatted and freed. A TOKEN event
- * whose token is -1 continues the previous token's text (long pieces are cut
- * by the engine) and carries no logprobs. Streamed chunks carry "usage": null
- * when include_usage is on, as OpenAI's do.
+ * These objects are written as JSON text, not built as cJSON trees, for two
+ * reasons. Generated text may hold U+0000 (SmolLM2's token 190 is the byte
+ * 0x00), and a cJSON string ends at the first NUL: here it goes out as
+ * "\u0000" and the text after it is kept. And a whole answer's logprobs are
+ * kept as the JSON they become (about 1 KB a token with 20 alternatives), not
+ * as ~21 cJSON objects and a node per byte a token; the answer's text plus
+ * that JSON stays within text_max (--max-response). Strings and numbers are
+ * written as cJSON writes them.
+ *
+ * A TOKEN event whose token is -1 continues the previous token's text (long
+ * pieces are cut by the engine) and carries no logprobs. Streamed chunks carry
+ * "usage": null when include_usage is on, as OpenAI's do.
  */
 #include "api.h"
 #include "internal.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <float.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define LP_MAX_TOKENS 65536 /* logprob entries kept for one non-streamed answer */
-#define LP_FLOOR -9999.0    /* OpenAI's stand-in for log(0) */
+#define LP_FLOOR -9999.0 /* OpenAI's stand-in for log(0) */
 
 const char *api_finish_reason(enum engine_finish f)
 {
@@ -60,64 +69,186 @@ int api_response_init(struct api_response *r, const struct api_request *meta, co
 void api_response_free(struct api_response *r)
 {
     free(r->text);
-    cJSON_Delete(r->lp);
     r->text = NULL;
-    r->lp = NULL;
     r->text_len = r->text_cap = 0;
-}
-
-/* ---- helpers --------------------------------------------------------------- */
-
-/* A JSON string from bytes that should be UTF-8 (invalid bytes -> U+FFFD). */
-static cJSON *make_string(const char *s, size_t len)
-{
-    char small[1024];
-    if (api__utf8_valid_prefix(s, len) == len && memchr(s, 0, len) == NULL && len < sizeof small) {
-        memcpy(small, s, len);
-        small[len] = 0;
-        return cJSON_CreateString(small);
+    for (int i = 0; i < 4; i++) {
+        free(r->lp[i].p);
+        memset(&r->lp[i], 0, sizeof r->lp[i]);
     }
-    size_t cap = len * 3 + 1;
-    char *buf = cap <= sizeof small ? small : malloc(cap);
-    if (!buf)
+    r->lp_len = 0;
+}
+
+/* ---- JSON text ----------------------------------------------------------------- */
+
+/* Room for more bytes and a NUL; sets oom when there is none. */
+static void reserve(struct api_buf *b, size_t more)
+{
+    if (b->oom || b->len + more + 1 <= b->cap)
+        return;
+    size_t cap = b->cap ? b->cap : 256;
+    while (cap < b->len + more + 1)
+        cap *= 2;
+    char *p = realloc(b->p, cap);
+    if (!p) {
+        b->oom = 1;
+        return;
+    }
+    b->p = p;
+    b->cap = cap;
+}
+
+static void put(struct api_buf *b, const char *s, size_t n)
+{
+    reserve(b, n);
+    if (b->oom || n == 0)
+        return;
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = 0;
+}
+
+static void put_lit(struct api_buf *b, const char *s)
+{
+    put(b, s, strlen(s));
+}
+
+/* Drops what was written after mark. */
+static void cut(struct api_buf *b, size_t mark)
+{
+    if (b->p && mark < b->len) {
+        b->len = mark;
+        b->p[mark] = 0;
+    }
+}
+
+/* The text (caller frees), or NULL after a failed allocation. */
+static char *finish(struct api_buf *b)
+{
+    if (b->oom || !b->p) {
+        free(b->p);
         return NULL;
-    api__utf8_sanitize(buf, cap, s, len);
-    cJSON *v = cJSON_CreateString(buf);
-    if (buf != small)
-        free(buf);
-    return v;
+    }
+    return b->p;
 }
 
-static double clamp_lp(float lp)
+static void put_int(struct api_buf *b, int64_t x)
 {
-    return isfinite(lp) ? (double)lp : LP_FLOOR;
+    char tmp[24];
+    put(b, tmp, (size_t)snprintf(tmp, sizeof tmp, "%" PRId64, x));
 }
 
-static cJSON *make_usage(const struct engine_event *ev)
+/* As cJSON prints a number: integers in int's range as such, else 15
+ * significant digits when they read back (to a relative DBL_EPSILON), else 17. */
+static void put_number(struct api_buf *b, double d)
 {
-    cJSON *u = cJSON_CreateObject();
-    cJSON_AddNumberToObject(u, "prompt_tokens", (double)ev->prompt_tokens);
-    cJSON_AddNumberToObject(u, "completion_tokens", (double)ev->completion_tokens);
-    cJSON_AddNumberToObject(u, "total_tokens", (double)(ev->prompt_tokens + ev->completion_tokens));
-    return u;
+    char tmp[32];
+    int n;
+    if (!isfinite(d)) {
+        n = snprintf(tmp, sizeof tmp, "null");
+    } else if (d == floor(d) && d >= INT_MIN && d <= INT_MAX) {
+        n = snprintf(tmp, sizeof tmp, "%d", (int)d);
+    } else {
+        n = snprintf(tmp, sizeof tmp, "%1.15g", d);
+        double back = strtod(tmp, NULL);
+        if (fabs(back - d) > fmax(fabs(back), fabs(d)) * DBL_EPSILON)
+            n = snprintf(tmp, sizeof tmp, "%1.17g", d);
+    }
+    put(b, tmp, (size_t)n);
 }
 
-/* The object every response starts with. */
-static cJSON *make_head(const struct api_response *r, const char *object)
+/* s[0..n), valid UTF-8, with JSON's escapes: cJSON's set, where every byte
+ * below 0x20 is escaped, U+0000 included. */
+static void put_escaped(struct api_buf *b, const char *s, size_t n)
 {
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "id", r->id);
-    cJSON_AddStringToObject(o, "object", object);
-    cJSON_AddNumberToObject(o, "created", (double)r->created);
-    cJSON_AddStringToObject(o, "model", r->model);
-    return o;
+    size_t run = 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c >= 0x20 && c != '"' && c != '\\')
+            continue;
+        put(b, s + run, i - run);
+        run = i + 1;
+        char e[8];
+        switch (c) {
+        case '"':
+            put_lit(b, "\\\"");
+            break;
+        case '\\':
+            put_lit(b, "\\\\");
+            break;
+        case '\b':
+            put_lit(b, "\\b");
+            break;
+        case '\f':
+            put_lit(b, "\\f");
+            break;
+        case '\n':
+            put_lit(b, "\\n");
+            break;
+        case '\r':
+            put_lit(b, "\\r");
+            break;
+        case '\t':
+            put_lit(b, "\\t");
+            break;
+        default:
+            put(b, e, (size_t)snprintf(e, sizeof e, "\\u%04x", c));
+        }
+    }
+    put(b, s + run, n - run);
 }
 
-static char *print_and_free(cJSON *o)
+/* A JSON string from bytes that should be UTF-8: each byte that starts no
+ * valid sequence becomes U+FFFD; every other byte is kept, NUL included. */
+static void put_string(struct api_buf *b, const char *s, size_t n)
 {
-    char *s = o ? cJSON_PrintUnformatted(o) : NULL;
-    cJSON_Delete(o);
-    return s;
+    put(b, "\"", 1);
+    size_t i = 0;
+    while (i < n) {
+        size_t ok = api__utf8_valid_prefix(s + i, n - i);
+        put_escaped(b, s + i, ok);
+        i += ok;
+        if (i < n) {
+            put(b, "\xEF\xBF\xBD", 3);
+            i++;
+        }
+    }
+    put(b, "\"", 1);
+}
+
+static void put_cstring(struct api_buf *b, const char *s)
+{
+    put_string(b, s, strlen(s));
+}
+
+/* ---- pieces -------------------------------------------------------------------- */
+
+static void put_logprob(struct api_buf *b, float lp)
+{
+    put_number(b, isfinite(lp) ? (double)lp : LP_FLOOR);
+}
+
+static void put_usage(struct api_buf *b, const struct engine_event *ev)
+{
+    put_lit(b, "{\"prompt_tokens\":");
+    put_int(b, ev->prompt_tokens);
+    put_lit(b, ",\"completion_tokens\":");
+    put_int(b, ev->completion_tokens);
+    put_lit(b, ",\"total_tokens\":");
+    put_int(b, ev->prompt_tokens + ev->completion_tokens);
+    put_lit(b, "}");
+}
+
+/* {"id","object","created","model" (the object is left open) */
+static void put_head(struct api_buf *b, const struct api_response *r, const char *object)
+{
+    put_lit(b, "{\"id\":");
+    put_cstring(b, r->id);
+    put_lit(b, ",\"object\":");
+    put_cstring(b, object);
+    put_lit(b, ",\"created\":");
+    put_int(b, r->created);
+    put_lit(b, ",\"model\":");
+    put_cstring(b, r->model);
 }
 
 /* Token text as raw bytes (for logprobs). */
@@ -130,76 +261,78 @@ static size_t token_bytes(const struct api_response *r, int32_t id, char *buf, s
     return n;
 }
 
-static cJSON *make_bytes(const char *s, size_t n)
+/* chat: {"token","logprob","bytes"}, with "top_logprobs" when ev is given
+ * (the chosen token) */
+static void put_chat_lp_item(struct api_buf *b, const struct api_response *r, int32_t id, float lp,
+                             const struct engine_event *ev)
 {
-    cJSON *a = cJSON_CreateArray();
-    for (size_t i = 0; i < n; i++)
-        cJSON_AddItemToArray(a, cJSON_CreateNumber((unsigned char)s[i]));
-    return a;
+    char tb[256];
+    size_t n = token_bytes(r, id, tb, sizeof tb);
+    put_lit(b, "{\"token\":");
+    put_string(b, tb, n);
+    put_lit(b, ",\"logprob\":");
+    put_logprob(b, lp);
+    put_lit(b, ",\"bytes\":[");
+    for (size_t i = 0; i < n; i++) {
+        if (i)
+            put(b, ",", 1);
+        put_int(b, (unsigned char)tb[i]);
+    }
+    put_lit(b, "]");
+    if (ev) {
+        put_lit(b, ",\"top_logprobs\":[");
+        for (int k = 0; k < ev->n_top && k < r->meta.top_logprobs; k++) {
+            if (k)
+                put(b, ",", 1);
+            put_chat_lp_item(b, r, ev->top_id[k], ev->top_logprob[k], NULL);
+        }
+        put_lit(b, "]");
+    }
+    put_lit(b, "}");
 }
 
-/* chat: {"token","logprob","bytes"} (+ "top_logprobs" for the chosen token) */
-static cJSON *chat_lp_item(const struct api_response *r, int32_t id, float lp, int with_top,
+/* completions: the chosen token's text */
+static void put_cmpl_token(struct api_buf *b, const struct api_response *r,
                            const struct engine_event *ev)
 {
-    char buf[256];
-    size_t n = token_bytes(r, id, buf, sizeof buf);
-    cJSON *it = cJSON_CreateObject();
-    cJSON_AddItemToObject(it, "token", make_string(buf, n));
-    cJSON_AddNumberToObject(it, "logprob", clamp_lp(lp));
-    cJSON_AddItemToObject(it, "bytes", make_bytes(buf, n));
-    if (with_top) {
-        cJSON *top = cJSON_AddArrayToObject(it, "top_logprobs");
-        for (int k = 0; k < ev->n_top && k < r->meta.top_logprobs; k++)
-            cJSON_AddItemToArray(top, chat_lp_item(r, ev->top_id[k], ev->top_logprob[k], 0, ev));
-    }
-    return it;
+    char tb[256];
+    size_t n = token_bytes(r, ev->token, tb, sizeof tb);
+    put_string(b, tb, n);
 }
 
-/* completions: appends the token to the four parallel arrays of lp. */
-static void completion_lp_add(struct api_response *r, cJSON *lp, const struct engine_event *ev)
+/* completions: {text: logprob} of the alternatives. Two tokens whose texts
+ * read the same (a lone byte of a character reads as U+FFFD) would give one
+ * key twice: the first, more likely one is kept. */
+static void put_cmpl_top(struct api_buf *b, const struct api_response *r,
+                         const struct engine_event *ev)
 {
-    char buf[256];
-    size_t n = token_bytes(r, ev->token, buf, sizeof buf);
-    cJSON_AddItemToArray(cJSON_GetObjectItem(lp, "tokens"), make_string(buf, n));
-    cJSON_AddItemToArray(cJSON_GetObjectItem(lp, "token_logprobs"),
-                         cJSON_CreateNumber(clamp_lp(ev->logprob)));
-    cJSON *top = cJSON_CreateObject();
-    for (int k = 0; k < ev->n_top && k < r->meta.top_logprobs; k++) {
-        char tb[256], key[800];
+    size_t key_at[ENGINE_MAX_TOP_LOGPROBS], key_len[ENGINE_MAX_TOP_LOGPROBS];
+    int n_keys = 0;
+    put_lit(b, "{");
+    for (int k = 0; k < ev->n_top && k < r->meta.top_logprobs && k < ENGINE_MAX_TOP_LOGPROBS; k++) {
+        char tb[256];
         size_t tn = token_bytes(r, ev->top_id[k], tb, sizeof tb);
-        api__utf8_sanitize(key, sizeof key, tb, tn);
-        if (!cJSON_GetObjectItemCaseSensitive(top, key))
-            cJSON_AddNumberToObject(top, key, clamp_lp(ev->top_logprob[k]));
+        size_t mark = b->len;
+        if (n_keys)
+            put(b, ",", 1);
+        size_t at = b->len;
+        put_string(b, tb, tn);
+        if (b->oom)
+            return;
+        size_t len = b->len - at;
+        int dup = 0;
+        for (int j = 0; j < n_keys && !dup; j++)
+            dup = key_len[j] == len && memcmp(b->p + key_at[j], b->p + at, len) == 0;
+        if (dup) {
+            cut(b, mark);
+            continue;
+        }
+        key_at[n_keys] = at;
+        key_len[n_keys++] = len;
+        put(b, ":", 1);
+        put_logprob(b, ev->top_logprob[k]);
     }
-    cJSON_AddItemToArray(cJSON_GetObjectItem(lp, "top_logprobs"), top);
-    cJSON_AddItemToArray(cJSON_GetObjectItem(lp, "text_offset"),
-                         cJSON_CreateNumber((double)r->text_offset));
-}
-
-static cJSON *new_lp(const struct api_response *r)
-{
-    cJSON *lp = cJSON_CreateObject();
-    if (r->meta.endpoint == API_CHAT) {
-        cJSON_AddArrayToObject(lp, "content");
-        cJSON_AddNullToObject(lp, "refusal");
-    } else {
-        cJSON_AddArrayToObject(lp, "tokens");
-        cJSON_AddArrayToObject(lp, "token_logprobs");
-        cJSON_AddArrayToObject(lp, "top_logprobs");
-        cJSON_AddArrayToObject(lp, "text_offset");
-    }
-    return lp;
-}
-
-/* Adds ev's token to lp (a new_lp object). */
-static void lp_add(struct api_response *r, cJSON *lp, const struct engine_event *ev)
-{
-    if (r->meta.endpoint == API_CHAT)
-        cJSON_AddItemToArray(cJSON_GetObjectItem(lp, "content"),
-                             chat_lp_item(r, ev->token, ev->logprob, 1, ev));
-    else
-        completion_lp_add(r, lp, ev);
+    put_lit(b, "}");
 }
 
 static int wants_lp(const struct api_response *r, const struct engine_event *ev)
@@ -207,42 +340,51 @@ static int wants_lp(const struct api_response *r, const struct engine_event *ev)
     return r->meta.logprobs && ev->kind == ENGINE_EV_TOKEN && ev->token >= 0;
 }
 
-/* {"index":0, <text or delta>, "logprobs", "finish_reason"} in a one-element array */
-static cJSON *add_choice(cJSON *o)
-{
-    cJSON *choices = cJSON_AddArrayToObject(o, "choices");
-    cJSON *c = cJSON_CreateObject();
-    cJSON_AddItemToArray(choices, c);
-    return c;
-}
-
 /* ---- streaming --------------------------------------------------------------- */
 
-static cJSON *stream_head(const struct api_response *r)
+static void stream_head(struct api_buf *b, const struct api_response *r)
 {
-    return make_head(r, r->meta.endpoint == API_CHAT ? "chat.completion.chunk" : "text_completion");
+    put_head(b, r, r->meta.endpoint == API_CHAT ? "chat.completion.chunk" : "text_completion");
 }
 
-static void stream_tail(const struct api_response *r, cJSON *o)
+static void stream_tail(struct api_buf *b, const struct api_response *r)
 {
     if (r->meta.include_usage)
-        cJSON_AddNullToObject(o, "usage");
+        put_lit(b, ",\"usage\":null");
 }
 
 char *api_response_role_chunk(struct api_response *r)
 {
     if (r->meta.endpoint != API_CHAT)
         return NULL;
-    cJSON *o = stream_head(r);
-    cJSON *c = add_choice(o);
-    cJSON_AddNumberToObject(c, "index", 0);
-    cJSON *d = cJSON_AddObjectToObject(c, "delta");
-    cJSON_AddStringToObject(d, "role", "assistant");
-    cJSON_AddStringToObject(d, "content", "");
-    cJSON_AddNullToObject(c, "logprobs");
-    cJSON_AddNullToObject(c, "finish_reason");
-    stream_tail(r, o);
-    return print_and_free(o);
+    struct api_buf b = {0};
+    stream_head(&b, r);
+    put_lit(&b, ",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},"
+                "\"logprobs\":null,\"finish_reason\":null}]");
+    stream_tail(&b, r);
+    put_lit(&b, "}");
+    return finish(&b);
+}
+
+/* One token's logprobs, as one chunk carries them. */
+static void put_chunk_lp(struct api_buf *b, const struct api_response *r,
+                         const struct engine_event *ev)
+{
+    if (r->meta.endpoint == API_CHAT) {
+        put_lit(b, "{\"content\":[");
+        put_chat_lp_item(b, r, ev->token, ev->logprob, ev);
+        put_lit(b, "],\"refusal\":null}");
+        return;
+    }
+    put_lit(b, "{\"tokens\":[");
+    put_cmpl_token(b, r, ev);
+    put_lit(b, "],\"token_logprobs\":[");
+    put_logprob(b, ev->logprob);
+    put_lit(b, "],\"top_logprobs\":[");
+    put_cmpl_top(b, r, ev);
+    put_lit(b, "],\"text_offset\":[");
+    put_int(b, (int64_t)r->text_offset);
+    put_lit(b, "]}");
 }
 
 char *api_response_chunk(struct api_response *r, const struct engine_event *ev)
@@ -250,28 +392,30 @@ char *api_response_chunk(struct api_response *r, const struct engine_event *ev)
     int lp = wants_lp(r, ev);
     if (ev->kind != ENGINE_EV_TOKEN || (ev->text_len == 0 && !lp))
         return NULL;
-    cJSON *o = stream_head(r);
-    cJSON *c = add_choice(o);
+    struct api_buf b = {0};
+    stream_head(&b, r);
     if (r->meta.endpoint == API_CHAT) {
-        cJSON_AddNumberToObject(c, "index", 0);
-        cJSON *d = cJSON_AddObjectToObject(c, "delta");
-        cJSON_AddItemToObject(d, "content", make_string(ev->text, ev->text_len));
+        put_lit(&b, ",\"choices\":[{\"index\":0,\"delta\":{\"content\":");
+        put_string(&b, ev->text, ev->text_len);
+        put_lit(&b, "}");
     } else {
-        cJSON_AddItemToObject(c, "text", make_string(ev->text, ev->text_len));
-        cJSON_AddNumberToObject(c, "index", 0);
+        put_lit(&b, ",\"choices\":[{\"text\":");
+        put_string(&b, ev->text, ev->text_len);
+        put_lit(&b, ",\"index\":0");
     }
-    if (lp) {
-        cJSON *l = new_lp(r);
-        lp_add(r, l, ev);
-        cJSON_AddItemToObject(c, "logprobs", l);
-    } else {
-        cJSON_AddNullToObject(c, "logprobs");
-    }
-    cJSON_AddNullToObject(c, "finish_reason");
-    stream_tail(r, o);
+    put_lit(&b, ",\"logprobs\":");
+    if (lp)
+        put_chunk_lp(&b, r, ev);
+    else
+        put_lit(&b, "null");
+    put_lit(&b, ",\"finish_reason\":null}]");
+    stream_tail(&b, r);
+    put_lit(&b, "}");
     r->text_offset += ev->text_len;
-    return print_and_free(o);
+    return finish(&b);
 }
+
+/* ---- sessions (small objects: cJSON) --------------------------------------------- */
 
 static cJSON *session_obj(const struct engine_session_info *in, int with_flags)
 {
@@ -291,12 +435,27 @@ static cJSON *session_obj(const struct engine_session_info *in, int with_flags)
     return o;
 }
 
-/* A request with a session says what became of it: "session": {"id",
- * "created", "restored", ...}. */
-static void add_session(cJSON *o, const struct engine_event *ev)
+static char *print_and_free(cJSON *o)
 {
-    if (ev->session.id[0])
-        cJSON_AddItemToObject(o, "session", session_obj(&ev->session, 1));
+    char *s = o ? cJSON_PrintUnformatted(o) : NULL;
+    cJSON_Delete(o);
+    return s;
+}
+
+/* A request with a session says what became of it: ,"session": {"id",
+ * "created", "restored", ...}. */
+static void put_session(struct api_buf *b, const struct engine_event *ev)
+{
+    if (!ev->session.id[0])
+        return;
+    char *s = print_and_free(session_obj(&ev->session, 1));
+    if (!s) {
+        b->oom = 1;
+        return;
+    }
+    put_lit(b, ",\"session\":");
+    put_lit(b, s);
+    free(s);
 }
 
 char *api_session_json(const struct engine_session_info *in)
@@ -322,39 +481,66 @@ char *api_session_new_json(const char *id)
     return print_and_free(o);
 }
 
+/* ---- the end of a stream -------------------------------------------------------- */
+
 char *api_response_final_chunk(struct api_response *r, const struct engine_event *ev)
 {
-    cJSON *o = stream_head(r);
-    cJSON *c = add_choice(o);
-    if (r->meta.endpoint == API_CHAT) {
-        cJSON_AddNumberToObject(c, "index", 0);
-        cJSON_AddObjectToObject(c, "delta");
-    } else {
-        cJSON_AddStringToObject(c, "text", "");
-        cJSON_AddNumberToObject(c, "index", 0);
-    }
-    cJSON_AddNullToObject(c, "logprobs");
-    cJSON_AddStringToObject(c, "finish_reason", api_finish_reason(ev->finish));
-    stream_tail(r, o);
-    add_session(o, ev);
-    return print_and_free(o);
+    struct api_buf b = {0};
+    stream_head(&b, r);
+    if (r->meta.endpoint == API_CHAT)
+        put_lit(&b, ",\"choices\":[{\"index\":0,\"delta\":{}");
+    else
+        put_lit(&b, ",\"choices\":[{\"text\":\"\",\"index\":0");
+    put_lit(&b, ",\"logprobs\":null,\"finish_reason\":");
+    put_cstring(&b, api_finish_reason(ev->finish));
+    put_lit(&b, "}]");
+    stream_tail(&b, r);
+    put_session(&b, ev);
+    put_lit(&b, "}");
+    return finish(&b);
 }
 
 char *api_response_usage_chunk(struct api_response *r, const struct engine_event *ev)
 {
-    cJSON *o = stream_head(r);
-    cJSON_AddArrayToObject(o, "choices");
-    cJSON_AddItemToObject(o, "usage", make_usage(ev));
-    return print_and_free(o);
+    struct api_buf b = {0};
+    stream_head(&b, r);
+    put_lit(&b, ",\"choices\":[],\"usage\":");
+    put_usage(&b, ev);
+    put_lit(&b, "}");
+    return finish(&b);
 }
 
 /* ---- whole responses ---------------------------------------------------------- */
 
+/* The next item of an array being built in a: a comma after the first. */
+static struct api_buf *next_item(struct api_buf *a)
+{
+    if (a->len)
+        put(a, ",", 1);
+    return a;
+}
+
+/* Appends ev's logprobs to the arrays in r->lp. */
+static void lp_append(struct api_response *r, const struct engine_event *ev)
+{
+    if (r->meta.endpoint == API_CHAT) {
+        put_chat_lp_item(next_item(&r->lp[0]), r, ev->token, ev->logprob, ev);
+        return;
+    }
+    put_cmpl_token(next_item(&r->lp[0]), r, ev);
+    put_logprob(next_item(&r->lp[1]), ev->logprob);
+    put_cmpl_top(next_item(&r->lp[2]), r, ev);
+    put_int(next_item(&r->lp[3]), (int64_t)r->text_offset);
+}
+
+/* The logprobs are counted in the answer's bound as the bytes of JSON they
+ * add, so a whole answer's memory and body are bounded whatever it asks for:
+ * with 20 alternatives a token adds about 1 KB, its text a few bytes. */
 int api_response_add(struct api_response *r, const struct engine_event *ev)
 {
     if (ev->kind != ENGINE_EV_TOKEN)
         return 0;
-    if (r->text_len + ev->text_len > r->text_max)
+    if (r->text_len + r->lp_len + ev->text_len > r->text_max)
         return -E2BIG;
     if (r->text_len + ev->text_len + 1 > r->text_cap) {
         size_t cap = r->text_cap ? r->text_cap : 256;
@@ -367,13 +553,23 @@ int api_response_add(struct api_response *r, const struct engine_event *ev)
         r->text_cap = cap;
     }
     if (wants_lp(r, ev)) {
-        if (!r->lp)
-            r->lp = new_lp(r);
-        cJSON *arr =
-            cJSON_GetObjectItem(r->lp, r->meta.endpoint == API_CHAT ? "content" : "tokens");
-        if (!r->lp || cJSON_GetArraySize(arr) >= LP_MAX_TOKENS)
-            return -E2BIG;
-        lp_add(r, r->lp, ev);
+        size_t mark[4], added = 0;
+        int oom = 0;
+        for (int i = 0; i < 4; i++)
+            mark[i] = r->lp[i].len;
+        lp_append(r, ev);
+        for (int i = 0; i < 4; i++) {
+            added += r->lp[i].len - mark[i];
+            oom |= r->lp[i].oom;
+        }
+        if (oom || r->text_len + r->lp_len + ev->text_len + added > r->text_max) {
+            for (int i = 0; i < 4; i++) { /* as if the token never came */
+                cut(&r->lp[i], mark[i]);
+                r->lp[i].oom = 0;
+            }
+            return oom ? -ENOMEM : -E2BIG;
+        }
+        r->lp_len += added;
     }
     memcpy(r->text + r->text_len, ev->text, ev->text_len);
     r->text_len += ev->text_len;
@@ -382,33 +578,51 @@ int api_response_add(struct api_response *r, const struct engine_event *ev)
     return 0;
 }
 
+/* The whole logprobs object from the arrays in r->lp. */
+static void put_whole_lp(struct api_buf *b, const struct api_response *r)
+{
+    const struct api_buf *lp = r->lp;
+    if (r->meta.endpoint == API_CHAT) {
+        put_lit(b, "{\"content\":[");
+        put(b, lp[0].p, lp[0].len);
+        put_lit(b, "],\"refusal\":null}");
+        return;
+    }
+    put_lit(b, "{\"tokens\":[");
+    put(b, lp[0].p, lp[0].len);
+    put_lit(b, "],\"token_logprobs\":[");
+    put(b, lp[1].p, lp[1].len);
+    put_lit(b, "],\"top_logprobs\":[");
+    put(b, lp[2].p, lp[2].len);
+    put_lit(b, "],\"text_offset\":[");
+    put(b, lp[3].p, lp[3].len);
+    put_lit(b, "]}");
+}
+
 char *api_response_body(struct api_response *r, const struct engine_event *ev)
 {
     int chat = r->meta.endpoint == API_CHAT;
-    cJSON *o = make_head(r, chat ? "chat.completion" : "text_completion");
-    cJSON *c = add_choice(o);
-    cJSON *text = make_string(r->text ? r->text : "", r->text_len);
-    if (chat) {
-        cJSON_AddNumberToObject(c, "index", 0);
-        cJSON *m = cJSON_AddObjectToObject(c, "message");
-        cJSON_AddStringToObject(m, "role", "assistant");
-        cJSON_AddItemToObject(m, "content", text);
-        cJSON_AddNullToObject(m, "refusal");
-    } else {
-        cJSON_AddItemToObject(c, "text", text);
-        cJSON_AddNumberToObject(c, "index", 0);
-    }
-    if (r->meta.logprobs) {
-        cJSON *lp = r->lp ? r->lp : new_lp(r);
-        r->lp = NULL; /* moved into the tree */
-        cJSON_AddItemToObject(c, "logprobs", lp);
-    } else {
-        cJSON_AddNullToObject(c, "logprobs");
-    }
-    cJSON_AddStringToObject(c, "finish_reason", api_finish_reason(ev->finish));
-    cJSON_AddItemToObject(o, "usage", make_usage(ev));
-    add_session(o, ev);
-    return print_and_free(o);
+    struct api_buf b = {0};
+    reserve(&b, r->text_len + r->lp_len + 1024); /* one allocation unless text needs escapes */
+    put_head(&b, r, chat ? "chat.completion" : "text_completion");
+    if (chat)
+        put_lit(&b, ",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":");
+    else
+        put_lit(&b, ",\"choices\":[{\"text\":");
+    put_string(&b, r->text ? r->text : "", r->text_len);
+    put_lit(&b, chat ? ",\"refusal\":null}" : ",\"index\":0");
+    put_lit(&b, ",\"logprobs\":");
+    if (r->meta.logprobs)
+        put_whole_lp(&b, r);
+    else
+        put_lit(&b, "null");
+    put_lit(&b, ",\"finish_reason\":");
+    put_cstring(&b, api_finish_reason(ev->finish));
+    put_lit(&b, "}],\"usage\":");
+    put_usage(&b, ev);
+    put_session(&b, ev);
+    put_lit(&b, "}");
+    return finish(&b);
 }
 
 /* ---- models -------------------------------------------------------------------- */

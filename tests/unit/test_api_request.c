@@ -6,6 +6,8 @@
  */
 #include "api.h"
 #include "internal.h"
+#include "options.h" /* engine__sampler_params: what the engine gives the sampler */
+#include "sampler.h"
 #include "test.h"
 
 static const char *SMOL_TEMPLATE =
@@ -870,6 +872,167 @@ TEST(api_request_bounds_json_nesting_depth)
     static char deep[20000];
     memset(deep, '[', sizeof deep - 1);
     ASSERT_REJECTED(parse(API_COMPLETIONS, deep), 400, "", "json_too_deep");
+}
+
+/* 1 when the engine's sampler takes the parsed sampling parameters (the
+ * engine answers "invalid sampling parameter" for those it does not). */
+static int sampler_takes(const struct engine_sampling *sp)
+{
+    struct sampler_params p = engine__sampler_params(sp);
+    struct sampler s;
+    int rc = sampler_init(&s, &p, 16);
+    if (rc == 0)
+        sampler_free(&s);
+    return rc == 0;
+}
+
+TEST(api_request_a_top_p_that_rounds_to_zero_is_greedy_like_zero)
+{
+    /* 1e-46 is inside [0, 1] but is 0.0f as a float; 1e-40 is a subnormal float */
+    static const char *const tiny[] = {"0", "1e-46", "4e-50", "1e-40", "1e-30", "1e-300", "-0.0"};
+    char body[160];
+    for (size_t i = 0; i < sizeof tiny / sizeof tiny[0]; i++) {
+        snprintf(body, sizeof body, "{\"prompt\":\"x\",\"top_p\":%s}", tiny[i]);
+        struct parsed p = parse(API_COMPLETIONS, body);
+        if (p.rc < 0)
+            FAIL_AT("top_p %s: %s", tiny[i], p.err.message);
+        int ok = sampler_takes(&p.req.sampling);
+        float t = p.req.sampling.temperature, top_p = p.req.sampling.top_p;
+        engine_request_free(&p.req);
+        if (!ok)
+            FAIL_AT("top_p %s: the sampler refuses temperature %g top_p %g", tiny[i], t, top_p);
+        if ((float)strtod(tiny[i], NULL) == 0 && t != 0)
+            FAIL_AT("top_p %s rounds to 0 but is not greedy (temperature %g)", tiny[i], t);
+    }
+}
+
+TEST(api_request_every_float_param_the_range_takes_is_one_the_sampler_takes)
+{
+    static const char *const params[] = {"temperature", "top_p", "min_p", "presence_penalty",
+                                         "frequency_penalty"};
+    static const char *const values[] = {"0",
+                                         "-0.0",
+                                         "1e-46",
+                                         "1e-40",
+                                         "1e-300",
+                                         "-1e-46",
+                                         "-1e-40",
+                                         "0.5",
+                                         "1",
+                                         "2",
+                                         "-2",
+                                         "1.0000000000000001",
+                                         "1.99999999999999999",
+                                         "-1.99999999999999999"};
+    char body[200];
+    for (size_t i = 0; i < sizeof params / sizeof params[0]; i++) {
+        for (size_t j = 0; j < sizeof values / sizeof values[0]; j++) {
+            snprintf(body, sizeof body, "{\"prompt\":\"x\",\"%s\":%s}", params[i], values[j]);
+            struct parsed p = parse(API_COMPLETIONS, body);
+            if (p.rc < 0)
+                continue; /* outside the documented range: a 400 naming the param */
+            int ok = sampler_takes(&p.req.sampling);
+            engine_request_free(&p.req);
+            if (!ok)
+                FAIL_AT("%s = %s is accepted here but refused by the sampler", params[i],
+                        values[j]);
+        }
+    }
+}
+
+TEST(api_request_takes_every_int64_exactly)
+{
+    struct parsed p =
+        parse(API_COMPLETIONS, "{\"prompt\":\"x\",\"max_tokens\":9223372036854775807}");
+    ASSERT_OK(p.rc);
+    ASSERT(p.req.max_tokens == INT64_MAX);
+    engine_request_free(&p.req);
+    p = parse(API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                        "\"max_completion_tokens\":9223372036854775807}");
+    ASSERT_OK(p.rc);
+    ASSERT(p.req.max_tokens == INT64_MAX);
+    engine_request_free(&p.req);
+
+    static const struct {
+        const char *lit;
+        int64_t want;
+    } seeds[] = {
+        {"9223372036854775807", INT64_MAX},
+        {"-9223372036854775808", INT64_MIN},
+        {"9200000000000000000", 9200000000000000000LL},
+        {"9.2e18", 9200000000000000000LL},
+        {"9007199254740993", 9007199254740993LL}, /* 2^53 + 1: no double holds it */
+        {"9007199254740992", 9007199254740992LL},
+        {"-9007199254740993", -9007199254740993LL},
+        {"92233720368547758.07e2", INT64_MAX},
+        {"922337203685477580700e-2", INT64_MAX},
+        {"1234567890123456789.000", 1234567890123456789LL},
+        {"1e18", 1000000000000000000LL},
+        {"3", 3},
+    };
+    char body[200];
+    for (size_t i = 0; i < sizeof seeds / sizeof seeds[0]; i++) {
+        snprintf(body, sizeof body, "{\"prompt\":\"x\",\"seed\":%s}", seeds[i].lit);
+        p = parse(API_COMPLETIONS, body);
+        if (p.rc < 0)
+            FAIL_AT("seed %s: %s", seeds[i].lit, p.err.message);
+        uint64_t got = p.req.sampling.seed;
+        engine_request_free(&p.req);
+        if (got != (uint64_t)seeds[i].want)
+            FAIL_AT("seed %s read as %lld", seeds[i].lit, (long long)got);
+    }
+    /* found by member, wherever it is and however its key is spelled */
+    p = parse(API_COMPLETIONS,
+              "\xEF\xBB\xBF {\"prompt\" : \"a\\\"b]},\\\\\",\"stop\":[\"x\",\"]\"],"
+              "\"stream_options\":null,\"extra\":{\"a\":[{}]}, \"se\\u0065d\" "
+              ": 9007199254740993 , \"n\":1}");
+    ASSERT_OK(p.rc);
+    ASSERT(p.req.sampling.seed == 9007199254740993ULL);
+    engine_request_free(&p.req);
+}
+
+TEST(api_request_quotes_a_number_out_of_range_as_sent)
+{
+    static const struct {
+        const char *body, *param, *code, *message;
+    } cases[] = {
+        {"{\"prompt\":\"x\",\"seed\":9223372036854775808}", "seed", "invalid_value",
+         "Invalid value for 'seed': 9223372036854775808 is outside the range "
+         "[-9223372036854775808, 9223372036854775807]."},
+        {"{\"prompt\":\"x\",\"seed\":-9223372036854775809}", "seed", "invalid_value",
+         "Invalid value for 'seed': -9223372036854775809 is outside the range "
+         "[-9223372036854775808, 9223372036854775807]."},
+        {"{\"prompt\":\"x\",\"max_tokens\":1e19}", "max_tokens", "invalid_value",
+         "Invalid value for 'max_tokens': 1e19 is outside the range [1, 9223372036854775807]."},
+        {"{\"prompt\":\"x\",\"max_tokens\":-1e300}", "max_tokens", "invalid_value",
+         "Invalid value for 'max_tokens': -1e300 is outside the range [1, 9223372036854775807]."},
+        {"{\"prompt\":\"x\",\"top_k\":3000000000}", "top_k", "invalid_value",
+         "Invalid value for 'top_k': 3000000000 is outside the range [0, 2147483648]."},
+        {"{\"prompt\":\"x\",\"top_k\":9007199254740993}", "top_k", "invalid_value",
+         "Invalid value for 'top_k': 9007199254740993 is outside the range [0, 2147483648]."},
+        {"{\"prompt\":\"x\",\"logprobs\":6.0}", "logprobs", "invalid_value",
+         "Invalid value for 'logprobs': 6.0 is outside the range [0, 5]."},
+        {"{\"prompt\":\"x\",\"temperature\":2.0000001}", "temperature", "invalid_value",
+         "Invalid value for 'temperature': 2.0000001 is outside the range [0, 2]."},
+        {"{\"prompt\":\"x\",\"top_p\":-1e-300}", "top_p", "invalid_value",
+         "Invalid value for 'top_p': -1e-300 is outside the range [0, 1]."},
+        {"{\"prompt\":\"x\",\"seed\":123456789012345678901234567890123456789012345678901234567890}",
+         "seed", "invalid_value",
+         "Invalid value for 'seed': 1234567890123456789012345678901234567890... is outside the "
+         "range [-9223372036854775808, 9223372036854775807]."},
+        /* a fraction no double shows: not an integer */
+        {"{\"prompt\":\"x\",\"seed\":9007199254740993.5}", "seed", "invalid_type",
+         "Invalid type for 'seed': expected an integer, but got a number instead."},
+        {"{\"prompt\":\"x\",\"max_tokens\":92233720368547758.075e2}", "max_tokens", "invalid_type",
+         "Invalid type for 'max_tokens': expected an integer, but got a number instead."},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct parsed p = parse(API_COMPLETIONS, cases[i].body);
+        ASSERT_REJECTED(p, 400, cases[i].param, cases[i].code);
+        if (strcmp(p.err.message, cases[i].message) != 0)
+            FAIL_AT("%s:\n    got  %s\n    want %s", cases[i].body, p.err.message,
+                    cases[i].message);
+    }
 }
 
 TEST_MAIN()

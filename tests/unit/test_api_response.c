@@ -4,17 +4,24 @@
  * chat.completion, chat.completion.chunk, usage, logprobs for both endpoints,
  * and the error object.
  */
+#include <cjson/cJSON.h>
 #include <errno.h>
 
 #include "api.h"
 #include "test.h"
 
-/* token id -> text: 1 " Hello", 2 " world", 3 the first byte of "é" (partial) */
+/* token id -> text: 1 " Hello", 2 " world", 3 the first byte of "é" (partial),
+ * 4 the byte 0x00 (SmolLM2's token 190), 5 "a\0b" */
 static size_t tt_fn(void *arg, int32_t id, char *buf, size_t cap)
 {
     (void)arg;
-    const char *s = id == 1 ? " Hello" : id == 2 ? " world" : id == 3 ? "\xC3" : "?";
-    size_t n = strlen(s);
+    const char *s = id == 1   ? " Hello"
+                    : id == 2 ? " world"
+                    : id == 3 ? "\xC3"
+                    : id == 4 ? ""
+                    : id == 5 ? "a\0b"
+                              : "?";
+    size_t n = id == 4 ? 1 : id == 5 ? 3 : strlen(s);
     if (n >= cap)
         n = cap - 1;
     memcpy(buf, s, n);
@@ -33,6 +40,15 @@ static struct engine_event tok(int32_t id, const char *text, float lp)
     ev.text_len = (uint32_t)strlen(text);
     memcpy(ev.text, text, ev.text_len);
     ev.logprob = lp;
+    return ev;
+}
+
+/* A token event whose text is len bytes (NULs allowed). */
+static struct engine_event tokn(int32_t id, const char *text, size_t len, float lp)
+{
+    struct engine_event ev = tok(id, "", lp);
+    memcpy(ev.text, text, len);
+    ev.text_len = (uint32_t)len;
     return ev;
 }
 
@@ -250,6 +266,159 @@ TEST(api_models_lists_the_served_model)
     ASSERT_JSON(api_models_json("smol", 5), "{\"object\":\"list\",\"data\":[{\"id\":\"smol\","
                                             "\"object\":\"model\",\"created\":5,\"owned_by\":"
                                             "\"streamsink\"}]}");
+}
+
+TEST(api_response_keeps_the_text_after_a_nul_streamed_and_whole)
+{
+    struct api_response r;
+    struct engine_event ev = tokn(4, "A\0BC", 4, -0.5f);
+    struct engine_event d = done(ENGINE_FINISH_STOP, 1, 1);
+
+    init(&r, API_COMPLETIONS, 1, 0, 0, 0);
+    ASSERT_JSON(api_response_chunk(&r, &ev),
+                CMPL_HEAD "\"choices\":[{\"text\":\"A\\u0000BC\",\"index\":0,\"logprobs\":null,"
+                          "\"finish_reason\":null}]}");
+    api_response_free(&r);
+
+    init(&r, API_CHAT, 1, 0, 0, 0);
+    ASSERT_JSON(api_response_chunk(&r, &ev),
+                CHUNK_HEAD "\"choices\":[{\"index\":0,\"delta\":{\"content\":\"A\\u0000BC\"},"
+                           "\"logprobs\":null,\"finish_reason\":null}]}");
+    api_response_free(&r);
+
+    init(&r, API_COMPLETIONS, 0, 0, 0, 0);
+    ASSERT_OK(api_response_add(&r, &ev));
+    ASSERT_OK(api_response_add(&r, &ev));
+    ASSERT_JSON(api_response_body(&r, &d),
+                CMPL_HEAD "\"choices\":[{\"text\":\"A\\u0000BCA\\u0000BC\",\"index\":0,"
+                          "\"logprobs\":null,\"finish_reason\":\"stop\"}],\"usage\":{"
+                          "\"prompt_tokens\":1,\"completion_tokens\":1,\"total_tokens\":2}}");
+    api_response_free(&r);
+
+    init(&r, API_CHAT, 0, 0, 0, 0);
+    ASSERT_OK(api_response_add(&r, &ev));
+    ASSERT_JSON(api_response_body(&r, &d),
+                CHAT_HEAD "\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\","
+                          "\"content\":\"A\\u0000BC\",\"refusal\":null},\"logprobs\":null,"
+                          "\"finish_reason\":\"stop\"}],\"usage\":{\"prompt_tokens\":1,"
+                          "\"completion_tokens\":1,\"total_tokens\":2}}");
+    api_response_free(&r);
+
+    /* the other control characters as cJSON escapes them */
+    init(&r, API_COMPLETIONS, 1, 0, 0, 0);
+    struct engine_event ctl = tokn(1, "\x01\x1f\b\f\t\r\n\"\\/\x7f", 11, 0);
+    ASSERT_JSON(api_response_chunk(&r, &ctl),
+                CMPL_HEAD "\"choices\":[{\"text\":\"\\u0001\\u001f\\b\\f\\t\\r\\n\\\"\\\\/\x7f\","
+                          "\"index\":0,\"logprobs\":null,\"finish_reason\":null}]}");
+    api_response_free(&r);
+}
+
+TEST(api_response_logprobs_keep_a_token_that_holds_a_nul)
+{
+    struct api_response r;
+    struct engine_event ev = tokn(4, "\0", 1, -0.5f);
+    ev.n_top = 3;
+    ev.top_id[0] = 4;
+    ev.top_logprob[0] = -0.5f;
+    ev.top_id[1] = 5;
+    ev.top_logprob[1] = -1.5f;
+    ev.top_id[2] = 1;
+    ev.top_logprob[2] = -2.0f;
+    struct engine_event d = done(ENGINE_FINISH_STOP, 1, 1);
+
+    init(&r, API_CHAT, 1, 0, 1, 2);
+    ASSERT_JSON(api_response_chunk(&r, &ev),
+                CHUNK_HEAD "\"choices\":[{\"index\":0,\"delta\":{\"content\":\"\\u0000\"},"
+                           "\"logprobs\":{\"content\":[{\"token\":\"\\u0000\",\"logprob\":-0.5,"
+                           "\"bytes\":[0],\"top_logprobs\":[{\"token\":\"\\u0000\",\"logprob\":"
+                           "-0.5,\"bytes\":[0]},{\"token\":\"a\\u0000b\",\"logprob\":-1.5,"
+                           "\"bytes\":[97,0,98]}]}],\"refusal\":null},\"finish_reason\":null}]}");
+    api_response_free(&r);
+
+    init(&r, API_COMPLETIONS, 0, 0, 1, 3);
+    ASSERT_OK(api_response_add(&r, &ev));
+    ASSERT_JSON(api_response_body(&r, &d), CMPL_HEAD
+                "\"choices\":[{\"text\":\"\\u0000\",\"index\":0,\"logprobs\":{"
+                "\"tokens\":[\"\\u0000\"],\"token_logprobs\":[-0.5],\"top_logprobs\":[{"
+                "\"\\u0000\":-0.5,\"a\\u0000b\":-1.5,\" Hello\":-2}],\"text_offset\":[0]},"
+                "\"finish_reason\":\"stop\"}],\"usage\":{\"prompt_tokens\":1,"
+                "\"completion_tokens\":1,\"total_tokens\":2}}");
+    api_response_free(&r);
+}
+
+/* A token with 20 alternatives, as a chat request with top_logprobs 20 gets. */
+static struct engine_event token_with_20_alternatives(void)
+{
+    struct engine_event ev = tok(1, " Hello", -0.123456789f);
+    ev.n_top = 20;
+    for (int k = 0; k < 20; k++) {
+        ev.top_id[k] = 1 + k % 3;
+        ev.top_logprob[k] = -0.987654321f * (float)(k + 1);
+    }
+    return ev;
+}
+
+TEST(api_response_bounds_a_whole_answers_logprobs_with_its_text)
+{
+    const size_t budget = 16384;
+    static const enum api_endpoint eps[] = {API_CHAT, API_COMPLETIONS};
+    for (int e = 0; e < 2; e++) {
+        struct api_response r;
+        struct api_request meta = {
+            .endpoint = eps[e], .logprobs = 1, .top_logprobs = eps[e] == API_CHAT ? 20 : 5};
+        api_response_init(&r, &meta, "smol", 1, 1, budget, &TT);
+        struct engine_event ev = token_with_20_alternatives();
+        int n = 0;
+        while (n < 100000 && api_response_add(&r, &ev) == 0)
+            n++;
+        ASSERT_EQ(api_response_add(&r, &ev), -E2BIG); /* and it stays ended */
+        ASSERT_EQ(r.text_len, 6 * (size_t)n);         /* the refused token left no text */
+        struct engine_event d = done(ENGINE_FINISH_LENGTH, 1, n);
+        char *body = api_response_body(&r, &d);
+        ASSERT(body != NULL);
+        size_t len = strlen(body);
+        /* the text and the logprobs' JSON fill the budget, give or take a
+         * token's entry; the rest of the body is its fixed frame */
+        if (len > budget + 512 || len + 2048 < budget) {
+            free(body);
+            FAIL_AT("endpoint %d: %d tokens, a body of %zu bytes for a budget of %zu", e, n, len,
+                    budget);
+        }
+        /* whole entries only: one per token kept, and valid JSON */
+        cJSON *o = cJSON_Parse(body);
+        free(body);
+        ASSERT(o != NULL);
+        const cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0);
+        const cJSON *lp = cJSON_GetObjectItem(c, "logprobs");
+        const cJSON *items = cJSON_GetObjectItem(lp, eps[e] == API_CHAT ? "content" : "tokens");
+        int n_items = cJSON_GetArraySize(items);
+        int n_offsets = cJSON_GetArraySize(cJSON_GetObjectItem(lp, "text_offset"));
+        cJSON_Delete(o);
+        ASSERT_EQ(n_items, n);
+        if (eps[e] == API_COMPLETIONS)
+            ASSERT_EQ(n_offsets, n);
+        api_response_free(&r);
+    }
+}
+
+TEST(api_response_streamed_logprobs_hold_nothing_between_chunks)
+{
+    struct api_response r;
+    init(&r, API_CHAT, 1, 0, 1, 20);
+    struct engine_event ev = token_with_20_alternatives();
+    char *first = api_response_chunk(&r, &ev);
+    ASSERT(first != NULL);
+    size_t len = strlen(first);
+    free(first);
+    for (int i = 0; i < 10000; i++) {
+        char *c = api_response_chunk(&r, &ev);
+        ASSERT(c != NULL);
+        size_t n = strlen(c);
+        free(c);
+        ASSERT_EQ(n, len); /* every chunk one token's worth */
+    }
+    ASSERT(r.text == NULL && r.text_len == 0);
+    api_response_free(&r);
 }
 
 TEST_MAIN()

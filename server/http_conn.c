@@ -940,8 +940,13 @@ static int on_headers_complete(llhttp_t *p)
         cap = 0;
     /* The budget is drawn as the body's buffer grows, never from
      * Content-Length up front: announcing 8 MiB and sending nothing holds
-     * what was allocated, not 8 MiB of every client's budget. */
-    if (cap > 0 && body_reserve(c, cap) < 0) {
+     * what was allocated, not 8 MiB of every client's budget. A client that
+     * waits for 100 Continue is told now if the body it announces cannot fit
+     * the budget as it stands (nothing is held for it either way). */
+    const size_t *budget = c->lim->body_budget;
+    const int wont_fit = c->req.expect_continue && !c->body_discard && c->body_want > 1 && budget &&
+                         c->lim->max_body_total && *budget + c->body_want > c->lim->max_body_total;
+    if (wont_fit || (cap > 0 && body_reserve(c, cap) < 0)) {
         c->err_status = 503;
         snprintf(c->rej.message, sizeof c->rej.message,
                  "the server holds as many request bodies as it can; retry shortly");
@@ -957,7 +962,7 @@ static int on_headers_complete(llhttp_t *p)
         }
         c->req.body_cap = cap;
     }
-    if (c->req.expect_continue && cap > 1) {
+    if (c->req.expect_continue && (cap > 1 || (c->body_discard && c->body_want > 1))) {
         static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
         write_raw(c, cont, sizeof cont - 1);
     }

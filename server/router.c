@@ -267,6 +267,10 @@ static size_t token_text(void *arg, int32_t id, char *buf, size_t cap)
 
 void router_req_free(struct srv_req *r)
 {
+    /* a prompt still waiting for a worker: tok_done will find nobody to give
+     * its tokens to, so the worker skips it */
+    if (r->tokenizing)
+        __atomic_store_n(r->tok_cancel, 1, __ATOMIC_RELEASE);
     api_response_free(&r->resp);
     free(r->infos);
     free(r);
@@ -461,6 +465,14 @@ static void handle_generate(struct server *s, struct http_conn *c, enum api_endp
      * the body is given back when the client leaves), so it holds its bytes
      * of the body budget until its job is done: one client cannot queue
      * prompt after prompt and hang up, past the bound every body keeps to. */
+    if (req.prompt && s->cfg.max_body_total > 0 &&
+        req.prompt_len > (size_t)s->cfg.max_body_total) { /* no retry can help */
+        engine_request_free(&req);
+        reply_err(s, c, mep, 413, NULL, "request_too_large",
+                  "the prompt, as the chat template renders it, is larger than the server holds "
+                  "at once (--max-body-total)");
+        return;
+    }
     if (req.prompt && s->cfg.max_body_total > 0 &&
         s->body_bytes + req.prompt_len > (size_t)s->cfg.max_body_total) {
         engine_request_free(&req);
@@ -1105,8 +1117,6 @@ int router_forget(struct server *s, struct http_conn *c)
     if (!r)
         return 0;
     c->user = NULL;
-    if (r->tokenizing) /* tok_done drops what nobody is here for: skip the work */
-        __atomic_store_n(r->tok_cancel, 1, __ATOMIC_RELEASE);
     if (r->st) { /* the stream goes on without a client, for a while */
         streams_detach(s, r->st);
         return 1;

@@ -209,3 +209,17 @@ def test_prompts_whose_clients_left_are_not_tokenized(server):
     assert one > 0.05, one  # the merge is what a left prompt must not cost
     assert used < n * one / 3, (used, one)
     assert server.get("/health")[0] == 200
+
+
+def test_a_chat_prompt_longer_than_the_body_budget_is_413_not_503(start_server):
+    """A chat template adds to the text it renders, so a body inside --max-body
+    can render a prompt longer than --max-body-total itself: it was 503
+    server_busy with Retry-After, which no retry could ever pass."""
+    s = start_server("--max-body", "1000", "--max-body-total", "1000")
+    body = json.dumps({"messages": [{"role": "user", "content": "x" * 930}], "max_tokens": 1})
+    assert len(body) <= 1000
+    status, _, out = s.post("/v1/chat/completions", body)
+    assert status == 413, out
+    assert json.loads(out)["error"]["code"] == "request_too_large", out
+    small = json.dumps({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1})
+    assert s.post("/v1/chat/completions", small)[0] == 200

@@ -307,7 +307,10 @@ static int get_int(const struct body *b, const char *name, int64_t lo, int64_t h
     if (!isfinite(d))
         return not_finite(err, name);
     int64_t x;
-    if (fabs(d) < 0x1p53) { /* the double is the literal's value, to the integer */
+    /* Below 2^53 the double is taken as the value: a fraction within a
+     * double's rounding of an integer (1.0000000000000001, 1e-400) reads as
+     * that integer, as it always has. */
+    if (fabs(d) < 0x1p53) {
         if (d != floor(d))
             return bad_type(err, name, "an integer", v);
         x = (int64_t)d;

@@ -712,6 +712,7 @@ static int on_message_begin(llhttp_t *p)
     memset(&c->rej, 0, sizeof c->rej);
     c->seen = 0;
     c->body_want = 0;
+    c->body_dropped = 0;
     c->in_trailers = 0;
     c->val_end = NULL;
     c->field_len = 0;
@@ -973,13 +974,17 @@ static int on_body(llhttp_t *p, const char *at, size_t len)
 {
     struct http_conn *c = conn_of(p);
     struct http_request *r = &c->req;
+    if (c->body_discard) { /* counted against --max-body, not kept: the request has no body */
+        if (c->body_dropped + len > c->lim->max_body) {
+            c->err_status = 413;
+            return HPE_USER;
+        }
+        c->body_dropped += len;
+        return 0;
+    }
     if (r->body_len + len > c->lim->max_body) {
         c->err_status = 413;
         return HPE_USER;
-    }
-    if (c->body_discard) {
-        r->body_len += len; /* counted against --max-body, not kept */
-        return 0;
     }
     if (r->body_len + len + 1 > r->body_cap) { /* grow with what arrives, bounded by max_body */
         size_t cap = r->body_cap ? r->body_cap : 4096;

@@ -176,6 +176,7 @@ struct http_conn {
     size_t body_reserved;   /* bytes of *lim->body_budget this request holds */
     size_t body_want;       /* Content-Length + 1, or 0 (chunked) */
     int body_discard;       /* a GET, HEAD or DELETE: its body is read, counted, not kept */
+    size_t body_dropped;    /* ... the bytes of it so far (req.body_len stays 0) */
     int in_trailers;        /* the headers are complete: fields now are a chunked trailer */
     char field[HTTP_FIELD_MAX];
     size_t field_len;

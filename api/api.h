@@ -133,7 +133,8 @@ struct api_token_text {
     void *arg;
 };
 
-/* JSON text being built (internal to response.c). */
+/* A growable string (api/buf.c), internal to api/: response.c's JSON text, chat_template.c's
+ * prompts. */
 struct api_buf {
     char *p;
     size_t len, cap;

@@ -15,10 +15,10 @@
  * The output always ends with the assistant's generation prompt.
  */
 #include "api.h"
+#include "internal.h"
 
 #include <errno.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 const char *api_chat_format_name(enum api_chat_format f)
@@ -94,81 +94,48 @@ void api_chat_template_init(struct api_chat_template *t, const char *tmpl)
     }
 }
 
-/* A bounded string builder that fails once, cleanly. */
-struct sbuf {
-    char *p;
-    size_t len, cap;
-    int oom;
-};
-
-static void put(struct sbuf *b, const char *s, size_t n)
-{
-    if (b->oom)
-        return;
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->len + n + 1)
-            cap *= 2;
-        char *np = realloc(b->p, cap);
-        if (!np) {
-            b->oom = 1;
-            return;
-        }
-        b->p = np;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = 0;
-}
-
-static void puts_(struct sbuf *b, const char *s)
-{
-    put(b, s, strlen(s));
-}
-
 /* developer is OpenAI's newer name for system. */
 static const char *norm_role(const char *role)
 {
     return strcmp(role, "developer") == 0 ? "system" : role;
 }
 
-static void render_chatml(struct sbuf *b, const struct api_chat_message *m, size_t n,
+static void render_chatml(struct api_buf *b, const struct api_chat_message *m, size_t n,
                           const char *def_sys)
 {
     if (def_sys && (n == 0 || strcmp(norm_role(m[0].role), "system") != 0)) {
-        puts_(b, "<|im_start|>system\n");
-        puts_(b, def_sys);
-        puts_(b, "<|im_end|>\n");
+        api__buf_puts(b, "<|im_start|>system\n");
+        api__buf_puts(b, def_sys);
+        api__buf_puts(b, "<|im_end|>\n");
     }
     for (size_t i = 0; i < n; i++) {
-        puts_(b, "<|im_start|>");
-        puts_(b, norm_role(m[i].role));
-        puts_(b, "\n");
-        put(b, m[i].content, m[i].content_len);
-        puts_(b, "<|im_end|>\n");
+        api__buf_puts(b, "<|im_start|>");
+        api__buf_puts(b, norm_role(m[i].role));
+        api__buf_puts(b, "\n");
+        api__buf_put(b, m[i].content, m[i].content_len);
+        api__buf_puts(b, "<|im_end|>\n");
     }
-    puts_(b, "<|im_start|>assistant\n");
+    api__buf_puts(b, "<|im_start|>assistant\n");
 }
 
-static void render_llama3(struct sbuf *b, const struct api_chat_message *m, size_t n)
+static void render_llama3(struct api_buf *b, const struct api_chat_message *m, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
         const char *role = norm_role(m[i].role);
-        puts_(b, "<|start_header_id|>");
-        puts_(b, strcmp(role, "tool") == 0 ? "ipython" : role);
-        puts_(b, "<|end_header_id|>\n\n");
-        put(b, m[i].content, m[i].content_len);
-        puts_(b, "<|eot_id|>");
+        api__buf_puts(b, "<|start_header_id|>");
+        api__buf_puts(b, strcmp(role, "tool") == 0 ? "ipython" : role);
+        api__buf_puts(b, "<|end_header_id|>\n\n");
+        api__buf_put(b, m[i].content, m[i].content_len);
+        api__buf_puts(b, "<|eot_id|>");
     }
-    puts_(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+    api__buf_puts(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
 }
 
 /* Gemma: two roles, user and model; a leading system message opens the next
  * turn, whoever's it is, followed by a blank line (as Gemma 3's own template
  * prefixes it to the first of the remaining messages), so every message keeps
  * its order. */
-static void render_gemma(struct sbuf *b, const struct api_chat_message *m, size_t n)
+static void render_gemma(struct api_buf *b, const struct api_chat_message *m, size_t n)
 {
     size_t i = 0;
     const char *sys = NULL;
@@ -180,26 +147,26 @@ static void render_gemma(struct sbuf *b, const struct api_chat_message *m, size_
     }
     for (; i < n; i++) {
         int model = strcmp(m[i].role, "assistant") == 0;
-        puts_(b, model ? "<start_of_turn>model\n" : "<start_of_turn>user\n");
+        api__buf_puts(b, model ? "<start_of_turn>model\n" : "<start_of_turn>user\n");
         if (sys) {
-            put(b, sys, sys_len);
-            puts_(b, "\n\n");
+            api__buf_put(b, sys, sys_len);
+            api__buf_puts(b, "\n\n");
             sys = NULL;
         }
-        put(b, m[i].content, m[i].content_len);
-        puts_(b, "<end_of_turn>\n");
+        api__buf_put(b, m[i].content, m[i].content_len);
+        api__buf_puts(b, "<end_of_turn>\n");
     }
     if (sys) { /* only a system message: it is the user's turn */
-        puts_(b, "<start_of_turn>user\n");
-        put(b, sys, sys_len);
-        puts_(b, "<end_of_turn>\n");
+        api__buf_puts(b, "<start_of_turn>user\n");
+        api__buf_put(b, sys, sys_len);
+        api__buf_puts(b, "<end_of_turn>\n");
     }
-    puts_(b, "<start_of_turn>model\n");
+    api__buf_puts(b, "<start_of_turn>model\n");
 }
 
 /* Llama-2: the system prompt goes inside the first [INST]; each assistant
  * answer closes its turn with </s> and the next user turn opens with <s>. */
-static void render_llama2(struct sbuf *b, const struct api_chat_message *m, size_t n)
+static void render_llama2(struct api_buf *b, const struct api_chat_message *m, size_t n)
 {
     size_t i = 0;
     const char *sys = NULL;
@@ -212,37 +179,37 @@ static void render_llama2(struct sbuf *b, const struct api_chat_message *m, size
     }
     for (; i < n; i++) {
         if (strcmp(m[i].role, "assistant") == 0) {
-            puts_(b, " ");
-            put(b, m[i].content, m[i].content_len);
-            puts_(b, " </s>");
+            api__buf_puts(b, " ");
+            api__buf_put(b, m[i].content, m[i].content_len);
+            api__buf_puts(b, " </s>");
             continue;
         }
         if (!first)
-            puts_(b, "<s>");
-        puts_(b, "[INST] ");
+            api__buf_puts(b, "<s>");
+        api__buf_puts(b, "[INST] ");
         if (sys) {
-            puts_(b, "<<SYS>>\n");
-            put(b, sys, sys_len);
-            puts_(b, "\n<</SYS>>\n\n");
+            api__buf_puts(b, "<<SYS>>\n");
+            api__buf_put(b, sys, sys_len);
+            api__buf_puts(b, "\n<</SYS>>\n\n");
             sys = NULL;
         }
-        put(b, m[i].content, m[i].content_len);
-        puts_(b, " [/INST]");
+        api__buf_put(b, m[i].content, m[i].content_len);
+        api__buf_puts(b, " [/INST]");
         first = 0;
     }
     if (sys) { /* only a system message: still open a turn for it */
-        puts_(b, "[INST] <<SYS>>\n");
-        put(b, sys, sys_len);
-        puts_(b, "\n<</SYS>>\n\n [/INST]");
+        api__buf_puts(b, "[INST] <<SYS>>\n");
+        api__buf_put(b, sys, sys_len);
+        api__buf_puts(b, "\n<</SYS>>\n\n [/INST]");
     }
 }
 
 int api_chat_render(const struct api_chat_template *t, const struct api_chat_message *msgs,
                     size_t n, int with_default_system, char **out, size_t *out_len)
 {
-    struct sbuf b = {0};
+    struct api_buf b = {0};
     const char *def = with_default_system && t->default_system[0] ? t->default_system : NULL;
-    put(&b, "", 0);
+    api__buf_put(&b, "", 0);
     switch (t->format) {
     case API_CHAT_LLAMA3:
         render_llama3(&b, msgs, n);
@@ -258,13 +225,13 @@ int api_chat_render(const struct api_chat_template *t, const struct api_chat_mes
         render_chatml(&b, msgs, n, def);
         break;
     }
-    if (b.oom) {
-        free(b.p);
+    char *text = api__buf_finish(&b);
+    if (!text) {
         *out = NULL;
         *out_len = 0;
         return -ENOMEM;
     }
-    *out = b.p;
+    *out = text;
     *out_len = b.len;
     return 0;
 }

@@ -80,61 +80,10 @@ void api_response_free(struct api_response *r)
 
 /* ---- JSON text ----------------------------------------------------------------- */
 
-/* Room for more bytes and a NUL; sets oom when there is none. */
-static void reserve(struct api_buf *b, size_t more)
-{
-    if (b->oom || b->len + more + 1 <= b->cap)
-        return;
-    size_t cap = b->cap ? b->cap : 256;
-    while (cap < b->len + more + 1)
-        cap *= 2;
-    char *p = realloc(b->p, cap);
-    if (!p) {
-        b->oom = 1;
-        return;
-    }
-    b->p = p;
-    b->cap = cap;
-}
-
-static void put(struct api_buf *b, const char *s, size_t n)
-{
-    reserve(b, n);
-    if (b->oom || n == 0)
-        return;
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = 0;
-}
-
-static void put_lit(struct api_buf *b, const char *s)
-{
-    put(b, s, strlen(s));
-}
-
-/* Drops what was written after mark. */
-static void cut(struct api_buf *b, size_t mark)
-{
-    if (b->p && mark < b->len) {
-        b->len = mark;
-        b->p[mark] = 0;
-    }
-}
-
-/* The text (caller frees), or NULL after a failed allocation. */
-static char *finish(struct api_buf *b)
-{
-    if (b->oom || !b->p) {
-        free(b->p);
-        return NULL;
-    }
-    return b->p;
-}
-
 static void put_int(struct api_buf *b, int64_t x)
 {
     char tmp[24];
-    put(b, tmp, (size_t)snprintf(tmp, sizeof tmp, "%" PRId64, x));
+    api__buf_put(b, tmp, (size_t)snprintf(tmp, sizeof tmp, "%" PRId64, x));
 }
 
 /* As cJSON prints a number: integers in int's range as such, else 15
@@ -153,7 +102,7 @@ static void put_number(struct api_buf *b, double d)
         if (fabs(back - d) > fmax(fabs(back), fabs(d)) * DBL_EPSILON)
             n = snprintf(tmp, sizeof tmp, "%1.17g", d);
     }
-    put(b, tmp, (size_t)n);
+    api__buf_put(b, tmp, (size_t)n);
 }
 
 /* s[0..n), valid UTF-8, with JSON's escapes: cJSON's set, where every byte
@@ -165,54 +114,54 @@ static void put_escaped(struct api_buf *b, const char *s, size_t n)
         unsigned char c = (unsigned char)s[i];
         if (c >= 0x20 && c != '"' && c != '\\')
             continue;
-        put(b, s + run, i - run);
+        api__buf_put(b, s + run, i - run);
         run = i + 1;
         char e[8];
         switch (c) {
         case '"':
-            put_lit(b, "\\\"");
+            api__buf_puts(b, "\\\"");
             break;
         case '\\':
-            put_lit(b, "\\\\");
+            api__buf_puts(b, "\\\\");
             break;
         case '\b':
-            put_lit(b, "\\b");
+            api__buf_puts(b, "\\b");
             break;
         case '\f':
-            put_lit(b, "\\f");
+            api__buf_puts(b, "\\f");
             break;
         case '\n':
-            put_lit(b, "\\n");
+            api__buf_puts(b, "\\n");
             break;
         case '\r':
-            put_lit(b, "\\r");
+            api__buf_puts(b, "\\r");
             break;
         case '\t':
-            put_lit(b, "\\t");
+            api__buf_puts(b, "\\t");
             break;
         default:
-            put(b, e, (size_t)snprintf(e, sizeof e, "\\u%04x", c));
+            api__buf_put(b, e, (size_t)snprintf(e, sizeof e, "\\u%04x", c));
         }
     }
-    put(b, s + run, n - run);
+    api__buf_put(b, s + run, n - run);
 }
 
 /* A JSON string from bytes that should be UTF-8: each byte that starts no
  * valid sequence becomes U+FFFD; every other byte is kept, NUL included. */
 static void put_string(struct api_buf *b, const char *s, size_t n)
 {
-    put(b, "\"", 1);
+    api__buf_put(b, "\"", 1);
     size_t i = 0;
     while (i < n) {
         size_t ok = api__utf8_valid_prefix(s + i, n - i);
         put_escaped(b, s + i, ok);
         i += ok;
         if (i < n) {
-            put(b, "\xEF\xBF\xBD", 3);
+            api__buf_put(b, "\xEF\xBF\xBD", 3);
             i++;
         }
     }
-    put(b, "\"", 1);
+    api__buf_put(b, "\"", 1);
 }
 
 static void put_cstring(struct api_buf *b, const char *s)
@@ -229,25 +178,25 @@ static void put_logprob(struct api_buf *b, float lp)
 
 static void put_usage(struct api_buf *b, const struct engine_event *ev)
 {
-    put_lit(b, "{\"prompt_tokens\":");
+    api__buf_puts(b, "{\"prompt_tokens\":");
     put_int(b, ev->prompt_tokens);
-    put_lit(b, ",\"completion_tokens\":");
+    api__buf_puts(b, ",\"completion_tokens\":");
     put_int(b, ev->completion_tokens);
-    put_lit(b, ",\"total_tokens\":");
+    api__buf_puts(b, ",\"total_tokens\":");
     put_int(b, ev->prompt_tokens + ev->completion_tokens);
-    put_lit(b, "}");
+    api__buf_puts(b, "}");
 }
 
 /* {"id","object","created","model" (the object is left open) */
 static void put_head(struct api_buf *b, const struct api_response *r, const char *object)
 {
-    put_lit(b, "{\"id\":");
+    api__buf_puts(b, "{\"id\":");
     put_cstring(b, r->id);
-    put_lit(b, ",\"object\":");
+    api__buf_puts(b, ",\"object\":");
     put_cstring(b, object);
-    put_lit(b, ",\"created\":");
+    api__buf_puts(b, ",\"created\":");
     put_int(b, r->created);
-    put_lit(b, ",\"model\":");
+    api__buf_puts(b, ",\"model\":");
     put_cstring(b, r->model);
 }
 
@@ -268,27 +217,27 @@ static void put_chat_lp_item(struct api_buf *b, const struct api_response *r, in
 {
     char tb[256];
     size_t n = token_bytes(r, id, tb, sizeof tb);
-    put_lit(b, "{\"token\":");
+    api__buf_puts(b, "{\"token\":");
     put_string(b, tb, n);
-    put_lit(b, ",\"logprob\":");
+    api__buf_puts(b, ",\"logprob\":");
     put_logprob(b, lp);
-    put_lit(b, ",\"bytes\":[");
+    api__buf_puts(b, ",\"bytes\":[");
     for (size_t i = 0; i < n; i++) {
         if (i)
-            put(b, ",", 1);
+            api__buf_put(b, ",", 1);
         put_int(b, (unsigned char)tb[i]);
     }
-    put_lit(b, "]");
+    api__buf_puts(b, "]");
     if (ev) {
-        put_lit(b, ",\"top_logprobs\":[");
+        api__buf_puts(b, ",\"top_logprobs\":[");
         for (int k = 0; k < ev->n_top && k < r->meta.top_logprobs; k++) {
             if (k)
-                put(b, ",", 1);
+                api__buf_put(b, ",", 1);
             put_chat_lp_item(b, r, ev->top_id[k], ev->top_logprob[k], NULL);
         }
-        put_lit(b, "]");
+        api__buf_puts(b, "]");
     }
-    put_lit(b, "}");
+    api__buf_puts(b, "}");
 }
 
 /* completions: the chosen token's text */
@@ -308,13 +257,13 @@ static void put_cmpl_top(struct api_buf *b, const struct api_response *r,
 {
     size_t key_at[ENGINE_MAX_TOP_LOGPROBS], key_len[ENGINE_MAX_TOP_LOGPROBS];
     int n_keys = 0;
-    put_lit(b, "{");
+    api__buf_puts(b, "{");
     for (int k = 0; k < ev->n_top && k < r->meta.top_logprobs && k < ENGINE_MAX_TOP_LOGPROBS; k++) {
         char tb[256];
         size_t tn = token_bytes(r, ev->top_id[k], tb, sizeof tb);
         size_t mark = b->len;
         if (n_keys)
-            put(b, ",", 1);
+            api__buf_put(b, ",", 1);
         size_t at = b->len;
         put_string(b, tb, tn);
         if (b->oom)
@@ -324,15 +273,15 @@ static void put_cmpl_top(struct api_buf *b, const struct api_response *r,
         for (int j = 0; j < n_keys && !dup; j++)
             dup = key_len[j] == len && memcmp(b->p + key_at[j], b->p + at, len) == 0;
         if (dup) {
-            cut(b, mark);
+            api__buf_cut(b, mark);
             continue;
         }
         key_at[n_keys] = at;
         key_len[n_keys++] = len;
-        put(b, ":", 1);
+        api__buf_put(b, ":", 1);
         put_logprob(b, ev->top_logprob[k]);
     }
-    put_lit(b, "}");
+    api__buf_puts(b, "}");
 }
 
 static int wants_lp(const struct api_response *r, const struct engine_event *ev)
@@ -350,7 +299,7 @@ static void stream_head(struct api_buf *b, const struct api_response *r)
 static void stream_tail(struct api_buf *b, const struct api_response *r)
 {
     if (r->meta.include_usage)
-        put_lit(b, ",\"usage\":null");
+        api__buf_puts(b, ",\"usage\":null");
 }
 
 char *api_response_role_chunk(struct api_response *r)
@@ -359,11 +308,12 @@ char *api_response_role_chunk(struct api_response *r)
         return NULL;
     struct api_buf b = {0};
     stream_head(&b, r);
-    put_lit(&b, ",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},"
-                "\"logprobs\":null,\"finish_reason\":null}]");
+    api__buf_puts(&b,
+                  ",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},"
+                  "\"logprobs\":null,\"finish_reason\":null}]");
     stream_tail(&b, r);
-    put_lit(&b, "}");
-    return finish(&b);
+    api__buf_puts(&b, "}");
+    return api__buf_finish(&b);
 }
 
 /* One token's logprobs, as one chunk carries them. */
@@ -371,20 +321,20 @@ static void put_chunk_lp(struct api_buf *b, const struct api_response *r,
                          const struct engine_event *ev)
 {
     if (r->meta.endpoint == API_CHAT) {
-        put_lit(b, "{\"content\":[");
+        api__buf_puts(b, "{\"content\":[");
         put_chat_lp_item(b, r, ev->token, ev->logprob, ev);
-        put_lit(b, "],\"refusal\":null}");
+        api__buf_puts(b, "],\"refusal\":null}");
         return;
     }
-    put_lit(b, "{\"tokens\":[");
+    api__buf_puts(b, "{\"tokens\":[");
     put_cmpl_token(b, r, ev);
-    put_lit(b, "],\"token_logprobs\":[");
+    api__buf_puts(b, "],\"token_logprobs\":[");
     put_logprob(b, ev->logprob);
-    put_lit(b, "],\"top_logprobs\":[");
+    api__buf_puts(b, "],\"top_logprobs\":[");
     put_cmpl_top(b, r, ev);
-    put_lit(b, "],\"text_offset\":[");
+    api__buf_puts(b, "],\"text_offset\":[");
     put_int(b, (int64_t)r->text_offset);
-    put_lit(b, "]}");
+    api__buf_puts(b, "]}");
 }
 
 char *api_response_chunk(struct api_response *r, const struct engine_event *ev)
@@ -395,24 +345,24 @@ char *api_response_chunk(struct api_response *r, const struct engine_event *ev)
     struct api_buf b = {0};
     stream_head(&b, r);
     if (r->meta.endpoint == API_CHAT) {
-        put_lit(&b, ",\"choices\":[{\"index\":0,\"delta\":{\"content\":");
+        api__buf_puts(&b, ",\"choices\":[{\"index\":0,\"delta\":{\"content\":");
         put_string(&b, ev->text, ev->text_len);
-        put_lit(&b, "}");
+        api__buf_puts(&b, "}");
     } else {
-        put_lit(&b, ",\"choices\":[{\"text\":");
+        api__buf_puts(&b, ",\"choices\":[{\"text\":");
         put_string(&b, ev->text, ev->text_len);
-        put_lit(&b, ",\"index\":0");
+        api__buf_puts(&b, ",\"index\":0");
     }
-    put_lit(&b, ",\"logprobs\":");
+    api__buf_puts(&b, ",\"logprobs\":");
     if (lp)
         put_chunk_lp(&b, r, ev);
     else
-        put_lit(&b, "null");
-    put_lit(&b, ",\"finish_reason\":null}]");
+        api__buf_puts(&b, "null");
+    api__buf_puts(&b, ",\"finish_reason\":null}]");
     stream_tail(&b, r);
-    put_lit(&b, "}");
+    api__buf_puts(&b, "}");
     r->text_offset += ev->text_len;
-    return finish(&b);
+    return api__buf_finish(&b);
 }
 
 /* ---- sessions (small objects: cJSON) --------------------------------------------- */
@@ -453,8 +403,8 @@ static void put_session(struct api_buf *b, const struct engine_event *ev)
         b->oom = 1;
         return;
     }
-    put_lit(b, ",\"session\":");
-    put_lit(b, s);
+    api__buf_puts(b, ",\"session\":");
+    api__buf_puts(b, s);
     free(s);
 }
 
@@ -488,26 +438,26 @@ char *api_response_final_chunk(struct api_response *r, const struct engine_event
     struct api_buf b = {0};
     stream_head(&b, r);
     if (r->meta.endpoint == API_CHAT)
-        put_lit(&b, ",\"choices\":[{\"index\":0,\"delta\":{}");
+        api__buf_puts(&b, ",\"choices\":[{\"index\":0,\"delta\":{}");
     else
-        put_lit(&b, ",\"choices\":[{\"text\":\"\",\"index\":0");
-    put_lit(&b, ",\"logprobs\":null,\"finish_reason\":");
+        api__buf_puts(&b, ",\"choices\":[{\"text\":\"\",\"index\":0");
+    api__buf_puts(&b, ",\"logprobs\":null,\"finish_reason\":");
     put_cstring(&b, api_finish_reason(ev->finish));
-    put_lit(&b, "}]");
+    api__buf_puts(&b, "}]");
     stream_tail(&b, r);
     put_session(&b, ev);
-    put_lit(&b, "}");
-    return finish(&b);
+    api__buf_puts(&b, "}");
+    return api__buf_finish(&b);
 }
 
 char *api_response_usage_chunk(struct api_response *r, const struct engine_event *ev)
 {
     struct api_buf b = {0};
     stream_head(&b, r);
-    put_lit(&b, ",\"choices\":[],\"usage\":");
+    api__buf_puts(&b, ",\"choices\":[],\"usage\":");
     put_usage(&b, ev);
-    put_lit(&b, "}");
-    return finish(&b);
+    api__buf_puts(&b, "}");
+    return api__buf_finish(&b);
 }
 
 /* ---- whole responses ---------------------------------------------------------- */
@@ -516,7 +466,7 @@ char *api_response_usage_chunk(struct api_response *r, const struct engine_event
 static struct api_buf *next_item(struct api_buf *a)
 {
     if (a->len)
-        put(a, ",", 1);
+        api__buf_put(a, ",", 1);
     return a;
 }
 
@@ -564,7 +514,7 @@ int api_response_add(struct api_response *r, const struct engine_event *ev)
         }
         if (oom || r->text_len + r->lp_len + ev->text_len + added > r->text_max) {
             for (int i = 0; i < 4; i++) { /* as if the token never came */
-                cut(&r->lp[i], mark[i]);
+                api__buf_cut(&r->lp[i], mark[i]);
                 r->lp[i].oom = 0;
             }
             return oom ? -ENOMEM : -E2BIG;
@@ -583,46 +533,48 @@ static void put_whole_lp(struct api_buf *b, const struct api_response *r)
 {
     const struct api_buf *lp = r->lp;
     if (r->meta.endpoint == API_CHAT) {
-        put_lit(b, "{\"content\":[");
-        put(b, lp[0].p, lp[0].len);
-        put_lit(b, "],\"refusal\":null}");
+        api__buf_puts(b, "{\"content\":[");
+        api__buf_put(b, lp[0].p, lp[0].len);
+        api__buf_puts(b, "],\"refusal\":null}");
         return;
     }
-    put_lit(b, "{\"tokens\":[");
-    put(b, lp[0].p, lp[0].len);
-    put_lit(b, "],\"token_logprobs\":[");
-    put(b, lp[1].p, lp[1].len);
-    put_lit(b, "],\"top_logprobs\":[");
-    put(b, lp[2].p, lp[2].len);
-    put_lit(b, "],\"text_offset\":[");
-    put(b, lp[3].p, lp[3].len);
-    put_lit(b, "]}");
+    api__buf_puts(b, "{\"tokens\":[");
+    api__buf_put(b, lp[0].p, lp[0].len);
+    api__buf_puts(b, "],\"token_logprobs\":[");
+    api__buf_put(b, lp[1].p, lp[1].len);
+    api__buf_puts(b, "],\"top_logprobs\":[");
+    api__buf_put(b, lp[2].p, lp[2].len);
+    api__buf_puts(b, "],\"text_offset\":[");
+    api__buf_put(b, lp[3].p, lp[3].len);
+    api__buf_puts(b, "]}");
 }
 
 char *api_response_body(struct api_response *r, const struct engine_event *ev)
 {
     int chat = r->meta.endpoint == API_CHAT;
     struct api_buf b = {0};
-    reserve(&b, r->text_len + r->lp_len + 1024); /* one allocation unless text needs escapes */
+    api__buf_reserve(&b,
+                     r->text_len + r->lp_len + 1024); /* one allocation unless text needs escapes */
     put_head(&b, r, chat ? "chat.completion" : "text_completion");
     if (chat)
-        put_lit(&b, ",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":");
+        api__buf_puts(
+            &b, ",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":");
     else
-        put_lit(&b, ",\"choices\":[{\"text\":");
+        api__buf_puts(&b, ",\"choices\":[{\"text\":");
     put_string(&b, r->text ? r->text : "", r->text_len);
-    put_lit(&b, chat ? ",\"refusal\":null}" : ",\"index\":0");
-    put_lit(&b, ",\"logprobs\":");
+    api__buf_puts(&b, chat ? ",\"refusal\":null}" : ",\"index\":0");
+    api__buf_puts(&b, ",\"logprobs\":");
     if (r->meta.logprobs)
         put_whole_lp(&b, r);
     else
-        put_lit(&b, "null");
-    put_lit(&b, ",\"finish_reason\":");
+        api__buf_puts(&b, "null");
+    api__buf_puts(&b, ",\"finish_reason\":");
     put_cstring(&b, api_finish_reason(ev->finish));
-    put_lit(&b, "}],\"usage\":");
+    api__buf_puts(&b, "}],\"usage\":");
     put_usage(&b, ev);
     put_session(&b, ev);
-    put_lit(&b, "}");
-    return finish(&b);
+    api__buf_puts(&b, "}");
+    return api__buf_finish(&b);
 }
 
 /* ---- models -------------------------------------------------------------------- */

@@ -905,6 +905,17 @@ static int check_framing(struct http_conn *c, llhttp_t *p)
     return 0;
 }
 
+/* The body budget (--max-body-total) has no room: parse_error answers 503
+ * server_busy with Retry-After, and closes. */
+static void set_busy_error(struct http_conn *c)
+{
+    c->err_status = 503;
+    snprintf(c->rej.message, sizeof c->rej.message,
+             "the server holds as many request bodies as it can; retry shortly");
+    snprintf(c->rej.code, sizeof c->rej.code, "server_busy");
+    snprintf(c->rej.extra_headers, sizeof c->rej.extra_headers, "Retry-After: 1\r\n");
+}
+
 static int on_headers_complete(llhttp_t *p)
 {
     struct http_conn *c = conn_of(p);
@@ -948,11 +959,7 @@ static int on_headers_complete(llhttp_t *p)
     const int wont_fit = c->req.expect_continue && !c->body_discard && c->body_want > 1 && budget &&
                          c->lim->max_body_total && *budget + c->body_want > c->lim->max_body_total;
     if (wont_fit || (cap > 0 && body_reserve(c, cap) < 0)) {
-        c->err_status = 503;
-        snprintf(c->rej.message, sizeof c->rej.message,
-                 "the server holds as many request bodies as it can; retry shortly");
-        snprintf(c->rej.code, sizeof c->rej.code, "server_busy");
-        snprintf(c->rej.extra_headers, sizeof c->rej.extra_headers, "Retry-After: 1\r\n");
+        set_busy_error(c);
         return -1;
     }
     if (cap > 0) {
@@ -995,11 +1002,7 @@ static int on_body(llhttp_t *p, const char *at, size_t len)
         if (c->body_want && cap > c->body_want)
             cap = c->body_want; /* a Content-Length body needs no more */
         if (cap > c->body_reserved && body_reserve(c, cap - c->body_reserved) < 0) {
-            c->err_status = 503; /* bodies draw on the budget as they grow */
-            snprintf(c->rej.message, sizeof c->rej.message,
-                     "the server holds as many request bodies as it can; retry shortly");
-            snprintf(c->rej.code, sizeof c->rej.code, "server_busy");
-            snprintf(c->rej.extra_headers, sizeof c->rej.extra_headers, "Retry-After: 1\r\n");
+            set_busy_error(c); /* bodies draw on the budget as they grow */
             return HPE_USER;
         }
         char *nb = realloc(r->body, cap);

@@ -245,6 +245,18 @@ static struct http_limits default_limits(void)
     };
 }
 
+/* Bodies of up to 100,000 bytes out of a 120,000-byte budget that every
+ * connection draws on; *budget (zeroed here) counts what they hold. */
+static struct http_limits budget_limits(size_t *budget)
+{
+    struct http_limits lim = default_limits();
+    lim.max_body = 100000;
+    lim.max_body_total = 120000;
+    *budget = 0;
+    lim.body_budget = budget;
+    return lim;
+}
+
 /* The server's error bodies are the API's (router_error_body); the same here. */
 static char *error_body(int status, const char *param, const char *code, const char *message,
                         void *arg)
@@ -765,11 +777,7 @@ static void cl_budget(struct client *cl)
 TEST(http_conn_body_budget_holds_what_bodies_took_not_what_they_announce)
 {
     static size_t budget;
-    struct http_limits lim = default_limits();
-    lim.max_body = 100000;
-    lim.max_body_total = 120000;
-    budget = 0;
-    lim.body_budget = &budget;
+    struct http_limits lim = budget_limits(&budget);
     srv_start(&lim);
     struct client *cl = calloc(1, sizeof *cl);
     cl->fn = cl_budget;
@@ -914,11 +922,7 @@ static void cl_expect_budget(struct client *cl)
 TEST(http_conn_sends_100_continue_only_for_a_body_the_budget_has_room_for)
 {
     static size_t budget;
-    struct http_limits lim = default_limits();
-    lim.max_body = 100000;
-    lim.max_body_total = 120000;
-    budget = 0;
-    lim.body_budget = &budget;
+    struct http_limits lim = budget_limits(&budget);
     srv_start(&lim);
     struct client *cl = calloc(1, sizeof *cl);
     cl->fn = cl_expect_budget;

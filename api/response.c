@@ -245,7 +245,7 @@ static void put_cmpl_token(struct api_buf *b, const struct api_response *r,
                            const struct engine_event *ev)
 {
     char tb[256];
-    size_t n = token_bytes(r, ev->token, tb, sizeof tb);
+    size_t n = token_bytes(r, ev->lp_token, tb, sizeof tb);
     put_string(b, tb, n);
 }
 
@@ -286,7 +286,7 @@ static void put_cmpl_top(struct api_buf *b, const struct api_response *r,
 
 static int wants_lp(const struct api_response *r, const struct engine_event *ev)
 {
-    return r->meta.logprobs && ev->kind == ENGINE_EV_TOKEN && ev->token >= 0;
+    return r->meta.logprobs && ev->kind == ENGINE_EV_TOKEN && ev->has_lp;
 }
 
 /* ---- streaming --------------------------------------------------------------- */
@@ -322,7 +322,7 @@ static void put_chunk_lp(struct api_buf *b, const struct api_response *r,
 {
     if (r->meta.endpoint == API_CHAT) {
         api__buf_puts(b, "{\"content\":[");
-        put_chat_lp_item(b, r, ev->token, ev->logprob, ev);
+        put_chat_lp_item(b, r, ev->lp_token, ev->logprob, ev);
         api__buf_puts(b, "],\"refusal\":null}");
         return;
     }
@@ -474,7 +474,7 @@ static struct api_buf *next_item(struct api_buf *a)
 static void lp_append(struct api_response *r, const struct engine_event *ev)
 {
     if (r->meta.endpoint == API_CHAT) {
-        put_chat_lp_item(next_item(&r->lp[0]), r, ev->token, ev->logprob, ev);
+        put_chat_lp_item(next_item(&r->lp[0]), r, ev->lp_token, ev->logprob, ev);
         return;
     }
     put_cmpl_token(next_item(&r->lp[0]), r, ev);

@@ -118,6 +118,7 @@ static void emit_text(struct engine *e, const struct engine_event *proto, const 
         ev.text_len = (uint32_t)n;
         if (!first) {
             ev.token = -1;
+            ev.has_lp = 0;
             ev.n_top = 0;
         }
         emit(e, &ev);
@@ -125,6 +126,99 @@ static void emit_text(struct engine *e, const struct engine_event *proto, const 
         text += n;
         len -= n;
     } while (len > 0);
+}
+
+/* ---- log-probs of held text ---------------------------------------------- */
+
+/* A request with stop strings and log-probs: each token's log-probs go out
+ * with the first byte of its text, so that while the stop filter holds text
+ * back it holds back its tokens' log-probs too, and the tokens of a stop
+ * string, whose text is never sent, send none (a token whose text was partly
+ * sent before the stop string keeps its log-probs). Text the filter holds
+ * is at most STOP_HOLD_MAX bytes, so are the tokens that start in it, but
+ * for tokens of no text: past LP_HELD_MAX the oldest goes out ahead of its
+ * text. Without stop strings each token's log-probs go out with its event,
+ * as its text does. */
+#define LP_HELD_MAX (STOP_HOLD_MAX + 8)
+
+struct lp_held {
+    int64_t start; /* where the token's text starts in the text fed to the filter */
+    int32_t token;
+    float logprob;
+    int n_top;
+    int32_t top_id[ENGINE_MAX_TOP_LOGPROBS];
+    float top_logprob[ENGINE_MAX_TOP_LOGPROBS];
+};
+
+enum held_out {
+    HELD_STARTED, /* the tokens whose text has started to go out */
+    HELD_ALL,     /* every token: the filter holds no text */
+    HELD_CUT,     /* a stop string matched: the tokens whose text started before it, no others */
+};
+
+static void held_to_event(const struct lp_held *h, struct engine_event *ev)
+{
+    ev->has_lp = 1;
+    ev->lp_token = h->token;
+    ev->logprob = h->logprob;
+    ev->n_top = h->n_top;
+    memcpy(ev->top_id, h->top_id, sizeof h->top_id);
+    memcpy(ev->top_logprob, h->top_logprob, sizeof h->top_logprob);
+}
+
+/* Sends text[0..len), which the stop filter let through (bytes [s->passed -
+ * len, s->passed) of the text fed to it), in events that each start where a
+ * held token's text starts and carry that token's log-probs, the tokens that
+ * `which` lets out; then forgets them (HELD_CUT: all). proto is the event's
+ * frame: its token (the one generated, or -1) goes on the first event, and
+ * one event goes out even when there is nothing to send (it counts that
+ * token). */
+static void held_send(struct engine *e, struct seq *s, const struct engine_event *proto,
+                      const char *text, size_t len, enum held_out which)
+{
+    const int64_t at = s->passed - (int64_t)len;
+    int k = 0;
+    while (k < s->n_held && (which == HELD_ALL || s->held[k].start < s->passed))
+        k++;
+    struct engine_event ev = *proto;
+    ev.has_lp = 0;
+    ev.n_top = 0;
+    int sent = 0;
+    for (int i = -1; i < k; i++) { /* i = -1: text of tokens already sent */
+        const int64_t from = i < 0 ? at : s->held[i].start;
+        const int64_t to = i + 1 < k ? s->held[i + 1].start : s->passed;
+        if (i < 0 && to == from)
+            continue;
+        if (i >= 0)
+            held_to_event(&s->held[i], &ev);
+        emit_text(e, &ev, text + (from - at), (size_t)(to - from));
+        ev.token = -1; /* counted once */
+        sent = 1;
+    }
+    if (!sent)
+        emit_text(e, &ev, "", 0);
+    s->n_held = which == HELD_CUT ? 0 : s->n_held - k;
+    memmove(s->held, s->held + k, (size_t)s->n_held * sizeof *s->held);
+}
+
+/* Holds the log-probs of ev's token, whose text starts at byte start of the
+ * text fed to the stop filter. */
+static void held_add(struct engine *e, struct seq *s, const struct engine_event *ev, int64_t start)
+{
+    if (s->n_held == LP_HELD_MAX) { /* the oldest goes out now, its text later */
+        struct engine_event out = *ev;
+        out.token = -1;
+        held_to_event(&s->held[0], &out);
+        emit_text(e, &out, "", 0);
+        memmove(s->held, s->held + 1, (size_t)--s->n_held * sizeof *s->held);
+    }
+    struct lp_held *h = &s->held[s->n_held++];
+    h->start = start;
+    h->token = ev->lp_token;
+    h->logprob = ev->logprob;
+    h->n_top = ev->n_top;
+    memcpy(h->top_id, ev->top_id, sizeof h->top_id);
+    memcpy(h->top_logprob, ev->top_logprob, sizeof h->top_logprob);
 }
 
 /* ---- sequence lifecycle ------------------------------------------------- */
@@ -139,6 +233,9 @@ static void seq_clear_request(struct seq *s)
         sampler_free(&s->smp);
     s->has_smp = 0;
     stop_filter_init(&s->stop, NULL, 0);
+    free(s->held);
+    s->held = NULL;
+    s->n_held = 0;
     s->paused = 0;
     s->id = 0;
 }
@@ -172,8 +269,12 @@ static void seq_finish(struct engine *e, struct seq *s, enum engine_finish why, 
         }
         if (stopped == 1)
             why = ENGINE_FINISH_STOP;
-        if (n > 0) {
-            ev.kind = ENGINE_EV_TOKEN;
+        ev.kind = ENGINE_EV_TOKEN;
+        if (s->held && (n > 0 || s->n_held > 0)) {
+            s->fed += w > 0 ? w : 0;
+            s->passed += (int64_t)n;
+            held_send(e, s, &ev, out, n, stopped == 1 ? HELD_CUT : HELD_ALL);
+        } else if (n > 0) {
             emit_text(e, &ev, out, n);
         }
     }
@@ -409,7 +510,13 @@ static int admit_into(struct engine *e, struct seq *s, struct engine_request *r,
     }
     s->has_smp = 1;
     s->prompt = malloc((size_t)(n + pending) * sizeof(int32_t));
-    if (!s->prompt) {
+    const int hold_lp = s->stop.n_stop > 0 && (r->logprobs || r->top_logprobs > 0);
+    s->held = hold_lp ? malloc(LP_HELD_MAX * sizeof *s->held) : NULL;
+    if (!s->prompt || (hold_lp && !s->held)) {
+        free(s->prompt);
+        s->prompt = NULL;
+        free(s->held);
+        s->held = NULL;
         free(ids);
         sampler_free(&s->smp);
         s->has_smp = 0;
@@ -430,6 +537,8 @@ static int admit_into(struct engine *e, struct seq *s, struct engine_request *r,
     memset(r, 0, sizeof *r);
     s->state = SEQ_RUNNING;
     s->n_gen = 0;
+    s->n_held = 0;
+    s->fed = s->passed = 0;
     s->usage_prompt = n;
     s->paused = 0;
     memset(&s->ts, 0, sizeof s->ts);
@@ -781,6 +890,8 @@ static void pick_token(const struct engine *e, struct seq *s, float *lg, float *
     }
     ev->token = sampler_sample(&s->smp, lg, NULL);
     sampler_accept(&s->smp, ev->token);
+    ev->has_lp = lp;
+    ev->lp_token = ev->token;
     if (lp)
         ev->logprob = scratch[ev->token] - lse;
 }
@@ -817,7 +928,18 @@ static void after_pick(struct engine *e, struct seq *s, struct engine_event *ev)
     if (w > 0)
         stopped = stop_filter_push(&s->stop, e->piece, (size_t)w, e->text_out,
                                    e->piece_cap + STOP_HOLD_MAX, &out_len);
-    emit_text(e, ev, e->text_out, out_len); /* always one event per token, maybe empty text */
+    if (s->held) {
+        const int64_t start = s->fed;
+        s->fed += w > 0 ? w : 0;
+        s->passed += (int64_t)out_len;
+        held_add(e, s, ev, start);
+        held_send(e, s, ev, e->text_out, out_len,
+                  stopped == 1          ? HELD_CUT
+                  : s->passed == s->fed ? HELD_ALL
+                                        : HELD_STARTED);
+    } else {
+        emit_text(e, ev, e->text_out, out_len); /* always one event per token, maybe empty text */
+    }
     if (stopped == 1) {
         seq_finish(e, s, ENGINE_FINISH_STOP, 0);
         return;

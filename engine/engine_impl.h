@@ -43,6 +43,12 @@ struct seq {
     int has_smp;
     struct tok_stream ts;
     struct stop_filter stop; /* holds text that may start a stop string */
+    /* a request with stop strings and log-probs: the log-probs of the
+     * tokens whose text the stop filter holds ([LP_HELD_MAX], else NULL),
+     * and the bytes of text into the filter and out of it */
+    struct lp_held *held;
+    int n_held;
+    int64_t fed, passed;
     int64_t n_gen, usage_prompt;
     int paused;
     char session[ENGINE_SESSION_ID_MAX];

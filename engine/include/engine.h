@@ -206,9 +206,15 @@ enum engine_finish {
 struct engine_event { /* copied by value across the queue */
     uint64_t id;
     enum engine_event_kind kind;
-    int32_t token;
+    int32_t token; /* TOKEN: the token generated (once a token: its first event), or -1 */
     char text[ENGINE_TEXT_MAX]; /* UTF-8, never a broken sequence; may be empty */
     uint32_t text_len;
+    /* TOKEN with has_lp: the log-probs of token lp_token (the request asked
+     * for them), sent with the first byte of its text: with stop strings a
+     * token's text, and with it its log-probs, may come some events after
+     * the token, and a stop string's tokens (text never sent) have none */
+    int has_lp;
+    int32_t lp_token;
     float logprob;
     int n_top;
     int32_t top_id[ENGINE_MAX_TOP_LOGPROBS];

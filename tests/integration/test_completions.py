@@ -83,6 +83,62 @@ def test_completion_logprobs_have_the_legacy_shape(client):
         assert max(alts, key=alts.get) == tok
 
 
+def test_stop_sequence_s_tokens_have_no_logprobs_and_the_rest_keep_their_offsets(client):
+    kw = dict(model="smol", prompt=PROMPT, max_tokens=16, temperature=0, logprobs=2)
+    base = client.completions.create(**kw).choices[0]
+    blp = base.logprobs
+    assert base.text.isascii()  # text_offset counts bytes, str.index characters
+    assert "".join(blp.tokens) == base.text
+    # a stop string from inside a token's text: that token keeps its logprobs
+    # (its text starts before the cut), the tokens after it have none
+    i = next(i for i in range(2, len(blp.tokens)) if len(blp.tokens[i]) >= 2)
+    stop = base.text[blp.text_offset[i] + 1:blp.text_offset[i] + 5]
+    cut = base.text.index(stop)
+    k = sum(1 for o in blp.text_offset if o < cut)
+    assert k < len(blp.tokens)
+    r = client.completions.create(stop=stop, **kw).choices[0]
+    assert r.text == base.text[:cut] and r.finish_reason == "stop"
+    assert r.logprobs.tokens == blp.tokens[:k]
+    assert r.logprobs.token_logprobs == blp.token_logprobs[:k]
+    assert r.logprobs.top_logprobs == blp.top_logprobs[:k]
+    assert r.logprobs.text_offset == blp.text_offset[:k]
+    # streamed: each token's logprobs come on the chunk that starts its text
+    chunks = list(client.completions.create(stop=stop, stream=True, **kw))
+    seen, at = [], 0
+    for ch in chunks:
+        c = ch.choices[0]
+        if c.logprobs is not None and c.logprobs.tokens:
+            assert c.logprobs.text_offset == [at]
+            assert c.text.startswith(c.logprobs.tokens[0][:len(c.text)])
+            seen += c.logprobs.tokens
+        at += len(c.text)
+    assert seen == blp.tokens[:k]
+    assert "".join(ch.choices[0].text for ch in chunks) == base.text[:cut]
+
+
+def test_chat_stop_sequence_s_tokens_have_no_logprobs(client):
+    kw = dict(model="smol", messages=[{"role": "user", "content": "Say something about the sea."}],
+              max_tokens=24, temperature=0, logprobs=True, top_logprobs=1)
+    base = client.chat.completions.create(**kw).choices[0]
+    toks = [x.token for x in base.logprobs.content]
+    assert "".join(toks) == base.message.content
+    starts = [sum(len(t) for t in toks[:i]) for i in range(len(toks))]
+    i = next(i for i in range(2, len(toks)) if len(toks[i]) >= 2)
+    stop = base.message.content[starts[i]:starts[i] + 4]
+    cut = base.message.content.index(stop)
+    k = sum(1 for o in starts if o < cut)
+    r = client.chat.completions.create(stop=[stop], **kw).choices[0]
+    assert r.message.content == base.message.content[:cut] and r.finish_reason == "stop"
+    assert [x.token for x in r.logprobs.content] == toks[:k]
+    assert [x.logprob for x in r.logprobs.content] == [x.logprob for x in
+                                                       base.logprobs.content[:k]]
+    streamed = []
+    for ch in client.chat.completions.create(stop=[stop], stream=True, **kw):
+        if ch.choices and ch.choices[0].logprobs is not None:
+            streamed += [x.token for x in ch.choices[0].logprobs.content]
+    assert streamed == toks[:k]
+
+
 def test_streamed_usage_comes_last_with_no_choices(client):
     chunks = list(client.completions.create(model="smol", prompt=PROMPT, max_tokens=4,
                                             temperature=0, stream=True,

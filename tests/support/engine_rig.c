@@ -70,10 +70,13 @@ int rig_wait_all(struct rig *r, const uint64_t *ids, struct rig_result **outs, i
                 continue;
             struct rig_result *out = outs[k];
             if (v->kind == ENGINE_EV_TOKEN) {
-                if (v->token >= 0 && out->n_tok < RIG_MAX_GEN) {
-                    out->logprob[out->n_tok] = v->logprob;
-                    out->top_id[out->n_tok] = v->n_top > 0 ? v->top_id[0] : -1;
+                if (v->token >= 0 && out->n_tok < RIG_MAX_GEN)
                     out->toks[out->n_tok++] = v->token;
+                if (v->has_lp && out->n_lp < RIG_MAX_GEN) {
+                    out->lp_tok[out->n_lp] = v->lp_token;
+                    out->lp_at[out->n_lp] = out->n_text;
+                    out->logprob[out->n_lp] = v->logprob;
+                    out->top_id[out->n_lp++] = v->n_top > 0 ? v->top_id[0] : -1;
                 }
                 if (out->n_text + v->text_len < RIG_TEXT_CAP) {
                     memcpy(out->text + out->n_text, v->text, v->text_len);

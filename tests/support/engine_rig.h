@@ -40,10 +40,16 @@ void rig_close(struct rig *r);
 struct rig_result {
     int error, status;
     char param[32], code[32], message[160];
-    int32_t toks[RIG_MAX_GEN];
-    float logprob[RIG_MAX_GEN];  /* each token's, where the request asked */
-    int32_t top_id[RIG_MAX_GEN]; /* its first alternative (top_logprobs >= 1) */
+    int32_t toks[RIG_MAX_GEN]; /* the tokens generated */
     int n_tok;
+    /* the log-probs sent, where the request asked: their tokens (as toks,
+     * less a stop string's), where in text each one's text starts, its
+     * log-prob and its first alternative (top_logprobs >= 1) */
+    int32_t lp_tok[RIG_MAX_GEN];
+    size_t lp_at[RIG_MAX_GEN];
+    float logprob[RIG_MAX_GEN];
+    int32_t top_id[RIG_MAX_GEN];
+    int n_lp;
     char text[RIG_TEXT_CAP];
     size_t n_text;
     enum engine_finish finish;

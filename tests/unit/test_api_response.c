@@ -37,6 +37,8 @@ static struct engine_event tok(int32_t id, const char *text, float lp)
     ev.id = 9;
     ev.kind = ENGINE_EV_TOKEN;
     ev.token = id;
+    ev.has_lp = id >= 0; /* as the engine sends a token: its log-probs with it */
+    ev.lp_token = id;
     ev.text_len = (uint32_t)strlen(text);
     memcpy(ev.text, text, ev.text_len);
     ev.logprob = lp;
@@ -196,6 +198,45 @@ TEST(api_response_completion_logprobs_have_the_legacy_shape)
                           "\" Hello\":-2}],\"text_offset\":[0,6]},\"finish_reason\":\"stop\"}],"
                           "\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2,"
                           "\"total_tokens\":3}}");
+    api_response_free(&r);
+}
+
+/* With stop strings a token's log-probs may come on a later event than the
+ * token (lp_token, with the first byte of its text), and a token may come
+ * with none (its text is a stop string's): the entries follow has_lp and
+ * lp_token, not token, and text_offset is where each entry's event starts. */
+TEST(api_response_logprobs_follow_lp_token_not_token)
+{
+    struct api_response r;
+    init(&r, API_COMPLETIONS, 0, 0, 1, 0);
+    struct engine_event a = tok(2, "", -0.75f); /* " world" generated, its text held */
+    a.has_lp = 0;
+    struct engine_event b = tok(-1, "!", 0);           /* text of a token sent before */
+    struct engine_event c = tok(-1, " world", -0.75f); /* the held text and its log-probs */
+    c.has_lp = 1;
+    c.lp_token = 2;
+    struct engine_event d = tok(1, "", -0.5f); /* " Hello": a stop string's, no log-probs */
+    d.has_lp = 0;
+    ASSERT_OK(api_response_add(&r, &a));
+    ASSERT_OK(api_response_add(&r, &b));
+    ASSERT_OK(api_response_add(&r, &c));
+    ASSERT_OK(api_response_add(&r, &d));
+    struct engine_event e = done(ENGINE_FINISH_STOP, 1, 2);
+    ASSERT_JSON(api_response_body(&r, &e),
+                CMPL_HEAD "\"choices\":[{\"text\":\"! world\",\"index\":0,\"logprobs\":{"
+                          "\"tokens\":[\" world\"],\"token_logprobs\":[-0.75],"
+                          "\"top_logprobs\":[{}],\"text_offset\":[1]},\"finish_reason\":\"stop\"}],"
+                          "\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2,"
+                          "\"total_tokens\":3}}");
+    api_response_free(&r);
+
+    init(&r, API_CHAT, 1, 0, 1, 0);
+    ASSERT(api_response_chunk(&r, &a) == NULL); /* no text, no log-probs: no chunk */
+    ASSERT_JSON(api_response_chunk(&r, &c),
+                CHUNK_HEAD "\"choices\":[{\"index\":0,\"delta\":{\"content\":\" world\"},"
+                           "\"logprobs\":{\"content\":[{\"token\":\" world\",\"logprob\":-0.75,"
+                           "\"bytes\":[32,119,111,114,108,100],\"top_logprobs\":[]}],"
+                           "\"refusal\":null},\"finish_reason\":null}]}");
     api_response_free(&r);
 }
 

@@ -336,6 +336,10 @@ TEST(sampled_streams_side_by_side_equal_their_solo_runs)
     for (int k = 0; k < N_SAMPLED; k++) {
         ASSERT_EQ(together[k].n_tok, solo[k].n_tok);
         ASSERT(memcmp(together[k].toks, solo[k].toks, (size_t)solo[k].n_tok * 4) == 0);
+        /* no stop strings: every token's log-probs, in order */
+        ASSERT_EQ(solo[k].n_lp, solo[k].n_tok);
+        ASSERT_EQ(together[k].n_lp, solo[k].n_tok);
+        ASSERT(memcmp(solo[k].lp_tok, solo[k].toks, (size_t)solo[k].n_tok * 4) == 0);
         ASSERT(memcmp(together[k].logprob, solo[k].logprob, (size_t)solo[k].n_tok * 4) == 0);
         ASSERT(memcmp(together[k].top_id, solo[k].top_id, (size_t)solo[k].n_tok * 4) == 0);
         int some_below_zero = 0;

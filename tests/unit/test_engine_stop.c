@@ -23,19 +23,30 @@ static long find(const char *t, size_t n, const char *s, size_t sl)
     return -1;
 }
 
+/* A greedy request for gen tokens of a long story, with log-probs (and the
+ * first alternative) when lp. */
+static struct engine_request story(struct rig *rig, int64_t gen, int lp)
+{
+    struct engine_request q = rig_greedy(rig, gen);
+    rig_set_text(&q,
+                 "<|im_start|>user\nWrite a long story about a lighthouse keeper and the "
+                 "sea.<|im_end|>\n<|im_start|>assistant\n",
+                 1, 1);
+    q.logprobs = lp;
+    q.top_logprobs = lp;
+    return q;
+}
+
 TEST(stop_strings_of_254_to_256_bytes_end_generation_where_they_first_occur)
 {
     struct rig *rig = rig_smol();
     ASSERT(rig);
-    const char *prompt = "<|im_start|>user\nWrite a long story about a lighthouse keeper and "
-                         "the sea.<|im_end|>\n<|im_start|>assistant\n";
     enum { N_STOP = 3, GEN = 128 };
     struct rig_result *full = malloc(sizeof *full), *res[N_STOP];
     uint64_t ids[N_STOP];
     long want[N_STOP];
     ASSERT(full);
-    struct engine_request q = rig_greedy(rig, GEN);
-    rig_set_text(&q, prompt, 1, 1);
+    struct engine_request q = story(rig, GEN, 0);
     ASSERT_OK(rig_run(rig, &q, full));
     ASSERT(!full->error);
     printf("  greedy text without stops: %zu bytes, %d tokens\n", full->n_text, full->n_tok);
@@ -52,8 +63,7 @@ TEST(stop_strings_of_254_to_256_bytes_end_generation_where_they_first_occur)
         stop[len] = 0;
         want[k] = find(full->text, full->n_text, stop, len); /* may be before start */
         ASSERT(want[k] >= 0);
-        q = rig_greedy(rig, GEN);
-        rig_set_text(&q, prompt, 1, 1);
+        q = story(rig, GEN, 0);
         q.stop[0] = strdup("a string that is never generated");
         q.stop[1] = strdup(stop);
         ids[k] = q.id;
@@ -71,6 +81,85 @@ TEST(stop_strings_of_254_to_256_bytes_end_generation_where_they_first_occur)
             fprintf(stderr, "  stop %d of %d bytes, first at %ld: got %zu bytes, finish %d\n", k,
                     254 + k % 3, want[k], r->n_text, (int)r->finish);
         ASSERT(ok);
+        free(res[k]);
+    }
+    free(full);
+}
+
+/* A request with stop strings and log-probs gets the log-probs of exactly
+ * the tokens whose text it was sent, each on the event that starts that
+ * token's text: the same tokens, log-probs and text offsets as the request
+ * without stop strings, up to where the stop string starts (a token whose
+ * text starts before it keeps its log-probs; one that starts at or after it
+ * has none), and all of them when the stop string never completes but holds
+ * text back on the way. */
+TEST(a_stop_string_s_tokens_send_no_logprobs_and_held_tokens_send_theirs_with_their_text)
+{
+    struct rig *rig = rig_smol();
+    ASSERT(rig);
+    enum { N_STOP = 4, GEN = 64 };
+    struct rig_result *full = malloc(sizeof *full), *res[N_STOP];
+    ASSERT(full);
+    struct engine_request q = story(rig, GEN, 1);
+    ASSERT_OK(rig_run(rig, &q, full));
+    ASSERT(!full->error && full->n_tok == GEN && full->n_lp == GEN);
+    ASSERT(memcmp(full->lp_tok, full->toks, GEN * sizeof(int32_t)) == 0);
+    /* a token j past the first few whose text has two bytes or more */
+    int j = 8;
+    while (j + 1 < GEN && full->lp_at[j + 1] - full->lp_at[j] < 2)
+        j++;
+    ASSERT(j + 1 < GEN && full->lp_at[j] + 24 < full->n_text);
+    const size_t sj = full->lp_at[j];
+    /* stops: at token j's start; one byte into its text; at token j's start
+     * with a byte never generated after a part of the text (held, never
+     * matched); and two stops, the earlier of which wins */
+    char stops[N_STOP][2][32];
+    memset(stops, 0, sizeof stops);
+    memcpy(stops[0][0], full->text + sj, 12);
+    memcpy(stops[1][0], full->text + sj + 1, 12);
+    memcpy(stops[2][0], full->text + sj, 6);
+    stops[2][0][6] = '\x01';
+    memcpy(stops[3][0], full->text + sj + 1, 12);
+    memcpy(stops[3][1], full->text + sj, 3);
+    uint64_t ids[N_STOP];
+    for (int k = 0; k < N_STOP; k++) {
+        q = story(rig, GEN, 1);
+        for (int i = 0; i < 2; i++)
+            q.stop[i] = stops[k][i][0] ? strdup(stops[k][i]) : NULL;
+        ids[k] = q.id;
+        res[k] = malloc(sizeof *res[k]);
+        ASSERT(res[k]);
+        ASSERT_OK(engine_submit(rig->e, &q));
+    }
+    ASSERT_OK(rig_wait_all(rig, ids, res, N_STOP));
+    for (int k = 0; k < N_STOP; k++) {
+        const struct rig_result *r = res[k];
+        /* where the text is cut: the first occurrence of any of its stops */
+        long cut = -1;
+        for (int i = 0; i < 2; i++) {
+            long at = stops[k][i][0]
+                          ? find(full->text, full->n_text, stops[k][i], strlen(stops[k][i]))
+                          : -1;
+            if (at >= 0 && (cut < 0 || at < cut))
+                cut = at;
+        }
+        const size_t n_text = cut < 0 ? full->n_text : (size_t)cut;
+        int n_lp = 0; /* the tokens whose text starts before the cut */
+        while (n_lp < GEN && (cut < 0 || full->lp_at[n_lp] < (size_t)cut))
+            n_lp++;
+        printf("  stop %d: text cut at %ld, log-probs of %d tokens of %d\n", k, cut, n_lp,
+               r->n_tok);
+        ASSERT(!r->error);
+        ASSERT_EQ(r->finish, cut < 0 ? ENGINE_FINISH_LENGTH : ENGINE_FINISH_STOP);
+        ASSERT(r->n_text == n_text && memcmp(r->text, full->text, n_text) == 0);
+        ASSERT(memcmp(r->toks, full->toks, (size_t)r->n_tok * sizeof(int32_t)) == 0);
+        ASSERT_EQ(r->n_lp, n_lp);
+        for (int i = 0; i < n_lp; i++) {
+            ASSERT_EQ(r->lp_tok[i], full->toks[i]);
+            ASSERT(memcmp(&r->logprob[i], &full->logprob[i], sizeof(float)) == 0);
+            ASSERT_EQ(r->top_id[i], full->top_id[i]);
+            ASSERT_EQ(r->lp_at[i], full->lp_at[i]);
+        }
         free(res[k]);
     }
     free(full);

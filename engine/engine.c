@@ -666,7 +666,7 @@ static void session_command(struct engine *e, struct engine_request *r)
             }
         }
         session_list_held(e, r->owner, list_one, &r->id); /* not yet (or not) written */
-        session_list_disk(e, r->owner, list_one, &r->id);
+        session_list_disk(e, r->id, list_one, &r->id);    /* read off the thread (try_admit) */
         emit_done(e, r->id);
         return;
     case ENGINE_REQ_SESSION_DELETE: {
@@ -699,6 +699,8 @@ static int try_admit(struct engine *e, struct engine_request *r)
     if (r->kind != ENGINE_REQ_GENERATE) {
         if (session_load_busy(e, r->session_id))
             return 0; /* after the restore whose file is being read */
+        if (r->kind == ENGINE_REQ_SESSION_LIST && session_list_wait(e, r->id, r->owner))
+            return 0; /* the directory is being read for it */
         session_command(e, r);
         request_over(e, r);
         return 1;
@@ -842,6 +844,7 @@ static void admit_waiting(struct engine *e)
     }
     e->n_waiting = j;
     session_loads_gc(e);
+    session_lists_gc(e);
 }
 
 /* ---- one step ----------------------------------------------------------- */

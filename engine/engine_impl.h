@@ -103,6 +103,7 @@ struct engine {
     /* the session writer thread (session.c): saves handed over and back */
     struct session_saving *saving;   /* [SESSION_SAVES_MAX] */
     struct session_loading *loading; /* [SESSION_LOADS_MAX]: restores read off the thread */
+    struct session_listing *listing; /* [1]: GET /v1/sessions read off the thread */
     struct ptrq to_writer, from_writer;
     pthread_t writer;
     int writer_on, saves_draining;

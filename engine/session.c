@@ -51,7 +51,7 @@ struct disk_count {
  * to_writer and ptrq_get on from_writer; the writer reads buf and writes only
  * its checksum, rc and why. */
 struct session_saving {
-    int kind;  /* JOB_SAVE: the first member of every job the writer thread takes */
+    int kind;  /* 0 (a save): the first member of every job the writer thread takes */
     int state; /* SAVE_FREE, SAVE_QUEUED (with the writer), SAVE_HELD (failed, kept) */
     uint64_t order;
     struct snapshot_meta m;
@@ -67,7 +67,7 @@ struct session_saving {
 };
 
 enum { SAVE_FREE, SAVE_QUEUED, SAVE_HELD };
-enum { JOB_SAVE = 1, JOB_LOAD };
+enum { JOB_LOAD = 1, JOB_LIST };
 
 /* A snapshot file read and checked by the writer thread (the session IO
  * thread) for a request that waits for it, so that the engine thread only
@@ -89,6 +89,20 @@ struct session_loading {
 };
 
 enum { LOAD_FREE, LOAD_QUEUED, LOAD_DONE };
+
+/* A listing of the directory's sessions of one key, made by the session IO
+ * thread for GET /v1/sessions: reading every file's header takes a while
+ * in a directory of thousands, and on the engine thread it would stall
+ * every stream. The engine thread owns it except between ptrq_put on
+ * to_writer and ptrq_get on from_writer. */
+struct session_listing {
+    int kind;  /* JOB_LIST */
+    int state; /* LOAD_FREE, LOAD_QUEUED (with the IO thread), LOAD_DONE (made, not yet sent) */
+    uint64_t req_id, key;
+    struct engine_session_info *in; /* the key's files, in directory order */
+    size_t n, cap;
+    int rc; /* 0, or -EIO (the directory could not be read), -ENOMEM */
+};
 
 static int session_writer_start(struct engine *e);
 static struct session_saving *pending(struct engine *e, const char *id);
@@ -398,6 +412,10 @@ void session_dir_close(struct engine *e)
         free(e->loading[i].buf);
     free(e->loading);
     e->loading = NULL;
+    if (e->listing)
+        free(e->listing->in);
+    free(e->listing);
+    e->listing = NULL;
     if (e->to_writer.impl)
         ptrq_free(&e->to_writer);
     if (e->from_writer.impl)
@@ -503,13 +521,18 @@ static void load(struct engine *e, struct session_loading *l)
         l->dec_rc = snapshot_decode(l->buf, l->len, &l->m, &l->k, &l->v, l->why, sizeof l->why);
 }
 
+static int list_dir(struct engine *e, struct session_listing *l);
+
 static void *writer_main(void *arg)
 {
     struct engine *e = arg;
     void *job;
     while ((job = ptrq_get(&e->to_writer, -1))) {
-        if (*(const int *)job == JOB_LOAD) {
-            load(e, job);
+        if (*(const int *)job == JOB_LOAD || *(const int *)job == JOB_LIST) {
+            if (*(const int *)job == JOB_LOAD)
+                load(e, job);
+            else
+                list_dir(e, job);
             ptrq_put(&e->from_writer, job);
             queue_poke(&e->q);
             continue;
@@ -605,6 +628,8 @@ static int collect(struct engine *e, int wait_ms)
     while ((job = ptrq_get(&e->from_writer, n ? 0 : wait_ms))) {
         if (*(const int *)job == JOB_LOAD)
             ((struct session_loading *)job)->state = LOAD_DONE; /* used by its request */
+        else if (*(const int *)job == JOB_LIST)
+            ((struct session_listing *)job)->state = LOAD_DONE; /* sent by its request */
         else
             finish(e, job);
         n++;
@@ -852,8 +877,12 @@ static int session_writer_start(struct engine *e)
     e->loading = calloc(SESSION_LOADS_MAX, sizeof *e->loading);
     if (!e->loading)
         return -ENOMEM;
-    if (ptrq_init(&e->to_writer, SESSION_SAVES_MAX + SESSION_LOADS_MAX) < 0 ||
-        ptrq_init(&e->from_writer, SESSION_SAVES_MAX + SESSION_LOADS_MAX) < 0)
+    e->listing = calloc(1, sizeof *e->listing);
+    if (!e->listing)
+        return -ENOMEM;
+    /* every save, load and listing at once */
+    if (ptrq_init(&e->to_writer, SESSION_SAVES_MAX + SESSION_LOADS_MAX + 1) < 0 ||
+        ptrq_init(&e->from_writer, SESSION_SAVES_MAX + SESSION_LOADS_MAX + 1) < 0)
         return -ENOMEM;
     if (pthread_create(&e->writer, NULL, writer_main, e) != 0)
         return -EAGAIN;
@@ -1208,38 +1237,88 @@ void session_list_held(struct engine *e, uint64_t key,
     }
 }
 
-int session_list_disk(struct engine *e, uint64_t key,
-                      void (*each)(struct engine *e, const struct engine_session_info *in,
-                                   void *arg),
-                      void *arg)
+/* The IO thread's part of a listing: every file of the directory that key
+ * owns, described from its header (session_describe_disk reads only the
+ * directory). */
+static int list_dir(struct engine *e, struct session_listing *l)
 {
-    if (e->dir_fd < 0)
-        return 0;
+    l->n = 0;
+    l->rc = 0;
     int fd = dup(e->dir_fd);
     DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
     if (!d) {
         if (fd >= 0)
             close(fd);
-        return -EIO;
+        return l->rc = -EIO;
     }
     rewinddir(d);
     struct dirent *de;
     while ((de = readdir(d))) {
-        size_t l = strlen(de->d_name);
-        if (l <= strlen(SNAP_EXT) || l - strlen(SNAP_EXT) >= ENGINE_SESSION_ID_MAX ||
-            strcmp(de->d_name + l - strlen(SNAP_EXT), SNAP_EXT) != 0)
+        size_t len = strlen(de->d_name);
+        if (len <= strlen(SNAP_EXT) || len - strlen(SNAP_EXT) >= ENGINE_SESSION_ID_MAX ||
+            strcmp(de->d_name + len - strlen(SNAP_EXT), SNAP_EXT) != 0)
             continue;
         char id[ENGINE_SESSION_ID_MAX];
-        memcpy(id, de->d_name, l - strlen(SNAP_EXT));
-        id[l - strlen(SNAP_EXT)] = 0;
-        if (session_find(e, id) || pending(e, id))
-            continue; /* listed from memory, or from its save not yet on disk */
+        memcpy(id, de->d_name, len - strlen(SNAP_EXT));
+        id[len - strlen(SNAP_EXT)] = 0;
         struct engine_session_info in;
-        if (session_describe_disk(e, id, key, &in) == 0)
-            each(e, &in, arg);
+        if (session_describe_disk(e, id, l->key, &in) < 0)
+            continue;
+        if (l->n == l->cap) {
+            size_t cap = l->cap ? 2 * l->cap : 16;
+            void *p = realloc(l->in, cap * sizeof *l->in);
+            if (!p) {
+                l->rc = -ENOMEM;
+                break;
+            }
+            l->in = p;
+            l->cap = cap;
+        }
+        l->in[l->n++] = in;
     }
     closedir(d);
-    return 0;
+    return l->rc;
+}
+
+int session_list_wait(struct engine *e, uint64_t req_id, uint64_t key)
+{
+    struct session_listing *l = e->listing;
+    if (!e->writer_on || !l)
+        return 0; /* no directory */
+    if (l->state != LOAD_FREE)
+        return l->req_id != req_id || l->state == LOAD_QUEUED;
+    l->kind = JOB_LIST;
+    l->state = LOAD_QUEUED;
+    l->req_id = req_id;
+    l->key = key;
+    ptrq_put(&e->to_writer, l); /* never full: it holds every save, load and listing */
+    return 1;
+}
+
+void session_lists_gc(struct engine *e)
+{
+    struct session_listing *l = e->listing;
+    if (!l || l->state != LOAD_DONE)
+        return;
+    for (int64_t j = 0; j < e->n_waiting; j++)
+        if (e->waiting[j].req.id == l->req_id)
+            return;
+    l->state = LOAD_FREE; /* its request was cancelled while the files were read */
+}
+
+int session_list_disk(struct engine *e, uint64_t req_id,
+                      void (*each)(struct engine *e, const struct engine_session_info *in,
+                                   void *arg),
+                      void *arg)
+{
+    struct session_listing *l = e->listing;
+    if (!l || l->state != LOAD_DONE || l->req_id != req_id)
+        return 0; /* no directory */
+    l->state = LOAD_FREE;
+    for (size_t i = 0; i < l->n; i++)
+        if (!session_find(e, l->in[i].id) && !pending(e, l->in[i].id))
+            each(e, &l->in[i], arg); /* else listed from memory, or from its save not yet on disk */
+    return l->rc;
 }
 
 int session_delete_disk(struct engine *e, const char *id, uint64_t key)

@@ -115,11 +115,25 @@ void session_list_held(struct engine *e, uint64_t key,
                        void (*each)(struct engine *e, const struct engine_session_info *in,
                                     void *arg),
                        void *arg);
-/* Calls each for every session of key on disk, not in memory and not held. */
-int session_list_disk(struct engine *e, uint64_t key,
+/* Before listing request req_id's sessions on disk (GET /v1/sessions of
+ * key): 1 when it must wait, because the session IO thread is reading the
+ * directory's headers for it, or for another listing (the engine thread is
+ * woken when it is done), 0 when session_list_disk may run now (its listing
+ * is made, or there is no directory). One listing is made at a time, so
+ * that however often clients list, the engine thread never reads the
+ * directory for them. */
+int session_list_wait(struct engine *e, uint64_t req_id, uint64_t key);
+/* Calls each for every session of request req_id's listing (made as
+ * session_list_wait went) that is neither in memory nor held now, and frees
+ * the listing: 0, or -EIO / -ENOMEM when the directory could be read only
+ * in part. Sessions saved after the directory was read are in memory or
+ * held, so listed from there. */
+int session_list_disk(struct engine *e, uint64_t req_id,
                       void (*each)(struct engine *e, const struct engine_session_info *in,
                                    void *arg),
                       void *arg);
+/* Frees a listing whose request is gone (cancelled while it was made). */
+void session_lists_gc(struct engine *e);
 /* Deletes the snapshot of id if key owns it: 0, or -ENOENT. */
 int session_delete_disk(struct engine *e, const char *id, uint64_t key);
 

@@ -11,6 +11,7 @@ import os
 import resource
 import signal
 import struct
+import threading
 import time
 
 import pytest
@@ -223,6 +224,50 @@ def test_session_api_lists_describes_saves_and_deletes(binary, model, tmp_path):
         m = s.metrics()
         assert m["streamsink_sessions_on_disk"] == 0
     finally:
+        assert s.stop() == 0, s.log()
+
+
+def test_a_listing_reads_the_directory_off_the_engine_thread(binary, model, tmp_path):
+    """GET /v1/sessions reads the header of every snapshot in the directory:
+    thousands of files take a while, and a directory on a slow disk longer.
+    The session IO thread reads them, so a listing that waits on its reads
+    holds up nobody else's stream, and a listing whose client left does not
+    hold up the next one. The slow read here is a FIFO named like a
+    snapshot: opening it waits for a writer."""
+    d = tmp_path / "sessions"
+    d.mkdir()
+    s = Server(binary, model, ["--session-dir", str(d), "--window", WINDOW])
+    fifo, moved = d / "slow.snap", d / "slow.fifo"
+    try:
+        st, r = call(s, "POST", "/v1/sessions")
+        sid = r["id"]
+        assert complete(s, LONG, sid, max_tokens=4)[0] == 200
+        assert call(s, "POST", f"/v1/sessions/{sid}/save")[0] == 200
+        os.mkfifo(fifo)
+        # a client that gives up on its listing after 3 s and leaves
+        with pytest.raises(TimeoutError):
+            call(s, "GET", "/v1/sessions", timeout=3)
+        body = {"model": "smol", "prompt": "The sea", "max_tokens": 8, "temperature": 0}
+        st, r = call(s, "POST", "/v1/completions", body, timeout=60)
+        assert st == 200 and r["usage"]["completion_tokens"] >= 1
+        listed = {}
+        lister = threading.Thread(
+            target=lambda: listed.update(r=call(s, "GET", "/v1/sessions", timeout=120)))
+        lister.start()
+        time.sleep(0.5)
+        assert lister.is_alive() and not listed  # behind the first, still on the FIFO
+        # the FIFO leaves the listing's way, and a writer lets the open return
+        os.rename(fifo, moved)
+        os.close(os.open(moved, os.O_WRONLY | os.O_NONBLOCK))  # ENXIO: nobody was opening it
+        lister.join(60)
+        st, r = listed["r"]
+        assert st == 200 and [x["id"] for x in r["data"]] == [sid]
+    finally:
+        for f in (fifo, moved):  # never leave a reader waiting on the FIFO
+            try:
+                os.close(os.open(f, os.O_WRONLY | os.O_NONBLOCK))
+            except OSError:
+                pass
         assert s.stop() == 0, s.log()
 
 

@@ -152,7 +152,7 @@ struct lp_held {
 
 enum held_out {
     HELD_STARTED, /* the tokens whose text has started to go out */
-    HELD_ALL,     /* every token: the filter holds no text */
+    HELD_ALL,     /* every token: the text has ended, the filter holds none */
     HELD_CUT,     /* a stop string matched: the tokens whose text started before it, no others */
 };
 
@@ -936,10 +936,9 @@ static void after_pick(struct engine *e, struct seq *s, struct engine_event *ev)
         s->fed += w > 0 ? w : 0;
         s->passed += (int64_t)out_len;
         held_add(e, s, ev, start);
-        held_send(e, s, ev, e->text_out, out_len,
-                  stopped == 1          ? HELD_CUT
-                  : s->passed == s->fed ? HELD_ALL
-                                        : HELD_STARTED);
+        /* a token of no text yet (a part of a character) waits for its
+         * text: a stop string may start with it */
+        held_send(e, s, ev, e->text_out, out_len, stopped == 1 ? HELD_CUT : HELD_STARTED);
     } else {
         emit_text(e, ev, e->text_out, out_len); /* always one event per token, maybe empty text */
     }

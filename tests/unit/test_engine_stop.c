@@ -163,6 +163,50 @@ TEST(a_stop_string_s_tokens_send_no_logprobs_and_held_tokens_send_theirs_with_th
         free(res[k]);
     }
     free(full);
+}
+
+/* A character made of several byte tokens (an emoji): its first tokens have
+ * no text until the last one completes it, and when a stop string starts
+ * with it they send no log-probs either. */
+TEST(a_stop_string_that_starts_inside_a_character_s_tokens_sends_no_logprobs)
+{
+    struct rig *rig = rig_smol();
+    ASSERT(rig);
+    struct rig_result *full = malloc(sizeof *full), *cut = malloc(sizeof *cut);
+    ASSERT(full && cut);
+    struct engine_request q = rig_greedy(rig, 8);
+    rig_set_text(&q, "Emoji story: \xF0\x9F\x90\xB6\xF0\x9F\x90\xB1", 1, 0);
+    q.logprobs = 1;
+    ASSERT_OK(rig_run(rig, &q, full));
+    ASSERT(!full->error && full->n_lp == full->n_tok);
+    /* the first character of several tokens (its first token's text starts
+     * where the next one's does) */
+    int j = 0;
+    while (j + 1 < full->n_lp && full->lp_at[j + 1] != full->lp_at[j])
+        j++;
+    ASSERT(j + 1 < full->n_lp);
+    size_t at = full->lp_at[j], len = 1;
+    while (at + len < full->n_text && ((unsigned char)full->text[at + len] & 0xC0) == 0x80)
+        len++;
+    ASSERT(len > 1);
+    char stop[8] = {0};
+    memcpy(stop, full->text + at, len);
+    q = rig_greedy(rig, 8);
+    rig_set_text(&q, "Emoji story: \xF0\x9F\x90\xB6\xF0\x9F\x90\xB1", 1, 0);
+    q.logprobs = 1;
+    q.stop[0] = strdup(stop);
+    ASSERT_OK(rig_run(rig, &q, cut));
+    const long first = find(full->text, full->n_text, stop, len);
+    int n_lp = 0;
+    while (n_lp < full->n_lp && full->lp_at[n_lp] < (size_t)first)
+        n_lp++;
+    printf("  a %zu-byte character at %zu, first at %ld: log-probs of %d tokens, %d sent\n", len,
+           at, first, n_lp, cut->n_lp);
+    ASSERT(!cut->error && cut->finish == ENGINE_FINISH_STOP && cut->n_text == (size_t)first);
+    ASSERT_EQ(cut->n_lp, n_lp);
+    ASSERT(memcmp(cut->lp_tok, full->toks, (size_t)n_lp * sizeof(int32_t)) == 0);
+    free(full);
+    free(cut);
     rig_close(rig); /* the last test here */
 }
 

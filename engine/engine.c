@@ -658,15 +658,16 @@ static void session_command(struct engine *e, struct engine_request *r)
         }
         return;
     case ENGINE_REQ_SESSION_LIST:
-        for (int64_t i = 0; i < e->cfg.max_seqs; i++) {
-            struct seq *q = &e->seqs[i];
-            if (q->state != SEQ_FREE && q->session[0] && q->owner == r->owner) {
-                session_describe(e, q, &in);
-                emit_session(e, r->id, &in);
+        /* made with the directory's files off the thread (try_admit) */
+        if (!session_list(e, r->id, list_one, &r->id)) {
+            for (int64_t i = 0; i < e->cfg.max_seqs; i++) { /* no directory: memory only */
+                struct seq *q = &e->seqs[i];
+                if (q->state != SEQ_FREE && q->session[0] && q->owner == r->owner) {
+                    session_describe(e, q, &in);
+                    emit_session(e, r->id, &in);
+                }
             }
         }
-        session_list_held(e, r->owner, list_one, &r->id); /* not yet (or not) written */
-        session_list_disk(e, r->id, list_one, &r->id);    /* read off the thread (try_admit) */
         emit_done(e, r->id);
         return;
     case ENGINE_REQ_SESSION_DELETE: {
@@ -772,6 +773,18 @@ static int try_admit(struct engine *e, struct engine_request *r)
     return 1;
 }
 
+/* GET /v1/sessions requests that may wait for the directory's read at once
+ * (session_list_wait); more get 429. */
+#define LISTS_WAITING_MAX 4
+
+static int64_t lists_waiting(const struct engine *e)
+{
+    int64_t n = 0;
+    for (int64_t j = 0; j < e->n_waiting; j++)
+        n += e->waiting[j].req.kind == ENGINE_REQ_SESSION_LIST;
+    return n;
+}
+
 static void handle_commands(struct engine *e, int wait_ms)
 {
     struct queue_cmd cmds[CMD_BATCH];
@@ -783,7 +796,15 @@ static void handle_commands(struct engine *e, int wait_ms)
             struct queue_cmd *c = &cmds[i];
             switch (c->kind) {
             case QUEUE_CMD_SUBMIT:
-                if (e->n_waiting < e->cfg.max_seqs + e->cfg.max_queue) {
+                if (c->req.kind == ENGINE_REQ_SESSION_LIST &&
+                    lists_waiting(e) >= LISTS_WAITING_MAX) {
+                    /* listings wait on one directory read at a time: never
+                     * so many that they fill the queue for completions */
+                    emit_error(e, c->id, 429, NULL, "rate_limit_exceeded",
+                               "too many session listings are waiting; retry shortly");
+                    queue_request_done(&e->q);
+                    engine_request_free(&c->req);
+                } else if (e->n_waiting < e->cfg.max_seqs + e->cfg.max_queue) {
                     e->waiting[e->n_waiting++] = (struct waiting_req){c->req, 0};
                 } else { /* cannot happen: queue_submit bounds requests in flight */
                     emit_error(e, c->id, 429, NULL, "rate_limit_exceeded",

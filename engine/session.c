@@ -99,8 +99,10 @@ struct session_listing {
     int kind;  /* JOB_LIST */
     int state; /* LOAD_FREE, LOAD_QUEUED (with the IO thread), LOAD_DONE (made, not yet sent) */
     uint64_t req_id, key;
-    struct engine_session_info *in; /* the key's files, in directory order */
-    size_t n, cap;
+    /* the key's sessions: [0, n_mem) in memory or in a save not yet on disk
+     * when the listing was asked for, then the files not among them */
+    struct engine_session_info *in;
+    size_t n, n_mem, cap;
     int rc; /* 0, or -EIO (the directory could not be read), -ENOMEM */
 };
 
@@ -1222,28 +1224,25 @@ int session_describe_held(struct engine *e, const char *id, uint64_t key,
     return 0;
 }
 
-void session_list_held(struct engine *e, uint64_t key,
-                       void (*each)(struct engine *e, const struct engine_session_info *in,
-                                    void *arg),
-                       void *arg)
-{
-    for (int i = 0; e->saving && i < SESSION_SAVES_MAX; i++) {
-        struct session_saving *w = &e->saving[i];
-        struct engine_session_info in;
-        /* each session once: from its newest save */
-        if (w->state != SAVE_FREE && pending(e, w->m.id) == w &&
-            session_describe_held(e, w->m.id, key, &in) == 0)
-            each(e, &in, arg);
-    }
-}
-
 /* The IO thread's part of a listing: every file of the directory that key
  * owns, described from its header (session_describe_disk reads only the
  * directory). */
+static int listing_add(struct session_listing *l, const struct engine_session_info *in)
+{
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? 2 * l->cap : 16;
+        void *p = realloc(l->in, cap * sizeof *l->in);
+        if (!p)
+            return l->rc = -ENOMEM;
+        l->in = p;
+        l->cap = cap;
+    }
+    l->in[l->n++] = *in;
+    return 0;
+}
+
 static int list_dir(struct engine *e, struct session_listing *l)
 {
-    l->n = 0;
-    l->rc = 0;
     int fd = dup(e->dir_fd);
     DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
     if (!d) {
@@ -1261,20 +1260,14 @@ static int list_dir(struct engine *e, struct session_listing *l)
         char id[ENGINE_SESSION_ID_MAX];
         memcpy(id, de->d_name, len - strlen(SNAP_EXT));
         id[len - strlen(SNAP_EXT)] = 0;
+        int known = 0; /* listed from memory */
+        for (size_t i = 0; i < l->n_mem && !known; i++)
+            known = engine_session_id_equal(l->in[i].id, id);
         struct engine_session_info in;
-        if (session_describe_disk(e, id, l->key, &in) < 0)
+        if (known || session_describe_disk(e, id, l->key, &in) < 0)
             continue;
-        if (l->n == l->cap) {
-            size_t cap = l->cap ? 2 * l->cap : 16;
-            void *p = realloc(l->in, cap * sizeof *l->in);
-            if (!p) {
-                l->rc = -ENOMEM;
-                break;
-            }
-            l->in = p;
-            l->cap = cap;
-        }
-        l->in[l->n++] = in;
+        if (listing_add(l, &in) < 0)
+            break;
     }
     closedir(d);
     return l->rc;
@@ -1291,6 +1284,25 @@ int session_list_wait(struct engine *e, uint64_t req_id, uint64_t key)
     l->state = LOAD_QUEUED;
     l->req_id = req_id;
     l->key = key;
+    l->n = 0;
+    l->rc = 0;
+    /* what is in memory now: a session that leaves it while the directory
+     * is read is then in neither place when the listing is sent */
+    struct engine_session_info in;
+    for (int64_t i = 0; i < e->cfg.max_seqs && l->rc == 0; i++) {
+        const struct seq *q = &e->seqs[i];
+        if (q->state != SEQ_FREE && q->session[0] && q->owner == key) {
+            session_describe(e, q, &in);
+            listing_add(l, &in);
+        }
+    }
+    for (int i = 0; e->saving && i < SESSION_SAVES_MAX && l->rc == 0; i++) {
+        struct session_saving *w = &e->saving[i];
+        if (w->state != SAVE_FREE && pending(e, w->m.id) == w &&
+            session_describe_held(e, w->m.id, key, &in) == 0)
+            listing_add(l, &in);
+    }
+    l->n_mem = l->n;
     ptrq_put(&e->to_writer, l); /* never full: it holds every save, load and listing */
     return 1;
 }
@@ -1306,19 +1318,17 @@ void session_lists_gc(struct engine *e)
     l->state = LOAD_FREE; /* its request was cancelled while the files were read */
 }
 
-int session_list_disk(struct engine *e, uint64_t req_id,
-                      void (*each)(struct engine *e, const struct engine_session_info *in,
-                                   void *arg),
-                      void *arg)
+int session_list(struct engine *e, uint64_t req_id,
+                 void (*each)(struct engine *e, const struct engine_session_info *in, void *arg),
+                 void *arg)
 {
     struct session_listing *l = e->listing;
     if (!l || l->state != LOAD_DONE || l->req_id != req_id)
         return 0; /* no directory */
     l->state = LOAD_FREE;
     for (size_t i = 0; i < l->n; i++)
-        if (!session_find(e, l->in[i].id) && !pending(e, l->in[i].id))
-            each(e, &l->in[i], arg); /* else listed from memory, or from its save not yet on disk */
-    return l->rc;
+        each(e, &l->in[i], arg);
+    return 1;
 }
 
 int session_delete_disk(struct engine *e, const char *id, uint64_t key)

@@ -109,29 +109,21 @@ int session_describe_disk(struct engine *e, const char *id, uint64_t key,
  * or -ENOENT. */
 int session_describe_held(struct engine *e, const char *id, uint64_t key,
                           struct engine_session_info *out);
-/* Calls each for every session of key not in a KV slot whose newest state
- * is a save not yet on disk (session_describe_held). */
-void session_list_held(struct engine *e, uint64_t key,
-                       void (*each)(struct engine *e, const struct engine_session_info *in,
-                                    void *arg),
-                       void *arg);
-/* Before listing request req_id's sessions on disk (GET /v1/sessions of
- * key): 1 when it must wait, because the session IO thread is reading the
+/* Before answering listing request req_id (GET /v1/sessions of key): 1
+ * when it must wait, because the session IO thread is reading the
  * directory's headers for it, or for another listing (the engine thread is
- * woken when it is done), 0 when session_list_disk may run now (its listing
- * is made, or there is no directory). One listing is made at a time, so
- * that however often clients list, the engine thread never reads the
+ * woken when it is done), 0 when session_list may run now (its listing is
+ * made, or there is no directory). When it starts a listing it records the
+ * key's sessions in memory and in saves not yet on disk, as they are then;
+ * the IO thread adds the files of the others. One listing is made at a
+ * time, so however often clients list, the engine thread never reads the
  * directory for them. */
 int session_list_wait(struct engine *e, uint64_t req_id, uint64_t key);
-/* Calls each for every session of request req_id's listing (made as
- * session_list_wait went) that is neither in memory nor held now, and frees
- * the listing: 0, or -EIO / -ENOMEM when the directory could be read only
- * in part. Sessions saved after the directory was read are in memory or
- * held, so listed from there. */
-int session_list_disk(struct engine *e, uint64_t req_id,
-                      void (*each)(struct engine *e, const struct engine_session_info *in,
-                                   void *arg),
-                      void *arg);
+/* Calls each for every session of request req_id's listing and frees it:
+ * 1, or 0 when there is none (no directory: the caller lists memory). */
+int session_list(struct engine *e, uint64_t req_id,
+                 void (*each)(struct engine *e, const struct engine_session_info *in, void *arg),
+                 void *arg);
 /* Frees a listing whose request is gone (cancelled while it was made). */
 void session_lists_gc(struct engine *e);
 /* Deletes the snapshot of id if key owns it: 0, or -ENOENT. */

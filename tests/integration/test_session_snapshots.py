@@ -231,9 +231,10 @@ def test_a_listing_reads_the_directory_off_the_engine_thread(binary, model, tmp_
     """GET /v1/sessions reads the header of every snapshot in the directory:
     thousands of files take a while, and a directory on a slow disk longer.
     The session IO thread reads them, so a listing that waits on its reads
-    holds up nobody else's stream, and a listing whose client left does not
-    hold up the next one. The slow read here is a FIFO named like a
-    snapshot: opening it waits for a writer."""
+    holds up nobody else's stream, a listing whose client left does not hold
+    up the next one, and listings waiting their turn never fill the queue.
+    The slow read here is a FIFO named like a snapshot: opening it waits for
+    a writer."""
     d = tmp_path / "sessions"
     d.mkdir()
     s = Server(binary, model, ["--session-dir", str(d), "--window", WINDOW])
@@ -250,20 +251,79 @@ def test_a_listing_reads_the_directory_off_the_engine_thread(binary, model, tmp_
         body = {"model": "smol", "prompt": "The sea", "max_tokens": 8, "temperature": 0}
         st, r = call(s, "POST", "/v1/completions", body, timeout=60)
         assert st == 200 and r["usage"]["completion_tokens"] >= 1
-        listed = {}
-        lister = threading.Thread(
-            target=lambda: listed.update(r=call(s, "GET", "/v1/sessions", timeout=120)))
-        lister.start()
+        # at most 4 listings wait (here behind the first): more get 429 at
+        # once, and completions still find room in the queue
+        listed = [None] * 6
+
+        def lister(i):
+            listed[i] = call(s, "GET", "/v1/sessions", timeout=120)
+
+        listers = [threading.Thread(target=lister, args=(i,)) for i in range(6)]
+        for t in listers:
+            t.start()
+            time.sleep(0.2)
         time.sleep(0.5)
-        assert lister.is_alive() and not listed  # behind the first, still on the FIFO
+        refused = [x for x in listed if x is not None]
+        assert len(refused) == 2 and all(st == 429 for st, _ in refused), refused
+        assert call(s, "POST", "/v1/completions", body, timeout=60)[0] == 200
         # the FIFO leaves the listing's way, and a writer lets the open return
         os.rename(fifo, moved)
         os.close(os.open(moved, os.O_WRONLY | os.O_NONBLOCK))  # ENXIO: nobody was opening it
-        lister.join(60)
-        st, r = listed["r"]
-        assert st == 200 and [x["id"] for x in r["data"]] == [sid]
+        for t in listers:
+            t.join(60)
+        ok = [r for st, r in listed if st == 200]
+        assert len(ok) == 4 and all([x["id"] for x in r["data"]] == [sid] for r in ok)
     finally:
         for f in (fifo, moved):  # never leave a reader waiting on the FIFO
+            try:
+                os.close(os.open(f, os.O_WRONLY | os.O_NONBLOCK))
+            except OSError:
+                pass
+        assert s.stop() == 0, s.log()
+
+
+def test_a_session_that_leaves_memory_while_a_listing_is_made_is_listed(binary, model,
+                                                                         tmp_path):
+    """A listing records the sessions in memory when it starts and the IO
+    thread adds the files of the others: a session that leaves memory while
+    the directory is read (its save queued behind the listing) is listed
+    from memory, not lost between the two."""
+    d = tmp_path / "sessions"
+    d.mkdir()
+    s = Server(binary, model, ["--session-dir", str(d), "--window", WINDOW, "--max-seqs", "1"])
+    fifo, moved = d / "slow.snap", d / "slow.fifo"
+    try:
+        ids = {n: call(s, "POST", "/v1/sessions")[1]["id"] for n in ("C", "A", "B")}
+        assert complete(s, "The sea", ids["C"], max_tokens=2)[0] == 200
+        assert complete(s, "The sea", ids["A"], max_tokens=2)[0] == 200  # C leaves: saved
+        deadline = time.monotonic() + 30
+        while not (d / f"{ids['C']}.snap").exists():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert not (d / f"{ids['A']}.snap").exists()  # A: in memory only
+        os.mkfifo(fifo)
+        out = {}
+        lister = threading.Thread(target=lambda: out.update(l=call(s, "GET", "/v1/sessions")))
+        lister.start()
+        time.sleep(0.5)  # the IO thread waits on the FIFO
+        # B takes A's slot: A leaves memory, its save queued behind the listing
+        assert complete(s, "The sea", ids["B"], max_tokens=2)[0] == 200
+        # a restore of C, queued behind A's save: the listing's answer waits for it
+        restore = threading.Thread(
+            target=lambda: out.update(c=complete(s, "The sea", ids["C"], max_tokens=2)))
+        restore.start()
+        time.sleep(0.5)
+        os.rename(fifo, moved)
+        os.close(os.open(moved, os.O_WRONLY | os.O_NONBLOCK))
+        lister.join(60)
+        restore.join(60)
+        st, r = out["l"]
+        assert st == 200 and out["c"][0] == 200
+        assert sorted(x["id"] for x in r["data"]) == sorted([ids["A"], ids["C"]])
+        st, r = call(s, "GET", "/v1/sessions")
+        assert sorted(x["id"] for x in r["data"]) == sorted(ids.values())
+    finally:
+        for f in (fifo, moved):
             try:
                 os.close(os.open(f, os.O_WRONLY | os.O_NONBLOCK))
             except OSError:

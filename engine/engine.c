@@ -773,18 +773,6 @@ static int try_admit(struct engine *e, struct engine_request *r)
     return 1;
 }
 
-/* GET /v1/sessions requests that may wait for the directory's read at once
- * (session_list_wait); more get 429. */
-#define LISTS_WAITING_MAX 4
-
-static int64_t lists_waiting(const struct engine *e)
-{
-    int64_t n = 0;
-    for (int64_t j = 0; j < e->n_waiting; j++)
-        n += e->waiting[j].req.kind == ENGINE_REQ_SESSION_LIST;
-    return n;
-}
-
 static void handle_commands(struct engine *e, int wait_ms)
 {
     struct queue_cmd cmds[CMD_BATCH];
@@ -796,16 +784,8 @@ static void handle_commands(struct engine *e, int wait_ms)
             struct queue_cmd *c = &cmds[i];
             switch (c->kind) {
             case QUEUE_CMD_SUBMIT:
-                if (c->req.kind == ENGINE_REQ_SESSION_LIST &&
-                    lists_waiting(e) >= LISTS_WAITING_MAX) {
-                    /* listings wait on one directory read at a time: never
-                     * so many that they fill the queue for completions */
-                    emit_error(e, c->id, 429, NULL, "rate_limit_exceeded",
-                               "too many session listings are waiting; retry shortly");
-                    queue_request_done(&e->q);
-                    engine_request_free(&c->req);
-                } else if (e->n_waiting < e->cfg.max_seqs + e->cfg.max_queue) {
-                    e->waiting[e->n_waiting++] = (struct waiting_req){c->req, 0};
+                if (e->n_waiting < e->cfg.max_seqs + e->cfg.max_queue) {
+                    e->waiting[e->n_waiting++] = (struct waiting_req){c->req, 0, 0};
                 } else { /* cannot happen: queue_submit bounds requests in flight */
                     emit_error(e, c->id, 429, NULL, "rate_limit_exceeded",
                                "the server is at capacity");
@@ -821,6 +801,7 @@ static void handle_commands(struct engine *e, int wait_ms)
                 }
                 for (int64_t j = 0; j < e->n_waiting; j++) {
                     if (e->waiting[j].req.id == c->id) {
+                        e->n_lists_waiting -= e->waiting[j].list_waits;
                         engine_request_free(&e->waiting[j].req);
                         memmove(&e->waiting[j], &e->waiting[j + 1],
                                 (size_t)(e->n_waiting - j - 1) * sizeof *e->waiting);
@@ -849,16 +830,34 @@ static void handle_commands(struct engine *e, int wait_ms)
     }
 }
 
+/* GET /v1/sessions requests that may wait at once for the directory's read
+ * (session_list_wait): each holds a place of the requests in flight, so
+ * listings held up by a slow directory take at most this many from the
+ * completions; more get 429. */
+#define LISTS_WAITING_MAX 4
+
 static void admit_waiting(struct engine *e)
 {
     int64_t j = 0;
     for (int64_t i = 0; i < e->n_waiting; i++) {
-        uint64_t id = e->waiting[i].req.id;
-        int paused = e->waiting[i].paused;
-        if (!try_admit(e, &e->waiting[i].req)) {
-            e->waiting[j++] = e->waiting[i]; /* keep FIFO order */
+        struct waiting_req *w = &e->waiting[i];
+        uint64_t id = w->req.id;
+        int paused = w->paused;
+        if (!try_admit(e, &w->req)) {
+            if (w->req.kind == ENGINE_REQ_SESSION_LIST && !w->list_waits) {
+                if (e->n_lists_waiting >= LISTS_WAITING_MAX) {
+                    emit_error(e, id, 429, NULL, "rate_limit_exceeded",
+                               "too many session listings are waiting; retry shortly");
+                    request_over(e, &w->req);
+                    continue;
+                }
+                w->list_waits = 1;
+                e->n_lists_waiting++;
+            }
+            e->waiting[j++] = *w; /* keep FIFO order */
             continue;
         }
+        e->n_lists_waiting -= w->list_waits;
         struct seq *s = paused ? find_running(e, id) : NULL;
         if (s)
             s->paused = 1; /* paused while it waited */

@@ -62,6 +62,7 @@ struct seq {
 struct waiting_req {
     struct engine_request req;
     int paused;
+    int list_waits; /* a listing counted in n_lists_waiting */
 };
 
 struct engine {
@@ -82,6 +83,7 @@ struct engine {
     struct seq *seqs;            /* [max_seqs], index == KV slot */
     struct waiting_req *waiting; /* FIFO of admitted-but-slotless requests */
     int64_t n_waiting;
+    int64_t n_lists_waiting; /* listings among them that wait for the directory */
     struct fwd_input *inputs;
     int *input_seq;
     float *scratch; /* [max_seqs][V] a sequence's logits as the model gave them (logprobs) */

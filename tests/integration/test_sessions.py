@@ -36,3 +36,25 @@ def test_a_session_keeps_its_kv_policy_and_a_request_naming_another_is_refused(s
     assert "sinks:4" in r["error"]["message"] and "window" in r["error"]["message"], r
     st, r = call(server, "GET", "/v1/sessions/keeps-policy")
     assert st == 200 and r["kv_policy"] == "sinks:4", r
+
+
+def test_listings_without_a_session_dir_never_wait_and_are_never_refused(server):
+    # the cap on listings waiting for a directory read applies to listings
+    # that wait: without --session-dir a burst during a decode is all 200
+    import threading
+
+    body = {"model": "smol", "prompt": "Once upon a time", "max_tokens": 200, "temperature": 0}
+    gen = threading.Thread(target=lambda: call(server, "POST", "/v1/completions", body))
+    gen.start()
+    got = [None] * 12
+
+    def lister(i):
+        got[i] = call(server, "GET", "/v1/sessions")[0]
+
+    listers = [threading.Thread(target=lister, args=(i,)) for i in range(12)]
+    for t in listers:
+        t.start()
+    for t in listers:
+        t.join(60)
+    gen.join(120)
+    assert got == [200] * 12, got

@@ -1224,9 +1224,7 @@ int session_describe_held(struct engine *e, const char *id, uint64_t key,
     return 0;
 }
 
-/* The IO thread's part of a listing: every file of the directory that key
- * owns, described from its header (session_describe_disk reads only the
- * directory). */
+/* Appends in to l: 0, or -ENOMEM (l->rc too; l keeps what it has). */
 static int listing_add(struct session_listing *l, const struct engine_session_info *in)
 {
     if (l->n == l->cap) {
@@ -1241,6 +1239,9 @@ static int listing_add(struct session_listing *l, const struct engine_session_in
     return 0;
 }
 
+/* The IO thread's part of a listing: every file of the directory that the
+ * key owns and that the listing does not have from memory, described from
+ * its header (session_describe_disk reads only the directory). */
 static int list_dir(struct engine *e, struct session_listing *l)
 {
     int fd = dup(e->dir_fd);
@@ -1297,7 +1298,7 @@ int session_list_wait(struct engine *e, uint64_t req_id, uint64_t key)
         }
     }
     for (int i = 0; e->saving && i < SESSION_SAVES_MAX && l->rc == 0; i++) {
-        struct session_saving *w = &e->saving[i];
+        struct session_saving *w = &e->saving[i]; /* each session once: its newest save */
         if (w->state != SAVE_FREE && pending(e, w->m.id) == w &&
             session_describe_held(e, w->m.id, key, &in) == 0)
             listing_add(l, &in);

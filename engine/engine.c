@@ -659,15 +659,8 @@ static void session_command(struct engine *e, struct engine_request *r)
         return;
     case ENGINE_REQ_SESSION_LIST:
         /* made with the directory's files off the thread (try_admit) */
-        if (!session_list(e, r->id, list_one, &r->id)) {
-            for (int64_t i = 0; i < e->cfg.max_seqs; i++) { /* no directory: memory only */
-                struct seq *q = &e->seqs[i];
-                if (q->state != SEQ_FREE && q->session[0] && q->owner == r->owner) {
-                    session_describe(e, q, &in);
-                    emit_session(e, r->id, &in);
-                }
-            }
-        }
+        if (!session_list(e, r->id, list_one, &r->id))
+            session_list_memory(e, r->owner, list_one, &r->id); /* no directory: memory only */
         emit_done(e, r->id);
         return;
     case ENGINE_REQ_SESSION_DELETE: {

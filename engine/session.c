@@ -1242,6 +1242,27 @@ static int listing_add(struct session_listing *l, const struct engine_session_in
 /* The IO thread's part of a listing: every file of the directory that the
  * key owns and that the listing does not have from memory, described from
  * its header (session_describe_disk reads only the directory). */
+static void listing_add_each(struct engine *e, const struct engine_session_info *in, void *l)
+{
+    (void)e;
+    listing_add(l, in);
+}
+
+void session_list_memory(struct engine *e, uint64_t key,
+                         void (*each)(struct engine *e, const struct engine_session_info *in,
+                                      void *arg),
+                         void *arg)
+{
+    struct engine_session_info in;
+    for (int64_t i = 0; i < e->cfg.max_seqs; i++) {
+        const struct seq *q = &e->seqs[i];
+        if (q->state != SEQ_FREE && q->session[0] && q->owner == key) {
+            session_describe(e, q, &in);
+            each(e, &in, arg);
+        }
+    }
+}
+
 static int list_dir(struct engine *e, struct session_listing *l)
 {
     int fd = dup(e->dir_fd);
@@ -1289,14 +1310,8 @@ int session_list_wait(struct engine *e, uint64_t req_id, uint64_t key)
     l->rc = 0;
     /* what is in memory now: a session that leaves it while the directory
      * is read is then in neither place when the listing is sent */
+    session_list_memory(e, key, listing_add_each, l);
     struct engine_session_info in;
-    for (int64_t i = 0; i < e->cfg.max_seqs && l->rc == 0; i++) {
-        const struct seq *q = &e->seqs[i];
-        if (q->state != SEQ_FREE && q->session[0] && q->owner == key) {
-            session_describe(e, q, &in);
-            listing_add(l, &in);
-        }
-    }
     for (int i = 0; e->saving && i < SESSION_SAVES_MAX && l->rc == 0; i++) {
         struct session_saving *w = &e->saving[i]; /* each session once: its newest save */
         if (w->state != SAVE_FREE && pending(e, w->m.id) == w &&

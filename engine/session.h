@@ -109,6 +109,11 @@ int session_describe_disk(struct engine *e, const char *id, uint64_t key,
  * or -ENOENT. */
 int session_describe_held(struct engine *e, const char *id, uint64_t key,
                           struct engine_session_info *out);
+/* Calls each for every session of key in a KV slot. */
+void session_list_memory(struct engine *e, uint64_t key,
+                         void (*each)(struct engine *e, const struct engine_session_info *in,
+                                      void *arg),
+                         void *arg);
 /* Before answering listing request req_id (GET /v1/sessions of key): 1
  * when it must wait, because the session IO thread is reading the
  * directory's headers for it, or for another listing (the engine thread is

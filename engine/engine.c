@@ -553,14 +553,19 @@ static void request_over(struct engine *e, struct engine_request *r)
     engine_request_free(r);
 }
 
-static void session_not_found(struct engine *e, const struct engine_request *r)
+static void no_such_session(struct engine *e, uint64_t id, const char *sid)
 {
     char msg[160 + ENGINE_SESSION_ID_MAX];
     snprintf(msg, sizeof msg,
              "session '%s' does not exist: it never did, it expired, it was deleted, or it "
              "belongs to another API key",
-             r->session_id);
-    emit_error(e, r->id, 404, "session_id", "session_not_found", msg);
+             sid);
+    emit_error(e, id, 404, "session_id", "session_not_found", msg);
+}
+
+static void session_not_found(struct engine *e, const struct engine_request *r)
+{
+    no_such_session(e, r->id, r->session_id);
 }
 
 static void emit_session(struct engine *e, uint64_t id, const struct engine_session_info *in)
@@ -587,6 +592,14 @@ static void emit_done(struct engine *e, uint64_t id)
 static void list_one(struct engine *e, const struct engine_session_info *in, void *arg)
 {
     emit_session(e, *(const uint64_t *)arg, in);
+}
+
+void engine__delete_answer(struct engine *e, uint64_t id, const char *sid, int found)
+{
+    if (found)
+        emit_done(e, id);
+    else
+        no_such_session(e, id, sid);
 }
 
 void engine__save_answer(struct engine *e, uint64_t id, uint64_t key, const char *sid, int rc,
@@ -674,11 +687,9 @@ static void session_command(struct engine *e, struct engine_request *r)
             engine__seq_release(e, s);
         session_loads_forget(e, r->session_id); /* read, not restored: gone too */
         found |= session_saves_forget(e, r->session_id, r->owner) > 0; /* nothing written after */
-        found |= session_delete_disk(e, r->session_id, r->owner) == 0;
-        if (found)
-            emit_done(e, r->id);
-        else
-            session_not_found(e, r);
+        /* the file, off the engine thread: answered when it is gone */
+        if (!session_delete_start(e, r->session_id, r->owner, r->id, found))
+            engine__delete_answer(e, r->id, r->session_id, found);
         return;
     }
     case ENGINE_REQ_GENERATE:
@@ -690,9 +701,13 @@ static void session_command(struct engine *e, struct engine_request *r)
  * 0 if it must wait for a slot. */
 static int try_admit(struct engine *e, struct engine_request *r)
 {
+    if (r->session_id[0] && session_delete_busy(e, r->session_id))
+        return 0; /* after the DELETE of its file */
     if (r->kind != ENGINE_REQ_GENERATE) {
         if (session_load_busy(e, r->session_id))
             return 0; /* after the restore whose file is being read */
+        if (r->kind == ENGINE_REQ_SESSION_DELETE && !session_delete_room(e))
+            return 0; /* every place for a DELETE's file is taken */
         if (r->kind == ENGINE_REQ_SESSION_LIST && session_list_wait(e, r->id, r->owner))
             return 0; /* the directory is being read for it */
         session_command(e, r);

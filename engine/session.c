@@ -18,6 +18,7 @@
  */
 #include "session.h"
 
+#include <assert.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -67,7 +68,7 @@ struct session_saving {
 };
 
 enum { SAVE_FREE, SAVE_QUEUED, SAVE_HELD };
-enum { JOB_LOAD = 1, JOB_LIST };
+enum { JOB_LOAD = 1, JOB_LIST, JOB_DELETE };
 
 /* A snapshot file read and checked by the writer thread (the session IO
  * thread) for a request that waits for it, so that the engine thread only
@@ -104,6 +105,23 @@ struct session_listing {
     struct engine_session_info *in;
     size_t n, n_mem, cap;
     int rc; /* 0, or -EIO (the directory could not be read), -ENOMEM */
+};
+
+/* A DELETE of a session's file, made by the session IO thread: the header's
+ * owner check, the unlink, the directory's fsync and its recount take a
+ * while on a slow disk or in a directory of thousands, and on the engine
+ * thread they would stall every stream. The engine thread owns it except
+ * between ptrq_put on to_writer and ptrq_get on from_writer, and answers the
+ * request (engine__delete_answer) when it comes back. */
+struct session_deleting {
+    int kind;  /* JOB_DELETE */
+    int state; /* LOAD_FREE, LOAD_QUEUED (with the IO thread) */
+    char id[ENGINE_SESSION_ID_MAX];
+    uint64_t key, answer_id;
+    int found; /* the engine thread found the session (in memory or in a save) */
+    int rc;    /* the file: 0 deleted, or -ENOENT (none of key's), or -errno */
+    struct disk_count scan;
+    int scan_ok;
 };
 
 static int session_writer_start(struct engine *e);
@@ -418,6 +436,8 @@ void session_dir_close(struct engine *e)
         free(e->listing->in);
     free(e->listing);
     e->listing = NULL;
+    free(e->deleting);
+    e->deleting = NULL;
     if (e->to_writer.impl)
         ptrq_free(&e->to_writer);
     if (e->from_writer.impl)
@@ -524,17 +544,21 @@ static void load(struct engine *e, struct session_loading *l)
 }
 
 static int list_dir(struct engine *e, struct session_listing *l);
+static void delete_file(struct engine *e, struct session_deleting *d);
 
 static void *writer_main(void *arg)
 {
     struct engine *e = arg;
     void *job;
     while ((job = ptrq_get(&e->to_writer, -1))) {
-        if (*(const int *)job == JOB_LOAD || *(const int *)job == JOB_LIST) {
-            if (*(const int *)job == JOB_LOAD)
+        const int kind = *(const int *)job;
+        if (kind == JOB_LOAD || kind == JOB_LIST || kind == JOB_DELETE) {
+            if (kind == JOB_LOAD)
                 load(e, job);
-            else
+            else if (kind == JOB_LIST)
                 list_dir(e, job);
+            else
+                delete_file(e, job);
             ptrq_put(&e->from_writer, job);
             queue_poke(&e->q);
             continue;
@@ -619,6 +643,15 @@ static void finish(struct engine *e, struct session_saving *w)
     count_saves(e);
 }
 
+/* The IO thread is done with d: the directory's new count, and the answer. */
+static void delete_done(struct engine *e, struct session_deleting *d)
+{
+    if (d->scan_ok)
+        count_apply(e, &d->scan);
+    d->state = LOAD_FREE;
+    engine__delete_answer(e, d->answer_id, d->id, d->found || d->rc == 0);
+}
+
 /* Takes the writer's finished saves; waits up to wait_ms for one. Returns
  * how many. */
 static int collect(struct engine *e, int wait_ms)
@@ -632,6 +665,8 @@ static int collect(struct engine *e, int wait_ms)
             ((struct session_loading *)job)->state = LOAD_DONE; /* used by its request */
         else if (*(const int *)job == JOB_LIST)
             ((struct session_listing *)job)->state = LOAD_DONE; /* sent by its request */
+        else if (*(const int *)job == JOB_DELETE)
+            delete_done(e, job);
         else
             finish(e, job);
         n++;
@@ -882,9 +917,12 @@ static int session_writer_start(struct engine *e)
     e->listing = calloc(1, sizeof *e->listing);
     if (!e->listing)
         return -ENOMEM;
-    /* every save, load and listing at once */
-    if (ptrq_init(&e->to_writer, SESSION_SAVES_MAX + SESSION_LOADS_MAX + 1) < 0 ||
-        ptrq_init(&e->from_writer, SESSION_SAVES_MAX + SESSION_LOADS_MAX + 1) < 0)
+    e->deleting = calloc(SESSION_DELETES_MAX, sizeof *e->deleting);
+    if (!e->deleting)
+        return -ENOMEM;
+    /* every save, load, listing and delete at once */
+    const size_t jobs = SESSION_SAVES_MAX + SESSION_LOADS_MAX + 1 + SESSION_DELETES_MAX;
+    if (ptrq_init(&e->to_writer, jobs) < 0 || ptrq_init(&e->from_writer, jobs) < 0)
         return -ENOMEM;
     if (pthread_create(&e->writer, NULL, writer_main, e) != 0)
         return -EAGAIN;
@@ -897,6 +935,8 @@ void session_saves_drain(struct engine *e)
     if (!e->writer_on)
         return;
     e->saves_draining = 1;
+    while (session_delete_busy(e, "")) /* answered, and the files gone, before the stop */
+        collect(e, -1);
     session_saves_settle(e, NULL);
     /* held saves get one more try each; what still fails is lost, and said so */
     for (int i = 0; i < SESSION_SAVES_MAX; i++)
@@ -1175,14 +1215,14 @@ int session_disk_foreign(struct engine *e, const char *id, uint64_t key)
     return engine_session_id_equal(m.id, id) && !m.owner_unknown && m.owner != key;
 }
 
-int session_describe_disk(struct engine *e, const char *id, uint64_t key,
-                          struct engine_session_info *out)
+/* session_describe_disk in dir_fd: any thread. */
+static int describe_file(int dir_fd, const char *id, uint64_t key, struct engine_session_info *out)
 {
     memset(out, 0, sizeof *out);
     char name[ENGINE_SESSION_ID_MAX + 8];
-    if (e->dir_fd < 0 || file_name(name, sizeof name, id, SNAP_EXT) < 0)
+    if (dir_fd < 0 || file_name(name, sizeof name, id, SNAP_EXT) < 0)
         return -ENOENT;
-    int fd = openat(e->dir_fd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    int fd = openat(dir_fd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     if (fd < 0)
         return -ENOENT;
     uint8_t hdr[SNAPSHOT_FIXED_HEADER + ENGINE_SESSION_ID_MAX];
@@ -1202,6 +1242,12 @@ int session_describe_disk(struct engine *e, const char *id, uint64_t key,
     out->on_disk = 1;
     out->bytes = (int64_t)st.st_size;
     return 0;
+}
+
+int session_describe_disk(struct engine *e, const char *id, uint64_t key,
+                          struct engine_session_info *out)
+{
+    return describe_file(e->dir_fd, id, key, out);
 }
 
 int session_describe_held(struct engine *e, const char *id, uint64_t key,
@@ -1347,16 +1393,61 @@ int session_list(struct engine *e, uint64_t req_id,
     return 1;
 }
 
-int session_delete_disk(struct engine *e, const char *id, uint64_t key)
+/* ---- deletes made by the IO thread ------------------------------------------------------- */
+
+/* The IO thread's part of a DELETE: key's snapshot of d->id, if there is
+ * one, is unlinked, the directory synced (the unlink survives a crash) and
+ * recounted. */
+static void delete_file(struct engine *e, struct session_deleting *d)
 {
     struct engine_session_info in;
-    if (session_describe_disk(e, id, key, &in) < 0)
-        return -ENOENT;
     char name[ENGINE_SESSION_ID_MAX + 8];
-    file_name(name, sizeof name, id, SNAP_EXT);
-    int rc = unlinkat(e->dir_fd, name, 0) < 0 ? -errno : 0;
-    if (rc == 0)
+    d->scan_ok = 0;
+    d->rc = describe_file(e->dir_fd, d->id, d->key, &in);
+    if (d->rc < 0 || file_name(name, sizeof name, d->id, SNAP_EXT) < 0)
+        return;
+    d->rc = unlinkat(e->dir_fd, name, 0) < 0 ? -errno : 0;
+    if (d->rc == 0)
         fsync(e->dir_fd);
-    disk_scan(e, NULL);
-    return rc;
+    d->scan_ok = disk_count(e->dir_fd, e->cfg.session_disk_max, NULL, &d->scan) == 0;
+}
+
+int session_delete_room(const struct engine *e)
+{
+    for (int i = 0; e->deleting && i < SESSION_DELETES_MAX; i++)
+        if (e->deleting[i].state == LOAD_FREE)
+            return 1;
+    return !e->writer_on;
+}
+
+int session_delete_busy(const struct engine *e, const char *id)
+{
+    for (int i = 0; e->deleting && i < SESSION_DELETES_MAX; i++)
+        if (e->deleting[i].state == LOAD_QUEUED &&
+            (!id[0] || engine_session_id_equal(e->deleting[i].id, id)))
+            return 1;
+    return 0;
+}
+
+int session_delete_start(struct engine *e, const char *id, uint64_t key, uint64_t answer_id,
+                         int found)
+{
+    if (!e->writer_on || e->dir_fd < 0 || !engine_session_id_valid(id))
+        return 0;
+    for (int i = 0; i < SESSION_DELETES_MAX; i++) {
+        struct session_deleting *d = &e->deleting[i];
+        if (d->state != LOAD_FREE)
+            continue;
+        memset(d, 0, sizeof *d);
+        d->kind = JOB_DELETE;
+        d->state = LOAD_QUEUED;
+        snprintf(d->id, sizeof d->id, "%s", id);
+        d->key = key;
+        d->answer_id = answer_id;
+        d->found = found;
+        ptrq_put(&e->to_writer, d); /* never full: it holds every job */
+        return 1;
+    }
+    assert(!"session_delete_start without session_delete_room");
+    return 0;
 }

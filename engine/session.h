@@ -131,7 +131,23 @@ int session_list(struct engine *e, uint64_t req_id,
                  void *arg);
 /* Frees a listing whose request is gone (cancelled while it was made). */
 void session_lists_gc(struct engine *e);
-/* Deletes the snapshot of id if key owns it: 0, or -ENOENT. */
-int session_delete_disk(struct engine *e, const char *id, uint64_t key);
+/* At most this many DELETEs' files are with the session IO thread at once;
+ * more wait for a place (session_delete_room). */
+#define SESSION_DELETES_MAX 4
+/* 1 when session_delete_start may be called now (always without a
+ * directory), 0 when the DELETE must wait for a place. */
+int session_delete_room(const struct engine *e);
+/* 1 while a DELETE of id (of any session when id is "") is with the IO
+ * thread: requests naming id wait, so that they keep their order with it. */
+int session_delete_busy(const struct engine *e, const char *id);
+/* The file part of DELETE request answer_id, after the engine thread has
+ * dropped session id of key from memory (found: whether it was there, or in
+ * a save): the IO thread deletes key's snapshot of id, if there is one,
+ * syncs and recounts the directory, and the engine thread answers the
+ * request when it is done (engine__delete_answer: 204 when either found
+ * it). Returns 1, or 0 without a directory (the caller answers now). Call
+ * only when session_delete_room says so. */
+int session_delete_start(struct engine *e, const char *id, uint64_t key, uint64_t answer_id,
+                         int found);
 
 #endif

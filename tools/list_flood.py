@@ -14,20 +14,11 @@ request), the listings made meanwhile and the median time of a listing
 alone. Standard library only.
 """
 import argparse
-import json
-import shutil
 import statistics
 import threading
 import time
-import urllib.request
 
-
-def call(url, method="GET", body=None):
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data, {"Content-Type": "application/json"}, method=method)
-    with urllib.request.urlopen(req, timeout=600) as r:
-        raw = r.read()
-    return json.loads(raw) if raw else None
+from session_files import call, fill
 
 
 def main():
@@ -40,12 +31,7 @@ def main():
     a = ap.parse_args()
     model = call(a.url + "/v1/models")["data"][0]["id"]
     if a.files:
-        sid = call(a.url + "/v1/sessions", "POST")["id"]
-        call(a.url + "/v1/completions", "POST",
-             {"model": model, "prompt": "Hello", "max_tokens": 4, "session_id": sid})
-        call(a.url + f"/v1/sessions/{sid}/save", "POST")
-        for i in range(a.files):
-            shutil.copyfile(f"{a.dir}/{sid}.snap", f"{a.dir}/flood{i}.snap")
+        fill(a.url, model, a.dir, a.files, "flood")
 
     def decode():
         body = {"model": model, "prompt": "Once upon a time", "max_tokens": a.tokens,

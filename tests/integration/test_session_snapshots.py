@@ -282,6 +282,78 @@ def test_a_listing_reads_the_directory_off_the_engine_thread(binary, model, tmp_
         assert s.stop() == 0, s.log()
 
 
+def open_fifo_writer(path, timeout=30):
+    """Opens and closes the FIFO at path for writing once a reader waits in
+    its open (which then returns, and reads nothing). False if none came."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+            return True
+        except OSError:  # ENXIO: no reader yet
+            time.sleep(0.05)
+    return False
+
+
+def test_a_delete_deletes_its_file_off_the_engine_thread(binary, model, tmp_path):
+    """DELETE /v1/sessions/ID reads the file's header (whose it is), unlinks
+    it, syncs and recounts the directory: on a slow disk, or in a directory
+    of thousands, that takes a while. The session IO thread does it, and the
+    DELETE is answered when it is done, so streams go on meanwhile. The slow
+    read here is a FIFO named like the snapshot: opening it waits for a
+    writer."""
+    d = tmp_path / "sessions"
+    d.mkdir()
+    s = Server(binary, model, ["--session-dir", str(d), "--window", WINDOW])
+    fifo = d / "slow-delete.snap"
+    try:
+        st, r = call(s, "POST", "/v1/sessions")
+        sid = r["id"]
+        assert complete(s, LONG, sid, max_tokens=4)[0] == 200
+        assert call(s, "POST", f"/v1/sessions/{sid}/save")[0] == 200
+        assert (d / f"{sid}.snap").exists()
+        os.mkfifo(fifo)
+        got = {}
+
+        def delete(name):
+            got[name] = call(s, "DELETE", f"/v1/sessions/{name}", timeout=120)
+
+        slow = threading.Thread(target=delete, args=("slow-delete",))
+        slow.start()
+        time.sleep(0.5)
+        mine = threading.Thread(target=delete, args=(sid,))
+        mine.start()
+        # the IO thread waits in the FIFO's open; the engine thread does not
+        body = {"model": "smol", "prompt": "The sea", "max_tokens": 8, "temperature": 0}
+        st, r = call(s, "POST", "/v1/completions", body, timeout=60)
+        assert st == 200 and r["usage"]["completion_tokens"] >= 1
+        # a request naming a session being deleted waits for its DELETE
+        named = {}
+
+        def get_mine():
+            named["r"] = call(s, "GET", f"/v1/sessions/{sid}", timeout=120)
+
+        getter = threading.Thread(target=get_mine)
+        getter.start()
+        time.sleep(0.3)
+        assert not got and not named, (got, named)
+        assert open_fifo_writer(fifo)
+        for t in (slow, mine, getter):
+            t.join(60)
+        # a FIFO is nobody's snapshot; the session's own file is gone
+        assert got["slow-delete"][0] == 404, got
+        assert got["slow-delete"][1]["error"]["code"] == "session_not_found"
+        assert got[sid] == (204, None), got
+        assert not (d / f"{sid}.snap").exists()
+        assert named["r"][0] == 404, named
+        assert s.metrics()["streamsink_sessions_on_disk"] == 0
+    finally:
+        if fifo.exists():
+            open_fifo_writer(fifo, timeout=1)  # never leave a reader waiting on it
+            fifo.unlink()
+        assert s.stop() == 0, s.log()
+
+
 def test_a_session_that_leaves_memory_while_a_listing_is_made_is_listed(binary, model,
                                                                          tmp_path):
     """A listing records the sessions in memory when it starts and the IO

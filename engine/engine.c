@@ -602,6 +602,17 @@ void engine__delete_answer(struct engine *e, uint64_t id, const char *sid, int f
         no_such_session(e, id, sid);
 }
 
+void engine__describe_answer(struct engine *e, uint64_t id, const char *sid,
+                             const struct engine_session_info *in)
+{
+    if (!in) {
+        no_such_session(e, id, sid);
+        return;
+    }
+    emit_session(e, id, in);
+    emit_done(e, id);
+}
+
 void engine__save_answer(struct engine *e, uint64_t id, uint64_t key, const char *sid, int rc,
                          const char *why)
 {
@@ -622,15 +633,22 @@ void engine__save_answer(struct engine *e, uint64_t id, uint64_t key, const char
     emit_done(e, id);
 }
 
-/* The session requests: save, get, list, delete (key-bound). */
-static void session_command(struct engine *e, struct engine_request *r)
+/* The caller's session named by r in a KV slot, or NULL (another key's
+ * session does not exist for this one). */
+static struct seq *own_session(struct engine *e, const struct engine_request *r)
+{
+    struct seq *s = r->session_id[0] ? session_find(e, r->session_id) : NULL;
+    return s && s->owner == r->owner ? s : NULL;
+}
+
+/* The session requests: save, get, list, delete (key-bound). Returns 1 when
+ * done with r (answered, or to be answered when the session IO thread is
+ * done with its file), 0 when it must wait for a place with that thread
+ * (nothing done yet). */
+static int session_command(struct engine *e, struct engine_request *r)
 {
     struct engine_session_info in;
-    struct seq *s = r->session_id[0] ? session_find(e, r->session_id) : NULL;
-    if (s && s->owner != r->owner)
-        s = NULL; /* another key's session does not exist for this one */
-    if (!s && r->session_id[0])
-        session_saves_settle(e, r->session_id); /* its file is being written */
+    struct seq *s = own_session(e, r);
     switch (r->kind) {
     case ENGINE_REQ_SESSION_SAVE: {
         char why[200];
@@ -638,50 +656,52 @@ static void session_command(struct engine *e, struct engine_request *r)
             emit_error(e, r->id, 500, NULL, "session_save_failed",
                        "this session's last snapshot could not be written; it is held in "
                        "memory and the write is tried again every few seconds");
-            return;
+            return 1;
         }
-        if (!s) {
-            if (session_describe_disk(e, r->session_id, r->owner, &in) == 0) {
-                emit_session(e, r->id, &in); /* not in memory: its snapshot is current */
-                emit_done(e, r->id);
-            } else {
+        if (!s) { /* not in memory: its snapshot, if there is one, is current */
+            if (!session_file_room(e))
+                return 0;
+            if (!session_describe_start(e, r->session_id, r->owner, r->id))
                 session_not_found(e, r);
-            }
-            return;
+            return 1;
         }
         if (s->state == SEQ_RUNNING) {
             emit_error(e, r->id, 409, "session_id", "session_busy",
                        "this session is busy with a request; save it when the request is over");
-            return;
+            return 1;
         }
         int rc = session_save(e, s, r->id, why, sizeof why);
         if (rc < 0)
             engine__save_answer(e, r->id, r->owner, r->session_id, rc, why);
-        return; /* answered when the writer is done */
+        return 1; /* answered when the writer is done */
     }
     case ENGINE_REQ_SESSION_GET:
         if (s)
             session_describe(e, s, &in);
-        if (s || session_describe_held(e, r->session_id, r->owner, &in) == 0 ||
-            session_describe_disk(e, r->session_id, r->owner, &in) == 0) {
+        if (s || session_describe_held(e, r->session_id, r->owner, &in) == 0) {
             emit_session(e, r->id, &in);
             emit_done(e, r->id);
-        } else {
-            session_not_found(e, r);
+            return 1;
         }
-        return;
+        if (!session_file_room(e))
+            return 0;
+        if (!session_describe_start(e, r->session_id, r->owner, r->id))
+            session_not_found(e, r); /* no directory */
+        return 1;
     case ENGINE_REQ_SESSION_LIST:
         /* made with the directory's files off the thread (try_admit) */
         if (!session_list(e, r->id, list_one, &r->id))
             session_list_memory(e, r->owner, list_one, &r->id); /* no directory: memory only */
         emit_done(e, r->id);
-        return;
+        return 1;
     case ENGINE_REQ_SESSION_DELETE: {
         if (s && s->state == SEQ_RUNNING) {
             emit_error(e, r->id, 409, "session_id", "session_busy",
                        "this session is busy with a request");
-            return;
+            return 1;
         }
+        if (!session_file_room(e))
+            return 0;
         int found = s != NULL;
         if (s)
             engine__seq_release(e, s);
@@ -690,27 +710,32 @@ static void session_command(struct engine *e, struct engine_request *r)
         /* the file, off the engine thread: answered when it is gone */
         if (!session_delete_start(e, r->session_id, r->owner, r->id, found))
             engine__delete_answer(e, r->id, r->session_id, found);
-        return;
+        return 1;
     }
     case ENGINE_REQ_GENERATE:
         break;
     }
+    return 1;
 }
 
 /* Tries to place a request. Returns 1 if done with it (admitted or failed),
  * 0 if it must wait for a slot. */
 static int try_admit(struct engine *e, struct engine_request *r)
 {
-    if (r->session_id[0] && session_delete_busy(e, r->session_id))
-        return 0; /* after the DELETE of its file */
+    if (r->session_id[0] && session_file_busy(e, r->session_id))
+        return 0; /* after the IO thread's read or delete of its file */
     if (r->kind != ENGINE_REQ_GENERATE) {
         if (session_load_busy(e, r->session_id))
             return 0; /* after the restore whose file is being read */
-        if (r->kind == ENGINE_REQ_SESSION_DELETE && !session_delete_room(e))
-            return 0; /* every place for a DELETE's file is taken */
+        /* a session not in memory (or being deleted) whose file is being
+         * written: after the write (never waited for on this thread) */
+        if (r->session_id[0] && (r->kind == ENGINE_REQ_SESSION_DELETE || !own_session(e, r)) &&
+            session_save_busy(e, r->session_id))
+            return 0;
         if (r->kind == ENGINE_REQ_SESSION_LIST && session_list_wait(e, r->id, r->owner))
             return 0; /* the directory is being read for it */
-        session_command(e, r);
+        if (!session_command(e, r))
+            return 0; /* for a place with the IO thread */
         request_over(e, r);
         return 1;
     }

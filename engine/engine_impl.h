@@ -103,10 +103,10 @@ struct engine {
     uint8_t model_digest[32]; /* SHA-256 of the model file */
     uint64_t tmp_seq;         /* temp file names */
     /* the session writer thread (session.c): saves handed over and back */
-    struct session_saving *saving;     /* [SESSION_SAVES_MAX] */
-    struct session_loading *loading;   /* [SESSION_LOADS_MAX]: restores read off the thread */
-    struct session_listing *listing;   /* [1]: GET /v1/sessions read off the thread */
-    struct session_deleting *deleting; /* [SESSION_DELETES_MAX]: DELETEs' files, off the thread */
+    struct session_saving *saving;   /* [SESSION_SAVES_MAX] */
+    struct session_loading *loading; /* [SESSION_LOADS_MAX]: restores read off the thread */
+    struct session_listing *listing; /* [1]: GET /v1/sessions read off the thread */
+    struct session_fileop *fileops;  /* [SESSION_FILEOPS_MAX]: session API files, off the thread */
     struct ptrq to_writer, from_writer;
     pthread_t writer;
     int writer_on, saves_draining;
@@ -122,6 +122,10 @@ void engine__seq_release(struct engine *e, struct seq *s);
 /* Answers DELETE request id of session sid once the IO thread has deleted
  * its file: done (204) when found, else 404 session_not_found. */
 void engine__delete_answer(struct engine *e, uint64_t id, const char *sid, int found);
+/* Answers GET (or save) request id of session sid once the IO thread has
+ * read its file's header: the session in, or 404 when in is NULL. */
+void engine__describe_answer(struct engine *e, uint64_t id, const char *sid,
+                             const struct engine_session_info *in);
 /* Answers an explicit save (request id) once the writer is done with it:
  * rc 0 (the session id described), or -errno with why. */
 void engine__save_answer(struct engine *e, uint64_t id, uint64_t key, const char *sid, int rc,

@@ -68,7 +68,8 @@ struct session_saving {
 };
 
 enum { SAVE_FREE, SAVE_QUEUED, SAVE_HELD };
-enum { JOB_LOAD = 1, JOB_LIST, JOB_DELETE };
+enum { JOB_LOAD = 1, JOB_LIST, JOB_FILE };
+enum { FILE_DESCRIBE, FILE_DELETE };
 
 /* A snapshot file read and checked by the writer thread (the session IO
  * thread) for a request that waits for it, so that the engine thread only
@@ -107,19 +108,23 @@ struct session_listing {
     int rc; /* 0, or -EIO (the directory could not be read), -ENOMEM */
 };
 
-/* A DELETE of a session's file, made by the session IO thread: the header's
- * owner check, the unlink, the directory's fsync and its recount take a
- * while on a slow disk or in a directory of thousands, and on the engine
- * thread they would stall every stream. The engine thread owns it except
- * between ptrq_put on to_writer and ptrq_get on from_writer, and answers the
- * request (engine__delete_answer) when it comes back. */
-struct session_deleting {
-    int kind;  /* JOB_DELETE */
+/* A session API request's work on one session's file, made by the session
+ * IO thread: its header read (GET, or a save of a session not in memory),
+ * or that and its unlink, the directory's fsync and recount (DELETE). On a
+ * slow disk, in a directory of thousands, or for a FIFO named like a
+ * snapshot that takes a while, and on the engine thread it would stall
+ * every stream. The engine thread owns it except between ptrq_put on
+ * to_writer and ptrq_get on from_writer, and answers the request when it
+ * comes back (engine__describe_answer, engine__delete_answer). */
+struct session_fileop {
+    int kind;  /* JOB_FILE */
     int state; /* LOAD_FREE, LOAD_QUEUED (with the IO thread) */
+    int op;    /* FILE_DESCRIBE, FILE_DELETE */
     char id[ENGINE_SESSION_ID_MAX];
     uint64_t key, answer_id;
-    int found; /* the engine thread found the session (in memory or in a save) */
-    int rc;    /* the file: 0 deleted, or -ENOENT (none of key's), or -errno */
+    int found; /* a DELETE: the engine thread found the session (in memory or in a save) */
+    int rc;    /* the file: 0 key's (described, or deleted), -ENOENT none of key's, or -errno */
+    struct engine_session_info in; /* FILE_DESCRIBE with rc 0 */
     struct disk_count scan;
     int scan_ok;
 };
@@ -436,8 +441,8 @@ void session_dir_close(struct engine *e)
         free(e->listing->in);
     free(e->listing);
     e->listing = NULL;
-    free(e->deleting);
-    e->deleting = NULL;
+    free(e->fileops);
+    e->fileops = NULL;
     if (e->to_writer.impl)
         ptrq_free(&e->to_writer);
     if (e->from_writer.impl)
@@ -544,7 +549,7 @@ static void load(struct engine *e, struct session_loading *l)
 }
 
 static int list_dir(struct engine *e, struct session_listing *l);
-static void delete_file(struct engine *e, struct session_deleting *d);
+static void file_op(struct engine *e, struct session_fileop *f);
 
 static void *writer_main(void *arg)
 {
@@ -552,13 +557,13 @@ static void *writer_main(void *arg)
     void *job;
     while ((job = ptrq_get(&e->to_writer, -1))) {
         const int kind = *(const int *)job;
-        if (kind == JOB_LOAD || kind == JOB_LIST || kind == JOB_DELETE) {
+        if (kind == JOB_LOAD || kind == JOB_LIST || kind == JOB_FILE) {
             if (kind == JOB_LOAD)
                 load(e, job);
             else if (kind == JOB_LIST)
                 list_dir(e, job);
             else
-                delete_file(e, job);
+                file_op(e, job);
             ptrq_put(&e->from_writer, job);
             queue_poke(&e->q);
             continue;
@@ -643,13 +648,16 @@ static void finish(struct engine *e, struct session_saving *w)
     count_saves(e);
 }
 
-/* The IO thread is done with d: the directory's new count, and the answer. */
-static void delete_done(struct engine *e, struct session_deleting *d)
+/* The IO thread is done with f: the directory's new count, and the answer. */
+static void file_done(struct engine *e, struct session_fileop *f)
 {
-    if (d->scan_ok)
-        count_apply(e, &d->scan);
-    d->state = LOAD_FREE;
-    engine__delete_answer(e, d->answer_id, d->id, d->found || d->rc == 0);
+    if (f->scan_ok)
+        count_apply(e, &f->scan);
+    f->state = LOAD_FREE;
+    if (f->op == FILE_DELETE)
+        engine__delete_answer(e, f->answer_id, f->id, f->found || f->rc == 0);
+    else
+        engine__describe_answer(e, f->answer_id, f->id, f->rc == 0 ? &f->in : NULL);
 }
 
 /* Takes the writer's finished saves; waits up to wait_ms for one. Returns
@@ -665,8 +673,8 @@ static int collect(struct engine *e, int wait_ms)
             ((struct session_loading *)job)->state = LOAD_DONE; /* used by its request */
         else if (*(const int *)job == JOB_LIST)
             ((struct session_listing *)job)->state = LOAD_DONE; /* sent by its request */
-        else if (*(const int *)job == JOB_DELETE)
-            delete_done(e, job);
+        else if (*(const int *)job == JOB_FILE)
+            file_done(e, job);
         else
             finish(e, job);
         n++;
@@ -783,7 +791,8 @@ void session_saves_poll(struct engine *e)
             hand_over(e, &e->saving[i]);
 }
 
-void session_saves_settle(struct engine *e, const char *id)
+/* Waits until no save of id (NULL: of any session) is with the writer. */
+static void session_saves_settle(struct engine *e, const char *id)
 {
     while (queued(e, id))
         collect(e, -1);
@@ -917,11 +926,11 @@ static int session_writer_start(struct engine *e)
     e->listing = calloc(1, sizeof *e->listing);
     if (!e->listing)
         return -ENOMEM;
-    e->deleting = calloc(SESSION_DELETES_MAX, sizeof *e->deleting);
-    if (!e->deleting)
+    e->fileops = calloc(SESSION_FILEOPS_MAX, sizeof *e->fileops);
+    if (!e->fileops)
         return -ENOMEM;
-    /* every save, load, listing and delete at once */
-    const size_t jobs = SESSION_SAVES_MAX + SESSION_LOADS_MAX + 1 + SESSION_DELETES_MAX;
+    /* every save, load, listing and file operation at once */
+    const size_t jobs = SESSION_SAVES_MAX + SESSION_LOADS_MAX + 1 + SESSION_FILEOPS_MAX;
     if (ptrq_init(&e->to_writer, jobs) < 0 || ptrq_init(&e->from_writer, jobs) < 0)
         return -ENOMEM;
     if (pthread_create(&e->writer, NULL, writer_main, e) != 0)
@@ -935,7 +944,7 @@ void session_saves_drain(struct engine *e)
     if (!e->writer_on)
         return;
     e->saves_draining = 1;
-    while (session_delete_busy(e, "")) /* answered, and the files gone, before the stop */
+    while (session_file_busy(e, "")) /* answered, and deleted files gone, before the stop */
         collect(e, -1);
     session_saves_settle(e, NULL);
     /* held saves get one more try each; what still fails is lost, and said so */
@@ -1393,61 +1402,79 @@ int session_list(struct engine *e, uint64_t req_id,
     return 1;
 }
 
-/* ---- deletes made by the IO thread ------------------------------------------------------- */
+/* ---- session API requests' files, read and deleted by the IO thread --------------------- */
 
-/* The IO thread's part of a DELETE: key's snapshot of d->id, if there is
- * one, is unlinked, the directory synced (the unlink survives a crash) and
- * recounted. */
-static void delete_file(struct engine *e, struct session_deleting *d)
+/* The IO thread's part of a session API request: key's snapshot of f->id,
+ * described; for a DELETE, if it is key's, unlinked, the directory synced
+ * (the unlink survives a crash) and recounted. */
+static void file_op(struct engine *e, struct session_fileop *f)
 {
-    struct engine_session_info in;
     char name[ENGINE_SESSION_ID_MAX + 8];
-    d->scan_ok = 0;
-    d->rc = describe_file(e->dir_fd, d->id, d->key, &in);
-    if (d->rc < 0 || file_name(name, sizeof name, d->id, SNAP_EXT) < 0)
+    f->scan_ok = 0;
+    f->rc = describe_file(e->dir_fd, f->id, f->key, &f->in);
+    if (f->op != FILE_DELETE || f->rc < 0 || file_name(name, sizeof name, f->id, SNAP_EXT) < 0)
         return;
-    d->rc = unlinkat(e->dir_fd, name, 0) < 0 ? -errno : 0;
-    if (d->rc == 0)
+    f->rc = unlinkat(e->dir_fd, name, 0) < 0 ? -errno : 0;
+    if (f->rc == 0)
         fsync(e->dir_fd);
-    d->scan_ok = disk_count(e->dir_fd, e->cfg.session_disk_max, NULL, &d->scan) == 0;
+    f->scan_ok = disk_count(e->dir_fd, e->cfg.session_disk_max, NULL, &f->scan) == 0;
 }
 
-int session_delete_room(const struct engine *e)
+int session_file_room(const struct engine *e)
 {
-    for (int i = 0; e->deleting && i < SESSION_DELETES_MAX; i++)
-        if (e->deleting[i].state == LOAD_FREE)
+    for (int i = 0; e->fileops && i < SESSION_FILEOPS_MAX; i++)
+        if (e->fileops[i].state == LOAD_FREE)
             return 1;
     return !e->writer_on;
 }
 
-int session_delete_busy(const struct engine *e, const char *id)
+int session_file_busy(const struct engine *e, const char *id)
 {
-    for (int i = 0; e->deleting && i < SESSION_DELETES_MAX; i++)
-        if (e->deleting[i].state == LOAD_QUEUED &&
-            (!id[0] || engine_session_id_equal(e->deleting[i].id, id)))
+    for (int i = 0; e->fileops && i < SESSION_FILEOPS_MAX; i++)
+        if (e->fileops[i].state == LOAD_QUEUED &&
+            (!id[0] || engine_session_id_equal(e->fileops[i].id, id)))
             return 1;
     return 0;
+}
+
+/* Hands operation op on id's file to the IO thread: 1, or 0 without a
+ * directory. */
+static int file_start(struct engine *e, int op, const char *id, uint64_t key, uint64_t answer_id,
+                      int found)
+{
+    if (!e->writer_on || e->dir_fd < 0 || !engine_session_id_valid(id))
+        return 0;
+    for (int i = 0; i < SESSION_FILEOPS_MAX; i++) {
+        struct session_fileop *f = &e->fileops[i];
+        if (f->state != LOAD_FREE)
+            continue;
+        memset(f, 0, sizeof *f);
+        f->kind = JOB_FILE;
+        f->state = LOAD_QUEUED;
+        f->op = op;
+        snprintf(f->id, sizeof f->id, "%s", id);
+        f->key = key;
+        f->answer_id = answer_id;
+        f->found = found;
+        ptrq_put(&e->to_writer, f); /* never full: it holds every job */
+        return 1;
+    }
+    assert(!"a session file operation started without session_file_room");
+    return 0;
+}
+
+int session_describe_start(struct engine *e, const char *id, uint64_t key, uint64_t answer_id)
+{
+    return file_start(e, FILE_DESCRIBE, id, key, answer_id, 0);
 }
 
 int session_delete_start(struct engine *e, const char *id, uint64_t key, uint64_t answer_id,
                          int found)
 {
-    if (!e->writer_on || e->dir_fd < 0 || !engine_session_id_valid(id))
-        return 0;
-    for (int i = 0; i < SESSION_DELETES_MAX; i++) {
-        struct session_deleting *d = &e->deleting[i];
-        if (d->state != LOAD_FREE)
-            continue;
-        memset(d, 0, sizeof *d);
-        d->kind = JOB_DELETE;
-        d->state = LOAD_QUEUED;
-        snprintf(d->id, sizeof d->id, "%s", id);
-        d->key = key;
-        d->answer_id = answer_id;
-        d->found = found;
-        ptrq_put(&e->to_writer, d); /* never full: it holds every job */
-        return 1;
-    }
-    assert(!"session_delete_start without session_delete_room");
-    return 0;
+    return file_start(e, FILE_DELETE, id, key, answer_id, found);
+}
+
+int session_save_busy(const struct engine *e, const char *id)
+{
+    return queued(e, id);
 }

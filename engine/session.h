@@ -53,8 +53,6 @@ int session_copy_cells(struct backend *b, const struct kv_geometry *g, const str
 int session_save(struct engine *e, struct seq *s, uint64_t answer_id, char *err, size_t err_len);
 /* Engine thread, every turn: takes the writer's results, retries held saves. */
 void session_saves_poll(struct engine *e);
-/* Waits until no save of id (NULL: of any session) is with the writer. */
-void session_saves_settle(struct engine *e, const char *id);
 /* A deleted session: waits for its saves and drops the held ones. Returns
  * how many held saves of key's session id it dropped. */
 int session_saves_forget(struct engine *e, const char *id, uint64_t key);
@@ -131,22 +129,35 @@ int session_list(struct engine *e, uint64_t req_id,
                  void *arg);
 /* Frees a listing whose request is gone (cancelled while it was made). */
 void session_lists_gc(struct engine *e);
-/* At most this many DELETEs' files are with the session IO thread at once;
- * more wait for a place (session_delete_room). */
-#define SESSION_DELETES_MAX 4
-/* 1 when session_delete_start may be called now (always without a
- * directory), 0 when the DELETE must wait for a place. */
-int session_delete_room(const struct engine *e);
-/* 1 while a DELETE of id (of any session when id is "") is with the IO
- * thread: requests naming id wait, so that they keep their order with it. */
-int session_delete_busy(const struct engine *e, const char *id);
+/* Session API requests' work on a session's file is done by the session IO
+ * thread, at most this many at once (more requests wait for a place,
+ * session_file_room): reading its header (GET, or a save of a session not
+ * in memory: session_describe_start) and deleting it (session_delete_start).
+ * The engine thread answers the request when the IO thread is done. */
+#define SESSION_FILEOPS_MAX 4
+/* 1 when a session_*_start below may be called now (always without a
+ * directory), 0 when the request must wait for a place. */
+int session_file_room(const struct engine *e);
+/* 1 while the IO thread works on the file of id (of any session when id is
+ * ""): requests naming id wait, so that they keep their order with it. */
+int session_file_busy(const struct engine *e, const char *id);
+/* 1 while a save of id is with the writer: a session API request naming a
+ * session that is not in memory, and a DELETE, wait for it (its file is
+ * being written). */
+int session_save_busy(const struct engine *e, const char *id);
+/* GET (or a save) answer_id of session id of key, which is in no KV slot and
+ * no save: the IO thread reads its snapshot's header, and the engine thread
+ * answers (engine__describe_answer: the session, or 404 when there is no
+ * snapshot of key's). Returns 1, or 0 without a directory (the caller
+ * answers 404 now). Call only when session_file_room says so. */
+int session_describe_start(struct engine *e, const char *id, uint64_t key, uint64_t answer_id);
 /* The file part of DELETE request answer_id, after the engine thread has
  * dropped session id of key from memory (found: whether it was there, or in
  * a save): the IO thread deletes key's snapshot of id, if there is one,
  * syncs and recounts the directory, and the engine thread answers the
  * request when it is done (engine__delete_answer: 204 when either found
  * it). Returns 1, or 0 without a directory (the caller answers now). Call
- * only when session_delete_room says so. */
+ * only when session_file_room says so. */
 int session_delete_start(struct engine *e, const char *id, uint64_t key, uint64_t answer_id,
                          int found);
 

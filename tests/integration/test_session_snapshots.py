@@ -295,17 +295,27 @@ def open_fifo_writer(path, timeout=30):
     return False
 
 
-def test_a_delete_deletes_its_file_off_the_engine_thread(binary, model, tmp_path):
-    """DELETE /v1/sessions/ID reads the file's header (whose it is), unlinks
-    it, syncs and recounts the directory: on a slow disk, or in a directory
-    of thousands, that takes a while. The session IO thread does it, and the
-    DELETE is answered when it is done, so streams go on meanwhile. The slow
-    read here is a FIFO named like the snapshot: opening it waits for a
-    writer."""
+def release_fifo_readers(path, threads):
+    """Lets every open of the FIFO at path return, one after another, until
+    threads are all done."""
+    deadline = time.time() + 60
+    while any(t.is_alive() for t in threads) and time.time() < deadline:
+        open_fifo_writer(path, timeout=0.2)
+
+
+def test_session_requests_read_and_delete_files_off_the_engine_thread(binary, model, tmp_path):
+    """GET /v1/sessions/ID and a save of a session that is not in memory read
+    the file's header (whose it is); a DELETE reads it, unlinks the file,
+    syncs and recounts the directory. On a slow disk, or in a directory of
+    thousands, that takes a while. The session IO thread does it and the
+    request is answered when it is done, so streams go on meanwhile, and
+    requests naming a session whose file is being worked on wait for it.
+    The slow read here is a FIFO named like a snapshot: opening it waits for
+    a writer."""
     d = tmp_path / "sessions"
     d.mkdir()
     s = Server(binary, model, ["--session-dir", str(d), "--window", WINDOW])
-    fifo = d / "slow-delete.snap"
+    fifo = d / "slow-file.snap"
     try:
         st, r = call(s, "POST", "/v1/sessions")
         sid = r["id"]
@@ -315,41 +325,86 @@ def test_a_delete_deletes_its_file_off_the_engine_thread(binary, model, tmp_path
         os.mkfifo(fifo)
         got = {}
 
-        def delete(name):
-            got[name] = call(s, "DELETE", f"/v1/sessions/{name}", timeout=120)
+        def request(name, method, path):
+            got[name] = call(s, method, path, timeout=120)
 
-        slow = threading.Thread(target=delete, args=("slow-delete",))
-        slow.start()
-        time.sleep(0.5)
-        mine = threading.Thread(target=delete, args=(sid,))
-        mine.start()
+        asks = [("get", "GET", "/v1/sessions/slow-file"),
+                ("save", "POST", "/v1/sessions/slow-file/save"),
+                ("delete", "DELETE", "/v1/sessions/slow-file"),
+                ("delete mine", "DELETE", f"/v1/sessions/{sid}"),
+                ("get mine", "GET", f"/v1/sessions/{sid}")]
+        threads = []
+        for a in asks:
+            threads.append(threading.Thread(target=request, args=a))
+            threads[-1].start()
+            time.sleep(0.3)
         # the IO thread waits in the FIFO's open; the engine thread does not
         body = {"model": "smol", "prompt": "The sea", "max_tokens": 8, "temperature": 0}
         st, r = call(s, "POST", "/v1/completions", body, timeout=60)
         assert st == 200 and r["usage"]["completion_tokens"] >= 1
-        # a request naming a session being deleted waits for its DELETE
-        named = {}
-
-        def get_mine():
-            named["r"] = call(s, "GET", f"/v1/sessions/{sid}", timeout=120)
-
-        getter = threading.Thread(target=get_mine)
-        getter.start()
         time.sleep(0.3)
-        assert not got and not named, (got, named)
-        assert open_fifo_writer(fifo)
-        for t in (slow, mine, getter):
+        assert not got, got
+        release_fifo_readers(fifo, threads[:3])
+        for t in threads:
             t.join(60)
-        # a FIFO is nobody's snapshot; the session's own file is gone
-        assert got["slow-delete"][0] == 404, got
-        assert got["slow-delete"][1]["error"]["code"] == "session_not_found"
-        assert got[sid] == (204, None), got
+        # a FIFO is nobody's snapshot
+        for name in ("get", "save", "delete"):
+            assert got[name][0] == 404, got
+            assert got[name][1]["error"]["code"] == "session_not_found", got
+        # the session's own file is gone, and the GET behind its DELETE says so
+        assert got["delete mine"] == (204, None), got
+        assert got["get mine"][0] == 404, got
         assert not (d / f"{sid}.snap").exists()
-        assert named["r"][0] == 404, named
         assert s.metrics()["streamsink_sessions_on_disk"] == 0
     finally:
         if fifo.exists():
             open_fifo_writer(fifo, timeout=1)  # never leave a reader waiting on it
+            fifo.unlink()
+        assert s.stop() == 0, s.log()
+
+
+def test_a_request_for_a_session_whose_file_is_being_written_waits_off_the_engine_thread(
+        binary, model, tmp_path):
+    """A session pushed out of its KV slot is saved by the IO thread; a GET of
+    it while the write waits (here behind a read held on a FIFO) waits for
+    the write, and the engine thread goes on with other streams."""
+    d = tmp_path / "sessions"
+    d.mkdir()
+    s = Server(binary, model, ["--session-dir", str(d), "--window", WINDOW, "--max-seqs", "1"])
+    fifo = d / "slow-file.snap"
+    try:
+        st, r = call(s, "POST", "/v1/sessions")
+        sid = r["id"]
+        assert complete(s, LONG, sid, max_tokens=4)[0] == 200
+        os.mkfifo(fifo)
+        got = {}
+
+        def request(name, method, path):
+            got[name] = call(s, method, path, timeout=120)
+
+        held = threading.Thread(target=request, args=("held", "GET", "/v1/sessions/slow-file"))
+        held.start()
+        time.sleep(0.3)
+        # another session takes the only slot: sid is saved, behind the FIFO
+        st, r = call(s, "POST", "/v1/sessions")
+        assert complete(s, "Hello", r["id"], max_tokens=4)[0] == 200
+        mine = threading.Thread(target=request, args=("mine", "GET", f"/v1/sessions/{sid}"))
+        mine.start()
+        time.sleep(0.3)
+        body = {"model": "smol", "prompt": "The sea", "max_tokens": 8, "temperature": 0}
+        st, r = call(s, "POST", "/v1/completions", body, timeout=60)
+        assert st == 200 and r["usage"]["completion_tokens"] >= 1
+        assert not got, got
+        release_fifo_readers(fifo, [held])
+        for t in (held, mine):
+            t.join(60)
+        assert got["held"][0] == 404, got
+        st, r = got["mine"]
+        assert st == 200 and r["id"] == sid and r["on_disk"] is True, got
+        assert r["bytes"] == os.path.getsize(d / f"{sid}.snap")
+    finally:
+        if fifo.exists():
+            open_fifo_writer(fifo, timeout=1)
             fifo.unlink()
         assert s.stop() == 0, s.log()
 

@@ -37,6 +37,17 @@ static struct engine_request story(struct rig *rig, int64_t gen, int lp)
     return q;
 }
 
+/* Submits q (its stop strings set): its id into *id, a result for it into *res. */
+static int submit_story(struct rig *rig, struct engine_request *q, uint64_t *id,
+                        struct rig_result **res)
+{
+    *id = q->id;
+    *res = malloc(sizeof **res);
+    if (!*res)
+        return -ENOMEM;
+    return engine_submit(rig->e, q);
+}
+
 TEST(stop_strings_of_254_to_256_bytes_end_generation_where_they_first_occur)
 {
     struct rig *rig = rig_smol();
@@ -66,10 +77,7 @@ TEST(stop_strings_of_254_to_256_bytes_end_generation_where_they_first_occur)
         q = story(rig, GEN, 0);
         q.stop[0] = strdup("a string that is never generated");
         q.stop[1] = strdup(stop);
-        ids[k] = q.id;
-        res[k] = malloc(sizeof *res[k]);
-        ASSERT(res[k]);
-        ASSERT_OK(engine_submit(rig->e, &q));
+        ASSERT_OK(submit_story(rig, &q, &ids[k], &res[k]));
     }
     ASSERT_OK(rig_wait_all(rig, ids, res, N_STOP));
     for (int k = 0; k < N_STOP; k++) {
@@ -126,10 +134,7 @@ TEST(a_stop_string_s_tokens_send_no_logprobs_and_held_tokens_send_theirs_with_th
         q = story(rig, GEN, 1);
         for (int i = 0; i < 2; i++)
             q.stop[i] = stops[k][i][0] ? strdup(stops[k][i]) : NULL;
-        ids[k] = q.id;
-        res[k] = malloc(sizeof *res[k]);
-        ASSERT(res[k]);
-        ASSERT_OK(engine_submit(rig->e, &q));
+        ASSERT_OK(submit_story(rig, &q, &ids[k], &res[k]));
     }
     ASSERT_OK(rig_wait_all(rig, ids, res, N_STOP));
     for (int k = 0; k < N_STOP; k++) {

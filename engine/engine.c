@@ -759,13 +759,13 @@ static int try_admit(struct engine *e, struct engine_request *r)
             return 1;
         }
     }
-    if (r->session_id[0] && session_disk_foreign(e, r->session_id, r->owner)) {
-        session_not_found(e, r); /* before any slot is taken or the file read */
+    if (r->session_id[0] && session_restore_wait(e, r->session_id, r->owner))
+        return 0; /* its snapshot is being read off the engine thread */
+    if (r->session_id[0] && session_load_foreign(e, r->session_id, r->owner)) {
+        session_not_found(e, r); /* before any slot is taken */
         request_over(e, r);
         return 1;
     }
-    if (r->session_id[0] && session_restore_wait(e, r->session_id))
-        return 0; /* its snapshot is being read off the engine thread */
     struct seq *s = session_take_slot(e);
     if (!s)
         return 0;

@@ -83,9 +83,13 @@ struct session_loading {
     size_t max;
     uint8_t *buf; /* the file */
     size_t len;
-    int rc;                 /* reading: 0, -ENOENT, -EFBIG or another -errno */
-    int dec_rc;             /* snapshot_decode of buf (when rc is 0) */
-    struct snapshot_meta m; /* ... and what it found, with k and v inside buf */
+    uint64_t key;             /* the key of the request that asked for it */
+    int hdr_ok;               /* its header alone was read (whatever came of the rest) */
+    struct snapshot_meta hdr; /* ... and what it says (whose it is) */
+    int skipped;              /* the header is another key's than key: the rest was not read */
+    int rc;                   /* reading: 0, -ENOENT, -EFBIG or another -errno */
+    int dec_rc;               /* snapshot_decode of buf (when rc is 0) */
+    struct snapshot_meta m;   /* ... and what it found, with k and v inside buf */
     const uint8_t *k, *v;
     char why[200];
 };
@@ -235,22 +239,28 @@ static int file_name(char *buf, size_t cap, const char *id, const char *ext)
     return n > 0 && (size_t)n < cap ? 0 : -ENAMETOOLONG;
 }
 
+/* The header of snapshot file name in dir_fd, from its first bytes: 0 with
+ * *m filled, or -1 (no such file, unreadable, not a snapshot). Any thread. */
+static int read_header(int dir_fd, const char *name, struct snapshot_meta *m)
+{
+    int fd = openat(dir_fd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0)
+        return -1;
+    uint8_t hdr[SNAPSHOT_FIXED_HEADER + ENGINE_SESSION_ID_MAX];
+    ssize_t n = pread(fd, hdr, sizeof hdr, 0);
+    close(fd);
+    char why[160];
+    return n > 0 && snapshot_decode_header(hdr, (size_t)n, m, why, sizeof why) == 0 ? 0 : -1;
+}
+
 /* Whose a snapshot file is, from its header: its owner hash (0 on an open
  * server), or NOBODY (unreadable, or a version-1 file of a key), counted as
  * one more owner. */
 #define NOBODY 2 /* never an owner: the server makes odd hashes, and 0 on an open server */
 static uint64_t file_owner(int dir_fd, const char *name)
 {
-    int fd = openat(dir_fd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-    if (fd < 0)
-        return NOBODY;
-    uint8_t hdr[SNAPSHOT_FIXED_HEADER + ENGINE_SESSION_ID_MAX];
-    ssize_t n = pread(fd, hdr, sizeof hdr, 0);
-    close(fd);
     struct snapshot_meta m;
-    char why[160];
-    if (n <= 0 || snapshot_decode_header(hdr, (size_t)n, &m, why, sizeof why) < 0 ||
-        m.owner_unknown)
+    if (read_header(dir_fd, name, &m) < 0 || m.owner_unknown)
         return NOBODY;
     return m.owner;
 }
@@ -541,7 +551,15 @@ static int read_file(struct engine *e, const char *name, size_t max, uint8_t **o
  * then copies the cells in. */
 static void load(struct engine *e, struct session_loading *l)
 {
-    l->rc = read_file(e, l->name, l->max, &l->buf, &l->len);
+    /* the header on its own first: another key's file is not read further
+     * for this request (a request costs no more than the header of a file it
+     * may not see), and a file too large or damaged for a restore is still
+     * another key's, and then not this request's to move aside
+     * (session_load_foreign) */
+    l->hdr_ok = read_header(e->dir_fd, l->name, &l->hdr) == 0;
+    l->skipped = l->hdr_ok && engine_session_id_equal(l->hdr.id, l->id) && !l->hdr.owner_unknown &&
+                 l->hdr.owner != l->key;
+    l->rc = l->skipped ? -EACCES : read_file(e, l->name, l->max, &l->buf, &l->len);
     l->dec_rc = 0;
     l->why[0] = 0;
     if (l->rc == 0)
@@ -701,12 +719,14 @@ static void loading_free(struct session_loading *l)
     l->state = LOAD_FREE;
 }
 
-int session_restore_wait(struct engine *e, const char *id)
+int session_restore_wait(struct engine *e, const char *id, uint64_t key)
 {
     if (!e->writer_on || !e->loading || pending(e, id))
         return 0; /* no IO thread, or restored from a save still in memory */
     struct session_loading *l = loading_of(e, id);
-    if (l)
+    if (l && l->state == LOAD_DONE && l->skipped && l->hdr.owner == key)
+        loading_free(l); /* read for another key, and this one's: read it whole */
+    else if (l)
         return l->state == LOAD_QUEUED;
     char name[ENGINE_SESSION_ID_MAX + 8];
     struct stat st;
@@ -723,6 +743,7 @@ int session_restore_wait(struct engine *e, const char *id)
         snprintf(l->id, sizeof l->id, "%s", id);
         memcpy(l->name, name, sizeof name);
         l->max = max_snapshot(e);
+        l->key = key;
         ptrq_put(&e->to_writer, l); /* never full: it holds every save and load */
         return 1;
     }
@@ -1059,6 +1080,10 @@ int session_restore(struct engine *e, struct seq *s, const char *id, uint64_t ke
         k = w->k;
         v = w->v;
     } else if (l && l->state == LOAD_DONE) { /* read and checked by the IO thread */
+        /* one skipped for another key never gets here: for this key's file
+         * session_restore_wait read it again, else session_load_foreign
+         * refused the request */
+        assert(!l->skipped);
         rc = l->rc;
         buf = l->buf;
         l->buf = NULL;
@@ -1205,23 +1230,12 @@ void session_describe(const struct engine *e, const struct seq *s, struct engine
     }
 }
 
-int session_disk_foreign(struct engine *e, const char *id, uint64_t key)
+int session_load_foreign(struct engine *e, const char *id, uint64_t key)
 {
-    char name[ENGINE_SESSION_ID_MAX + 8];
-    if (e->dir_fd < 0 || file_name(name, sizeof name, id, SNAP_EXT) < 0)
-        return 0;
-    int fd = openat(e->dir_fd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-    if (fd < 0)
-        return 0;
-    uint8_t hdr[SNAPSHOT_FIXED_HEADER + ENGINE_SESSION_ID_MAX];
-    ssize_t n = pread(fd, hdr, sizeof hdr, 0);
-    close(fd);
-    struct snapshot_meta m;
-    char why[160];
-    if (n <= 0 || snapshot_decode_header(hdr, (size_t)n, &m, why, sizeof why) < 0)
-        return 0; /* unreadable: the full read says why */
+    const struct session_loading *l = loading_of(e, id);
     /* a version-1 file of a key is nobody's: its restore says why it is refused */
-    return engine_session_id_equal(m.id, id) && !m.owner_unknown && m.owner != key;
+    return l && l->state == LOAD_DONE && l->hdr_ok && engine_session_id_equal(l->hdr.id, id) &&
+           !l->hdr.owner_unknown && l->hdr.owner != key;
 }
 
 /* session_describe_disk in dir_fd: any thread. */

@@ -70,12 +70,14 @@ struct session_err {
  * and waiting for a KV slot) at once. */
 #define SESSION_LOADS_MAX 2
 
-/* Before a request restores session id from the directory: 1 when it must
- * wait, because the session IO thread is reading and checking its file (the
- * engine thread is woken when it is done), 0 when session_restore may run
- * now (the file is read, there is none, or the session is in a save still
- * in memory). So the engine thread only copies the cells in. */
-int session_restore_wait(struct engine *e, const char *id);
+/* Before a request of key restores session id from the directory: 1 when
+ * it must wait, because the session IO thread is reading and checking its
+ * file (the engine thread is woken when it is done), 0 when session_restore
+ * may run now (the file is read, there is none, or the session is in a save
+ * still in memory). So the engine thread only copies the cells in. The IO
+ * thread reads the header first, and no further when the file is another
+ * key's than the one that asked (session_load_foreign then refuses). */
+int session_restore_wait(struct engine *e, const char *id, uint64_t key);
 /* 1 while the file of id (any session when id is "") is being read: session
  * requests naming it wait, so that they keep their order with the restore. */
 int session_load_busy(struct engine *e, const char *id);
@@ -91,10 +93,11 @@ void session_loads_gc(struct engine *e);
 int session_restore(struct engine *e, struct seq *s, const char *id, uint64_t key,
                     struct session_err *se);
 
-/* 1 if id's snapshot belongs to another key, judged from its header alone,
- * before a slot is taken or the file read (such a file is never moved aside
- * for another key's request); else 0. */
-int session_disk_foreign(struct engine *e, const char *id, uint64_t key);
+/* After session_restore_wait: 1 if id's snapshot, read for a restore,
+ * belongs to another key by its header alone (then the request gets 404
+ * before a slot is taken, and such a file is never moved aside for another
+ * key's request, even when it could not be restored here); else 0. */
+int session_load_foreign(struct engine *e, const char *id, uint64_t key);
 
 /* Descriptions for the session API. */
 void session_describe(const struct engine *e, const struct seq *s, struct engine_session_info *out);

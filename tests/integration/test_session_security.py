@@ -189,3 +189,34 @@ def test_another_keys_snapshot_is_judged_by_its_header_and_left_alone(binary, mo
         assert st == 422 and r["error"]["code"] == "session_snapshot_invalid", r
     finally:
         assert s2.stop() == 0, s2.log()
+
+
+def test_another_keys_snapshot_too_large_for_this_server_is_left_alone(binary, model, tmp_path):
+    # A replica with a larger window writes larger snapshots into the shared
+    # directory. Key B names key A's session there: B gets the 404 of a
+    # session that does not exist for it, judged from the header before the
+    # rest of the file is read, and A's file is not moved aside; A itself
+    # learns that this server cannot restore it.
+    d = tmp_path / "sessions"
+    d.mkdir()
+    args = ["--session-dir", str(d), "--window", "64", "--api-key", "key-a",
+            "--api-key", "key-b"]
+    s1 = Server(binary, model, args)
+    try:
+        st, r = complete(s1, PROMPT, "of-a", max_tokens=4, key="key-a")
+        assert st == 200, r
+    finally:
+        assert s1.stop() == 0, s1.log()
+    snap = d / "of-a.snap"
+    with open(snap, "ab") as f:  # past the largest snapshot a window of 64 makes
+        f.write(bytes(8 << 20))
+    s2 = Server(binary, model, args)
+    try:
+        st, r = complete(s2, " What is my secret?", "of-a", max_tokens=4, key="key-b")
+        assert st == 404 and r["error"]["code"] == "session_not_found", r
+        assert snap.exists() and not (d / "of-a.bad").exists()
+        st, r = complete(s2, " What is my secret?", "of-a", max_tokens=4, key="key-a")
+        assert st == 422 and r["error"]["code"] == "session_snapshot_invalid", r
+        assert "larger than any snapshot" in r["error"]["message"], r
+    finally:
+        assert s2.stop() == 0, s2.log()

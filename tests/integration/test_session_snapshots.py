@@ -306,7 +306,8 @@ def release_fifo_readers(path, threads):
 def test_session_requests_read_and_delete_files_off_the_engine_thread(binary, model, tmp_path):
     """GET /v1/sessions/ID and a save of a session that is not in memory read
     the file's header (whose it is); a DELETE reads it, unlinks the file,
-    syncs and recounts the directory. On a slow disk, or in a directory of
+    syncs and recounts the directory; a completion naming a session that is
+    not in memory reads the whole file. On a slow disk, or in a directory of
     thousands, that takes a while. The session IO thread does it and the
     request is answered when it is done, so streams go on meanwhile, and
     requests naming a session whose file is being worked on wait for it.
@@ -325,10 +326,14 @@ def test_session_requests_read_and_delete_files_off_the_engine_thread(binary, mo
         os.mkfifo(fifo)
         got = {}
 
-        def request(name, method, path):
-            got[name] = call(s, method, path, timeout=120)
+        def request(name, method, path, body=None):
+            got[name] = call(s, method, path, body, timeout=120)
 
-        asks = [("get", "GET", "/v1/sessions/slow-file"),
+        # a completion naming it: its file is read for a restore, whose owner
+        # is checked from its header, by the IO thread too
+        slow = {"model": "smol", "prompt": "Hi", "max_tokens": 2, "session_id": "slow-file"}
+        asks = [("restore", "POST", "/v1/completions", slow),
+                ("get", "GET", "/v1/sessions/slow-file"),
                 ("save", "POST", "/v1/sessions/slow-file/save"),
                 ("delete", "DELETE", "/v1/sessions/slow-file"),
                 ("delete mine", "DELETE", f"/v1/sessions/{sid}"),
@@ -344,13 +349,16 @@ def test_session_requests_read_and_delete_files_off_the_engine_thread(binary, mo
         assert st == 200 and r["usage"]["completion_tokens"] >= 1
         time.sleep(0.3)
         assert not got, got
-        release_fifo_readers(fifo, threads[:3])
+        release_fifo_readers(fifo, threads[:4])
         for t in threads:
             t.join(60)
-        # a FIFO is nobody's snapshot
+        # a FIFO is nobody's snapshot: not found, or for the restore, not a
+        # snapshot at all (moved aside, as a damaged file is)
         for name in ("get", "save", "delete"):
             assert got[name][0] == 404, got
             assert got[name][1]["error"]["code"] == "session_not_found", got
+        assert got["restore"][0] == 422, got
+        assert got["restore"][1]["error"]["code"] == "session_snapshot_invalid", got
         # the session's own file is gone, and the GET behind its DELETE says so
         assert got["delete mine"] == (204, None), got
         assert got["get mine"][0] == 404, got

@@ -594,12 +594,18 @@ static void list_one(struct engine *e, const struct engine_session_info *in, voi
     emit_session(e, *(const uint64_t *)arg, in);
 }
 
-void engine__delete_answer(struct engine *e, uint64_t id, const char *sid, int found)
+void engine__delete_answer(struct engine *e, uint64_t id, const char *sid, int found, int rc)
 {
-    if (found)
+    if (rc < 0 && rc != -ENOENT) {
+        char msg[160 + ENGINE_SESSION_ID_MAX];
+        snprintf(msg, sizeof msg, "the snapshot of session '%s' could not be deleted: %s", sid,
+                 strerror(-rc));
+        emit_error(e, id, 500, NULL, "session_delete_failed", msg);
+    } else if (found || rc == 0) {
         emit_done(e, id);
-    else
+    } else {
         no_such_session(e, id, sid);
+    }
 }
 
 void engine__describe_answer(struct engine *e, uint64_t id, const char *sid,
@@ -709,7 +715,7 @@ static int session_command(struct engine *e, struct engine_request *r)
         found |= session_saves_forget(e, r->session_id, r->owner) > 0; /* nothing written after */
         /* the file, off the engine thread: answered when it is gone */
         if (!session_delete_start(e, r->session_id, r->owner, r->id, found))
-            engine__delete_answer(e, r->id, r->session_id, found);
+            engine__delete_answer(e, r->id, r->session_id, found, -ENOENT); /* no directory */
         return 1;
     }
     case ENGINE_REQ_GENERATE:
@@ -818,7 +824,7 @@ static void handle_commands(struct engine *e, int wait_ms)
             switch (c->kind) {
             case QUEUE_CMD_SUBMIT:
                 if (e->n_waiting < e->cfg.max_seqs + e->cfg.max_queue) {
-                    e->waiting[e->n_waiting++] = (struct waiting_req){c->req, 0, 0};
+                    e->waiting[e->n_waiting++] = (struct waiting_req){.req = c->req};
                 } else { /* cannot happen: queue_submit bounds requests in flight */
                     emit_error(e, c->id, 429, NULL, "rate_limit_exceeded",
                                "the server is at capacity");
@@ -835,6 +841,7 @@ static void handle_commands(struct engine *e, int wait_ms)
                 for (int64_t j = 0; j < e->n_waiting; j++) {
                     if (e->waiting[j].req.id == c->id) {
                         e->n_lists_waiting -= e->waiting[j].list_waits;
+                        e->n_sess_waiting -= e->waiting[j].sess_waits;
                         engine_request_free(&e->waiting[j].req);
                         memmove(&e->waiting[j], &e->waiting[j + 1],
                                 (size_t)(e->n_waiting - j - 1) * sizeof *e->waiting);
@@ -863,34 +870,79 @@ static void handle_commands(struct engine *e, int wait_ms)
     }
 }
 
-/* GET /v1/sessions requests that may wait at once for the directory's read
- * (session_list_wait): each holds a place of the requests in flight, so
- * listings held up by a slow directory take at most this many from the
- * completions; more get 429. */
+/* Session API requests that may wait at once on the session IO thread:
+ * each holds a place of the requests in flight, so a directory that is slow
+ * to read (or a file that will not open) takes at most this many of them
+ * from the completions; more get 429. GET /v1/sessions (session_list_wait)
+ * has its own count, always bounded. The requests naming a session (GET,
+ * save, DELETE: waiting for a read, a write or a delete of its file, or for
+ * a place with that thread) have theirs, bounded while the IO thread is
+ * slow (session_io_slow): they wait for a moment when several clients work
+ * on one session, and that must not be refused. */
 #define LISTS_WAITING_MAX 4
+#define SESSION_REQS_WAITING_MAX 4
+
+/* Sessions whose waiting requests hold back later ones naming them, per
+ * pass of admit_waiting (past that many, later requests are not held). */
+#define AHEAD_MAX 32
+
+static int is_session_request(const struct engine_request *r)
+{
+    return r->kind == ENGINE_REQ_SESSION_GET || r->kind == ENGINE_REQ_SESSION_SAVE ||
+           r->kind == ENGINE_REQ_SESSION_DELETE;
+}
+
+/* Counts w among the waiting requests of its kind on the IO thread: 1, or
+ * 0 when their places are taken (w is answered 429 and over). */
+static int count_io_wait(struct engine *e, struct waiting_req *w)
+{
+    int64_t *n = NULL, max = 0;
+    int *flag = NULL;
+    const char *what = NULL;
+    if (w->req.kind == ENGINE_REQ_SESSION_LIST) {
+        n = &e->n_lists_waiting, max = LISTS_WAITING_MAX, flag = &w->list_waits;
+        what = "too many session listings are waiting; retry shortly";
+    } else if (is_session_request(&w->req)) {
+        n = &e->n_sess_waiting, max = SESSION_REQS_WAITING_MAX, flag = &w->sess_waits;
+        what = "too many session requests are waiting for the session directory; retry shortly";
+    }
+    if (!n || *flag)
+        return 1;
+    if (*n >= max && (flag == &w->list_waits || session_io_slow(e))) {
+        emit_error(e, w->req.id, 429, NULL, "rate_limit_exceeded", what);
+        request_over(e, &w->req);
+        return 0;
+    }
+    *flag = 1;
+    (*n)++;
+    return 1;
+}
 
 static void admit_waiting(struct engine *e)
 {
+    /* the sessions named by session requests left waiting so far in this
+     * pass: later requests naming one of them wait behind it, so that a
+     * DELETE sent first is not overtaken (a small table: they are few) */
+    const char *ahead[AHEAD_MAX];
+    int n_ahead = 0;
     int64_t j = 0;
     for (int64_t i = 0; i < e->n_waiting; i++) {
         struct waiting_req *w = &e->waiting[i];
         uint64_t id = w->req.id;
         int paused = w->paused;
-        if (!try_admit(e, &w->req)) {
-            if (w->req.kind == ENGINE_REQ_SESSION_LIST && !w->list_waits) {
-                if (e->n_lists_waiting >= LISTS_WAITING_MAX) {
-                    emit_error(e, id, 429, NULL, "rate_limit_exceeded",
-                               "too many session listings are waiting; retry shortly");
-                    request_over(e, &w->req);
-                    continue;
-                }
-                w->list_waits = 1;
-                e->n_lists_waiting++;
-            }
+        int behind = 0;
+        for (int k = 0; k < n_ahead && w->req.session_id[0] && !behind; k++)
+            behind = engine_session_id_equal(ahead[k], w->req.session_id);
+        if (behind || !try_admit(e, &w->req)) {
+            if (!count_io_wait(e, w))
+                continue;
             e->waiting[j++] = *w; /* keep FIFO order */
+            if (e->waiting[j - 1].sess_waits && n_ahead < AHEAD_MAX)
+                ahead[n_ahead++] = e->waiting[j - 1].req.session_id;
             continue;
         }
         e->n_lists_waiting -= w->list_waits;
+        e->n_sess_waiting -= w->sess_waits;
         struct seq *s = paused ? find_running(e, id) : NULL;
         if (s)
             s->paused = 1; /* paused while it waited */

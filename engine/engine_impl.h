@@ -63,6 +63,7 @@ struct waiting_req {
     struct engine_request req;
     int paused;
     int list_waits; /* a listing counted in n_lists_waiting */
+    int sess_waits; /* a GET, save or DELETE of a session counted in n_sess_waiting */
 };
 
 struct engine {
@@ -84,6 +85,7 @@ struct engine {
     struct waiting_req *waiting; /* FIFO of admitted-but-slotless requests */
     int64_t n_waiting;
     int64_t n_lists_waiting; /* listings among them that wait for the directory */
+    int64_t n_sess_waiting;  /* GETs, saves and DELETEs of sessions among them that wait */
     struct fwd_input *inputs;
     int *input_seq;
     float *scratch; /* [max_seqs][V] a sequence's logits as the model gave them (logprobs) */
@@ -110,6 +112,8 @@ struct engine {
     struct ptrq to_writer, from_writer;
     pthread_t writer;
     int writer_on, saves_draining;
+    int64_t io_jobs;    /* jobs handed to the writer thread, not yet taken back */
+    double io_progress; /* when it last gave one back, or was handed one while idle */
     uint64_t save_order;
 };
 
@@ -119,9 +123,12 @@ struct engine {
 int engine__load(struct engine *e);
 /* Frees what s holds (request, KV slot, session name): s becomes SEQ_FREE. */
 void engine__seq_release(struct engine *e, struct seq *s);
-/* Answers DELETE request id of session sid once the IO thread has deleted
- * its file: done (204) when found, else 404 session_not_found. */
-void engine__delete_answer(struct engine *e, uint64_t id, const char *sid, int found);
+/* Answers DELETE request id of session sid once the IO thread is done with
+ * its file (rc: 0 deleted, -ENOENT none of the key's, else why the key's
+ * file could not be deleted): 500 session_delete_failed for the last, else
+ * done (204) when the file was deleted or found is set (the session was in
+ * memory or in a save), else 404 session_not_found. */
+void engine__delete_answer(struct engine *e, uint64_t id, const char *sid, int found, int rc);
 /* Answers GET (or save) request id of session sid once the IO thread has
  * read its file's header: the session in, or 404 when in is NULL. */
 void engine__describe_answer(struct engine *e, uint64_t id, const char *sid,

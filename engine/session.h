@@ -132,6 +132,12 @@ int session_list(struct engine *e, uint64_t req_id,
                  void *arg);
 /* Frees a listing whose request is gone (cancelled while it was made). */
 void session_lists_gc(struct engine *e);
+/* 1 while the session IO thread has had work for SESSION_IO_SLOW_S without
+ * finishing any (a slow or stuck file system): session requests that wait
+ * on it are then bounded (engine.c). */
+#define SESSION_IO_SLOW_S 1.0
+int session_io_slow(const struct engine *e);
+
 /* Session API requests' work on a session's file is done by the session IO
  * thread, at most this many at once (more requests wait for a place,
  * session_file_room): reading its header (GET, or a save of a session not

@@ -11,6 +11,7 @@ import os
 import resource
 import signal
 import struct
+import subprocess
 import threading
 import time
 
@@ -414,6 +415,93 @@ def test_a_request_for_a_session_whose_file_is_being_written_waits_off_the_engin
         if fifo.exists():
             open_fifo_writer(fifo, timeout=1)
             fifo.unlink()
+        assert s.stop() == 0, s.log()
+
+
+def test_session_requests_held_by_the_directory_keep_their_order_and_their_bound(
+        binary, model, tmp_path):
+    """With the IO thread held (a FIFO named like a snapshot) and its 4 places
+    for session files taken, more session requests wait in the queue, each
+    after the requests naming the same session sent before it (a DELETE sent
+    first is not overtaken by a GET or a completion of that session). Once
+    the IO thread has done nothing for a second, at most 4 of them wait, so
+    that completions keep their places (more get 429)."""
+    d = tmp_path / "sessions"
+    d.mkdir()
+    s = Server(binary, model, ["--session-dir", str(d), "--window", WINDOW])
+    fifo = d / "slow-file.snap"
+    got = {}
+    threads = []
+
+    def request(name, method, path, body=None):
+        got[name] = call(s, method, path, body, timeout=120)
+
+    def start(*a):
+        threads.append(threading.Thread(target=request, args=a))
+        threads[-1].start()
+
+    try:
+        assert complete(s, LONG, "x", max_tokens=4)[0] == 200  # x is in memory
+        os.mkfifo(fifo)
+        start("held", "GET", "/v1/sessions/slow-file")
+        time.sleep(0.3)
+        for i in range(3):  # the other three places
+            start(f"fill{i}", "GET", f"/v1/sessions/nosuch-{i}")
+        time.sleep(0.3)
+        start("delete x", "DELETE", "/v1/sessions/x")
+        time.sleep(0.3)
+        start("get x", "GET", "/v1/sessions/x")
+        time.sleep(0.3)
+        start("continue x", "POST", "/v1/completions",
+              {"model": "smol", "prompt": TURN2, "max_tokens": 4, "temperature": 0,
+               "session_id": "x", "session_create": False})
+        time.sleep(1.0)  # the IO thread has been held for over a second
+        for i in range(4):
+            start(f"more{i}", "GET", f"/v1/sessions/more-{i}")
+        time.sleep(0.6)
+        # 4 session requests wait (delete x, get x and two more); the others
+        # got 429 at once, and a completion still finds a place
+        refused = sorted(k for k, v in got.items() if v[0] == 429)
+        assert refused == ["more2", "more3"], got
+        assert "too many session requests" in got["more2"][1]["error"]["message"]
+        body = {"model": "smol", "prompt": "The sea", "max_tokens": 4, "temperature": 0}
+        assert call(s, "POST", "/v1/completions", body, timeout=60)[0] == 200
+        release_fifo_readers(fifo, threads[:1])
+        for t in threads:
+            t.join(60)
+        assert got["held"][0] == 404 and got["fill0"][0] == 404, got
+        assert got["delete x"] == (204, None), got
+        assert got["get x"][0] == 404, got
+        assert got["continue x"][0] == 404, got
+        assert got["continue x"][1]["error"]["code"] == "session_not_found", got
+    finally:
+        if fifo.exists():
+            open_fifo_writer(fifo, timeout=1)
+            fifo.unlink()
+        assert s.stop() == 0, s.log()
+
+
+def test_a_delete_that_cannot_remove_the_file_says_so(binary, model, tmp_path):
+    """A DELETE of a session whose snapshot cannot be unlinked (here an
+    immutable file) answers 500 session_delete_failed, not the 404 of a
+    session that does not exist, and the session is still there."""
+    d = tmp_path / "sessions"
+    d.mkdir()
+    s = Server(binary, model, ["--session-dir", str(d), "--window", WINDOW])
+    snap = d / "stuck.snap"
+    try:
+        assert complete(s, LONG, "stuck", max_tokens=4)[0] == 200
+        assert call(s, "POST", "/v1/sessions/stuck/save")[0] == 200
+        if subprocess.run(["chattr", "+i", str(snap)], capture_output=True).returncode != 0:
+            pytest.skip("chattr +i is not available on this file system")
+        st, r = call(s, "DELETE", "/v1/sessions/stuck")
+        assert st == 500 and r["error"]["code"] == "session_delete_failed", (st, r)
+        assert "stuck" in r["error"]["message"]
+        assert snap.exists()
+        st, r = call(s, "GET", "/v1/sessions/stuck")
+        assert st == 200 and r["on_disk"] is True and r["in_memory"] is False, r
+    finally:
+        subprocess.run(["chattr", "-i", str(snap)], capture_output=True)
         assert s.stop() == 0, s.log()
 
 

@@ -608,15 +608,20 @@ void engine__delete_answer(struct engine *e, uint64_t id, const char *sid, int f
     }
 }
 
-void engine__describe_answer(struct engine *e, uint64_t id, const char *sid,
+void engine__describe_answer(struct engine *e, uint64_t id, const char *sid, int rc,
                              const struct engine_session_info *in)
 {
-    if (!in) {
+    if (rc == -ENOENT) {
         no_such_session(e, id, sid);
-        return;
+    } else if (rc < 0) {
+        char msg[160 + ENGINE_SESSION_ID_MAX];
+        snprintf(msg, sizeof msg, "the snapshot of session '%s' could not be read: %s", sid,
+                 strerror(-rc));
+        emit_error(e, id, 503, NULL, "session_read_failed", msg);
+    } else {
+        emit_session(e, id, in);
+        emit_done(e, id);
     }
-    emit_session(e, id, in);
-    emit_done(e, id);
 }
 
 void engine__save_answer(struct engine *e, uint64_t id, uint64_t key, const char *sid, int rc,
@@ -711,7 +716,7 @@ static int session_command(struct engine *e, struct engine_request *r)
         int found = s != NULL;
         if (s)
             engine__seq_release(e, s);
-        session_loads_forget(e, r->session_id); /* read, not restored: gone too */
+        session_loads_forget(e, r->session_id, r->owner); /* read, not restored: gone too */
         found |= session_saves_forget(e, r->session_id, r->owner) > 0; /* nothing written after */
         /* the file, off the engine thread: answered when it is gone */
         if (!session_delete_start(e, r->session_id, r->owner, r->id, found))
@@ -736,7 +741,7 @@ static int try_admit(struct engine *e, struct engine_request *r)
         /* a session not in memory (or being deleted) whose file is being
          * written: after the write (never waited for on this thread) */
         if (r->session_id[0] && (r->kind == ENGINE_REQ_SESSION_DELETE || !own_session(e, r)) &&
-            session_save_busy(e, r->session_id))
+            session_save_busy(e, r->session_id, r->owner))
             return 0;
         if (r->kind == ENGINE_REQ_SESSION_LIST && session_list_wait(e, r->id, r->owner))
             return 0; /* the directory is being read for it */
@@ -775,6 +780,15 @@ static int try_admit(struct engine *e, struct engine_request *r)
     struct seq *s = session_take_slot(e);
     if (!s)
         return 0;
+    /* taking the slot may have waited for the writer (a save with every
+     * place taken), which ends a save of this session: its file is then to
+     * be read off this thread too */
+    if (r->session_id[0] && session_restore_wait(e, r->session_id, r->owner)) {
+        kv_pool_release(&e->dec.fwd.pool, s->kv.slot);
+        s->state = SEQ_FREE;
+        s->session[0] = 0;
+        return 0;
+    }
     if (r->session_id[0]) { /* not in memory: on disk, or gone, or new */
         struct session_err se;
         int rc = session_restore(e, s, r->session_id, r->owner, &se);
@@ -918,12 +932,28 @@ static int count_io_wait(struct engine *e, struct waiting_req *w)
     return 1;
 }
 
+/* Whether waiting request l, which came after waiting request a, must
+ * wait behind it: both name the same session of the same key, and a is a
+ * session request (GET, save, DELETE), or a completion and l a save or a
+ * DELETE (which must not overtake a completion sent before them). */
+static int held_behind(const struct engine_request *l, const struct engine_request *a)
+{
+    if (!l->session_id[0] || a->owner != l->owner)
+        return 0;
+    if (a->kind == ENGINE_REQ_GENERATE && l->kind != ENGINE_REQ_SESSION_SAVE &&
+        l->kind != ENGINE_REQ_SESSION_DELETE)
+        return 0;
+    return engine_session_id_equal(a->session_id, l->session_id);
+}
+
 static void admit_waiting(struct engine *e)
 {
-    /* the sessions named by session requests left waiting so far in this
-     * pass: later requests naming one of them wait behind it, so that a
-     * DELETE sent first is not overtaken (a small table: they are few) */
-    const char *ahead[AHEAD_MAX];
+    /* waiting requests naming a session, so far in this pass: later ones
+     * naming the same session wait behind them (held_behind), so that a
+     * DELETE is not overtaken by a GET or a completion sent after it, nor
+     * overtakes a completion sent before it (a small table: past AHEAD_MAX
+     * such requests, later ones are not held) */
+    const struct engine_request *ahead[AHEAD_MAX];
     int n_ahead = 0;
     int64_t j = 0;
     for (int64_t i = 0; i < e->n_waiting; i++) {
@@ -931,14 +961,14 @@ static void admit_waiting(struct engine *e)
         uint64_t id = w->req.id;
         int paused = w->paused;
         int behind = 0;
-        for (int k = 0; k < n_ahead && w->req.session_id[0] && !behind; k++)
-            behind = engine_session_id_equal(ahead[k], w->req.session_id);
+        for (int k = 0; k < n_ahead && !behind; k++)
+            behind = held_behind(&w->req, ahead[k]);
         if (behind || !try_admit(e, &w->req)) {
             if (!count_io_wait(e, w))
                 continue;
             e->waiting[j++] = *w; /* keep FIFO order */
-            if (e->waiting[j - 1].sess_waits && n_ahead < AHEAD_MAX)
-                ahead[n_ahead++] = e->waiting[j - 1].req.session_id;
+            if (w->req.session_id[0] && n_ahead < AHEAD_MAX)
+                ahead[n_ahead++] = &e->waiting[j - 1].req;
             continue;
         }
         e->n_lists_waiting -= w->list_waits;
@@ -948,7 +978,8 @@ static void admit_waiting(struct engine *e)
             s->paused = 1; /* paused while it waited */
     }
     e->n_waiting = j;
-    session_loads_gc(e);
+    if (session_loads_gc(e))
+        queue_poke(&e->q); /* a place for a read is free: another pass, not a sleep */
     session_lists_gc(e);
 }
 

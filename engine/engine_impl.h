@@ -130,8 +130,9 @@ void engine__seq_release(struct engine *e, struct seq *s);
  * memory or in a save), else 404 session_not_found. */
 void engine__delete_answer(struct engine *e, uint64_t id, const char *sid, int found, int rc);
 /* Answers GET (or save) request id of session sid once the IO thread has
- * read its file's header: the session in, or 404 when in is NULL. */
-void engine__describe_answer(struct engine *e, uint64_t id, const char *sid,
+ * read its file's header (rc 0: the session in; -ENOENT: none of the key's,
+ * 404; else 503 session_read_failed: the file could not be read). */
+void engine__describe_answer(struct engine *e, uint64_t id, const char *sid, int rc,
                              const struct engine_session_info *in);
 /* Answers an explicit save (request id) once the writer is done with it:
  * rc 0 (the session id described), or -errno with why. */

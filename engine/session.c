@@ -689,7 +689,7 @@ static void file_done(struct engine *e, struct session_fileop *f)
     if (f->op == FILE_DELETE)
         engine__delete_answer(e, f->answer_id, f->id, f->found, f->rc);
     else
-        engine__describe_answer(e, f->answer_id, f->id, f->rc == 0 ? &f->in : NULL);
+        engine__describe_answer(e, f->answer_id, f->id, f->rc, &f->in);
 }
 
 /* Takes the writer's finished saves; waits up to wait_ms for one. Returns
@@ -775,17 +775,20 @@ int session_load_busy(struct engine *e, const char *id)
     return 0;
 }
 
-void session_loads_forget(struct engine *e, const char *id)
+void session_loads_forget(struct engine *e, const char *id, uint64_t key)
 {
     for (int i = 0; e->loading && i < SESSION_LOADS_MAX; i++) {
         struct session_loading *l = &e->loading[i];
-        if (l->state == LOAD_DONE && (!id || engine_session_id_equal(l->id, id)))
+        /* another key's file (by its header) is not this key's to drop */
+        if (l->state == LOAD_DONE && engine_session_id_equal(l->id, id) &&
+            !(l->hdr_ok && !l->hdr.owner_unknown && l->hdr.owner != key))
             loading_free(l);
     }
 }
 
-void session_loads_gc(struct engine *e)
+int session_loads_gc(struct engine *e)
 {
+    int freed = 0;
     for (int i = 0; e->loading && i < SESSION_LOADS_MAX; i++) {
         struct session_loading *l = &e->loading[i];
         if (l->state != LOAD_DONE)
@@ -794,9 +797,12 @@ void session_loads_gc(struct engine *e)
         for (int64_t j = 0; j < e->n_waiting && !wanted; j++)
             wanted = e->waiting[j].req.kind == ENGINE_REQ_GENERATE &&
                      engine_session_id_equal(e->waiting[j].req.session_id, l->id);
-        if (!wanted) /* its request was cancelled while the file was read */
+        if (!wanted) { /* its request was cancelled, or refused, while the file was read */
             loading_free(l);
+            freed++;
+        }
     }
+    return freed;
 }
 
 static int queued(const struct engine *e, const char *id)
@@ -1261,17 +1267,24 @@ static int describe_file(int dir_fd, const char *id, uint64_t key, struct engine
     char name[ENGINE_SESSION_ID_MAX + 8];
     if (dir_fd < 0 || file_name(name, sizeof name, id, SNAP_EXT) < 0)
         return -ENOENT;
+    /* none, or not a file that could be a snapshot: -ENOENT; a file that
+     * could not be opened or read (EMFILE, EIO...) says so, so that it is
+     * not taken for a missing one (a DELETE answered 204 would leave it) */
     int fd = openat(dir_fd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     if (fd < 0)
-        return -ENOENT;
+        return errno == ENOENT || errno == ELOOP || errno == ENOTDIR ? -ENOENT : -errno;
     uint8_t hdr[SNAPSHOT_FIXED_HEADER + ENGINE_SESSION_ID_MAX];
     ssize_t n = pread(fd, hdr, sizeof hdr, 0);
+    int rc = n < 0 ? (errno == ESPIPE || errno == EISDIR ? -ENOENT : -errno) : 0;
     struct stat st;
-    int ok = n > 0 && fstat(fd, &st) == 0;
+    if (rc == 0 && fstat(fd, &st) < 0)
+        rc = -errno;
     close(fd);
+    if (rc < 0)
+        return rc;
     struct snapshot_meta m;
     char why[160];
-    if (!ok || snapshot_decode_header(hdr, (size_t)n, &m, why, sizeof why) < 0 ||
+    if (n == 0 || snapshot_decode_header(hdr, (size_t)n, &m, why, sizeof why) < 0 ||
         !engine_session_id_equal(m.id, id) || m.owner_unknown || m.owner != key)
         return -ENOENT;
     snprintf(out->id, sizeof out->id, "%s", id);
@@ -1510,7 +1523,11 @@ int session_delete_start(struct engine *e, const char *id, uint64_t key, uint64_
     return file_start(e, FILE_DELETE, id, key, answer_id, found);
 }
 
-int session_save_busy(const struct engine *e, const char *id)
+int session_save_busy(const struct engine *e, const char *id, uint64_t key)
 {
-    return queued(e, id);
+    for (int i = 0; e->saving && i < SESSION_SAVES_MAX; i++)
+        if (e->saving[i].state == SAVE_QUEUED && e->saving[i].m.owner == key &&
+            engine_session_id_equal(e->saving[i].m.id, id))
+            return 1;
+    return 0;
 }

@@ -81,10 +81,12 @@ int session_restore_wait(struct engine *e, const char *id, uint64_t key);
 /* 1 while the file of id (any session when id is "") is being read: session
  * requests naming it wait, so that they keep their order with the restore. */
 int session_load_busy(struct engine *e, const char *id);
-/* Drops the files read for id (NULL: every one) that no restore used yet. */
-void session_loads_forget(struct engine *e, const char *id);
-/* Drops the files read for requests that are gone (cancelled meanwhile). */
-void session_loads_gc(struct engine *e);
+/* A DELETE of id by key: drops the files read for id that no restore used
+ * yet, but those whose header says they are another key's. */
+void session_loads_forget(struct engine *e, const char *id, uint64_t key);
+/* Drops the files read for requests that are gone (cancelled, or refused
+ * as another key's, meanwhile). Returns how many. */
+int session_loads_gc(struct engine *e);
 
 /* Reads session id from the directory into s, which holds a fresh KV slot:
  * 1 restored (s is the session, idle, owned by key), 0 no snapshot, -1
@@ -101,7 +103,8 @@ int session_load_foreign(struct engine *e, const char *id, uint64_t key);
 
 /* Descriptions for the session API. */
 void session_describe(const struct engine *e, const struct seq *s, struct engine_session_info *out);
-/* The snapshot of id if key owns it: 0, or -ENOENT. */
+/* The snapshot of id if key owns it: 0, -ENOENT (none of key's), or -errno
+ * (it could not be opened or read). */
 int session_describe_disk(struct engine *e, const char *id, uint64_t key,
                           struct engine_session_info *out);
 /* A session of key that is in no KV slot and exists only as a save not yet
@@ -135,7 +138,7 @@ void session_lists_gc(struct engine *e);
 /* 1 while the session IO thread has had work for SESSION_IO_SLOW_S without
  * finishing any (a slow or stuck file system): session requests that wait
  * on it are then bounded (engine.c). */
-#define SESSION_IO_SLOW_S 1.0
+#define SESSION_IO_SLOW_S 10.0
 int session_io_slow(const struct engine *e);
 
 /* Session API requests' work on a session's file is done by the session IO
@@ -150,10 +153,10 @@ int session_file_room(const struct engine *e);
 /* 1 while the IO thread works on the file of id (of any session when id is
  * ""): requests naming id wait, so that they keep their order with it. */
 int session_file_busy(const struct engine *e, const char *id);
-/* 1 while a save of id is with the writer: a session API request naming a
- * session that is not in memory, and a DELETE, wait for it (its file is
- * being written). */
-int session_save_busy(const struct engine *e, const char *id);
+/* 1 while a save of key's session id is with the writer: a session API
+ * request of key naming a session that is not in memory, and a DELETE, wait
+ * for it (its file is being written). */
+int session_save_busy(const struct engine *e, const char *id, uint64_t key);
 /* GET (or a save) answer_id of session id of key, which is in no KV slot and
  * no save: the IO thread reads its snapshot's header, and the engine thread
  * answers (engine__describe_answer: the session, or 404 when there is no

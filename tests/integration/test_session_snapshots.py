@@ -424,7 +424,7 @@ def test_session_requests_held_by_the_directory_keep_their_order_and_their_bound
     for session files taken, more session requests wait in the queue, each
     after the requests naming the same session sent before it (a DELETE sent
     first is not overtaken by a GET or a completion of that session). Once
-    the IO thread has done nothing for a second, at most 4 of them wait, so
+    the IO thread has finished nothing for 10 s, at most 4 of them wait, so
     that completions keep their places (more get 429)."""
     d = tmp_path / "sessions"
     d.mkdir()
@@ -455,7 +455,7 @@ def test_session_requests_held_by_the_directory_keep_their_order_and_their_bound
         start("continue x", "POST", "/v1/completions",
               {"model": "smol", "prompt": TURN2, "max_tokens": 4, "temperature": 0,
                "session_id": "x", "session_create": False})
-        time.sleep(1.0)  # the IO thread has been held for over a second
+        time.sleep(10.5)  # the IO thread has finished nothing for SESSION_IO_SLOW_S
         for i in range(4):
             start(f"more{i}", "GET", f"/v1/sessions/more-{i}")
         time.sleep(0.6)
@@ -478,6 +478,138 @@ def test_session_requests_held_by_the_directory_keep_their_order_and_their_bound
         if fifo.exists():
             open_fifo_writer(fifo, timeout=1)
             fifo.unlink()
+        assert s.stop() == 0, s.log()
+
+
+def test_another_keys_request_held_by_the_directory_does_not_hold_up_the_owner(
+        binary, model, tmp_path):
+    """Requests wait behind the earlier waiting requests naming the same
+    session of the same key only: key B naming key A's session while the
+    directory is held waits (for a place with the IO thread) without holding
+    up A's own completions on it."""
+    d = tmp_path / "sessions"
+    d.mkdir()
+    s = Server(binary, model, ["--session-dir", str(d), "--window", WINDOW,
+                               "--api-key", "key-a", "--api-key", "key-b"])
+    fifo = d / "slow-file.snap"
+    got = {}
+    threads = []
+
+    def request(name, method, path, key, body=None):
+        got[name] = call(s, method, path, body, key=key, timeout=120)
+
+    def start(*a):
+        threads.append(threading.Thread(target=request, args=a))
+        threads[-1].start()
+
+    try:
+        assert complete(s, LONG, "x", max_tokens=4, key="key-a")[0] == 200
+        os.mkfifo(fifo)
+        start("held", "GET", "/v1/sessions/slow-file", "key-a")
+        time.sleep(0.3)
+        for i in range(3):
+            start(f"fill{i}", "GET", f"/v1/sessions/nosuch-{i}", "key-a")
+        time.sleep(0.3)
+        start("b get x", "GET", "/v1/sessions/x", "key-b")
+        time.sleep(0.3)
+        st, r = complete(s, TURN2, "x", max_tokens=4, key="key-a", session_create=False)
+        assert st == 200 and r["session"]["created"] is False, r
+        assert not got, got
+        release_fifo_readers(fifo, threads[:1])
+        for t in threads:
+            t.join(60)
+        assert got["b get x"][0] == 404, got
+    finally:
+        if fifo.exists():
+            open_fifo_writer(fifo, timeout=1)
+            fifo.unlink()
+        assert s.stop() == 0, s.log()
+
+
+def test_a_delete_does_not_overtake_a_completion_sent_before_it(binary, model, tmp_path):
+    """A completion naming a session on disk waits for a KV slot (its file
+    read); a DELETE of the session sent after it waits behind it, so the
+    completion continues the session instead of finding it gone."""
+    d = tmp_path / "sessions"
+    d.mkdir()
+    s = Server(binary, model, ["--session-dir", str(d), "--window", WINDOW, "--max-seqs", "1"])
+    got = {}
+
+    def request(name, method, path, body=None):
+        got[name] = call(s, method, path, body, timeout=120)
+
+    try:
+        assert complete(s, LONG, "x", max_tokens=4)[0] == 200
+        # a long completion takes the only slot: x is written out
+        body = {"model": "smol", "prompt": "1, 2, 3, 4, 5, 6, 7, 8,", "max_tokens": 1500,
+                "temperature": 0}  # greedy, it counts on to the last token
+        long = threading.Thread(target=request, args=("long", "POST", "/v1/completions", body))
+        long.start()
+        time.sleep(0.5)
+        turn = {"model": "smol", "prompt": TURN2, "max_tokens": 4, "temperature": 0,
+                "session_id": "x", "session_create": False}
+        first = threading.Thread(target=request,
+                                 args=("continue x", "POST", "/v1/completions", turn))
+        first.start()
+        time.sleep(0.3)
+        then = threading.Thread(target=request, args=("delete x", "DELETE", "/v1/sessions/x"))
+        then.start()
+        time.sleep(0.3)
+        assert long.is_alive(), "the long completion ended before the test could race it"
+        for t in (long, first, then):
+            t.join(120)
+        assert got["long"][0] == 200, got
+        st, r = got["continue x"]
+        assert st == 200 and r["session"]["created"] is False, got
+        assert got["delete x"][0] in (204, 409), got
+    finally:
+        assert s.stop() == 0, s.log()
+
+
+def test_a_snapshot_that_cannot_be_opened_is_not_taken_for_a_missing_one(binary, model,
+                                                                          tmp_path, monkeypatch):
+    """A snapshot that exists but cannot be opened (here every open of it
+    fails with EMFILE, as when the process is out of file descriptors) is not
+    a missing session: a GET answers 503 session_read_failed and a DELETE
+    500 session_delete_failed, and the file stays; once it opens again both
+    work."""
+    shim = tmp_path / "fail_open.so"
+    src = os.path.join(os.path.dirname(__file__), "shims", "fail_open.c")
+    try:
+        built = subprocess.run(["cc", "-shared", "-fPIC", "-o", str(shim), src, "-ldl"],
+                               capture_output=True).returncode == 0
+    except FileNotFoundError:
+        built = False
+    if not built:
+        pytest.skip("no C compiler for the LD_PRELOAD shim")
+    d = tmp_path / "sessions"
+    d.mkdir()
+    args = ["--session-dir", str(d), "--window", WINDOW]
+    s1 = Server(binary, model, args)
+    try:
+        assert complete(s1, LONG, "stuck", max_tokens=4)[0] == 200
+    finally:
+        assert s1.stop() == 0, s1.log()  # written on the way out
+    snap, flag = d / "stuck.snap", tmp_path / "fail-now"
+    assert snap.exists()
+    monkeypatch.setenv("LD_PRELOAD", str(shim))
+    monkeypatch.setenv("FAIL_OPEN_NAME", "stuck.snap")
+    monkeypatch.setenv("FAIL_OPEN_FLAG", str(flag))
+    s = Server(binary, model, args)
+    try:
+        flag.touch()
+        st, r = call(s, "GET", "/v1/sessions/stuck")
+        assert st == 503 and r["error"]["code"] == "session_read_failed", (st, r)
+        assert "Too many open files" in r["error"]["message"], r
+        st, r = call(s, "DELETE", "/v1/sessions/stuck")
+        assert st == 500 and r["error"]["code"] == "session_delete_failed", (st, r)
+        assert snap.exists()
+        flag.unlink()
+        st, r = call(s, "GET", "/v1/sessions/stuck")
+        assert st == 200 and r["on_disk"] is True, r
+        assert call(s, "DELETE", "/v1/sessions/stuck")[0] == 204
+        assert not snap.exists()
+    finally:
         assert s.stop() == 0, s.log()
 
 

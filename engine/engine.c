@@ -896,8 +896,8 @@ static void handle_commands(struct engine *e, int wait_ms)
 #define LISTS_WAITING_MAX 4
 #define SESSION_REQS_WAITING_MAX 4
 
-/* Sessions whose waiting requests hold back later ones naming them, per
- * pass of admit_waiting (past that many, later requests are not held). */
+/* Waiting requests naming a session that hold back later ones naming it,
+ * per pass of admit_waiting (past that many, later requests are not held). */
 #define AHEAD_MAX 32
 
 static int is_session_request(const struct engine_request *r)

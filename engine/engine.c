@@ -681,6 +681,8 @@ static int session_command(struct engine *e, struct engine_request *r)
                        "this session is busy with a request; save it when the request is over");
             return 1;
         }
+        if (!session_save_room(e))
+            return 0; /* the writer has every save place: wait for one */
         int rc = session_save(e, s, r->id, why, sizeof why);
         if (rc < 0)
             engine__save_answer(e, r->id, r->owner, r->session_id, rc, why);

@@ -156,11 +156,19 @@ struct seq *session_find(struct engine *e, const char *sid)
 
 /* s leaves memory: written to the directory first when there is one. A
  * session whose save fails stays (0 returned only when it left). */
+/* s (idle) leaves memory, written to the directory first: 0, -EAGAIN when
+ * its save would wait for the writer (every place taken: s stays, and the
+ * caller tries later, so that this thread never waits on the disk), or -1
+ * when the save failed (s stays, tried again after another idle period). */
 static int leave(struct engine *e, struct seq *s, double now)
 {
-    if (e->dir_fd >= 0 && s->session[0] && session_save(e, s, 0, NULL, 0) < 0) {
-        s->last_used = now; /* try again after another idle period */
-        return -1;
+    if (e->dir_fd >= 0 && s->session[0]) {
+        if (!session_save_room(e))
+            return -EAGAIN;
+        if (session_save(e, s, 0, NULL, 0) < 0) {
+            s->last_used = now; /* try again after another idle period */
+            return -1;
+        }
     }
     engine__seq_release(e, s);
     return 0;
@@ -190,7 +198,10 @@ struct seq *session_take_slot(struct engine *e)
         }
         if (!lru)
             return NULL;
-        if (leave(e, lru, now) < 0)
+        int rc = leave(e, lru, now);
+        if (rc == -EAGAIN)
+            return NULL; /* the writer has every save place: wait for one */
+        if (rc < 0)
             continue; /* its last_used is now: skipped next round */
         int64_t slot;
         if (kv_pool_acquire(&e->dec.fwd.pool, &slot) < 0)
@@ -812,6 +823,17 @@ static int queued(const struct engine *e, const char *id)
             (!id || engine_session_id_equal(e->saving[i].m.id, id)))
             return 1;
     return 0;
+}
+
+int session_save_room(struct engine *e)
+{
+    if (!e->saving)
+        return 1;
+    collect(e, 0);
+    for (int i = 0; i < SESSION_SAVES_MAX; i++)
+        if (e->saving[i].state == SAVE_FREE)
+            return 1;
+    return !queued(e, NULL); /* every place held after failed writes: session_save says so */
 }
 
 static void hand_over(struct engine *e, struct session_saving *w)

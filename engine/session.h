@@ -17,7 +17,8 @@
 /* The seq (running or idle) of session sid, or NULL. */
 struct seq *session_find(struct engine *e, const char *sid);
 /* A slot for a new sequence: a free one, else the least recently used idle
- * session's (that session leaves memory). NULL when every slot runs. */
+ * session's (that session leaves memory). NULL when every slot runs, or
+ * when the session to leave would have to wait for a save place. */
 struct seq *session_take_slot(struct engine *e);
 /* The request running in s is over and s is a session: keep its KV. */
 void session_park(struct seq *s, double now);
@@ -51,6 +52,12 @@ int session_copy_cells(struct backend *b, const struct kv_geometry *g, const str
  * the file is written or the write failed; 0 for none. 0, or -errno with a
  * reason in err (which may be NULL): then nothing was handed over. */
 int session_save(struct engine *e, struct seq *s, uint64_t answer_id, char *err, size_t err_len);
+/* 1 when session_save would not wait for the writer now (a place is free, or
+ * none can be freed by it), 0 when it would: then the engine thread does
+ * not save (a session that must leave its slot stays, a request that needs
+ * the slot or asks for the save waits), so that it never waits on the
+ * disk. */
+int session_save_room(struct engine *e);
 /* Engine thread, every turn: takes the writer's results, retries held saves. */
 void session_saves_poll(struct engine *e);
 /* A deleted session: waits for its saves and drops the held ones. Returns

@@ -613,6 +613,53 @@ def test_a_snapshot_that_cannot_be_opened_is_not_taken_for_a_missing_one(binary,
         assert s.stop() == 0, s.log()
 
 
+def test_a_slot_whose_session_cannot_be_saved_yet_is_waited_for_off_the_engine_thread(
+        binary, model, tmp_path):
+    """With the IO thread held (a FIFO named like a snapshot) and both save
+    places taken by sessions pushed out of their slots, a completion that
+    needs a third session's slot waits for a save place in the queue; the
+    engine thread does not wait for the writer, and answers what needs no
+    disk (a GET of a session in memory) meanwhile."""
+    d = tmp_path / "sessions"
+    d.mkdir()
+    s = Server(binary, model, ["--session-dir", str(d), "--window", WINDOW, "--max-seqs", "2"])
+    fifo = d / "slow-file.snap"
+    got = {}
+    threads = []
+
+    def request(name, method, path, body=None):
+        got[name] = call(s, method, path, body, timeout=120)
+
+    def start(*a):
+        threads.append(threading.Thread(target=request, args=a))
+        threads[-1].start()
+
+    try:
+        os.mkfifo(fifo)
+        start("held", "GET", "/v1/sessions/slow-file")
+        time.sleep(0.3)
+        # a and b take both slots; c and d push them out: two saves wait
+        for sid in ("a", "b", "c", "d"):
+            assert complete(s, "Hello", sid, max_tokens=2)[0] == 200
+        body = {"model": "smol", "prompt": "The sea", "max_tokens": 4, "temperature": 0}
+        start("needs a slot", "POST", "/v1/completions", body)
+        time.sleep(0.5)
+        st, r = call(s, "GET", "/v1/sessions/d", timeout=30)
+        assert st == 200 and r["in_memory"] is True, r
+        assert "needs a slot" not in got, got
+        release_fifo_readers(fifo, threads[:1])
+        for t in threads:
+            t.join(60)
+        assert got["needs a slot"][0] == 200, got
+        for sid in ("a", "b", "c"):  # written: a and b at once, c for the slot
+            assert (d / f"{sid}.snap").exists(), sid
+    finally:
+        if fifo.exists():
+            open_fifo_writer(fifo, timeout=1)
+            fifo.unlink()
+        assert s.stop() == 0, s.log()
+
+
 def test_a_delete_that_cannot_remove_the_file_says_so(binary, model, tmp_path):
     """A DELETE of a session whose snapshot cannot be unlinked (here an
     immutable file) answers 500 session_delete_failed, not the 404 of a

@@ -296,6 +296,25 @@ def open_fifo_writer(path, timeout=30):
     return False
 
 
+class Background:
+    """Requests to a server on threads of their own: got[name] is (status,
+    parsed JSON) once one is answered, threads the threads in order."""
+
+    def __init__(self, server):
+        self.server, self.got, self.threads = server, {}, []
+
+    def start(self, name, method, path, body=None, key=None):
+        def run():
+            self.got[name] = call(self.server, method, path, body, key=key, timeout=120)
+
+        self.threads.append(threading.Thread(target=run))
+        self.threads[-1].start()
+
+    def join(self):
+        for t in self.threads:
+            t.join(60)
+
+
 def release_fifo_readers(path, threads):
     """Lets every open of the FIFO at path return, one after another, until
     threads are all done."""
@@ -430,16 +449,8 @@ def test_session_requests_held_by_the_directory_keep_their_order_and_their_bound
     d.mkdir()
     s = Server(binary, model, ["--session-dir", str(d), "--window", WINDOW])
     fifo = d / "slow-file.snap"
-    got = {}
-    threads = []
-
-    def request(name, method, path, body=None):
-        got[name] = call(s, method, path, body, timeout=120)
-
-    def start(*a):
-        threads.append(threading.Thread(target=request, args=a))
-        threads[-1].start()
-
+    bg = Background(s)
+    got, start = bg.got, bg.start
     try:
         assert complete(s, LONG, "x", max_tokens=4)[0] == 200  # x is in memory
         os.mkfifo(fifo)
@@ -466,9 +477,8 @@ def test_session_requests_held_by_the_directory_keep_their_order_and_their_bound
         assert "too many session requests" in got["more2"][1]["error"]["message"]
         body = {"model": "smol", "prompt": "The sea", "max_tokens": 4, "temperature": 0}
         assert call(s, "POST", "/v1/completions", body, timeout=60)[0] == 200
-        release_fifo_readers(fifo, threads[:1])
-        for t in threads:
-            t.join(60)
+        release_fifo_readers(fifo, bg.threads[:1])
+        bg.join()
         assert got["held"][0] == 404 and got["fill0"][0] == 404, got
         assert got["delete x"] == (204, None), got
         assert got["get x"][0] == 404, got
@@ -492,32 +502,23 @@ def test_another_keys_request_held_by_the_directory_does_not_hold_up_the_owner(
     s = Server(binary, model, ["--session-dir", str(d), "--window", WINDOW,
                                "--api-key", "key-a", "--api-key", "key-b"])
     fifo = d / "slow-file.snap"
-    got = {}
-    threads = []
-
-    def request(name, method, path, key, body=None):
-        got[name] = call(s, method, path, body, key=key, timeout=120)
-
-    def start(*a):
-        threads.append(threading.Thread(target=request, args=a))
-        threads[-1].start()
-
+    bg = Background(s)
+    got, start = bg.got, bg.start
     try:
         assert complete(s, LONG, "x", max_tokens=4, key="key-a")[0] == 200
         os.mkfifo(fifo)
-        start("held", "GET", "/v1/sessions/slow-file", "key-a")
+        start("held", "GET", "/v1/sessions/slow-file", key="key-a")
         time.sleep(0.3)
         for i in range(3):
-            start(f"fill{i}", "GET", f"/v1/sessions/nosuch-{i}", "key-a")
+            start(f"fill{i}", "GET", f"/v1/sessions/nosuch-{i}", key="key-a")
         time.sleep(0.3)
-        start("b get x", "GET", "/v1/sessions/x", "key-b")
+        start("b get x", "GET", "/v1/sessions/x", key="key-b")
         time.sleep(0.3)
         st, r = complete(s, TURN2, "x", max_tokens=4, key="key-a", session_create=False)
         assert st == 200 and r["session"]["created"] is False, r
         assert not got, got
-        release_fifo_readers(fifo, threads[:1])
-        for t in threads:
-            t.join(60)
+        release_fifo_readers(fifo, bg.threads[:1])
+        bg.join()
         assert got["b get x"][0] == 404, got
     finally:
         if fifo.exists():
@@ -624,16 +625,8 @@ def test_a_slot_whose_session_cannot_be_saved_yet_is_waited_for_off_the_engine_t
     d.mkdir()
     s = Server(binary, model, ["--session-dir", str(d), "--window", WINDOW, "--max-seqs", "2"])
     fifo = d / "slow-file.snap"
-    got = {}
-    threads = []
-
-    def request(name, method, path, body=None):
-        got[name] = call(s, method, path, body, timeout=120)
-
-    def start(*a):
-        threads.append(threading.Thread(target=request, args=a))
-        threads[-1].start()
-
+    bg = Background(s)
+    got, start = bg.got, bg.start
     try:
         os.mkfifo(fifo)
         start("held", "GET", "/v1/sessions/slow-file")
@@ -647,9 +640,8 @@ def test_a_slot_whose_session_cannot_be_saved_yet_is_waited_for_off_the_engine_t
         st, r = call(s, "GET", "/v1/sessions/d", timeout=30)
         assert st == 200 and r["in_memory"] is True, r
         assert "needs a slot" not in got, got
-        release_fifo_readers(fifo, threads[:1])
-        for t in threads:
-            t.join(60)
+        release_fifo_readers(fifo, bg.threads[:1])
+        bg.join()
         assert got["needs a slot"][0] == 200, got
         for sid in ("a", "b", "c"):  # written: a and b at once, c for the slot
             assert (d / f"{sid}.snap").exists(), sid

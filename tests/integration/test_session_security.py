@@ -159,33 +159,45 @@ def test_idle_sessions_expire_while_the_engine_is_busy(start_server, tmp_path, w
     assert st == 204
 
 
-def test_another_keys_snapshot_is_judged_by_its_header_and_left_alone(binary, model, tmp_path):
-    # Key B names key A's session, which is on disk and damaged past its
-    # header. B must get the 404 of a session that does not exist for it,
-    # without the server reading A's whole file, telling B what is wrong
-    # with it, or moving A's file aside.
+def key_a_snapshot(binary, model, tmp_path, *extra):
+    """Key A's session "of-a", written to a session directory by a server of
+    both keys (its args, with extra) on its way out: (args, dir, the file)."""
     d = tmp_path / "sessions"
     d.mkdir()
-    args = ["--session-dir", str(d), "--api-key", "key-a", "--api-key", "key-b"]
+    args = ["--session-dir", str(d), *extra, "--api-key", "key-a", "--api-key", "key-b"]
     s1 = Server(binary, model, args)
     try:
         st, r = complete(s1, PROMPT, "of-a", max_tokens=4, key="key-a")
         assert st == 200, r
     finally:
         assert s1.stop() == 0, s1.log()
-    snap = d / "of-a.snap"
+    return args, d, d / "of-a.snap"
+
+
+def judged_by_its_header(s, d, snap):
+    """Key B naming key A's "of-a" (continued or not) gets the 404 of a session
+    that does not exist for it, and A's file stays where it is; returns what
+    A itself gets (status, body)."""
+    for body in ({"session_create": False}, {}):
+        st, r = complete(s, " What is my secret?", "of-a", max_tokens=4, key="key-b", **body)
+        assert st == 404, r
+        assert r["error"]["code"] == "session_not_found"
+    assert snap.exists() and not (d / "of-a.bad").exists()
+    return complete(s, " What is my secret?", "of-a", max_tokens=4, key="key-a")
+
+
+def test_another_keys_snapshot_is_judged_by_its_header_and_left_alone(binary, model, tmp_path):
+    # Key B names key A's session, which is on disk and damaged past its
+    # header. B must get the 404 of a session that does not exist for it,
+    # without the server reading A's whole file, telling B what is wrong
+    # with it, or moving A's file aside.
+    args, d, snap = key_a_snapshot(binary, model, tmp_path)
     data = bytearray(snap.read_bytes())
     data[len(data) // 2] ^= 0x10
     snap.write_bytes(bytes(data))
     s2 = Server(binary, model, args)
     try:
-        for body in ({"session_create": False}, {}):
-            st, r = complete(s2, " What is my secret?", "of-a", max_tokens=4, key="key-b",
-                             **body)
-            assert st == 404, r
-            assert r["error"]["code"] == "session_not_found"
-        assert snap.exists() and not (d / "of-a.bad").exists()
-        st, r = complete(s2, " What is my secret?", "of-a", max_tokens=4, key="key-a")
+        st, r = judged_by_its_header(s2, d, snap)
         assert st == 422 and r["error"]["code"] == "session_snapshot_invalid", r
     finally:
         assert s2.stop() == 0, s2.log()
@@ -197,25 +209,12 @@ def test_another_keys_snapshot_too_large_for_this_server_is_left_alone(binary, m
     # session that does not exist for it, judged from the header before the
     # rest of the file is read, and A's file is not moved aside; A itself
     # learns that this server cannot restore it.
-    d = tmp_path / "sessions"
-    d.mkdir()
-    args = ["--session-dir", str(d), "--window", "64", "--api-key", "key-a",
-            "--api-key", "key-b"]
-    s1 = Server(binary, model, args)
-    try:
-        st, r = complete(s1, PROMPT, "of-a", max_tokens=4, key="key-a")
-        assert st == 200, r
-    finally:
-        assert s1.stop() == 0, s1.log()
-    snap = d / "of-a.snap"
+    args, d, snap = key_a_snapshot(binary, model, tmp_path, "--window", "64")
     with open(snap, "ab") as f:  # past the largest snapshot a window of 64 makes
         f.write(bytes(8 << 20))
     s2 = Server(binary, model, args)
     try:
-        st, r = complete(s2, " What is my secret?", "of-a", max_tokens=4, key="key-b")
-        assert st == 404 and r["error"]["code"] == "session_not_found", r
-        assert snap.exists() and not (d / "of-a.bad").exists()
-        st, r = complete(s2, " What is my secret?", "of-a", max_tokens=4, key="key-a")
+        st, r = judged_by_its_header(s2, d, snap)
         assert st == 422 and r["error"]["code"] == "session_snapshot_invalid", r
         assert "larger than any snapshot" in r["error"]["message"], r
     finally:

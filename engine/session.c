@@ -154,8 +154,6 @@ struct seq *session_find(struct engine *e, const char *sid)
     return NULL;
 }
 
-/* s leaves memory: written to the directory first when there is one. A
- * session whose save fails stays (0 returned only when it left). */
 /* s (idle) leaves memory, written to the directory first: 0, -EAGAIN when
  * its save would wait for the writer (every place taken: s stays, and the
  * caller tries later, so that this thread never waits on the disk), or -1
@@ -250,18 +248,30 @@ static int file_name(char *buf, size_t cap, const char *id, const char *ext)
     return n > 0 && (size_t)n < cap ? 0 : -ENAMETOOLONG;
 }
 
-/* The header of snapshot file name in dir_fd, from its first bytes: 0 with
- * *m filled, or -1 (no such file, unreadable, not a snapshot). Any thread. */
-static int read_header(int dir_fd, const char *name, struct snapshot_meta *m)
+/* The header of snapshot file name in dir_fd, from its first bytes, and the
+ * file's size (bytes may be NULL): 0 with *m filled; -ENOENT when there is
+ * none or it is not a snapshot; -errno when it could not be opened or read
+ * (EMFILE, EIO...), so that it is not taken for a missing one. Any thread. */
+static int read_header(int dir_fd, const char *name, struct snapshot_meta *m, int64_t *bytes)
 {
     int fd = openat(dir_fd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     if (fd < 0)
-        return -1;
+        return errno == ENOENT || errno == ELOOP || errno == ENOTDIR ? -ENOENT : -errno;
     uint8_t hdr[SNAPSHOT_FIXED_HEADER + ENGINE_SESSION_ID_MAX];
     ssize_t n = pread(fd, hdr, sizeof hdr, 0);
+    int rc = n < 0 ? (errno == ESPIPE || errno == EISDIR ? -ENOENT : -errno) : 0;
+    struct stat st;
+    if (rc == 0 && bytes && fstat(fd, &st) < 0)
+        rc = -errno;
     close(fd);
+    if (rc < 0)
+        return rc;
     char why[160];
-    return n > 0 && snapshot_decode_header(hdr, (size_t)n, m, why, sizeof why) == 0 ? 0 : -1;
+    if (n == 0 || snapshot_decode_header(hdr, (size_t)n, m, why, sizeof why) < 0)
+        return -ENOENT;
+    if (bytes)
+        *bytes = (int64_t)st.st_size;
+    return 0;
 }
 
 /* Whose a snapshot file is, from its header: its owner hash (0 on an open
@@ -271,7 +281,7 @@ static int read_header(int dir_fd, const char *name, struct snapshot_meta *m)
 static uint64_t file_owner(int dir_fd, const char *name)
 {
     struct snapshot_meta m;
-    if (read_header(dir_fd, name, &m) < 0 || m.owner_unknown)
+    if (read_header(dir_fd, name, &m, NULL) < 0 || m.owner_unknown)
         return NOBODY;
     return m.owner;
 }
@@ -567,7 +577,7 @@ static void load(struct engine *e, struct session_loading *l)
      * may not see), and a file too large or damaged for a restore is still
      * another key's, and then not this request's to move aside
      * (session_load_foreign) */
-    l->hdr_ok = read_header(e->dir_fd, l->name, &l->hdr) == 0;
+    l->hdr_ok = read_header(e->dir_fd, l->name, &l->hdr, NULL) == 0;
     l->skipped = l->hdr_ok && engine_session_id_equal(l->hdr.id, l->id) && !l->hdr.owner_unknown &&
                  l->hdr.owner != l->key;
     l->rc = l->skipped ? -EACCES : read_file(e, l->name, l->max, &l->buf, &l->len);
@@ -816,10 +826,12 @@ int session_loads_gc(struct engine *e)
     return freed;
 }
 
-static int queued(const struct engine *e, const char *id)
+/* Whether a save of id (NULL: of any session) of owner (NULL: of anyone) is
+ * with the writer. */
+static int queued(const struct engine *e, const char *id, const uint64_t *owner)
 {
     for (int i = 0; e->saving && i < SESSION_SAVES_MAX; i++)
-        if (e->saving[i].state == SAVE_QUEUED &&
+        if (e->saving[i].state == SAVE_QUEUED && (!owner || e->saving[i].m.owner == *owner) &&
             (!id || engine_session_id_equal(e->saving[i].m.id, id)))
             return 1;
     return 0;
@@ -833,7 +845,7 @@ int session_save_room(struct engine *e)
     for (int i = 0; i < SESSION_SAVES_MAX; i++)
         if (e->saving[i].state == SAVE_FREE)
             return 1;
-    return !queued(e, NULL); /* every place held after failed writes: session_save says so */
+    return !queued(e, NULL, NULL); /* every place held after failed writes: session_save says so */
 }
 
 static void hand_over(struct engine *e, struct session_saving *w)
@@ -859,7 +871,7 @@ void session_saves_poll(struct engine *e)
 /* Waits until no save of id (NULL: of any session) is with the writer. */
 static void session_saves_settle(struct engine *e, const char *id)
 {
-    while (queued(e, id))
+    while (queued(e, id, NULL))
         collect(e, -1);
 }
 
@@ -914,7 +926,7 @@ int session_save(struct engine *e, struct seq *s, uint64_t answer_id, char *err,
                 w = &e->saving[i];
         if (w)
             break;
-        if (!queued(e, NULL)) {
+        if (!queued(e, NULL, NULL)) {
             e->stats.save_failures_total++;
             snprintf(err, err_len,
                      "%d earlier snapshots could not be written and are held in memory; "
@@ -1289,32 +1301,19 @@ static int describe_file(int dir_fd, const char *id, uint64_t key, struct engine
     char name[ENGINE_SESSION_ID_MAX + 8];
     if (dir_fd < 0 || file_name(name, sizeof name, id, SNAP_EXT) < 0)
         return -ENOENT;
-    /* none, or not a file that could be a snapshot: -ENOENT; a file that
-     * could not be opened or read (EMFILE, EIO...) says so, so that it is
-     * not taken for a missing one (a DELETE answered 204 would leave it) */
-    int fd = openat(dir_fd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-    if (fd < 0)
-        return errno == ENOENT || errno == ELOOP || errno == ENOTDIR ? -ENOENT : -errno;
-    uint8_t hdr[SNAPSHOT_FIXED_HEADER + ENGINE_SESSION_ID_MAX];
-    ssize_t n = pread(fd, hdr, sizeof hdr, 0);
-    int rc = n < 0 ? (errno == ESPIPE || errno == EISDIR ? -ENOENT : -errno) : 0;
-    struct stat st;
-    if (rc == 0 && fstat(fd, &st) < 0)
-        rc = -errno;
-    close(fd);
+    struct snapshot_meta m;
+    int64_t bytes = 0;
+    int rc = read_header(dir_fd, name, &m, &bytes);
     if (rc < 0)
         return rc;
-    struct snapshot_meta m;
-    char why[160];
-    if (n == 0 || snapshot_decode_header(hdr, (size_t)n, &m, why, sizeof why) < 0 ||
-        !engine_session_id_equal(m.id, id) || m.owner_unknown || m.owner != key)
+    if (!engine_session_id_equal(m.id, id) || m.owner_unknown || m.owner != key)
         return -ENOENT;
     snprintf(out->id, sizeof out->id, "%s", id);
     out->tokens_seen = m.pos_next - m.pos_first + (m.has_next ? 1 : 0);
     out->position = m.pos_next;
     kv_policy_name(&m.policy, out->policy, sizeof out->policy);
     out->on_disk = 1;
-    out->bytes = (int64_t)st.st_size;
+    out->bytes = bytes;
     return 0;
 }
 
@@ -1547,9 +1546,5 @@ int session_delete_start(struct engine *e, const char *id, uint64_t key, uint64_
 
 int session_save_busy(const struct engine *e, const char *id, uint64_t key)
 {
-    for (int i = 0; e->saving && i < SESSION_SAVES_MAX; i++)
-        if (e->saving[i].state == SAVE_QUEUED && e->saving[i].m.owner == key &&
-            engine_session_id_equal(e->saving[i].m.id, id))
-            return 1;
-    return 0;
+    return queued(e, id, &key);
 }

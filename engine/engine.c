@@ -594,13 +594,21 @@ static void list_one(struct engine *e, const struct engine_session_info *in, voi
     emit_session(e, *(const uint64_t *)arg, in);
 }
 
+/* A snapshot of session sid that exists but could not be done (read,
+ * deleted) to, for rc, as error status/code of request id. */
+static void snapshot_failed(struct engine *e, uint64_t id, int status, const char *code,
+                            const char *sid, const char *done, int rc)
+{
+    char msg[160 + ENGINE_SESSION_ID_MAX];
+    snprintf(msg, sizeof msg, "the snapshot of session '%s' could not be %s: %s", sid, done,
+             strerror(-rc));
+    emit_error(e, id, status, NULL, code, msg);
+}
+
 void engine__delete_answer(struct engine *e, uint64_t id, const char *sid, int found, int rc)
 {
     if (rc < 0 && rc != -ENOENT) {
-        char msg[160 + ENGINE_SESSION_ID_MAX];
-        snprintf(msg, sizeof msg, "the snapshot of session '%s' could not be deleted: %s", sid,
-                 strerror(-rc));
-        emit_error(e, id, 500, NULL, "session_delete_failed", msg);
+        snapshot_failed(e, id, 500, "session_delete_failed", sid, "deleted", rc);
     } else if (found || rc == 0) {
         emit_done(e, id);
     } else {
@@ -614,10 +622,7 @@ void engine__describe_answer(struct engine *e, uint64_t id, const char *sid, int
     if (rc == -ENOENT) {
         no_such_session(e, id, sid);
     } else if (rc < 0) {
-        char msg[160 + ENGINE_SESSION_ID_MAX];
-        snprintf(msg, sizeof msg, "the snapshot of session '%s' could not be read: %s", sid,
-                 strerror(-rc));
-        emit_error(e, id, 503, NULL, "session_read_failed", msg);
+        snapshot_failed(e, id, 503, "session_read_failed", sid, "read", rc);
     } else {
         emit_session(e, id, in);
         emit_done(e, id);
@@ -731,6 +736,15 @@ static int session_command(struct engine *e, struct engine_request *r)
     return 1;
 }
 
+/* Gives back the slot s that session_take_slot gave a request that does not
+ * keep it (no request was put in it). */
+static void untake_slot(struct engine *e, struct seq *s)
+{
+    kv_pool_release(&e->dec.fwd.pool, s->kv.slot);
+    s->state = SEQ_FREE;
+    s->session[0] = 0;
+}
+
 /* Tries to place a request. Returns 1 if done with it (admitted or failed),
  * 0 if it must wait for a slot. */
 static int try_admit(struct engine *e, struct engine_request *r)
@@ -786,9 +800,7 @@ static int try_admit(struct engine *e, struct engine_request *r)
      * place taken), which ends a save of this session: its file is then to
      * be read off this thread too */
     if (r->session_id[0] && session_restore_wait(e, r->session_id, r->owner)) {
-        kv_pool_release(&e->dec.fwd.pool, s->kv.slot);
-        s->state = SEQ_FREE;
-        s->session[0] = 0;
+        untake_slot(e, s);
         return 0;
     }
     if (r->session_id[0]) { /* not in memory: on disk, or gone, or new */
@@ -804,9 +816,7 @@ static int try_admit(struct engine *e, struct engine_request *r)
             return 1;
         }
         if (rc < 0 || r->session_must_exist) {
-            kv_pool_release(&e->dec.fwd.pool, s->kv.slot);
-            s->state = SEQ_FREE;
-            s->session[0] = 0;
+            untake_slot(e, s);
             if (rc < 0 && se.status != 404)
                 emit_error(e, r->id, se.status, "session_id", se.code[0] ? se.code : NULL,
                            se.message);
@@ -817,9 +827,7 @@ static int try_admit(struct engine *e, struct engine_request *r)
         }
     }
     if (admit_into(e, s, r, 1) < 0) {
-        kv_pool_release(&e->dec.fwd.pool, s->kv.slot);
-        s->state = SEQ_FREE;
-        s->session[0] = 0;
+        untake_slot(e, s);
         request_over(e, r);
         return 1;
     }

@@ -51,20 +51,15 @@ SHIM_OPENAT(openat)
 SHIM_OPENAT(openat64)
 
 /* open is openat from the working directory */
-int open(const char *path, int flags, ...)
-{
-    va_list ap;
-    va_start(ap, flags);
-    mode_t mode = mode_of(flags, ap);
-    va_end(ap);
-    return openat(AT_FDCWD, path, flags, mode);
-}
+#define SHIM_OPEN(fname, at)                                                                       \
+    int fname(const char *path, int flags, ...)                                                    \
+    {                                                                                              \
+        va_list ap;                                                                                \
+        va_start(ap, flags);                                                                       \
+        mode_t mode = mode_of(flags, ap);                                                          \
+        va_end(ap);                                                                                \
+        return at(AT_FDCWD, path, flags, mode);                                                    \
+    }
 
-int open64(const char *path, int flags, ...)
-{
-    va_list ap;
-    va_start(ap, flags);
-    mode_t mode = mode_of(flags, ap);
-    va_end(ap);
-    return openat64(AT_FDCWD, path, flags, mode);
-}
+SHIM_OPEN(open, openat)
+SHIM_OPEN(open64, openat64)

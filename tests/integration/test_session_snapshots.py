@@ -467,9 +467,10 @@ def test_session_requests_held_by_the_directory_keep_their_order_and_their_bound
               {"model": "smol", "prompt": TURN2, "max_tokens": 4, "temperature": 0,
                "session_id": "x", "session_create": False})
         time.sleep(10.5)  # the IO thread has finished nothing for SESSION_IO_SLOW_S
-        for i in range(4):
+        for i in range(4):  # one after another, so that the last two are refused
             start(f"more{i}", "GET", f"/v1/sessions/more-{i}")
-        time.sleep(0.6)
+            time.sleep(0.3)
+        time.sleep(0.3)
         # 4 session requests wait (delete x, get x and two more); the others
         # got 429 at once, and a completion still finds a place
         refused = sorted(k for k, v in got.items() if v[0] == 429)

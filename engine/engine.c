@@ -706,12 +706,20 @@ static int session_command(struct engine *e, struct engine_request *r)
         if (!session_describe_start(e, r->session_id, r->owner, r->id))
             session_not_found(e, r); /* no directory */
         return 1;
-    case ENGINE_REQ_SESSION_LIST:
+    case ENGINE_REQ_SESSION_LIST: {
         /* made with the directory's files off the thread (try_admit) */
-        if (!session_list(e, r->id, list_one, &r->id))
+        int rc = session_list(e, r->id, list_one, &r->id);
+        if (rc < 0) {
+            char msg[160];
+            snprintf(msg, sizeof msg, "the session directory could not be read: %s", strerror(-rc));
+            emit_error(e, r->id, 503, NULL, "session_read_failed", msg);
+            return 1;
+        }
+        if (rc == 0)
             session_list_memory(e, r->owner, list_one, &r->id); /* no directory: memory only */
         emit_done(e, r->id);
         return 1;
+    }
     case ENGINE_REQ_SESSION_DELETE: {
         if (s && s->state == SEQ_RUNNING) {
             emit_error(e, r->id, 409, "session_id", "session_busy",

@@ -1393,7 +1393,13 @@ static int list_dir(struct engine *e, struct session_listing *l)
     }
     rewinddir(d);
     struct dirent *de;
-    while ((de = readdir(d))) {
+    for (;;) {
+        errno = 0;
+        if (!(de = readdir(d))) {
+            if (errno) /* a directory read part way is not a listing */
+                l->rc = -errno;
+            break;
+        }
         size_t len = strlen(de->d_name);
         if (len <= strlen(SNAP_EXT) || len - strlen(SNAP_EXT) >= ENGINE_SESSION_ID_MAX ||
             strcmp(de->d_name + len - strlen(SNAP_EXT), SNAP_EXT) != 0)
@@ -1405,8 +1411,13 @@ static int list_dir(struct engine *e, struct session_listing *l)
         for (size_t i = 0; i < l->n_mem && !known; i++)
             known = engine_session_id_equal(l->in[i].id, id);
         struct engine_session_info in;
-        if (known || session_describe_disk(e, id, l->key, &in) < 0)
-            continue;
+        int rc = known ? -ENOENT : session_describe_disk(e, id, l->key, &in);
+        if (rc == -ENOENT)
+            continue; /* listed from memory, gone, damaged, or another key's */
+        if (rc < 0) { /* could not be read (EMFILE, EIO): maybe this key's */
+            l->rc = rc;
+            break;
+        }
         if (listing_add(l, &in) < 0)
             break;
     }
@@ -1461,6 +1472,8 @@ int session_list(struct engine *e, uint64_t req_id,
     if (!l || l->state != LOAD_DONE || l->req_id != req_id)
         return 0; /* no directory */
     l->state = LOAD_FREE;
+    if (l->rc < 0)
+        return l->rc;
     for (size_t i = 0; i < l->n; i++)
         each(e, &l->in[i], arg);
     return 1;

@@ -136,7 +136,9 @@ void session_list_memory(struct engine *e, uint64_t key,
  * directory for them. */
 int session_list_wait(struct engine *e, uint64_t req_id, uint64_t key);
 /* Calls each for every session of request req_id's listing and frees it:
- * 1, or 0 when there is none (no directory: the caller lists memory). */
+ * 1, or 0 when there is none (no directory: the caller lists memory). A
+ * listing the IO thread could not make whole (the directory or a header
+ * that may be key's could not be read) is freed unlisted: -errno. */
 int session_list(struct engine *e, uint64_t req_id,
                  void (*each)(struct engine *e, const struct engine_session_info *in, void *arg),
                  void *arg);

@@ -568,13 +568,7 @@ def test_a_delete_does_not_overtake_a_completion_sent_before_it(binary, model, t
         assert s.stop() == 0, s.log()
 
 
-def test_a_snapshot_that_cannot_be_opened_is_not_taken_for_a_missing_one(binary, model,
-                                                                          tmp_path, monkeypatch):
-    """A snapshot that exists but cannot be opened (here every open of it
-    fails with EMFILE, as when the process is out of file descriptors) is not
-    a missing session: a GET answers 503 session_read_failed and a DELETE
-    500 session_delete_failed, and the file stays; once it opens again both
-    work."""
+def build_fail_open_shim(tmp_path):
     shim = tmp_path / "fail_open.so"
     src = os.path.join(os.path.dirname(__file__), "shims", "fail_open.c")
     try:
@@ -584,6 +578,17 @@ def test_a_snapshot_that_cannot_be_opened_is_not_taken_for_a_missing_one(binary,
         built = False
     if not built:
         pytest.skip("no C compiler for the LD_PRELOAD shim")
+    return shim
+
+
+def test_a_snapshot_that_cannot_be_opened_is_not_taken_for_a_missing_one(binary, model,
+                                                                          tmp_path, monkeypatch):
+    """A snapshot that exists but cannot be opened (here every open of it
+    fails with EMFILE, as when the process is out of file descriptors) is not
+    a missing session: a GET answers 503 session_read_failed and a DELETE
+    500 session_delete_failed, a listing of the directory 503 (the file may
+    be the caller's), and the file stays; once it opens again all work."""
+    shim = build_fail_open_shim(tmp_path)
     d = tmp_path / "sessions"
     d.mkdir()
     args = ["--session-dir", str(d), "--window", WINDOW]
@@ -605,12 +610,49 @@ def test_a_snapshot_that_cannot_be_opened_is_not_taken_for_a_missing_one(binary,
         assert "Too many open files" in r["error"]["message"], r
         st, r = call(s, "DELETE", "/v1/sessions/stuck")
         assert st == 500 and r["error"]["code"] == "session_delete_failed", (st, r)
+        st, r = call(s, "GET", "/v1/sessions")
+        assert st == 503 and r["error"]["code"] == "session_read_failed", (st, r)
+        assert "Too many open files" in r["error"]["message"], r
         assert snap.exists()
         flag.unlink()
+        st, r = call(s, "GET", "/v1/sessions")
+        assert st == 200 and [x["id"] for x in r["data"]] == ["stuck"], r
         st, r = call(s, "GET", "/v1/sessions/stuck")
         assert st == 200 and r["on_disk"] is True, r
         assert call(s, "DELETE", "/v1/sessions/stuck")[0] == 204
         assert not snap.exists()
+    finally:
+        assert s.stop() == 0, s.log()
+
+
+def test_a_listing_whose_directory_read_breaks_is_an_error(binary, model, tmp_path,
+                                                           monkeypatch):
+    """A listing whose directory read fails part way (readdir sets EIO
+    before the last entry) answers 503 session_read_failed, not 200 with
+    the sessions read so far; the next listing that reads through is whole."""
+    shim = build_fail_open_shim(tmp_path)
+    d = tmp_path / "sessions"
+    d.mkdir()
+    args = ["--session-dir", str(d), "--window", WINDOW]
+    flag = tmp_path / "fail-now"
+    monkeypatch.setenv("LD_PRELOAD", str(shim))
+    monkeypatch.setenv("FAIL_READDIR_NAME", "breaks-here")
+    monkeypatch.setenv("FAIL_READDIR_FLAG", str(flag))
+    s = Server(binary, model, args + ["--max-seqs", "1"])
+    try:
+        for sid in ("a", "b", "c"):  # a and b are pushed out of the only slot, to disk
+            assert complete(s, "Hello", sid, max_tokens=2)[0] == 200
+        deadline = time.time() + 30
+        while not all((d / f"{sid}.snap").exists() for sid in "ab") and time.time() < deadline:
+            time.sleep(0.05)
+        (d / "breaks-here").touch()
+        flag.touch()
+        st, r = call(s, "GET", "/v1/sessions")
+        assert st == 503 and r["error"]["code"] == "session_read_failed", (st, r)
+        assert "Input/output error" in r["error"]["message"], r
+        flag.unlink()
+        st, r = call(s, "GET", "/v1/sessions")
+        assert st == 200 and sorted(x["id"] for x in r["data"]) == ["a", "b", "c"], r
     finally:
         assert s.stop() == 0, s.log()
 

@@ -1,11 +1,14 @@
 /*
- * fail_open.c: an LD_PRELOAD shim for the session tests. open and openat of
- * a path whose last component is $FAIL_OPEN_NAME fail with EMFILE (as when a
- * process runs out of file descriptors) while the file $FAIL_OPEN_FLAG
- * exists; everything else goes to the C library. Built by the test that
- * uses it (cc -shared -fPIC ... -ldl).
+ * fail_open.c: an LD_PRELOAD shim for the session tests. While the file
+ * $FAIL_OPEN_FLAG exists, open and openat of a path whose last component is
+ * $FAIL_OPEN_NAME fail with EMFILE (as when a process runs out of file
+ * descriptors); while $FAIL_READDIR_FLAG exists, a readdir that would
+ * return the entry $FAIL_READDIR_NAME fails with EIO instead (a directory
+ * read that breaks part way). Everything else goes to the C library. Built by the test that uses it
+ * (cc -shared -fPIC ... -ldl).
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -15,14 +18,19 @@
 #include <sys/types.h>
 #include <unistd.h>
 
-static int should_fail(const char *path)
+static int named_and_flagged(const char *path, const char *name_var, const char *flag_var)
 {
-    const char *name = getenv("FAIL_OPEN_NAME"), *flag = getenv("FAIL_OPEN_FLAG");
+    const char *name = getenv(name_var), *flag = getenv(flag_var);
     if (!name || !flag || !path)
         return 0;
     const char *base = strrchr(path, '/');
     base = base ? base + 1 : path;
     return strcmp(base, name) == 0 && access(flag, F_OK) == 0;
+}
+
+static int should_fail(const char *path)
+{
+    return named_and_flagged(path, "FAIL_OPEN_NAME", "FAIL_OPEN_FLAG");
 }
 
 static mode_t mode_of(int flags, va_list ap)
@@ -63,3 +71,20 @@ SHIM_OPENAT(openat64)
 
 SHIM_OPEN(open, openat)
 SHIM_OPEN(open64, openat64)
+
+#define SHIM_READDIR(fname, ent)                                                                   \
+    struct ent *fname(DIR *d)                                                                      \
+    {                                                                                              \
+        static struct ent *(*real)(DIR *);                                                         \
+        if (!real)                                                                                 \
+            real = (struct ent * (*)(DIR *)) dlsym(RTLD_NEXT, #fname);                             \
+        struct ent *de = real(d);                                                                  \
+        if (de && named_and_flagged(de->d_name, "FAIL_READDIR_NAME", "FAIL_READDIR_FLAG")) {       \
+            errno = EIO;                                                                           \
+            return NULL;                                                                           \
+        }                                                                                          \
+        return de;                                                                                 \
+    }
+
+SHIM_READDIR(readdir, dirent)
+SHIM_READDIR(readdir64, dirent64)

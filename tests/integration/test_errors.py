@@ -168,7 +168,9 @@ def test_over_max_conns_is_503_when_every_connection_runs_a_request(start_server
     assert b"Retry-After: 1" in raw
     for c in busy:
         c.close()
-    time.sleep(0.5)
+    deadline = time.time() + 10  # once the server has seen the closes
+    while s.get("/health")[0] != 200 and time.time() < deadline:
+        time.sleep(0.1)
     assert s.get("/health")[0] == 200
 
 

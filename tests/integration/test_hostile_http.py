@@ -180,7 +180,7 @@ def test_authenticated_bodies_share_a_server_wide_budget(start_server):
             f"Content-Type: application/json\r\nContent-Length: 2500000\r\n\r\n").encode()
     a = s.connect()
     a.sendall(head + b"x" * 2000000)          # a body in progress holds its bytes
-    time.sleep(0.5)
+    time.sleep(2.0)                           # read by the server before b starts
     b = s.connect()
     b.sendall(head + b"x" * 2000000)          # this one would pass the budget as it grows
     raw = read_until_quiet(b, 10, quiet=1.0)

@@ -481,9 +481,9 @@ def test_hostile_stream_ids_and_last_event_ids_get_clear_errors(srv):
 
 
 def test_a_stream_nobody_resumes_is_cancelled_after_the_grace_period(start_server):
-    s = start_server("--stream-grace", "1.5", "--max-seqs", "2")
+    s = start_server("--stream-grace", "5", "--max-seqs", "2")
     total = s.metrics()["streamsink_kv_slots_total"]
-    body = {"model": "smol", "prompt": ENDLESS, "max_tokens": 2000, "temperature": 0,
+    body = {"model": "smol", "prompt": ENDLESS, "max_tokens": 100000, "temperature": 0,
             "stream": True}
     sse = post_stream(s, "/v1/completions", body, headers={})
     sid = sse.headers["x-stream-id"]

@@ -20,14 +20,14 @@ LONG = ("The history of the river Thames begins long before London. In the last 
 
 
 def background_stream(s):
-    """Starts a greedy 400-token stream on its own thread and returns once it
+    """Starts a greedy 1,000-token stream on its own thread and returns once it
     emits: (the thread, the list its tokens' arrival times go into)."""
     times = []
     started = threading.Event()
 
     def stream():
         c = s.client()
-        for ch in c.completions.create(model="smol", prompt="1, 2, 3, 4, 5,", max_tokens=400,
+        for ch in c.completions.create(model="smol", prompt="1, 2, 3, 4, 5,", max_tokens=1000,
                                        temperature=0, stream=True):
             if ch.choices and ch.choices[0].text:
                 times.append(time.monotonic())

@@ -263,7 +263,10 @@ def test_a_listing_reads_the_directory_off_the_engine_thread(binary, model, tmp_
         for t in listers:
             t.start()
             time.sleep(0.2)
-        time.sleep(0.5)
+        deadline = time.time() + 30
+        while sum(x is not None for x in listed) < 2 and time.time() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)
         refused = [x for x in listed if x is not None]
         assert len(refused) == 2 and all(st == 429 for st, _ in refused), refused
         assert call(s, "POST", "/v1/completions", body, timeout=60)[0] == 200
@@ -294,6 +297,35 @@ def open_fifo_writer(path, timeout=30):
         except OSError:  # ENXIO: no reader yet
             time.sleep(0.05)
     return False
+
+
+def wait_io_held(server, timeout=30):
+    """Waits until a thread of the server waits in the open of a FIFO (the
+    session IO thread, held by a FIFO named like a snapshot). Where the
+    kernel does not tell (no wchan in /proc), waits 1 s instead."""
+    task = f"/proc/{server.proc.pid}/task"
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            chans = []
+            for t in os.listdir(task):
+                with open(f"{task}/{t}/wchan") as f:
+                    chans.append(f.read().strip())
+        except OSError:
+            chans = []
+        if "wait_for_partner" in chans:
+            return
+        if all(c in ("", "0") for c in chans):
+            time.sleep(1.0)
+            return
+        time.sleep(0.05)
+    raise AssertionError("no thread of the server came to wait on the FIFO")
+
+
+def wait_inflight(server, n):
+    """Waits until n requests are in the engine (submitted, not answered):
+    those started so far have arrived, in the order they were started."""
+    server.wait_metric("streamsink_requests_inflight", lambda v: v == n, timeout=30)
 
 
 class Background:
@@ -359,10 +391,12 @@ def test_session_requests_read_and_delete_files_off_the_engine_thread(binary, mo
                 ("delete mine", "DELETE", f"/v1/sessions/{sid}"),
                 ("get mine", "GET", f"/v1/sessions/{sid}")]
         threads = []
-        for a in asks:
+        for i, a in enumerate(asks):
             threads.append(threading.Thread(target=request, args=a))
             threads[-1].start()
-            time.sleep(0.3)
+            if i == 0:
+                wait_io_held(s)
+            wait_inflight(s, i + 1)
         # the IO thread waits in the FIFO's open; the engine thread does not
         body = {"model": "smol", "prompt": "The sea", "max_tokens": 8, "temperature": 0}
         st, r = call(s, "POST", "/v1/completions", body, timeout=60)
@@ -412,13 +446,13 @@ def test_a_request_for_a_session_whose_file_is_being_written_waits_off_the_engin
 
         held = threading.Thread(target=request, args=("held", "GET", "/v1/sessions/slow-file"))
         held.start()
-        time.sleep(0.3)
+        wait_io_held(s)
         # another session takes the only slot: sid is saved, behind the FIFO
         st, r = call(s, "POST", "/v1/sessions")
         assert complete(s, "Hello", r["id"], max_tokens=4)[0] == 200
         mine = threading.Thread(target=request, args=("mine", "GET", f"/v1/sessions/{sid}"))
         mine.start()
-        time.sleep(0.3)
+        wait_inflight(s, 2)
         body = {"model": "smol", "prompt": "The sea", "max_tokens": 8, "temperature": 0}
         st, r = call(s, "POST", "/v1/completions", body, timeout=60)
         assert st == 200 and r["usage"]["completion_tokens"] >= 1
@@ -455,22 +489,27 @@ def test_session_requests_held_by_the_directory_keep_their_order_and_their_bound
         assert complete(s, LONG, "x", max_tokens=4)[0] == 200  # x is in memory
         os.mkfifo(fifo)
         start("held", "GET", "/v1/sessions/slow-file")
-        time.sleep(0.3)
+        wait_io_held(s)
         for i in range(3):  # the other three places
             start(f"fill{i}", "GET", f"/v1/sessions/nosuch-{i}")
-        time.sleep(0.3)
+        wait_inflight(s, 4)
         start("delete x", "DELETE", "/v1/sessions/x")
-        time.sleep(0.3)
+        wait_inflight(s, 5)
         start("get x", "GET", "/v1/sessions/x")
-        time.sleep(0.3)
+        wait_inflight(s, 6)
         start("continue x", "POST", "/v1/completions",
               {"model": "smol", "prompt": TURN2, "max_tokens": 4, "temperature": 0,
                "session_id": "x", "session_create": False})
+        wait_inflight(s, 7)
         time.sleep(10.5)  # the IO thread has finished nothing for SESSION_IO_SLOW_S
         for i in range(4):  # one after another, so that the last two are refused
             start(f"more{i}", "GET", f"/v1/sessions/more-{i}")
-            time.sleep(0.3)
-        time.sleep(0.3)
+            if i < 2:
+                wait_inflight(s, 8 + i)
+            else:
+                deadline = time.time() + 30
+                while f"more{i}" not in got and time.time() < deadline:
+                    time.sleep(0.05)
         # 4 session requests wait (delete x, get x and two more); the others
         # got 429 at once, and a completion still finds a place
         refused = sorted(k for k, v in got.items() if v[0] == 429)
@@ -509,12 +548,12 @@ def test_another_keys_request_held_by_the_directory_does_not_hold_up_the_owner(
         assert complete(s, LONG, "x", max_tokens=4, key="key-a")[0] == 200
         os.mkfifo(fifo)
         start("held", "GET", "/v1/sessions/slow-file", key="key-a")
-        time.sleep(0.3)
+        wait_io_held(s)
         for i in range(3):
             start(f"fill{i}", "GET", f"/v1/sessions/nosuch-{i}", key="key-a")
-        time.sleep(0.3)
+        wait_inflight(s, 4)
         start("b get x", "GET", "/v1/sessions/x", key="key-b")
-        time.sleep(0.3)
+        wait_inflight(s, 5)
         st, r = complete(s, TURN2, "x", max_tokens=4, key="key-a", session_create=False)
         assert st == 200 and r["session"]["created"] is False, r
         assert not got, got
@@ -547,13 +586,13 @@ def test_a_delete_does_not_overtake_a_completion_sent_before_it(binary, model, t
                 "temperature": 0}  # greedy, it counts on to the last token
         long = threading.Thread(target=request, args=("long", "POST", "/v1/completions", body))
         long.start()
-        time.sleep(0.5)
+        s.wait_metric("streamsink_active_sequences", lambda v: v == 1, timeout=30)
         turn = {"model": "smol", "prompt": TURN2, "max_tokens": 4, "temperature": 0,
                 "session_id": "x", "session_create": False}
         first = threading.Thread(target=request,
                                  args=("continue x", "POST", "/v1/completions", turn))
         first.start()
-        time.sleep(0.3)
+        wait_inflight(s, 2)
         then = threading.Thread(target=request, args=("delete x", "DELETE", "/v1/sessions/x"))
         then.start()
         time.sleep(0.3)
@@ -673,7 +712,7 @@ def test_a_slot_whose_session_cannot_be_saved_yet_is_waited_for_off_the_engine_t
     try:
         os.mkfifo(fifo)
         start("held", "GET", "/v1/sessions/slow-file")
-        time.sleep(0.3)
+        wait_io_held(s)
         # a and b take both slots; c and d push them out: two saves wait
         for sid in ("a", "b", "c", "d"):
             assert complete(s, "Hello", sid, max_tokens=2)[0] == 200
@@ -686,6 +725,7 @@ def test_a_slot_whose_session_cannot_be_saved_yet_is_waited_for_off_the_engine_t
         release_fifo_readers(fifo, bg.threads[:1])
         bg.join()
         assert got["needs a slot"][0] == 200, got
+        s.wait_metric("streamsink_snapshot_saves_inflight", lambda v: v == 0, timeout=30)
         for sid in ("a", "b", "c"):  # written: a and b at once, c for the slot
             assert (d / f"{sid}.snap").exists(), sid
     finally:
@@ -742,14 +782,14 @@ def test_a_session_that_leaves_memory_while_a_listing_is_made_is_listed(binary, 
         out = {}
         lister = threading.Thread(target=lambda: out.update(l=call(s, "GET", "/v1/sessions")))
         lister.start()
-        time.sleep(0.5)  # the IO thread waits on the FIFO
+        wait_io_held(s)
         # B takes A's slot: A leaves memory, its save queued behind the listing
         assert complete(s, "The sea", ids["B"], max_tokens=2)[0] == 200
         # a restore of C, queued behind A's save: the listing's answer waits for it
         restore = threading.Thread(
             target=lambda: out.update(c=complete(s, "The sea", ids["C"], max_tokens=2)))
         restore.start()
-        time.sleep(0.5)
+        wait_inflight(s, 2)
         os.rename(fifo, moved)
         os.close(os.open(moved, os.O_WRONLY | os.O_NONBLOCK))
         lister.join(60)

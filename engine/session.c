@@ -405,7 +405,7 @@ static void count_apply(struct engine *e, const struct disk_count *c)
                 (long long)c->stale_tmp);
 }
 
-/* disk_count on the engine thread (start, a file moved aside or deleted). */
+/* disk_count on the engine thread (at start). */
 static void disk_scan(struct engine *e, const char *keep)
 {
     struct disk_count c;
@@ -1101,14 +1101,25 @@ static size_t max_snapshot(const struct engine *e)
     return SNAPSHOT_FIXED_HEADER + ENGINE_SESSION_ID_MAX + 2 * snapshot_kv_bytes(&m) + 4;
 }
 
-/* The file of a session that cannot be restored is moved aside to <id>.bad. */
+/* The file of a session that cannot be restored is moved aside to <id>.bad,
+ * and the directory's count loses it: one file's size, not a recount of
+ * the directory (thousands of stats on the engine thread, once for every
+ * snapshot of another model after a model change). */
 static void move_aside(struct engine *e, const char *id)
 {
     char name[ENGINE_SESSION_ID_MAX + 8], bad[ENGINE_SESSION_ID_MAX + 8];
-    if (file_name(name, sizeof name, id, SNAP_EXT) == 0 &&
-        file_name(bad, sizeof bad, id, ".bad") == 0)
-        renameat(e->dir_fd, name, e->dir_fd, bad);
-    disk_scan(e, NULL);
+    struct stat st;
+    if (file_name(name, sizeof name, id, SNAP_EXT) < 0 ||
+        file_name(bad, sizeof bad, id, ".bad") < 0 ||
+        fstatat(e->dir_fd, name, &st, AT_SYMLINK_NOFOLLOW) < 0 ||
+        renameat(e->dir_fd, name, e->dir_fd, bad) < 0)
+        return;
+    if (S_ISREG(st.st_mode) && e->stats.sessions_on_disk > 0) { /* counted (disk_count) */
+        e->stats.sessions_on_disk--;
+        e->stats.snapshot_bytes -= (int64_t)st.st_size;
+        if (e->stats.snapshot_bytes < 0)
+            e->stats.snapshot_bytes = 0; /* a file that grew since it was counted */
+    }
 }
 
 int session_restore(struct engine *e, struct seq *s, const char *id, uint64_t key,

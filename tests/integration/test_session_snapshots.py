@@ -118,6 +118,69 @@ def test_bad_snapshots_get_a_clear_error_and_are_moved_aside(binary, model, tmp_
         assert s2.stop() == 0, s2.log()
 
 
+def test_a_snapshot_moved_aside_is_uncounted_without_a_recount_of_the_directory(
+        binary, model, tmp_path, monkeypatch):
+    """A snapshot that cannot be restored (here: made with another model, as
+    every one is after a model change) is moved aside, and the directory's
+    count loses its one file without a recount: a recount stats every
+    snapshot, and on the engine thread that stopped every stream for as long
+    (here one snapshot's stat takes 3 s, through an LD_PRELOAD shim)."""
+    shim = build_fail_open_shim(tmp_path)
+    d = tmp_path / "sessions"
+    d.mkdir()
+    args = ["--session-dir", str(d), "--window", WINDOW]
+    s1 = Server(binary, model, args)
+    try:
+        for sid in ("old-model", "slow"):
+            assert complete(s1, LONG, sid, max_tokens=4)[0] == 200
+    finally:
+        assert s1.stop() == 0, s1.log()
+    bad = d / "old-model.snap"
+    data = bytearray(bad.read_bytes())
+    data[24] ^= 0xFF  # the model file's SHA-256
+    bad.write_bytes(reseal(data))
+    flag = tmp_path / "stall-now"
+    monkeypatch.setenv("LD_PRELOAD", str(shim))
+    monkeypatch.setenv("STALL_NAME", "slow.snap")
+    monkeypatch.setenv("STALL_FLAG", str(flag))
+    monkeypatch.setenv("STALL_S", "3")
+    s = Server(binary, model, args)
+    try:
+        before = s.metrics()
+        assert before["streamsink_sessions_on_disk"] == 2
+        times = []
+
+        def stream():
+            for ch in s.client().completions.create(model="smol", prompt="1, 2, 3, 4, 5,",
+                                                    max_tokens=600, temperature=0, stream=True):
+                if ch.choices and ch.choices[0].text:
+                    times.append(time.monotonic())
+
+        t = threading.Thread(target=stream)
+        t.start()
+        deadline = time.time() + 60
+        while len(times) < 5 and time.time() < deadline:
+            time.sleep(0.05)
+        flag.touch()
+        st, r = complete(s, TURN2, "old-model", max_tokens=4)
+        assert st == 422 and r["error"]["code"] == "session_snapshot_invalid", r
+        moved_at = time.monotonic()
+        t.join(120)
+        flag.unlink()
+        assert not bad.exists() and (d / "old-model.bad").exists()
+        assert times and times[-1] > moved_at, "the stream ended before the snapshot was moved"
+        gap = max(b - a for a, b in zip(times, times[1:]))
+        assert gap < 2.0, f"a stream stopped for {gap:.1f} s"
+        after = s.metrics()
+        assert after["streamsink_sessions_on_disk"] == 1
+        assert (before["streamsink_session_snapshot_bytes"] -
+                after["streamsink_session_snapshot_bytes"]) == len(data)
+    finally:
+        if flag.exists():
+            flag.unlink()
+        assert s.stop() == 0, s.log()
+
+
 def to_local_layers(data, period):
     """A version-2 snapshot (every layer global) rewritten as version 3 of a
     model whose layers are all local (period > layers), with a local window

@@ -4,7 +4,10 @@
  * $FAIL_OPEN_NAME fail with EMFILE (as when a process runs out of file
  * descriptors); while $FAIL_READDIR_FLAG exists, a readdir that would
  * return the entry $FAIL_READDIR_NAME fails with EIO instead (a directory
- * read that breaks part way). Everything else goes to the C library. Built by the test that uses it
+ * read that breaks part way); while $STALL_FLAG exists, an fstatat of a
+ * path whose last component is $STALL_NAME first sleeps $STALL_S seconds (a
+ * file system that is slow to answer). Everything else goes to the C
+ * library. Built by the test that uses it
  * (cc -shared -fPIC ... -ldl).
  */
 #define _GNU_SOURCE
@@ -15,6 +18,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <unistd.h>
 
@@ -88,3 +92,18 @@ SHIM_OPEN(open64, openat64)
 
 SHIM_READDIR(readdir, dirent)
 SHIM_READDIR(readdir64, dirent64)
+
+#define SHIM_FSTATAT(fname, st_type)                                                               \
+    int fname(int dirfd, const char *path, struct st_type *buf, int flags)                         \
+    {                                                                                              \
+        static int (*real)(int, const char *, struct st_type *, int);                              \
+        if (!real)                                                                                 \
+            real = (int (*)(int, const char *, struct st_type *, int))dlsym(RTLD_NEXT, #fname);    \
+        const char *secs = getenv("STALL_S");                                                      \
+        if (secs && named_and_flagged(path, "STALL_NAME", "STALL_FLAG"))                           \
+            usleep((useconds_t)(atof(secs) * 1e6));                                                \
+        return real(dirfd, path, buf, flags);                                                      \
+    }
+
+SHIM_FSTATAT(fstatat, stat)
+SHIM_FSTATAT(fstatat64, stat64)

@@ -126,15 +126,7 @@ def test_a_snapshot_moved_aside_is_uncounted_without_a_recount_of_the_directory(
     snapshot, and on the engine thread that stopped every stream for as long
     (here one snapshot's stat takes 3 s, through an LD_PRELOAD shim)."""
     shim = build_fail_open_shim(tmp_path)
-    d = tmp_path / "sessions"
-    d.mkdir()
-    args = ["--session-dir", str(d), "--window", WINDOW]
-    s1 = Server(binary, model, args)
-    try:
-        for sid in ("old-model", "slow"):
-            assert complete(s1, LONG, sid, max_tokens=4)[0] == 200
-    finally:
-        assert s1.stop() == 0, s1.log()
+    d, args = sessions_written(binary, model, tmp_path, ("old-model", "slow"))
     bad = d / "old-model.snap"
     data = bytearray(bad.read_bytes())
     data[24] ^= 0xFF  # the model file's SHA-256
@@ -670,6 +662,21 @@ def test_a_delete_does_not_overtake_a_completion_sent_before_it(binary, model, t
         assert s.stop() == 0, s.log()
 
 
+def sessions_written(binary, model, tmp_path, ids):
+    """A session directory in which a server made sessions ids and wrote
+    them out as it stopped: (the directory, the server flags that use it)."""
+    d = tmp_path / "sessions"
+    d.mkdir()
+    args = ["--session-dir", str(d), "--window", WINDOW]
+    s1 = Server(binary, model, args)
+    try:
+        for sid in ids:
+            assert complete(s1, LONG, sid, max_tokens=4)[0] == 200
+    finally:
+        assert s1.stop() == 0, s1.log()  # written on the way out
+    return d, args
+
+
 def build_fail_open_shim(tmp_path):
     shim = tmp_path / "fail_open.so"
     src = os.path.join(os.path.dirname(__file__), "shims", "fail_open.c")
@@ -691,14 +698,7 @@ def test_a_snapshot_that_cannot_be_opened_is_not_taken_for_a_missing_one(binary,
     500 session_delete_failed, a listing of the directory 503 (the file may
     be the caller's), and the file stays; once it opens again all work."""
     shim = build_fail_open_shim(tmp_path)
-    d = tmp_path / "sessions"
-    d.mkdir()
-    args = ["--session-dir", str(d), "--window", WINDOW]
-    s1 = Server(binary, model, args)
-    try:
-        assert complete(s1, LONG, "stuck", max_tokens=4)[0] == 200
-    finally:
-        assert s1.stop() == 0, s1.log()  # written on the way out
+    d, args = sessions_written(binary, model, tmp_path, ("stuck",))
     snap, flag = d / "stuck.snap", tmp_path / "fail-now"
     assert snap.exists()
     monkeypatch.setenv("LD_PRELOAD", str(shim))

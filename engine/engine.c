@@ -630,7 +630,7 @@ void engine__describe_answer(struct engine *e, uint64_t id, const char *sid, int
 }
 
 void engine__save_answer(struct engine *e, uint64_t id, uint64_t key, const char *sid, int rc,
-                         const char *why)
+                         const char *why, const struct engine_session_info *written)
 {
     struct engine_session_info in;
     if (rc < 0) {
@@ -641,10 +641,8 @@ void engine__save_answer(struct engine *e, uint64_t id, uint64_t key, const char
     struct seq *s = session_find(e, sid);
     if (s && s->owner == key)
         session_describe(e, s, &in);
-    else if (session_describe_disk(e, sid, key, &in) < 0) {
-        memset(&in, 0, sizeof in); /* deleted or replaced by another replica since */
-        snprintf(in.id, sizeof in.id, "%s", sid);
-    }
+    else
+        in = *written; /* the session left memory while it was written */
     emit_session(e, id, &in);
     emit_done(e, id);
 }
@@ -690,7 +688,7 @@ static int session_command(struct engine *e, struct engine_request *r)
             return 0; /* the writer has every save place: wait for one */
         int rc = session_save(e, s, r->id, why, sizeof why);
         if (rc < 0)
-            engine__save_answer(e, r->id, r->owner, r->session_id, rc, why);
+            engine__save_answer(e, r->id, r->owner, r->session_id, rc, why, NULL);
         return 1; /* answered when the writer is done */
     }
     case ENGINE_REQ_SESSION_GET:

@@ -54,6 +54,11 @@ struct seq {
     char session[ENGINE_SESSION_ID_MAX];
     uint64_t owner;        /* who created the session (engine_request.owner) */
     int created, restored; /* this request started the session / read it from disk */
+    /* its snapshot in --session-dir as this server last read, wrote or
+     * evicted it (session_restore, session.c's disk_written and disk_gone):
+     * a description needs no stat on the engine thread */
+    int on_disk;
+    int64_t disk_bytes;
     double last_used;
 };
 
@@ -135,8 +140,9 @@ void engine__delete_answer(struct engine *e, uint64_t id, const char *sid, int f
 void engine__describe_answer(struct engine *e, uint64_t id, const char *sid, int rc,
                              const struct engine_session_info *in);
 /* Answers an explicit save (request id) once the writer is done with it:
- * rc 0 (the session id described), or -errno with why. */
+ * rc 0 (the session id described: from memory, or as written when it left
+ * memory meanwhile), or -errno with why (written unused). */
 void engine__save_answer(struct engine *e, uint64_t id, uint64_t key, const char *sid, int rc,
-                         const char *why);
+                         const char *why, const struct engine_session_info *written);
 
 #endif

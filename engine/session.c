@@ -44,7 +44,9 @@
 /* What a scan of the directory found (disk_scan). */
 struct disk_count {
     int64_t files, bytes, evicted;
-    int64_t stale_tmp; /* temp files of dead writes deleted */
+    int64_t stale_tmp;                   /* temp files of dead writes deleted */
+    char (*gone)[ENGINE_SESSION_ID_MAX]; /* the evicted snapshots' sessions (count_apply frees) */
+    size_t n_gone;
 };
 
 /* A save handed to the writer thread. The engine thread fills it (header and
@@ -65,6 +67,10 @@ struct session_saving {
     char why[320];
     struct disk_count scan; /* the directory after the write (the writer's disk_count) */
     int scan_ok;
+    /* the session's snapshot on disk until this save is written (an older
+     * one, or none): what a description of the session says meanwhile */
+    int prev_on_disk;
+    int64_t prev_bytes;
 };
 
 enum { SAVE_FREE, SAVE_QUEUED, SAVE_HELD };
@@ -142,6 +148,17 @@ static double mono_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* A session as snapshot m has it (not in memory, not on disk: the caller
+ * says where it is). */
+static void describe_meta(const struct snapshot_meta *m, struct engine_session_info *out)
+{
+    memset(out, 0, sizeof *out);
+    snprintf(out->id, sizeof out->id, "%s", m->id);
+    out->tokens_seen = m->pos_next - m->pos_first + (m->has_next ? 1 : 0);
+    out->position = m->pos_next;
+    kv_policy_name(&m->policy, out->policy, sizeof out->policy);
 }
 
 /* ---- in memory ------------------------------------------------------------------------------ */
@@ -383,6 +400,15 @@ static int disk_count(int dir_fd, int64_t max, const char *keep, struct disk_cou
             *ents[old].owner_bytes -= ents[old].bytes;
             count--;
             out->evicted++;
+            size_t l = strlen(ents[old].name) - strlen(SNAP_EXT);
+            void *p = l < ENGINE_SESSION_ID_MAX
+                          ? realloc(out->gone, (out->n_gone + 1) * sizeof *out->gone)
+                          : NULL; /* a name longer than any id is no session's */
+            if (p) { /* without memory a session in a slot still says on_disk: a stale flag */
+                out->gone = p;
+                memcpy(out->gone[out->n_gone], ents[old].name, l);
+                out->gone[out->n_gone++][l] = 0;
+            }
         }
         ents[old].bytes = -1;
     }
@@ -393,11 +419,20 @@ static int disk_count(int dir_fd, int64_t max, const char *keep, struct disk_cou
     return 0;
 }
 
-static void count_apply(struct engine *e, const struct disk_count *c)
+static void disk_state(struct engine *e, const char *id, uint64_t owner, int64_t bytes);
+static void disk_gone(struct engine *e, const char *id);
+
+/* Applies a scan's figures and evictions; frees its list of evictions. */
+static void count_apply(struct engine *e, struct disk_count *c)
 {
     e->stats.sessions_on_disk = c->files;
     e->stats.snapshot_bytes = c->bytes;
     e->stats.disk_evictions_total += c->evicted;
+    for (size_t i = 0; i < c->n_gone; i++)
+        disk_gone(e, c->gone[i]);
+    free(c->gone);
+    c->gone = NULL;
+    c->n_gone = 0;
     if (c->stale_tmp > 0)
         fprintf(stderr,
                 "streamsink: deleted %lld temporary snapshot file(s) of writes that died with "
@@ -671,16 +706,22 @@ static void finish(struct engine *e, struct session_saving *w)
     uint64_t answer = w->answer_id;
     w->answer_id = 0;
     if (w->rc == 0) {
+        disk_state(e, w->m.id, w->m.owner, (int64_t)w->len);
         if (w->scan_ok)
-            count_apply(e, &w->scan);
+            count_apply(e, &w->scan); /* after: it may have evicted an older file */
         e->stats.saves_total++;
         observe(&e->stats.save_seconds_total, &e->stats.save_seconds_max, e->stats.save_hist,
                 mono_s() - w->t0);
     } else {
         e->stats.save_failures_total++;
     }
-    if (answer)
-        engine__save_answer(e, answer, w->m.owner, w->m.id, w->rc, w->why);
+    if (answer) {
+        struct engine_session_info written;
+        describe_meta(&w->m, &written);
+        written.on_disk = 1;
+        written.bytes = (int64_t)w->len;
+        engine__save_answer(e, answer, w->m.owner, w->m.id, w->rc, w->why, &written);
+    }
     struct seq *s = session_find(e, w->m.id);
     struct session_saving *newest = pending(e, w->m.id);
     if (w->rc < 0 && e->saves_draining && s && newest == w)
@@ -905,6 +946,31 @@ static struct session_saving *pending(struct engine *e, const char *id)
     return best;
 }
 
+/* The file of session id is now owner's snapshot of bytes bytes (written
+ * by this server; owner 0 and bytes -1: evicted). The session in a slot,
+ * and its saves not yet written (whose older file it was until then), are
+ * described so from now on. */
+static void disk_state(struct engine *e, const char *id, uint64_t owner, int64_t bytes)
+{
+    struct seq *s = session_find(e, id);
+    if (s) {
+        s->on_disk = bytes >= 0 && s->owner == owner;
+        s->disk_bytes = s->on_disk ? bytes : 0;
+    }
+    for (int i = 0; e->saving && i < SESSION_SAVES_MAX; i++) {
+        struct session_saving *w = &e->saving[i];
+        if (w->state != SAVE_FREE && engine_session_id_equal(w->m.id, id)) {
+            w->prev_on_disk = bytes >= 0 && w->m.owner == owner;
+            w->prev_bytes = w->prev_on_disk ? bytes : 0;
+        }
+    }
+}
+
+static void disk_gone(struct engine *e, const char *id)
+{
+    disk_state(e, id, 0, -1);
+}
+
 int session_save(struct engine *e, struct seq *s, uint64_t answer_id, char *err, size_t err_len)
 {
     char dummy[8];
@@ -981,6 +1047,8 @@ int session_save(struct engine *e, struct seq *s, uint64_t answer_id, char *err,
     w->t0 = t0;
     w->order = ++e->save_order;
     w->answer_id = answer_id;
+    w->prev_on_disk = s->on_disk;
+    w->prev_bytes = s->disk_bytes;
     hand_over(e, w);
     double dt = mono_s() - t0;
     e->stats.save_engine_seconds_total += dt;
@@ -1126,6 +1194,8 @@ int session_restore(struct engine *e, struct seq *s, const char *id, uint64_t ke
                     struct session_err *se)
 {
     memset(se, 0, sizeof *se);
+    s->on_disk = 0; /* a new session, unless a snapshot is restored */
+    s->disk_bytes = 0;
     if (e->dir_fd < 0)
         return 0;
     char name[ENGINE_SESSION_ID_MAX + 8];
@@ -1133,7 +1203,7 @@ int session_restore(struct engine *e, struct seq *s, const char *id, uint64_t ke
         return 0;
     double t0 = mono_s();
     uint8_t *buf = NULL;
-    size_t len;
+    size_t len = 0;
     struct snapshot_meta m;
     const uint8_t *k = NULL, *v = NULL;
     char why[200] = "";
@@ -1153,6 +1223,7 @@ int session_restore(struct engine *e, struct seq *s, const char *id, uint64_t ke
         assert(!l->skipped);
         rc = l->rc;
         buf = l->buf;
+        len = l->len;
         l->buf = NULL;
         dec_rc = l->dec_rc;
         m = l->m;
@@ -1254,6 +1325,8 @@ int session_restore(struct engine *e, struct seq *s, const char *id, uint64_t ke
     s->kv.n_evicted = m.n_evicted;
     rc = session_copy_cells(&e->dec.backend, g, &s->kv, &m, (uint8_t *)k, (uint8_t *)v, 1);
     free(buf);
+    s->on_disk = w ? w->prev_on_disk : 1; /* the file just read, or one older than the save */
+    s->disk_bytes = w ? w->prev_bytes : (int64_t)len;
     if (rc == 0 && w && w->state == SAVE_HELD) { /* in memory again: its slot is the copy */
         free(w->buf);
         w->buf = NULL;
@@ -1288,13 +1361,8 @@ void session_describe(const struct engine *e, const struct seq *s, struct engine
     out->in_memory = 1;
     out->created = s->created;
     out->restored = s->restored;
-    char name[ENGINE_SESSION_ID_MAX + 8];
-    struct stat st;
-    if (e->dir_fd >= 0 && file_name(name, sizeof name, s->session, SNAP_EXT) == 0 &&
-        fstatat(e->dir_fd, name, &st, 0) == 0) {
-        out->on_disk = 1;
-        out->bytes = (int64_t)st.st_size;
-    }
+    out->on_disk = e->dir_fd >= 0 && s->on_disk;
+    out->bytes = out->on_disk ? s->disk_bytes : 0;
 }
 
 int session_load_foreign(struct engine *e, const char *id, uint64_t key)
@@ -1319,10 +1387,7 @@ static int describe_file(int dir_fd, const char *id, uint64_t key, struct engine
         return rc;
     if (!engine_session_id_equal(m.id, id) || m.owner_unknown || m.owner != key)
         return -ENOENT;
-    snprintf(out->id, sizeof out->id, "%s", id);
-    out->tokens_seen = m.pos_next - m.pos_first + (m.has_next ? 1 : 0);
-    out->position = m.pos_next;
-    kv_policy_name(&m.policy, out->policy, sizeof out->policy);
+    describe_meta(&m, out);
     out->on_disk = 1;
     out->bytes = bytes;
     return 0;
@@ -1341,16 +1406,9 @@ int session_describe_held(struct engine *e, const char *id, uint64_t key,
     struct session_saving *w = pending(e, id);
     if (!w || session_find(e, id) || w->m.owner != key)
         return -ENOENT;
-    const struct snapshot_meta *m = &w->m;
-    snprintf(out->id, sizeof out->id, "%s", id);
-    out->tokens_seen = m->pos_next - m->pos_first + (m->has_next ? 1 : 0);
-    out->position = m->pos_next;
-    kv_policy_name(&m->policy, out->policy, sizeof out->policy);
-    struct stat st;
-    if (fstatat(e->dir_fd, w->name, &st, 0) == 0) { /* an older snapshot */
-        out->on_disk = 1;
-        out->bytes = (int64_t)st.st_size;
-    }
+    describe_meta(&w->m, out);
+    out->on_disk = w->prev_on_disk; /* an older snapshot */
+    out->bytes = w->prev_on_disk ? w->prev_bytes : 0;
     return 0;
 }
 

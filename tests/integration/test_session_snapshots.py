@@ -140,33 +140,57 @@ def test_a_snapshot_moved_aside_is_uncounted_without_a_recount_of_the_directory(
     try:
         before = s.metrics()
         assert before["streamsink_sessions_on_disk"] == 2
-        times = []
-
-        def stream():
-            for ch in s.client().completions.create(model="smol", prompt="1, 2, 3, 4, 5,",
-                                                    max_tokens=600, temperature=0, stream=True):
-                if ch.choices and ch.choices[0].text:
-                    times.append(time.monotonic())
-
-        t = threading.Thread(target=stream)
-        t.start()
-        deadline = time.time() + 60
-        while len(times) < 5 and time.time() < deadline:
-            time.sleep(0.05)
+        stream = TimedStream(s, 600)
         flag.touch()
         st, r = complete(s, TURN2, "old-model", max_tokens=4)
         assert st == 422 and r["error"]["code"] == "session_snapshot_invalid", r
-        moved_at = time.monotonic()
-        t.join(120)
+        gap = stream.largest_gap_after_now()
         flag.unlink()
         assert not bad.exists() and (d / "old-model.bad").exists()
-        assert times and times[-1] > moved_at, "the stream ended before the snapshot was moved"
-        gap = max(b - a for a, b in zip(times, times[1:]))
         assert gap < 2.0, f"a stream stopped for {gap:.1f} s"
         after = s.metrics()
         assert after["streamsink_sessions_on_disk"] == 1
         assert (before["streamsink_session_snapshot_bytes"] -
                 after["streamsink_session_snapshot_bytes"]) == len(data)
+    finally:
+        if flag.exists():
+            flag.unlink()
+        assert s.stop() == 0, s.log()
+
+
+def test_a_session_in_memory_is_described_without_a_stat_on_the_engine_thread(
+        binary, model, tmp_path, monkeypatch):
+    """A completion on a session, a GET of it and a listing say whether its
+    snapshot is on disk and how large, from what this server last wrote or
+    read, not from a stat of the file on the engine thread: a file system
+    slow to answer (here that stat takes 3 s, through an LD_PRELOAD shim)
+    stops no stream."""
+    shim = build_fail_open_shim(tmp_path)
+    flag = tmp_path / "stall-now"
+    monkeypatch.setenv("LD_PRELOAD", str(shim))
+    monkeypatch.setenv("STALL_NAME", "x.snap")
+    monkeypatch.setenv("STALL_FLAG", str(flag))
+    monkeypatch.setenv("STALL_S", "3")
+    d = tmp_path / "sessions"
+    d.mkdir()
+    s = Server(binary, model, ["--session-dir", str(d), "--window", WINDOW])
+    try:
+        assert complete(s, LONG, "x", max_tokens=4)[0] == 200
+        st, r = call(s, "POST", "/v1/sessions/x/save")
+        size = (d / "x.snap").stat().st_size
+        assert st == 200 and r["on_disk"] is True and r["bytes"] == size, r
+        stream = TimedStream(s, 800)
+        flag.touch()
+        st, r = complete(s, TURN2, "x", max_tokens=2, session_create=False)
+        assert st == 200 and r["session"]["on_disk"] is True, r
+        assert r["session"]["bytes"] == size, r
+        st, r = call(s, "GET", "/v1/sessions/x")
+        assert st == 200 and r["on_disk"] is True and r["bytes"] == size, r
+        st, r = call(s, "GET", "/v1/sessions")
+        assert st == 200 and [(x["id"], x["on_disk"]) for x in r["data"]] == [("x", True)], r
+        gap = stream.largest_gap_after_now()
+        flag.unlink()
+        assert gap < 2.0, f"a stream stopped for {gap:.1f} s"
     finally:
         if flag.exists():
             flag.unlink()
@@ -662,6 +686,36 @@ def test_a_delete_does_not_overtake_a_completion_sent_before_it(binary, model, t
         assert s.stop() == 0, s.log()
 
 
+class TimedStream:
+    """A greedy stream of max_tokens tokens on its own thread, each token's
+    arrival time kept; returns once it has sent 5."""
+
+    def __init__(self, server, max_tokens):
+        self.times = []
+
+        def run():
+            for ch in server.client().completions.create(
+                    model="smol", prompt="1, 2, 3, 4, 5,", max_tokens=max_tokens,
+                    temperature=0, stream=True):
+                if ch.choices and ch.choices[0].text:
+                    self.times.append(time.monotonic())
+
+        self.thread = threading.Thread(target=run)
+        self.thread.start()
+        deadline = time.time() + 60
+        while len(self.times) < 5 and time.time() < deadline:
+            time.sleep(0.05)
+
+    def largest_gap_after_now(self):
+        """Waits for the stream's end (which must come after this call) and
+        returns the longest wait between two of its tokens, in seconds."""
+        now = time.monotonic()
+        self.thread.join(120)
+        t = self.times
+        assert t and t[-1] > now, "the stream ended before what it was to outlast"
+        return max(b - a for a, b in zip(t, t[1:]))
+
+
 def sessions_written(binary, model, tmp_path, ids):
     """A session directory in which a server made sessions ids and wrote
     them out as it stopped: (the directory, the server flags that use it)."""
@@ -886,6 +940,17 @@ def test_disk_use_is_bounded_least_recently_written_first(binary, model, tmp_pat
         m = s.metrics()
         assert m["streamsink_session_disk_evictions_total"] == 1
         assert m["streamsink_session_snapshot_bytes"] <= 3 * 1024 * 1024
+        # all three are still in memory; each says whether its file is left
+        for i in range(3):
+            st, r = call(s, "GET", f"/v1/sessions/disk-{i}")
+            f = d / f"disk-{i}.snap"
+            assert st == 200 and r["in_memory"] is True, r
+            assert r["on_disk"] is f.exists(), r
+            assert r["bytes"] == (f.stat().st_size if f.exists() else 0), r
+        st, r = complete(s, TURN2, "disk-0", max_tokens=2)  # what a completion says
+        assert st == 200 and r["session"]["on_disk"] is False, r
+        listed = {x["id"]: x for x in call(s, "GET", "/v1/sessions")[1]["data"]}
+        assert [listed[f"disk-{i}"]["on_disk"] for i in range(3)] == [False, True, True]
     finally:
         assert s.stop() == 0, s.log()
 

@@ -52,7 +52,8 @@ struct disk_count {
 /* A save handed to the writer thread. The engine thread fills it (header and
  * KV copied out of the backend) and owns it except between ptrq_put on
  * to_writer and ptrq_get on from_writer; the writer reads buf and writes only
- * its checksum, rc and why. */
+ * its checksum, rc, why and scan. Meanwhile the engine thread may still set
+ * prev_on_disk and prev_bytes (disk_state), which the writer never reads. */
 struct session_saving {
     int kind;  /* 0 (a save): the first member of every job the writer thread takes */
     int state; /* SAVE_FREE, SAVE_QUEUED (with the writer), SAVE_HELD (failed, kept) */
@@ -75,7 +76,7 @@ struct session_saving {
 
 enum { SAVE_FREE, SAVE_QUEUED, SAVE_HELD };
 enum { JOB_LOAD = 1, JOB_LIST, JOB_FILE };
-enum { FILE_DESCRIBE, FILE_DELETE };
+enum { FILE_DESCRIBE, FILE_DELETE, FILE_MOVE_ASIDE };
 
 /* A snapshot file read and checked by the writer thread (the session IO
  * thread) for a request that waits for it, so that the engine thread only
@@ -98,6 +99,7 @@ struct session_loading {
     struct snapshot_meta m;   /* ... and what it found, with k and v inside buf */
     const uint8_t *k, *v;
     char why[200];
+    int gone; /* read, then evicted from the directory (disk_state): restored, not on disk */
 };
 
 enum { LOAD_FREE, LOAD_QUEUED, LOAD_DONE };
@@ -129,7 +131,8 @@ struct session_listing {
 struct session_fileop {
     int kind;  /* JOB_FILE */
     int state; /* LOAD_FREE, LOAD_QUEUED (with the IO thread) */
-    int op;    /* FILE_DESCRIBE, FILE_DELETE */
+    int op;    /* FILE_DESCRIBE, FILE_DELETE, FILE_MOVE_ASIDE */
+    int alone; /* FILE_MOVE_ASIDE: allocated for it (not one of e->fileops), freed when done */
     char id[ENGINE_SESSION_ID_MAX];
     uint64_t key, answer_id;
     int found; /* a DELETE: the engine thread found the session (in memory or in a save) */
@@ -496,6 +499,18 @@ void session_dir_close(struct engine *e)
         ptrq_close(&e->to_writer);
         pthread_join(e->writer, NULL);
         e->writer_on = 0;
+        void *job; /* done and never collected: only their memory is left */
+        while ((job = ptrq_get(&e->from_writer, 0))) {
+            const int kind = *(const int *)job;
+            if (kind == JOB_FILE) {
+                struct session_fileop *f = job;
+                free(f->scan.gone);
+                if (f->alone)
+                    free(f);
+            } else if (kind != JOB_LOAD && kind != JOB_LIST) {
+                free(((struct session_saving *)job)->scan.gone);
+            }
+        }
         for (int i = 0; i < SESSION_SAVES_MAX; i++)
             free(e->saving[i].buf);
     }
@@ -748,6 +763,11 @@ static void file_done(struct engine *e, struct session_fileop *f)
     if (f->scan_ok)
         count_apply(e, &f->scan);
     f->state = LOAD_FREE;
+    if (f->op == FILE_MOVE_ASIDE) {
+        if (f->alone)
+            free(f);
+        return;
+    }
     if (f->op == FILE_DELETE)
         engine__delete_answer(e, f->answer_id, f->id, f->found, f->rc);
     else
@@ -949,9 +969,14 @@ static struct session_saving *pending(struct engine *e, const char *id)
 /* The file of session id is now owner's snapshot of bytes bytes (written
  * by this server; owner 0 and bytes -1: evicted). The session in a slot,
  * and its saves not yet written (whose older file it was until then), are
- * described so from now on. */
+ * described so from now on; a file read for a restore that is evicted
+ * before the restore is restored as not on disk. (The IO thread does its
+ * jobs in order: a read queued after the eviction finds no file.) */
 static void disk_state(struct engine *e, const char *id, uint64_t owner, int64_t bytes)
 {
+    for (int i = 0; bytes < 0 && e->loading && i < SESSION_LOADS_MAX; i++)
+        if (e->loading[i].state == LOAD_DONE && engine_session_id_equal(e->loading[i].id, id))
+            e->loading[i].gone = 1;
     struct seq *s = session_find(e, id);
     if (s) {
         s->on_disk = bytes >= 0 && s->owner == owner;
@@ -1169,25 +1194,35 @@ static size_t max_snapshot(const struct engine *e)
     return SNAPSHOT_FIXED_HEADER + ENGINE_SESSION_ID_MAX + 2 * snapshot_kv_bytes(&m) + 4;
 }
 
-/* The file of a session that cannot be restored is moved aside to <id>.bad,
- * and the directory's count loses it: one file's size, not a recount of
- * the directory (thousands of stats on the engine thread, once for every
- * snapshot of another model after a model change). */
-static void move_aside(struct engine *e, const char *id)
+/* Renames id's snapshot to <id>.bad: 0 or -errno. */
+static int rename_aside(int dir_fd, const char *id)
 {
     char name[ENGINE_SESSION_ID_MAX + 8], bad[ENGINE_SESSION_ID_MAX + 8];
-    struct stat st;
     if (file_name(name, sizeof name, id, SNAP_EXT) < 0 ||
-        file_name(bad, sizeof bad, id, ".bad") < 0 ||
-        fstatat(e->dir_fd, name, &st, AT_SYMLINK_NOFOLLOW) < 0 ||
-        renameat(e->dir_fd, name, e->dir_fd, bad) < 0)
+        file_name(bad, sizeof bad, id, ".bad") < 0)
+        return -EINVAL;
+    return renameat(dir_fd, name, dir_fd, bad) < 0 ? -errno : 0;
+}
+
+/* The file of a session that cannot be restored is moved aside to <id>.bad
+ * and the directory recounted, by the IO thread: a recount stats every
+ * snapshot, thousands in a large directory, once for every snapshot of
+ * another model after a model change. It does its jobs in order, so every
+ * file operation asked for later finds the file moved. */
+static void move_aside(struct engine *e, const char *id)
+{
+    struct session_fileop *f = e->writer_on ? calloc(1, sizeof *f) : NULL;
+    if (!f) { /* no IO thread (or no memory for its job): here */
+        rename_aside(e->dir_fd, id);
+        disk_scan(e, NULL);
         return;
-    if (S_ISREG(st.st_mode) && e->stats.sessions_on_disk > 0) { /* counted (disk_count) */
-        e->stats.sessions_on_disk--;
-        e->stats.snapshot_bytes -= (int64_t)st.st_size;
-        if (e->stats.snapshot_bytes < 0)
-            e->stats.snapshot_bytes = 0; /* a file that grew since it was counted */
     }
+    f->kind = JOB_FILE;
+    f->state = LOAD_QUEUED;
+    f->op = FILE_MOVE_ASIDE;
+    f->alone = 1;
+    snprintf(f->id, sizeof f->id, "%s", id);
+    to_io(e, f);
 }
 
 int session_restore(struct engine *e, struct seq *s, const char *id, uint64_t key,
@@ -1211,7 +1246,7 @@ int session_restore(struct engine *e, struct seq *s, const char *id, uint64_t ke
      * than any file: restored from memory (the writer only reads its cells) */
     struct session_saving *w = pending(e, id);
     struct session_loading *l = w ? NULL : loading_of(e, id);
-    int rc = 0, dec_rc = 0;
+    int rc = 0, dec_rc = 0, gone = 0;
     if (w) {
         m = w->m;
         k = w->k;
@@ -1224,6 +1259,7 @@ int session_restore(struct engine *e, struct seq *s, const char *id, uint64_t ke
         rc = l->rc;
         buf = l->buf;
         len = l->len;
+        gone = l->gone;
         l->buf = NULL;
         dec_rc = l->dec_rc;
         m = l->m;
@@ -1325,8 +1361,9 @@ int session_restore(struct engine *e, struct seq *s, const char *id, uint64_t ke
     s->kv.n_evicted = m.n_evicted;
     rc = session_copy_cells(&e->dec.backend, g, &s->kv, &m, (uint8_t *)k, (uint8_t *)v, 1);
     free(buf);
-    s->on_disk = w ? w->prev_on_disk : 1; /* the file just read, or one older than the save */
-    s->disk_bytes = w ? w->prev_bytes : (int64_t)len;
+    /* the file just read (unless evicted since), or one older than the save */
+    s->on_disk = w ? w->prev_on_disk : !gone;
+    s->disk_bytes = !s->on_disk ? 0 : w ? w->prev_bytes : (int64_t)len;
     if (rc == 0 && w && w->state == SAVE_HELD) { /* in memory again: its slot is the copy */
         free(w->buf);
         w->buf = NULL;
@@ -1481,12 +1518,13 @@ static int list_dir(struct engine *e, struct session_listing *l)
             known = engine_session_id_equal(l->in[i].id, id);
         struct engine_session_info in;
         int rc = known ? -ENOENT : session_describe_disk(e, id, l->key, &in);
-        if (rc == -ENOENT)
-            continue; /* listed from memory, gone, damaged, or another key's */
-        if (rc < 0) { /* could not be read (EMFILE, EIO): maybe this key's */
-            l->rc = rc;
+        if (rc == -EMFILE || rc == -ENFILE || rc == -ENOMEM || rc == -EIO) {
+            l->rc = rc; /* for now unreadable, and maybe this key's: not a listing */
             break;
         }
+        if (rc < 0)
+            continue; /* listed from memory, gone, damaged, another key's, or not a
+                       * file this server can ever read (a socket, another user's) */
         if (listing_add(l, &in) < 0)
             break;
     }
@@ -1557,6 +1595,11 @@ static void file_op(struct engine *e, struct session_fileop *f)
 {
     char name[ENGINE_SESSION_ID_MAX + 8];
     f->scan_ok = 0;
+    if (f->op == FILE_MOVE_ASIDE) {
+        f->rc = rename_aside(e->dir_fd, f->id);
+        f->scan_ok = disk_count(e->dir_fd, e->cfg.session_disk_max, NULL, &f->scan) == 0;
+        return;
+    }
     f->rc = describe_file(e->dir_fd, f->id, f->key, &f->in);
     if (f->op != FILE_DELETE || f->rc < 0 || file_name(name, sizeof name, f->id, SNAP_EXT) < 0)
         return;

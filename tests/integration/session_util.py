@@ -25,6 +25,14 @@ def call(server, method, path, body=None, key=None, headers=None, timeout=120):
         conn.close()
 
 
+def io_done(server, key=None):
+    """Returns once the server's session IO thread has done every job asked
+    of it so far (a file moved aside, say): a GET of a session that is not
+    in memory is answered by a job of its own, done after them."""
+    st, r = call(server, "GET", "/v1/sessions/no-such-session-io-barrier", key=key)
+    assert st == 404, r
+
+
 def complete(server, prompt, sid, max_tokens=24, key=None, **extra):
     body = {"model": "smol", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
             "logprobs": 1, "session_id": sid, **extra}

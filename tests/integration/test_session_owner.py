@@ -17,7 +17,7 @@ import stat
 import struct
 
 from conftest import Server
-from session_util import call, complete, reseal
+from session_util import call, complete, io_done, reseal
 
 PROMPT = "My secret is 4417. Remember it. The capital of France is"
 
@@ -122,6 +122,7 @@ def test_a_version_1_snapshot_of_a_key_is_refused_and_kept(binary, model, tmp_pa
         assert st == 409, r
         assert r["error"]["code"] == "session_snapshot_incompatible"
         assert "version 1" in r["error"]["message"], r
+        io_done(s2, key="key-a")  # nothing is moved aside later either
         assert keyed.exists() and not (d / "old-keyed.bad").exists()
         # an open server's session never belonged to a key
         st, r = complete(s2, " Again", "old-open", max_tokens=4, key="key-a",

@@ -20,7 +20,7 @@ import time
 import pytest
 
 from conftest import ENDLESS, Server
-from session_util import call, complete
+from session_util import call, complete, io_done
 
 PROMPT = "My secret is 4417. Remember it. The capital of France is"
 
@@ -182,6 +182,7 @@ def judged_by_its_header(s, d, snap):
         st, r = complete(s, " What is my secret?", "of-a", max_tokens=4, key="key-b", **body)
         assert st == 404, r
         assert r["error"]["code"] == "session_not_found"
+    io_done(s, key="key-b")  # nothing is moved aside later either
     assert snap.exists() and not (d / "of-a.bad").exists()
     return complete(s, " What is my secret?", "of-a", max_tokens=4, key="key-a")
 

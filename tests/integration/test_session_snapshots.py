@@ -10,15 +10,17 @@ the session API lists, describes and deletes, bound to the key."""
 import os
 import resource
 import signal
+import socket
 import struct
 import subprocess
+import sys
 import threading
 import time
 
 import pytest
 
 from conftest import Server
-from session_util import call, complete, continuation, reseal
+from session_util import call, complete, continuation, io_done, reseal
 
 LONG = ("The history of the river Thames begins long before London. In the last ice age the "
         "river flowed far to the north, through the Vale of St Albans, until a great sheet of "
@@ -105,6 +107,7 @@ def test_bad_snapshots_get_a_clear_error_and_are_moved_aside(binary, model, tmp_
             assert st == 422, r
             assert r["error"]["code"] == "session_snapshot_invalid"
             assert word in r["error"]["message"], r
+            io_done(s2)  # the IO thread moves the file aside
             assert not p[n].exists() and (d / f"bad-{n}.bad").exists()
             # the context is gone, and the next request says so
             st, r = complete(s2, TURN2, f"bad-{n}", max_tokens=4, session_create=False)
@@ -118,17 +121,21 @@ def test_bad_snapshots_get_a_clear_error_and_are_moved_aside(binary, model, tmp_
         assert s2.stop() == 0, s2.log()
 
 
-def test_a_snapshot_moved_aside_is_uncounted_without_a_recount_of_the_directory(
+def test_a_snapshot_moved_aside_is_recounted_off_the_engine_thread(
         binary, model, tmp_path, monkeypatch):
-    """A snapshot that cannot be restored (here: made with another model, as
-    every one is after a model change) is moved aside, and the directory's
-    count loses its one file without a recount: a recount stats every
-    snapshot, and on the engine thread that stopped every stream for as long
-    (here one snapshot's stat takes 3 s, through an LD_PRELOAD shim)."""
-    shim = build_fail_open_shim(tmp_path)
+    """A snapshot that cannot be restored (made with another model, as every
+    one is after a model change; or damaged) is moved aside and the
+    directory recounted by the IO thread: a recount stats every snapshot,
+    and on the engine thread that stopped every stream for as long (here
+    one snapshot's stat takes 3 s, through an LD_PRELOAD shim). The count is
+    the directory's, also when the file came after the last count (written
+    by another replica)."""
+    shim = build_fail_open_shim(tmp_path, stalls=True)
     d, args = sessions_written(binary, model, tmp_path, ("old-model", "slow"))
-    bad = d / "old-model.snap"
+    bad, late = d / "old-model.snap", d / "late.snap"
     data = bytearray(bad.read_bytes())
+    damaged = bytearray(data)
+    damaged[len(damaged) // 2] ^= 0x10  # the checksum fails
     data[24] ^= 0xFF  # the model file's SHA-256
     bad.write_bytes(reseal(data))
     flag = tmp_path / "stall-now"
@@ -138,20 +145,20 @@ def test_a_snapshot_moved_aside_is_uncounted_without_a_recount_of_the_directory(
     monkeypatch.setenv("STALL_S", "3")
     s = Server(binary, model, args)
     try:
-        before = s.metrics()
-        assert before["streamsink_sessions_on_disk"] == 2
-        stream = TimedStream(s, 600)
+        assert s.metrics()["streamsink_sessions_on_disk"] == 2
+        late.write_bytes(damaged)  # not counted yet
+        stream = TimedStream(s, 100000)
         flag.touch()
-        st, r = complete(s, TURN2, "old-model", max_tokens=4)
-        assert st == 422 and r["error"]["code"] == "session_snapshot_invalid", r
+        for sid in ("old-model", "late"):
+            st, r = complete(s, TURN2, sid, max_tokens=4)
+            assert st == 422 and r["error"]["code"] == "session_snapshot_invalid", r
         gap = stream.largest_gap_after_now()
-        flag.unlink()
-        assert not bad.exists() and (d / "old-model.bad").exists()
         assert gap < 2.0, f"a stream stopped for {gap:.1f} s"
-        after = s.metrics()
-        assert after["streamsink_sessions_on_disk"] == 1
-        assert (before["streamsink_session_snapshot_bytes"] -
-                after["streamsink_session_snapshot_bytes"]) == len(data)
+        flag.unlink()
+        s.wait_metric("streamsink_sessions_on_disk", lambda v: v == 1, timeout=30)
+        s.wait_metric("streamsink_session_snapshot_bytes",
+                      lambda v: v == (d / "slow.snap").stat().st_size, timeout=30)
+        assert sorted(os.listdir(d)) == ["late.bad", "old-model.bad", "slow.snap"]
     finally:
         if flag.exists():
             flag.unlink()
@@ -165,7 +172,7 @@ def test_a_session_in_memory_is_described_without_a_stat_on_the_engine_thread(
     read, not from a stat of the file on the engine thread: a file system
     slow to answer (here that stat takes 3 s, through an LD_PRELOAD shim)
     stops no stream."""
-    shim = build_fail_open_shim(tmp_path)
+    shim = build_fail_open_shim(tmp_path, stalls=True)
     flag = tmp_path / "stall-now"
     monkeypatch.setenv("LD_PRELOAD", str(shim))
     monkeypatch.setenv("STALL_NAME", "x.snap")
@@ -179,7 +186,7 @@ def test_a_session_in_memory_is_described_without_a_stat_on_the_engine_thread(
         st, r = call(s, "POST", "/v1/sessions/x/save")
         size = (d / "x.snap").stat().st_size
         assert st == 200 and r["on_disk"] is True and r["bytes"] == size, r
-        stream = TimedStream(s, 800)
+        stream = TimedStream(s, 100000)
         flag.touch()
         st, r = complete(s, TURN2, "x", max_tokens=2, session_create=False)
         assert st == 200 and r["session"]["on_disk"] is True, r
@@ -194,6 +201,47 @@ def test_a_session_in_memory_is_described_without_a_stat_on_the_engine_thread(
     finally:
         if flag.exists():
             flag.unlink()
+        assert s.stop() == 0, s.log()
+
+
+def test_a_file_evicted_between_its_read_and_its_restore_is_not_said_to_be_on_disk(
+        binary, model, tmp_path):
+    """A completion on a session on disk has its file read by the IO thread
+    and then waits for a KV slot; if that file is evicted meanwhile (another
+    session's save goes over --session-disk-max), the session it restores is
+    not on disk, and its answer and a GET say so."""
+    d, args = sessions_written(binary, model, tmp_path, ("foo",))
+    size = (d / "foo.snap").stat().st_size
+    args += ["--max-seqs", "1", "--session-disk-max", str(size * 3 // 2)]
+    # the server's writes fail (a file-size limit) until the test lifts it
+    old = resource.getrlimit(resource.RLIMIT_FSIZE)
+    old_sig = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (256 * 1024, old[1]))
+    try:
+        s = Server(binary, model, args)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, old)
+        signal.signal(signal.SIGXFSZ, old_sig)
+    try:
+        assert complete(s, LONG, "bar", max_tokens=4)[0] == 200
+        stream = TimedStream(s, 100000)  # takes the only slot: bar's save fails, held
+        s.wait_metric("streamsink_snapshot_saves_held", lambda v: v == 1, timeout=30)
+        out = {}
+        foo = threading.Thread(target=lambda: out.update(
+            r=complete(s, TURN2, "foo", max_tokens=2, session_create=False)))
+        foo.start()  # foo.snap is read, and foo waits for the slot
+        wait_inflight(s, 2)
+        resource.prlimit(s.proc.pid, resource.RLIMIT_FSIZE, old)  # bar's retry is written,
+        s.wait_metric("streamsink_session_disk_evictions_total", lambda v: v == 1, timeout=30)
+        assert not (d / "foo.snap").exists()  # and foo's file evicted for it
+        stream.stop()
+        foo.join(60)
+        st, r = out["r"]
+        assert st == 200 and r["session"]["restored"] is True, r
+        assert r["session"]["on_disk"] is False and r["session"]["bytes"] == 0, r
+        st, r = call(s, "GET", "/v1/sessions/foo")
+        assert st == 200 and r["on_disk"] is False, r
+    finally:
         assert s.stop() == 0, s.log()
 
 
@@ -692,13 +740,18 @@ class TimedStream:
 
     def __init__(self, server, max_tokens):
         self.times = []
+        self.stopping = threading.Event()
 
         def run():
-            for ch in server.client().completions.create(
-                    model="smol", prompt="1, 2, 3, 4, 5,", max_tokens=max_tokens,
-                    temperature=0, stream=True):
+            it = server.client().completions.create(
+                model="smol", prompt="1, 2, 3, 4, 5,", max_tokens=max_tokens, temperature=0,
+                stream=True)
+            for ch in it:
                 if ch.choices and ch.choices[0].text:
                     self.times.append(time.monotonic())
+                if self.stopping.is_set():
+                    it.response.close()
+                    break
 
         self.thread = threading.Thread(target=run)
         self.thread.start()
@@ -706,11 +759,21 @@ class TimedStream:
         while len(self.times) < 5 and time.time() < deadline:
             time.sleep(0.05)
 
+    def stop(self):
+        """Closes the stream (the client leaves) and waits for its thread."""
+        self.stopping.set()
+        self.thread.join(60)
+
     def largest_gap_after_now(self):
-        """Waits for the stream's end (which must come after this call) and
+        """Waits for a token sent after this call, closes the stream and
         returns the longest wait between two of its tokens, in seconds."""
         now = time.monotonic()
-        self.thread.join(120)
+        deadline = now + 60
+        while not (self.times and self.times[-1] > now):
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                break
+            time.sleep(0.05)
+        self.stop()
         t = self.times
         assert t and t[-1] > now, "the stream ended before what it was to outlast"
         return max(b - a for a, b in zip(t, t[1:]))
@@ -731,7 +794,9 @@ def sessions_written(binary, model, tmp_path, ids):
     return d, args
 
 
-def build_fail_open_shim(tmp_path):
+def build_fail_open_shim(tmp_path, stalls=False):
+    """The LD_PRELOAD shim, built; with stalls, checked to stall an fstatat
+    in this C library (where fstatat is a call into it of that name)."""
     shim = tmp_path / "fail_open.so"
     src = os.path.join(os.path.dirname(__file__), "shims", "fail_open.c")
     try:
@@ -741,6 +806,18 @@ def build_fail_open_shim(tmp_path):
         built = False
     if not built:
         pytest.skip("no C compiler for the LD_PRELOAD shim")
+    if stalls:
+        probe = tmp_path / "probe.snap"
+        probe.touch()
+        env = dict(os.environ, LD_PRELOAD=str(shim), STALL_NAME="probe.snap",
+                   STALL_FLAG=str(probe), STALL_S="0.5")
+        t0 = time.monotonic()
+        subprocess.run([sys.executable, "-c",
+                        "import os, sys; os.stat('probe.snap', dir_fd=os.open(sys.argv[1], 0))",
+                        str(tmp_path)], env=env, check=True)
+        probe.unlink()
+        if time.monotonic() - t0 < 0.5:
+            pytest.skip("this C library's fstatat does not go through the shim")
     return shim
 
 
@@ -785,7 +862,10 @@ def test_a_listing_whose_directory_read_breaks_is_an_error(binary, model, tmp_pa
                                                            monkeypatch):
     """A listing whose directory read fails part way (readdir sets EIO
     before the last entry) answers 503 session_read_failed, not 200 with
-    the sessions read so far; the next listing that reads through is whole."""
+    the sessions read so far; the next listing that reads through is whole.
+    A file that no server could ever read as a snapshot (here a socket
+    named like one, whose open fails with ENXIO) is left out, not an error
+    for every key's listing."""
     shim = build_fail_open_shim(tmp_path)
     d = tmp_path / "sessions"
     d.mkdir()
@@ -796,11 +876,21 @@ def test_a_listing_whose_directory_read_breaks_is_an_error(binary, model, tmp_pa
     monkeypatch.setenv("FAIL_READDIR_FLAG", str(flag))
     s = Server(binary, model, args + ["--max-seqs", "1"])
     try:
+        cwd = os.getcwd()
+        stray = socket.socket(socket.AF_UNIX)
+        try:
+            os.chdir(d)  # a short path for bind
+            stray.bind("stray.snap")
+        finally:
+            os.chdir(cwd)
         for sid in ("a", "b", "c"):  # a and b are pushed out of the only slot, to disk
             assert complete(s, "Hello", sid, max_tokens=2)[0] == 200
         deadline = time.time() + 30
         while not all((d / f"{sid}.snap").exists() for sid in "ab") and time.time() < deadline:
             time.sleep(0.05)
+        st, r = call(s, "GET", "/v1/sessions")
+        assert st == 200 and sorted(x["id"] for x in r["data"]) == ["a", "b", "c"], r
+        stray.close()
         (d / "breaks-here").touch()
         flag.touch()
         st, r = call(s, "GET", "/v1/sessions")

@@ -55,8 +55,8 @@ struct seq {
     uint64_t owner;        /* who created the session (engine_request.owner) */
     int created, restored; /* this request started the session / read it from disk */
     /* its snapshot in --session-dir as this server last read, wrote or
-     * evicted it (session_restore, session.c's disk_written and disk_gone):
-     * a description needs no stat on the engine thread */
+     * evicted it (session_restore; session.c's disk_state after a write or
+     * an eviction): a description needs no stat on the engine thread */
     int on_disk;
     int64_t disk_bytes;
     double last_used;

@@ -1211,17 +1211,17 @@ static int rename_aside(int dir_fd, const char *id)
  * file operation asked for later finds the file moved. */
 static void move_aside(struct engine *e, const char *id)
 {
+    struct session_fileop here = {.kind = JOB_FILE, .op = FILE_MOVE_ASIDE};
     struct session_fileop *f = e->writer_on ? calloc(1, sizeof *f) : NULL;
+    snprintf(here.id, sizeof here.id, "%s", id);
     if (!f) { /* no IO thread (or no memory for its job): here */
-        rename_aside(e->dir_fd, id);
-        disk_scan(e, NULL);
+        file_op(e, &here);
+        file_done(e, &here);
         return;
     }
-    f->kind = JOB_FILE;
+    *f = here;
     f->state = LOAD_QUEUED;
-    f->op = FILE_MOVE_ASIDE;
     f->alone = 1;
-    snprintf(f->id, sizeof f->id, "%s", id);
     to_io(e, f);
 }
 
@@ -1410,7 +1410,8 @@ int session_load_foreign(struct engine *e, const char *id, uint64_t key)
            !l->hdr.owner_unknown && l->hdr.owner != key;
 }
 
-/* session_describe_disk in dir_fd: any thread. */
+/* The snapshot of id in dir_fd if key owns it: 0, -ENOENT (none of key's),
+ * or -errno (it could not be opened or read). Any thread. */
 static int describe_file(int dir_fd, const char *id, uint64_t key, struct engine_session_info *out)
 {
     memset(out, 0, sizeof *out);
@@ -1428,12 +1429,6 @@ static int describe_file(int dir_fd, const char *id, uint64_t key, struct engine
     out->on_disk = 1;
     out->bytes = bytes;
     return 0;
-}
-
-int session_describe_disk(struct engine *e, const char *id, uint64_t key,
-                          struct engine_session_info *out)
-{
-    return describe_file(e->dir_fd, id, key, out);
 }
 
 int session_describe_held(struct engine *e, const char *id, uint64_t key,
@@ -1466,7 +1461,7 @@ static int listing_add(struct session_listing *l, const struct engine_session_in
 
 /* The IO thread's part of a listing: every file of the directory that the
  * key owns and that the listing does not have from memory, described from
- * its header (session_describe_disk reads only the directory). */
+ * its header (describe_file reads only the directory). */
 static void listing_add_each(struct engine *e, const struct engine_session_info *in, void *l)
 {
     (void)e;
@@ -1517,7 +1512,7 @@ static int list_dir(struct engine *e, struct session_listing *l)
         for (size_t i = 0; i < l->n_mem && !known; i++)
             known = engine_session_id_equal(l->in[i].id, id);
         struct engine_session_info in;
-        int rc = known ? -ENOENT : session_describe_disk(e, id, l->key, &in);
+        int rc = known ? -ENOENT : describe_file(e->dir_fd, id, l->key, &in);
         if (rc == -EMFILE || rc == -ENFILE || rc == -ENOMEM || rc == -EIO) {
             l->rc = rc; /* for now unreadable, and maybe this key's: not a listing */
             break;
@@ -1597,15 +1592,15 @@ static void file_op(struct engine *e, struct session_fileop *f)
     f->scan_ok = 0;
     if (f->op == FILE_MOVE_ASIDE) {
         f->rc = rename_aside(e->dir_fd, f->id);
-        f->scan_ok = disk_count(e->dir_fd, e->cfg.session_disk_max, NULL, &f->scan) == 0;
-        return;
+    } else {
+        f->rc = describe_file(e->dir_fd, f->id, f->key, &f->in);
+        if (f->op != FILE_DELETE || f->rc < 0 || file_name(name, sizeof name, f->id, SNAP_EXT) < 0)
+            return;
+        f->rc = unlinkat(e->dir_fd, name, 0) < 0 ? -errno : 0;
+        if (f->rc == 0)
+            fsync(e->dir_fd);
     }
-    f->rc = describe_file(e->dir_fd, f->id, f->key, &f->in);
-    if (f->op != FILE_DELETE || f->rc < 0 || file_name(name, sizeof name, f->id, SNAP_EXT) < 0)
-        return;
-    f->rc = unlinkat(e->dir_fd, name, 0) < 0 ? -errno : 0;
-    if (f->rc == 0)
-        fsync(e->dir_fd);
+    /* a file left the directory (or was to): its new count */
     f->scan_ok = disk_count(e->dir_fd, e->cfg.session_disk_max, NULL, &f->scan) == 0;
 }
 

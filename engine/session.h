@@ -110,10 +110,6 @@ int session_load_foreign(struct engine *e, const char *id, uint64_t key);
 
 /* Descriptions for the session API. */
 void session_describe(const struct engine *e, const struct seq *s, struct engine_session_info *out);
-/* The snapshot of id if key owns it: 0, -ENOENT (none of key's), or -errno
- * (it could not be opened or read). */
-int session_describe_disk(struct engine *e, const char *id, uint64_t key,
-                          struct engine_session_info *out);
 /* A session of key that is in no KV slot and exists only as a save not yet
  * on disk (with the writer, or held after a failed write): 0 with out
  * filled from its newest save (on_disk says whether an older file exists),

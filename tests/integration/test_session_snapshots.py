@@ -455,6 +455,14 @@ def wait_inflight(server, n):
     server.wait_metric("streamsink_requests_inflight", lambda v: v == n, timeout=30)
 
 
+def remove_fifo(fifo):
+    """Removes the FIFO at fifo, if it is there, letting a reader that waits
+    in its open go first (never leave one waiting on it)."""
+    if fifo.exists():
+        open_fifo_writer(fifo, timeout=1)
+        fifo.unlink()
+
+
 class Background:
     """Requests to a server on threads of their own: got[name] is (status,
     parsed JSON) once one is answered, threads the threads in order."""
@@ -546,9 +554,7 @@ def test_session_requests_read_and_delete_files_off_the_engine_thread(binary, mo
         assert not (d / f"{sid}.snap").exists()
         assert s.metrics()["streamsink_sessions_on_disk"] == 0
     finally:
-        if fifo.exists():
-            open_fifo_writer(fifo, timeout=1)  # never leave a reader waiting on it
-            fifo.unlink()
+        remove_fifo(fifo)
         assert s.stop() == 0, s.log()
 
 
@@ -592,9 +598,7 @@ def test_a_request_for_a_session_whose_file_is_being_written_waits_off_the_engin
         assert st == 200 and r["id"] == sid and r["on_disk"] is True, got
         assert r["bytes"] == os.path.getsize(d / f"{sid}.snap")
     finally:
-        if fifo.exists():
-            open_fifo_writer(fifo, timeout=1)
-            fifo.unlink()
+        remove_fifo(fifo)
         assert s.stop() == 0, s.log()
 
 
@@ -652,9 +656,7 @@ def test_session_requests_held_by_the_directory_keep_their_order_and_their_bound
         assert got["continue x"][0] == 404, got
         assert got["continue x"][1]["error"]["code"] == "session_not_found", got
     finally:
-        if fifo.exists():
-            open_fifo_writer(fifo, timeout=1)
-            fifo.unlink()
+        remove_fifo(fifo)
         assert s.stop() == 0, s.log()
 
 
@@ -688,9 +690,7 @@ def test_another_keys_request_held_by_the_directory_does_not_hold_up_the_owner(
         bg.join()
         assert got["b get x"][0] == 404, got
     finally:
-        if fifo.exists():
-            open_fifo_writer(fifo, timeout=1)
-            fifo.unlink()
+        remove_fifo(fifo)
         assert s.stop() == 0, s.log()
 
 
@@ -936,9 +936,7 @@ def test_a_slot_whose_session_cannot_be_saved_yet_is_waited_for_off_the_engine_t
         for sid in ("a", "b", "c"):  # written: a and b at once, c for the slot
             assert (d / f"{sid}.snap").exists(), sid
     finally:
-        if fifo.exists():
-            open_fifo_writer(fifo, timeout=1)
-            fifo.unlink()
+        remove_fifo(fifo)
         assert s.stop() == 0, s.log()
 
 

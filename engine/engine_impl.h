@@ -120,6 +120,7 @@ struct engine {
     int64_t io_jobs;    /* jobs handed to the writer thread, not yet taken back */
     double io_progress; /* when it last gave one back, or was handed one while idle */
     uint64_t save_order;
+    int count_failing; /* the directory's last count broke (logged once) */
 };
 
 /* Runs on the engine thread before it serves: opens the model and builds

@@ -43,6 +43,7 @@
 
 /* What a scan of the directory found (disk_scan). */
 struct disk_count {
+    int err; /* the errno that broke the count (disk_count returned -1) */
     int64_t files, bytes, evicted;
     int64_t stale_tmp;                   /* temp files of dead writes deleted */
     char (*gone)[ENGINE_SESSION_ID_MAX]; /* the evicted snapshots' sessions (count_apply frees) */
@@ -67,7 +68,7 @@ struct session_saving {
     int rc;
     char why[320];
     struct disk_count scan; /* the directory after the write (the writer's disk_count) */
-    int scan_ok;
+    int scan_ok;            /* 1 counted, -1 the count broke, 0 none made */
     /* the session's snapshot on disk until this save is written (an older
      * one, or none): what a description of the session says meanwhile */
     int prev_on_disk;
@@ -139,7 +140,7 @@ struct session_fileop {
     int rc;    /* the file: 0 key's (described, or deleted), -ENOENT none of key's, or -errno */
     struct engine_session_info in; /* FILE_DESCRIBE with rc 0 */
     struct disk_count scan;
-    int scan_ok;
+    int scan_ok; /* 1 counted, -1 the count broke, 0 none made */
 };
 
 static int session_writer_start(struct engine *e);
@@ -314,7 +315,9 @@ static uint64_t file_owner(int dir_fd, const char *name)
  * off the disk while it holds more than that key; with one owner (an open
  * server) it is least recently written first. Touches nothing of the
  * engine: the writer thread runs it after each write. Returns 0, or -1
- * when the directory could not be read. */
+ * (out->err) when the directory could not be read whole: a part of it is
+ * not the directory, so nothing is evicted on it and its figures are not
+ * taken. */
 static int disk_count(int dir_fd, int64_t max, const char *keep, struct disk_count *out)
 {
     struct ent {
@@ -329,6 +332,7 @@ static int disk_count(int dir_fd, int64_t max, const char *keep, struct disk_cou
     int fd = dup(dir_fd);
     DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
     if (!d) {
+        out->err = errno;
         if (fd >= 0)
             close(fd);
         return -1;
@@ -336,7 +340,12 @@ static int disk_count(int dir_fd, int64_t max, const char *keep, struct disk_cou
     rewinddir(d);
     int64_t total = 0;
     struct dirent *de;
-    while ((de = readdir(d))) {
+    for (;;) {
+        errno = 0;
+        if (!(de = readdir(d))) {
+            out->err = errno; /* 0: the end */
+            break;
+        }
         size_t l = strlen(de->d_name);
         struct stat st;
         if (strncmp(de->d_name, TMP_PREFIX, strlen(TMP_PREFIX)) == 0) {
@@ -355,8 +364,10 @@ static int disk_count(int dir_fd, int64_t max, const char *keep, struct disk_cou
         if (n == cap) {
             size_t nc = cap ? 2 * cap : 64;
             void *p = realloc(ents, nc * sizeof *ents);
-            if (!p)
+            if (!p) {
+                out->err = ENOMEM;
                 break;
+            }
             ents = p;
             cap = nc;
         }
@@ -367,6 +378,10 @@ static int disk_count(int dir_fd, int64_t max, const char *keep, struct disk_cou
         n++;
     }
     closedir(d);
+    if (out->err) {
+        free(ents);
+        return -1;
+    }
     int64_t count = (int64_t)n;
     int over = max > 0 && total > max;
     int64_t one_owner = total; /* without memory for owners: least recently written first */
@@ -428,6 +443,10 @@ static void disk_gone(struct engine *e, const char *id);
 /* Applies a scan's figures and evictions; frees its list of evictions. */
 static void count_apply(struct engine *e, struct disk_count *c)
 {
+    if (e->count_failing) {
+        e->count_failing = 0;
+        fprintf(stderr, "streamsink: the session directory is counted again\n");
+    }
     e->stats.sessions_on_disk = c->files;
     e->stats.snapshot_bytes = c->bytes;
     e->stats.disk_evictions_total += c->evicted;
@@ -443,12 +462,35 @@ static void count_apply(struct engine *e, struct disk_count *c)
                 (long long)c->stale_tmp);
 }
 
+/* A count that broke: the figures stay those of the last whole one, and
+ * --session-disk-max waits for the next (logged once until then). */
+static void count_failed(struct engine *e, const struct disk_count *c)
+{
+    if (!e->count_failing)
+        fprintf(stderr,
+                "streamsink: the session directory could not be counted (%s); its figures and "
+                "--session-disk-max wait for the next count\n",
+                strerror(c->err));
+    e->count_failing = 1;
+}
+
+/* What an IO-thread job's count came to: 1 counted, -1 broke, 0 none made. */
+static void count_done(struct engine *e, int scan, struct disk_count *c)
+{
+    if (scan > 0)
+        count_apply(e, c);
+    else if (scan < 0)
+        count_failed(e, c);
+}
+
 /* disk_count on the engine thread (at start). */
 static void disk_scan(struct engine *e, const char *keep)
 {
     struct disk_count c;
     if (disk_count(e->dir_fd, e->cfg.session_disk_max, keep, &c) == 0)
         count_apply(e, &c);
+    else
+        count_failed(e, &c);
 }
 
 static int model_digest(struct engine *e)
@@ -695,8 +737,9 @@ static void *writer_main(void *arg)
         }
         w->rc = rc;
         /* the directory's count and the --session-disk-max rule, off the engine thread */
-        w->scan_ok =
-            rc == 0 && disk_count(e->dir_fd, e->cfg.session_disk_max, w->name, &w->scan) == 0;
+        w->scan_ok = rc < 0                                                                   ? 0
+                     : disk_count(e->dir_fd, e->cfg.session_disk_max, w->name, &w->scan) == 0 ? 1
+                                                                                              : -1;
         ptrq_put(&e->from_writer, w);
         queue_poke(&e->q);
     }
@@ -722,8 +765,7 @@ static void finish(struct engine *e, struct session_saving *w)
     w->answer_id = 0;
     if (w->rc == 0) {
         disk_state(e, w->m.id, w->m.owner, (int64_t)w->len);
-        if (w->scan_ok)
-            count_apply(e, &w->scan); /* after: it may have evicted an older file */
+        count_done(e, w->scan_ok, &w->scan); /* after: it may have evicted an older file */
         e->stats.saves_total++;
         observe(&e->stats.save_seconds_total, &e->stats.save_seconds_max, e->stats.save_hist,
                 mono_s() - w->t0);
@@ -760,8 +802,7 @@ static void finish(struct engine *e, struct session_saving *w)
 /* The IO thread is done with f: the directory's new count, and the answer. */
 static void file_done(struct engine *e, struct session_fileop *f)
 {
-    if (f->scan_ok)
-        count_apply(e, &f->scan);
+    count_done(e, f->scan_ok, &f->scan);
     f->state = LOAD_FREE;
     if (f->op == FILE_MOVE_ASIDE) {
         if (f->alone)
@@ -1601,7 +1642,7 @@ static void file_op(struct engine *e, struct session_fileop *f)
             fsync(e->dir_fd);
     }
     /* a file left the directory (or was to): its new count */
-    f->scan_ok = disk_count(e->dir_fd, e->cfg.session_disk_max, NULL, &f->scan) == 0;
+    f->scan_ok = disk_count(e->dir_fd, e->cfg.session_disk_max, NULL, &f->scan) == 0 ? 1 : -1;
 }
 
 int session_file_room(const struct engine *e)

@@ -1043,14 +1043,18 @@ def test_disk_use_is_bounded_least_recently_written_first(binary, model, tmp_pat
         assert s.stop() == 0, s.log()
 
 
-def test_one_key_cannot_push_another_keys_snapshots_off_the_disk(binary, model, tmp_path):
+# 1,566,897 bytes a snapshot at window 64: four fit, a fifth is over
+TWO_KEYS_DISK_MAX = 7_000_000
+
+
+def two_keys_bounded_server(binary, model, tmp_path):
+    """A server of keys key-a and key-b with DIR bounded to four snapshots;
+    returns it, DIR, a save of a session made for a key, and DIR's sessions."""
     d = tmp_path / "sessions"
     d.mkdir()
-    # 1,566,897 bytes a snapshot at window 64: four fit, a fifth is over
-    limit = 7_000_000
     s = Server(binary, model, ["--session-dir", str(d), "--window", WINDOW,
                                "--api-key", "key-a", "--api-key", "key-b",
-                               "--session-disk-max", str(limit)])
+                               "--session-disk-max", str(TWO_KEYS_DISK_MAX)])
 
     def save(sid, key):
         st, r = complete(s, LONG, sid, max_tokens=4, key=key)
@@ -1061,6 +1065,12 @@ def test_one_key_cannot_push_another_keys_snapshots_off_the_disk(binary, model, 
     def on_disk():
         return sorted(f[:-5] for f in os.listdir(d) if f.endswith(".snap"))
 
+    return s, d, save, on_disk
+
+
+def test_one_key_cannot_push_another_keys_snapshots_off_the_disk(binary, model, tmp_path):
+    s, d, save, on_disk = two_keys_bounded_server(binary, model, tmp_path)
+    limit = TWO_KEYS_DISK_MAX
     try:
         for sid, key in (("b-0", "key-b"), ("a-0", "key-a"), ("a-1", "key-a"),
                          ("a-2", "key-a")):
@@ -1078,6 +1088,52 @@ def test_one_key_cannot_push_another_keys_snapshots_off_the_disk(binary, model, 
         # key-b's first session is still there
         st, r = complete(s, TURN2, "b-0", max_tokens=4, key="key-b", session_create=False)
         assert st == 200 and r["session"]["created"] is False, r
+    finally:
+        assert s.stop() == 0, s.log()
+
+
+def test_a_count_of_the_directory_that_breaks_part_way_changes_nothing(binary, model, tmp_path,
+                                                                         monkeypatch):
+    """The writer recounts the directory after each save and enforces
+    --session-disk-max on that count. A count whose directory read fails
+    part way (readdir sets EIO at the first snapshot it meets) is not taken
+    for the directory: the figures stay those of the last whole count,
+    nothing is evicted on it, and the log says so once; the next whole
+    count enforces the bound as usual."""
+    shim = build_fail_open_shim(tmp_path)
+    flag = tmp_path / "fail-now"
+    monkeypatch.setenv("LD_PRELOAD", str(shim))
+    monkeypatch.setenv("FAIL_READDIR_NAME", "*.snap")
+    monkeypatch.setenv("FAIL_READDIR_FLAG", str(flag))
+    s, d, save, on_disk = two_keys_bounded_server(binary, model, tmp_path)
+
+    def snap_bytes():
+        return sum((d / f"{x}.snap").stat().st_size for x in on_disk())
+
+    def figures():
+        m = s.metrics()
+        return (m["streamsink_sessions_on_disk"], m["streamsink_session_snapshot_bytes"],
+                m["streamsink_session_disk_evictions_total"])
+
+    try:
+        for sid, key in (("b-0", "key-b"), ("a-0", "key-a"), ("a-1", "key-a"),
+                         ("a-2", "key-a")):
+            save(sid, key)
+        assert on_disk() == ["a-0", "a-1", "a-2", "b-0"]
+        whole = figures()
+        assert whole == (4, snap_bytes(), 0), whole
+        flag.touch()
+        save("a-3", "key-a")  # over the bound, but the count after it breaks
+        save("a-4", "key-a")
+        assert on_disk() == ["a-0", "a-1", "a-2", "a-3", "a-4", "b-0"]
+        assert figures() == whole  # before: 0 snapshots, 0 bytes (what was read)
+        assert s.log().count("could not be counted") == 1, s.log()
+        flag.unlink()
+        save("b-1", "key-b")  # a whole count: key-a's oldest go until the bound holds
+        assert on_disk() == ["a-3", "a-4", "b-0", "b-1"]
+        assert figures() == (4, snap_bytes(), 3)
+        assert snap_bytes() <= TWO_KEYS_DISK_MAX
+        assert "counted again" in s.log(), s.log()
     finally:
         assert s.stop() == 0, s.log()
 

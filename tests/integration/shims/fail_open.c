@@ -6,8 +6,9 @@
  * return the entry $FAIL_READDIR_NAME fails with EIO instead (a directory
  * read that breaks part way); while $STALL_FLAG exists, an fstatat of a
  * path whose last component is $STALL_NAME first sleeps $STALL_S seconds (a
- * file system that is slow to answer). Everything else goes to the C
- * library. Built by the test that uses it
+ * file system that is slow to answer). Each NAME is a pattern of fnmatch
+ * ("*.snap": the first snapshot a directory read meets). Everything else
+ * goes to the C library. Built by the test that uses it
  * (cc -shared -fPIC ... -ldl).
  */
 #define _GNU_SOURCE
@@ -15,6 +16,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <fnmatch.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,7 +31,7 @@ static int named_and_flagged(const char *path, const char *name_var, const char 
         return 0;
     const char *base = strrchr(path, '/');
     base = base ? base + 1 : path;
-    return strcmp(base, name) == 0 && access(flag, F_OK) == 0;
+    return fnmatch(name, base, 0) == 0 && access(flag, F_OK) == 0;
 }
 
 static int should_fail(const char *path)

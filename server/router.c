@@ -976,6 +976,8 @@ static void on_token(struct server *s, struct srv_req *r, const struct engine_ev
         /* --max-response reached: stop the sequence; DONE answers "length" */
         r->overflow = 1;
         engine_cancel(s->engine, r->id);
+    } else if (ev->token >= 0) {
+        r->n_held++;
     }
 }
 
@@ -983,8 +985,12 @@ static void on_done(struct server *s, struct http_conn *c, struct srv_req *r,
                     const struct engine_event *ev)
 {
     struct engine_event done = *ev;
-    if (r->overflow)
+    if (r->overflow) {
         done.finish = ENGINE_FINISH_LENGTH;
+        /* the refused token and those made before the cancel took are
+         * not in the answer, so not in its usage */
+        done.completion_tokens = r->n_held;
+    }
     char *body = api_response_body(&r->resp, &done);
     enum metrics_endpoint ep = r->ep;
     req_done(s, c);

@@ -50,7 +50,10 @@ def test_a_whole_chat_answer_with_top_logprobs_stays_within_max_response(small):
     assert ch["finish_reason"] == "length"  # as --max-response ends an answer
     content = ch["logprobs"]["content"]
     assert len(content) >= 3
-    assert len(content) < j["usage"]["completion_tokens"] <= 200
+    # usage counts the tokens the answer holds, not those generated after it
+    # was full (before: the refused token and any made before the cancel)
+    assert j["usage"]["completion_tokens"] == len(content), j["usage"]
+    assert j["usage"]["total_tokens"] == j["usage"]["prompt_tokens"] + len(content)
     assert all(len(it["top_logprobs"]) == 20 for it in content)
     # whole tokens only: the text is the tokens' bytes
     joined = b"".join(bytes(it["bytes"]) for it in content)
@@ -63,13 +66,15 @@ def test_a_whole_completion_with_logprobs_stays_within_max_response(small):
         "logprobs": 5})
     assert status == 200, raw[:300]
     assert len(raw) <= MAX_RESPONSE + 1024, len(raw)
-    ch = json.loads(raw)["choices"][0]
+    j = json.loads(raw)
+    ch = j["choices"][0]
     assert ch["finish_reason"] == "length"
     lp = ch["logprobs"]
     n = len(lp["tokens"])
     assert n >= 10
     assert len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == len(lp["text_offset"]) == n
     assert "".join(lp["tokens"]) == ch["text"]
+    assert j["usage"]["completion_tokens"] == n, j["usage"]
 
 
 def test_a_stream_with_top_logprobs_is_not_cut_by_max_response(small):

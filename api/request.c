@@ -826,6 +826,24 @@ static int known_role(const char *r)
     return 0;
 }
 
+/* An earlier assistant turn that called tools (tool_calls, or the older
+ * function_call) cannot be rendered without them, and dropping them would
+ * leave the model a conversation that never happened: 400, as the request
+ * fields that ask for tools get. An empty tool_calls list calls nothing. */
+static int message_calls_tools(const cJSON *m, int idx, struct api_error *err)
+{
+    static const char *const fields[] = {"tool_calls", "function_call"};
+    for (int i = 0; i < 2; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(m, fields[i]);
+        if (!v || cJSON_IsNull(v) || (cJSON_IsArray(v) && !v->child))
+            continue;
+        char param[64];
+        snprintf(param, sizeof param, "messages[%d].%s", idx, fields[i]);
+        return no_tools(err, param);
+    }
+    return 0;
+}
+
 static int parse_messages(const cJSON *o, const struct api_parse_ctx *ctx, struct engine_request *r,
                           struct api_error *err)
 {
@@ -859,12 +877,19 @@ static int parse_messages(const cJSON *o, const struct api_parse_ctx *ctx, struc
         }
         const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
         if (!cJSON_IsString(role) || !known_role(role->valuestring)) {
-            msg_error(err, k, "role", "expected one of system, developer, user, assistant, tool.");
+            msg_error(err, k, "role",
+                      "expected one of system, developer, user, assistant, tool, function.");
+            goto out;
+        }
+        if (message_calls_tools(m, k, err) < 0)
+            goto out;
+        const cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
+        if ((!content || cJSON_IsNull(content)) && strcmp(role->valuestring, "assistant") != 0) {
+            msg_error(err, k, "content", "a message of this role needs content.");
             goto out;
         }
         size_t len;
-        int trc =
-            message_text(cJSON_GetObjectItemCaseSensitive(m, "content"), k, &texts[k], &len, err);
+        int trc = message_text(content, k, &texts[k], &len, err);
         if (trc == -ENOMEM)
             api_error_set(err, 500, NULL, NULL, "out of memory");
         if (trc < 0)

@@ -640,6 +640,39 @@ TEST(api_request_refuses_tool_calling_and_takes_fields_that_ask_for_none)
                                               "\"functions\":null,\"function_call\":null,"
                                               "\"parallel_tool_calls\":null")));
 #undef CHAT_WITH
+
+    /* an earlier turn's tool calls cannot be rendered: not dropped, refused */
+#define TURNS(assistant)                                                                           \
+    "{\"messages\":[{\"role\":\"user\",\"content\":\"Weather in "                                  \
+    "Paris?\"},{\"role\":\"assistant\"," assistant                                                 \
+    "},{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"18C\"}]}"
+    ASSERT_REJECTED(
+        parse(API_CHAT, TURNS("\"content\":null,\"tool_calls\":[{\"id\":\"c1\",\"type\":"
+                              "\"function\",\"function\":{\"name\":\"w\",\"arguments\":"
+                              "\"{}\"}}]")),
+        400, "messages[1].tool_calls", "unsupported_parameter");
+    ASSERT_REJECTED(parse(API_CHAT, TURNS("\"content\":null,\"function_call\":{\"name\":\"w\","
+                                          "\"arguments\":\"{}\"}")),
+                    400, "messages[1].function_call", "unsupported_parameter");
+    ASSERT_REJECTED(parse(API_CHAT, TURNS("\"content\":\"x\",\"tool_calls\":{}")), 400,
+                    "messages[1].tool_calls", "unsupported_parameter");
+    /* ... while fields that call nothing are taken */
+    ASSERT_ACCEPTED(parse(API_CHAT, TURNS("\"content\":\"Sunny.\",\"tool_calls\":[]")));
+    ASSERT_ACCEPTED(parse(API_CHAT, TURNS("\"content\":\"Sunny.\",\"tool_calls\":null,"
+                                          "\"function_call\":null")));
+#undef TURNS
+}
+
+TEST(api_request_chat_messages_other_than_the_assistants_need_content)
+{
+    ASSERT_REJECTED(parse(API_CHAT, "{\"messages\":[{\"role\":\"user\"}]}"), 400,
+                    "messages[0].content", "invalid_value");
+    ASSERT_REJECTED(parse(API_CHAT,
+                          "{\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},"
+                          "{\"role\":\"user\",\"content\":null}]}"),
+                    400, "messages[1].content", "invalid_value");
+    ASSERT_ACCEPTED(parse(API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"},"
+                                    "{\"role\":\"assistant\"}]}"));
 }
 
 /* ---- strict JSON: what cJSON alone would let through -------------------- */

@@ -214,32 +214,39 @@ static void reject_connection(struct server *s)
 
 /* At --max-conns: closes the connection lingering longest (its last response
  * was sent; it waits only for the client's FIN), else the one idle the
- * longest, else the oldest one still sending its request (nothing was
- * started for any of them). A client that keeps connections lingering by
- * trickling bytes after an error (a 401 needs no key) must not hold every
- * slot. Returns 1 if a slot was freed. */
+ * longest, else the one holding the most answer bytes its client has not
+ * read (its request is done; the next pipelined one waits for the client to
+ * take them), else the oldest one still sending its request (nothing runs
+ * for any of them). A client that keeps connections lingering by trickling
+ * bytes after an error (a 401 needs no key), or busy by pipelining requests
+ * to /metrics and reading none of the answers, must not hold every slot.
+ * Returns 1 if a slot was freed. */
 static int reclaim_connection(struct server *s)
 {
-    struct http_conn *lingering = NULL, *idle = NULL, *partial = NULL;
+    struct http_conn *lingering = NULL, *idle = NULL, *unread = NULL, *partial = NULL;
     for (int64_t i = 0; i < s->cfg.max_conns; i++) {
         struct http_conn *c = s->conns[i];
-        if (c && c->state == HTTP_CONN_LINGERING) {
+        if (!c || c->user)
+            continue; /* a request of its own runs */
+        if (c->state == HTTP_CONN_LINGERING) {
             if (!lingering || c->linger_until < lingering->linger_until)
                 lingering = c;
-            continue;
+        } else if (c->state == HTTP_CONN_DRAINING) {
+            if (!unread || http_conn_write_queue(c) > http_conn_write_queue(unread))
+                unread = c;
+        } else if (c->state == HTTP_CONN_READING) {
+            struct http_conn **best = http_conn_idle(c) ? &idle : &partial;
+            if (!*best || c->idle_since < (*best)->idle_since)
+                *best = c;
         }
-        if (!c || c->state != HTTP_CONN_READING || c->user)
-            continue;
-        struct http_conn **best = http_conn_idle(c) ? &idle : &partial;
-        if (!*best || c->idle_since < (*best)->idle_since)
-            *best = c;
     }
-    struct http_conn *victim = lingering ? lingering : idle ? idle : partial;
+    struct http_conn *victim = lingering ? lingering : idle ? idle : unread ? unread : partial;
     if (!victim)
         return 0;
     log_msg(LOG_DEBUG, "max-conns: closing %s connection to admit a new one",
             lingering ? "a lingering"
             : idle    ? "an idle"
+            : unread  ? "an unread"
                       : "an unfinished");
     s->metrics.conns_reclaimed++;
     http_conn_close(victim); /* on_conn_close returns its slot now */

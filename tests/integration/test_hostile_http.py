@@ -241,6 +241,27 @@ def test_lingering_connections_are_reclaimed_when_the_limit_is_reached(start_ser
             c.close()
 
 
+def test_connections_whose_clients_leave_their_answers_unread_are_reclaimed(start_server):
+    # pipelined requests to the endpoints that need no key, their answers never
+    # read: each connection waits for its client to take them (the next request
+    # is not read until then), up to --write-stall-timeout, or for ever at the
+    # minimum read rate; they held every slot, /health at 503, without a key
+    s = start_server("--api-key", KEY, "--max-conns", "8")
+    socks = []
+    for _ in range(8):
+        c = s.connect(rcvbuf=4096)
+        c.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n" * 300)
+        socks.append(c)
+    try:
+        time.sleep(1.0)
+        for _ in range(3):
+            assert s.get("/health")[0] == 200
+        assert s.metrics()["streamsink_connections_reclaimed_total"] >= 1
+    finally:
+        for c in socks:
+            c.close()
+
+
 def test_connections_running_requests_are_not_reclaimed(start_server):
     s = start_server("--max-conns", "2", "--max-seqs", "2")
     c = s.client()

@@ -33,10 +33,20 @@ _Static_assert(HTTP_SESSION_MAX - 1 >= ENGINE_SESSION_ID_MAX, "X-Session-Id kept
 #define WRITE_PIECE ((size_t)1 << 30) /* bytes per uv_buf_t of one write */
 #define WRITE_PIECES 16               /* so one write holds up to 16 GiB */
 
-enum header_which { HDR_NONE = 0, HDR_AUTH, HDR_SESSION, HDR_EXPECT, HDR_HOST, HDR_LAST_ID };
+#define CHUNK_EXT_MAX 16384 /* chunk extension bytes a request may send */
 
-static const char *const header_names[] = {"",       "Authorization", "X-Session-Id",
-                                           "Expect", "Host",          "Last-Event-ID"};
+enum header_which {
+    HDR_NONE = 0,
+    HDR_AUTH,
+    HDR_SESSION,
+    HDR_EXPECT,
+    HDR_HOST,
+    HDR_LAST_ID,
+    HDR_TE,
+};
+
+static const char *const header_names[] = {"",     "Authorization", "X-Session-Id",     "Expect",
+                                           "Host", "Last-Event-ID", "Transfer-Encoding"};
 
 struct wreq {
     uv_write_t w;
@@ -107,6 +117,8 @@ const char *http_status_text(int status)
         return "Continue";
     case 200:
         return "OK";
+    case 201:
+        return "Created";
     case 204:
         return "No Content";
     case 400:
@@ -123,6 +135,8 @@ const char *http_status_text(int status)
         return "Request Timeout";
     case 409:
         return "Conflict";
+    case 410:
+        return "Gone";
     case 411:
         return "Length Required";
     case 413:
@@ -131,6 +145,8 @@ const char *http_status_text(int status)
         return "URI Too Long";
     case 415:
         return "Unsupported Media Type";
+    case 422:
+        return "Unprocessable Content";
     case 429:
         return "Too Many Requests";
     case 431:
@@ -714,6 +730,10 @@ static int on_message_begin(llhttp_t *p)
     c->body_want = 0;
     c->body_dropped = 0;
     c->in_trailers = 0;
+    c->te_len = 0;
+    c->te_other = 0;
+    c->head_raw = 0;
+    c->chunk_ext_bytes = 0;
     c->val_end = NULL;
     c->field_len = 0;
     c->field_which = HDR_NONE;
@@ -765,6 +785,9 @@ static int on_header_field_complete(llhttp_t *p)
     else if (strcasecmp(c->field, "expect") == 0) {
         c->field_which = HDR_EXPECT;
         c->expect_len = 0;
+    } else if (strcasecmp(c->field, "transfer-encoding") == 0) {
+        c->field_which = HDR_TE; /* llhttp frames by it; the codings are judged here */
+        c->te_len = 0;
     } else if (strcasecmp(c->field, "host") == 0)
         c->field_which = HDR_HOST;
     else if (strcasecmp(c->field, "last-event-id") == 0) {
@@ -772,7 +795,7 @@ static int on_header_field_complete(llhttp_t *p)
         c->req.has_last_event_id = 1;
     }
     c->value_overflow = 0;
-    if (c->field_which != HDR_NONE && c->field_which != HDR_EXPECT) {
+    if (c->field_which != HDR_NONE && c->field_which != HDR_EXPECT && c->field_which != HDR_TE) {
         unsigned bit = 1u << c->field_which;
         if (c->seen & bit) { /* two values for one singleton field: which one is meant? */
             c->err_status = 400;
@@ -818,8 +841,8 @@ static int on_header_value(llhttp_t *p, const char *at, size_t len)
     while (q > c->exec_start && (q[-1] == ' ' || q[-1] == '\t'))
         q--;
     const char before = q > c->exec_start ? q[-1] : c->exec_tail;
-    if (before == '\n' || before == '\r')
-        folded = 1;
+    if (len > 0 && (before == '\n' || before == '\r'))
+        folded = 1; /* an empty value comes as an empty span at the next line: no fold */
     c->val_end = at + len;
     c->val_seq = c->exec_seq;
     c->val_exec_end = c->exec_end;
@@ -851,6 +874,16 @@ static int on_header_value(llhttp_t *p, const char *at, size_t len)
             c->req.last_event_id_long = 1;
         }
         break;
+    case HDR_TE: /* judged whole at value complete; "chunked" has no blanks */
+        for (size_t i = 0; i < len; i++) {
+            if (at[i] == ' ' || at[i] == '\t')
+                continue;
+            if (c->te_len + 1 < sizeof c->te)
+                c->te[c->te_len++] = at[i];
+            else
+                c->te_other = 1; /* longer than chunked */
+        }
+        break;
     case HDR_EXPECT: /* judged whole at value complete: it may come in pieces */
         if (c->expect_len + len < sizeof c->expect) {
             memcpy(c->expect + c->expect_len, at, len);
@@ -875,6 +908,11 @@ static int on_header_value_complete(llhttp_t *p)
         if (n == 12 && strncasecmp(c->expect, "100-continue", 12) == 0)
             c->req.expect_continue = 1;
         c->expect_len = 0;
+    }
+    if (c->field_which == HDR_TE) {
+        if (c->te_len != 7 || strncasecmp(c->te, "chunked", 7) != 0)
+            c->te_other = 1; /* "gzip, chunked": the body would be read still coded */
+        c->te_len = 0;
     }
     if (c->value_overflow) {
         c->err_status = 431; /* a header we keep is longer than we keep */
@@ -902,6 +940,20 @@ static int check_framing(struct http_conn *c, llhttp_t *p)
                  "an HTTP/1.1 request needs exactly one Host header");
         return -1;
     }
+    /* RFC 9112 6.1: Transfer-Encoding in HTTP/1.0 is faulty framing (an
+     * HTTP/1.0 hop in front would read the chunks as the next request) */
+    if (p->http_minor == 0 && (p->flags & (F_TRANSFER_ENCODING | F_CHUNKED))) {
+        c->err_status = 400;
+        snprintf(c->rej.message, sizeof c->rej.message,
+                 "an HTTP/1.0 request may not carry Transfer-Encoding");
+        return -1;
+    }
+    if (c->te_other) {
+        c->err_status = 501;
+        snprintf(c->rej.message, sizeof c->rej.message,
+                 "the only transfer coding served is chunked");
+        return -1;
+    }
     return 0;
 }
 
@@ -926,6 +978,8 @@ static int on_headers_complete(llhttp_t *p)
     c->req.http_minor = p->http_minor;
     if (check_framing(c, p) < 0)
         return -1;
+    if (p->http_minor == 0)
+        c->req.expect_continue = 0; /* RFC 9110 10.1.1: ignored in HTTP/1.0 */
     if (c->ops->on_headers) {
         int st = c->ops->on_headers(c, &c->rej, c->ops->arg);
         if (st) {
@@ -1018,6 +1072,23 @@ static int on_body(llhttp_t *p, const char *at, size_t len)
     return 0;
 }
 
+/* Chunk extensions are read and dropped; their names and values count
+ * against CHUNK_EXT_MAX per request (413 beyond), or a two-byte body could
+ * carry megabytes of them. */
+static int on_chunk_extension(llhttp_t *p, const char *at, size_t len)
+{
+    struct http_conn *c = conn_of(p);
+    (void)at;
+    c->chunk_ext_bytes += len;
+    if (c->chunk_ext_bytes > CHUNK_EXT_MAX) {
+        c->err_status = 413;
+        snprintf(c->rej.message, sizeof c->rej.message,
+                 "the request's chunk extensions are longer than this server accepts");
+        return HPE_USER;
+    }
+    return 0;
+}
+
 static int on_message_complete(llhttp_t *p)
 {
     struct http_conn *c = conn_of(p);
@@ -1046,6 +1117,8 @@ static const llhttp_settings_t *settings(void)
         s.on_header_value_complete = on_header_value_complete;
         s.on_headers_complete = on_headers_complete;
         s.on_body = on_body;
+        s.on_chunk_extension_name = on_chunk_extension;
+        s.on_chunk_extension_value = on_chunk_extension;
         s.on_message_complete = on_message_complete;
         init = 1; /* loop thread only */
     }
@@ -1107,6 +1180,17 @@ static void conn_parse(struct http_conn *c)
                   e == HPE_OK                                  ? c->exec_end
                   : e == HPE_PAUSED || e == HPE_PAUSED_UPGRADE ? llhttp_get_error_pos(&c->parser)
                                                                : start);
+        if (e == HPE_OK && c->request_begun && !c->in_trailers) {
+            /* the whole input went into a head not yet complete: blanks in
+             * the request line or before a value reach no callback, and
+             * count here (at most one read past the limit) */
+            c->head_raw += c->rlen - c->rpos;
+            if (c->head_raw > c->lim->max_header_bytes) {
+                c->err_status = 431;
+                parse_error(c, HPE_USER);
+                break;
+            }
+        }
         if (e == HPE_OK) {
             c->rpos = c->rlen;
         } else if (e == HPE_PAUSED || e == HPE_PAUSED_UPGRADE) {

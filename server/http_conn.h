@@ -184,6 +184,11 @@ struct http_conn {
     int value_overflow;
     char expect[16]; /* the Expect value so far (only 100-continue is acted on) */
     size_t expect_len;
+    char te[16]; /* the Transfer-Encoding value so far, blanks left out */
+    size_t te_len;
+    int te_other;           /* a coding other than chunked was named (501) */
+    size_t head_raw;        /* bytes of execute calls that ended inside the head */
+    size_t chunk_ext_bytes; /* chunk extension names and values so far */
     uint64_t exec_seq;      /* llhttp_execute calls so far */
     const char *exec_start; /* the input of the current call: [exec_start, exec_end) */
     const char *exec_end;

@@ -791,9 +791,23 @@ static const struct route routes[] = {
     {"/metrics", 0, HTTP_GET, -1, "GET, HEAD", METRICS_EP_METRICS, 1},
 };
 
+/* The path of the request target: origin form as sent, the absolute form
+ * ("http://host/path", RFC 9112 3.2.2: a server must take it) past its
+ * scheme and authority. */
 static void path_of(const struct http_conn *c, char *path, size_t cap)
 {
-    snprintf(path, cap, "%s", c->req.url);
+    const char *u = c->req.url;
+    size_t scheme = strncasecmp(u, "http://", 7) == 0    ? 7
+                    : strncasecmp(u, "https://", 8) == 0 ? 8
+                                                         : 0;
+    if (scheme) {
+        u += scheme + strcspn(u + scheme, "/?#");
+        if (*u != '/') { /* no path: the root, and then its query */
+            snprintf(path, cap, "/");
+            return;
+        }
+    }
+    snprintf(path, cap, "%s", u);
     path[strcspn(path, "?#")] = 0;
 }
 

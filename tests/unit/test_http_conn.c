@@ -671,6 +671,11 @@ TEST(http_status_text_is_the_rfc_reason_phrase)
     ASSERT_STREQ(http_status_text(431), "Request Header Fields Too Large");
     ASSERT_STREQ(http_status_text(413), "Content Too Large");
     ASSERT_STREQ(http_status_text(505), "HTTP Version Not Supported");
+    /* statuses the server sends (a new session, an expired stream, a
+     * snapshot of another model): each its own phrase, not "OK" or "Bad Request" */
+    ASSERT_STREQ(http_status_text(201), "Created");
+    ASSERT_STREQ(http_status_text(410), "Gone");
+    ASSERT_STREQ(http_status_text(422), "Unprocessable Content");
 }
 
 TEST(http_conn_answers_400_to_a_malformed_request)

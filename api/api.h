@@ -75,6 +75,15 @@ struct api_chat_message {
  * Returns 0 and a malloc'd NUL-terminated *out, or -ENOMEM. */
 int api_chat_render(const struct api_chat_template *t, const struct api_chat_message *msgs,
                     size_t n, int with_default_system, char **out, size_t *out_len);
+/* For a request on a session, where only the engine knows whether the
+ * session exists: *open, the text the template puts before messages that
+ * start a conversation (the default system turn, when the first message is
+ * not a system one; NULL if none), and *close, the text that ends an
+ * assistant turn before the next message (ChatML "<|im_end|>\n"), which a
+ * continuation needs after the previous turn's last token. Each malloc'd
+ * or NULL. Returns 0, or -ENOMEM. */
+int api_chat_session_texts(const struct api_chat_template *t, const struct api_chat_message *msgs,
+                           size_t n, char **open, char **close);
 
 /* ---- requests (request.c) ------------------------------------------------ */
 

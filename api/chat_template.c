@@ -19,6 +19,7 @@
 
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 const char *api_chat_format_name(enum api_chat_format f)
@@ -100,14 +101,25 @@ static const char *norm_role(const char *role)
     return strcmp(role, "developer") == 0 ? "system" : role;
 }
 
+/* The default system turn, where messages (m, n) start a conversation and
+ * do not open with a system message of their own. */
+static int wants_default_system(const struct api_chat_message *m, size_t n, const char *def_sys)
+{
+    return def_sys && def_sys[0] && (n == 0 || strcmp(norm_role(m[0].role), "system") != 0);
+}
+
+static void put_default_system(struct api_buf *b, const char *def_sys)
+{
+    api__buf_puts(b, "<|im_start|>system\n");
+    api__buf_puts(b, def_sys);
+    api__buf_puts(b, "<|im_end|>\n");
+}
+
 static void render_chatml(struct api_buf *b, const struct api_chat_message *m, size_t n,
                           const char *def_sys)
 {
-    if (def_sys && (n == 0 || strcmp(norm_role(m[0].role), "system") != 0)) {
-        api__buf_puts(b, "<|im_start|>system\n");
-        api__buf_puts(b, def_sys);
-        api__buf_puts(b, "<|im_end|>\n");
-    }
+    if (wants_default_system(m, n, def_sys))
+        put_default_system(b, def_sys);
     for (size_t i = 0; i < n; i++) {
         api__buf_puts(b, "<|im_start|>");
         api__buf_puts(b, norm_role(m[i].role));
@@ -202,6 +214,42 @@ static void render_llama2(struct api_buf *b, const struct api_chat_message *m, s
         api__buf_put(b, sys, sys_len);
         api__buf_puts(b, "\n<</SYS>>\n\n [/INST]");
     }
+}
+
+int api_chat_session_texts(const struct api_chat_template *t, const struct api_chat_message *msgs,
+                           size_t n, char **open, char **close)
+{
+    *open = *close = NULL;
+    const char *end;
+    switch (t->format) {
+    case API_CHAT_LLAMA3:
+        end = "<|eot_id|>";
+        break;
+    case API_CHAT_LLAMA2:
+        end = " </s><s>"; /* the answer's end, and the next turn's start */
+        break;
+    case API_CHAT_GEMMA:
+        end = "<end_of_turn>\n";
+        break;
+    case API_CHAT_CHATML:
+    default:
+        end = "<|im_end|>\n";
+        break;
+    }
+    *close = strdup(end);
+    if (!*close)
+        return -ENOMEM;
+    if (t->format == API_CHAT_CHATML && wants_default_system(msgs, n, t->default_system)) {
+        struct api_buf b = {0};
+        put_default_system(&b, t->default_system);
+        *open = api__buf_finish(&b);
+        if (!*open) {
+            free(*close);
+            *close = NULL;
+            return -ENOMEM;
+        }
+    }
+    return 0;
 }
 
 int api_chat_render(const struct api_chat_template *t, const struct api_chat_message *msgs,

@@ -898,7 +898,9 @@ static int parse_messages(const cJSON *o, const struct api_parse_ctx *ctx, struc
         k++;
     }
     if (api_chat_render(ctx->chat, msgs, (size_t)n, r->session_id[0] == 0, &r->prompt,
-                        &r->prompt_len) < 0) {
+                        &r->prompt_len) < 0 ||
+        (r->session_id[0] &&
+         api_chat_session_texts(ctx->chat, msgs, (size_t)n, &r->open, &r->close) < 0)) {
         api_error_set(err, 500, NULL, NULL, "out of memory");
         goto out;
     }

@@ -61,6 +61,8 @@ void engine_request_free(struct engine_request *req)
 {
     free(req->prompt);
     free(req->prompt_ids);
+    free(req->open);
+    free(req->close);
     for (int i = 0; i < ENGINE_MAX_STOP; i++)
         free(req->stop[i]);
     memset(req, 0, sizeof *req);
@@ -403,6 +405,38 @@ static const char *bad_sampling_param(const struct sampler_params *p)
     return NULL;
 }
 
+/* A chat request on a session (r->open, r->close: engine.h): the prompt's
+ * n tokens in *ids (BOS first when bos) with the template's text for what
+ * the session turned out to be put before its turns. Returns the new count,
+ * or -1 after emitting an error (*ids then freed). */
+static int64_t around_turns(struct engine *e, const struct engine_request *r, int fresh, int bos,
+                            int32_t **ids, int64_t n)
+{
+    const char *text = fresh ? r->open : r->close;
+    if (!text || !text[0])
+        return n;
+    int32_t *pre = NULL, *all = NULL;
+    int64_t k = encode(e->dec.tok, text, strlen(text), 0, 1, -1, &pre);
+    if (k >= 0)
+        all = malloc((size_t)(n + k) * sizeof *all);
+    if (!all) {
+        free(pre);
+        free(*ids);
+        *ids = NULL;
+        emit_error(e, r->id, 500, NULL, NULL,
+                   k < 0 ? "tokenizing the chat template failed" : "out of memory");
+        return -1;
+    }
+    const int64_t b = bos ? 1 : 0; /* BOS stays first */
+    memcpy(all, *ids, (size_t)b * sizeof *all);
+    memcpy(all + b, pre, (size_t)k * sizeof *all);
+    memcpy(all + b + k, *ids + b, (size_t)(n - b) * sizeof *all);
+    free(pre);
+    free(*ids);
+    *ids = all;
+    return n + k;
+}
+
 /* Admits a request into seq s (a fresh slot, or its idle session). Returns 0,
  * or -1 after emitting an error (s is then unchanged / released). */
 static int admit_into(struct engine *e, struct seq *s, struct engine_request *r, int fresh)
@@ -419,6 +453,9 @@ static int admit_into(struct engine *e, struct seq *s, struct engine_request *r,
         return -1;
     }
     int64_t n = prompt_tokens(e, r, bos, &ids);
+    if (n < 0)
+        return -1;
+    n = around_turns(e, r, fresh, bos, &ids, n);
     if (n < 0)
         return -1;
     if (e->cfg.max_prompt_tokens > 0 && n > e->cfg.max_prompt_tokens) {
@@ -476,7 +513,9 @@ static int admit_into(struct engine *e, struct seq *s, struct engine_request *r,
             return -1;
         }
     }
-    int64_t pending = s->has_next ? 1 : 0;
+    /* a chat continuation's close holds the template's end of the turn: an
+     * end-of-generation token the turn left to feed is not fed twice */
+    int64_t pending = s->has_next && !(!fresh && r->close && tok_is_eog(e->dec.tok, s->next_tok));
     if (n + pending == 0) {
         free(ids);
         emit_error(e, r->id, 400, "prompt", "invalid_value", "the prompt is empty");

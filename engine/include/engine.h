@@ -155,8 +155,16 @@ struct engine_request {
     size_t prompt_len;
     int32_t *prompt_ids; /* token ids (malloc'd; owned), used when prompt is NULL */
     int64_t n_prompt_ids;
-    int add_bos;        /* prepend BOS if the model wants one (text and ids alike; never to a
-                           session's continuation) */
+    int add_bos; /* prepend BOS if the model wants one (text and ids alike; never to a
+                    session's continuation) */
+    /* A chat request on a session, whose prompt holds only its new turns:
+     * open goes before them when the request starts the sequence (the
+     * template's default system turn), close when it continues a session
+     * (the end of the previous assistant turn: the template's end marker
+     * and what follows it; an end-of-generation token the previous turn
+     * left to feed is then not fed, as close holds the template's own).
+     * Text with special tokens (malloc'd; owned), or NULL. */
+    char *open, *close;
     int parse_special;  /* recognize <|im_start|> etc. in the text */
     int64_t max_tokens; /* < 0: until EOS, a stop, or the client leaves */
     struct engine_sampling sampling;

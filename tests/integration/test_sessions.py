@@ -2,6 +2,8 @@
 concatenated prompt produces (greedy), because the second prompt is appended
 to the session's KV stream."""
 
+import pytest
+
 from session_util import call
 
 
@@ -16,6 +18,48 @@ def test_two_session_turns_equal_one_concatenated_prompt(client):
     one = client.completions.create(model="smol", prompt=a + t1 + b, max_tokens=6, temperature=0)
     assert second.choices[0].text == one.choices[0].text
     assert second.usage.prompt_tokens < one.usage.prompt_tokens  # only the new text was sent
+
+
+@pytest.mark.parametrize("first_max_tokens", [None, 5])
+def test_chat_session_turns_are_the_conversation_the_template_renders(server, first_max_tokens):
+    """A chat session sends only its new turns; what the model sees must be
+    the whole conversation as the template renders it: the default system
+    turn before the first message, and each assistant turn ended as the
+    template ends it ("<|im_end|>" and a newline), whether the model ended
+    it (EOS) or max_tokens did. So the second turn's greedy answer, its
+    logprobs and the session's token count are those of one stateless
+    request with the history. Before, the first turn had no system turn
+    and the next began right after the EOS, without its newline (or, after
+    max_tokens, with the assistant turn never closed)."""
+    sid = f"chat-turns-{first_max_tokens}"
+    q1 = [{"role": "user", "content": "Hi! Who are you?"}]
+    q2 = [{"role": "user", "content": "What can you help me with?"}]
+
+    def chat(messages, max_tokens, session=None):
+        body = {"model": "smol", "messages": messages, "max_tokens": max_tokens,
+                "temperature": 0, "logprobs": True}
+        if session:
+            body["session_id"] = session
+        st, r = call(server, "POST", "/v1/chat/completions", body)
+        assert st == 200, r
+        return r
+
+    def answer(r):
+        ch = r["choices"][0]
+        return (ch["message"]["content"], ch["finish_reason"],
+                [(x["token"], x["logprob"]) for x in ch["logprobs"]["content"]])
+
+    s1, alone1 = chat(q1, first_max_tokens, sid), chat(q1, first_max_tokens)
+    assert answer(s1) == answer(alone1)
+    assert s1["usage"]["prompt_tokens"] == alone1["usage"]["prompt_tokens"]
+    assert s1["choices"][0]["finish_reason"] == ("stop" if first_max_tokens is None else "length")
+    a1 = s1["choices"][0]["message"]["content"]
+    s2 = chat(q2, 12, sid)
+    alone2 = chat(q1 + [{"role": "assistant", "content": a1}] + q2, 12)
+    assert answer(s2) == answer(alone2)
+    st, info = call(server, "GET", f"/v1/sessions/{sid}")
+    assert st == 200, info
+    assert info["tokens_seen"] == alone2["usage"]["prompt_tokens"] + alone2["usage"]["completion_tokens"]
 
 
 def test_a_session_keeps_its_kv_policy_and_a_request_naming_another_is_refused(server):

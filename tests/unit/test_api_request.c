@@ -435,6 +435,26 @@ TEST(api_request_chat_with_a_session_renders_only_the_given_turns)
                                       "\"content\":\"More\"}]}");
     ASSERT_OK(p.rc);
     ASSERT_STREQ(p.req.prompt, "<|im_start|>user\nMore<|im_end|>\n<|im_start|>assistant\n");
+    /* what goes before the turns, by what the session turns out to be: the
+     * default system turn if it is new, the end of the last assistant turn
+     * if it continues */
+    ASSERT_STREQ(p.req.open, "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, "
+                             "trained by Hugging Face<|im_end|>\n");
+    ASSERT_STREQ(p.req.close, "<|im_end|>\n");
+    engine_request_free(&p.req);
+
+    /* a conversation that opens with its own system turn gets no default one */
+    p = parse(API_CHAT, "{\"session_id\":\"s1\",\"messages\":[{\"role\":\"system\","
+                        "\"content\":\"Be brief.\"},{\"role\":\"user\",\"content\":\"Hi\"}]}");
+    ASSERT_OK(p.rc);
+    ASSERT(p.req.open == NULL);
+    ASSERT_STREQ(p.req.close, "<|im_end|>\n");
+    engine_request_free(&p.req);
+
+    /* without a session the template renders everything itself */
+    p = parse(API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}]}");
+    ASSERT_OK(p.rc);
+    ASSERT(p.req.open == NULL && p.req.close == NULL);
     engine_request_free(&p.req);
 }
 
@@ -515,6 +535,74 @@ TEST(api_chat_template_recognizes_llama3_and_llama2_and_falls_back_to_chatml)
     ASSERT_STREQ(out, "<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n");
     ASSERT_EQ(len, strlen(out));
     free(out);
+}
+
+/* A chat session sends only new turns; the engine puts open before the first
+ * (a new session) or close after the previous answer (a continuation). With
+ * them, the turns of a session are the whole conversation rendered at once:
+ * open + first turns + answer + close + next turns == all of them. */
+static int session_turns(const struct api_chat_template *t, const struct api_chat_message *first,
+                         size_t n_first, const char *answer, const struct api_chat_message *next,
+                         size_t n_next, char *joined, char *whole, size_t cap)
+{
+    struct api_chat_message all[8];
+    size_t n = 0, len;
+    for (size_t i = 0; i < n_first; i++)
+        all[n++] = first[i];
+    all[n++] = (struct api_chat_message){"assistant", answer, strlen(answer)};
+    for (size_t i = 0; i < n_next; i++)
+        all[n++] = next[i];
+    char *w = NULL, *a = NULL, *b = NULL, *open = NULL, *close = NULL;
+    int rc = api_chat_render(t, all, n, 1, &w, &len) < 0 ||
+                     api_chat_render(t, first, n_first, 0, &a, &len) < 0 ||
+                     api_chat_render(t, next, n_next, 0, &b, &len) < 0 ||
+                     api_chat_session_texts(t, first, n_first, &open, &close) < 0 || !close
+                 ? -1
+                 : 0;
+    if (rc == 0) {
+        snprintf(joined, cap, "%s%s%s%s%s", open ? open : "", a, answer, close, b);
+        snprintf(whole, cap, "%s", w);
+    }
+    free(w);
+    free(a);
+    free(b);
+    free(open);
+    free(close);
+    return rc;
+}
+
+TEST(api_chat_session_texts_make_a_sessions_turns_the_whole_conversation)
+{
+    struct api_chat_template t;
+    const struct api_chat_message sys_user[2] = {{"system", "S", 1}, {"user", "U", 1}};
+    const struct api_chat_message user[1] = {{"user", "U", 1}};
+    const struct api_chat_message next[1] = {{"user", "V", 1}};
+    api_chat_template_init(&t, "{% if loop.first and messages[0]['role'] != 'system' %}"
+                               "{{ '<|im_start|>system\\nYou are X<|im_end|>\\n' }}{% endif %}"
+                               "{{ '<|im_start|>' + message['role'] }}");
+    ASSERT_STREQ(t.default_system, "You are X");
+    char joined[1024], whole[1024];
+#define SAME(first, n_first)                                                                       \
+    do {                                                                                           \
+        ASSERT_OK(session_turns(&t, first, n_first, "A", next, 1, joined, whole, sizeof joined));  \
+        ASSERT_STREQ(joined, whole);                                                               \
+    } while (0)
+    SAME(user, 1); /* the default system turn: open */
+    SAME(sys_user, 2);
+    api_chat_template_init(&t, "{{ '<|start_header_id|>' + message['role'] }}");
+    SAME(sys_user, 2);
+    SAME(user, 1);
+    api_chat_template_init(&t, "{{ '<start_of_turn>' + role + '\\n' }}");
+    SAME(sys_user, 2);
+    SAME(user, 1);
+#undef SAME
+    /* Llama-2 puts a blank before the answer, which the model writes itself */
+    api_chat_template_init(&t, "{{ bos_token + '[INST] ' + content + ' [/INST]' }}");
+    char *open, *close;
+    ASSERT_OK(api_chat_session_texts(&t, user, 1, &open, &close));
+    ASSERT(open == NULL);
+    ASSERT_STREQ(close, " </s><s>");
+    free(close);
 }
 
 TEST(api_request_non_finite_numbers_are_out_of_range_for_every_numeric_param)

@@ -93,6 +93,23 @@ static void render_and_check(const struct api_chat_template *t, const struct api
         !ends_with(out, out_len, "<|start_header_id|>assistant<|end_header_id|>\n\n"))
         fail("Llama-3 output does not end with the generation prompt", t);
     free(out);
+    /* a session's texts: the default system turn is the one the whole
+     * render puts first, or none */
+    char *open = NULL, *close = NULL;
+    if (api_chat_session_texts(t, m, n, &open, &close) != 0)
+        return; /* out of memory */
+    if (!close || !close[0])
+        fail("no text to end an assistant turn with", t);
+    if (open && t->format != API_CHAT_CHATML)
+        fail("a default system turn for a template without one", t);
+    char *whole = NULL;
+    size_t whole_len;
+    if (open && api_chat_render(t, m, n, 1, &whole, &whole_len) == 0 && whole &&
+        strncmp(whole, open, strlen(open)) != 0)
+        fail("a session's opening is not how the conversation opens", t);
+    free(whole);
+    free(open);
+    free(close);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

@@ -90,6 +90,11 @@ size_t http_conn_write_queue(const struct http_conn *c)
     return uv_stream_get_write_queue_size((const uv_stream_t *)&c->tcp);
 }
 
+int http_conn_pipelined(const struct http_conn *c)
+{
+    return c->rlen > c->rpos;
+}
+
 int http_conn_idle(const struct http_conn *c)
 {
     return c->state == HTTP_CONN_READING && !c->request_begun;

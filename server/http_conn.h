@@ -289,6 +289,9 @@ void http_conn_finish_and_close(struct http_conn *c);
 void http_conn_release_body(struct http_conn *c);
 /* Bytes waiting in libuv's write queue. */
 size_t http_conn_write_queue(const struct http_conn *c);
+/* 1 if the client has sent bytes of a next request that wait unparsed
+ * behind the current response. */
+int http_conn_pipelined(const struct http_conn *c);
 /* 1 between requests (nothing of the next one has arrived). */
 int http_conn_idle(const struct http_conn *c);
 const char *http_conn_state_name(enum http_conn_state s);

@@ -214,12 +214,13 @@ static void reject_connection(struct server *s)
 
 /* At --max-conns: closes the connection lingering longest (its last response
  * was sent; it waits only for the client's FIN), else the one idle the
- * longest, else the one holding the most answer bytes its client has not
- * read (its request is done; the next pipelined one waits for the client to
- * take them), else the oldest one still sending its request (nothing runs
- * for any of them). A client that keeps connections lingering by trickling
- * bytes after an error (a 401 needs no key), or busy by pipelining requests
- * to /metrics and reading none of the answers, must not hold every slot.
+ * longest, else, of those whose client sent more requests than it has read
+ * answers to (an answer queued, the next request waiting behind it), the
+ * one holding the most answer bytes, else the oldest one still sending its
+ * request (nothing runs for any of them). A client that keeps connections
+ * lingering by trickling bytes after an error (a 401 needs no key), or busy
+ * by pipelining requests to /metrics and reading none of the answers, must
+ * not hold every slot; a client reading its one answer is left to finish.
  * Returns 1 if a slot was freed. */
 static int reclaim_connection(struct server *s)
 {
@@ -231,7 +232,7 @@ static int reclaim_connection(struct server *s)
         if (c->state == HTTP_CONN_LINGERING) {
             if (!lingering || c->linger_until < lingering->linger_until)
                 lingering = c;
-        } else if (c->state == HTTP_CONN_DRAINING) {
+        } else if (c->state == HTTP_CONN_DRAINING && http_conn_pipelined(c)) {
             if (!unread || http_conn_write_queue(c) > http_conn_write_queue(unread))
                 unread = c;
         } else if (c->state == HTTP_CONN_READING) {

@@ -364,6 +364,46 @@ def test_connections_whose_clients_leave_their_answers_unread_are_reclaimed(star
             c.close()
 
 
+def test_a_client_still_reading_its_answer_is_not_reclaimed(start_server):
+    # a finished answer still going out to a client that reads it steadily is
+    # that client's work: at --max-conns a half-sent request makes room first
+    s = start_server("--max-conns", "2", "--sndbuf", "4096")
+    body = json.dumps({"model": "smol", "prompt": ENDLESS, "max_tokens": 300,
+                       "temperature": 0, "logprobs": 5}).encode()
+    a = s.connect(rcvbuf=4096)
+    a.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    s.wait_metric("streamsink_requests_inflight", lambda v: v == 0, timeout=120)
+    b = s.connect()
+    b.sendall(b"GET /health HTTP/1.1\r\n")  # and the rest never comes
+    got = bytearray()
+
+    def read_steadily():
+        while True:
+            try:
+                d = a.recv(4096)
+            except OSError:
+                return
+            if not d:
+                return
+            got.extend(d)
+            time.sleep(0.05)
+
+    t = threading.Thread(target=read_steadily)
+    t.start()
+    try:
+        assert s.get("/health")[0] == 200  # a third client: someone makes room
+        t.join(60)
+        status, headers, out = parse_response(bytes(got))
+        assert status == 200 and len(out) == int(headers["content-length"]), len(got)
+        assert json.loads(out)["usage"]["completion_tokens"] == 300
+        b.settimeout(10)
+        assert b.recv(100) == b""  # the half-sent request was closed to make room
+    finally:
+        a.close()
+        b.close()
+
+
 def test_connections_running_requests_are_not_reclaimed(start_server):
     s = start_server("--max-conns", "2", "--max-seqs", "2")
     c = s.client()

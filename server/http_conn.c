@@ -35,6 +35,9 @@ _Static_assert(HTTP_SESSION_MAX - 1 >= ENGINE_SESSION_ID_MAX, "X-Session-Id kept
 
 #define CHUNK_EXT_MAX 16384 /* chunk extension bytes a request may send */
 
+/* note_tail's line_state: the consumed input since its last LF */
+enum { LINE_START = 0, LINE_BLANKS, LINE_TEXT };
+
 enum header_which {
     HDR_NONE = 0,
     HDR_AUTH,
@@ -827,6 +830,29 @@ static void append_value(struct http_conn *c, char *dst, size_t cap, const char 
     dst[have + len] = 0;
 }
 
+/* An empty value comes as an empty span at the start of the line after
+ * it: no fold, unless the line that ends right before the span held only
+ * blanks, a line folded onto the empty value. Looks back from at through
+ * this call's input, then at what earlier calls left (note_tail). */
+static int blank_line_before(const struct http_conn *c, const char *at)
+{
+    const char *p = at, *start = c->exec_start;
+    if (p == start) /* the LF came in an earlier call */
+        return c->line_state == LINE_START && c->last_line_blank;
+    if (p[-1] != '\n')
+        return 0;
+    p--;
+    int blanks = 0;
+    while (p > start && (p[-1] == ' ' || p[-1] == '\t' || p[-1] == '\r')) {
+        blanks |= p[-1] != '\r';
+        p--;
+    }
+    if (p > start)
+        return blanks && p[-1] == '\n';
+    /* the line began in an earlier call */
+    return c->line_state == LINE_BLANKS || (c->line_state == LINE_START && blanks);
+}
+
 static int on_header_value(llhttp_t *p, const char *at, size_t len)
 {
     struct http_conn *c = conn_of(p);
@@ -847,7 +873,9 @@ static int on_header_value(llhttp_t *p, const char *at, size_t len)
         q--;
     const char before = q > c->exec_start ? q[-1] : c->exec_tail;
     if (len > 0 && (before == '\n' || before == '\r'))
-        folded = 1; /* an empty value comes as an empty span at the next line: no fold */
+        folded = 1;
+    if (len == 0 && blank_line_before(c, at))
+        folded = 1; /* "Field:" CRLF SP CRLF: a line of blanks folded on */
     c->val_end = at + len;
     c->val_seq = c->exec_seq;
     c->val_exec_end = c->exec_end;
@@ -1158,10 +1186,21 @@ static void parse_error(struct http_conn *c, llhttp_errno_t e)
 }
 
 /* Remembers the last byte other than SP and HT of [from, to), the input an
- * execute call consumed, for on_header_value's look back past the start of
- * the next call's input. */
+ * execute call consumed, and what the line it ends in holds so far, for
+ * on_header_value's look back past the start of the next call's input. */
 static void note_tail(struct http_conn *c, const char *from, const char *to)
 {
+    for (const char *b = from; b < to; b++) { /* the line the input ends in */
+        if (*b == '\n') {
+            c->last_line_blank = c->line_state == LINE_BLANKS;
+            c->line_state = LINE_START;
+        } else if (*b == ' ' || *b == '\t') {
+            if (c->line_state == LINE_START)
+                c->line_state = LINE_BLANKS;
+        } else if (*b != '\r') {
+            c->line_state = LINE_TEXT;
+        }
+    }
     while (to > from && (to[-1] == ' ' || to[-1] == '\t'))
         to--;
     if (to > from)

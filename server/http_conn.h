@@ -193,6 +193,8 @@ struct http_conn {
     const char *exec_start; /* the input of the current call: [exec_start, exec_end) */
     const char *exec_end;
     char exec_tail;      /* the last byte other than SP and HT that earlier calls consumed */
+    int line_state;      /* what earlier calls consumed since their last LF: LINE_* */
+    int last_line_blank; /* the line their last LF ended held only blanks (SP, HT, CR) */
     const char *val_end; /* end of the current header value's last span, or NULL */
     uint64_t val_seq;    /* ... the call it came from, and that call's input end */
     const char *val_exec_end;

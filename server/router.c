@@ -990,8 +990,15 @@ static void on_token(struct server *s, struct srv_req *r, const struct engine_ev
         /* --max-response reached: stop the sequence; DONE answers "length" */
         r->overflow = 1;
         engine_cancel(s->engine, r->id);
-    } else if (ev->token >= 0) {
-        r->n_held++;
+    } else {
+        /* a token counts once its text (or its logprobs) is in: a stop
+         * string's possible start holds a token's text back, and if the text
+         * is refused when it comes, the token is not in the answer */
+        r->n_pending += ev->token >= 0;
+        if (ev->text_len > 0 || ev->has_lp) {
+            r->n_held += r->n_pending;
+            r->n_pending = 0;
+        }
     }
 }
 

@@ -141,3 +141,31 @@ def test_a_number_out_of_range_is_quoted_as_sent(server, body, param, message):
     assert status == 400
     e = json.loads(raw)["error"]
     assert (e["param"], e["code"], e["message"]) == (param, "invalid_value", message)
+
+
+def test_a_cut_answer_counts_no_token_whose_text_a_stop_string_held(start_server):
+    """Text that may start a stop string is held back; its tokens' events
+    come first, empty, and the text after them. When that text is what
+    --max-response refuses, its tokens are not in the answer and not in
+    usage (they were counted as their empty events came)."""
+    limit = 1024  # the least the flag takes: about 220 tokens of a story
+    s = start_server("--max-response", str(limit))
+    body = {"model": "smol", "prompt": "Once upon a time", "max_tokens": 400, "temperature": 0}
+    # the greedy answer's tokens, from a stream (--max-response bounds no stream)
+    status, _, sse = s.post("/v1/completions", json.dumps(dict(body, stream=True, logprobs=1)))
+    assert status == 200
+    toks = [t for l in sse.split(b"\n") if l.startswith(b"data: {")
+            for t in (json.loads(l[6:])["choices"][0]["logprobs"] or {}).get("tokens", [])]
+    offs = [len("".join(toks[:i]).encode()) for i in range(len(toks))]
+    assert offs and offs[-1] > limit, (status, len(toks))
+    k = next(i for i in range(len(toks)) if offs[i] + len(toks[i].encode()) > limit)
+    assert k >= 3
+    stop = "".join(toks[k - 2:k + 1]) + "QQQ"  # held from token k - 2 on, then let go
+    status, raw = post_json(s, "/v1/completions", dict(body, stop=[stop]))
+    assert status == 200, raw[:300]
+    j = json.loads(raw)
+    text = j["choices"][0]["text"]
+    assert j["choices"][0]["finish_reason"] == "length"
+    assert "".join(toks).startswith(text) and len(text.encode()) <= offs[k - 2], (len(text), offs[k - 2])
+    held = sum(1 for i in range(len(toks)) if offs[i] + len(toks[i].encode()) <= len(text.encode()))
+    assert j["usage"]["completion_tokens"] == held, (j["usage"], held)

@@ -271,6 +271,7 @@ void router_req_free(struct srv_req *r)
      * its tokens to, so the worker skips it */
     if (r->tokenizing)
         __atomic_store_n(r->tok_cancel, 1, __ATOMIC_RELEASE);
+    engine_request_free(&r->parked_req); /* a session request's: owns nothing */
     api_response_free(&r->resp);
     free(r->infos);
     free(r);
@@ -289,6 +290,8 @@ static void req_done(struct server *s, struct http_conn *c)
         streams_drop(s, r->st);
         return;
     }
+    if (r->parked)
+        s->parked--;
     router_req_free(r);
     server_request_done(s);
 }
@@ -388,7 +391,19 @@ static void tok_run(uv_work_t *w) /* a worker thread */
                                t->max, &t->ids);
 }
 
+static void release_parked(struct server *s);
+static void tok_done_(uv_work_t *w, int status);
+
+/* A prompt's tokens are back (or its request is gone): it goes to the
+ * engine, then the session requests that waited for it. */
 static void tok_done(uv_work_t *w, int status)
+{
+    struct server *s = ((struct tok_work *)w->data)->s;
+    tok_done_(w, status);
+    release_parked(s);
+}
+
+static void tok_done_(uv_work_t *w, int status)
 {
     struct tok_work *t = w->data;
     struct server *s = t->s;
@@ -525,6 +540,8 @@ static void handle_generate(struct server *s, struct http_conn *c, enum api_endp
     }
     r->tokenizing = 1;
     r->tok_cancel = &t->cancelled;
+    snprintf(r->tok_session, sizeof r->tok_session, "%s", t->req.session_id);
+    r->tok_owner = t->req.owner;
     s->tokenizing++;
     t->held = t->req.prompt_len;
     s->body_bytes += t->held;
@@ -556,6 +573,60 @@ static int mint_session_id(char *buf, size_t cap)
     }
     buf[5 + 2 * sizeof r] = 0;
     return 0;
+}
+
+static void submit_session(struct server *s, struct http_conn *c, struct srv_req *r,
+                           struct engine_request *req)
+{
+    int rc = engine_submit(s->engine, req);
+    if (rc < 0) {
+        req_done(s, c);
+        if (rc == -EBUSY)
+            reply_err(s, c, METRICS_EP_SESSIONS, 429, NULL, "rate_limit_exceeded",
+                      "the engine's queue is full; retry shortly");
+        else
+            reply_err(s, c, METRICS_EP_SESSIONS, 503, NULL, NULL,
+                      "the engine is not accepting requests");
+        return;
+    }
+    r->t_submit = server_now();
+}
+
+/* 1 if a request of owner naming session id is being tokenized: sent
+ * before, and not yet in the engine's queue. */
+static int prompt_ahead(const struct server *s, uint64_t owner, const char *id)
+{
+    for (int64_t i = 0; s->tokenizing > 0 && i < s->cfg.max_conns; i++) {
+        const struct http_conn *c = s->conns[i];
+        const struct srv_req *r = c ? c->user : NULL;
+        if (r && r->tokenizing && r->tok_owner == owner && r->tok_session[0] &&
+            engine_session_id_equal(r->tok_session, id))
+            return 1;
+    }
+    return 0;
+}
+
+/* Submits the parked session requests that no prompt is ahead of any
+ * more, in the order they came (their ids grow with arrival). */
+static void release_parked(struct server *s)
+{
+    while (s->parked > 0 && !s->stopped) {
+        struct http_conn *first = NULL;
+        for (int64_t i = 0; i < s->cfg.max_conns; i++) {
+            struct http_conn *c = s->conns[i];
+            struct srv_req *r = c ? c->user : NULL;
+            if (r && r->parked && !prompt_ahead(s, r->parked_req.owner, r->parked_req.session_id) &&
+                (!first || r->id < ((struct srv_req *)first->user)->id))
+                first = c;
+        }
+        if (!first)
+            return;
+        struct srv_req *r = first->user;
+        r->parked = 0;
+        s->parked--;
+        struct engine_request req = r->parked_req;
+        submit_session(s, first, r, &req);
+    }
 }
 
 /* GET /v1/sessions, POST /v1/sessions (a new id), GET and DELETE
@@ -635,18 +706,16 @@ static void handle_sessions(struct server *s, struct http_conn *c, const char *p
     r->kind = kind;
     c->user = r;
     s->inflight++;
-    int rc = engine_submit(s->engine, &req);
-    if (rc < 0) {
-        req_done(s, c);
-        if (rc == -EBUSY)
-            reply_err(s, c, METRICS_EP_SESSIONS, 429, NULL, "rate_limit_exceeded",
-                      "the engine's queue is full; retry shortly");
-        else
-            reply_err(s, c, METRICS_EP_SESSIONS, 503, NULL, NULL,
-                      "the engine is not accepting requests");
+    if (kind != ENGINE_REQ_SESSION_LIST && prompt_ahead(s, req.owner, id)) {
+        /* a completion naming the session came first and is still being
+         * tokenized: the engine must see it first (a DELETE would
+         * otherwise overtake it) */
+        r->parked = 1;
+        r->parked_req = req;
+        s->parked++;
         return;
     }
-    r->t_submit = server_now();
+    submit_session(s, c, r, &req);
 }
 
 static void on_session_event(struct server *s, struct http_conn *c, struct srv_req *r,
@@ -1148,7 +1217,10 @@ int router_forget(struct server *s, struct http_conn *c)
         streams_detach(s, r->st);
         return 1;
     }
-    engine_cancel(s->engine, r->id); /* its KV slot is freed within one step */
+    if (r->parked) /* never submitted: nothing to cancel */
+        s->parked--;
+    else
+        engine_cancel(s->engine, r->id); /* its KV slot is freed within one step */
     router_req_free(r);
     server_request_done(s);
     return 1;

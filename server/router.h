@@ -64,6 +64,7 @@ struct server {
     double drain_deadline;
     int stopped;
     int64_t tokenizing;        /* prompts on libuv's worker threads */
+    int64_t parked;            /* session requests waiting for such a prompt (router.c) */
     int64_t max_prompt_tokens; /* --max-prompt, else the model's context length */
 };
 
@@ -80,8 +81,14 @@ struct srv_req {
     int paused;        /* engine_pause sent */
     double t_submit, t_last;
     int64_t n_tokens;
-    int tokenizing;    /* the prompt is on a worker thread; not submitted yet */
-    int *tok_cancel;   /* ... and this flag, set when its client leaves, skips the work */
+    int tokenizing;  /* the prompt is on a worker thread; not submitted yet */
+    int *tok_cancel; /* ... and this flag, set when its client leaves, skips the work */
+    /* ... the session it names, and whose: a session request for it sent
+     * later waits (parked, with its engine request) until it is submitted */
+    char tok_session[ENGINE_SESSION_ID_MAX];
+    uint64_t tok_owner;
+    int parked;
+    struct engine_request parked_req;
     struct stream *st; /* streamed: the stream that owns this request */
     /* session API requests: the sessions the engine described, answered at DONE */
     enum engine_request_kind kind;

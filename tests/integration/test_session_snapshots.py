@@ -697,7 +697,10 @@ def test_another_keys_request_held_by_the_directory_does_not_hold_up_the_owner(
 def test_a_delete_does_not_overtake_a_completion_sent_before_it(binary, model, tmp_path):
     """A completion naming a session on disk waits for a KV slot (its file
     read); a DELETE of the session sent after it waits behind it, so the
-    completion continues the session instead of finding it gone."""
+    completion continues the session instead of finding it gone. Before the
+    engine sees the completion, its prompt is tokenized off the loop: the
+    DELETE waits in the router meanwhile (it went to the engine at once and
+    sometimes overtook it, which a loaded CI host showed)."""
     d = tmp_path / "sessions"
     d.mkdir()
     s = Server(binary, model, ["--session-dir", str(d), "--window", WINDOW, "--max-seqs", "1"])

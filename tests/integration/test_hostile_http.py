@@ -73,6 +73,21 @@ def test_obs_folded_header_is_400(server, head):
     assert time.monotonic() - t0 < 5, "the connection was not closed after the 400"
 
 
+def sent_in_two(server, head, cut):
+    """What the server answers to head sent whole (cut None), or in two
+    reads split at byte cut."""
+    c = server.connect()
+    if cut is None:
+        c.sendall(head)
+    else:
+        c.sendall(head[:cut])
+        time.sleep(0.05)
+        c.sendall(head[cut:])
+    raw = read_until_quiet(c, 10)
+    c.close()
+    return raw
+
+
 @pytest.mark.parametrize("field", [b"X-Empty:", b"X-Empty: ", b"X-Empty:\t", b"Accept-Encoding:"])
 def test_an_empty_header_value_is_not_a_fold(server, field):
     # RFC 9110 5.5 allows empty values (requests and curl send them); llhttp
@@ -81,15 +96,7 @@ def test_an_empty_header_value_is_not_a_fold(server, field):
     head = b"GET /health HTTP/1.1\r\nHost: x\r\n" + field + b"\r\nConnection: close\r\n\r\n"
     start = head.index(field)
     for cut in [None] + list(range(start + len(field) - 2, start + len(field) + 4)):
-        c = server.connect()
-        if cut is None:
-            c.sendall(head)
-        else:
-            c.sendall(head[:cut])
-            time.sleep(0.05)
-            c.sendall(head[cut:])
-        raw = read_until_quiet(c, 10)
-        c.close()
+        raw = sent_in_two(server, head, cut)
         assert parse_response(raw)[0] == 200, (cut, raw)
 
 
@@ -108,15 +115,7 @@ def test_a_fold_after_an_empty_value_is_still_400(server, fold):
     head = b"GET /health HTTP/1.1\r\nHost: x\r\n" + fold + b"Connection: close\r\n\r\n"
     start = head.index(b"X-Empty")
     for cut in [None] + list(range(start + 7, start + len(fold))):
-        c = server.connect()
-        if cut is None:
-            c.sendall(head)
-        else:
-            c.sendall(head[:cut])
-            time.sleep(0.05)
-            c.sendall(head[cut:])
-        raw = read_until_quiet(c, 10)
-        c.close()
+        raw = sent_in_two(server, head, cut)
         assert parse_response(raw)[0] == 400, (cut, raw)
         assert b"folded" in raw, (cut, raw)
 

@@ -474,7 +474,14 @@ static void count_failed(struct engine *e, const struct disk_count *c)
     e->count_failing = 1;
 }
 
-/* What an IO-thread job's count came to: 1 counted, -1 broke, 0 none made. */
+/* disk_count of the session directory under --session-disk-max, as a
+ * job's scan_ok has it: 1 counted, -1 the count broke (0: none made). */
+static int count_dir(struct engine *e, const char *keep, struct disk_count *out)
+{
+    return disk_count(e->dir_fd, e->cfg.session_disk_max, keep, out) == 0 ? 1 : -1;
+}
+
+/* What a count came to (scan: count_dir's, or 0 for none made). */
 static void count_done(struct engine *e, int scan, struct disk_count *c)
 {
     if (scan > 0)
@@ -483,14 +490,11 @@ static void count_done(struct engine *e, int scan, struct disk_count *c)
         count_failed(e, c);
 }
 
-/* disk_count on the engine thread (at start). */
+/* count_dir on the engine thread (at start). */
 static void disk_scan(struct engine *e, const char *keep)
 {
     struct disk_count c;
-    if (disk_count(e->dir_fd, e->cfg.session_disk_max, keep, &c) == 0)
-        count_apply(e, &c);
-    else
-        count_failed(e, &c);
+    count_done(e, count_dir(e, keep, &c), &c);
 }
 
 static int model_digest(struct engine *e)
@@ -737,9 +741,7 @@ static void *writer_main(void *arg)
         }
         w->rc = rc;
         /* the directory's count and the --session-disk-max rule, off the engine thread */
-        w->scan_ok = rc < 0                                                                   ? 0
-                     : disk_count(e->dir_fd, e->cfg.session_disk_max, w->name, &w->scan) == 0 ? 1
-                                                                                              : -1;
+        w->scan_ok = rc < 0 ? 0 : count_dir(e, w->name, &w->scan);
         ptrq_put(&e->from_writer, w);
         queue_poke(&e->q);
     }
@@ -1642,7 +1644,7 @@ static void file_op(struct engine *e, struct session_fileop *f)
             fsync(e->dir_fd);
     }
     /* a file left the directory (or was to): its new count */
-    f->scan_ok = disk_count(e->dir_fd, e->cfg.session_disk_max, NULL, &f->scan) == 0 ? 1 : -1;
+    f->scan_ok = count_dir(e, NULL, &f->scan);
 }
 
 int session_file_room(const struct engine *e)

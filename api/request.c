@@ -448,10 +448,12 @@ static int parse_sampling(const struct body *b, const struct api_parse_ctx *ctx,
         sp->temperature = 0;
     else if (rc)
         sp->top_p = (float)d;
-    if ((rc = get_int(b, "top_k", 0, (int64_t)1 << 31, &i, err)) < 0)
+    /* top_k 0 keeps every token; so does -1, the value vLLM documents for
+     * "all" and clients written for it send. */
+    if ((rc = get_int(b, "top_k", -1, (int64_t)1 << 31, &i, err)) < 0)
         return -1;
     if (rc)
-        sp->top_k = i;
+        sp->top_k = i < 0 ? 0 : i;
     if ((rc = get_number(b, "min_p", 0, 1, &d, err)) < 0)
         return -1;
     if (rc)

@@ -187,13 +187,31 @@ TEST(api_request_names_the_param_with_a_wrong_type)
                "stream_options.include_usage");
 }
 
+/* top_k -1 is vLLM's "all tokens", and clients written for vLLM send it:
+ * it is top_k 0 (off) here, not a 400. */
+TEST(api_request_takes_top_k_minus_one_as_off)
+{
+    const char *bodies[] = {"{\"prompt\":\"x\",\"top_k\":-1}", "{\"prompt\":\"x\",\"top_k\":0}"};
+    for (int k = 0; k < 2; k++) {
+        struct parsed p = parse(API_COMPLETIONS, bodies[k]);
+        ASSERT_OK(p.rc);
+        ASSERT_EQ(p.req.sampling.top_k, 0);
+        engine_request_free(&p.req);
+    }
+    struct parsed p =
+        parse(API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_k\":-1}");
+    ASSERT_OK(p.rc);
+    ASSERT_EQ(p.req.sampling.top_k, 0);
+    engine_request_free(&p.req);
+}
+
 TEST(api_request_names_the_param_out_of_range)
 {
     ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"temperature\":2.5}", "temperature");
     ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"temperature\":-0.1}", "temperature");
     ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"top_p\":1.1}", "top_p");
     ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"min_p\":2}", "min_p");
-    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"top_k\":-1}", "top_k");
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"top_k\":-2}", "top_k");
     ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"max_tokens\":0}", "max_tokens");
     ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"presence_penalty\":3}", "presence_penalty");
     ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"frequency_penalty\":-2.5}",
@@ -1128,9 +1146,9 @@ TEST(api_request_quotes_a_number_out_of_range_as_sent)
         {"{\"prompt\":\"x\",\"max_tokens\":-1e300}", "max_tokens", "invalid_value",
          "Invalid value for 'max_tokens': -1e300 is outside the range [1, 9223372036854775807]."},
         {"{\"prompt\":\"x\",\"top_k\":3000000000}", "top_k", "invalid_value",
-         "Invalid value for 'top_k': 3000000000 is outside the range [0, 2147483648]."},
+         "Invalid value for 'top_k': 3000000000 is outside the range [-1, 2147483648]."},
         {"{\"prompt\":\"x\",\"top_k\":9007199254740993}", "top_k", "invalid_value",
-         "Invalid value for 'top_k': 9007199254740993 is outside the range [0, 2147483648]."},
+         "Invalid value for 'top_k': 9007199254740993 is outside the range [-1, 2147483648]."},
         {"{\"prompt\":\"x\",\"logprobs\":6.0}", "logprobs", "invalid_value",
          "Invalid value for 'logprobs': 6.0 is outside the range [0, 5]."},
         {"{\"prompt\":\"x\",\"temperature\":2.0000001}", "temperature", "invalid_value",

@@ -164,6 +164,26 @@ static void put_string(struct api_buf *b, const char *s, size_t n)
     api__buf_put(b, "\"", 1);
 }
 
+/* The characters put_string writes for n bytes of s: code points of the
+ * valid stretches, one U+FFFD for each byte outside them. text_offset counts
+ * these, so text[text_offset[i]:] starts with token i's text in a client that
+ * indexes by code point (Python's str, as vLLM counts them). */
+static size_t text_chars(const char *s, size_t n)
+{
+    size_t chars = 0, i = 0;
+    while (i < n) {
+        size_t ok = api__utf8_valid_prefix(s + i, n - i);
+        for (size_t k = 0; k < ok; k++)
+            chars += ((unsigned char)s[i + k] & 0xC0) != 0x80;
+        i += ok;
+        if (i < n) {
+            chars++;
+            i++;
+        }
+    }
+    return chars;
+}
+
 static void put_cstring(struct api_buf *b, const char *s)
 {
     put_string(b, s, strlen(s));
@@ -361,7 +381,7 @@ char *api_response_chunk(struct api_response *r, const struct engine_event *ev)
     api__buf_puts(&b, ",\"finish_reason\":null}]");
     stream_tail(&b, r);
     api__buf_puts(&b, "}");
-    r->text_offset += ev->text_len;
+    r->text_offset += text_chars(ev->text, ev->text_len);
     return api__buf_finish(&b);
 }
 
@@ -524,7 +544,7 @@ int api_response_add(struct api_response *r, const struct engine_event *ev)
     memcpy(r->text + r->text_len, ev->text, ev->text_len);
     r->text_len += ev->text_len;
     r->text[r->text_len] = 0;
-    r->text_offset += ev->text_len;
+    r->text_offset += text_chars(ev->text, ev->text_len);
     return 0;
 }
 

@@ -83,11 +83,34 @@ def test_completion_logprobs_have_the_legacy_shape(client):
         assert max(alts, key=alts.get) == tok
 
 
+@pytest.mark.parametrize("prompt", [
+    "La crème brûlée est un dessert français. Le café",
+    "日本語の文章: 東京は",
+])
+def test_text_offset_counts_characters_as_a_python_str_does(client, prompt):
+    # text_offset is an index into the text as the client holds it (a str of
+    # code points, as vLLM counts), so each token is found where it says,
+    # after characters of two and three bytes. A token that is part of a
+    # character (its string holds U+FFFD) is not in the text as such.
+    kw = dict(model="smol", prompt=prompt, max_tokens=16, temperature=0, logprobs=1)
+    c = client.completions.create(**kw).choices[0]
+    text, lp = c.text, c.logprobs
+    assert not text.isascii()
+    assert lp.text_offset == sorted(lp.text_offset) and lp.text_offset[-1] <= len(text)
+    whole = [(t, o) for t, o in zip(lp.tokens, lp.text_offset) if "\ufffd" not in t]
+    assert any(not t.isascii() for t, _ in whole)
+    for t, o in whole:
+        assert text[o:o + len(t)] == t, (t, o, text)
+    streamed = [o for ch in client.completions.create(stream=True, **kw)
+                if ch.choices and ch.choices[0].logprobs
+                for o in ch.choices[0].logprobs.text_offset]
+    assert streamed == lp.text_offset
+
+
 def test_stop_sequence_s_tokens_have_no_logprobs_and_the_rest_keep_their_offsets(client):
     kw = dict(model="smol", prompt=PROMPT, max_tokens=16, temperature=0, logprobs=2)
     base = client.completions.create(**kw).choices[0]
     blp = base.logprobs
-    assert base.text.isascii()  # text_offset counts bytes, str.index characters
     assert "".join(blp.tokens) == base.text
     # a stop string from inside a token's text: that token keeps its logprobs
     # (its text starts before the cut), the tokens after it have none

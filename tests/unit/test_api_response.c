@@ -201,6 +201,57 @@ TEST(api_response_completion_logprobs_have_the_legacy_shape)
     api_response_free(&r);
 }
 
+/* text_offset counts characters (code points, as Python indexes a str and
+ * vLLM counts them), not bytes: after "é" (2 bytes) the next token starts at
+ * 1. A byte the text cannot carry is one U+FFFD in it, so it counts one. The
+ * whole answer and the streamed chunks agree. */
+TEST(api_response_text_offset_counts_characters)
+{
+    static const char *const texts[] = {"\xC3\xA9",
+                                        "\xE2\x82\xAC"
+                                        "x",
+                                        "\xF0\x9F\x98\x80", "\xFF", "a"};
+    static const int want[] = {0, 1, 3, 4, 5};
+    for (int stream = 0; stream < 2; stream++) {
+        struct api_response r;
+        init(&r, API_COMPLETIONS, stream, 0, 1, 0);
+        for (int k = 0; k < 5; k++) {
+            struct engine_event ev = tok(1, texts[k], -0.5f);
+            if (!stream) {
+                ASSERT_OK(api_response_add(&r, &ev));
+                continue;
+            }
+            char *chunk = api_response_chunk(&r, &ev);
+            cJSON *o = cJSON_Parse(chunk);
+            free(chunk);
+            const cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0);
+            const cJSON *lp = cJSON_GetObjectItem(c, "logprobs");
+            const cJSON *off = cJSON_GetArrayItem(cJSON_GetObjectItem(lp, "text_offset"), 0);
+            ASSERT(cJSON_IsNumber(off));
+            ASSERT_EQ((int)off->valuedouble, want[k]);
+            cJSON_Delete(o);
+        }
+        if (stream) {
+            api_response_free(&r);
+            continue;
+        }
+        struct engine_event d = done(ENGINE_FINISH_STOP, 1, 5);
+        char *body = api_response_body(&r, &d);
+        cJSON *o = cJSON_Parse(body);
+        free(body);
+        const cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0);
+        const cJSON *offs = cJSON_GetObjectItem(cJSON_GetObjectItem(c, "logprobs"), "text_offset");
+        ASSERT_EQ(cJSON_GetArraySize(offs), 5);
+        for (int k = 0; k < 5; k++)
+            ASSERT_EQ((int)cJSON_GetArrayItem(offs, k)->valuedouble, want[k]);
+        ASSERT_STREQ(cJSON_GetObjectItem(c, "text")->valuestring, "\xC3\xA9\xE2\x82\xAC"
+                                                                  "x\xF0\x9F\x98\x80\xEF\xBF\xBD"
+                                                                  "a");
+        cJSON_Delete(o);
+        api_response_free(&r);
+    }
+}
+
 /* With stop strings a token's log-probs may come on a later event than the
  * token (lp_token, with the first byte of its text), and a token may come
  * with none (its text is a stop string's): the entries follow has_lp and

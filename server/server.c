@@ -56,12 +56,34 @@ struct http_conn *server_find(struct server *s, uint64_t id)
 
 /* ---- shutdown ---------------------------------------------------------------------- */
 
+/* A signal while the loop waits for the engine thread to end. */
+static void on_signal_while_stopping(int signum)
+{
+    (void)signum;
+    static const char msg[] = "signal while stopping: exiting now; session snapshots not yet "
+                              "written are lost\n";
+    ssize_t n = write(2, msg, sizeof msg - 1);
+    (void)n;
+    _exit(1);
+}
+
 /* The last step of stopping: once no worker thread tokenizes for us. */
 void server_stop_engine(struct server *s)
 {
     if (!s->stopped || s->tokenizing > 0 || !s->engine)
         return;
     streams_free(s); /* cancels what runs detached, closes the sweep timer */
+    /* engine_stop waits for every session save, and a save waits behind a
+     * file operation that may hang (a dead NFS server). The loop cannot run
+     * on_signal meanwhile, so a further signal ends the process here. */
+    uv_signal_stop(&s->sigterm);
+    uv_signal_stop(&s->sigint);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal_while_stopping;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
     /* join the engine thread before closing the async handle it signals */
     engine_stop(s->engine);
     s->engine = NULL;

@@ -413,6 +413,38 @@ def test_a_listing_reads_the_directory_off_the_engine_thread(binary, model, tmp_
         assert s.stop() == 0, s.log()
 
 
+def test_a_signal_ends_a_shutdown_stuck_behind_a_hung_file(binary, model, tmp_path):
+    """SIGTERM waits for every session save, and saves wait behind the file
+    operation in progress. On a file system that hangs (a FIFO named like a
+    snapshot stands in for a dead NFS mount) that wait has no end, and the
+    loop that takes signals waits on it: a further signal still ends the
+    process, at once, saying what it gives up."""
+    d = tmp_path / "sessions"
+    d.mkdir()
+    s = Server(binary, model, ["--session-dir", str(d), "--drain-timeout", "1"])
+    fifo = d / "zzz.snap"
+    try:
+        assert complete(s, LONG, "live", max_tokens=4)[0] == 200
+        os.mkfifo(fifo)
+        with pytest.raises(TimeoutError):  # a listing holds the IO thread on the FIFO
+            call(s, "GET", "/v1/sessions", timeout=2)
+        wait_io_held(s)
+        s.proc.send_signal(signal.SIGTERM)
+        with pytest.raises(subprocess.TimeoutExpired):  # held: its save cannot be written
+            s.proc.wait(5)
+        assert "stopping" in s.log()
+        s.proc.send_signal(signal.SIGTERM)
+        assert s.proc.wait(10) == 1
+        s.thread.join(5)
+        assert "signal while stopping: exiting now" in s.log()
+    finally:
+        try:
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:
+            pass
+        s.stop()
+
+
 def open_fifo_writer(path, timeout=30):
     """Opens and closes the FIFO at path for writing once a reader waits in
     its open (which then returns, and reads nothing). False if none came."""

@@ -928,6 +928,13 @@ static int check_request(const struct server *s, const struct http_conn *c, cons
     return 0;
 }
 
+/* The endpoints a draining server refuses (503): those that start work. */
+static int draining_refuses(enum metrics_endpoint ep)
+{
+    return ep == METRICS_EP_COMPLETIONS || ep == METRICS_EP_CHAT || ep == METRICS_EP_SESSIONS ||
+           ep == METRICS_EP_STREAMS;
+}
+
 int router_on_headers(struct http_conn *c, struct http_reject *rej, void *arg)
 {
     struct server *s = arg;
@@ -935,6 +942,13 @@ int router_on_headers(struct http_conn *c, struct http_reject *rej, void *arg)
     const struct route *rt;
     path_of(c, path, sizeof path);
     int st = check_request(s, c, path, &rt, rej);
+    if (!st && s->draining && draining_refuses(rt->ep)) {
+        /* refused from the headers: no 100 Continue, no body uploaded for nothing */
+        st = rej->status = 503;
+        snprintf(rej->code, sizeof rej->code, "server_shutting_down");
+        snprintf(rej->message, sizeof rej->message, "the server is shutting down");
+        snprintf(rej->extra_headers, sizeof rej->extra_headers, RETRY_AFTER);
+    }
     if (st)
         metrics_count_request(&s->metrics, rt ? rt->ep : METRICS_EP_OTHER, st);
     return st;

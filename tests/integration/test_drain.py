@@ -1,6 +1,7 @@
 """SIGTERM drains: no new connections, running streams finish, exit 0. A
 stream that outlives --drain-timeout is cancelled, and the exit is still 0."""
 
+import json
 import signal
 import socket
 import time
@@ -43,3 +44,52 @@ def test_drain_timeout_cancels_what_is_left_and_exits_0(start_server):
     assert s.proc.wait(30) == 0
     assert time.time() - t0 < 15
     assert "drain timeout" in s.log()
+
+
+def read_head(sock, timeout=10):
+    sock.settimeout(timeout)
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        got = sock.recv(4096)
+        if not got:
+            break
+        buf += got
+    return buf
+
+
+def test_a_request_whose_headers_end_during_the_drain_is_refused_from_them(start_server):
+    # A draining server takes no new work, so a POST whose headers arrive
+    # during the drain is refused from its headers: no 100 Continue asks its
+    # client to upload a body only to be refused after it.
+    s = start_server("--drain-timeout", "30")
+    running = s.connect()
+    body = json.dumps({"model": "smol", "prompt": ENDLESS, "max_tokens": 400,
+                       "temperature": 0, "stream": True}).encode()
+    running.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                     f"application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body)
+    assert read_head(running).startswith(b"HTTP/1.1 200")
+    body = json.dumps({"model": "smol", "prompt": "Hello", "max_tokens": 3}).encode()
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Expect: 100-continue\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+    late = s.connect()
+    late.sendall(head[:20])  # under way when the signal comes: not idle, not closed
+    time.sleep(0.3)
+    s.proc.send_signal(signal.SIGTERM)
+    deadline = time.time() + 10
+    while "draining" not in s.log() and time.time() < deadline:
+        time.sleep(0.05)
+    late.sendall(head[20:])
+    got = read_head(late)
+    assert got.startswith(b"HTTP/1.1 503"), got
+    assert b"Retry-After: 1" in got
+    rest = got.split(b"\r\n\r\n", 1)[1]
+    late.settimeout(5)
+    while b"server_shutting_down" not in rest:
+        more = late.recv(4096)
+        if not more:
+            break
+        rest += more
+    assert b"server_shutting_down" in rest
+    late.close()
+    running.close()  # the stream's client leaves: it is cancelled, and the drain ends
+    assert s.proc.wait(30) == 0

@@ -104,6 +104,18 @@ static void emit_error(struct engine *e, uint64_t id, int status, const char *pa
     emit(e, &ev);
 }
 
+/* The DONE of a request cancelled before it ran: nothing was generated. */
+static void emit_cancelled(struct engine *e, uint64_t id)
+{
+    struct engine_event ev;
+    memset(&ev, 0, sizeof ev);
+    ev.id = id;
+    ev.kind = ENGINE_EV_DONE;
+    ev.token = -1;
+    ev.finish = ENGINE_FINISH_CANCELLED;
+    emit(e, &ev);
+}
+
 /* Emits text as TOKEN events of at most ENGINE_TEXT_MAX - 1 bytes, cut at
  * UTF-8 boundaries. The first event carries the token and its logprobs. */
 static void emit_text(struct engine *e, const struct engine_event *proto, const char *text,
@@ -915,6 +927,7 @@ static void handle_commands(struct engine *e, int wait_ms)
                         memmove(&e->waiting[j], &e->waiting[j + 1],
                                 (size_t)(e->n_waiting - j - 1) * sizeof *e->waiting);
                         e->n_waiting--;
+                        emit_cancelled(e, c->id);
                         queue_request_done(&e->q);
                         break;
                     }

@@ -1147,6 +1147,18 @@ static void emit(struct server *s, struct stream *st, char *json)
     free(json);
 }
 
+static void cut_error(struct api_error *e)
+{
+    api_error_set(e, 503, NULL, "server_shutting_down",
+                  "the server is shutting down; this request was cut at the drain timeout");
+}
+
+int router_cut_pending(const struct http_conn *c)
+{
+    const struct srv_req *r = c->user;
+    return r && r->st && r->st->cut && !r->st->finished;
+}
+
 void router_on_stream_event(struct server *s, struct stream *st, const struct engine_event *ev)
 {
     struct srv_req *r = st->req;
@@ -1159,6 +1171,12 @@ void router_on_stream_event(struct server *s, struct stream *st, const struct en
         emit(s, st, api_response_chunk(&r->resp, ev));
         break;
     case ENGINE_EV_DONE:
+        if (st->cut && ev->finish == ENGINE_FINISH_CANCELLED) {
+            struct api_error e;
+            cut_error(&e);
+            fail_stream(s, st, &e);
+            break;
+        }
         begin_stream(s, st);
         emit(s, st, api_response_final_chunk(&r->resp, ev));
         if (r->resp.meta.include_usage)
@@ -1183,9 +1201,16 @@ void router_cut(struct server *s, struct http_conn *c)
         return;
     engine_cancel(s->engine, r->id);
     struct api_error e;
-    api_error_set(&e, 503, NULL, "server_shutting_down",
-                  "the server is shutting down; this request was cut at the drain timeout");
+    cut_error(&e);
     if (r->st) {
+        /* In the engine, it may have made tokens the stream has not had
+         * yet (a session keeps them): they come before the cancel's DONE, and
+         * the stream ends there, its client having had every token. A
+         * second cut (a second signal) ends it now. */
+        if (!r->tokenizing && !r->parked && !r->st->cut) {
+            r->st->cut = 1;
+            return;
+        }
         fail_stream(s, r->st, &e);
         return;
     }

@@ -121,8 +121,12 @@ void router_on_event(struct server *s, struct http_conn *c, const struct engine_
  * running. */
 int router_forget(struct server *s, struct http_conn *c);
 /* Shutdown: cancels the request running on c and ends its answer so that the
- * client can tell (an error event + [DONE] on a stream, else a 503). */
+ * client can tell (an error event + [DONE] on a stream, else a 503). A
+ * stream the engine runs ends when the engine's answer to the cancel comes,
+ * after every token it made; a second cut ends it at once. */
 void router_cut(struct server *s, struct http_conn *c);
+/* 1 while a stream on c that was cut waits for that answer. */
+int router_cut_pending(const struct http_conn *c);
 
 /* server.c: called by the router when a request finishes (drain bookkeeping). */
 void server_request_done(struct server *s);

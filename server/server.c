@@ -151,7 +151,7 @@ static void on_drained(uv_timer_t *t)
     int64_t queued = 0;
     for (int64_t i = 0; i < s->cfg.max_conns; i++)
         if (s->conns[i])
-            queued += (int64_t)http_conn_write_queue(s->conns[i]);
+            queued += (int64_t)http_conn_write_queue(s->conns[i]) + router_cut_pending(s->conns[i]);
     if (queued > 0 && server_now() < s->drain_deadline) {
         uv_timer_start(t, on_drained, 20, 0); /* still flushing */
         return;

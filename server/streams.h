@@ -51,6 +51,7 @@ struct stream {
     int engine_paused;      /* engine_pause sent */
     int full;               /* paused because its buffer (or all of them) is full */
     int dead;               /* lost an event (out of memory): not resumable, freed by the sweep */
+    int cut;                /* cut at shutdown: ends with the engine's DONE of the cancel */
     double deadline;        /* detached: dropped at this time (server_now) */
     struct stream *hnext;   /* hash chain by req_id */
     struct stream *prev, *next;

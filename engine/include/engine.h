@@ -255,8 +255,10 @@ const struct engine_model_info *engine_model_info(const struct engine *e);
 /* Any thread. Never blocks. Takes ownership of req on success only; on -EBUSY
  * (no slot and the wait queue is full) the caller still owns req (answer 429). */
 int engine_submit(struct engine *e, struct engine_request *req);
-void engine_cancel(struct engine *e, uint64_t id); /* any thread; idempotent */
-void engine_pause(struct engine *e, uint64_t id);  /* backpressure: skip in steps */
+/* Any thread; idempotent. A request not yet ended ends with one DONE
+ * (finish CANCELLED; what it generated before came as usual). */
+void engine_cancel(struct engine *e, uint64_t id);
+void engine_pause(struct engine *e, uint64_t id); /* backpressure: skip in steps */
 void engine_resume(struct engine *e, uint64_t id);
 
 /* Loop thread. Copies up to max events out; call until it returns 0. */

@@ -7,6 +7,7 @@ corrupted, another model, another version) get a clear error and are moved
 aside; a save on a full disk fails cleanly and keeps the session in memory;
 the session API lists, describes and deletes, bound to the key."""
 
+import json
 import os
 import resource
 import signal
@@ -18,8 +19,9 @@ import threading
 import time
 
 import pytest
+import requests
 
-from conftest import Server
+from conftest import ENDLESS, Server
 from session_util import call, complete, continuation, io_done, reseal
 
 LONG = ("The history of the river Thames begins long before London. In the last ice age the "
@@ -410,6 +412,56 @@ def test_a_listing_reads_the_directory_off_the_engine_thread(binary, model, tmp_
                 os.close(os.open(f, os.O_WRONLY | os.O_NONBLOCK))
             except OSError:
                 pass
+        assert s.stop() == 0, s.log()
+
+
+def test_a_session_stream_cut_at_shutdown_keeps_what_its_client_received(binary, model,
+                                                                          tmp_path):
+    """A stream cut at the drain timeout ends with an error event and
+    [DONE]; its session is saved. The client must have had every token the
+    session holds: a session holding a token its client never saw would
+    continue, after the restart, from a context the client does not know.
+    So the saved session is the one that the same prompt with max_tokens set
+    to the tokens received makes, and their texts agree."""
+    d = tmp_path / "sessions"
+    d.mkdir()
+    s = Server(binary, model, ["--session-dir", str(d), "--drain-timeout", "1"])
+    body = {"model": "smol", "prompt": ENDLESS, "max_tokens": None, "temperature": 0,
+            "logprobs": 1, "stream": True, "session_id": "cut"}
+    text, n, error, done = "", 0, None, False
+    with requests.post(s.base + "/v1/completions", json=body, stream=True, timeout=60) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if not line.startswith(b"data: "):
+                continue
+            if line == b"data: [DONE]":
+                done = True
+                break
+            ev = json.loads(line[6:])
+            if "error" in ev:
+                error = ev["error"]
+                continue
+            ch = ev["choices"][0]
+            text += ch["text"]
+            n += len(ch["logprobs"]["tokens"]) if ch.get("logprobs") else 0
+            if n == 8:
+                s.proc.send_signal(signal.SIGTERM)
+    assert s.proc.wait(30) == 0, s.log()
+    s.thread.join(5)
+    assert done and error and error["code"] == "server_shutting_down", (done, error)
+    assert n > 8
+    s = Server(binary, model, ["--session-dir", str(d)])
+    try:
+        st, cut = call(s, "GET", "/v1/sessions/cut")
+        assert st == 200, cut
+        st, ref = complete(s, ENDLESS, "ref", max_tokens=n)
+        assert st == 200, ref
+        assert ref["choices"][0]["text"] == text
+        st, ref_info = call(s, "GET", "/v1/sessions/ref")
+        assert st == 200
+        assert (cut["tokens_seen"], cut["position"]) == (ref_info["tokens_seen"],
+                                                         ref_info["position"])
+    finally:
         assert s.stop() == 0, s.log()
 
 

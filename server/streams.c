@@ -453,6 +453,12 @@ static void on_sweep(uv_timer_t *t)
         }
         st = next;
     }
+    /* A stream paused because all buffers together were full (a detached
+     * one: the sweep runs) goes on once drops made room: nothing else
+     * looks at it again until its client comes back. */
+    for (st = ss->head; st; st = st->next)
+        if (st->full)
+            streams_flow(s, st);
     if (!detached) {
         uv_timer_stop(&ss->timer);
         ss->timer_on = 0;

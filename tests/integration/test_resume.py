@@ -617,3 +617,30 @@ def collect_n(sse, n):
         if len(out) == n:
             break
     return out
+
+
+def test_a_stream_paused_by_the_total_bound_goes_on_when_room_comes_back(start_server):
+    """--stream-buffer-total pauses a detached stream when all buffers
+    together are full. When another stream's buffer is freed (it expired),
+    the paused one generates again within a sweep, not only if its client
+    comes back."""
+    s = start_server("--stream-buffer", "8192", "--stream-buffer-total", "8192",
+                     "--stream-grace", "6", "--max-seqs", "4")
+    short = {"model": "smol", "prompt": ENDLESS, "max_tokens": 24, "temperature": 0,
+             "stream": True}
+    sse = post_stream(s, "/v1/completions", short, headers={})
+    collect(sse, False, [], stop_after=1)
+    sse.sock.close()  # finishes detached; its tail stays for the grace period
+    s.wait_metric("streamsink_streams_detached", lambda v: v == 0, timeout=30)
+    time.sleep(2)
+    endless = dict(short, max_tokens=100000)
+    sse = post_stream(s, "/v1/completions", endless, headers={})
+    collect(sse, False, [], stop_after=1)
+    sse.sock.close()
+    s.wait_metric("streamsink_streams_buffer_full", lambda v: v == 1, timeout=30)
+    time.sleep(0.5)  # the step in flight at the pause lands
+    m = s.metrics()
+    assert m["streamsink_streams"] == 2, "the first stream expired too soon for this test"
+    paused_at = m["streamsink_generated_tokens_total"]
+    s.wait_metric("streamsink_streams", lambda v: v == 1, timeout=30)  # the first expired
+    s.wait_metric("streamsink_generated_tokens_total", lambda v: v > paused_at, timeout=3)

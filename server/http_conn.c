@@ -693,8 +693,12 @@ static void on_timeout(uv_timer_t *t)
             arm_for_state(c); /* the stall deadline starts over */
             break;
         }
-        if (took > 0)
+        if (took > 0) {
             c->slow = 1;
+        } else if (q > 0) {
+            log_msg(LOG_INFO, "closing a connection that stopped reading (%zu bytes queued)", q);
+            c->stalled = 1;
+        }
         http_conn_close(c);
         break;
     }

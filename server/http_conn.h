@@ -250,6 +250,7 @@ struct http_conn {
     /* application state */
     uint64_t user_id;
     void *user;
+    void *user_tail; /* a response that ended but may still be queued here (the server's streams) */
 };
 
 /* Accepts a connection from server into a new http_conn and starts reading.

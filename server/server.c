@@ -191,14 +191,16 @@ static void on_signal(uv_signal_t *h, int signum)
 static void on_conn_close(struct http_conn *c, void *arg)
 {
     struct server *s = arg;
-    if (router_forget(s, c)) {
-        if (c->stalled)
-            s->metrics.write_stall_closes++;
-        else if (c->slow)
-            s->metrics.slow_reader_closes++;
-        else
-            s->metrics.client_disconnects++;
-    }
+    streams_conn_closed(s, c);
+    /* a client that stopped reading (or reads too slowly) counts whether its
+     * response still ran or had ended and waited in the queue */
+    int ran = router_forget(s, c);
+    if (c->stalled)
+        s->metrics.write_stall_closes++;
+    else if (c->slow)
+        s->metrics.slow_reader_closes++;
+    else if (ran)
+        s->metrics.client_disconnects++;
     int64_t slot = (int64_t)c->user_id;
     if (s->conns[slot] == c) {
         s->conns[slot] = NULL;

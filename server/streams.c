@@ -112,6 +112,15 @@ static void unlink_stream(struct streams *ss, struct stream *st)
     ss->count--;
 }
 
+/* st's tail is no longer bound to a connection's queue. */
+static void untail(struct stream *st)
+{
+    if (st->tail_conn) {
+        st->tail_conn->user_tail = NULL;
+        st->tail_conn = NULL;
+    }
+}
+
 void streams_drop(struct server *s, struct stream *st)
 {
     struct streams *ss = &s->streams;
@@ -123,6 +132,7 @@ void streams_drop(struct server *s, struct stream *st)
     }
     if (st->conn && st->conn->user == st->req)
         st->conn->user = NULL;
+    untail(st);
     unlink_stream(ss, st);
     ss->bytes -= st->buf.bytes;
     stream_buf_free(&st->buf);
@@ -255,10 +265,17 @@ void streams_pump(struct server *s, struct stream *st)
         c->user = NULL;
         st->conn = NULL;
         st->deadline = server_now() + s->streams.grace;
-        if (s->streams.grace > 0 && !s->draining && !s->stopped)
+        if (s->streams.grace > 0 && !s->draining && !s->stopped) {
+            /* the events are queued, not delivered: while they wait in c's
+             * queue (a client that stopped reading) the grace does not run */
+            if (c->user_tail)
+                ((struct stream *)c->user_tail)->tail_conn = NULL;
+            c->user_tail = st;
+            st->tail_conn = c;
             start_sweep(s);
-        else
+        } else {
             streams_drop(s, st);
+        }
         /* last: ending the response may run the connection's next pipelined
          * request (a resume of this very stream, a request that evicts it),
          * so st must not be touched after this */
@@ -414,11 +431,23 @@ int streams_attach(struct server *s, struct stream *st, struct http_conn *c, uin
         streams_detach(s, st);
         return 0;
     }
+    untail(st);
     st->conn = c;
     c->user = st->req;
     s->streams.resumes++;
     streams_pump(s, st);
     return 0;
+}
+
+void streams_conn_closed(struct server *s, struct http_conn *c)
+{
+    struct stream *st = c->user_tail;
+    if (!st)
+        return;
+    untail(st);
+    double deadline = server_now() + s->streams.grace;
+    if (!st->conn && st->deadline < deadline)
+        st->deadline = deadline; /* what it had queued may be lost with c */
 }
 
 void streams_drop_detached(struct server *s)
@@ -441,6 +470,9 @@ static void on_sweep(uv_timer_t *t)
     struct stream *st = ss->head;
     while (st) {
         struct stream *next = st->next;
+        if (st->tail_conn && http_conn_write_queue(st->tail_conn) > 0 &&
+            st->deadline < now + ss->grace)
+            st->deadline = now + ss->grace;
         if (!st->conn && now >= st->deadline) {
             if (!st->finished) {
                 ss->expired++;

@@ -52,8 +52,11 @@ struct stream {
     int full;               /* paused because its buffer (or all of them) is full */
     int dead;               /* lost an event (out of memory): not resumable, freed by the sweep */
     int cut;                /* cut at shutdown: ends with the engine's DONE of the cancel */
-    double deadline;        /* detached: dropped at this time (server_now) */
-    struct stream *hnext;   /* hash chain by req_id */
+    /* finished: the connection its last events were queued on, while that
+     * connection lives; the grace period runs once they have left it */
+    struct http_conn *tail_conn;
+    double deadline;      /* detached: dropped at this time (server_now) */
+    struct stream *hnext; /* hash chain by req_id */
     struct stream *prev, *next;
 };
 
@@ -78,6 +81,9 @@ struct streams {
 
 /* Sets up the registry on s->loop. Returns 0 or a negative errno. */
 int streams_init(struct server *s, int64_t cap, size_t max_bytes, size_t max_total, double grace);
+/* c is closing: a finished stream whose last events were queued on it keeps
+ * them for the grace period from now. */
+void streams_conn_closed(struct server *s, struct http_conn *c);
 /* Frees every stream (the engine is stopping) and closes the timer. */
 void streams_free(struct server *s);
 

@@ -644,3 +644,35 @@ def test_a_stream_paused_by_the_total_bound_goes_on_when_room_comes_back(start_s
     paused_at = m["streamsink_generated_tokens_total"]
     s.wait_metric("streamsink_streams", lambda v: v == 1, timeout=30)  # the first expired
     s.wait_metric("streamsink_generated_tokens_total", lambda v: v > paused_at, timeout=3)
+
+
+def test_a_finished_stream_outlives_a_connection_that_stalled_on_its_tail(start_server):
+    """A stream that finished while its client stopped reading has its last
+    events in the connection's queue, not with the client. The grace period
+    runs from when they leave that queue or the connection closes (here:
+    the write-stall timeout, longer than the grace), so the client can
+    still resume from the last event it received. The close is counted as a
+    write stall."""
+    s = start_server("--stream-grace", "3", "--write-stall-timeout", "5", "--sndbuf", "4096")
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # then reads nothing
+    sock.settimeout(60)
+    sock.connect(("127.0.0.1", s.port))
+    body = json.dumps({"model": "smol", "prompt": ENDLESS, "max_tokens": 250, "temperature": 0,
+                       "stream": True}).encode()
+    sock.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                  f"\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body)
+    s.wait_metric("streamsink_requests_inflight", lambda v: v == 0, timeout=60)
+    assert s.metrics()["streamsink_write_queue_bytes"] > 0  # finished, its tail queued
+    s.wait_metric("streamsink_write_stall_closes_total", lambda v: v == 1, timeout=30)
+    sse = SSE(sock)
+    sid = sse.headers["x-stream-id"]
+    got = []
+    sse.sock.settimeout(5)
+    for eid, data in sse.events():
+        got.append((eid, data))
+    assert got and got[-1][1] != "[DONE]"  # the tail never reached the client
+    again = resume(s, sid, last_id=got[-1][0], headers={})
+    assert again.status == 200, again.raw
+    rest = list(again.events())
+    assert rest[0][0] == str(int(got[-1][0]) + 1) and rest[-1][1] == "[DONE]"

@@ -11,6 +11,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/random.h>
@@ -165,4 +166,16 @@ int owner_secret_load(const char *dir, unsigned char key[16], char *err, size_t 
 uint64_t owner_of_token(const unsigned char key[16], const char *token, size_t len)
 {
     return siphash24(key, token, len) | 1;
+}
+
+uint64_t owner_group_of_address(const unsigned char key[16], const struct sockaddr *sa)
+{
+    if (sa->sa_family == AF_INET)
+        return siphash24(key, &((const struct sockaddr_in *)sa)->sin_addr, 4);
+    if (sa->sa_family != AF_INET6)
+        return 0;
+    const struct in6_addr *a = &((const struct sockaddr_in6 *)sa)->sin6_addr;
+    if (IN6_IS_ADDR_V4MAPPED(a)) /* a dual-stack listener's IPv4 client */
+        return siphash24(key, a->s6_addr + 12, 4);
+    return siphash24(key, a->s6_addr, 8); /* the /64: one host may use all of it */
 }

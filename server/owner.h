@@ -27,4 +27,12 @@ int owner_secret_load(const char *dir, unsigned char key[16], char *err, size_t 
  * owner on an open server). */
 uint64_t owner_of_token(const unsigned char key[16], const char *token, size_t len);
 
+/* The group of a client on an open server (--max-detached), by its address:
+ * an IPv4 address; of an IPv6 one its /64, since a single host (any
+ * customer of an ISP) may hold a whole /64 and pick a fresh address per
+ * connection; an IPv4-mapped IPv6 address (a dual-stack listener) as the
+ * IPv4 address. 0 for other families. */
+struct sockaddr;
+uint64_t owner_group_of_address(const unsigned char key[16], const struct sockaddr *sa);
+
 #endif

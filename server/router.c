@@ -29,7 +29,6 @@
 
 #include "log.h"
 #include "owner.h"
-#include "siphash.h"
 #include "sse.h"
 
 #define SSE_HEADERS "Cache-Control: no-cache\r\nX-Accel-Buffering: no\r\n"
@@ -242,7 +241,7 @@ static uint64_t owner_of(const struct server *s, const struct http_conn *c)
 
 /* Whose detached streams a stream counts among (--max-detached): its
  * owner's when the API has keys; on an open server, where everyone is owner
- * 0, the client's IP address's (hashed with the owner hash key). */
+ * 0, the client's address's (its IPv6 /64; owner.h). */
 static uint64_t group_of(const struct server *s, const struct http_conn *c)
 {
     if (s->n_keys)
@@ -251,11 +250,7 @@ static uint64_t group_of(const struct server *s, const struct http_conn *c)
     int len = sizeof peer;
     if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&peer, &len) < 0)
         return 0;
-    if (peer.ss_family == AF_INET)
-        return siphash24(s->owner_secret, &((struct sockaddr_in *)&peer)->sin_addr, 4);
-    if (peer.ss_family == AF_INET6)
-        return siphash24(s->owner_secret, &((struct sockaddr_in6 *)&peer)->sin6_addr, 16);
-    return 0;
+    return owner_group_of_address(s->owner_secret, (const struct sockaddr *)&peer);
 }
 
 /* ---- API requests --------------------------------------------------------------------------- */

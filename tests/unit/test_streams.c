@@ -3,10 +3,13 @@
  * (the owner hash, against the reference vectors of the SipHash paper), and
  * the comparisons of the secrets a client presents (stream ids, API keys,
  * session ids). */
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
 #include <stdlib.h>
 
 #include "engine/include/engine.h"
+#include "server/owner.h"
 #include "server/router.h"
 #include "server/siphash.h"
 #include "server/stream_buf.h"
@@ -251,6 +254,36 @@ TEST(siphash24_matches_the_reference_vectors)
     ASSERT(siphash24(key, "sk-one", 6) != siphash24(key, "sk-two", 6));
     key[0] ^= 1;
     ASSERT(siphash24(key, msg, 15) != 0xa129ca6149be45e5ull);
+}
+
+/* The group of an address under --max-detached on an open server. */
+static uint64_t group_of_text(const char *addr)
+{
+    static const unsigned char key[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+    struct sockaddr_in v4 = {.sin_family = AF_INET};
+    struct sockaddr_in6 v6 = {.sin6_family = AF_INET6};
+    if (inet_pton(AF_INET, addr, &v4.sin_addr) == 1)
+        return owner_group_of_address(key, (const struct sockaddr *)&v4);
+    if (inet_pton(AF_INET6, addr, &v6.sin6_addr) != 1)
+        abort();
+    return owner_group_of_address(key, (const struct sockaddr *)&v6);
+}
+
+/* One IPv6 host may hold a whole /64 and use a fresh address per
+ * connection: its streams count as one client. IPv4 clients stay apart, also
+ * behind a dual-stack listener (IPv4-mapped), where a /64 would put every
+ * IPv4 client in one group. */
+TEST(streams_group_an_ipv6_client_by_its_64_and_ipv4_by_address)
+{
+    ASSERT(group_of_text("2001:db8:1:2::1") == group_of_text("2001:db8:1:2:ffff:abcd:1234:5"));
+    ASSERT(group_of_text("2001:db8:1:2::1") != group_of_text("2001:db8:1:3::1"));
+    ASSERT(group_of_text("2001:db8:1:2::1") != group_of_text("2001:db9:1:2::1"));
+    ASSERT(group_of_text("192.0.2.1") != group_of_text("192.0.2.2"));
+    ASSERT(group_of_text("::ffff:192.0.2.1") == group_of_text("192.0.2.1"));
+    ASSERT(group_of_text("::ffff:192.0.2.1") != group_of_text("::ffff:192.0.2.2"));
+    struct sockaddr other = {.sa_family = AF_UNIX};
+    static const unsigned char key[16] = {0};
+    ASSERT(owner_group_of_address(key, &other) == 0);
 }
 
 TEST_MAIN()

@@ -289,6 +289,67 @@ TEST(a_pause_sent_while_the_request_waits_for_a_slot_holds_once_it_is_admitted)
     rig_close(&rig);
 }
 
+/* Every request that was not over yet ends with one DONE when cancelled,
+ * also one still waiting for a slot: a caller that waits for the end of a
+ * cancelled request (the server's cut at shutdown) always gets it. */
+TEST(a_request_cancelled_while_it_waits_for_a_slot_ends_with_done_cancelled)
+{
+    struct rig rig;
+    struct engine_config c = rig_config(RIG_FIXTURE);
+    c.max_seqs = 1;
+    c.max_queue = 4;
+    ASSERT_OK(rig_open(&rig, &c));
+    int32_t ids[8] = {'a', 'b', 'c', 'd', 'e', 'f', 'g', 'h'};
+    struct engine_request qa = rig_greedy(&rig, 1000000);
+    rig_set_ids(&qa, ids, 8, 1);
+    struct engine_request qb = rig_greedy(&rig, 5);
+    rig_set_ids(&qb, ids, 8, 1);
+    uint64_t a = qa.id, b = qb.id;
+    ASSERT_OK(engine_submit(rig.e, &qa));
+    struct two t = {{a, b}, {0, 0}, {0, 0}};
+    for (int i = 0; i < 100 && t.n[0] == 0; i++)
+        drain_for(&rig, 100, &t, 0);
+    ASSERT(t.n[0] > 0); /* a holds the only slot: b waits */
+    ASSERT_OK(engine_submit(rig.e, &qb));
+    engine_cancel(rig.e, b);
+    int dones = 0, tokens = 0;
+    enum engine_finish finish = ENGINE_FINISH_NONE;
+    struct engine_event ev[32];
+    for (int waited = 0; waited < 5000 && dones == 0; waited += 10) {
+        size_t got = engine_drain(rig.e, ev, 32);
+        for (size_t i = 0; i < got; i++) {
+            if (ev[i].id != b)
+                continue;
+            tokens += ev[i].kind == ENGINE_EV_TOKEN;
+            if (ev[i].kind == ENGINE_EV_DONE) {
+                dones++;
+                finish = ev[i].finish;
+            }
+        }
+        if (got == 0) {
+            struct timespec ts = {0, 10 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    ASSERT_EQ(dones, 1);
+    ASSERT_EQ(finish, ENGINE_FINISH_CANCELLED);
+    ASSERT_EQ(tokens, 0);
+    engine_cancel(rig.e, b); /* over: a second cancel brings nothing */
+    engine_cancel(rig.e, a);
+    t.done[0] = 0;
+    for (int i = 0; i < 100 && !t.done[0]; i++)
+        drain_for(&rig, 100, &t, 0);
+    ASSERT(t.done[0]);
+    for (int waited = 0; waited < 300; waited += 10) {
+        size_t got = engine_drain(rig.e, ev, 32);
+        for (size_t i = 0; i < got; i++)
+            ASSERT(ev[i].id != b);
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    rig_close(&rig);
+}
+
 /* ---- sampled streams side by side -------------------------------------------- */
 
 #define N_SAMPLED 4

@@ -140,9 +140,9 @@ int cmd_serve(int argc, char **argv)
          "seconds; a finished one stays resumable as long (0: a disconnect cancels at once)",
          NULL},
         {NULL, "--max-detached", CMD_I64, &c.max_detached, 0, 1 << 20, "4", "N",
-         "running streams without a client one owner (an API key; the client's IP address on "
-         "an open server) may keep; past N its oldest detached stream is cancelled (0: no "
-         "limit)",
+         "running streams without a client one owner (an API key; on an open server the "
+         "client's IPv4 address or IPv6 /64) may keep; past N its oldest detached stream is "
+         "cancelled (0: no limit)",
          NULL},
         {NULL, "--name", CMD_STR, &c.name, 0, 0, "", "NAME",
          "replica name sent as X-Streamsink-Replica (default: hostname:port)", NULL},

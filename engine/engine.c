@@ -916,7 +916,10 @@ static void handle_commands(struct engine *e, int wait_ms)
             case QUEUE_CMD_CANCEL: {
                 struct seq *s = find_running(e, c->id);
                 if (s) {
-                    seq_finish(e, s, ENGINE_FINISH_CANCELLED, 0);
+                    /* flushed: text held back (a possible stop string's
+                     * start, part of a character) goes out with its
+                     * logprobs, since a session keeps its tokens */
+                    seq_finish(e, s, ENGINE_FINISH_CANCELLED, 1);
                     break;
                 }
                 for (int64_t j = 0; j < e->n_waiting; j++) {

@@ -62,6 +62,7 @@ struct server {
     int listening;
     int draining; /* SIGTERM/SIGINT: no new work, finish what runs */
     double drain_deadline;
+    double cut_answer_deadline; /* cut streams wait for the engine's answer until then (0: none) */
     int stopped;
     int64_t tokenizing;        /* prompts on libuv's worker threads */
     int64_t parked;            /* session requests waiting for such a prompt (router.c) */

@@ -8,12 +8,16 @@
  *
  * Shutdown: the first SIGTERM or SIGINT closes the listener, closes idle
  * connections and lets running requests finish (their connections close
- * after the response); when none are left, or after --drain-timeout, the
- * rest are cut: each is cancelled and ends as a client can tell (a stream
- * with an error event, [DONE] and its last chunk; a request with no bytes
- * out yet with a 503), the answers are flushed for up to CUT_FLUSH_S, the
- * engine is stopped (its thread joined) and the loop ends: exit 0. A second
- * signal skips the grace period.
+ * after the response); a request whose headers end during the drain is
+ * refused from them (router.c). When none are left, or after
+ * --drain-timeout, the rest are cut: each is cancelled and ends as a client
+ * can tell (a stream, after the tokens the engine made up to the cancel
+ * (waited for up to CUT_ANSWER_S), with an error event, [DONE] and its last
+ * chunk; a request with no bytes out yet with a 503), the answers are
+ * flushed for up to CUT_FLUSH_S, the engine is stopped (its thread joined,
+ * its sessions saved) and the loop ends: exit 0. A second signal skips the
+ * grace period; while the engine stops, a signal says what it waits for and
+ * the next one exits at once (exit 1).
  *
  * At --max-conns, a new connection first takes the place of the connection
  * idle the longest (no request on it), then of the oldest one still sending
@@ -35,7 +39,8 @@
 #include "router.h"
 
 #define EVENT_BATCH 64
-#define CUT_FLUSH_S 2.0 /* after cutting streams at shutdown: time to flush their endings */
+#define CUT_FLUSH_S 2.0  /* after cutting streams at shutdown: time to flush their endings */
+#define CUT_ANSWER_S 1.0 /* ... of which the engine's answers to the cancels may take this much */
 
 double server_now(void)
 {
@@ -57,13 +62,39 @@ struct http_conn *server_find(struct server *s, uint64_t id)
 /* ---- shutdown ---------------------------------------------------------------------- */
 
 /* A signal while the loop waits for the engine thread to end. */
+/* A signal while the loop waits for the engine thread to end: the first
+ * one says what the wait is for (a double Ctrl-C must not cost the sessions
+ * of a shutdown that takes a second), the next one gives up on it. */
+static volatile sig_atomic_t signals_while_stopping;
+static volatile sig_atomic_t stopping_with_sessions; /* a --session-dir to write */
+
+static void say(const char *msg, size_t len)
+{
+    ssize_t n = write(2, msg, len);
+    (void)n;
+}
+
 static void on_signal_while_stopping(int signum)
 {
     (void)signum;
-    static const char msg[] = "signal while stopping: exiting now; session snapshots not yet "
-                              "written are lost\n";
-    ssize_t n = write(2, msg, sizeof msg - 1);
-    (void)n;
+    static const char saving[] = "signal while stopping: writing session snapshots; signal again "
+                                 "to exit without them\n";
+    static const char step[] = "signal while stopping: the engine ends its step; signal again to "
+                               "exit now\n";
+    static const char lost[] = "signal while stopping: exiting now; session snapshots not yet "
+                               "written are lost\n";
+    static const char now[] = "signal while stopping: exiting now\n";
+    if (signals_while_stopping++ == 0) {
+        if (stopping_with_sessions)
+            say(saving, sizeof saving - 1);
+        else
+            say(step, sizeof step - 1);
+        return;
+    }
+    if (stopping_with_sessions)
+        say(lost, sizeof lost - 1);
+    else
+        say(now, sizeof now - 1);
     _exit(1);
 }
 
@@ -73,9 +104,13 @@ void server_stop_engine(struct server *s)
     if (!s->stopped || s->tokenizing > 0 || !s->engine)
         return;
     streams_free(s); /* cancels what runs detached, closes the sweep timer */
-    /* engine_stop waits for every session save, and a save waits behind a
-     * file operation that may hang (a dead NFS server). The loop cannot run
-     * on_signal meanwhile, so a further signal ends the process here. */
+    /* engine_stop waits for the engine's step in progress and for every
+     * session save, and a save waits behind a file operation that may hang
+     * (a dead NFS server). The loop cannot run
+     * on_signal meanwhile, so further signals are taken here: the second
+     * ends the process. (Between uv_signal_stop and sigaction a signal
+     * would find the default action.) */
+    stopping_with_sessions = s->cfg.session_dir[0] != 0;
     uv_signal_stop(&s->sigterm);
     uv_signal_stop(&s->sigint);
     struct sigaction sa;
@@ -87,6 +122,9 @@ void server_stop_engine(struct server *s)
     /* join the engine thread before closing the async handle it signals */
     engine_stop(s->engine);
     s->engine = NULL;
+    sa.sa_handler = SIG_IGN; /* every snapshot is written: the exit is moments away */
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
     if (s->listening) {
         uv_close((uv_handle_t *)&s->listener, NULL);
         s->listening = 0;
@@ -122,7 +160,9 @@ void server_request_done(struct server *s)
 }
 
 /* Ends every running request so that its client can tell (router_cut),
- * then stops once the endings are flushed or CUT_FLUSH_S has passed. */
+ * then stops once the endings are flushed or CUT_FLUSH_S has passed. A
+ * stream the engine runs first waits up to CUT_ANSWER_S for the engine's
+ * answer to its cancel (its last tokens); a second cut ends it at once. */
 static void cut_and_stop(struct server *s)
 {
     if (s->stopped)
@@ -132,6 +172,7 @@ static void cut_and_stop(struct server *s)
         if (c && c->user)
             router_cut(s, c);
     }
+    s->cut_answer_deadline = server_now() + CUT_ANSWER_S;
     s->drain_deadline = server_now() + CUT_FLUSH_S;
     uv_timer_start(&s->drain_timer, on_drained, 0, 0);
 }
@@ -148,6 +189,14 @@ static void on_drain_timeout(uv_timer_t *t)
 static void on_drained(uv_timer_t *t)
 {
     struct server *s = t->data;
+    if (s->cut_answer_deadline > 0 && server_now() >= s->cut_answer_deadline) {
+        /* an engine step outlasted the wait (a long prefill chunk): what it
+         * had not answered ends now, so its ending still has time to flush */
+        s->cut_answer_deadline = 0;
+        for (int64_t i = 0; i < s->cfg.max_conns; i++)
+            if (s->conns[i] && router_cut_pending(s->conns[i]))
+                router_cut(s, s->conns[i]);
+    }
     int64_t queued = 0;
     for (int64_t i = 0; i < s->cfg.max_conns; i++)
         if (s->conns[i])

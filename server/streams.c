@@ -470,9 +470,12 @@ static void on_sweep(uv_timer_t *t)
     struct stream *st = ss->head;
     while (st) {
         struct stream *next = st->next;
-        if (st->tail_conn && http_conn_write_queue(st->tail_conn) > 0 &&
-            st->deadline < now + ss->grace)
-            st->deadline = now + ss->grace;
+        if (st->tail_conn) {
+            if (http_conn_write_queue(st->tail_conn) == 0)
+                untail(st); /* its tail has left (what came after it goes later) */
+            else if (st->deadline < now + ss->grace)
+                st->deadline = now + ss->grace;
+        }
         if (!st->conn && now >= st->deadline) {
             if (!st->finished) {
                 ss->expired++;

@@ -255,8 +255,11 @@ const struct engine_model_info *engine_model_info(const struct engine *e);
 /* Any thread. Never blocks. Takes ownership of req on success only; on -EBUSY
  * (no slot and the wait queue is full) the caller still owns req (answer 429). */
 int engine_submit(struct engine *e, struct engine_request *req);
-/* Any thread; idempotent. A request not yet ended ends with one DONE
- * (finish CANCELLED; what it generated before came as usual). */
+/* Any thread; idempotent. A generation request not yet ended ends with one
+ * DONE: finish CANCELLED, after its text held back for stop strings (a cancel
+ * that meets a stop string there ends it STOP), also if it still waited for
+ * a slot; one that ended first keeps its own end. A session request already
+ * handed to the session IO thread is answered as usual. */
 void engine_cancel(struct engine *e, uint64_t id);
 void engine_pause(struct engine *e, uint64_t id); /* backpressure: skip in steps */
 void engine_resume(struct engine *e, uint64_t id);

@@ -93,3 +93,30 @@ def test_a_request_whose_headers_end_during_the_drain_is_refused_from_them(start
     late.close()
     running.close()  # the stream's client leaves: it is cancelled, and the drain ends
     assert s.proc.wait(30) == 0
+
+
+def test_a_request_cut_inside_a_long_engine_step_still_gets_its_ending(start_server):
+    # A cut request waits for the engine's answer to its cancel (the tokens
+    # it made last), but only for part of the time the endings have to
+    # flush: a step that outlasts it (here one prefill chunk of some 4,000
+    # tokens on one thread) does not cost the client its ending.
+    s = start_server("--threads", "1", "--chunk", "8192", "--max-step-tokens", "8192",
+                     "--drain-timeout", "0.1")
+    prompt = " ".join(["The river flows past the old mill and the bridge."] * 360)
+    body = json.dumps({"model": "smol", "prompt": prompt, "max_tokens": 4, "temperature": 0,
+                       "stream": True}).encode()
+    c = s.connect()
+    c.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               f"Content-Length: {len(body)}\r\n\r\n").encode() + body)
+    time.sleep(0.5)  # the prefill step runs
+    s.proc.send_signal(signal.SIGTERM)
+    c.settimeout(60)
+    got = b""
+    while True:
+        more = c.recv(65536)
+        if not more:
+            break
+        got += more
+    assert got.startswith(b"HTTP/1.1 503"), got[:300]
+    assert b"server_shutting_down" in got
+    assert s.proc.wait(60) == 0

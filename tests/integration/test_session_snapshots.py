@@ -465,12 +465,60 @@ def test_a_session_stream_cut_at_shutdown_keeps_what_its_client_received(binary,
         assert s.stop() == 0, s.log()
 
 
-def test_a_signal_ends_a_shutdown_stuck_behind_a_hung_file(binary, model, tmp_path):
+def test_a_session_stream_cut_while_it_holds_text_back_sends_that_text(binary, model,
+                                                                        tmp_path):
+    """Text that could start a stop string is held back until it cannot:
+    here all of it, since the stop string is the answer's own first 200
+    bytes and one more. A cut at shutdown flushes it with its logprobs, so
+    the client still has every token its saved session holds."""
+    d = tmp_path / "sessions"
+    d.mkdir()
+    s = Server(binary, model, ["--session-dir", str(d), "--drain-timeout", "0.2"])
+    st, plain = complete(s, ENDLESS, None, max_tokens=120)
+    assert st == 200
+    stop = plain["choices"][0]["text"][:200] + "#"
+    body = {"model": "smol", "prompt": ENDLESS, "max_tokens": None, "temperature": 0,
+            "logprobs": 1, "stream": True, "session_id": "held", "stop": [stop]}
+    text, n, error = "", 0, None
+    with requests.post(s.base + "/v1/completions", json=body, stream=True, timeout=60) as r:
+        assert r.status_code == 200
+        s.proc.send_signal(signal.SIGTERM)
+        for line in r.iter_lines():
+            if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                continue
+            ev = json.loads(line[6:])
+            if "error" in ev:
+                error = ev["error"]
+                continue
+            ch = ev["choices"][0]
+            text += ch["text"]
+            n += len(ch["logprobs"]["tokens"]) if ch.get("logprobs") else 0
+    assert s.proc.wait(30) == 0, s.log()
+    s.thread.join(5)
+    assert error and error["code"] == "server_shutting_down"
+    assert n > 0 and stop.startswith(text)
+    s = Server(binary, model, ["--session-dir", str(d)])
+    try:
+        st, held = call(s, "GET", "/v1/sessions/held")
+        assert st == 200, held
+        st, ref = complete(s, ENDLESS, "ref", max_tokens=n)
+        assert st == 200 and ref["choices"][0]["text"] == text
+        st, ref_info = call(s, "GET", "/v1/sessions/ref")
+        assert (held["tokens_seen"], held["position"]) == (ref_info["tokens_seen"],
+                                                           ref_info["position"])
+    finally:
+        assert s.stop() == 0, s.log()
+
+
+@pytest.mark.parametrize("then", ["third_signal", "file_returns"])
+def test_a_signal_ends_a_shutdown_stuck_behind_a_hung_file(binary, model, tmp_path, then):
     """SIGTERM waits for every session save, and saves wait behind the file
     operation in progress. On a file system that hangs (a FIFO named like a
     snapshot stands in for a dead NFS mount) that wait has no end, and the
-    loop that takes signals waits on it: a further signal still ends the
-    process, at once, saying what it gives up."""
+    loop that takes signals waits on it. A signal then says what the wait is
+    for and the next one ends the process (exit 1, saying what it gives up);
+    a double Ctrl-C alone costs nothing: once the file returns, every
+    snapshot is written and the exit is 0."""
     d = tmp_path / "sessions"
     d.mkdir()
     s = Server(binary, model, ["--session-dir", str(d), "--drain-timeout", "1"])
@@ -486,9 +534,19 @@ def test_a_signal_ends_a_shutdown_stuck_behind_a_hung_file(binary, model, tmp_pa
             s.proc.wait(5)
         assert "stopping" in s.log()
         s.proc.send_signal(signal.SIGTERM)
-        assert s.proc.wait(10) == 1
-        s.thread.join(5)
-        assert "signal while stopping: exiting now" in s.log()
+        with pytest.raises(subprocess.TimeoutExpired):
+            s.proc.wait(3)
+        assert "signal again to exit without them" in s.log()
+        assert not (d / "live.snap").exists()
+        if then == "third_signal":
+            s.proc.send_signal(signal.SIGINT)
+            assert s.proc.wait(10) == 1
+            s.thread.join(5)
+            assert "signal while stopping: exiting now" in s.log()
+        else:
+            assert open_fifo_writer(fifo)  # the stuck read returns
+            assert s.proc.wait(30) == 0, s.log()
+            assert (d / "live.snap").exists()
     finally:
         try:
             os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))

@@ -851,6 +851,14 @@ static int try_admit(struct engine *e, struct engine_request *r)
         return 1;
     }
     struct seq *s = session_take_slot(e);
+    if (!s && session_slots_stuck(e)) {
+        /* waiting would be for the disk to come back, with no answer */
+        emit_error(e, r->id, 503, NULL, "session_save_failed",
+                   "every KV slot holds a session that cannot leave memory: writes to the "
+                   "session directory are failing; retry later");
+        request_over(e, r);
+        return 1;
+    }
     if (!s)
         return 0;
     /* taking the slot may have waited for the writer (a save with every

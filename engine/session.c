@@ -231,6 +231,19 @@ struct seq *session_take_slot(struct engine *e)
     return NULL;
 }
 
+int session_slots_stuck(const struct engine *e)
+{
+    if (!e->saving)
+        return 0;
+    for (int i = 0; i < SESSION_SAVES_MAX; i++)
+        if (e->saving[i].state != SAVE_HELD)
+            return 0;
+    for (int64_t i = 0; i < e->cfg.max_seqs; i++)
+        if (e->seqs[i].state != SEQ_IDLE)
+            return 0;
+    return 1;
+}
+
 void session_park(struct seq *s, double now)
 {
     s->state = SEQ_IDLE;
@@ -1060,8 +1073,7 @@ int session_save(struct engine *e, struct seq *s, uint64_t answer_id, char *err,
                 w = &e->saving[i];
         if (w)
             break;
-        if (!queued(e, NULL, NULL)) {
-            e->stats.save_failures_total++;
+        if (!queued(e, NULL, NULL)) { /* nothing written, so no failed write to count */
             snprintf(err, err_len,
                      "%d earlier snapshots could not be written and are held in memory; "
                      "the session stays in memory",

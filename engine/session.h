@@ -20,6 +20,10 @@ struct seq *session_find(struct engine *e, const char *sid);
  * session's (that session leaves memory). NULL when every slot runs, or
  * when the session to leave would have to wait for a save place. */
 struct seq *session_take_slot(struct engine *e);
+/* 1 when no slot will come free by itself: every slot holds an idle session
+ * and every save place holds a snapshot whose write failed, so none of them
+ * can leave memory (until a retried write succeeds) and nothing runs. */
+int session_slots_stuck(const struct engine *e);
 /* The request running in s is over and s is a session: keep its KV. */
 void session_park(struct seq *s, double now);
 /* Idle sessions older than --session-idle leave memory (written to the

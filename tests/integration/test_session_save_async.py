@@ -7,6 +7,7 @@ write."""
 
 import os
 import resource
+import shutil
 import signal
 import threading
 import time
@@ -219,3 +220,33 @@ def test_a_session_held_in_memory_after_a_failed_write_is_listed_and_described(b
         assert r["data"] == [], r
     finally:
         assert s.stop() == 0, s.log()
+
+
+def test_a_request_no_slot_can_come_free_for_is_refused_not_left_waiting(binary, model, tmp_path):
+    """Every KV slot holds an idle session, and both places for snapshots
+    whose write failed are taken (the session directory was removed under
+    the server): no session can leave memory without being lost, and nothing
+    runs that would free a slot. A request that needs a slot gets 503 at
+    once, not a wait with no answer; the failed writes are counted as
+    writes, not once per step that found no place."""
+    d = tmp_path / "sessions"
+    d.mkdir()
+    s = Server(binary, model, ["--session-dir", str(d), "--max-seqs", "2"])
+    try:
+        shutil.rmtree(d)
+        d.mkdir()  # not the directory the server holds open: every write fails
+        for sid in "abcd":  # c and d push a and b out; their writes fail and are held
+            assert complete(s, "hi", sid, max_tokens=2)[0] == 200
+        s.wait_metric("streamsink_snapshot_saves_held", lambda v: v == 2)
+        st, r = complete(s, "hi", "e", max_tokens=2)
+        assert st == 503 and r["error"]["code"] == "session_save_failed", r
+        st, r = call(s, "POST", "/v1/completions",
+                     {"model": "smol", "prompt": "hi", "max_tokens": 2}, timeout=30)
+        assert st == 503, r
+        before = s.metrics()["streamsink_session_save_failures_total"]
+        time.sleep(2)
+        assert s.metrics()["streamsink_session_save_failures_total"] - before <= 1
+        st, r = complete(s, " again", "c", max_tokens=2)  # a session in memory still runs
+        assert st == 200, r
+    finally:
+        s.stop()

@@ -403,17 +403,10 @@ INLINE __m512 tile1(const enum qtype type, const struct group_src *s, int64_t b0
  * block i), and the prefetches are spread over all of the group's work. All
  * of them in the first tile held it up on line-fill buffers: spread, the
  * products of a 32-stream step (then four tiles) took 3-6% less time. */
-/* How a tile gets a Q4 block's quants: split from the repacked nibbles
- * (QS_SPLIT), split and also stored to the group's buffer for the tiles
- * after it (QS_STORE), or loaded from that buffer (QS_LOAD). Q8_0 quants
- * are loaded as they are (QS_SPLIT). */
-enum qsrc { QS_SPLIT, QS_STORE, QS_LOAD };
-
-INLINE void tile_direct(const enum qtype type, const int nt, const enum qsrc qsrc,
-                        __m512i (*qbuf)[8], const struct group_src *s, const struct group_src *next,
-                        int pf_phase, int pf_stride, int64_t b0, int nb, const char *a,
-                        size_t a_stride, const int32_t (*corr)[CHUNK_BLOCKS], float *yt,
-                        int64_t ldy, __mmask16 live)
+INLINE void tile_direct(const enum qtype type, const int nt, const struct group_src *s,
+                        const struct group_src *next, int pf_phase, int pf_stride, int64_t b0,
+                        int nb, const char *a, size_t a_stride, const int32_t (*corr)[CHUNK_BLOCKS],
+                        float *yt, int64_t ldy, __mmask16 live)
 {
     const int two = nt <= 4;
     const __m512i lo4 = _mm512_set1_epi8(0x0f);
@@ -442,14 +435,10 @@ INLINE void tile_direct(const enum qtype type, const int nt, const enum qsrc qsr
             __m512i q;
             if (type == QTYPE_Q8_0) {
                 q = _mm512_loadu_si512((const void *)(qb + 64 * j));
-            } else if (qsrc == QS_LOAD) {
-                q = qbuf[bb][j];
             } else {
                 const __m512i v = _mm512_loadu_si512((const void *)(qb + 64 * (j % 4)));
                 q = j < 4 ? _mm512_and_si512(v, lo4)
                           : _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
-                if (qsrc == QS_STORE)
-                    qbuf[bb][j] = q;
             }
 #pragma GCC unroll 12
             for (int t = 0; t < nt; t++) {
@@ -482,54 +471,60 @@ INLINE void tile_direct(const enum qtype type, const int nt, const enum qsrc qsr
         _mm512_mask_storeu_ps(yt + t * ldy, live, f[t]);
 }
 
-/* Calls tile_direct with qsrc as a constant (Q8_0: QS_SPLIT). */
-INLINE void tile_direct_q(const enum qtype type, const int nt, enum qsrc qsrc, __m512i (*qbuf)[8],
-                          const struct group_src *s, const struct group_src *next, int pf_phase,
-                          int pf_stride, int64_t b0, int nb, const char *a, size_t a_stride,
-                          const int32_t (*corr)[CHUNK_BLOCKS], float *yt, int64_t ldy,
-                          __mmask16 live)
-{
-    if (type != QTYPE_Q8_0 && qsrc == QS_LOAD)
-        tile_direct(type, nt, QS_LOAD, qbuf, s, next, pf_phase, pf_stride, b0, nb, a, a_stride,
-                    corr, yt, ldy, live);
-    else if (type != QTYPE_Q8_0 && qsrc == QS_STORE)
-        tile_direct(type, nt, QS_STORE, qbuf, s, next, pf_phase, pf_stride, b0, nb, a, a_stride,
-                    corr, yt, ldy, live);
-    else
-        tile_direct(type, nt, QS_SPLIT, qbuf, s, next, pf_phase, pf_stride, b0, nb, a, a_stride,
-                    corr, yt, ldy, live);
-}
-
-/* Calls tile_direct_q with nt as a constant. */
-INLINE void tile_direct_n(const enum qtype type, int nt, enum qsrc qsrc, __m512i (*qbuf)[8],
-                          const struct group_src *s, const struct group_src *next, int pf_phase,
-                          int pf_stride, int64_t b0, int nb, const char *a, size_t a_stride,
+/* Calls tile_direct with nt as a constant. */
+INLINE void tile_direct_n(const enum qtype type, int nt, const struct group_src *s,
+                          const struct group_src *next, int pf_phase, int pf_stride, int64_t b0,
+                          int nb, const char *a, size_t a_stride,
                           const int32_t (*corr)[CHUNK_BLOCKS], float *yt, int64_t ldy,
                           __mmask16 live)
 {
     assert(nt >= 2 && nt <= DIRECT_T); /* one row is tile1's */
-#define TILE_DIRECT_CASE(N)                                                                        \
-    case N:                                                                                        \
-        tile_direct_q(type, N, qsrc, qbuf, s, next, pf_phase, pf_stride, b0, nb, a, a_stride,      \
-                      corr, yt, ldy, live);                                                        \
-        break
     switch (nt) {
-        TILE_DIRECT_CASE(12);
-        TILE_DIRECT_CASE(11);
-        TILE_DIRECT_CASE(10);
-        TILE_DIRECT_CASE(9);
-        TILE_DIRECT_CASE(8);
-        TILE_DIRECT_CASE(7);
-        TILE_DIRECT_CASE(6);
-        TILE_DIRECT_CASE(5);
-        TILE_DIRECT_CASE(4);
-        TILE_DIRECT_CASE(3);
+    case 12:
+        tile_direct(type, 12, s, next, pf_phase, pf_stride, b0, nb, a, a_stride, corr, yt, ldy,
+                    live);
+        break;
+    case 11:
+        tile_direct(type, 11, s, next, pf_phase, pf_stride, b0, nb, a, a_stride, corr, yt, ldy,
+                    live);
+        break;
+    case 10:
+        tile_direct(type, 10, s, next, pf_phase, pf_stride, b0, nb, a, a_stride, corr, yt, ldy,
+                    live);
+        break;
+    case 9:
+        tile_direct(type, 9, s, next, pf_phase, pf_stride, b0, nb, a, a_stride, corr, yt, ldy,
+                    live);
+        break;
+    case 8:
+        tile_direct(type, 8, s, next, pf_phase, pf_stride, b0, nb, a, a_stride, corr, yt, ldy,
+                    live);
+        break;
+    case 7:
+        tile_direct(type, 7, s, next, pf_phase, pf_stride, b0, nb, a, a_stride, corr, yt, ldy,
+                    live);
+        break;
+    case 6:
+        tile_direct(type, 6, s, next, pf_phase, pf_stride, b0, nb, a, a_stride, corr, yt, ldy,
+                    live);
+        break;
+    case 5:
+        tile_direct(type, 5, s, next, pf_phase, pf_stride, b0, nb, a, a_stride, corr, yt, ldy,
+                    live);
+        break;
+    case 4:
+        tile_direct(type, 4, s, next, pf_phase, pf_stride, b0, nb, a, a_stride, corr, yt, ldy,
+                    live);
+        break;
+    case 3:
+        tile_direct(type, 3, s, next, pf_phase, pf_stride, b0, nb, a, a_stride, corr, yt, ldy,
+                    live);
+        break;
     default:
-        tile_direct_q(type, 2, qsrc, qbuf, s, next, pf_phase, pf_stride, b0, nb, a, a_stride, corr,
-                      yt, ldy, live);
+        tile_direct(type, 2, s, next, pf_phase, pf_stride, b0, nb, a, a_stride, corr, yt, ldy,
+                    live);
         break;
     }
-#undef TILE_DIRECT_CASE
 }
 
 /* Rows [n0, n1) within the full groups of a repacked matrix. */
@@ -542,7 +537,6 @@ INLINE void rows16_packed(const enum qtype type, const void *restrict wp, int64_
     const size_t a_stride = quant_act_bytes(type, k);
     const int64_t nbk = k / QK;
     int32_t corr[TOKEN_BLOCK][CHUNK_BLOCKS];
-    __m512i qbuf[CHUNK_BLOCKS][8]; /* a Q4 group's split quants, for its tiles after the first */
 
     for (int64_t t0 = 0; t0 < T; t0 += TOKEN_BLOCK) {
         const int64_t tn = T - t0 < TOKEN_BLOCK ? T - t0 : TOKEN_BLOCK;
@@ -574,13 +568,9 @@ INLINE void rows16_packed(const enum qtype type, const void *restrict wp, int64_
                             yt, live,
                             tile1(type, &src, b0, nb, ab0 + (size_t)tt * a_stride, corr[tt], f0));
                     } else {
-                        const enum qsrc qsrc = n_direct == 1 ? QS_SPLIT
-                                               : tt == 0     ? QS_STORE
-                                                             : QS_LOAD;
-                        tile_direct_n(type, nt, qsrc, qbuf, &src, g + GROUP < n1 ? &nxt : NULL,
-                                      (int)ti, n_direct, b0, nb, ab0 + (size_t)tt * a_stride,
-                                      a_stride, (const int32_t(*)[CHUNK_BLOCKS])corr[tt], yt, ldy,
-                                      live);
+                        tile_direct_n(type, nt, &src, g + GROUP < n1 ? &nxt : NULL, (int)ti,
+                                      n_direct, b0, nb, ab0 + (size_t)tt * a_stride, a_stride,
+                                      (const int32_t(*)[CHUNK_BLOCKS])corr[tt], yt, ldy, live);
                     }
                     tt += nt;
                 }

@@ -164,7 +164,7 @@ struct api_response {
     size_t text_len, text_cap, text_max;
     struct api_buf lp[4];
     size_t lp_len;      /* bytes in lp[0..3] */
-    size_t text_offset; /* completions logprobs: where the next token's text starts, in characters */
+    size_t text_offset; /* completions logprobs: the next token's text's start, in characters */
 };
 
 /* Sets up r for one request. model is the served model's id. text_max bounds

@@ -473,7 +473,10 @@ def test_a_session_stream_cut_while_it_holds_text_back_sends_that_text(binary, m
     the client still has every token its saved session holds."""
     d = tmp_path / "sessions"
     d.mkdir()
-    s = Server(binary, model, ["--session-dir", str(d), "--drain-timeout", "0.2"])
+    # one thread and a cut 50 ms after the first token: the stream is well
+    # inside the held 200 bytes (about 60 tokens) when it is cut
+    flags = ["--session-dir", str(d), "--threads", "1"]
+    s = Server(binary, model, flags + ["--drain-timeout", "0.05"])
     st, plain = complete(s, ENDLESS, None, max_tokens=120)
     assert st == 200
     stop = plain["choices"][0]["text"][:200] + "#"
@@ -497,7 +500,7 @@ def test_a_session_stream_cut_while_it_holds_text_back_sends_that_text(binary, m
     s.thread.join(5)
     assert error and error["code"] == "server_shutting_down"
     assert n > 0 and stop.startswith(text)
-    s = Server(binary, model, ["--session-dir", str(d)])
+    s = Server(binary, model, flags)
     try:
         st, held = call(s, "GET", "/v1/sessions/held")
         assert st == 200, held

@@ -104,18 +104,6 @@ static void emit_error(struct engine *e, uint64_t id, int status, const char *pa
     emit(e, &ev);
 }
 
-/* The DONE of a request cancelled before it ran: nothing was generated. */
-static void emit_cancelled(struct engine *e, uint64_t id)
-{
-    struct engine_event ev;
-    memset(&ev, 0, sizeof ev);
-    ev.id = id;
-    ev.kind = ENGINE_EV_DONE;
-    ev.token = -1;
-    ev.finish = ENGINE_FINISH_CANCELLED;
-    emit(e, &ev);
-}
-
 /* Emits text as TOKEN events of at most ENGINE_TEXT_MAX - 1 bytes, cut at
  * UTF-8 boundaries. The first event carries the token and its logprobs. */
 static void emit_text(struct engine *e, const struct engine_event *proto, const char *text,
@@ -630,13 +618,16 @@ static void emit_session(struct engine *e, uint64_t id, const struct engine_sess
     emit(e, &ev);
 }
 
-static void emit_done(struct engine *e, uint64_t id)
+/* The DONE of a request that generated nothing: a session command's
+ * (finish NONE), or one cancelled before it ran (CANCELLED). */
+static void emit_done(struct engine *e, uint64_t id, enum engine_finish finish)
 {
     struct engine_event ev;
     memset(&ev, 0, sizeof ev);
     ev.id = id;
     ev.kind = ENGINE_EV_DONE;
     ev.token = -1;
+    ev.finish = finish;
     emit(e, &ev);
 }
 
@@ -661,7 +652,7 @@ void engine__delete_answer(struct engine *e, uint64_t id, const char *sid, int f
     if (rc < 0 && rc != -ENOENT) {
         snapshot_failed(e, id, 500, "session_delete_failed", sid, "deleted", rc);
     } else if (found || rc == 0) {
-        emit_done(e, id);
+        emit_done(e, id, ENGINE_FINISH_NONE);
     } else {
         no_such_session(e, id, sid);
     }
@@ -676,7 +667,7 @@ void engine__describe_answer(struct engine *e, uint64_t id, const char *sid, int
         snapshot_failed(e, id, 503, "session_read_failed", sid, "read", rc);
     } else {
         emit_session(e, id, in);
-        emit_done(e, id);
+        emit_done(e, id, ENGINE_FINISH_NONE);
     }
 }
 
@@ -695,7 +686,7 @@ void engine__save_answer(struct engine *e, uint64_t id, uint64_t key, const char
     else
         in = *written; /* the session left memory while it was written */
     emit_session(e, id, &in);
-    emit_done(e, id);
+    emit_done(e, id, ENGINE_FINISH_NONE);
 }
 
 /* The caller's session named by r in a KV slot, or NULL (another key's
@@ -747,7 +738,7 @@ static int session_command(struct engine *e, struct engine_request *r)
             session_describe(e, s, &in);
         if (s || session_describe_held(e, r->session_id, r->owner, &in) == 0) {
             emit_session(e, r->id, &in);
-            emit_done(e, r->id);
+            emit_done(e, r->id, ENGINE_FINISH_NONE);
             return 1;
         }
         if (!session_file_room(e))
@@ -766,7 +757,7 @@ static int session_command(struct engine *e, struct engine_request *r)
         }
         if (rc == 0)
             session_list_memory(e, r->owner, list_one, &r->id); /* no directory: memory only */
-        emit_done(e, r->id);
+        emit_done(e, r->id, ENGINE_FINISH_NONE);
         return 1;
     }
     case ENGINE_REQ_SESSION_DELETE: {
@@ -938,7 +929,7 @@ static void handle_commands(struct engine *e, int wait_ms)
                         memmove(&e->waiting[j], &e->waiting[j + 1],
                                 (size_t)(e->n_waiting - j - 1) * sizeof *e->waiting);
                         e->n_waiting--;
-                        emit_cancelled(e, c->id);
+                        emit_done(e, c->id, ENGINE_FINISH_CANCELLED);
                         queue_request_done(&e->q);
                         break;
                     }

@@ -61,7 +61,6 @@ struct http_conn *server_find(struct server *s, uint64_t id)
 
 /* ---- shutdown ---------------------------------------------------------------------- */
 
-/* A signal while the loop waits for the engine thread to end. */
 /* A signal while the loop waits for the engine thread to end: the first
  * one says what the wait is for (a double Ctrl-C must not cost the sessions
  * of a shutdown that takes a second), the next one gives up on it. */
@@ -106,10 +105,9 @@ void server_stop_engine(struct server *s)
     streams_free(s); /* cancels what runs detached, closes the sweep timer */
     /* engine_stop waits for the engine's step in progress and for every
      * session save, and a save waits behind a file operation that may hang
-     * (a dead NFS server). The loop cannot run
-     * on_signal meanwhile, so further signals are taken here: the second
-     * ends the process. (Between uv_signal_stop and sigaction a signal
-     * would find the default action.) */
+     * (a dead NFS server). The loop cannot run on_signal meanwhile, so
+     * further signals are taken here: the second ends the process. (Between
+     * uv_signal_stop and sigaction a signal would find the default action.) */
     stopping_with_sessions = s->cfg.session_dir[0] != 0;
     uv_signal_stop(&s->sigterm);
     uv_signal_stop(&s->sigint);

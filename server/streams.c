@@ -269,7 +269,7 @@ void streams_pump(struct server *s, struct stream *st)
             /* the events are queued, not delivered: while they wait in c's
              * queue (a client that stopped reading) the grace does not run */
             if (c->user_tail)
-                ((struct stream *)c->user_tail)->tail_conn = NULL;
+                untail(c->user_tail); /* an earlier stream's tail, gone before this one */
             c->user_tail = st;
             st->tail_conn = c;
             start_sweep(s);

@@ -415,22 +415,16 @@ def test_a_listing_reads_the_directory_off_the_engine_thread(binary, model, tmp_
         assert s.stop() == 0, s.log()
 
 
-def test_a_session_stream_cut_at_shutdown_keeps_what_its_client_received(binary, model,
-                                                                          tmp_path):
-    """A stream cut at the drain timeout ends with an error event and
-    [DONE]; its session is saved. The client must have had every token the
-    session holds: a session holding a token its client never saw would
-    continue, after the restart, from a context the client does not know.
-    So the saved session is the one that the same prompt with max_tokens set
-    to the tokens received makes, and their texts agree."""
-    d = tmp_path / "sessions"
-    d.mkdir()
-    s = Server(binary, model, ["--session-dir", str(d), "--drain-timeout", "1"])
-    body = {"model": "smol", "prompt": ENDLESS, "max_tokens": None, "temperature": 0,
-            "logprobs": 1, "stream": True, "session_id": "cut"}
+def read_cut_stream(s, body, sigterm_at=None):
+    """Reads the streamed completion body asks for while the server s stops:
+    SIGTERM once the client holds sigterm_at tokens (None: once the response
+    has begun). Waits for the exit (0). Returns the text, the tokens with
+    logprobs received, the error event's error and whether [DONE] came."""
     text, n, error, done = "", 0, None, False
     with requests.post(s.base + "/v1/completions", json=body, stream=True, timeout=60) as r:
         assert r.status_code == 200
+        if sigterm_at is None:
+            s.proc.send_signal(signal.SIGTERM)
         for line in r.iter_lines():
             if not line.startswith(b"data: "):
                 continue
@@ -444,25 +438,48 @@ def test_a_session_stream_cut_at_shutdown_keeps_what_its_client_received(binary,
             ch = ev["choices"][0]
             text += ch["text"]
             n += len(ch["logprobs"]["tokens"]) if ch.get("logprobs") else 0
-            if n == 8:
+            if n == sigterm_at:
                 s.proc.send_signal(signal.SIGTERM)
     assert s.proc.wait(30) == 0, s.log()
     s.thread.join(5)
-    assert done and error and error["code"] == "server_shutting_down", (done, error)
-    assert n > 8
-    s = Server(binary, model, ["--session-dir", str(d)])
+    return text, n, error, done
+
+
+def assert_saved_as_received(binary, model, flags, sid, text, n):
+    """On a server started again with flags: session sid is what the same
+    greedy prompt (ENDLESS) with max_tokens n makes, whose text is text."""
+    s = Server(binary, model, flags)
     try:
-        st, cut = call(s, "GET", "/v1/sessions/cut")
-        assert st == 200, cut
+        st, saved = call(s, "GET", f"/v1/sessions/{sid}")
+        assert st == 200, saved
         st, ref = complete(s, ENDLESS, "ref", max_tokens=n)
         assert st == 200, ref
         assert ref["choices"][0]["text"] == text
         st, ref_info = call(s, "GET", "/v1/sessions/ref")
         assert st == 200
-        assert (cut["tokens_seen"], cut["position"]) == (ref_info["tokens_seen"],
-                                                         ref_info["position"])
+        assert (saved["tokens_seen"], saved["position"]) == (ref_info["tokens_seen"],
+                                                             ref_info["position"])
     finally:
         assert s.stop() == 0, s.log()
+
+
+def test_a_session_stream_cut_at_shutdown_keeps_what_its_client_received(binary, model,
+                                                                          tmp_path):
+    """A stream cut at the drain timeout ends with an error event and
+    [DONE]; its session is saved. The client must have had every token the
+    session holds: a session holding a token its client never saw would
+    continue, after the restart, from a context the client does not know.
+    So the saved session is the one that the same prompt with max_tokens set
+    to the tokens received makes, and their texts agree."""
+    d = tmp_path / "sessions"
+    d.mkdir()
+    s = Server(binary, model, ["--session-dir", str(d), "--drain-timeout", "1"])
+    body = {"model": "smol", "prompt": ENDLESS, "max_tokens": None, "temperature": 0,
+            "logprobs": 1, "stream": True, "session_id": "cut"}
+    text, n, error, done = read_cut_stream(s, body, sigterm_at=8)
+    assert done and error and error["code"] == "server_shutting_down", (done, error)
+    assert n > 8
+    assert_saved_as_received(binary, model, ["--session-dir", str(d)], "cut", text, n)
 
 
 def test_a_session_stream_cut_while_it_holds_text_back_sends_that_text(binary, model,
@@ -482,35 +499,10 @@ def test_a_session_stream_cut_while_it_holds_text_back_sends_that_text(binary, m
     stop = plain["choices"][0]["text"][:200] + "#"
     body = {"model": "smol", "prompt": ENDLESS, "max_tokens": None, "temperature": 0,
             "logprobs": 1, "stream": True, "session_id": "held", "stop": [stop]}
-    text, n, error = "", 0, None
-    with requests.post(s.base + "/v1/completions", json=body, stream=True, timeout=60) as r:
-        assert r.status_code == 200
-        s.proc.send_signal(signal.SIGTERM)
-        for line in r.iter_lines():
-            if not line.startswith(b"data: ") or line == b"data: [DONE]":
-                continue
-            ev = json.loads(line[6:])
-            if "error" in ev:
-                error = ev["error"]
-                continue
-            ch = ev["choices"][0]
-            text += ch["text"]
-            n += len(ch["logprobs"]["tokens"]) if ch.get("logprobs") else 0
-    assert s.proc.wait(30) == 0, s.log()
-    s.thread.join(5)
+    text, n, error, _ = read_cut_stream(s, body)
     assert error and error["code"] == "server_shutting_down"
     assert n > 0 and stop.startswith(text)
-    s = Server(binary, model, flags)
-    try:
-        st, held = call(s, "GET", "/v1/sessions/held")
-        assert st == 200, held
-        st, ref = complete(s, ENDLESS, "ref", max_tokens=n)
-        assert st == 200 and ref["choices"][0]["text"] == text
-        st, ref_info = call(s, "GET", "/v1/sessions/ref")
-        assert (held["tokens_seen"], held["position"]) == (ref_info["tokens_seen"],
-                                                           ref_info["position"])
-    finally:
-        assert s.stop() == 0, s.log()
+    assert_saved_as_received(binary, model, flags, "held", text, n)
 
 
 @pytest.mark.parametrize("then", ["third_signal", "file_returns"])

@@ -450,7 +450,7 @@ static int write_raw(struct http_conn *c, const char *data, size_t len)
 
 static int keep_alive(const struct http_conn *c)
 {
-    return c->req.keep_alive && !c->close_after;
+    return c->req.keep_alive && !c->close_after && !c->shutting;
 }
 
 /* Status line and headers into buf. */
@@ -464,10 +464,11 @@ static size_t format_head(struct http_conn *c, char *buf, size_t cap, int status
         snprintf(cl, sizeof cl, "Content-Length: %zu\r\n", len);
     else if (c->chunked)
         snprintf(cl, sizeof cl, "Transfer-Encoding: chunked\r\n");
+    c->keep_alive_sent = keep_alive(c);
     int n = snprintf(buf, cap, "HTTP/1.1 %d %s\r\n%s%s%s%sConnection: %s\r\n\r\n", status,
                      http_status_text(status), ct, cl, extra ? extra : "",
                      c->lim->extra_headers ? c->lim->extra_headers : "",
-                     keep_alive(c) ? "keep-alive" : "close");
+                     c->keep_alive_sent ? "keep-alive" : "close");
     return n < 0 ? 0 : (size_t)n < cap ? (size_t)n : cap - 1;
 }
 
@@ -476,7 +477,7 @@ static void finish_response(struct http_conn *c)
 {
     if (c->state == HTTP_CONN_CLOSING || c->state == HTTP_CONN_BROKEN)
         return;
-    if (!keep_alive(c))
+    if (!c->keep_alive_sent) /* what the response said; a shutdown since is after_flush's */
         c->close_after = 1;
     http_conn_release_body(c);
     set_state(c, HTTP_CONN_DRAINING);
@@ -489,6 +490,8 @@ static void after_flush(struct http_conn *c)
 {
     assert(c->state == HTTP_CONN_DRAINING);
     size_t q = http_conn_write_queue(c);
+    if (c->shutting && !c->close_after && q <= c->lim->low_water && !http_conn_pipelined(c))
+        c->close_after = 1; /* shutting down, and no request waits behind: this was the last */
     if (c->close_after) {
         if (q > 0)
             return;
@@ -620,12 +623,12 @@ void http_conn_hold_stream(struct http_conn *c)
 
 void http_conn_finish_and_close(struct http_conn *c)
 {
-    int was_last = c->close_after;
-    c->close_after = 1; /* whatever is in progress is the last response */
+    c->shutting = 1; /* every response from now on says Connection: close */
     if (http_conn_idle(c))
         http_conn_close(c);
-    else if (c->state == HTTP_CONN_DRAINING && !was_last)
-        after_flush(c); /* it was draining to keep alive: now to close */
+    else if (c->state == HTTP_CONN_DRAINING && !c->close_after)
+        after_flush(c); /* it was draining to keep alive: now to close, or to answer the
+                         * request pipelined behind it (promised by its keep-alive) */
 }
 
 /* An error found while reading: answer it and close (lingering). */
@@ -644,6 +647,17 @@ static void reject_with(struct http_conn *c, int status, const char *code, const
 static void reject(struct http_conn *c, int status, const char *message)
 {
     reject_with(c, status, NULL, NULL, message);
+}
+
+int http_conn_receiving(const struct http_conn *c)
+{
+    return c->state == HTTP_CONN_READING && c->request_begun;
+}
+
+void http_conn_refuse(struct http_conn *c, const struct http_reject *rej)
+{
+    if (http_conn_receiving(c))
+        reject_with(c, rej->status, rej->code, rej->extra_headers, rej->message);
 }
 
 /* ---- timer callback ------------------------------------------------------------- */

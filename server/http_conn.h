@@ -217,8 +217,15 @@ struct http_conn {
      *  close_after    the persistence decision (RFC 9112 9.3) that this
      *                 response is the last, made whenever it becomes known:
      *                 from the request (Connection: close, HTTP/1.0 stream,
-     *                 upgrade), an error, or a shutdown; read when the
-     *                 response ends and by its Connection header.
+     *                 upgrade), an error, or its own Connection header; read
+     *                 when the response ends.
+     *  keep_alive_sent the current response's Connection header said
+     *                 keep-alive.
+     *  shutting       the server is shutting down: every response from now on
+     *                 says Connection: close, and one that already said
+     *                 keep-alive is the last unless a request was pipelined
+     *                 behind it, which is then read and answered (it was sent
+     *                 on the promise of that header).
      *  paused         the write queue went above high water and ops->on_pause
      *                 ran: backpressure on the write half, independent of
      *                 which request or response is in progress.
@@ -233,6 +240,8 @@ struct http_conn {
     int in_parse;
     int chunked;
     int close_after;
+    int keep_alive_sent;
+    int shutting;
     int paused;
     int peer_eof;
     int stalled;
@@ -283,8 +292,14 @@ void http_conn_hold_stream(struct http_conn *c);
  * released in the last close callback. */
 void http_conn_close(struct http_conn *c);
 /* Finish the response in progress (if any), then close: for shutdown. An
- * idle connection is closed at once. */
+ * idle connection is closed at once; a request still arriving is read and
+ * answered with Connection: close, and so is one pipelined behind a
+ * response that said keep-alive. */
 void http_conn_finish_and_close(struct http_conn *c);
+/* 1 while a request is arriving (its first byte is in, the last is not). */
+int http_conn_receiving(const struct http_conn *c);
+/* Answers a request still arriving with rej, and closes after it. */
+void http_conn_refuse(struct http_conn *c, const struct http_reject *rej);
 
 /* The application has taken what it needs from the request body: it is
  * freed and its bytes go back to the body budget now, not when the response

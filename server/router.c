@@ -930,6 +930,15 @@ static int draining_refuses(enum metrics_endpoint ep)
            ep == METRICS_EP_STREAMS;
 }
 
+static int shutting_down(struct http_reject *rej)
+{
+    rej->status = 503;
+    snprintf(rej->code, sizeof rej->code, "server_shutting_down");
+    snprintf(rej->message, sizeof rej->message, "the server is shutting down");
+    snprintf(rej->extra_headers, sizeof rej->extra_headers, RETRY_AFTER);
+    return rej->status;
+}
+
 int router_on_headers(struct http_conn *c, struct http_reject *rej, void *arg)
 {
     struct server *s = arg;
@@ -937,16 +946,20 @@ int router_on_headers(struct http_conn *c, struct http_reject *rej, void *arg)
     const struct route *rt;
     path_of(c, path, sizeof path);
     int st = check_request(s, c, path, &rt, rej);
-    if (!st && s->draining && draining_refuses(rt->ep)) {
-        /* refused from the headers: no 100 Continue, no body uploaded for nothing */
-        st = rej->status = 503;
-        snprintf(rej->code, sizeof rej->code, "server_shutting_down");
-        snprintf(rej->message, sizeof rej->message, "the server is shutting down");
-        snprintf(rej->extra_headers, sizeof rej->extra_headers, RETRY_AFTER);
-    }
+    if (!st && s->draining && draining_refuses(rt->ep))
+        st = shutting_down(rej); /* from the headers: no 100 Continue, no body for nothing */
     if (st)
         metrics_count_request(&s->metrics, rt ? rt->ep : METRICS_EP_OTHER, st);
     return st;
+}
+
+void router_refuse_arriving(struct server *s, struct http_conn *c)
+{
+    struct http_reject rej;
+    if (!http_conn_receiving(c))
+        return;
+    metrics_count_request(&s->metrics, METRICS_EP_OTHER, shutting_down(&rej));
+    http_conn_refuse(c, &rej);
 }
 
 void router_on_request(struct http_conn *c, void *arg)

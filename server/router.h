@@ -63,6 +63,7 @@ struct server {
     int draining; /* SIGTERM/SIGINT: no new work, finish what runs */
     double drain_deadline;
     double cut_answer_deadline; /* cut streams wait for the engine's answer until then (0: none) */
+    int cutting;                /* the drain is over: what runs is cut, what arrives refused */
     int stopped;
     int64_t tokenizing;        /* prompts on libuv's worker threads */
     int64_t parked;            /* session requests waiting for such a prompt (router.c) */
@@ -128,6 +129,9 @@ int router_forget(struct server *s, struct http_conn *c);
 void router_cut(struct server *s, struct http_conn *c);
 /* 1 while a stream on c that was cut waits for that answer. */
 int router_cut_pending(const struct http_conn *c);
+/* Shutdown: a request still arriving on c when the drain ends gets 503
+ * server_shutting_down (it was not going to be run). */
+void router_refuse_arriving(struct server *s, struct http_conn *c);
 
 /* server.c: called by the router when a request finishes (drain bookkeeping). */
 void server_request_done(struct server *s);

@@ -9,11 +9,13 @@
  * Shutdown: the first SIGTERM or SIGINT closes the listener, closes idle
  * connections and lets running requests finish (their connections close
  * after the response); a request whose headers end during the drain is
- * refused from them (router.c). When none are left, or after
- * --drain-timeout, the rest are cut: each is cancelled and ends as a client
- * can tell (a stream, after the tokens the engine made up to the cancel
- * (waited for up to CUT_ANSWER_S), with an error event, [DONE] and its last
- * chunk; a request with no bytes out yet with a 503), the answers are
+ * refused from them (router.c), and so is one still arriving when the
+ * signal came, or pipelined behind a response that said keep-alive: the
+ * drain waits for it. When none are left, or after --drain-timeout, the
+ * rest are cut: each is cancelled and ends as a client can tell (a stream,
+ * after the tokens the engine made up to the cancel (waited for up to
+ * CUT_ANSWER_S), with an error event, [DONE] and its last chunk; a request
+ * with no bytes out yet, or still arriving, with a 503), the answers are
  * flushed for up to CUT_FLUSH_S, the engine is stopped (its thread joined,
  * its sessions saved) and the loop ends: exit 0. A second signal skips the
  * grace period; while the engine stops, a signal says what it waits for and
@@ -165,10 +167,13 @@ static void cut_and_stop(struct server *s)
 {
     if (s->stopped)
         return;
+    s->cutting = 1;
     for (int64_t i = 0; i < s->cfg.max_conns; i++) {
         struct http_conn *c = s->conns[i];
         if (c && c->user)
             router_cut(s, c);
+        else if (c)
+            router_refuse_arriving(s, c); /* a request still arriving gets its 503 */
     }
     s->cut_answer_deadline = server_now() + CUT_ANSWER_S;
     s->drain_deadline = server_now() + CUT_FLUSH_S;
@@ -195,10 +200,22 @@ static void on_drained(uv_timer_t *t)
             if (s->conns[i] && router_cut_pending(s->conns[i]))
                 router_cut(s, s->conns[i]);
     }
-    int64_t queued = 0;
-    for (int64_t i = 0; i < s->cfg.max_conns; i++)
-        if (s->conns[i])
-            queued += (int64_t)http_conn_write_queue(s->conns[i]) + router_cut_pending(s->conns[i]);
+    int64_t queued = 0, arriving = 0;
+    for (int64_t i = 0; i < s->cfg.max_conns; i++) {
+        if (!s->conns[i])
+            continue;
+        queued += (int64_t)http_conn_write_queue(s->conns[i]) + router_cut_pending(s->conns[i]);
+        arriving += http_conn_receiving(s->conns[i]);
+    }
+    if (arriving > 0 && !s->cutting) {
+        /* a request still arriving (or pipelined behind a response that said
+         * keep-alive) is read and answered within the drain timeout */
+        if (server_now() < s->drain_deadline)
+            uv_timer_start(t, on_drained, 20, 0);
+        else
+            cut_and_stop(s);
+        return;
+    }
     if (queued > 0 && server_now() < s->drain_deadline) {
         uv_timer_start(t, on_drained, 20, 0); /* still flushing */
         return;

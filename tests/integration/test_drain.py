@@ -106,3 +106,69 @@ def test_a_request_cut_inside_a_long_engine_step_still_gets_its_ending(start_ser
     assert got.startswith(b"HTTP/1.1 503"), got[:300]
     assert b"server_shutting_down" in got
     assert s.proc.wait(60) == 0
+
+
+def completion_request(stream=False, max_tokens=3, prompt="Hello"):
+    body = json.dumps({"model": "smol", "prompt": prompt, "max_tokens": max_tokens,
+                       "temperature": 0, "stream": stream}).encode()
+    return (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+
+
+def wait_for_log(s, text, timeout=10):
+    deadline = time.time() + timeout
+    while text not in s.log() and time.time() < deadline:
+        time.sleep(0.05)
+    assert text in s.log()
+
+
+def test_a_request_still_arriving_at_the_signal_is_answered_on_an_idle_server(start_server):
+    # Nothing runs, but a request is half sent: the drain waits for the rest
+    # and answers it (a 503 its client can retry elsewhere), instead of
+    # closing the connection under it.
+    s = start_server("--drain-timeout", "30")
+    req = completion_request()
+    late = s.connect()
+    late.sendall(req[:20])
+    time.sleep(0.3)
+    s.proc.send_signal(signal.SIGTERM)
+    wait_for_log(s, "draining")
+    time.sleep(0.3)
+    late.sendall(req[20:])
+    got = read_until_quiet(late, timeout=10, quiet=1)
+    assert got.startswith(b"HTTP/1.1 503"), got
+    assert b"server_shutting_down" in got and b"Connection: close" in got
+    assert s.proc.wait(30) == 0
+
+
+def test_a_request_never_finished_gets_its_503_when_the_drain_times_out(start_server):
+    s = start_server("--drain-timeout", "1")
+    late = s.connect()
+    late.sendall(completion_request()[:30])
+    time.sleep(0.3)
+    t0 = time.time()
+    s.proc.send_signal(signal.SIGTERM)
+    got = read_until_quiet(late, timeout=15, quiet=1)
+    assert got.startswith(b"HTTP/1.1 503"), got
+    assert b"server_shutting_down" in got
+    assert s.proc.wait(30) == 0
+    assert time.time() - t0 < 10
+
+
+def test_a_request_pipelined_behind_a_stream_at_the_signal_is_answered(start_server):
+    # The stream's response said keep-alive before the signal, so its client
+    # was free to pipeline the next request behind it: that one is read and
+    # answered (503, Connection: close) after the stream, not dropped.
+    s = start_server("--drain-timeout", "60")
+    c = s.connect()
+    c.sendall(completion_request(stream=True, max_tokens=200, prompt="Once upon a time") +
+              completion_request())
+    head = read_head(c)
+    assert head.startswith(b"HTTP/1.1 200") and b"Connection: keep-alive" in head, head
+    s.proc.send_signal(signal.SIGTERM)
+    got = head + read_until_quiet(c, timeout=60, quiet=3)
+    first, sep, second = got.partition(b"\r\n0\r\n\r\n")
+    assert sep and b"data: [DONE]" in first, got[-500:]
+    assert second.startswith(b"HTTP/1.1 503"), second[:300]
+    assert b"server_shutting_down" in second and b"Connection: close" in second
+    assert s.proc.wait(30) == 0

@@ -20,6 +20,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/ioctl.h>
+#ifdef __linux__
+#include <linux/sockios.h> /* SIOCOUTQNSD */
+#endif
 
 #include "engine.h"
 #include "log.h"
@@ -350,29 +354,55 @@ static void on_write(uv_write_t *w, int status)
         after_flush(c);
 }
 
+/* Bytes the kernel holds for the client and has not sent: they wait for
+ * room in the client's receive window. 0 where that cannot be asked. */
+static uint64_t kernel_unsent(const struct http_conn *c)
+{
+#ifdef SIOCOUTQNSD
+    uv_os_fd_t fd;
+    int n = 0;
+    if (uv_fileno((const uv_handle_t *)&c->tcp, &fd) == 0 && ioctl(fd, SIOCOUTQNSD, &n) == 0 &&
+        n > 0)
+        return (uint64_t)n;
+#else
+    (void)c;
+#endif
+    return 0;
+}
+
 /* The minimum read rate, judged over windows of write_stall_timeout while
- * bytes wait for the client (the window restarts when the queue empties, so
- * a client that keeps up is never judged). Called after each completed write
- * with the queue left behind. Returns 1 if the client is too slow. */
+ * bytes wait for the client, in the write queue or unsent in the kernel
+ * (the window restarts when both are empty, so a client that keeps up is
+ * never judged; the kernel's share counts too, or a small --high-water and
+ * --low-water let the queue empty on every pause and a slow client escape).
+ * The rate is of bytes that left the kernel for the client. Called after
+ * each completed write with the queue left behind. Returns 1 if the client
+ * is too slow. */
 static int too_slow(struct http_conn *c, size_t queued)
 {
     const struct http_limits *l = c->lim;
-    if (queued == 0 || l->min_read_rate <= 0 || l->write_stall_timeout_ms == 0) {
+    if (l->min_read_rate <= 0 || l->write_stall_timeout_ms == 0) {
         c->rate_t0 = 0;
         return 0;
     }
+    uint64_t unsent = kernel_unsent(c);
+    if (queued == 0 && unsent == 0) {
+        c->rate_t0 = 0;
+        return 0;
+    }
+    uint64_t out = c->bytes_sent - (unsent < c->bytes_sent ? unsent : c->bytes_sent);
     uint64_t now = uv_now(c->tcp.loop);
     if (c->rate_t0 == 0) {
         c->rate_t0 = now;
-        c->rate_b0 = c->bytes_sent;
+        c->rate_b0 = out;
         return 0;
     }
     uint64_t dt = now - c->rate_t0;
     if (dt < l->write_stall_timeout_ms)
         return 0;
-    double rate = (double)(c->bytes_sent - c->rate_b0) * 1e3 / (double)dt;
+    double rate = (double)(out > c->rate_b0 ? out - c->rate_b0 : 0) * 1e3 / (double)dt;
     c->rate_t0 = now;
-    c->rate_b0 = c->bytes_sent;
+    c->rate_b0 = out;
     return rate < l->min_read_rate;
 }
 
@@ -428,8 +458,9 @@ static int write_parts(struct http_conn *c, const char *const *parts, const size
         return rc;
     }
     if (c->rate_t0 == 0 && http_conn_write_queue(c) > 0) { /* a backlog: start judging */
+        uint64_t unsent = kernel_unsent(c);
         c->rate_t0 = uv_now(c->tcp.loop);
-        c->rate_b0 = c->bytes_sent;
+        c->rate_b0 = c->bytes_sent - (unsent < c->bytes_sent ? unsent : c->bytes_sent);
     }
     if (!c->paused && http_conn_write_queue(c) > c->lim->high_water) {
         c->paused = 1;

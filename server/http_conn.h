@@ -55,8 +55,9 @@
  * runs (the server pauses the engine sequence) and the write-stall timer
  * starts; when it falls below low_water, ops->on_resume runs. A client that
  * reads nothing for write_stall_timeout is closed, and so is one that keeps
- * bytes waiting for a whole write_stall_timeout while reading them slower
- * than min_read_rate (a slow reader holds its KV slot hostage otherwise).
+ * bytes waiting (queued, or unsent in the kernel) for a whole
+ * write_stall_timeout while reading them slower than min_read_rate (a slow
+ * reader holds its KV slot hostage otherwise).
  *
  * End of input: the client's FIN ends the connection; a request still being
  * answered is abandoned (its work cancelled, as nginx treats a client that
@@ -252,7 +253,7 @@ struct http_conn {
     uint64_t idle_since;            /* loop time (ms) the connection became idle */
     uint64_t linger_until;          /* loop time (ms) lingering ends at the latest */
     uint64_t bytes_sent;            /* bytes whose writes completed */
-    uint64_t rate_t0, rate_b0;      /* backlog window: start (ms, 0 none) and bytes_sent then */
+    uint64_t rate_t0, rate_b0;      /* backlog window: start (ms, 0 none), bytes sent on then */
     size_t drain_mark;              /* DRAINING: bytes queued when its stall timer was armed */
     enum http_conn_state closed_in; /* the state a close began in (before BROKEN, if it broke) */
 

@@ -515,6 +515,44 @@ def test_a_reader_below_the_minimum_rate_is_closed_and_its_slot_freed(start_serv
                                          max_tokens=1).usage.completion_tokens == 1
 
 
+def test_a_slow_reader_is_judged_when_its_backlog_waits_in_the_kernel(start_server):
+    # With a write queue that empties on every pause (--low-water 0, a small
+    # --high-water), a reader that takes what its buffer holds every 2.5 s
+    # (about 2.3 KB/s here, under the 4,096 B/s asked) keeps its backlog in
+    # the kernel's buffers. It is judged on that backlog as well; judged on
+    # the write queue alone, such readers were left running (two of three).
+    s = start_server("--max-seqs", "3", "--min-read-rate", "4096", "--write-stall-timeout", "3",
+                     "--high-water", "4096", "--low-water", "0", "--sndbuf", "4096",
+                     "--stream-grace", "0")
+    closed = [None] * 3
+
+    def reader(i):
+        c = s.connect(rcvbuf=4096)
+        c.sendall(fat_stream_request())
+        c.settimeout(1.0)
+        t0 = time.time()
+        while time.time() - t0 < 40:
+            try:
+                got = c.recv(65536)
+            except socket.timeout:
+                continue
+            except ConnectionResetError:
+                got = b""
+            if not got:
+                closed[i] = time.time() - t0
+                break
+            time.sleep(2.5)
+        c.close()
+
+    threads = [threading.Thread(target=reader, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(t is not None for t in closed), closed
+    assert s.metrics().get("streamsink_slow_reader_closes_total", 0) >= 3
+
+
 # ---- shutdown ------------------------------------------------------------------------------------
 
 

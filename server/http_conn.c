@@ -451,6 +451,8 @@ static int write_parts(struct http_conn *c, const char *const *parts, const size
         size_t len = total - at < WRITE_PIECE ? total - at : WRITE_PIECE;
         b[nb++] = uv_buf_init(r->data + at, (unsigned int)len);
     }
+    if (http_conn_write_queue(c) == 0 && c->rate_t0 != 0 && kernel_unsent(c) == 0)
+        c->rate_t0 = 0; /* the client took everything since: a new backlog, a new window */
     int rc = uv_write(&r->w, (uv_stream_t *)&c->tcp, b, nb, on_write);
     if (rc < 0) {
         free(r); /* libuv: on error the callback never runs */
@@ -550,6 +552,10 @@ static void after_flush(struct http_conn *c)
     set_state(c, HTTP_CONN_READING);
     if (c->rpos < c->rlen)
         conn_parse(c);
+    if (c->shutting && http_conn_idle(c)) {
+        close_soon(c); /* what was pipelined was only blank lines: nothing is owed */
+        return;
+    }
     if (c->read_stopped && c->state != HTTP_CONN_CLOSING)
         start_reading(c);
 }

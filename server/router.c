@@ -958,7 +958,15 @@ void router_refuse_arriving(struct server *s, struct http_conn *c)
     struct http_reject rej;
     if (!http_conn_receiving(c))
         return;
-    metrics_count_request(&s->metrics, METRICS_EP_OTHER, shutting_down(&rej));
+    enum metrics_endpoint ep = METRICS_EP_OTHER;
+    if (c->in_trailers) { /* its headers were taken: its route is known */
+        char path[HTTP_URL_MAX];
+        path_of(c, path, sizeof path);
+        const struct route *rt = find_route(path);
+        if (rt)
+            ep = rt->ep;
+    }
+    metrics_count_request(&s->metrics, ep, shutting_down(&rej));
     http_conn_refuse(c, &rej);
 }
 

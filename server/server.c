@@ -202,10 +202,15 @@ static void on_drained(uv_timer_t *t)
     }
     int64_t queued = 0, arriving = 0;
     for (int64_t i = 0; i < s->cfg.max_conns; i++) {
-        if (!s->conns[i])
+        struct http_conn *c = s->conns[i];
+        if (!c)
             continue;
-        queued += (int64_t)http_conn_write_queue(s->conns[i]) + router_cut_pending(s->conns[i]);
-        arriving += http_conn_receiving(s->conns[i]);
+        if (s->cutting) /* one pipelined behind a cut stream arrives only now */
+            router_refuse_arriving(s, c);
+        if (s->conns[i] != c)
+            continue; /* the refusal failed and closed it */
+        queued += (int64_t)http_conn_write_queue(c) + router_cut_pending(c);
+        arriving += http_conn_receiving(c);
     }
     if (arriving > 0 && !s->cutting) {
         /* a request still arriving (or pipelined behind a response that said

@@ -172,3 +172,69 @@ def test_a_request_pipelined_behind_a_stream_at_the_signal_is_answered(start_ser
     assert second.startswith(b"HTTP/1.1 503"), second[:300]
     assert b"server_shutting_down" in second and b"Connection: close" in second
     assert s.proc.wait(30) == 0
+
+
+def test_a_request_pipelined_behind_a_cut_stream_gets_its_503(start_server):
+    # Only part of it has come when the drain times out: it starts arriving
+    # once the cut stream's ending is out, and is refused then.
+    s = start_server("--drain-timeout", "1", "--stream-grace", "0")
+    c = s.connect()
+    c.sendall(completion_request(stream=True, max_tokens=3000, prompt="Once upon a time") +
+              completion_request()[:30])
+    head = read_head(c)
+    assert head.startswith(b"HTTP/1.1 200"), head
+    s.proc.send_signal(signal.SIGTERM)
+    got = read_until_quiet(c, timeout=30, quiet=3)
+    first, sep, second = got.partition(b"\r\n0\r\n\r\n")
+    assert sep and b"server_shutting_down" in first and b"data: [DONE]" in first, got[-300:]
+    assert second.startswith(b"HTTP/1.1 503"), second[:300]
+    assert s.proc.wait(30) == 0
+
+
+def test_a_refusal_at_the_cut_is_counted_under_its_endpoint(start_server):
+    # A completion whose headers were taken before the signal is still
+    # uploading its body at the cut: its 503 counts as a completions request.
+    # The /metrics pipelined behind a stream is answered after the cut.
+    s = start_server("--drain-timeout", "1", "--stream-grace", "0")
+    body = json.dumps({"model": "smol", "prompt": "x" * 5000, "max_tokens": 3}).encode()
+    a = s.connect()
+    a.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               f"Content-Length: {len(body)}\r\n\r\n").encode() + body[:100])
+    b = s.connect()
+    b.sendall(completion_request(stream=True, max_tokens=3000, prompt="Once upon a time") +
+              b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert read_head(b).startswith(b"HTTP/1.1 200")
+    s.proc.send_signal(signal.SIGTERM)
+    got_a = read_until_quiet(a, timeout=15, quiet=2)
+    assert got_a.startswith(b"HTTP/1.1 503") and b"server_shutting_down" in got_a, got_a[:200]
+    got_b = read_until_quiet(b, timeout=15, quiet=2)
+    metrics = got_b[got_b.find(b"\r\n0\r\n\r\nHTTP/1.1 200"):].decode(errors="replace")
+    assert 'streamsink_requests_total{endpoint="/v1/completions",status="503"} 1' in metrics, \
+        [l for l in metrics.splitlines() if "requests_total{" in l]
+    assert s.proc.wait(30) == 0
+
+
+def test_blank_lines_behind_a_stream_at_the_signal_leave_nothing_open(start_server):
+    # Only CRLF followed the stream on its connection: no request is owed, so
+    # the connection closes after the stream instead of idling open (where it
+    # took new requests during the drain).
+    s = start_server("--drain-timeout", "30", "--stream-grace", "0")
+    keeper = s.connect()  # keeps the drain open
+    keeper.sendall(completion_request(stream=True, max_tokens=None, prompt=ENDLESS))
+    assert read_head(keeper).startswith(b"HTTP/1.1 200")
+    c = s.connect()
+    c.sendall(completion_request(stream=True, max_tokens=40, prompt="Once upon a time") + b"\r\n")
+    assert read_head(c).startswith(b"HTTP/1.1 200")
+    s.proc.send_signal(signal.SIGTERM)
+    wait_for_log(s, "draining")
+    got = read_until_quiet(c, timeout=30, quiet=2)
+    assert b"data: [DONE]" in got and got.endswith(b"\r\n0\r\n\r\n"), got[-200:]
+    time.sleep(0.5)
+    try:
+        c.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+        late = read_until_quiet(c, timeout=5, quiet=1)
+    except OSError:
+        late = b""
+    assert not late.startswith(b"HTTP/1.1"), late[:200]
+    keeper.close()  # its stream is cancelled, and the drain ends
+    assert s.proc.wait(30) == 0

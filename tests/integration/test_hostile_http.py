@@ -553,6 +553,28 @@ def test_a_slow_reader_is_judged_when_its_backlog_waits_in_the_kernel(start_serv
     assert s.metrics().get("streamsink_slow_reader_closes_total", 0) >= 3
 
 
+def test_a_fast_reader_is_not_judged_over_the_idle_time_between_its_requests(start_server):
+    # The first answer (13 KB of /metrics against a 4 KB receive buffer)
+    # leaves bytes in the kernel when its last write completes, which opens a
+    # rate window. The client reads them all; the next request, after an
+    # idle gap longer than --write-stall-timeout, starts a new window instead
+    # of being judged over the gap (it was closed as a slow reader).
+    s = start_server("--write-stall-timeout", "3")
+    c = s.connect(rcvbuf=4096)
+    req = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
+    for i in range(3):
+        c.sendall(req)
+        time.sleep(0.5)
+        got = read_until_quiet(c, timeout=10, quiet=0.5)
+        status, headers, body = parse_response(got)
+        assert status == 200, (i, got[:200])
+        assert len(body) > 8192, len(body)
+        if i == 0:
+            time.sleep(5)
+    c.close()
+    assert s.metrics().get("streamsink_slow_reader_closes_total", 0) == 0
+
+
 # ---- shutdown ------------------------------------------------------------------------------------
 
 

@@ -207,8 +207,6 @@ static void on_drained(uv_timer_t *t)
             continue;
         if (s->cutting) /* one pipelined behind a cut stream arrives only now */
             router_refuse_arriving(s, c);
-        if (s->conns[i] != c)
-            continue; /* the refusal failed and closed it */
         queued += (int64_t)http_conn_write_queue(c) + router_cut_pending(c);
         arriving += http_conn_receiving(c);
     }

@@ -58,7 +58,6 @@ static const char *const header_names[] = {"",     "Authorization", "X-Session-I
 struct wreq {
     uv_write_t w;
     struct http_conn *c;
-    size_t len;
     char data[]; /* the bytes, inline */
 };
 
@@ -100,6 +99,15 @@ size_t http_conn_write_queue(const struct http_conn *c)
 int http_conn_pipelined(const struct http_conn *c)
 {
     return c->rlen > c->rpos;
+}
+
+/* Pipelined bytes that begin a request: a parser skips CR and LF before one. */
+static int request_pipelined(const struct http_conn *c)
+{
+    for (size_t i = c->rpos; i < c->rlen; i++)
+        if (c->rbuf[i] != '\r' && c->rbuf[i] != '\n')
+            return 1;
+    return 0;
 }
 
 int http_conn_idle(const struct http_conn *c)
@@ -321,7 +329,6 @@ static void on_write(uv_write_t *w, int status)
 {
     struct wreq *r = (struct wreq *)w;
     struct http_conn *c = r->c;
-    size_t len = r->len;
     free(r);
     if (c->state == HTTP_CONN_CLOSING)
         return; /* cancelled by uv_close, or a late completion */
@@ -332,7 +339,6 @@ static void on_write(uv_write_t *w, int status)
     }
     if (c->state == HTTP_CONN_BROKEN)
         return; /* closing on the next tick */
-    c->bytes_sent += len;
     size_t q = http_conn_write_queue(c);
     if (too_slow(c, q)) {
         log_msg(LOG_INFO, "closing a connection that reads slower than %.0f bytes/s",
@@ -352,6 +358,8 @@ static void on_write(uv_write_t *w, int status)
     }
     if (c->state == HTTP_CONN_DRAINING)
         after_flush(c);
+    else if (c->shutting && http_conn_idle(c) && q == 0)
+        http_conn_close(c); /* shutting down: the last response is out, and nothing follows */
 }
 
 /* Bytes the kernel holds for the client and has not sent: they wait for
@@ -368,6 +376,16 @@ static uint64_t kernel_unsent(const struct http_conn *c)
     (void)c;
 #endif
     return 0;
+}
+
+/* Bytes that have left the kernel for the client: every byte queued, less
+ * what waits in libuv's queue and what the kernel holds unsent, all three
+ * read now (completed writes lag: libuv hands the kernel several queued
+ * writes before it calls back for the first). */
+static uint64_t sent_on(const struct http_conn *c)
+{
+    uint64_t held = http_conn_write_queue(c) + kernel_unsent(c);
+    return c->bytes_queued > held ? c->bytes_queued - held : 0;
 }
 
 /* The minimum read rate, judged over windows of write_stall_timeout while
@@ -390,7 +408,7 @@ static int too_slow(struct http_conn *c, size_t queued)
         c->rate_t0 = 0;
         return 0;
     }
-    uint64_t out = c->bytes_sent - (unsent < c->bytes_sent ? unsent : c->bytes_sent);
+    uint64_t out = sent_on(c);
     uint64_t now = uv_now(c->tcp.loop);
     if (c->rate_t0 == 0) {
         c->rate_t0 = now;
@@ -432,7 +450,6 @@ static int write_parts(struct http_conn *c, const char *const *parts, const size
         return -ENOMEM;
     }
     r->c = c;
-    r->len = total;
     size_t o = 0;
     for (int i = 0; i < n; i++) {
         memcpy(r->data + o, parts[i], lens[i]);
@@ -459,10 +476,10 @@ static int write_parts(struct http_conn *c, const char *const *parts, const size
         close_soon(c);
         return rc;
     }
+    c->bytes_queued += total;
     if (c->rate_t0 == 0 && http_conn_write_queue(c) > 0) { /* a backlog: start judging */
-        uint64_t unsent = kernel_unsent(c);
         c->rate_t0 = uv_now(c->tcp.loop);
-        c->rate_b0 = c->bytes_sent - (unsent < c->bytes_sent ? unsent : c->bytes_sent);
+        c->rate_b0 = sent_on(c);
     }
     if (!c->paused && http_conn_write_queue(c) > c->lim->high_water) {
         c->paused = 1;
@@ -523,7 +540,7 @@ static void after_flush(struct http_conn *c)
 {
     assert(c->state == HTTP_CONN_DRAINING);
     size_t q = http_conn_write_queue(c);
-    if (c->shutting && !c->close_after && q <= c->lim->low_water && !http_conn_pipelined(c))
+    if (c->shutting && !c->close_after && q <= c->lim->low_water && !request_pipelined(c))
         c->close_after = 1; /* shutting down, and no request waits behind: this was the last */
     if (c->close_after) {
         if (q > 0)
@@ -552,10 +569,6 @@ static void after_flush(struct http_conn *c)
     set_state(c, HTTP_CONN_READING);
     if (c->rpos < c->rlen)
         conn_parse(c);
-    if (c->shutting && http_conn_idle(c)) {
-        close_soon(c); /* what was pipelined was only blank lines: nothing is owed */
-        return;
-    }
     if (c->read_stopped && c->state != HTTP_CONN_CLOSING)
         start_reading(c);
 }
@@ -661,9 +674,11 @@ void http_conn_hold_stream(struct http_conn *c)
 void http_conn_finish_and_close(struct http_conn *c)
 {
     c->shutting = 1; /* every response from now on says Connection: close */
-    if (http_conn_idle(c))
-        http_conn_close(c);
-    else if (c->state == HTTP_CONN_DRAINING && !c->close_after)
+    if (http_conn_idle(c)) {
+        if (http_conn_write_queue(c) == 0)
+            http_conn_close(c);
+        /* else the last response's tail is still queued: on_write closes once it is out */
+    } else if (c->state == HTTP_CONN_DRAINING && !c->close_after)
         after_flush(c); /* it was draining to keep alive: now to close, or to answer the
                          * request pipelined behind it (promised by its keep-alive) */
 }

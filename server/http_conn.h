@@ -252,7 +252,7 @@ struct http_conn {
     int status;                     /* status of the current response, once sent */
     uint64_t idle_since;            /* loop time (ms) the connection became idle */
     uint64_t linger_until;          /* loop time (ms) lingering ends at the latest */
-    uint64_t bytes_sent;            /* bytes whose writes completed */
+    uint64_t bytes_queued;          /* bytes handed to uv_write */
     uint64_t rate_t0, rate_b0;      /* backlog window: start (ms, 0 none), bytes sent on then */
     size_t drain_mark;              /* DRAINING: bytes queued when its stall timer was armed */
     enum http_conn_state closed_in; /* the state a close began in (before BROKEN, if it broke) */
@@ -293,7 +293,8 @@ void http_conn_hold_stream(struct http_conn *c);
  * released in the last close callback. */
 void http_conn_close(struct http_conn *c);
 /* Finish the response in progress (if any), then close: for shutdown. An
- * idle connection is closed at once; a request still arriving is read and
+ * idle connection is closed once its last response has left the write
+ * queue (at once if it has); a request still arriving is read and
  * answered with Connection: close, and so is one pipelined behind a
  * response that said keep-alive. */
 void http_conn_finish_and_close(struct http_conn *c);

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from conftest import ENDLESS, read_until_quiet
+from conftest import ENDLESS, parse_response, read_until_quiet
 
 
 def test_sigterm_lets_a_running_stream_finish_then_exits_0(start_server):
@@ -108,9 +108,9 @@ def test_a_request_cut_inside_a_long_engine_step_still_gets_its_ending(start_ser
     assert s.proc.wait(60) == 0
 
 
-def completion_request(stream=False, max_tokens=3, prompt="Hello"):
+def completion_request(stream=False, max_tokens=3, prompt="Hello", **extra):
     body = json.dumps({"model": "smol", "prompt": prompt, "max_tokens": max_tokens,
-                       "temperature": 0, "stream": stream}).encode()
+                       "temperature": 0, "stream": stream, **extra}).encode()
     return (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\n\r\n").encode() + body
 
@@ -161,7 +161,7 @@ def test_a_request_pipelined_behind_a_stream_at_the_signal_is_answered(start_ser
     # answered (503, Connection: close) after the stream, not dropped.
     s = start_server("--drain-timeout", "60")
     c = s.connect()
-    c.sendall(completion_request(stream=True, max_tokens=200, prompt="Once upon a time") +
+    c.sendall(completion_request(stream=True, max_tokens=1000, prompt=ENDLESS) +
               completion_request())
     head = read_head(c)
     assert head.startswith(b"HTTP/1.1 200") and b"Connection: keep-alive" in head, head
@@ -237,4 +237,24 @@ def test_blank_lines_behind_a_stream_at_the_signal_leave_nothing_open(start_serv
         late = b""
     assert not late.startswith(b"HTTP/1.1"), late[:200]
     keeper.close()  # its stream is cancelled, and the drain ends
+    assert s.proc.wait(30) == 0
+
+
+def test_the_tail_of_an_answer_still_queued_at_the_signal_is_delivered(start_server):
+    # The answer is complete and its connection idle (keep-alive: the queue
+    # is under --low-water), but its client has not read all of it yet. The
+    # signal closes the connection once the tail is out, not under it.
+    s = start_server("--high-water", "262144", "--low-water", "262144", "--sndbuf", "4096",
+                     "--drain-timeout", "10")
+    c = s.connect(rcvbuf=4096)
+    c.sendall(completion_request(max_tokens=300, prompt=ENDLESS, logprobs=5))
+    s.wait_metric('streamsink_requests_total{endpoint="/v1/completions",status="200"}',
+                  lambda v: v == 1, timeout=60)
+    s.proc.send_signal(signal.SIGTERM)
+    wait_for_log(s, "draining")
+    got = read_until_quiet(c, timeout=30, quiet=2)
+    status, headers, body = parse_response(got)
+    assert status == 200, got[:200]
+    assert len(body) == int(headers["content-length"]) > 40000, (len(body), headers)
+    json.loads(body)
     assert s.proc.wait(30) == 0

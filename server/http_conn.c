@@ -379,12 +379,12 @@ static uint64_t kernel_unsent(const struct http_conn *c)
 }
 
 /* Bytes that have left the kernel for the client: every byte queued, less
- * what waits in libuv's queue and what the kernel holds unsent, all three
- * read now (completed writes lag: libuv hands the kernel several queued
+ * what waits in libuv's queue and unsent, what the kernel holds (all read
+ * now: completed writes lag, as libuv hands the kernel several queued
  * writes before it calls back for the first). */
-static uint64_t sent_on(const struct http_conn *c)
+static uint64_t sent_on(const struct http_conn *c, uint64_t unsent)
 {
-    uint64_t held = http_conn_write_queue(c) + kernel_unsent(c);
+    uint64_t held = http_conn_write_queue(c) + unsent;
     return c->bytes_queued > held ? c->bytes_queued - held : 0;
 }
 
@@ -408,7 +408,7 @@ static int too_slow(struct http_conn *c, size_t queued)
         c->rate_t0 = 0;
         return 0;
     }
-    uint64_t out = sent_on(c);
+    uint64_t out = sent_on(c, unsent);
     uint64_t now = uv_now(c->tcp.loop);
     if (c->rate_t0 == 0) {
         c->rate_t0 = now;
@@ -479,7 +479,7 @@ static int write_parts(struct http_conn *c, const char *const *parts, const size
     c->bytes_queued += total;
     if (c->rate_t0 == 0 && http_conn_write_queue(c) > 0) { /* a backlog: start judging */
         c->rate_t0 = uv_now(c->tcp.loop);
-        c->rate_b0 = sent_on(c);
+        c->rate_b0 = sent_on(c, kernel_unsent(c));
     }
     if (!c->paused && http_conn_write_queue(c) > c->lim->high_water) {
         c->paused = 1;

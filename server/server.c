@@ -172,9 +172,9 @@ static void cut_and_stop(struct server *s)
         struct http_conn *c = s->conns[i];
         if (c && c->user)
             router_cut(s, c);
-        else if (c)
-            router_refuse_arriving(s, c); /* a request still arriving gets its 503 */
     }
+    /* a request still arriving gets its 503 from on_drained, now and on
+     * every round after (one pipelined behind a cut stream arrives later) */
     s->cut_answer_deadline = server_now() + CUT_ANSWER_S;
     s->drain_deadline = server_now() + CUT_FLUSH_S;
     uv_timer_start(&s->drain_timer, on_drained, 0, 0);
@@ -205,7 +205,7 @@ static void on_drained(uv_timer_t *t)
         struct http_conn *c = s->conns[i];
         if (!c)
             continue;
-        if (s->cutting) /* one pipelined behind a cut stream arrives only now */
+        if (s->cutting)
             router_refuse_arriving(s, c);
         queued += (int64_t)http_conn_write_queue(c) + router_cut_pending(c);
         arriving += http_conn_receiving(c);

@@ -57,16 +57,27 @@ def read_head(sock, timeout=10):
     return buf
 
 
+def completion_request(stream=False, max_tokens=3, prompt="Hello", **extra):
+    body = json.dumps({"model": "smol", "prompt": prompt, "max_tokens": max_tokens,
+                       "temperature": 0, "stream": stream, **extra}).encode()
+    return (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+
+
+def wait_for_log(s, text, timeout=10):
+    deadline = time.time() + timeout
+    while text not in s.log() and time.time() < deadline:
+        time.sleep(0.05)
+    assert text in s.log()
+
+
 def test_a_request_whose_headers_end_during_the_drain_is_refused_from_them(start_server):
     # A draining server takes no new work, so a POST whose headers arrive
     # during the drain is refused from its headers: no 100 Continue asks its
     # client to upload a body only to be refused after it.
     s = start_server("--drain-timeout", "30")
     running = s.connect()
-    body = json.dumps({"model": "smol", "prompt": ENDLESS, "max_tokens": 400,
-                       "temperature": 0, "stream": True}).encode()
-    running.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
-                     f"application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body)
+    running.sendall(completion_request(stream=True, max_tokens=400, prompt=ENDLESS))
     assert read_head(running).startswith(b"HTTP/1.1 200")
     body = json.dumps({"model": "smol", "prompt": "Hello", "max_tokens": 3}).encode()
     head = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -75,9 +86,7 @@ def test_a_request_whose_headers_end_during_the_drain_is_refused_from_them(start
     late.sendall(head[:20])  # under way when the signal comes: not idle, not closed
     time.sleep(0.3)
     s.proc.send_signal(signal.SIGTERM)
-    deadline = time.time() + 10
-    while "draining" not in s.log() and time.time() < deadline:
-        time.sleep(0.05)
+    wait_for_log(s, "draining")
     late.sendall(head[20:])
     got = read_until_quiet(late, timeout=10, quiet=1)
     assert got.startswith(b"HTTP/1.1 503"), got
@@ -106,20 +115,6 @@ def test_a_request_cut_inside_a_long_engine_step_still_gets_its_ending(start_ser
     assert got.startswith(b"HTTP/1.1 503"), got[:300]
     assert b"server_shutting_down" in got
     assert s.proc.wait(60) == 0
-
-
-def completion_request(stream=False, max_tokens=3, prompt="Hello", **extra):
-    body = json.dumps({"model": "smol", "prompt": prompt, "max_tokens": max_tokens,
-                       "temperature": 0, "stream": stream, **extra}).encode()
-    return (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
-
-
-def wait_for_log(s, text, timeout=10):
-    deadline = time.time() + timeout
-    while text not in s.log() and time.time() < deadline:
-        time.sleep(0.05)
-    assert text in s.log()
 
 
 def test_a_request_still_arriving_at_the_signal_is_answered_on_an_idle_server(start_server):

@@ -62,6 +62,12 @@ struct api_chat_template {
  * and the caller logs a warning. */
 void api_chat_template_init(struct api_chat_template *t, const char *tmpl);
 const char *api_chat_format_name(enum api_chat_format f);
+/* The format named name (chatml, llama3, llama2 or gemma, as
+ * api_chat_format_name writes them): 0, or -1 for any other name. */
+int api_chat_format_parse(const char *name, enum api_chat_format *f);
+/* A template of format f named by the operator: recognized, with no default
+ * system prompt (a name carries none). */
+void api_chat_template_named(struct api_chat_template *t, enum api_chat_format f);
 
 struct api_chat_message {
     const char *role; /* system, developer (as system), user, assistant, tool */

@@ -11,6 +11,10 @@
  * when the conversation has none (SmolLM2's does) has that text extracted, so
  * the rendered prompt is what the model was tuned on.
  *
+ * The operator may name the format instead (serve --chat-template), or give a
+ * template file recognized the same way (--chat-template-file), for a model
+ * whose file carries no template or one we do not recognize.
+ *
  * BOS is not rendered: the engine prepends it when the model asks for one.
  * The output always ends with the assistant's generation prompt.
  */
@@ -35,6 +39,25 @@ const char *api_chat_format_name(enum api_chat_format f)
     default:
         return "chatml";
     }
+}
+
+int api_chat_format_parse(const char *name, enum api_chat_format *f)
+{
+    static const enum api_chat_format all[] = {API_CHAT_CHATML, API_CHAT_LLAMA3, API_CHAT_LLAMA2,
+                                               API_CHAT_GEMMA};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        if (strcmp(name, api_chat_format_name(all[i])) == 0) {
+            *f = all[i];
+            return 0;
+        }
+    return -1;
+}
+
+void api_chat_template_named(struct api_chat_template *t, enum api_chat_format f)
+{
+    memset(t, 0, sizeof *t);
+    t->format = f;
+    t->recognized = 1;
 }
 
 /* Copies the Jinja string literal text starting at s up to the marker end,

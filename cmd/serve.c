@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "api.h"
 #include "cmd.h"
 #include "server.h"
 
@@ -22,6 +23,18 @@ static int check(const struct server_config *c)
     enum engine_kv_dtype kd;
     if (engine_kv_dtype_parse(c->kv_dtype, &kd) < 0) {
         fprintf(stderr, "error: --kv-dtype expects f16, f32 or q8_0, got '%s'\n", c->kv_dtype);
+        return -1;
+    }
+    enum api_chat_format cf;
+    if (strcmp(c->chat_template, "auto") != 0 && api_chat_format_parse(c->chat_template, &cf) < 0) {
+        fprintf(stderr,
+                "error: --chat-template expects auto, chatml, llama3, llama2 or gemma, got '%s'\n",
+                c->chat_template);
+        return -1;
+    }
+    if (strcmp(c->chat_template, "auto") != 0 && c->chat_template_file[0]) {
+        fprintf(stderr, "error: --chat-template and --chat-template-file name the format twice; "
+                        "give one\n");
         return -1;
     }
     if (strcmp(c->log_level, "debug") != 0 && strcmp(c->log_level, "info") != 0 &&
@@ -80,6 +93,14 @@ int cmd_serve(int argc, char **argv)
         {NULL, "--kv-dtype", CMD_STR, &c.kv_dtype, 0, 0, "f16", "T",
          "KV cache storage: f16 | f32 | q8_0 (8-bit blocks of 32 with an f16 scale: about "
          "half f16's bytes and memory traffic; CPU backend only)",
+         NULL},
+        {NULL, "--chat-template", CMD_STR, &c.chat_template, 0, 0, "auto", "F",
+         "how chat messages are rendered: auto (the model's tokenizer.chat_template, ChatML "
+         "when it has none we recognize) | chatml | llama3 | llama2 | gemma",
+         NULL},
+        {NULL, "--chat-template-file", CMD_STR, &c.chat_template_file, 0, 0, "", "FILE",
+         "a Jinja chat template (Hugging Face's tokenizer_config.json chat_template, as text) "
+         "to recognize instead of the model's; a template in none of those formats is an error",
          NULL},
         {NULL, "--api-key", CMD_STRV, c.api_keys, 0, SERVER_CONFIG_MAX_KEYS + 1, NULL, "KEY",
          "require 'Authorization: Bearer KEY' on everything but /health and /metrics; repeat "

@@ -553,6 +553,62 @@ static int load_keys(struct server *s, char *err, size_t err_len)
     return rc;
 }
 
+/* The largest --chat-template-file read (Hugging Face's longest templates are
+ * tens of KB). */
+#define CHAT_TEMPLATE_FILE_MAX (1 << 20)
+
+/* How chat messages are rendered when a flag says: --chat-template-file's
+ * template, else the format --chat-template names; *from says which, for the
+ * log, and stays NULL when neither is given (the model's own template, once
+ * it has loaded, decides). Checked before the model loads. */
+static int chat_template_from_flags(struct server *s, const char **from, char *err, size_t err_len)
+{
+    const char *name = s->cfg.chat_template, *path = s->cfg.chat_template_file;
+    if (path && path[0]) {
+        FILE *f = fopen(path, "rb");
+        if (!f) {
+            snprintf(err, err_len, "--chat-template-file %s: %s", path, strerror(errno));
+            return -1;
+        }
+        char *text = malloc(CHAT_TEMPLATE_FILE_MAX + 1);
+        size_t n = text ? fread(text, 1, CHAT_TEMPLATE_FILE_MAX + 1, f) : 0;
+        int bad = !text ? ENOMEM : ferror(f) ? (errno ? errno : EIO) : 0; /* EISDIR */
+        fclose(f);
+        if (bad || n > CHAT_TEMPLATE_FILE_MAX) {
+            if (bad)
+                snprintf(err, err_len, "--chat-template-file %s: %s", path, strerror(bad));
+            else
+                snprintf(err, err_len, "--chat-template-file %s is larger than %d bytes", path,
+                         CHAT_TEMPLATE_FILE_MAX);
+            free(text);
+            return -1;
+        }
+        text[n] = 0;
+        api_chat_template_init(&s->chat, text);
+        free(text);
+        if (!s->chat.recognized) {
+            snprintf(err, err_len,
+                     "--chat-template-file %s: not a template streamsink can render (it looks "
+                     "for the markers of ChatML, Llama-3, Llama-2 or Gemma); --chat-template "
+                     "names a format instead",
+                     path);
+            return -1;
+        }
+        *from = "--chat-template-file";
+        return 0;
+    }
+    enum api_chat_format format;
+    if (name && name[0] && strcmp(name, "auto") != 0) {
+        if (api_chat_format_parse(name, &format) < 0) {
+            snprintf(err, err_len, "--chat-template: unknown format '%s'", name);
+            return -1;
+        }
+        api_chat_template_named(&s->chat, format);
+        *from = "--chat-template";
+    }
+    return 0;
+}
+
 /* The served model id (the file name without .gguf), then --model-alias names. */
 static int load_model_names(struct server *s, char *err, size_t err_len)
 {
@@ -595,6 +651,13 @@ enum server_status server_run(const struct server_config *cfg)
     s->cfg = *cfg;
     log_set_level(level_of(s->cfg.log_level));
     if (load_keys(s, err, sizeof err) < 0) {
+        fprintf(stderr, "error: %s\n", err);
+        free_keys(s);
+        free(s);
+        return SERVER_BAD_CONFIG;
+    }
+    const char *chat_from = NULL; /* NULL: the model's template, known once it loads */
+    if (chat_template_from_flags(s, &chat_from, err, sizeof err) < 0) {
         fprintf(stderr, "error: %s\n", err);
         free_keys(s);
         free(s);
@@ -677,7 +740,10 @@ enum server_status server_run(const struct server_config *cfg)
         code = SERVER_BAD_CONFIG;
         goto out_close;
     }
-    api_chat_template_init(&s->chat, s->info->chat_template);
+    if (!chat_from) {
+        api_chat_template_init(&s->chat, s->info->chat_template);
+        chat_from = s->chat.recognized ? "the model's template" : "the fallback";
+    }
     if (s->info->probe_sink_rate >= 0)
         log_msg(LOG_INFO, "sink probe: %.0f%% of heads put more than 0.3 on the first token",
                 100.0 * s->info->probe_sink_rate);
@@ -687,7 +753,7 @@ enum server_status server_run(const struct server_config *cfg)
                 "than 0.3 of their attention on the first token: window-only eviction may hurt "
                 "it (streamsink probe shows the details; --kv-policy sinks:4 pins them)",
                 s->info->normalizer, 100.0 * s->info->probe_sink_rate);
-    if (!s->chat.recognized)
+    if (!s->chat.recognized) /* only the GGUF's own template can be unknown */
         log_msg(LOG_WARN,
                 "the model's chat template is %s; chat messages are rendered as ChatML "
                 "(<|im_start|>role\\ncontent<|im_end|>)",
@@ -730,10 +796,10 @@ enum server_status server_run(const struct server_config *cfg)
     };
     log_msg(LOG_INFO,
             "listening on http://%s:%d (model %s, %s, policy %s, window %lld, %lld slots, "
-            "chat %s)",
+            "chat %s from %s)",
             s->cfg.host, port, s->model_id, s->info->normalizer, s->info->default_policy,
             (long long)s->info->window, (long long)s->info->max_seqs,
-            api_chat_format_name(s->chat.format));
+            api_chat_format_name(s->chat.format), chat_from);
 
     uv_run(s->loop, UV_RUN_DEFAULT);
     code = SERVER_OK;

@@ -38,6 +38,8 @@ struct server_config {
     const char *session_dir; /* "" : sessions in memory only */
     int64_t session_disk_max;
     const char *kv_dtype;
+    const char *chat_template;      /* auto (NULL, ""): the GGUF's; else a format's name */
+    const char *chat_template_file; /* a Jinja template to recognize instead ("": none) */
     /* resumable streams */
     int64_t stream_buffer;       /* undelivered bytes one detached stream may buffer */
     int64_t stream_buffer_total; /* bytes all stream buffers may hold */

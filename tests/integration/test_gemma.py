@@ -12,7 +12,9 @@ from session_util import call, complete, continuation
 
 @pytest.fixture(scope="module")
 def gemma(binary, gemma_model):
-    s = Server(binary, gemma_model, ["--max-seqs", "2", "--window", "1024"])
+    # the file carries no tokenizer.chat_template: the operator names its format
+    s = Server(binary, gemma_model, ["--max-seqs", "2", "--window", "1024",
+                                     "--chat-template", "gemma"])
     yield s
     rc = s.stop()
     assert rc == 0, s.log()
@@ -35,16 +37,21 @@ def test_gemma_greedy_completion_streams_the_same_text_as_it_returns(gemma):
 
 def test_gemma_chat_answers_in_its_turn_format(gemma):
     c = gemma.client()
+    question = "What is the tallest mountain on Earth?"
     out = []
     for ch in c.chat.completions.create(
-            model="smol", messages=[{"role": "user",
-                                     "content": "What is the tallest mountain on Earth?"}],
+            model="smol", messages=[{"role": "user", "content": question}],
             max_tokens=24, temperature=0, stream=True):
         if ch.choices and ch.choices[0].delta.content:
             out.append(ch.choices[0].delta.content)
     text = "".join(out)
     assert text.strip(), text
     assert "<start_of_turn>" not in text and "<end_of_turn>" not in text
+    # the same turn written out by hand, as a completion
+    turn = f"<start_of_turn>user\n{question}<end_of_turn>\n<start_of_turn>model\n"
+    comp = c.completions.create(model="smol", prompt=turn, max_tokens=24, temperature=0)
+    assert text == comp.choices[0].text
+    assert "chat gemma from --chat-template)" in gemma.log()
 
 
 def test_gemma_streams_past_the_local_window(gemma):

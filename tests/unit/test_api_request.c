@@ -555,6 +555,49 @@ TEST(api_chat_template_recognizes_llama3_and_llama2_and_falls_back_to_chatml)
     free(out);
 }
 
+/* serve --chat-template: the four names as the log writes them, nothing
+ * else; a named format renders as recognized, with no default system turn
+ * (the name carries no template to take one from). */
+TEST(api_chat_format_names_parse_back_and_a_named_format_has_no_default_system)
+{
+    const enum api_chat_format all[] = {API_CHAT_CHATML, API_CHAT_LLAMA3, API_CHAT_LLAMA2,
+                                        API_CHAT_GEMMA};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+        enum api_chat_format f = (enum api_chat_format) - 1;
+        ASSERT_OK(api_chat_format_parse(api_chat_format_name(all[i]), &f));
+        ASSERT_EQ(f, all[i]);
+    }
+    const char *bad[] = {"", "auto", "ChatML", "chatml ", "llama", "gemma3", "llama3\n", "jinja"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        enum api_chat_format f = API_CHAT_GEMMA;
+        ASSERT_EQ(api_chat_format_parse(bad[i], &f), -1);
+        ASSERT_EQ(f, API_CHAT_GEMMA); /* untouched */
+    }
+
+    struct api_chat_template t;
+    memset(&t, 0x5a, sizeof t); /* whatever was there before is gone */
+    api_chat_template_named(&t, API_CHAT_CHATML);
+    ASSERT_EQ(t.format, API_CHAT_CHATML);
+    ASSERT_EQ(t.recognized, 1);
+    ASSERT_EQ(t.default_system[0], 0);
+    struct api_chat_message m = {"user", "U", 1};
+    char *out, *open, *close;
+    size_t len;
+    ASSERT_OK(api_chat_render(&t, &m, 1, 1, &out, &len));
+    ASSERT_STREQ(out, "<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n");
+    free(out);
+    ASSERT_OK(api_chat_session_texts(&t, &m, 1, &open, &close));
+    ASSERT(open == NULL);
+    ASSERT_STREQ(close, "<|im_end|>\n");
+    free(close);
+
+    api_chat_template_named(&t, API_CHAT_GEMMA);
+    ASSERT_EQ(t.format, API_CHAT_GEMMA);
+    ASSERT_OK(api_chat_render(&t, &m, 1, 1, &out, &len));
+    ASSERT_STREQ(out, "<start_of_turn>user\nU<end_of_turn>\n<start_of_turn>model\n");
+    free(out);
+}
+
 /* A chat session sends only new turns; the engine puts open before the first
  * (a new session) or close after the previous answer (a continuation). With
  * them, the turns of a session are the whole conversation rendered at once:

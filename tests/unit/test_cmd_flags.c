@@ -141,6 +141,20 @@ TEST(every_command_parses_with_the_shared_parser)
     ASSERT_EQ(cmd_serve(3, serve_log), CMD_EXIT_USAGE);
     char *serve_missing[] = {"serve", "-m", "/nonexistent.gguf", "--port", "0", NULL};
     ASSERT_EQ(cmd_serve(5, serve_missing), CMD_EXIT_MODEL);
+    char *serve_chat[] = {"serve", "--chat-template", "jinja", NULL};
+    ASSERT_EQ(cmd_serve(3, serve_chat), CMD_EXIT_USAGE);
+    char *serve_chat_twice[] = {
+        "serve", "--chat-template", "gemma", "--chat-template-file", "/nonexistent.j2", NULL};
+    ASSERT_EQ(cmd_serve(5, serve_chat_twice), CMD_EXIT_USAGE);
+    /* a name that parses reaches the model's load (3 here), as auto does */
+    char *serve_chat_ok[] = {"serve",  "-m", "/nonexistent.gguf", "--port", "0", "--chat-template",
+                             "llama2", NULL};
+    ASSERT_EQ(cmd_serve(7, serve_chat_ok), CMD_EXIT_MODEL);
+    /* a template file is read before the model loads: its errors are usage (2) */
+    char *serve_chat_file[] = {"serve",           "-m", "/nonexistent.gguf",
+                               "--port",          "0",  "--chat-template-file",
+                               "/nonexistent.j2", NULL};
+    ASSERT_EQ(cmd_serve(7, serve_chat_file), CMD_EXIT_USAGE);
     char *probe_tokens[] = {"probe", "--tokens", "64", NULL}; /* needs > 64 */
     ASSERT_EQ(cmd_probe(3, probe_tokens), CMD_EXIT_USAGE);
     char *calib_need[] = {"calibrate", "-m", "/nonexistent.gguf", NULL};

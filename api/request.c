@@ -617,6 +617,12 @@ static int parse_common(const struct body *b, const struct api_parse_ctx *ctx, e
     if (get_bool(o, "session_create", &create, err) < 0)
         return -1;
     r->session_must_exist = !create;
+    /* skip_special_tokens (vLLM's name): true, the default, leaves generated
+     * control tokens' text out of the output, as vLLM and llama-server do */
+    int skip_special = 1;
+    if (get_bool(o, "skip_special_tokens", &skip_special, err) < 0)
+        return -1;
+    r->show_special = !skip_special;
     if ((rc = get_string(o, "kv_policy", &s, err)) < 0)
         return -1;
     if (rc) {

@@ -16,7 +16,7 @@ int cmd_run(int argc, char **argv)
     const char *model = cmd_default_model(), *prompt = NULL, *file = NULL, *policy_s = NULL;
     int64_t n_predict, threads, chunk, ctx = 0, keep = 0, seed;
     struct engine_policy policy = {ENGINE_POLICY_DENSE, 0};
-    int ignore_eos = 0, no_bos = 0, kv_f32 = 0;
+    int ignore_eos = 0, no_bos = 0, kv_f32 = 0, special = 0;
     const char *kv_dtype_s = NULL;
     enum engine_kv_dtype kv_dtype;
     enum engine_backend backend;
@@ -63,6 +63,10 @@ int cmd_run(int argc, char **argv)
          "keep generating past end-of-sequence tokens", NULL},
         {NULL, "--no-bos", CMD_BOOL, &no_bos, 0, 0, NULL, "",
          "do not prepend BOS even if the model asks for it", NULL},
+        {NULL, "--special", CMD_BOOL, &special, 0, 0, NULL, "",
+         "print the text of generated control tokens (<|im_start|>, <bos>...), which is left "
+         "out by default",
+         NULL},
     };
     const struct cmd_spec spec = {
         "run",
@@ -198,7 +202,9 @@ int cmd_run(int argc, char **argv)
             n_gen++;
             break;
         }
-        int64_t w = decoder_text_push(d, &ts, next, piece, sizeof piece);
+        int64_t w = !special && decoder_token_is_control(d, next)
+                        ? 0
+                        : decoder_text_push(d, &ts, next, piece, sizeof piece);
         if (w > 0) {
             fwrite(piece, 1, (size_t)w, stdout);
             fflush(stdout);

@@ -635,6 +635,19 @@ int tok_is_eog(const struct tokenizer *t, int32_t id)
     return id >= 0 && (size_t)id < t->n_vocab && t->eog[id];
 }
 
+int tok_is_control(const struct tokenizer *t, int32_t id)
+{
+    int32_t lo = 0, hi = t->n_special; /* specials are in id order */
+    while (lo < hi) {
+        int32_t mid = lo + (hi - lo) / 2;
+        if (t->specials[mid].id < id)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < t->n_special && t->specials[lo].id == id && t->specials[lo].control;
+}
+
 const char *tok_warning(const struct tokenizer *t)
 {
     return t->warning[0] ? t->warning : NULL;

@@ -154,6 +154,11 @@ int decoder_token_is_eog(const struct decoder *d, int32_t id)
     return tok_is_eog(d->tok, id);
 }
 
+int decoder_token_is_control(const struct decoder *d, int32_t id)
+{
+    return tok_is_control(d->tok, id);
+}
+
 int64_t decoder_text_push(const struct decoder *d, struct decoder_text *s, int32_t id, char *out,
                           size_t cap)
 {

@@ -1131,7 +1131,10 @@ static void after_pick(struct engine *e, struct seq *s, struct engine_event *ev)
         seq_finish(e, s, ENGINE_FINISH_STOP, 1);
         return;
     }
-    int64_t w = tok_stream_push(e->dec.tok, &s->ts, tok, e->piece, e->piece_cap);
+    /* a hidden control token is a token of no text */
+    int64_t w = !s->req.show_special && tok_is_control(e->dec.tok, tok)
+                    ? 0
+                    : tok_stream_push(e->dec.tok, &s->ts, tok, e->piece, e->piece_cap);
     size_t out_len = 0;
     int stopped = 0;
     if (w > 0)

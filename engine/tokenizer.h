@@ -45,6 +45,10 @@ int tok_add_bos(const struct tokenizer *t); /* tokenizer.ggml.add_bos_token (def
 const char *tok_warning(const struct tokenizer *t);
 /* 1 if id ends generation: eos, eot (<|im_end|>, <|eot_id|>, <|end_of_text|>...). */
 int tok_is_eog(const struct tokenizer *t, int32_t id);
+/* 1 if id is a CONTROL token (tokenizer.ggml.token_type 3: <|im_start|>,
+ * <bos>, <start_of_turn>...), whose text generated output leaves out unless
+ * asked to show it, as llama.cpp and vLLM do. A token of no text is not one. */
+int tok_is_control(const struct tokenizer *t, int32_t id);
 
 /* Encodes text[0..len). Writes up to cap ids to out and returns the total
  * count needed (which may exceed cap: call again with a bigger buffer), or a

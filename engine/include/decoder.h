@@ -69,6 +69,8 @@ void decoder_get_info(const struct decoder *d, struct decoder_info *out);
 int64_t decoder_tokenize(const struct decoder *d, const char *text, size_t len, int add_bos,
                          int parse_special, int32_t *out, int64_t cap);
 int decoder_token_is_eog(const struct decoder *d, int32_t id);
+/* 1 for a CONTROL token, whose text output leaves out by default. */
+int decoder_token_is_control(const struct decoder *d, int32_t id);
 /* Streams token text: holds back the bytes of a UTF-8 character split across
  * tokens. out needs room for the token's bytes + 4 (3 per byte when they are
  * not UTF-8). Returns the bytes written. */

@@ -165,7 +165,11 @@ struct engine_request {
      * left to feed is then not fed, as close holds the template's own).
      * Text with special tokens (malloc'd; owned), or NULL. */
     char *open, *close;
-    int parse_special;  /* recognize <|im_start|> etc. in the text */
+    int parse_special; /* recognize <|im_start|> etc. in the text */
+    /* 1: generated CONTROL tokens (tok_is_control) keep their text in the
+     * output; 0: their text is left out (the token still counts, has its
+     * logprobs and stays in a session's KV) */
+    int show_special;
     int64_t max_tokens; /* < 0: until EOS, a stop, or the client leaves */
     struct engine_sampling sampling;
     char *stop[ENGINE_MAX_STOP]; /* stop strings of at most ENGINE_MAX_STOP_LEN bytes (malloc'd;

@@ -1,6 +1,7 @@
 """POST /v1/completions through the official openai client: greedy output equal
 to `streamsink run`, streamed == whole, max_tokens -> length, stop sequences,
-seed determinism, logprobs, usage, token-array prompts, /v1/models."""
+seed determinism, logprobs, usage, token-array prompts, /v1/models, and the
+text of control tokens left out unless skip_special_tokens is false."""
 
 import pytest
 
@@ -105,6 +106,56 @@ def test_text_offset_counts_characters_as_a_python_str_does(client, prompt):
                 if ch.choices and ch.choices[0].logprobs
                 for o in ch.choices[0].logprobs.text_offset]
     assert streamed == lp.text_offset
+
+
+def control_token_texts(model):
+    """The texts of the GGUF's CONTROL tokens (token_type 3), read with the
+    gguf package, independently of the server's tokenizer."""
+    from gguf import GGUFReader
+    r = GGUFReader(model)
+    tt, toks = r.fields["tokenizer.ggml.token_type"], r.fields["tokenizer.ggml.tokens"]
+    return {bytes(toks.parts[toks.data[i]]).decode() for i, k in enumerate(tt.data)
+            if int(tt.parts[k][0]) == 3}
+
+
+# After a closed user turn, greedy SmolLM2 opens the assistant's turn with
+# <|im_start|> (a control token) before its answer.
+OPEN_TURN = "<|im_start|>user\nSay hi.<|im_end|>\n"
+
+
+def test_control_tokens_text_is_left_out_unless_asked(binary, model, client):
+    controls = control_token_texts(model)
+    assert "<|im_start|>" in controls and len(controls) == 17
+    kw = dict(model="smol", prompt=OPEN_TURN, max_tokens=10, temperature=0, logprobs=1)
+    shown = client.completions.create(extra_body={"skip_special_tokens": False}, **kw)
+    hidden = client.completions.create(**kw)
+    raw, lp = shown.choices[0].text, shown.choices[0].logprobs
+    assert lp.tokens[0] == "<|im_start|>", lp.tokens  # the case this test is about
+    assert raw == "".join(lp.tokens)
+    # the same tokens, logprobs and count; only the control tokens' text is gone
+    assert hidden.choices[0].logprobs.tokens == lp.tokens
+    assert hidden.choices[0].logprobs.token_logprobs == lp.token_logprobs
+    assert hidden.usage.completion_tokens == shown.usage.completion_tokens
+    text = hidden.choices[0].text
+    assert text == "".join(t for t in lp.tokens if t not in controls)
+    assert text.startswith("assistant\n") and "<|" not in text
+    assert text == run_cli(binary, model, OPEN_TURN, 10)  # `run` leaves them out too
+    streamed = "".join(ch.choices[0].text for ch in client.completions.create(
+        model="smol", prompt=OPEN_TURN, max_tokens=10, temperature=0, stream=True))
+    assert streamed == text
+    chat = client.chat.completions.create(
+        model="smol", messages=[{"role": "user", "content": "Hi"}], max_tokens=4,
+        temperature=0, extra_body={"skip_special_tokens": False})
+    assert chat.choices[0].message.content is not None
+
+
+def test_skip_special_tokens_must_be_a_boolean(server):
+    for path, body in (("/v1/completions", '{"prompt":"x","skip_special_tokens":"no"}'),
+                       ("/v1/chat/completions", '{"messages":[{"role":"user","content":"x"}],'
+                                                '"skip_special_tokens":1}')):
+        status, _, resp = server.post(path, body)
+        assert status == 400, resp
+        assert b'"param":"skip_special_tokens"' in resp
 
 
 def test_stop_sequence_s_tokens_have_no_logprobs_and_the_rest_keep_their_offsets(client):

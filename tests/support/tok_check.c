@@ -89,6 +89,32 @@ char *tok_check_decode(const struct tokenizer *t, const int32_t *ids, int64_t n,
     return out;
 }
 
+int64_t tok_check_controls(const struct tok_real *r, const struct tokenizer *t)
+{
+    int32_t *types = NULL;
+    uint64_t n_types = 0;
+    if (gguf_get_arr_i32(&r->g, "tokenizer.ggml.token_type", &types, &n_types) != 0 ||
+        n_types != (uint64_t)tok_n_vocab(t)) {
+        free(types);
+        return -1;
+    }
+    int64_t n = 0;
+    for (uint64_t i = 0; i < n_types; i++) {
+        size_t len = 0;
+        const char *p = tok_piece(t, (int32_t)i, &len);
+        int want = types[i] == 3 && p && len > 0;
+        if (tok_is_control(t, (int32_t)i) != want) {
+            fprintf(stderr, "  token %llu: tok_is_control %d, token_type %d\n",
+                    (unsigned long long)i, !want, types[i]);
+            free(types);
+            return -1;
+        }
+        n += want;
+    }
+    free(types);
+    return n;
+}
+
 int tok_check_roundtrips(const struct tokenizer *t, const char *s, size_t len, int special)
 {
     int64_t n;

@@ -55,6 +55,11 @@ int tok_check_stream_equals(const struct tokenizer *t, const int32_t *ids, int64
 /* Encodes text, prints the speed, 1 if it round-trips. */
 int tok_check_encode_long(const struct tokenizer *t, const char *what, const char *text,
                           size_t len);
+/* The count of tokens tok_is_control calls control, or -1 when, for some id,
+ * it disagrees with the file's tokenizer.ggml.token_type (3, CONTROL, with
+ * text to leave out) or the types cannot be read; the first such id is
+ * printed. */
+int64_t tok_check_controls(const struct tok_real *r, const struct tokenizer *t);
 /* A whole file, malloc'd and NUL-terminated; NULL if unreadable. */
 char *tok_check_read_file(const char *path, size_t *len);
 /* The first 120 bytes of s on stderr, escaped. */

@@ -59,6 +59,16 @@ TEST(tokenizer_loads_smollm2_metadata)
     ASSERT(!tok_is_eog(t, 49152));
 }
 
+/* tok_is_control against the file's own token types, id by id: the 17
+ * CONTROL tokens of SmolLM2 (<|endoftext|>, <|im_start|>, <|im_end|>,
+ * <repo_name>...), and nothing else */
+TEST(tokenizer_control_tokens_are_the_files_token_type_3)
+{
+    REAL_TOK(t);
+    ASSERT_EQ(tok_check_controls(&real, t), 17);
+    ASSERT(tok_is_control(t, 1)); /* <|im_start|> */
+}
+
 TEST(tokenizer_ids_match_hugging_face_for_every_fixture_case)
 {
     REAL_TOK(t);
@@ -488,6 +498,12 @@ TEST(tokenizer_matches_control_tokens_only_when_asked_and_user_tokens_always)
     ASSERT(ids_are(t, "ab xy", 0, (int32_t[]){264, ' ', 'x', 'y'}, 4));
     ASSERT(tok_is_eog(t, 265));
     ASSERT(!tok_is_eog(t, 259));
+    /* output leaves out CONTROL tokens' text only */
+    ASSERT(tok_is_control(t, 259));
+    ASSERT(!tok_is_control(t, 260));
+    ASSERT(!tok_is_control(t, 'x'));
+    ASSERT(!tok_is_control(t, -1));
+    ASSERT(!tok_is_control(t, 1 << 30));
     ASSERT_EQ(tok_bos(t), 258);
     ASSERT_EQ(tok_eos(t), -1);
     tok_free(t);

@@ -148,6 +148,17 @@ TEST(spm_matches_control_tokens_only_when_asked_and_user_tokens_always)
     free(off);
 }
 
+/* tok_is_control against the file's own token types, id by id: Gemma's
+ * CONTROL tokens (<bos>, <start_of_turn>, <unused...>, the image tokens) and
+ * nothing else; <b> (USER_DEFINED) keeps its text in output */
+TEST(spm_control_tokens_are_the_files_token_type_3)
+{
+    REAL_TOK(t);
+    ASSERT(tok_check_controls(&real, t) > 6000);
+    ASSERT(tok_is_control(t, 2) && tok_is_control(t, 105));
+    ASSERT(!tok_is_control(t, 200));
+}
+
 TEST(spm_encodes_long_inputs)
 {
     size_t corpus_len;

@@ -623,6 +623,10 @@ static int parse_common(const struct body *b, const struct api_parse_ctx *ctx, e
     if (get_bool(o, "skip_special_tokens", &skip_special, err) < 0)
         return -1;
     r->show_special = !skip_special;
+    /* ignore_eos (vLLM and llama-server): generate past end-of-generation
+     * tokens, for benchmarks that want answers of a set length */
+    if (get_bool(o, "ignore_eos", &r->ignore_eos, err) < 0)
+        return -1;
     if ((rc = get_string(o, "kv_policy", &s, err)) < 0)
         return -1;
     if (rc) {

@@ -1127,7 +1127,7 @@ static void after_pick(struct engine *e, struct seq *s, struct engine_event *ev)
     s->has_next = 1; /* fed next step, or kept for the session */
     e->stats.gen_tokens_total++;
 
-    if (tok_is_eog(e->dec.tok, tok)) {
+    if (!s->req.ignore_eos && tok_is_eog(e->dec.tok, tok)) {
         seq_finish(e, s, ENGINE_FINISH_STOP, 1);
         return;
     }

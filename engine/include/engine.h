@@ -170,6 +170,9 @@ struct engine_request {
      * output; 0: their text is left out (the token still counts, has its
      * logprobs and stays in a session's KV) */
     int show_special;
+    /* 1: an end-of-generation token does not end the request (max_tokens,
+     * a stop string or the client does); the token is generated as any other */
+    int ignore_eos;
     int64_t max_tokens; /* < 0: until EOS, a stop, or the client leaves */
     struct engine_sampling sampling;
     char *stop[ENGINE_MAX_STOP]; /* stop strings of at most ENGINE_MAX_STOP_LEN bytes (malloc'd;

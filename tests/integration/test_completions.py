@@ -1,7 +1,8 @@
 """POST /v1/completions through the official openai client: greedy output equal
 to `streamsink run`, streamed == whole, max_tokens -> length, stop sequences,
 seed determinism, logprobs, usage, token-array prompts, /v1/models, and the
-text of control tokens left out unless skip_special_tokens is false."""
+text of control tokens left out unless skip_special_tokens is false, and
+ignore_eos."""
 
 import pytest
 
@@ -149,13 +150,32 @@ def test_control_tokens_text_is_left_out_unless_asked(binary, model, client):
     assert chat.choices[0].message.content is not None
 
 
-def test_skip_special_tokens_must_be_a_boolean(server):
-    for path, body in (("/v1/completions", '{"prompt":"x","skip_special_tokens":"no"}'),
+@pytest.mark.parametrize("name", ["skip_special_tokens", "ignore_eos"])
+def test_boolean_extensions_must_be_booleans(server, name):
+    for path, body in (("/v1/completions", '{"prompt":"x","%s":"no"}' % name),
                        ("/v1/chat/completions", '{"messages":[{"role":"user","content":"x"}],'
-                                                '"skip_special_tokens":1}')):
+                                                '"%s":1}' % name)):
         status, _, resp = server.post(path, body)
         assert status == 400, resp
-        assert b'"param":"skip_special_tokens"' in resp
+        assert b'"param":"%s"' % name.encode() in resp
+
+
+def test_ignore_eos_generates_past_the_end_of_the_answer(client):
+    kw = dict(model="smol", messages=[{"role": "user", "content": "Say hi."}], temperature=0)
+    plain = client.chat.completions.create(max_tokens=64, **kw)
+    assert plain.choices[0].finish_reason == "stop"  # the model ended its turn
+    n = plain.usage.completion_tokens + 6
+    past = client.chat.completions.create(max_tokens=n, extra_body={"ignore_eos": True}, **kw)
+    assert past.choices[0].finish_reason == "length"
+    assert past.usage.completion_tokens == n
+    shown = client.chat.completions.create(
+        max_tokens=n, extra_body={"ignore_eos": True, "skip_special_tokens": False}, **kw)
+    # greedy: the same answer, then the end-of-turn token (its text shown only
+    # when asked), then more
+    answer = plain.choices[0].message.content
+    assert shown.choices[0].message.content.startswith(answer + "<|im_end|>")
+    assert past.choices[0].message.content.startswith(answer)
+    assert len(past.choices[0].message.content) > len(answer)
 
 
 def test_stop_sequence_s_tokens_have_no_logprobs_and_the_rest_keep_their_offsets(client):

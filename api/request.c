@@ -12,7 +12,7 @@
  * Every parameter is checked for its type and range; the first bad one fails
  * the request with a 400 naming it. Unknown fields are ignored, as OpenAI
  * does. Fields we know but do not implement (n > 1, best_of > 1, echo,
- * suffix, logit_bias, tool calling, JSON response formats) fail loudly rather
+ * suffix, tool calling, JSON response formats) fail loudly rather
  * than being silently dropped.
  *
  * Text prompts are passed as text (the engine thread tokenizes); special
@@ -535,6 +535,89 @@ static int parse_tools(const cJSON *o, struct api_error *err)
 }
 
 /* Fields both endpoints share, and the ones we refuse. */
+static int by_bias_id(const void *a, const void *b)
+{
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* logit_bias: {"token id": bias}, ids as decimal strings (OpenAI's form),
+ * biases in [-100, 100]. */
+static int parse_logit_bias(const cJSON *o, const struct api_parse_ctx *ctx,
+                            struct engine_request *r, struct api_error *err)
+{
+    const cJSON *lb = cJSON_GetObjectItemCaseSensitive(o, "logit_bias");
+    if (!lb || cJSON_IsNull(lb))
+        return 0;
+    if (!cJSON_IsObject(lb))
+        return bad_type(err, "logit_bias", "an object", lb);
+    const int n = cJSON_GetArraySize(lb);
+    if (n == 0)
+        return 0;
+    if (n > ENGINE_MAX_LOGIT_BIAS) {
+        api_error_set(err, 400, "logit_bias", "invalid_value",
+                      "Invalid value for 'logit_bias': %d tokens; at most %d may be biased.", n,
+                      ENGINE_MAX_LOGIT_BIAS);
+        return -1;
+    }
+    const int64_t n_vocab = ctx->model ? ctx->model->n_vocab : INT32_MAX;
+    /* pairs (id, bias as float bits) sorted together by id */
+    int32_t *pairs = malloc((size_t)n * 2 * sizeof *pairs);
+    r->bias_id = malloc((size_t)n * sizeof *r->bias_id);
+    r->bias = malloc((size_t)n * sizeof *r->bias);
+    if (!pairs || !r->bias_id || !r->bias) {
+        free(pairs);
+        api_error_set(err, 500, NULL, NULL, "out of memory");
+        return -1;
+    }
+    const cJSON *it;
+    int k = 0;
+    cJSON_ArrayForEach(it, lb)
+    {
+        const char *key = it->string;
+        size_t len = strspn(key, "0123456789");
+        int64_t id = -1;
+        if (len > 0 && len <= 10 && key[len] == 0)
+            id = strtoll(key, NULL, 10);
+        if (id < 0 || id >= n_vocab) {
+            free(pairs);
+            api_error_set(err, 400, "logit_bias", "invalid_value",
+                          "Invalid value for 'logit_bias': '%.40s' is not a token id in [0, "
+                          "%lld).",
+                          key, (long long)n_vocab);
+            return -1;
+        }
+        if (!cJSON_IsNumber(it) || !isfinite(it->valuedouble) || it->valuedouble < -100 ||
+            it->valuedouble > 100) {
+            free(pairs);
+            api_error_set(err, 400, "logit_bias", "invalid_value",
+                          "Invalid value for 'logit_bias': the bias of token %lld must be a "
+                          "number in [-100, 100], not %s.",
+                          (long long)id, cJSON_IsNumber(it) ? "one outside it" : type_name(it));
+            return -1;
+        }
+        float f = (float)it->valuedouble;
+        pairs[2 * k] = (int32_t)id;
+        memcpy(&pairs[2 * k + 1], &f, sizeof f);
+        k++;
+    }
+    qsort(pairs, (size_t)n, 2 * sizeof *pairs, by_bias_id);
+    for (k = 0; k < n; k++) {
+        if (k > 0 && pairs[2 * k] == pairs[2 * k - 2]) {
+            api_error_set(err, 400, "logit_bias", "invalid_value",
+                          "Invalid value for 'logit_bias': token %d is given twice.",
+                          (int)pairs[2 * k]);
+            free(pairs);
+            return -1;
+        }
+        r->bias_id[k] = pairs[2 * k];
+        memcpy(&r->bias[k], &pairs[2 * k + 1], sizeof r->bias[k]);
+    }
+    r->n_bias = n;
+    free(pairs);
+    return 0;
+}
+
 static int parse_common(const struct body *b, const struct api_parse_ctx *ctx, enum api_endpoint ep,
                         struct engine_request *r, struct api_request *meta, struct api_error *err)
 {
@@ -652,13 +735,8 @@ static int parse_common(const struct body *b, const struct api_parse_ctx *ctx, e
         return -1;
     if (rc && s[0])
         return unsupported(err, "suffix", "a suffix");
-    const cJSON *lb = cJSON_GetObjectItemCaseSensitive(o, "logit_bias");
-    if (lb && !cJSON_IsNull(lb)) {
-        if (!cJSON_IsObject(lb))
-            return bad_type(err, "logit_bias", "an object", lb);
-        if (lb->child)
-            return unsupported(err, "logit_bias", "logit_bias");
-    }
+    if (parse_logit_bias(o, ctx, r, err) < 0)
+        return -1;
     if (parse_tools(o, err) < 0)
         return -1;
     const cJSON *rf = cJSON_GetObjectItemCaseSensitive(o, "response_format");

@@ -63,6 +63,8 @@ void engine_request_free(struct engine_request *req)
     free(req->prompt_ids);
     free(req->open);
     free(req->close);
+    free(req->bias_id);
+    free(req->bias);
     for (int i = 0; i < ENGINE_MAX_STOP; i++)
         free(req->stop[i]);
     memset(req, 0, sizeof *req);
@@ -1097,6 +1099,8 @@ static void pick_token(const struct engine *e, struct seq *s, float *lg, float *
         if (s->req.top_logprobs > 0)
             top_logprobs(lg, V, s->req.top_logprobs, lse, ev);
     }
+    for (int i = 0; i < s->req.n_bias; i++) /* after the logprobs: they are the model's */
+        lg[s->req.bias_id[i]] += s->req.bias[i];
     ev->token = sampler_sample(&s->smp, lg, NULL);
     sampler_accept(&s->smp, ev->token);
     ev->has_lp = lp;

@@ -120,6 +120,7 @@ struct engine_model_info {
 #define ENGINE_MAX_STOP 4
 #define ENGINE_MAX_STOP_LEN 256 /* bytes in one stop string */
 #define ENGINE_MAX_TOP_LOGPROBS 20
+#define ENGINE_MAX_LOGIT_BIAS 1024 /* token ids one request may bias */
 #define ENGINE_SESSION_ID_MAX 128
 
 /* A session id reaches the file system (session_dir/<id>.snap), so it is 1 to
@@ -178,8 +179,15 @@ struct engine_request {
     char *stop[ENGINE_MAX_STOP]; /* stop strings of at most ENGINE_MAX_STOP_LEN bytes (malloc'd;
                                     owned), NULL-terminated list. Generation ends at the earliest
                                     occurrence of any; the text before it is emitted. */
-    int logprobs;                /* emit the chosen token's logprob */
-    int top_logprobs;            /* 0..ENGINE_MAX_TOP_LOGPROBS alternatives per token */
+    /* logit_bias: bias[i] (in [-100, 100]) is added to the logit of token
+     * bias_id[i] before sampling, greedy included; the logprobs reported are
+     * the model's own. n_bias <= ENGINE_MAX_LOGIT_BIAS distinct ids in
+     * [0, n_vocab) (both malloc'd; owned), or 0 and NULL. */
+    int32_t *bias_id;
+    float *bias;
+    int n_bias;
+    int logprobs;                           /* emit the chosen token's logprob */
+    int top_logprobs;                       /* 0..ENGINE_MAX_TOP_LOGPROBS alternatives per token */
     char session_id[ENGINE_SESSION_ID_MAX]; /* "" for none; else continue that session */
     /* A session_id the engine has neither in memory nor on disk: 0 starts it
      * (the DONE event says created), 1 answers 404 session_not_found. */

@@ -1,8 +1,8 @@
 """POST /v1/completions through the official openai client: greedy output equal
 to `streamsink run`, streamed == whole, max_tokens -> length, stop sequences,
 seed determinism, logprobs, usage, token-array prompts, /v1/models, and the
-text of control tokens left out unless skip_special_tokens is false, and
-ignore_eos."""
+text of control tokens left out unless skip_special_tokens is false,
+ignore_eos and logit_bias."""
 
 import pytest
 
@@ -148,6 +148,37 @@ def test_control_tokens_text_is_left_out_unless_asked(binary, model, client):
         model="smol", messages=[{"role": "user", "content": "Hi"}], max_tokens=4,
         temperature=0, extra_body={"skip_special_tokens": False})
     assert chat.choices[0].message.content is not None
+
+
+def vocabulary(model):
+    """Token id by its text as the GGUF stores it (byte-level: a space is
+    'Ġ'), read with the gguf package."""
+    from gguf import GGUFReader
+    toks = GGUFReader(model).fields["tokenizer.ggml.tokens"]
+    return {bytes(toks.parts[i]).decode(): k for k, i in enumerate(toks.data)}
+
+
+def test_logit_bias_steers_the_pick_but_not_the_logprobs(model, client):
+    ids = vocabulary(model)
+    kw = dict(model="smol", prompt=PROMPT, max_tokens=3, temperature=0, logprobs=2)
+    plain = client.completions.create(**kw).choices[0].logprobs
+    first, alts = plain.tokens[0], plain.top_logprobs[0]
+    second = min(alts, key=alts.get)  # the runner-up of the top two
+    assert second != first
+    ban = {str(ids[first.replace(" ", "\u0120")]): -100}
+    banned = client.completions.create(logit_bias=ban, **kw).choices[0].logprobs
+    assert banned.tokens[0] == second
+    # logprobs are the model's: the runner-up's own, the banned token still listed
+    assert banned.token_logprobs[0] == pytest.approx(alts[second], abs=1e-5)
+    assert banned.top_logprobs[0] == pytest.approx(alts, abs=1e-5)
+    force = {str(ids["\u0120the"]): 100}
+    forced = client.completions.create(model="smol", prompt=PROMPT, max_tokens=5,
+                                       temperature=1, seed=3, logit_bias=force)
+    assert forced.choices[0].text == " the" * 5
+    chat = client.chat.completions.create(model="smol", messages=[{"role": "user",
+                                                                   "content": "Hi"}],
+                                          max_tokens=4, temperature=0, logit_bias=force)
+    assert chat.choices[0].message.content == " the" * 4
 
 
 @pytest.mark.parametrize("name", ["skip_special_tokens", "ignore_eos"])

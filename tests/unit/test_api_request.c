@@ -236,7 +236,6 @@ TEST(api_request_refuses_features_it_does_not_implement)
     ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"echo\":true}", "echo");
     ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"best_of\":3}", "best_of");
     ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"suffix\":\"end\"}", "suffix");
-    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"logit_bias\":{\"5\":10}}", "logit_bias");
     ASSERT_BAD(API_CHAT,
                "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"tools\":[{\"type\":"
                "\"function\"}]}",
@@ -249,6 +248,59 @@ TEST(api_request_refuses_features_it_does_not_implement)
                                              "\"logit_bias\":{},\"suffix\":null}");
     ASSERT_OK(p.rc);
     engine_request_free(&p.req);
+}
+
+/* logit_bias as OpenAI sends it: ids as decimal strings, biases in
+ * [-100, 100]; the engine gets them sorted by id. n_vocab is 100 here. */
+TEST(api_request_logit_bias_is_parsed_sorted_and_bounded)
+{
+    struct parsed p = parse(API_COMPLETIONS, "{\"prompt\":\"x\",\"logit_bias\":{\"99\":-100,"
+                                             "\"0\":100,\"7\":2.5,\"007\":1e-3}}");
+    ASSERT(p.rc < 0); /* "7" and "007" are one token */
+    ASSERT_EQ(p.err.status, 400);
+    ASSERT(strstr(p.err.message, "token 7 is given twice") != NULL);
+    p = parse(API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                        "\"logit_bias\":{\"99\":-100,\"0\":100,\"7\":2.5}}");
+    ASSERT_OK(p.rc);
+    ASSERT_EQ(p.req.n_bias, 3);
+    ASSERT_EQ(p.req.bias_id[0], 0);
+    ASSERT_EQ(p.req.bias_id[1], 7);
+    ASSERT_EQ(p.req.bias_id[2], 99);
+    ASSERT(p.req.bias[0] == 100.0f && p.req.bias[1] == 2.5f && p.req.bias[2] == -100.0f);
+    engine_request_free(&p.req);
+    p = parse(API_COMPLETIONS, "{\"prompt\":\"x\",\"logit_bias\":null}");
+    ASSERT_OK(p.rc);
+    ASSERT_EQ(p.req.n_bias, 0);
+    engine_request_free(&p.req);
+
+    const char *bad[] = {
+        "{\"prompt\":\"x\",\"logit_bias\":{\"100\":1}}",         /* past the vocabulary */
+        "{\"prompt\":\"x\",\"logit_bias\":{\"-1\":1}}",          /* not an id */
+        "{\"prompt\":\"x\",\"logit_bias\":{\"1.0\":1}}",         /* not an id */
+        "{\"prompt\":\"x\",\"logit_bias\":{\"\":1}}",            /* not an id */
+        "{\"prompt\":\"x\",\"logit_bias\":{\" 5\":1}}",          /* not an id */
+        "{\"prompt\":\"x\",\"logit_bias\":{\"99999999999\":1}}", /* 11 digits */
+        "{\"prompt\":\"x\",\"logit_bias\":{\"5\":100.5}}",       /* out of range */
+        "{\"prompt\":\"x\",\"logit_bias\":{\"5\":-101}}",        /* out of range */
+        "{\"prompt\":\"x\",\"logit_bias\":{\"5\":1e999}}",       /* not finite */
+        "{\"prompt\":\"x\",\"logit_bias\":{\"5\":\"1\"}}",       /* not a number */
+        "{\"prompt\":\"x\",\"logit_bias\":{\"5\":null}}",        /* not a number */
+        "{\"prompt\":\"x\",\"logit_bias\":[5]}",                 /* not an object */
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        ASSERT_BAD(API_COMPLETIONS, bad[i], "logit_bias");
+
+    /* at most ENGINE_MAX_LOGIT_BIAS ids (their range aside: n_vocab is 100) */
+    char *big = malloc(64 + (size_t)(ENGINE_MAX_LOGIT_BIAS + 1) * 8);
+    ASSERT(big != NULL);
+    size_t at = (size_t)sprintf(big, "{\"prompt\":\"x\",\"logit_bias\":{");
+    for (int i = 0; i <= ENGINE_MAX_LOGIT_BIAS; i++)
+        at += (size_t)sprintf(big + at, "%s\"%d\":1", i ? "," : "", i);
+    sprintf(big + at, "}}");
+    p = parse(API_COMPLETIONS, big);
+    ASSERT(p.rc < 0);
+    ASSERT(strstr(p.err.message, "at most 1024") != NULL);
+    free(big);
 }
 
 TEST(api_request_rejects_bodies_that_are_not_json_objects)

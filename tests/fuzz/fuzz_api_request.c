@@ -8,7 +8,8 @@
  * JSON object to cJSON too and names no model the server does not serve; the
  * request is well formed (a NUL-terminated prompt of the stated length, or
  * token ids in [0, n_vocab); stop strings non-empty and within the limit,
- * packed first; sampling values in their documented ranges; a printable
+ * packed first; sampling values in their documented ranges; logit_bias ids
+ * distinct, ascending and in the vocabulary, biases in [-100, 100]; a printable
  * session id) and is released with engine_request_free. On failure: -EINVAL,
  * nothing left to free, a status in 400..599 (a 404 only for an unknown
  * model), a type and a message, and api_error_json gives the OpenAI error
@@ -160,6 +161,16 @@ static void check_request(const struct api_parse_ctx *ctx, enum api_endpoint ep,
         if (n == 0 || (ctx->max_stop_len > 0 && (int64_t)n > ctx->max_stop_len))
             fail("stop string empty or over the limit", NULL);
     }
+    if (r->n_bias < 0 || r->n_bias > ENGINE_MAX_LOGIT_BIAS || (r->n_bias > 0) != !!r->bias_id ||
+        (r->n_bias > 0) != !!r->bias)
+        fail("logit_bias count", NULL);
+    for (int i = 0; i < r->n_bias; i++)
+        if (r->bias_id[i] < 0 || r->bias_id[i] >= n_vocab ||
+            (i > 0 && r->bias_id[i] <= r->bias_id[i - 1]) ||
+            !(r->bias[i] >= -100 && r->bias[i] <= 100))
+            fail("logit_bias ids not distinct, ascending, in the vocabulary, or a bias out of "
+                 "[-100, 100]",
+                 NULL);
     if (!terminated(r->session_id, sizeof r->session_id))
         fail("session id not NUL-terminated", NULL);
     for (const char *p = r->session_id; *p; p++)

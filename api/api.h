@@ -165,11 +165,13 @@ struct api_response {
     /* Non-streaming accumulation: the text, and the logprobs serialized as
      * they come (chat: lp[0] holds the items of "content"; completions: lp[0..3]
      * those of "tokens", "token_logprobs", "top_logprobs", "text_offset").
-     * text_len + lp_len never exceeds text_max. */
+     * text_len + lp_len + no_text never exceeds text_max. */
     char *text;
     size_t text_len, text_cap, text_max;
     struct api_buf lp[4];
     size_t lp_len;      /* bytes in lp[0..3] */
+    size_t no_text;     /* tokens that came with no text (a hidden control token, a part of a
+                           character): each counts one byte, so the bound ends any answer */
     size_t text_offset; /* completions logprobs: the next token's text's start, in characters */
 };
 

@@ -534,7 +534,6 @@ static int parse_tools(const cJSON *o, struct api_error *err)
     return get_bool(o, "parallel_tool_calls", &b, err) < 0 ? -1 : 0;
 }
 
-/* Fields both endpoints share, and the ones we refuse. */
 static int by_bias_id(const void *a, const void *b)
 {
     int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
@@ -618,6 +617,7 @@ static int parse_logit_bias(const cJSON *o, const struct api_parse_ctx *ctx,
     return 0;
 }
 
+/* Fields both endpoints share, and the ones we refuse. */
 static int parse_common(const struct body *b, const struct api_parse_ctx *ctx, enum api_endpoint ep,
                         struct engine_request *r, struct api_request *meta, struct api_error *err)
 {
@@ -706,8 +706,10 @@ static int parse_common(const struct body *b, const struct api_parse_ctx *ctx, e
     if (get_bool(o, "skip_special_tokens", &skip_special, err) < 0)
         return -1;
     r->show_special = !skip_special;
-    /* ignore_eos (vLLM and llama-server): generate past end-of-generation
-     * tokens, for benchmarks that want answers of a set length */
+    /* ignore_eos, as vLLM has it: an end-of-generation token is generated
+     * and counted like any other and does not end the answer (llama-server
+     * instead never generates one), for benchmarks that want answers of a
+     * set length */
     if (get_bool(o, "ignore_eos", &r->ignore_eos, err) < 0)
         return -1;
     if ((rc = get_string(o, "kv_policy", &s, err)) < 0)

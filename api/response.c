@@ -505,12 +505,15 @@ static void lp_append(struct api_response *r, const struct engine_event *ev)
 
 /* The logprobs are counted in the answer's bound as the bytes of JSON they
  * add, so a whole answer's memory and body are bounded whatever it asks for:
- * with 20 alternatives a token adds about 1 KB, its text a few bytes. */
+ * with 20 alternatives a token adds about 1 KB, its text a few bytes. A token
+ * of no text counts one byte, so that a model repeating hidden control tokens
+ * still reaches the bound. */
 int api_response_add(struct api_response *r, const struct engine_event *ev)
 {
     if (ev->kind != ENGINE_EV_TOKEN)
         return 0;
-    if (r->text_len + r->lp_len + ev->text_len > r->text_max)
+    const size_t empty = ev->token >= 0 && ev->text_len == 0;
+    if (r->text_len + r->lp_len + r->no_text + empty + ev->text_len > r->text_max)
         return -E2BIG;
     if (r->text_len + ev->text_len + 1 > r->text_cap) {
         size_t cap = r->text_cap ? r->text_cap : 256;
@@ -532,7 +535,8 @@ int api_response_add(struct api_response *r, const struct engine_event *ev)
             added += r->lp[i].len - mark[i];
             oom |= r->lp[i].oom;
         }
-        if (oom || r->text_len + r->lp_len + ev->text_len + added > r->text_max) {
+        if (oom ||
+            r->text_len + r->lp_len + r->no_text + empty + ev->text_len + added > r->text_max) {
             for (int i = 0; i < 4; i++) { /* as if the token never came */
                 api__buf_cut(&r->lp[i], mark[i]);
                 r->lp[i].oom = 0;
@@ -543,6 +547,7 @@ int api_response_add(struct api_response *r, const struct engine_event *ev)
     }
     memcpy(r->text + r->text_len, ev->text, ev->text_len);
     r->text_len += ev->text_len;
+    r->no_text += empty;
     r->text[r->text_len] = 0;
     r->text_offset += text_chars(ev->text, ev->text_len);
     return 0;

@@ -147,6 +147,7 @@ static void emit_text(struct engine *e, const struct engine_event *proto, const 
 
 struct lp_held {
     int64_t start; /* where the token's text starts in the text fed to the filter */
+    int hidden;    /* a control token whose text is left out: it has none to wait for */
     int32_t token;
     float logprob;
     int n_top;
@@ -181,8 +182,12 @@ static void held_send(struct engine *e, struct seq *s, const struct engine_event
                       const char *text, size_t len, enum held_out which)
 {
     const int64_t at = s->passed - (int64_t)len;
+    /* a token goes out once its text has started to; a hidden one, which has
+     * none, once the text before it has (a stop string right after it is not
+     * its text) */
     int k = 0;
-    while (k < s->n_held && (which == HELD_ALL || s->held[k].start < s->passed))
+    while (k < s->n_held && (which == HELD_ALL || s->held[k].start < s->passed ||
+                             (s->held[k].hidden && s->held[k].start == s->passed)))
         k++;
     struct engine_event ev = *proto;
     ev.has_lp = 0;
@@ -207,7 +212,8 @@ static void held_send(struct engine *e, struct seq *s, const struct engine_event
 
 /* Holds the log-probs of ev's token, whose text starts at byte start of the
  * text fed to the stop filter. */
-static void held_add(struct engine *e, struct seq *s, const struct engine_event *ev, int64_t start)
+static void held_add(struct engine *e, struct seq *s, const struct engine_event *ev, int64_t start,
+                     int hidden)
 {
     if (s->n_held == LP_HELD_MAX) { /* the oldest goes out now, its text later */
         struct engine_event out = *ev;
@@ -218,6 +224,7 @@ static void held_add(struct engine *e, struct seq *s, const struct engine_event 
     }
     struct lp_held *h = &s->held[s->n_held++];
     h->start = start;
+    h->hidden = hidden;
     h->token = ev->lp_token;
     h->logprob = ev->logprob;
     h->n_top = ev->n_top;
@@ -351,6 +358,15 @@ static int64_t encode(const struct tokenizer *t, const char *text, size_t len, i
  * -1 after emitting an error. */
 static int64_t prompt_tokens(struct engine *e, struct engine_request *r, int bos, int32_t **out)
 {
+    for (int i = 0; i < r->n_bias; i++) { /* the API checks them; the engine does not trust it */
+        if (r->bias_id[i] < 0 || r->bias_id[i] >= e->info.n_vocab) {
+            char msg[128];
+            snprintf(msg, sizeof msg, "logit_bias token %d is outside the vocabulary [0, %lld)",
+                     r->bias_id[i], (long long)e->info.n_vocab);
+            emit_error(e, r->id, 400, "logit_bias", "invalid_value", msg);
+            return -1;
+        }
+    }
     if (r->prompt) {
         /* past the limit the count is max + 1 ("more"), and admit_into refuses it */
         int64_t max = e->cfg.max_prompt_tokens > 0 ? e->cfg.max_prompt_tokens : -1;
@@ -1136,9 +1152,8 @@ static void after_pick(struct engine *e, struct seq *s, struct engine_event *ev)
         return;
     }
     /* a hidden control token is a token of no text */
-    int64_t w = !s->req.show_special && tok_is_control(e->dec.tok, tok)
-                    ? 0
-                    : tok_stream_push(e->dec.tok, &s->ts, tok, e->piece, e->piece_cap);
+    const int hidden = !s->req.show_special && tok_is_control(e->dec.tok, tok);
+    int64_t w = hidden ? 0 : tok_stream_push(e->dec.tok, &s->ts, tok, e->piece, e->piece_cap);
     size_t out_len = 0;
     int stopped = 0;
     if (w > 0)
@@ -1148,7 +1163,7 @@ static void after_pick(struct engine *e, struct seq *s, struct engine_event *ev)
         const int64_t start = s->fed;
         s->fed += w > 0 ? w : 0;
         s->passed += (int64_t)out_len;
-        held_add(e, s, ev, start);
+        held_add(e, s, ev, start, hidden);
         /* a token of no text yet (a part of a character) waits for its
          * text: a stop string may start with it */
         held_send(e, s, ev, e->text_out, out_len, stopped == 1 ? HELD_CUT : HELD_STARTED);

@@ -666,11 +666,13 @@ enum server_status server_run(const struct server_config *cfg)
     struct engine_config ec;
     struct sockaddr_storage addr;
     if (engine_config_from(&s->cfg, &ec) < 0) {
+        free_keys(s);
         free(s);
         return SERVER_BAD_CONFIG;
     }
     if (parse_host(&s->cfg, &addr) < 0) {
         fprintf(stderr, "error: --host expects an IPv4 or IPv6 address, got '%s'\n", s->cfg.host);
+        free_keys(s);
         free(s);
         return SERVER_BAD_CONFIG;
     }
@@ -678,6 +680,7 @@ enum server_status server_run(const struct server_config *cfg)
         fprintf(stderr, "error: %s: %s\n", s->cfg.model, strerror(errno));
         fprintf(stderr, "hint: run scripts/fetch-model.sh to fetch the default model, "
                         "or pass -m FILE\n");
+        free_keys(s);
         free(s);
         return SERVER_BAD_MODEL;
     }

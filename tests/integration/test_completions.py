@@ -144,10 +144,17 @@ def test_control_tokens_text_is_left_out_unless_asked(binary, model, client):
     streamed = "".join(ch.choices[0].text for ch in client.completions.create(
         model="smol", prompt=OPEN_TURN, max_tokens=10, temperature=0, stream=True))
     assert streamed == text
-    chat = client.chat.completions.create(
-        model="smol", messages=[{"role": "user", "content": "Hi"}], max_tokens=4,
-        temperature=0, extra_body={"skip_special_tokens": False})
-    assert chat.choices[0].message.content is not None
+
+
+def test_a_hidden_control_token_just_before_a_stop_string_keeps_its_logprobs(client):
+    kw = dict(model="smol", prompt=OPEN_TURN, max_tokens=10, temperature=0, logprobs=1,
+              stop=["assistant"])
+    for skip, text in ((True, ""), (False, "<|im_start|>")):
+        c = client.completions.create(extra_body={"skip_special_tokens": skip}, **kw).choices[0]
+        assert c.finish_reason == "stop"
+        assert c.text == text
+        assert c.logprobs.tokens == ["<|im_start|>"], (skip, c.logprobs.tokens)
+        assert c.logprobs.text_offset == [0]
 
 
 def vocabulary(model):

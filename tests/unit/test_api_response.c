@@ -332,6 +332,28 @@ TEST(api_response_bounds_a_whole_answer)
     api_response_free(&r);
 }
 
+/* A model that repeats a hidden control token (a token event with no text)
+ * still reaches the bound: each counts one byte. Events that carry text of
+ * tokens already counted (token -1) do not. */
+TEST(api_response_bounds_an_answer_of_tokens_with_no_text)
+{
+    struct api_response r;
+    struct api_request meta = {.endpoint = API_COMPLETIONS};
+    api_response_init(&r, &meta, "smol", 1, 1, 8, &TT);
+    struct engine_event hidden = tok(1, "", -0.5f);
+    struct engine_event tail = tok(-1, "", 0);
+    struct engine_event a = tok(5, "ab", -0.5f);
+    ASSERT_OK(api_response_add(&r, &a));
+    for (int i = 0; i < 100; i++)
+        ASSERT_OK(api_response_add(&r, &tail));
+    for (int i = 0; i < 6; i++)
+        ASSERT_OK(api_response_add(&r, &hidden));
+    ASSERT_EQ(api_response_add(&r, &hidden), -E2BIG);
+    ASSERT_EQ(api_response_add(&r, &a), -E2BIG);
+    ASSERT_EQ(r.text_len, 2);
+    api_response_free(&r);
+}
+
 TEST(api_response_finish_reasons_are_stop_or_length)
 {
     ASSERT_STREQ(api_finish_reason(ENGINE_FINISH_STOP), "stop");

@@ -141,6 +141,11 @@ TEST(every_command_parses_with_the_shared_parser)
     ASSERT_EQ(cmd_serve(3, serve_log), CMD_EXIT_USAGE);
     char *serve_missing[] = {"serve", "-m", "/nonexistent.gguf", "--port", "0", NULL};
     ASSERT_EQ(cmd_serve(5, serve_missing), CMD_EXIT_MODEL);
+    /* with keys loaded: the early exits free them (LeakSanitizer in the ASan run) */
+    char *serve_keyed_host[] = {"serve", "--api-key", "k1", "--host", "not-an-address", NULL};
+    ASSERT_EQ(cmd_serve(5, serve_keyed_host), CMD_EXIT_USAGE);
+    char *serve_keyed_missing[] = {"serve", "--api-key", "k1", "-m", "/nonexistent.gguf", NULL};
+    ASSERT_EQ(cmd_serve(5, serve_keyed_missing), CMD_EXIT_MODEL);
     char *serve_chat[] = {"serve", "--chat-template", "jinja", NULL};
     ASSERT_EQ(cmd_serve(3, serve_chat), CMD_EXIT_USAGE);
     char *serve_chat_twice[] = {

@@ -140,6 +140,24 @@ int api_request_parse(const struct api_parse_ctx *ctx, enum api_endpoint ep, con
                       size_t len, struct engine_request *out, struct api_request *meta,
                       struct api_error *err);
 
+/* ---- tokenize and detokenize (request.c, response.c) ---------------------- */
+
+/* POST /tokenize: {"content": text} ("prompt", vLLM's name, is taken too),
+ * "add_special" (false: BOS as the model wants it when true), "parse_special"
+ * (true: <|im_start|> and the like are one token each). "with_pieces": true
+ * is refused (400). *out gets the text as a prompt with add_bos and
+ * parse_special set (ctx->id and owner too). 0, or -EINVAL with err. */
+int api_tokenize_parse(const struct api_parse_ctx *ctx, const char *body, size_t len,
+                       struct engine_request *out, struct api_error *err);
+/* POST /detokenize: {"tokens": [id, ...]}, ids in [0, n_vocab). *ids is
+ * malloc'd (caller frees; NULL on failure). 0, or -EINVAL with err. */
+int api_detokenize_parse(const struct api_parse_ctx *ctx, const char *body, size_t len,
+                         int32_t **ids, int64_t *n, struct api_error *err);
+/* {"tokens":[first (if >= 0), ids...],"count":N}, malloc'd, or NULL. */
+char *api_tokens_json(int32_t first, const int32_t *ids, int64_t n);
+/* {"content":"..."}: text as a JSON string (bytes outside UTF-8 as U+FFFD). */
+char *api_content_json(const char *text, size_t len);
+
 /* ---- responses (response.c) ---------------------------------------------- */
 
 /* Token text for logprobs (raw bytes; engine_token_text in the server). */

@@ -1360,6 +1360,20 @@ fail:
 
 /* ---- entry ----------------------------------------------------------------- */
 
+/* A parse's end: the tree deleted, and on failure (rc < 0) the request
+ * freed and err filled. Returns 0 or -EINVAL. */
+static int parse_end(cJSON *root, int rc, struct engine_request *out, struct api_error *err)
+{
+    cJSON_Delete(root);
+    if (rc < 0) {
+        engine_request_free(out);
+        if (!err->status)
+            api_error_set(err, 400, NULL, NULL, "invalid request");
+        return -EINVAL;
+    }
+    return 0;
+}
+
 int api_request_parse(const struct api_parse_ctx *ctx, enum api_endpoint ep, const char *body,
                       size_t len, struct engine_request *out, struct api_request *meta,
                       struct api_error *err)
@@ -1389,12 +1403,113 @@ int api_request_parse(const struct api_parse_ctx *ctx, enum api_endpoint ep, con
     out->top_logprobs = meta->top_logprobs;
     rc = 0;
 out:
+    return parse_end(root, rc, out, err);
+}
+
+/* ---- tokenize and detokenize ------------------------------------------------ */
+
+int api_tokenize_parse(const struct api_parse_ctx *ctx, const char *body, size_t len,
+                       struct engine_request *out, struct api_error *err)
+{
+    memset(out, 0, sizeof *out);
+    memset(err, 0, sizeof *err);
+    out->id = ctx->id;
+    out->owner = ctx->owner;
+    cJSON *root = parse_body(ctx, body, len, err);
+    int rc = -1, add = 0, special = 1, pieces = 0;
+    const char *text = NULL;
+    if (!root)
+        goto out;
+    /* content (llama-server's name) or prompt (vLLM's), not both */
+    int has_c = get_string(root, "content", &text, err);
+    if (has_c < 0)
+        goto out;
+    const char *p = NULL;
+    int has_p = get_string(root, "prompt", &p, err);
+    if (has_p < 0)
+        goto out;
+    if (has_c && has_p) {
+        api_error_set(err, 400, "prompt", "invalid_value",
+                      "Give the text as 'content' or as 'prompt', not both.");
+        goto out;
+    }
+    if (has_p)
+        text = p;
+    if (!text) {
+        api_error_set(err, 400, "content", "missing_required_parameter",
+                      "Missing required parameter: 'content' (the text to tokenize).");
+        goto out;
+    }
+    if (get_bool(root, "add_special", &add, err) < 0 ||
+        get_bool(root, "parse_special", &special, err) < 0 ||
+        get_bool(root, "with_pieces", &pieces, err) < 0)
+        goto out;
+    if (pieces) {
+        unsupported(err, "with_pieces", "with_pieces = true");
+        goto out;
+    }
+    out->prompt_len = strlen(text); /* strings with U+0000 were refused by the pre-scan */
+    out->prompt = malloc(out->prompt_len + 1);
+    if (!out->prompt) {
+        api_error_set(err, 500, NULL, NULL, "out of memory");
+        goto out;
+    }
+    memcpy(out->prompt, text, out->prompt_len + 1);
+    out->add_bos = add;
+    out->parse_special = special;
+    rc = 0;
+out:
+    return parse_end(root, rc, out, err);
+}
+
+int api_detokenize_parse(const struct api_parse_ctx *ctx, const char *body, size_t len,
+                         int32_t **ids, int64_t *n, struct api_error *err)
+{
+    *ids = NULL;
+    *n = 0;
+    memset(err, 0, sizeof *err);
+    cJSON *root = parse_body(ctx, body, len, err);
+    if (!root)
+        return -EINVAL;
+    const cJSON *arr = cJSON_GetObjectItemCaseSensitive(root, "tokens");
+    int rc = -EINVAL;
+    if (!arr || cJSON_IsNull(arr)) {
+        api_error_set(err, 400, "tokens", "missing_required_parameter",
+                      "Missing required parameter: 'tokens' (an array of token ids).");
+        goto out;
+    }
+    if (!cJSON_IsArray(arr)) {
+        bad_type(err, "tokens", "an array of token ids", arr);
+        goto out;
+    }
+    const int64_t n_vocab = ctx->model ? ctx->model->n_vocab : INT32_MAX;
+    const int count = cJSON_GetArraySize(arr);
+    *ids = malloc((size_t)(count > 0 ? count : 1) * sizeof **ids);
+    if (!*ids) {
+        api_error_set(err, 500, NULL, NULL, "out of memory");
+        goto out;
+    }
+    const cJSON *it;
+    int k = 0;
+    cJSON_ArrayForEach(it, arr)
+    {
+        double d = cJSON_IsNumber(it) ? it->valuedouble : -1;
+        if (!cJSON_IsNumber(it) || !isfinite(d) || d != floor(d) || d < 0 || d >= (double)n_vocab) {
+            api_error_set(err, 400, "tokens", "invalid_value",
+                          "Invalid value for 'tokens': item %d is not an id in [0, %lld).", k,
+                          (long long)n_vocab);
+            goto out;
+        }
+        (*ids)[k++] = (int32_t)d;
+    }
+    *n = k;
+    rc = 0;
+out:
     cJSON_Delete(root);
     if (rc < 0) {
-        engine_request_free(out);
-        if (!err->status)
-            api_error_set(err, 400, NULL, NULL, "invalid request");
-        return -EINVAL;
+        free(*ids);
+        *ids = NULL;
+        *n = 0;
     }
-    return 0;
+    return rc;
 }

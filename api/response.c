@@ -614,6 +614,32 @@ static cJSON *model_obj(const char *model_id, int64_t created)
     return m;
 }
 
+char *api_tokens_json(int32_t first, const int32_t *ids, int64_t n)
+{
+    struct api_buf b = {0};
+    api__buf_puts(&b, "{\"tokens\":[");
+    if (first >= 0)
+        put_int(&b, first);
+    for (int64_t i = 0; i < n; i++) {
+        if (i > 0 || first >= 0)
+            api__buf_puts(&b, ",");
+        put_int(&b, ids[i]);
+    }
+    api__buf_puts(&b, "],\"count\":");
+    put_int(&b, n + (first >= 0));
+    api__buf_puts(&b, "}");
+    return api__buf_finish(&b);
+}
+
+char *api_content_json(const char *text, size_t len)
+{
+    struct api_buf b = {0};
+    api__buf_puts(&b, "{\"content\":");
+    put_string(&b, text, len);
+    api__buf_puts(&b, "}");
+    return api__buf_finish(&b);
+}
+
 char *api_models_json(const char *model_id, int64_t created)
 {
     cJSON *o = cJSON_CreateObject();

@@ -1470,6 +1470,12 @@ size_t engine_token_text(const struct engine *e, int32_t id, char *buf, size_t c
     return len;
 }
 
+const char *engine_token_piece(const struct engine *e, int32_t id, size_t *len)
+{
+    *len = 0;
+    return tok_piece(e->dec.tok, id, len);
+}
+
 void engine_get_stats(const struct engine *e, struct engine_stats *out)
 {
     queue_get_stats((struct queue *)&e->q, out);

@@ -69,6 +69,10 @@ const char *metrics_endpoint_name(enum metrics_endpoint ep)
         return "/v1/sessions";
     case METRICS_EP_STREAMS:
         return "/v1/streams";
+    case METRICS_EP_TOKENIZE:
+        return "/tokenize";
+    case METRICS_EP_DETOKENIZE:
+        return "/detokenize";
     default:
         return "other";
     }

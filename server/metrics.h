@@ -32,6 +32,8 @@ enum metrics_endpoint {
     METRICS_EP_METRICS,
     METRICS_EP_SESSIONS,
     METRICS_EP_STREAMS, /* GET /v1/streams/{id} (resume) */
+    METRICS_EP_TOKENIZE,
+    METRICS_EP_DETOKENIZE,
     METRICS_EP_OTHER,
     METRICS_EP_COUNT
 };

@@ -373,6 +373,7 @@ struct tok_work {
     int32_t *ids;
     size_t held;   /* bytes of the body budget the prompt's copy holds until tok_done */
     int cancelled; /* atomic: the client left before a worker took the job */
+    int reply;     /* POST /tokenize: the ids are the answer, not a request's prompt */
 };
 
 static void tok_run(uv_work_t *w) /* a worker thread */
@@ -396,6 +397,29 @@ static void tok_done(uv_work_t *w, int status)
     struct server *s = ((struct tok_work *)w->data)->s;
     tok_done_(w, status);
     release_parked(s);
+}
+
+/* POST /tokenize's answer: the ids (BOS first when asked for and the model
+ * wants one), or 400 when the text has more tokens than a prompt may. Takes
+ * t. */
+static void reply_tokens(struct server *s, struct http_conn *c, struct tok_work *t)
+{
+    const enum metrics_endpoint ep = METRICS_EP_TOKENIZE;
+    const int32_t bos = bos_tokens(s, &t->req) ? s->info->bos : -1;
+    req_done(s, c);
+    if (t->n > t->max) {
+        char msg[200];
+        snprintf(msg, sizeof msg,
+                 "the content has more than %lld tokens, the longest prompt this server takes "
+                 "(--max-prompt, or the model's context length)",
+                 (long long)s->max_prompt_tokens);
+        reply_err(s, c, ep, 400, "content", "context_length_exceeded", msg);
+    } else {
+        reply_json(s, c, ep, 200, api_tokens_json(bos, t->ids, t->n));
+    }
+    free(t->ids);
+    engine_request_free(&t->req);
+    free(t);
 }
 
 static void tok_done_(uv_work_t *w, int status)
@@ -424,6 +448,10 @@ static void tok_done_(uv_work_t *w, int status)
         reply_err(s, c, ep, 500, NULL, NULL, "tokenizing the prompt failed");
         return;
     }
+    if (t->reply) {
+        reply_tokens(s, c, t);
+        return;
+    }
     if (t->n > t->max) { /* the count stopped there */
         struct engine_request req = t->req;
         free(t->ids);
@@ -439,6 +467,62 @@ static void tok_done_(uv_work_t *w, int status)
     struct engine_request req = t->req;
     free(t);
     submit(s, c, r, &req);
+}
+
+/* A queued prompt's copy outlives its connection (the job runs on, and the
+ * body is given back when the client leaves), so it holds its bytes of the
+ * body budget until its job is done: one client cannot queue prompt after
+ * prompt and hang up, past the bound every body keeps to. 1 when req's text
+ * cannot be held now (answered, req freed), else 0. */
+static int over_budget(struct server *s, struct http_conn *c, enum metrics_endpoint mep,
+                       struct engine_request *req)
+{
+    if (req->prompt && s->cfg.max_body_total > 0 &&
+        req->prompt_len > (size_t)s->cfg.max_body_total) { /* no retry can help */
+        engine_request_free(req);
+        reply_err(s, c, mep, 413, NULL, "request_too_large",
+                  "the prompt, as the chat template renders it, is larger than the server holds "
+                  "at once (--max-body-total)");
+        return 1;
+    }
+    if (req->prompt && s->cfg.max_body_total > 0 &&
+        s->body_bytes + req->prompt_len > (size_t)s->cfg.max_body_total) {
+        engine_request_free(req);
+        reply_err(s, c, mep, 503, NULL, "server_busy",
+                  "the server holds as many prompts as it can; retry shortly");
+        return 1;
+    }
+    return 0;
+}
+
+/* Sends req's text to a worker thread (t, zeroed, takes req): tok_done then
+ * submits it, or with reply answers POST /tokenize. r is c's request. */
+static void queue_tokenize(struct server *s, struct http_conn *c, struct srv_req *r,
+                           struct tok_work *t, struct engine_request *req, int reply)
+{
+    t->s = s;
+    t->id = r->id;
+    t->req = *req;
+    t->reply = reply;
+    t->max = s->max_prompt_tokens - bos_tokens(s, req);
+    if (t->max < 0)
+        t->max = 0;
+    t->work.data = t;
+    if (uv_queue_work(s->loop, &t->work, tok_run, tok_done) < 0) {
+        enum metrics_endpoint ep = r->ep;
+        engine_request_free(&t->req);
+        free(t);
+        req_done(s, c);
+        reply_err(s, c, ep, 500, NULL, NULL, "cannot schedule the prompt's tokenization");
+        return;
+    }
+    r->tokenizing = 1;
+    r->tok_cancel = &t->cancelled;
+    snprintf(r->tok_session, sizeof r->tok_session, "%s", t->req.session_id);
+    r->tok_owner = t->req.owner;
+    s->tokenizing++;
+    t->held = t->req.prompt_len;
+    s->body_bytes += t->held;
 }
 
 static void handle_generate(struct server *s, struct http_conn *c, enum api_endpoint ep,
@@ -471,25 +555,8 @@ static void handle_generate(struct server *s, struct http_conn *c, enum api_endp
         return;
     }
     http_conn_release_body(c); /* the request holds what it needs of it */
-    /* A queued prompt's copy outlives its connection (the job runs on, and
-     * the body is given back when the client leaves), so it holds its bytes
-     * of the body budget until its job is done: one client cannot queue
-     * prompt after prompt and hang up, past the bound every body keeps to. */
-    if (req.prompt && s->cfg.max_body_total > 0 &&
-        req.prompt_len > (size_t)s->cfg.max_body_total) { /* no retry can help */
-        engine_request_free(&req);
-        reply_err(s, c, mep, 413, NULL, "request_too_large",
-                  "the prompt, as the chat template renders it, is larger than the server holds "
-                  "at once (--max-body-total)");
+    if (over_budget(s, c, mep, &req))
         return;
-    }
-    if (req.prompt && s->cfg.max_body_total > 0 &&
-        s->body_bytes + req.prompt_len > (size_t)s->cfg.max_body_total) {
-        engine_request_free(&req);
-        reply_err(s, c, mep, 503, NULL, "server_busy",
-                  "the server holds as many prompts as it can; retry shortly");
-        return;
-    }
     struct srv_req *r = calloc(1, sizeof *r);
     struct tok_work *t = req.prompt ? calloc(1, sizeof *t) : NULL;
     if (!r || (req.prompt && !t)) {
@@ -519,27 +586,82 @@ static void handle_generate(struct server *s, struct http_conn *c, enum api_endp
         submit(s, c, r, &req);
         return;
     }
-    t->s = s;
-    t->id = id;
-    t->req = req;
-    t->max = s->max_prompt_tokens - bos_tokens(s, &req);
-    if (t->max < 0)
-        t->max = 0;
-    t->work.data = t;
-    if (uv_queue_work(s->loop, &t->work, tok_run, tok_done) < 0) {
-        engine_request_free(&t->req);
-        free(t);
-        req_done(s, c);
-        reply_err(s, c, mep, 500, NULL, NULL, "cannot schedule the prompt's tokenization");
+    queue_tokenize(s, c, r, t, &req, 0);
+}
+
+/* POST /tokenize: the text goes to a worker as a prompt's would, under the
+ * same limits (the body budget; the count stops past the longest prompt). */
+static void handle_tokenize(struct server *s, struct http_conn *c)
+{
+    const enum metrics_endpoint mep = METRICS_EP_TOKENIZE;
+    if (s->draining) {
+        reply_err(s, c, mep, 503, NULL, "server_shutting_down", "the server is shutting down");
         return;
     }
-    r->tokenizing = 1;
-    r->tok_cancel = &t->cancelled;
-    snprintf(r->tok_session, sizeof r->tok_session, "%s", t->req.session_id);
-    r->tok_owner = t->req.owner;
-    s->tokenizing++;
-    t->held = t->req.prompt_len;
-    s->body_bytes += t->held;
+    uint64_t id = s->next_seq++ * (uint64_t)s->cfg.max_conns + c->user_id;
+    struct api_parse_ctx ctx = {.model = s->info, .id = id, .owner = owner_of(s, c)};
+    struct engine_request req;
+    struct api_error err;
+    if (api_tokenize_parse(&ctx, c->req.body, c->req.body_len, &req, &err) < 0) {
+        reply_error(s, c, mep, &err);
+        return;
+    }
+    http_conn_release_body(c);
+    if (over_budget(s, c, mep, &req))
+        return;
+    struct srv_req *r = calloc(1, sizeof *r);
+    struct tok_work *t = calloc(1, sizeof *t);
+    if (!r || !t) {
+        free(r);
+        free(t);
+        engine_request_free(&req);
+        reply_err(s, c, mep, 500, NULL, NULL, "out of memory");
+        return;
+    }
+    r->id = id;
+    r->ep = mep;
+    c->user = r;
+    s->inflight++;
+    queue_tokenize(s, c, r, t, &req, 1);
+}
+
+/* POST /detokenize: the ids' bytes joined, on the loop (the body's value
+ * limit bounds the ids; each is a table lookup). */
+static void handle_detokenize(struct server *s, struct http_conn *c)
+{
+    const enum metrics_endpoint mep = METRICS_EP_DETOKENIZE;
+    struct api_parse_ctx ctx = {
+        .model = s->info,
+        .max_json_values =
+            (size_t)(4 * s->max_prompt_tokens > 65536 ? 4 * s->max_prompt_tokens : 65536),
+    };
+    int32_t *ids;
+    int64_t n;
+    struct api_error err;
+    if (api_detokenize_parse(&ctx, c->req.body, c->req.body_len, &ids, &n, &err) < 0) {
+        reply_error(s, c, mep, &err);
+        return;
+    }
+    size_t total = 0, len;
+    for (int64_t i = 0; i < n; i++)
+        total += engine_token_piece(s->engine, ids[i], &len) ? len : 0;
+    char *text = malloc(total + 1);
+    if (!text) {
+        free(ids);
+        reply_err(s, c, mep, 500, NULL, NULL, "out of memory");
+        return;
+    }
+    size_t at = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const char *p = engine_token_piece(s->engine, ids[i], &len);
+        if (p) {
+            memcpy(text + at, p, len);
+            at += len;
+        }
+    }
+    free(ids);
+    reply_json(s, c, mep, 200, api_content_json(text, at));
+    free(text);
 }
 
 /* ---- the session API ------------------------------------------------------------------------ */
@@ -851,6 +973,8 @@ static const struct route routes[] = {
     /* GET, DELETE /v1/sessions/{id}; POST /v1/sessions/{id}/save (handle_sessions) */
     {"/v1/sessions/", 1, HTTP_GET, HTTP_DELETE, "GET, HEAD, DELETE, POST", METRICS_EP_SESSIONS, 0},
     {STREAMS_PREFIX, 1, HTTP_GET, -1, "GET", METRICS_EP_STREAMS, 0},
+    {"/tokenize", 0, HTTP_POST, -1, "POST", METRICS_EP_TOKENIZE, 0},
+    {"/detokenize", 0, HTTP_POST, -1, "POST", METRICS_EP_DETOKENIZE, 0},
     {"/health", 0, HTTP_GET, -1, "GET, HEAD", METRICS_EP_HEALTH, 1},
     {"/metrics", 0, HTTP_GET, -1, "GET, HEAD", METRICS_EP_METRICS, 1},
 };
@@ -927,7 +1051,7 @@ static int check_request(const struct server *s, const struct http_conn *c, cons
 static int draining_refuses(enum metrics_endpoint ep)
 {
     return ep == METRICS_EP_COMPLETIONS || ep == METRICS_EP_CHAT || ep == METRICS_EP_SESSIONS ||
-           ep == METRICS_EP_STREAMS;
+           ep == METRICS_EP_STREAMS || ep == METRICS_EP_TOKENIZE;
 }
 
 static int shutting_down(struct http_reject *rej)
@@ -1004,6 +1128,12 @@ void router_on_request(struct http_conn *c, void *arg)
         break;
     case METRICS_EP_STREAMS:
         handle_resume(s, c, path);
+        break;
+    case METRICS_EP_TOKENIZE:
+        handle_tokenize(s, c);
+        break;
+    case METRICS_EP_DETOKENIZE:
+        handle_detokenize(s, c);
         break;
     default:
         reply_err(s, c, METRICS_EP_OTHER, 404, NULL, "unknown_url", "Unknown request URL.");

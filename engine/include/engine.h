@@ -304,6 +304,9 @@ int64_t engine_tokenize_max(const struct engine *e, const char *text, size_t len
 /* Text of a token for logprobs (raw bytes, may be a partial UTF-8 sequence).
  * Any thread (the tokenizer is read-only). Returns bytes written (< cap). */
 size_t engine_token_text(const struct engine *e, int32_t id, char *buf, size_t cap);
+/* The raw bytes of token id (a view valid until engine_stop; *len set), or
+ * NULL for an id outside the vocabulary. Any thread. */
+const char *engine_token_piece(const struct engine *e, int32_t id, size_t *len);
 
 /* Upper bounds (seconds) of the snapshot save/restore latency buckets. */
 #define ENGINE_SNAP_BUCKETS 8

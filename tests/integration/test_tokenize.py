@@ -1,0 +1,113 @@
+"""POST /tokenize and /detokenize (llama-server's and vLLM's endpoints):
+token ids checked against Hugging Face's tokenizer (the committed fixture
+tests/fixtures/tokenizer_ids.txt), the text given back, the limits a
+prompt has, and bad bodies refused with 400 naming the field."""
+import json
+import os
+
+import pytest
+
+from conftest import parse_response
+
+FIXTURE = os.path.join(os.path.dirname(__file__), "..", "fixtures", "tokenizer_ids.txt")
+
+
+def fixture_cases():
+    """(text, ids, parse_special) for every case of the fixture that JSON can
+    carry to the server: UTF-8 without U+0000."""
+    out = []
+    with open(FIXTURE, encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("#") or not line.strip():
+                continue
+            flags, hexed, ids = line.rstrip("\n").split("\t")
+            try:
+                text = bytes.fromhex(hexed).decode("utf-8")
+            except UnicodeDecodeError:
+                continue  # JSON carries text: a case of invalid UTF-8 cannot be sent
+            if "\0" in text:
+                continue  # nor U+0000, which the server refuses in every string
+            out.append((text, [int(x) for x in ids.split()] if ids else [], "s" in flags))
+    return out
+
+
+def post(server, path, body):
+    status, _, resp = server.post(path, json.dumps(body))
+    return status, json.loads(resp)
+
+
+def test_tokenize_matches_hugging_face_on_every_fixture_case(server):
+    cases = fixture_cases()
+    assert len(cases) > 400
+    for text, ids, special in cases:
+        status, r = post(server, "/tokenize", {"content": text, "parse_special": special})
+        assert status == 200, r
+        assert r["tokens"] == ids, text[:80]
+        assert r["count"] == len(ids)
+
+
+def test_detokenize_gives_the_text_back(server):
+    for text in ["The capital of France is", "La crème brûlée 🍮 東京", "<|im_start|>user\nhi",
+                 "  spaces\tand\nnewlines  ", ""]:
+        _, t = post(server, "/tokenize", {"content": text})
+        status, r = post(server, "/detokenize", {"tokens": t["tokens"]})
+        assert status == 200, r
+        assert r["content"] == text
+
+
+def test_tokenize_options(server):
+    text = "<|im_start|>user"
+    _, special = post(server, "/tokenize", {"content": text})
+    _, literal = post(server, "/tokenize", {"content": text, "parse_special": False})
+    assert special["tokens"][0] == 1 and len(literal["tokens"]) > len(special["tokens"])
+    _, vllm = post(server, "/tokenize", {"prompt": text})  # vLLM's name for the text
+    assert vllm == special
+    # SmolLM2 does not ask for BOS, so add_special adds nothing
+    _, added = post(server, "/tokenize", {"content": text, "add_special": True})
+    assert added == special
+    # the same count as a completion's prompt
+    c = server.client().completions.create(model="smol", prompt="The capital of France is",
+                                           max_tokens=1)
+    _, t = post(server, "/tokenize", {"content": "The capital of France is"})
+    assert t["count"] == c.usage.prompt_tokens
+
+
+@pytest.mark.parametrize("path,body,param", [
+    ("/tokenize", {}, "content"),
+    ("/tokenize", {"content": 5}, "content"),
+    ("/tokenize", {"content": "a", "prompt": "b"}, "prompt"),
+    ("/tokenize", {"content": "a", "add_special": "yes"}, "add_special"),
+    ("/tokenize", {"content": "a", "with_pieces": True}, "with_pieces"),
+    ("/detokenize", {}, "tokens"),
+    ("/detokenize", {"tokens": "1 2"}, "tokens"),
+    ("/detokenize", {"tokens": [1, 49152]}, "tokens"),
+    ("/detokenize", {"tokens": [1, -1]}, "tokens"),
+    ("/detokenize", {"tokens": [1.5]}, "tokens"),
+])
+def test_bad_bodies_get_400_naming_the_field(server, path, body, param):
+    status, r = post(server, path, body)
+    assert status == 400, r
+    assert r["error"]["param"] == param
+
+
+def test_tokenize_keeps_a_prompts_limits_and_its_key(start_server):
+    s = start_server("--max-prompt", "64", "--api-key", "sk-test")
+    words = " ".join(["word"] * 63)  # 63 tokens
+    hdr = {"Authorization": "Bearer sk-test"}
+    status, _, resp = s.post("/tokenize", json.dumps({"content": words}), hdr)
+    assert status == 200 and json.loads(resp)["count"] == 63
+    status, _, resp = s.post("/tokenize", json.dumps({"content": words + " word word"}), hdr)
+    assert status == 400
+    err = json.loads(resp)["error"]
+    assert err["code"] == "context_length_exceeded" and err["param"] == "content"
+    # a megabyte of text is counted only until it is over
+    status, _, resp = s.post("/tokenize", json.dumps({"content": "word " * 200000}), hdr)
+    assert status == 400
+    for path in ("/tokenize", "/detokenize"):
+        status, _, _ = s.post(path, json.dumps({"content": "x", "tokens": [1]}))
+        assert status == 401
+    m = s.metrics()
+    assert m['streamsink_requests_total{endpoint="/tokenize",status="200"}'] == 1
+    assert m['streamsink_requests_total{endpoint="/tokenize",status="400"}'] == 2
+    assert m['streamsink_requests_total{endpoint="/tokenize",status="401"}'] == 1
+    assert m['streamsink_requests_total{endpoint="/detokenize",status="401"}'] == 1

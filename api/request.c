@@ -1440,7 +1440,9 @@ int api_tokenize_parse(const struct api_parse_ctx *ctx, const char *body, size_t
                       "Missing required parameter: 'content' (the text to tokenize).");
         goto out;
     }
-    if (get_bool(root, "add_special", &add, err) < 0 ||
+    /* add_special (llama-server's name) or add_special_tokens (vLLM's) */
+    int has_add = get_bool(root, "add_special", &add, err);
+    if (has_add < 0 || (!has_add && get_bool(root, "add_special_tokens", &add, err) < 0) ||
         get_bool(root, "parse_special", &special, err) < 0 ||
         get_bool(root, "with_pieces", &pieces, err) < 0)
         goto out;

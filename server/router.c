@@ -481,8 +481,10 @@ static int over_budget(struct server *s, struct http_conn *c, enum metrics_endpo
         req->prompt_len > (size_t)s->cfg.max_body_total) { /* no retry can help */
         engine_request_free(req);
         reply_err(s, c, mep, 413, NULL, "request_too_large",
-                  "the prompt, as the chat template renders it, is larger than the server holds "
-                  "at once (--max-body-total)");
+                  mep == METRICS_EP_TOKENIZE
+                      ? "the content is larger than the server holds at once (--max-body-total)"
+                      : "the prompt, as the chat template renders it, is larger than the server "
+                        "holds at once (--max-body-total)");
         return 1;
     }
     if (req->prompt && s->cfg.max_body_total > 0 &&
@@ -599,7 +601,7 @@ static void handle_tokenize(struct server *s, struct http_conn *c)
         return;
     }
     uint64_t id = s->next_seq++ * (uint64_t)s->cfg.max_conns + c->user_id;
-    struct api_parse_ctx ctx = {.model = s->info, .id = id, .owner = owner_of(s, c)};
+    struct api_parse_ctx ctx = {.model = s->info, .id = id};
     struct engine_request req;
     struct api_error err;
     if (api_tokenize_parse(&ctx, c->req.body, c->req.body_len, &req, &err) < 0) {
@@ -645,6 +647,16 @@ static void handle_detokenize(struct server *s, struct http_conn *c)
     size_t total = 0, len;
     for (int64_t i = 0; i < n; i++)
         total += engine_token_piece(s->engine, ids[i], &len) ? len : 0;
+    if (total > (size_t)s->cfg.max_response) { /* an answer's bound, as a completion's */
+        char msg[200];
+        free(ids);
+        snprintf(msg, sizeof msg,
+                 "the tokens' text is %zu bytes, more than an answer may hold (--max-response, "
+                 "%lld)",
+                 total, (long long)s->cfg.max_response);
+        reply_err(s, c, mep, 413, "tokens", "request_too_large", msg);
+        return;
+    }
     char *text = malloc(total + 1);
     if (!text) {
         free(ids);
@@ -1345,7 +1357,8 @@ void router_cut(struct server *s, struct http_conn *c)
     struct srv_req *r = c->user;
     if (!r)
         return;
-    engine_cancel(s->engine, r->id);
+    if (!r->tokenizing) /* a text on a worker is not in the engine */
+        engine_cancel(s->engine, r->id);
     struct api_error e;
     cut_error(&e);
     if (r->st) {
@@ -1404,7 +1417,7 @@ int router_forget(struct server *s, struct http_conn *c)
     }
     if (r->parked) /* never submitted: nothing to cancel */
         s->parked--;
-    else
+    else if (!r->tokenizing)             /* (a text on a worker is not in the engine either) */
         engine_cancel(s->engine, r->id); /* its KV slot is freed within one step */
     router_req_free(r);
     server_request_done(s);

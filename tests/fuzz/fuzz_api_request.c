@@ -10,7 +10,8 @@
  * token ids in [0, n_vocab); stop strings non-empty and within the limit,
  * packed first; sampling values in their documented ranges; logit_bias ids
  * distinct, ascending and in the vocabulary, biases in [-100, 100]; a printable
- * session id) and is released with engine_request_free. On failure: -EINVAL,
+ * session id) and is released with engine_request_free; the same body is
+ * also parsed as POST /tokenize and /detokenize bodies. On failure: -EINVAL,
  * nothing left to free, a status in 400..599 (a 404 only for an unknown
  * model), a type and a message, and api_error_json gives the OpenAI error
  * object, valid UTF-8, with the same message when that was valid UTF-8 (a
@@ -187,6 +188,40 @@ static void check_request(const struct api_parse_ctx *ctx, enum api_endpoint ep,
         fail("include_usage without stream", NULL);
 }
 
+/* The same body as POST /tokenize and POST /detokenize: on success a
+ * NUL-terminated text of the stated length, or ids in the vocabulary; on
+ * failure nothing left and a well-formed error. */
+static void check_tokenize(const struct api_parse_ctx *ctx, const char *body, size_t len)
+{
+    struct engine_request out;
+    struct api_error err;
+    const int64_t n_vocab = ctx->model ? ctx->model->n_vocab : INT32_MAX;
+    int rc = api_tokenize_parse(ctx, body, len, &out, &err);
+    if (rc == 0) {
+        if (!out.prompt || strlen(out.prompt) != out.prompt_len || out.prompt_ids)
+            fail("tokenize: text prompt", NULL);
+        engine_request_free(&out);
+    } else {
+        check_error(rc, &out, &err);
+    }
+    int32_t *ids = (int32_t *)1;
+    int64_t n = -1;
+    rc = api_detokenize_parse(ctx, body, len, &ids, &n, &err);
+    if (rc == 0) {
+        if (n < 0 || (n > 0 && !ids))
+            fail("detokenize: ids", NULL);
+        for (int64_t i = 0; i < n; i++)
+            if (ids[i] < 0 || ids[i] >= n_vocab)
+                fail("detokenize: id outside the vocabulary", NULL);
+        free(ids);
+    } else {
+        static const struct engine_request zero;
+        check_error(rc, &zero, &err);
+        if (ids || n != 0)
+            fail("detokenize: a failure left ids", &err);
+    }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static const int64_t stop_lens[4] = {0, 8, 64, 4096};
@@ -237,6 +272,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     } else {
         check_error(rc, &out, &err);
     }
+    check_tokenize(&ctx, body, len);
     free(body);
     return 0;
 }

@@ -106,3 +106,17 @@ def test_gemma_session_past_the_local_window_continues_after_a_restart_exactly(b
         assert continuation(r) == ref
     finally:
         assert s2.stop() == 0, s2.log()
+
+
+def test_gemma_tokenize_puts_bos_first_when_asked(gemma):
+    import json
+    text = "The capital of France is"
+    status, _, plain = gemma.post("/tokenize", json.dumps({"content": text}))
+    assert status == 200
+    status, _, added = gemma.post("/tokenize", json.dumps({"content": text, "add_special": True}))
+    assert status == 200
+    plain, added = json.loads(plain), json.loads(added)
+    assert added["tokens"] == [2] + plain["tokens"]  # <bos>, which Gemma asks for
+    # a completion's prompt is counted the same way (BOS + 5, as transformers has it)
+    c = gemma.client().completions.create(model="smol", prompt=text, max_tokens=1)
+    assert added["count"] == c.usage.prompt_tokens == 6

@@ -49,10 +49,16 @@ def test_tokenize_matches_hugging_face_on_every_fixture_case(server):
 def test_detokenize_gives_the_text_back(server):
     for text in ["The capital of France is", "La crème brûlée 🍮 東京", "<|im_start|>user\nhi",
                  "  spaces\tand\nnewlines  ", ""]:
-        _, t = post(server, "/tokenize", {"content": text})
+        status, t = post(server, "/tokenize", {"content": text})
+        assert status == 200, t
         status, r = post(server, "/detokenize", {"tokens": t["tokens"]})
         assert status == 200, r
         assert r["content"] == text
+    # a character split across byte tokens: part of it is not UTF-8
+    status, t = post(server, "/tokenize", {"content": "🍮"})
+    assert status == 200 and len(t["tokens"]) > 1, t
+    status, r = post(server, "/detokenize", {"tokens": t["tokens"][:1]})
+    assert status == 200 and r["content"] and set(r["content"]) == {"\ufffd"}, r
 
 
 def test_tokenize_options(server):
@@ -62,9 +68,11 @@ def test_tokenize_options(server):
     assert special["tokens"][0] == 1 and len(literal["tokens"]) > len(special["tokens"])
     _, vllm = post(server, "/tokenize", {"prompt": text})  # vLLM's name for the text
     assert vllm == special
-    # SmolLM2 does not ask for BOS, so add_special adds nothing
-    _, added = post(server, "/tokenize", {"content": text, "add_special": True})
-    assert added == special
+    # SmolLM2 does not ask for BOS, so add_special adds nothing (Gemma's
+    # BOS: test_gemma.py)
+    for name in ("add_special", "add_special_tokens"):
+        _, added = post(server, "/tokenize", {"content": text, name: True})
+        assert added == special
     # the same count as a completion's prompt
     c = server.client().completions.create(model="smol", prompt="The capital of France is",
                                            max_tokens=1)
@@ -111,3 +119,14 @@ def test_tokenize_keeps_a_prompts_limits_and_its_key(start_server):
     assert m['streamsink_requests_total{endpoint="/tokenize",status="400"}'] == 2
     assert m['streamsink_requests_total{endpoint="/tokenize",status="401"}'] == 1
     assert m['streamsink_requests_total{endpoint="/detokenize",status="401"}'] == 1
+
+
+def test_detokenize_text_is_bounded_as_an_answer(start_server):
+    s = start_server("--max-response", "1024")
+    _, t = post(s, "/tokenize", {"content": " the"})
+    assert len(t["tokens"]) == 1  # " the" is one token of 4 bytes
+    status, r = post(s, "/detokenize", {"tokens": t["tokens"] * 256})
+    assert status == 200 and r["content"] == " the" * 256
+    status, r = post(s, "/detokenize", {"tokens": t["tokens"] * 257})
+    assert status == 413, r
+    assert r["error"]["code"] == "request_too_large" and r["error"]["param"] == "tokens"

@@ -712,6 +712,17 @@ static int parse_common(const struct body *b, const struct api_parse_ctx *ctx, e
      * set length */
     if (get_bool(o, "ignore_eos", &r->ignore_eos, err) < 0)
         return -1;
+    if (r->ignore_eos && r->max_tokens < 0) {
+        api_error_set(err, 400, "ignore_eos", "invalid_value",
+                      "ignore_eos needs max_tokens: without it the answer would never end.");
+        return -1;
+    }
+    if (r->ignore_eos && r->session_id[0]) {
+        api_error_set(err, 400, "ignore_eos", "invalid_value",
+                      "ignore_eos cannot be used on a session: what the model writes past the end "
+                      "of its answer would stay in the session's history.");
+        return -1;
+    }
     if ((rc = get_string(o, "kv_policy", &s, err)) < 0)
         return -1;
     if (rc) {

@@ -94,7 +94,7 @@ int cmd_serve(int argc, char **argv)
          "KV cache storage: f16 | f32 | q8_0 (8-bit blocks of 32 with an f16 scale: about "
          "half f16's bytes and memory traffic; CPU backend only)",
          NULL},
-        {NULL, "--chat-template", CMD_STR, &c.chat_template, 0, 0, "auto", "F",
+        {NULL, "--chat-template", CMD_STR, &c.chat_template, 0, 0, "auto", "FORMAT",
          "how chat messages are rendered: auto (the model's tokenizer.chat_template, ChatML "
          "when it has none we recognize) | chatml | llama3 | llama2 | gemma",
          NULL},
@@ -174,7 +174,8 @@ int cmd_serve(int argc, char **argv)
         "serve",
         "[options]",
         "Serves the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models)\n"
-        "plus /health and /metrics, streaming tokens as server-sent events.",
+        "plus /tokenize, /detokenize, /health and /metrics, streaming tokens as\n"
+        "server-sent events.",
         flags,
         (int)(sizeof flags / sizeof flags[0]),
         "SIGTERM or SIGINT drains: no new connections, running requests finish\n"

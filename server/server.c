@@ -584,6 +584,18 @@ static int chat_template_from_flags(struct server *s, const char **from, char *e
             return -1;
         }
         text[n] = 0;
+        /* a whole tokenizer_config.json ({"...": ...}) would match the markers
+         * too, with its strings still JSON-escaped: refused, not misread */
+        const char *p = text + strspn(text, " \t\r\n");
+        int json = *p == '{' && p[1 + strspn(p + 1, " \t\r\n")] == '"';
+        if (json) {
+            snprintf(err, err_len,
+                     "--chat-template-file %s is a JSON object (a tokenizer_config.json?); give "
+                     "the text of its chat_template",
+                     path);
+            free(text);
+            return -1;
+        }
         api_chat_template_init(&s->chat, text);
         free(text);
         if (!s->chat.recognized) {

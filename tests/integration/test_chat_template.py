@@ -109,6 +109,10 @@ def test_bad_chat_template_flags_stop_the_server_before_the_model_loads(binary, 
     unknown.write_text("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}")
     assert "not a template streamsink can render" in \
         refused(binary, model, "--chat-template-file", str(unknown))
+    config = tmp_path / "tokenizer_config.json"  # the whole file, not its template
+    config.write_text('{\n  "chat_template": "{% for m in messages %}<|im_start|>{{ m.role }}\\n'
+                      '{{ m.content }}<|im_end|>\\n{% endfor %}"\n}')
+    assert "is a JSON object" in refused(binary, model, "--chat-template-file", str(config))
     big = tmp_path / "big.jinja"
     with open(big, "wb") as fh:  # a real marker, past the size bound
         fh.write(b"<|im_start|>" + b" " * (1 << 20))

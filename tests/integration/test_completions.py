@@ -4,6 +4,8 @@ seed determinism, logprobs, usage, token-array prompts, /v1/models, and the
 text of control tokens left out unless skip_special_tokens is false,
 ignore_eos and logit_bias."""
 
+import json
+
 import pytest
 
 from conftest import run_cli
@@ -214,6 +216,17 @@ def test_ignore_eos_generates_past_the_end_of_the_answer(client):
     assert shown.choices[0].message.content.startswith(answer + "<|im_end|>")
     assert past.choices[0].message.content.startswith(answer)
     assert len(past.choices[0].message.content) > len(answer)
+
+
+@pytest.mark.parametrize("extra", [{}, {"max_tokens": None},
+                                   {"max_tokens": 8, "session_id": "ignore-eos-1"}])
+def test_ignore_eos_needs_an_end_and_no_session(server, extra):
+    # without max_tokens nothing would end it (the window evicts); on a
+    # session what follows the answer would stay in its history
+    body = {"prompt": "Hi", "ignore_eos": True, **extra}
+    status, _, resp = server.post("/v1/completions", json.dumps(body))
+    assert status == 400, resp
+    assert b'"param":"ignore_eos"' in resp
 
 
 def test_stop_sequence_s_tokens_have_no_logprobs_and_the_rest_keep_their_offsets(client):

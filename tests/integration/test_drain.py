@@ -71,7 +71,8 @@ def wait_for_log(s, text, timeout=10):
     assert text in s.log()
 
 
-def test_a_request_whose_headers_end_during_the_drain_is_refused_from_them(start_server):
+@pytest.mark.parametrize("path", ["/v1/completions", "/tokenize"])
+def test_a_request_whose_headers_end_during_the_drain_is_refused_from_them(start_server, path):
     # A draining server takes no new work, so a POST whose headers arrive
     # during the drain is refused from its headers: no 100 Continue asks its
     # client to upload a body only to be refused after it.
@@ -80,7 +81,7 @@ def test_a_request_whose_headers_end_during_the_drain_is_refused_from_them(start
     running.sendall(completion_request(stream=True, max_tokens=400, prompt=ENDLESS))
     assert read_head(running).startswith(b"HTTP/1.1 200")
     body = json.dumps({"model": "smol", "prompt": "Hello", "max_tokens": 3}).encode()
-    head = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    head = (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             f"Expect: 100-continue\r\nContent-Length: {len(body)}\r\n\r\n").encode()
     late = s.connect()
     late.sendall(head[:20])  # under way when the signal comes: not idle, not closed

@@ -217,6 +217,27 @@ def test_requests_without_a_session_are_spread_over_replicas(cluster):
     assert set(names) == set(replicas), f"round robin did not spread: {names}"
 
 
+def test_tokenize_and_detokenize_pass_through_the_proxy(cluster):
+    import http.client
+    import json
+    front, replicas = cluster
+    host, port = front.base.split("//")[1].split(":")
+    out = {}
+    for path, body in (("/tokenize", {"content": "Hello, my name is"}),
+                       ("/detokenize", {"tokens": [19556, 28, 957, 1462, 314]})):
+        conn = http.client.HTTPConnection(host, int(port), timeout=30)
+        conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+        r = conn.getresponse()
+        out[path] = (r.status, json.loads(r.read()), r.getheader("X-Streamsink-Replica"))
+        conn.close()
+    status, tok, name = out["/tokenize"]
+    assert status == 200 and name in replicas, out
+    assert tok["count"] == len(tok["tokens"]) > 0
+    status, detok, name = out["/detokenize"]
+    assert status == 200 and name in replicas, out
+    assert isinstance(detok["content"], str)
+
+
 def test_session_id_in_the_body_alone_is_accepted_through_the_proxy(cluster):
     # nginx cannot route on it (it does not read bodies), but it must pass
     # through untouched and the replica must accept it.

@@ -220,6 +220,9 @@ class Run:
             body["seed"] = a.seed + sess["index"]
         if a.ignore_eos:
             body["ignore_eos"] = True
+            # past the end the model writes control tokens too: shown, each
+            # makes a chunk, so chunks still count tokens (vLLM's name)
+            body["skip_special_tokens"] = False
         if a.kv_policy:
             body["kv_policy"] = a.kv_policy
         sessions = a.session_mode == "streamsink"
@@ -493,6 +496,10 @@ class Run:
         if a.session_mode == "auto":
             a.session_mode = "streamsink" if (before is not None or await self.probe()) \
                 else "resend"
+        if a.ignore_eos and a.session_mode == "streamsink":
+            raise SystemExit("loadgen: --ignore-eos cannot be used on streamsink sessions (the "
+                             "server refuses it there: what the model writes past its answer "
+                             "would stay in the session); use --session-mode resend")
         bg = []
         if not a.quiet:
             bg.append(asyncio.create_task(self.progress()))

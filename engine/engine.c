@@ -263,6 +263,43 @@ void engine__seq_release(struct engine *e, struct seq *s)
 /* Ends the request running in s: flushes held text (the end of the text may
  * settle a stop string that was waiting: the finish reason is then STOP),
  * emits DONE, and either keeps the slot as an idle session or frees it. */
+/* Notes where the text of s's newest token (tok, n_gen-th) starts. */
+static void gen_mark(struct seq *s, int32_t tok, int64_t start, int hidden)
+{
+    s->marks[(s->n_gen - 1) % GEN_MARKS] = (struct gen_mark){start, tok, hidden};
+}
+
+/* A session keeps what its client was sent. When a stop string ended the
+ * turn, the tokens whose text starts at or after it (the stop string's,
+ * those after it) leave the session's KV as if never fed, and the newest
+ * token kept is the one to feed next. A hidden control token right before
+ * the stop string stays: it went out with the text before it, as its
+ * log-probs do. A token whose text starts before the stop string and runs
+ * into it stays too, with its whole text. When the tokens to give back go
+ * past the marks kept or past the ring's slack (kv_seq_retract), the
+ * session keeps them all. */
+static void session_give_back_stop_string(struct seq *s)
+{
+    const int64_t cut = s->passed; /* the stop string's first byte */
+    const int64_t known = s->n_gen < GEN_MARKS ? s->n_gen : GEN_MARKS;
+    int64_t j = 0; /* the newest j tokens go */
+    while (j < known) {
+        const struct gen_mark *m = &s->marks[(s->n_gen - 1 - j) % GEN_MARKS];
+        if (m->start < cut || (m->hidden && m->start == cut))
+            break;
+        j++;
+    }
+    if (j == 0 || (j == known && known < s->n_gen))
+        return;
+    /* the KV holds the prompt and every generated token but the newest */
+    if (kv_seq_retract(&s->kv, j < s->n_gen ? j : s->n_gen - 1) < 0)
+        return;
+    if (j < s->n_gen)
+        s->next_tok = s->marks[(s->n_gen - 1 - j) % GEN_MARKS].token;
+    else
+        s->has_next = 0; /* the prompt's last token was fed */
+}
+
 static void seq_finish(struct engine *e, struct seq *s, enum engine_finish why, int flush)
 {
     struct engine_event ev;
@@ -281,14 +318,16 @@ static void seq_finish(struct engine *e, struct seq *s, enum engine_finish why, 
         if (stopped == 1)
             why = ENGINE_FINISH_STOP;
         ev.kind = ENGINE_EV_TOKEN;
+        s->fed += w > 0 ? w : 0;
+        s->passed += (int64_t)n;
         if (s->held && (n > 0 || s->n_held > 0)) {
-            s->fed += w > 0 ? w : 0;
-            s->passed += (int64_t)n;
             held_send(e, s, &ev, out, n, stopped == 1 ? HELD_CUT : HELD_ALL);
         } else if (n > 0) {
             emit_text(e, &ev, out, n);
         }
     }
+    if (s->session[0] && s->stop.done)
+        session_give_back_stop_string(s);
     ev.kind = ENGINE_EV_DONE;
     ev.finish = why;
     ev.prompt_tokens = s->usage_prompt;
@@ -1148,6 +1187,7 @@ static void after_pick(struct engine *e, struct seq *s, struct engine_event *ev)
     e->stats.gen_tokens_total++;
 
     if (!s->req.ignore_eos && tok_is_eog(e->dec.tok, tok)) {
+        gen_mark(s, tok, s->fed, 0);
         seq_finish(e, s, ENGINE_FINISH_STOP, 1);
         return;
     }
@@ -1159,10 +1199,11 @@ static void after_pick(struct engine *e, struct seq *s, struct engine_event *ev)
     if (w > 0)
         stopped = stop_filter_push(&s->stop, e->piece, (size_t)w, e->text_out,
                                    e->piece_cap + STOP_HOLD_MAX, &out_len);
+    const int64_t start = s->fed;
+    s->fed += w > 0 ? w : 0;
+    s->passed += (int64_t)out_len;
+    gen_mark(s, tok, start, hidden);
     if (s->held) {
-        const int64_t start = s->fed;
-        s->fed += w > 0 ? w : 0;
-        s->passed += (int64_t)out_len;
         held_add(e, s, ev, start, hidden);
         /* a token of no text yet (a part of a character) waits for its
          * text: a stop string may start with it */

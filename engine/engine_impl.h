@@ -30,6 +30,14 @@ enum seq_state {
     SEQ_IDLE,     /* a session between requests: keeps its KV */
 };
 
+/* Where a generated token's text starts in the text fed to the stop filter. */
+struct gen_mark {
+    int64_t start;
+    int32_t token;
+    int hidden; /* a control token whose text is left out: it has none */
+};
+#define GEN_MARKS (STOP_HOLD_MAX + 8)
+
 struct seq {
     enum seq_state state;
     uint64_t id; /* request id while RUNNING */
@@ -44,11 +52,13 @@ struct seq {
     struct tok_stream ts;
     struct stop_filter stop; /* holds text that may start a stop string */
     /* a request with stop strings and log-probs: the log-probs of the
-     * tokens whose text the stop filter holds ([LP_HELD_MAX], else NULL),
-     * and the bytes of text into the filter and out of it */
+     * tokens whose text the stop filter holds ([LP_HELD_MAX], else NULL) */
     struct lp_held *held;
     int n_held;
-    int64_t fed, passed;
+    int64_t fed, passed; /* bytes of text into the stop filter and out of it */
+    /* the newest generated tokens, a ring of GEN_MARKS (n_gen in all): a
+     * session gives back those of a stop string */
+    struct gen_mark marks[GEN_MARKS];
     int64_t n_gen, usage_prompt;
     int paused;
     char session[ENGINE_SESSION_ID_MAX];

@@ -1412,8 +1412,7 @@ int session_restore(struct engine *e, struct seq *s, const char *id, uint64_t ke
         e->stats.restore_failures_total++;
         return -1;
     }
-    s->kv.pos_next = m.pos_next;
-    s->kv.n_evicted = m.n_evicted;
+    kv_seq_restored(&s->kv, m.pos_next); /* n_evicted as the file's (snapshot_parse checked) */
     rc = session_copy_cells(&e->dec.backend, g, &s->kv, &m, (uint8_t *)k, (uint8_t *)v, 1);
     free(buf);
     /* the file just read (unless evicted since), or one older than the save */

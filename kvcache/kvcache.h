@@ -145,6 +145,8 @@ struct kv_seq {
     int64_t pos_first;       /* p0: absolute position of the sequence's first token */
     int64_t pos_next;        /* absolute position of the next token */
     int64_t n_evicted;       /* tokens that have left the window for good */
+    int64_t chunk;           /* C = geo.chunk */
+    int64_t retract_min;     /* pos_next may go back this far and no further */
 };
 
 /* Sets up seq in slot with a resolved policy. window <= geo.window; for dense,
@@ -192,5 +194,16 @@ void kv_view_runs(const struct kv_seq *seq, const struct kv_view *v,
 struct kv_seq kv_seq_local(const struct kv_seq *seq, const struct kv_geometry *g);
 /* Records that n tokens were stored; updates pos_next and n_evicted. */
 void kv_seq_advance(struct kv_seq *seq, int64_t n);
+/* Gives back the newest n stored tokens, as if they had never been stored:
+ * pos_next goes back n, and the newest token's window is again the one it
+ * had. A step overwrites only cells whose positions left every window at
+ * least C tokens before the newest position ever stored, so a sequence may go
+ * back at most C tokens from there (retract_min), never to before a restore
+ * (kv_seq_restored). Returns 0, or -ERANGE (nothing changed) when n is
+ * negative or goes past retract_min. */
+int kv_seq_retract(struct kv_seq *seq, int64_t n);
+/* Sets seq, just initialized, to hold positions up to pos_next as a restore
+ * leaves them: only the window's cells written, so nothing can be retracted. */
+void kv_seq_restored(struct kv_seq *seq, int64_t pos_next);
 
 #endif

@@ -22,6 +22,8 @@ int kv_seq_init(struct kv_seq *seq, const struct kv_geometry *g, int64_t slot,
     seq->pos_first = pos_first;
     seq->pos_next = pos_first;
     seq->n_evicted = 0;
+    seq->chunk = g->chunk;
+    seq->retract_min = pos_first;
     return 0;
 }
 
@@ -85,11 +87,33 @@ struct kv_seq kv_seq_local(const struct kv_seq *seq, const struct kv_geometry *g
     return l;
 }
 
-void kv_seq_advance(struct kv_seq *seq, int64_t n)
+static void set_pos_next(struct kv_seq *seq, int64_t pos_next)
 {
-    seq->pos_next += n;
+    seq->pos_next = pos_next;
     /* tokens outside sinks and outside the window of the newest token */
     int64_t stored = seq->pos_next - seq->pos_first;
     int64_t kept = seq->n_sinks + seq->window;
     seq->n_evicted = stored > kept ? stored - kept : 0;
+}
+
+void kv_seq_advance(struct kv_seq *seq, int64_t n)
+{
+    set_pos_next(seq, seq->pos_next + n);
+    /* the cells of the C positions before the newest stored stay intact */
+    if (seq->pos_next - seq->chunk > seq->retract_min)
+        seq->retract_min = seq->pos_next - seq->chunk;
+}
+
+int kv_seq_retract(struct kv_seq *seq, int64_t n)
+{
+    if (n < 0 || seq->pos_next - n < seq->retract_min)
+        return -ERANGE;
+    set_pos_next(seq, seq->pos_next - n);
+    return 0;
+}
+
+void kv_seq_restored(struct kv_seq *seq, int64_t pos_next)
+{
+    set_pos_next(seq, pos_next);
+    seq->retract_min = pos_next;
 }

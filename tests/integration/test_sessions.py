@@ -62,6 +62,71 @@ def test_chat_session_turns_are_the_conversation_the_template_renders(server, fi
     assert info["tokens_seen"] == alone2["usage"]["prompt_tokens"] + alone2["usage"]["completion_tokens"]
 
 
+@pytest.mark.parametrize("where", ["tokens", "mid_token", "first_token"])
+@pytest.mark.parametrize("logprobs", [False, True])
+def test_a_stop_string_leaves_the_session_holding_what_the_client_was_sent(server, where, logprobs):
+    """A turn that a stop string ends gives its tokens back: the session
+    holds the answer as sent, not the stop string, so the next turn answers
+    what one stateless request with the history as the client has it
+    answers. A token whose text starts before the stop string stays whole
+    (mid_token); a stop string at the very start leaves the prompt alone
+    (first_token). With and without logprobs (the engine holds text back in
+    two ways). Before, the session kept every token through the stop
+    string: tokens_seen counted them and the second turn saw them."""
+    sid = f"stop-gives-back-{where}-{logprobs}"
+    q1 = [{"role": "user", "content": "Hi! Who are you?"}]
+    q2 = [{"role": "user", "content": "What can you help me with?"}]
+
+    def chat(messages, max_tokens, session=None, stop=None, lp=True):
+        body = {"model": "smol", "messages": messages, "max_tokens": max_tokens,
+                "temperature": 0, "logprobs": lp}
+        if session:
+            body["session_id"] = session
+        if stop:
+            body["stop"] = [stop]
+        st, r = call(server, "POST", "/v1/chat/completions", body)
+        assert st == 200, r
+        return r
+
+    probe = chat(q1, 24)
+    toks = [x["token"] for x in probe["choices"][0]["logprobs"]["content"]]
+    text = "".join(toks)
+
+    def at(i):
+        return len("".join(toks[:i]))
+
+    if where == "first_token":
+        k, stop, kept = 0, toks[0] + toks[1], 0
+    else:
+        # a two-token stop string whose first occurrence starts at token k
+        k = next(i for i in range(3, len(toks) - 1)
+                 if toks[i].startswith(" ") and len(toks[i]) > 2 and toks[i + 1].strip()
+                 and text.find(toks[i] + toks[i + 1]) == at(i))
+        stop = toks[k] + toks[k + 1]
+        kept = k
+        if where == "mid_token":
+            stop = stop[2:]
+            assert text.find(stop) == at(k) + 2
+            kept = k + 1  # the token the stop string starts inside stays
+    s1 = chat(q1, 24, sid, stop, logprobs)
+    a1 = s1["choices"][0]["message"]["content"]
+    assert s1["choices"][0]["finish_reason"] == "stop"
+    assert a1 == text[:text.find(stop)]
+    st, info = call(server, "GET", f"/v1/sessions/{sid}")
+    assert st == 200, info
+    assert info["tokens_seen"] == s1["usage"]["prompt_tokens"] + kept, (info, kept)
+    if where == "mid_token":
+        return  # the session holds the whole token, the client part of it
+    s2 = chat(q2, 12, sid)
+    alone2 = chat(q1 + [{"role": "assistant", "content": a1}] + q2, 12)
+    assert s2["choices"][0]["message"]["content"] == alone2["choices"][0]["message"]["content"]
+    assert ([x["logprob"] for x in s2["choices"][0]["logprobs"]["content"]] ==
+            [x["logprob"] for x in alone2["choices"][0]["logprobs"]["content"]])
+    st, info = call(server, "GET", f"/v1/sessions/{sid}")
+    assert st == 200, info
+    assert info["tokens_seen"] == alone2["usage"]["prompt_tokens"] + alone2["usage"]["completion_tokens"]
+
+
 def test_a_session_keeps_its_kv_policy_and_a_request_naming_another_is_refused(server):
     # a kv_policy sent on an existing session was silently ignored (200, the
     # session still sinks:4): now the same policy is fine and another is a 400

@@ -279,6 +279,90 @@ TEST(view_runs_match_a_brute_force_oracle_for_every_wrap)
     ASSERT(n_empty_window > 0);
 }
 
+/* kv_seq_retract against the owner oracle: a stream of steps of 1..C
+ * tokens, each token written to its cell, with retracts of 0..C + 1 tokens
+ * between steps, so that retracts pile up below the newest position ever
+ * stored. A retract kv_seq_retract takes must leave the newest token's view
+ * finding every position of its window in the cell that still holds it
+ * (nothing newer overwrote it), local layers' too, and the sequence equal to
+ * one that stored as many tokens without a retract; then the stream goes on
+ * from there. Going one token past retract_min, which it refuses, breaks some
+ * view in the sweep (the bound is tight; the oracle can fail). A restored
+ * sequence cannot go back at all. */
+TEST(retract_restores_the_window_exactly_within_the_ring_slack)
+{
+    int64_t n_taken = 0, n_refused = 0, n_past_min_broken = 0;
+    uint64_t rng = 0x9e3779b97f4a7c15ull;
+    for (int64_t smax = 0; smax <= 3; smax++)
+        for (int64_t S = 0; S <= smax; S++)
+            for (int64_t W = 1; W <= 9; W += 2)
+                for (int64_t C = 1; C <= 4; C++) {
+                    struct kv_geometry g = geo(smax, 9, C, 1);
+                    g.swa_period = 2;
+                    g.swa_window = W;
+                    const int64_t R = 9 + C, cells = smax + R, lcells = W + C;
+                    int64_t starts[] = {0, 7, ((int64_t)1 << 33) + 5};
+                    for (int a = 0; a < 3; a++) {
+                        int64_t p0 = starts[a];
+                        struct kv_policy pol = {S ? KV_POLICY_SINKS : KV_POLICY_WINDOW, S};
+                        struct kv_seq seq;
+                        ASSERT_OK(kv_seq_init(&seq, &g, 0, pol, W, p0));
+                        int64_t owner[64], lowner[64];
+                        ASSERT(cells <= 64 && lcells <= 64);
+                        for (int i = 0; i < 64; i++)
+                            owner[i] = lowner[i] = -1;
+                        for (int turn = 0; turn < 60; turn++) {
+                            rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+                            int64_t n = 1 + (int64_t)(rng % (uint64_t)C);
+                            struct kv_seq loc = kv_seq_local(&seq, &g);
+                            for (int64_t q = seq.pos_next; q < seq.pos_next + n; q++) {
+                                owner[kv_seq_cell(&seq, q)] = q;
+                                lowner[kv_seq_cell(&loc, q)] = q;
+                            }
+                            kv_seq_advance(&seq, n);
+                            int64_t back = (int64_t)((rng >> 20) % (uint64_t)(C + 2));
+                            if (seq.pos_next - back <= p0)
+                                continue;
+                            struct kv_seq before = seq;
+                            if (kv_seq_retract(&seq, back) < 0) {
+                                n_refused++;
+                                ASSERT_EQ(seq.pos_next, before.pos_next);
+                                ASSERT(seq.pos_next - back < seq.retract_min);
+                                if (seq.pos_next - back == seq.retract_min - 1) {
+                                    struct kv_seq past = seq;
+                                    past.pos_next -= back;
+                                    struct kv_view v = kv_seq_view(&past, past.pos_next - 1);
+                                    struct kv_seq pl = kv_seq_local(&past, &g);
+                                    struct kv_view lv = kv_seq_view(&pl, pl.pos_next - 1);
+                                    n_past_min_broken +=
+                                        runs_match_owner(&past, &v, owner, cells) ||
+                                        runs_match_owner(&pl, &lv, lowner, lcells);
+                                }
+                                continue;
+                            }
+                            n_taken += back > 0;
+                            struct kv_seq fresh;
+                            ASSERT_OK(kv_seq_init(&fresh, &g, 0, pol, W, p0));
+                            kv_seq_advance(&fresh, seq.pos_next - p0);
+                            ASSERT_EQ(seq.pos_next, fresh.pos_next);
+                            ASSERT_EQ(seq.n_evicted, fresh.n_evicted);
+                            struct kv_view v = kv_seq_view(&seq, seq.pos_next - 1);
+                            ASSERT_EQ(runs_match_owner(&seq, &v, owner, cells), 0);
+                            struct kv_seq l = kv_seq_local(&seq, &g);
+                            struct kv_view lv = kv_seq_view(&l, l.pos_next - 1);
+                            ASSERT_EQ(runs_match_owner(&l, &lv, lowner, lcells), 0);
+                        }
+                        ASSERT_EQ(kv_seq_retract(&seq, -1), -ERANGE);
+                        kv_seq_restored(&seq, seq.pos_next);
+                        ASSERT_EQ(kv_seq_retract(&seq, 1), -ERANGE);
+                        ASSERT_OK(kv_seq_retract(&seq, 0));
+                    }
+                }
+    ASSERT(n_taken > 1000);
+    ASSERT(n_refused > 100);
+    ASSERT(n_past_min_broken > 10);
+}
+
 /* Local layers (kv_geometry.swa_period) against a brute-force sliding-window
  * oracle: whatever the global policy (dense, window, sinks), a local layer's
  * query at q sees no sinks and exactly the positions max(p0, q - Wl + 1) .. q,

@@ -723,6 +723,16 @@ static int parse_common(const struct body *b, const struct api_parse_ctx *ctx, e
                       "of its answer would stay in the session's history.");
         return -1;
     }
+    /* min_tokens, as vLLM has it: no end-of-generation token and no stop
+     * string before that many tokens */
+    if ((rc = get_int(b, "min_tokens", 0, INT64_MAX, &i, err)) < 0)
+        return -1;
+    r->min_tokens = rc ? i : 0;
+    if (r->max_tokens >= 0 && r->min_tokens > r->max_tokens) {
+        api_error_set(err, 400, "min_tokens", "invalid_value",
+                      "min_tokens must be at most max_tokens.");
+        return -1;
+    }
     if ((rc = get_string(o, "kv_policy", &s, err)) < 0)
         return -1;
     if (rc) {

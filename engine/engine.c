@@ -631,6 +631,8 @@ static int admit_into(struct engine *e, struct seq *s, struct engine_request *r,
     s->id = r->id;
     s->req = *r;
     memset(r, 0, sizeof *r);
+    if (s->req.min_tokens > 0) /* stop strings wait for the text after them */
+        stop_filter_init(&s->stop, NULL, 0);
     s->state = SEQ_RUNNING;
     s->n_gen = 0;
     s->n_held = 0;
@@ -1156,6 +1158,9 @@ static void pick_token(const struct engine *e, struct seq *s, float *lg, float *
     }
     for (int i = 0; i < s->req.n_bias; i++) /* after the logprobs: they are the model's */
         lg[s->req.bias_id[i]] += s->req.bias[i];
+    if (s->n_gen < s->req.min_tokens) /* the answer may not end yet */
+        for (int64_t i = 0; i < e->n_eog; i++)
+            lg[e->eog_ids[i]] = -INFINITY;
     ev->token = sampler_sample(&s->smp, lg, NULL);
     sampler_accept(&s->smp, ev->token);
     ev->has_lp = lp;
@@ -1215,6 +1220,8 @@ static void after_pick(struct engine *e, struct seq *s, struct engine_event *ev)
         seq_finish(e, s, ENGINE_FINISH_STOP, 0);
         return;
     }
+    if (s->n_gen == s->req.min_tokens) /* stop strings count from the next token */
+        stop_filter_init(&s->stop, (const char *const *)s->req.stop, ENGINE_MAX_STOP);
     if (s->req.max_tokens >= 0 && s->n_gen >= s->req.max_tokens) {
         seq_finish(e, s, ENGINE_FINISH_LENGTH, 1);
         return;
@@ -1391,6 +1398,7 @@ static void engine_free(struct engine *e)
     free(e->input_seq);
     free(e->evicted_before);
     free(e->scratch);
+    free(e->eog_ids);
     free(e->picked);
     free(e->pick_seq);
     free(e->pick_logits);

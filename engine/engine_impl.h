@@ -103,7 +103,9 @@ struct engine {
     int64_t n_sess_waiting;  /* GETs, saves and DELETEs of sessions among them that wait */
     struct fwd_input *inputs;
     int *input_seq;
-    float *scratch; /* [max_seqs][V] a sequence's logits as the model gave them (logprobs) */
+    float *scratch;   /* [max_seqs][V] a sequence's logits as the model gave them (logprobs) */
+    int32_t *eog_ids; /* [n_eog] the end-of-generation tokens (min_tokens masks them) */
+    int64_t n_eog;
     /* a step's rows to sample (step, pick_task), and their token events */
     struct seq **pick_seq;       /* [max_seqs] */
     float **pick_logits;         /* [max_seqs] */

@@ -47,7 +47,16 @@ int engine__load(struct engine *e)
         size_t len = 0;
         if (tok_piece(e->dec.tok, (int32_t)id, &len) && len > max_piece)
             max_piece = len;
+        e->n_eog += tok_is_eog(e->dec.tok, (int32_t)id);
     }
+    e->eog_ids = malloc((size_t)(e->n_eog > 0 ? e->n_eog : 1) * sizeof *e->eog_ids);
+    if (!e->eog_ids) {
+        snprintf(err, el, "engine: out of memory");
+        return -ENOMEM;
+    }
+    for (int64_t id = 0, k = 0; id < tok_n_vocab(e->dec.tok); id++)
+        if (tok_is_eog(e->dec.tok, (int32_t)id))
+            e->eog_ids[k++] = (int32_t)id;
     e->piece_cap = 3 * (max_piece + 4) + 16;
     e->piece = malloc(e->piece_cap);
     e->text_out = malloc(e->piece_cap + STOP_HOLD_MAX);

@@ -229,6 +229,54 @@ def test_ignore_eos_needs_an_end_and_no_session(server, extra):
     assert b'"param":"ignore_eos"' in resp
 
 
+def test_min_tokens_masks_the_end_of_the_answer_after_taking_its_logprobs(client):
+    """min_tokens (vLLM's): the answer cannot end before that many tokens.
+    Where greedy would pick the end-of-turn token, the logprobs still show
+    it as the model's first choice (they are taken before the mask), and
+    another token is picked; the answer before it is unchanged."""
+    kw = dict(model="smol", messages=[{"role": "user", "content": "Say hi."}], temperature=0,
+              logprobs=True, top_logprobs=2)
+    plain = client.chat.completions.create(max_tokens=64, **kw)
+    assert plain.choices[0].finish_reason == "stop"
+    m = plain.usage.completion_tokens  # the last one is the end of the turn
+    longer = client.chat.completions.create(max_tokens=64, extra_body={"min_tokens": m + 4}, **kw)
+    assert longer.usage.completion_tokens >= m + 4
+    lp = longer.choices[0].logprobs.content
+    assert [t.token for t in lp[:m - 1]] == [t.token for t in plain.choices[0].logprobs.content]
+    assert lp[m - 1].top_logprobs[0].token == "<|im_end|>"
+    assert lp[m - 1].token != "<|im_end|>"
+    assert lp[m - 1].logprob == lp[m - 1].top_logprobs[1].logprob
+    assert longer.choices[0].message.content.startswith(plain.choices[0].message.content)
+    # past the first min_tokens tokens it may end (vLLM counts the same way:
+    # the end-of-turn token is the m-th)
+    exact = client.chat.completions.create(max_tokens=64, extra_body={"min_tokens": m - 1}, **kw)
+    assert exact.choices[0].message.content == plain.choices[0].message.content
+    assert exact.usage.completion_tokens == m
+
+
+@pytest.mark.parametrize("min_tokens", [0, 3, 6])
+def test_min_tokens_stop_strings_match_only_in_the_text_after_them(client, min_tokens):
+    kw = dict(model="smol", prompt=PROMPT, max_tokens=16, temperature=0, logprobs=0)
+    base = client.completions.create(**kw).choices[0]
+    offs = base.logprobs.text_offset
+    stop = base.logprobs.tokens[1]
+    assert stop.strip() and base.text.find(stop) == offs[1] - offs[0]
+    after = offs[min_tokens] - offs[0]
+    at = base.text.find(stop, after)
+    got = client.completions.create(stop=[stop], extra_body={"min_tokens": min_tokens},
+                                    **kw).choices[0]
+    assert got.text == (base.text[:at] if at >= 0 else base.text)
+    assert got.finish_reason == ("stop" if at >= 0 else "length")
+
+
+@pytest.mark.parametrize("body", [{"min_tokens": 9, "max_tokens": 8}, {"min_tokens": -1},
+                                  {"min_tokens": "3"}])
+def test_min_tokens_is_refused_when_it_cannot_be_met(server, body):
+    status, _, resp = server.post("/v1/completions", json.dumps({"prompt": "Hi", **body}))
+    assert status == 400, resp
+    assert b'"param":"min_tokens"' in resp
+
+
 def test_stop_sequence_s_tokens_have_no_logprobs_and_the_rest_keep_their_offsets(client):
     kw = dict(model="smol", prompt=PROMPT, max_tokens=16, temperature=0, logprobs=2)
     base = client.completions.create(**kw).choices[0]

@@ -553,6 +553,36 @@ TEST(api_request_chat_max_completion_tokens_wins_over_max_tokens)
     engine_request_free(&p.req);
 }
 
+TEST(api_request_min_tokens_is_a_count_up_to_max_tokens)
+{
+    struct parsed p = parse(API_COMPLETIONS, "{\"prompt\":\"x\"}");
+    ASSERT_OK(p.rc);
+    ASSERT_EQ(p.req.min_tokens, 0);
+    engine_request_free(&p.req);
+    p = parse(API_COMPLETIONS, "{\"prompt\":\"x\",\"min_tokens\":7,\"max_tokens\":7}");
+    ASSERT_OK(p.rc);
+    ASSERT_EQ(p.req.min_tokens, 7);
+    engine_request_free(&p.req);
+    p = parse(API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                        "\"min_tokens\":12,\"max_tokens\":null}");
+    ASSERT_OK(p.rc);
+    ASSERT_EQ(p.req.min_tokens, 12); /* no end given: the answer just may not end before 12 */
+    engine_request_free(&p.req);
+    p = parse(API_COMPLETIONS, "{\"prompt\":\"x\",\"min_tokens\":null}");
+    ASSERT_OK(p.rc);
+    ASSERT_EQ(p.req.min_tokens, 0);
+    engine_request_free(&p.req);
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"min_tokens\":8,\"max_tokens\":7}",
+               "min_tokens");
+    ASSERT_BAD(API_CHAT,
+               "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"min_tokens\":10,"
+               "\"max_completion_tokens\":9}",
+               "min_tokens");
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"min_tokens\":-1}", "min_tokens");
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"min_tokens\":\"3\"}", "min_tokens");
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"min_tokens\":1.5}", "min_tokens");
+}
+
 TEST(api_chat_template_recognizes_llama3_and_llama2_and_falls_back_to_chatml)
 {
     struct api_chat_template t;

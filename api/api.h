@@ -142,19 +142,28 @@ int api_request_parse(const struct api_parse_ctx *ctx, enum api_endpoint ep, con
 
 /* ---- tokenize and detokenize (request.c, response.c) ---------------------- */
 
+/* What a POST /tokenize asks besides the text. */
+struct api_tokenize {
+    const char *param; /* the name the text came under: "content" or "prompt" */
+    int with_pieces;   /* answer each token with its text (api_tokens_json) */
+};
 /* POST /tokenize: {"content": text} ("prompt", vLLM's name, is taken too),
  * "add_special" (false: BOS as the model wants it when true), "parse_special"
- * (true: <|im_start|> and the like are one token each). "with_pieces": true
- * is refused (400). *out gets the text as a prompt with add_bos and
- * parse_special set (ctx->id and owner too). 0, or -EINVAL with err. */
+ * (true: <|im_start|> and the like are one token each), "with_pieces"
+ * (false). *out gets the text as a prompt with add_bos and parse_special set
+ * (ctx->id and owner too), *tk the rest. 0, or -EINVAL with err. */
 int api_tokenize_parse(const struct api_parse_ctx *ctx, const char *body, size_t len,
-                       struct engine_request *out, struct api_error *err);
+                       struct engine_request *out, struct api_tokenize *tk, struct api_error *err);
 /* POST /detokenize: {"tokens": [id, ...]}, ids in [0, n_vocab). *ids is
  * malloc'd (caller frees; NULL on failure). 0, or -EINVAL with err. */
 int api_detokenize_parse(const struct api_parse_ctx *ctx, const char *body, size_t len,
                          int32_t **ids, int64_t *n, struct api_error *err);
-/* {"tokens":[first (if >= 0), ids...],"count":N}, malloc'd, or NULL. */
-char *api_tokens_json(int32_t first, const int32_t *ids, int64_t n);
+/* {"tokens":[first (if >= 0), ids...],"count":N}, malloc'd, or NULL. With
+ * piece (llama-server's with_pieces), each token is {"id":id,"piece":P}
+ * instead: P its text (piece(arg, id, &len) gives its bytes) as a string
+ * when the bytes are UTF-8, else as the list of byte values. */
+char *api_tokens_json(int32_t first, const int32_t *ids, int64_t n,
+                      const char *(*piece)(void *arg, int32_t id, size_t *len), void *arg);
 /* {"content":"..."}: text as a JSON string (bytes outside UTF-8 as U+FFFD). */
 char *api_content_json(const char *text, size_t len);
 

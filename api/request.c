@@ -1430,14 +1430,16 @@ out:
 /* ---- tokenize and detokenize ------------------------------------------------ */
 
 int api_tokenize_parse(const struct api_parse_ctx *ctx, const char *body, size_t len,
-                       struct engine_request *out, struct api_error *err)
+                       struct engine_request *out, struct api_tokenize *tk, struct api_error *err)
 {
     memset(out, 0, sizeof *out);
+    tk->param = "content";
+    tk->with_pieces = 0;
     memset(err, 0, sizeof *err);
     out->id = ctx->id;
     out->owner = ctx->owner;
     cJSON *root = parse_body(ctx, body, len, err);
-    int rc = -1, add = 0, special = 1, pieces = 0;
+    int rc = -1, add = 0, special = 1;
     const char *text = NULL;
     if (!root)
         goto out;
@@ -1454,8 +1456,10 @@ int api_tokenize_parse(const struct api_parse_ctx *ctx, const char *body, size_t
                       "Give the text as 'content' or as 'prompt', not both.");
         goto out;
     }
-    if (has_p)
+    if (has_p) {
         text = p;
+        tk->param = "prompt";
+    }
     if (!text) {
         api_error_set(err, 400, "content", "missing_required_parameter",
                       "Missing required parameter: 'content' (the text to tokenize).");
@@ -1465,12 +1469,8 @@ int api_tokenize_parse(const struct api_parse_ctx *ctx, const char *body, size_t
     int has_add = get_bool(root, "add_special", &add, err);
     if (has_add < 0 || (!has_add && get_bool(root, "add_special_tokens", &add, err) < 0) ||
         get_bool(root, "parse_special", &special, err) < 0 ||
-        get_bool(root, "with_pieces", &pieces, err) < 0)
+        get_bool(root, "with_pieces", &tk->with_pieces, err) < 0)
         goto out;
-    if (pieces) {
-        unsupported(err, "with_pieces", "with_pieces = true");
-        goto out;
-    }
     out->prompt_len = strlen(text); /* strings with U+0000 were refused by the pre-scan */
     out->prompt = malloc(out->prompt_len + 1);
     if (!out->prompt) {

@@ -614,16 +614,46 @@ static cJSON *model_obj(const char *model_id, int64_t created)
     return m;
 }
 
-char *api_tokens_json(int32_t first, const int32_t *ids, int64_t n)
+/* One token of a /tokenize answer: its id, or with piece {"id","piece"}. */
+static void put_token(struct api_buf *b, int32_t id,
+                      const char *(*piece)(void *arg, int32_t id, size_t *len), void *arg)
+{
+    if (!piece) {
+        put_int(b, id);
+        return;
+    }
+    size_t len = 0;
+    const char *p = piece(arg, id, &len);
+    if (!p)
+        len = 0;
+    api__buf_puts(b, "{\"id\":");
+    put_int(b, id);
+    api__buf_puts(b, ",\"piece\":");
+    if (api__utf8_valid_prefix(p, len) == len) {
+        put_string(b, p, len);
+    } else { /* part of a character: its bytes, as llama-server gives them */
+        api__buf_puts(b, "[");
+        for (size_t i = 0; i < len; i++) {
+            if (i)
+                api__buf_puts(b, ",");
+            put_int(b, (unsigned char)p[i]);
+        }
+        api__buf_puts(b, "]");
+    }
+    api__buf_puts(b, "}");
+}
+
+char *api_tokens_json(int32_t first, const int32_t *ids, int64_t n,
+                      const char *(*piece)(void *arg, int32_t id, size_t *len), void *arg)
 {
     struct api_buf b = {0};
     api__buf_puts(&b, "{\"tokens\":[");
     if (first >= 0)
-        put_int(&b, first);
+        put_token(&b, first, piece, arg);
     for (int64_t i = 0; i < n; i++) {
         if (i > 0 || first >= 0)
             api__buf_puts(&b, ",");
-        put_int(&b, ids[i]);
+        put_token(&b, ids[i], piece, arg);
     }
     api__buf_puts(&b, "],\"count\":");
     put_int(&b, n + (first >= 0));

@@ -260,6 +260,11 @@ static size_t token_text(void *arg, int32_t id, char *buf, size_t cap)
     return engine_token_text(arg, id, buf, cap);
 }
 
+static const char *token_piece(void *arg, int32_t id, size_t *len)
+{
+    return engine_token_piece(arg, id, len);
+}
+
 void router_req_free(struct srv_req *r)
 {
     /* a prompt still waiting for a worker: tok_done will find nobody to give
@@ -371,9 +376,10 @@ struct tok_work {
     int64_t max; /* the most tokens the prompt may have, BOS aside */
     int64_t n;   /* max + 1: more than max */
     int32_t *ids;
-    size_t held;   /* bytes of the body budget the prompt's copy holds until tok_done */
-    int cancelled; /* atomic: the client left before a worker took the job */
-    int reply;     /* POST /tokenize: the ids are the answer, not a request's prompt */
+    size_t held;            /* bytes of the body budget the prompt's copy holds until tok_done */
+    int cancelled;          /* atomic: the client left before a worker took the job */
+    int reply;              /* POST /tokenize: the ids are the answer, not a request's prompt */
+    struct api_tokenize tk; /* POST /tokenize: how to answer */
 };
 
 static void tok_run(uv_work_t *w) /* a worker thread */
@@ -410,12 +416,14 @@ static void reply_tokens(struct server *s, struct http_conn *c, struct tok_work 
     if (t->n > t->max) {
         char msg[200];
         snprintf(msg, sizeof msg,
-                 "the content has more than %lld tokens, the longest prompt this server takes "
+                 "the %s has more than %lld tokens, the longest prompt this server takes "
                  "(--max-prompt, or the model's context length)",
-                 (long long)s->max_prompt_tokens);
-        reply_err(s, c, ep, 400, "content", "context_length_exceeded", msg);
+                 t->tk.param, (long long)s->max_prompt_tokens);
+        reply_err(s, c, ep, 400, t->tk.param, "context_length_exceeded", msg);
     } else {
-        reply_json(s, c, ep, 200, api_tokens_json(bos, t->ids, t->n));
+        reply_json(
+            s, c, ep, 200,
+            api_tokens_json(bos, t->ids, t->n, t->tk.with_pieces ? token_piece : NULL, s->engine));
     }
     free(t->ids);
     engine_request_free(&t->req);
@@ -603,8 +611,9 @@ static void handle_tokenize(struct server *s, struct http_conn *c)
     uint64_t id = s->next_seq++ * (uint64_t)s->cfg.max_conns + c->user_id;
     struct api_parse_ctx ctx = {.model = s->info, .id = id};
     struct engine_request req;
+    struct api_tokenize tk;
     struct api_error err;
-    if (api_tokenize_parse(&ctx, c->req.body, c->req.body_len, &req, &err) < 0) {
+    if (api_tokenize_parse(&ctx, c->req.body, c->req.body_len, &req, &tk, &err) < 0) {
         reply_error(s, c, mep, &err);
         return;
     }
@@ -624,6 +633,7 @@ static void handle_tokenize(struct server *s, struct http_conn *c)
     r->ep = mep;
     c->user = r;
     s->inflight++;
+    t->tk = tk; /* param points at a string constant */
     queue_tokenize(s, c, r, t, &req, 1);
 }
 

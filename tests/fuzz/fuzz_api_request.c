@@ -188,18 +188,80 @@ static void check_request(const struct api_parse_ctx *ctx, enum api_endpoint ep,
         fail("include_usage without stream", NULL);
 }
 
+/* Token pieces for the /tokenize answer: token i is the input's bytes
+ * [4i, 4i + i % 7), whatever they are (a piece may be any bytes). */
+struct pieces {
+    const char *data;
+    size_t len;
+};
+static const char *fuzz_piece(void *arg, int32_t id, size_t *len)
+{
+    const struct pieces *p = arg;
+    size_t at = 4 * (size_t)id, n = (size_t)id % 7;
+    if (at > p->len)
+        at = p->len;
+    *len = n < p->len - at ? n : p->len - at;
+    return p->data + at;
+}
+
+/* A /tokenize answer with pieces built from the input: JSON that holds each
+ * piece's bytes, as a string when they are UTF-8, else as their values. */
+static void check_pieces(const char *data, size_t size)
+{
+    struct pieces p = {data, size};
+    int32_t ids[8];
+    for (int i = 0; i < 8; i++)
+        ids[i] = i;
+    char *json = api_tokens_json(7, ids, 7, fuzz_piece, &p);
+    cJSON *root = json ? cJSON_Parse(json) : NULL;
+    const cJSON *toks = cJSON_GetObjectItemCaseSensitive(root, "tokens");
+    if (cJSON_GetArraySize(toks) != 8)
+        fail("tokenize: pieces answer", NULL);
+    for (int i = 0; i < 8; i++) {
+        const cJSON *t = cJSON_GetArrayItem(toks, i);
+        int32_t id = i == 0 ? 7 : ids[i - 1];
+        size_t n;
+        const char *want = fuzz_piece(&p, id, &n);
+        const cJSON *jid = cJSON_GetObjectItemCaseSensitive(t, "id");
+        const cJSON *pc = cJSON_GetObjectItemCaseSensitive(t, "piece");
+        if (!cJSON_IsNumber(jid) || jid->valuedouble != id)
+            fail("tokenize: piece id", NULL);
+        int utf8 = test_valid_utf8((const unsigned char *)want, n);
+        if (cJSON_IsString(pc)) {
+            /* (cJSON ends a string at U+0000: such a piece is checked up to it) */
+            size_t k = memchr(want, 0, n) ? (size_t)((const char *)memchr(want, 0, n) - want) : n;
+            if (!utf8 || strlen(pc->valuestring) != k || memcmp(pc->valuestring, want, k) != 0)
+                fail("tokenize: piece text", NULL);
+        } else if (cJSON_IsArray(pc)) {
+            if (utf8 || (size_t)cJSON_GetArraySize(pc) != n)
+                fail("tokenize: piece bytes", NULL);
+            for (size_t k = 0; k < n; k++)
+                if (cJSON_GetArrayItem(pc, (int)k)->valuedouble != (unsigned char)want[k])
+                    fail("tokenize: piece byte", NULL);
+        } else {
+            fail("tokenize: piece", NULL);
+        }
+    }
+    cJSON_Delete(root);
+    free(json);
+}
+
 /* The same body as POST /tokenize and POST /detokenize: on success a
  * NUL-terminated text of the stated length, or ids in the vocabulary; on
  * failure nothing left and a well-formed error. */
 static void check_tokenize(const struct api_parse_ctx *ctx, const char *body, size_t len)
 {
     struct engine_request out;
+    struct api_tokenize tk;
     struct api_error err;
     const int64_t n_vocab = ctx->model ? ctx->model->n_vocab : INT32_MAX;
-    int rc = api_tokenize_parse(ctx, body, len, &out, &err);
+    int rc = api_tokenize_parse(ctx, body, len, &out, &tk, &err);
     if (rc == 0) {
         if (!out.prompt || strlen(out.prompt) != out.prompt_len || out.prompt_ids)
             fail("tokenize: text prompt", NULL);
+        if ((strcmp(tk.param, "content") != 0 && strcmp(tk.param, "prompt") != 0) ||
+            (tk.with_pieces != 0 && tk.with_pieces != 1))
+            fail("tokenize: param or with_pieces", NULL);
         engine_request_free(&out);
     } else {
         check_error(rc, &out, &err);
@@ -273,6 +335,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         check_error(rc, &out, &err);
     }
     check_tokenize(&ctx, body, len);
+    check_pieces((const char *)data, size);
     free(body);
     return 0;
 }

@@ -80,12 +80,40 @@ def test_tokenize_options(server):
     assert t["count"] == c.usage.prompt_tokens
 
 
+def test_tokenize_with_pieces_gives_each_tokens_text(server):
+    """with_pieces (llama-server's): each token as {"id", "piece"}, the
+    piece its text when that is UTF-8, else its bytes' values. The pieces
+    put together are the text sent, byte for byte; the ids are those of the
+    plain answer."""
+    for text, special in [("La crème brûlée 🍮 東京", True), ("<|im_start|>user\nhi", True),
+                          ("<|im_start|>user", False), ("  spaces\tand\nnewlines  ", True)]:
+        _, plain = post(server, "/tokenize", {"content": text, "parse_special": special})
+        status, r = post(server, "/tokenize", {"content": text, "parse_special": special,
+                                               "with_pieces": True})
+        assert status == 200, r
+        assert [t["id"] for t in r["tokens"]] == plain["tokens"]
+        assert r["count"] == plain["count"]
+        got = b""
+        for t in r["tokens"]:
+            p = t["piece"]
+            got += p.encode("utf-8") if isinstance(p, str) else bytes(p)
+            if isinstance(p, list):  # given as bytes only when they are not UTF-8
+                with pytest.raises(UnicodeDecodeError):
+                    bytes(p).decode("utf-8")
+        assert got == text.encode("utf-8"), text
+    # a character split across byte tokens: its parts are bytes
+    _, r = post(server, "/tokenize", {"content": "🍮", "with_pieces": True})
+    assert len(r["tokens"]) > 1 and all(isinstance(t["piece"], list) for t in r["tokens"]), r
+    _, r = post(server, "/tokenize", {"content": "<|im_start|>", "with_pieces": True})
+    assert r["tokens"] == [{"id": 1, "piece": "<|im_start|>"}]
+
+
 @pytest.mark.parametrize("path,body,param", [
     ("/tokenize", {}, "content"),
     ("/tokenize", {"content": 5}, "content"),
     ("/tokenize", {"content": "a", "prompt": "b"}, "prompt"),
     ("/tokenize", {"content": "a", "add_special": "yes"}, "add_special"),
-    ("/tokenize", {"content": "a", "with_pieces": True}, "with_pieces"),
+    ("/tokenize", {"content": "a", "with_pieces": 1}, "with_pieces"),
     ("/detokenize", {}, "tokens"),
     ("/detokenize", {"tokens": "1 2"}, "tokens"),
     ("/detokenize", {"tokens": [1, 49152]}, "tokens"),
@@ -108,6 +136,11 @@ def test_tokenize_keeps_a_prompts_limits_and_its_key(start_server):
     assert status == 400
     err = json.loads(resp)["error"]
     assert err["code"] == "context_length_exceeded" and err["param"] == "content"
+    # the error names the field the text came in (vLLM's name here)
+    status, _, resp = s.post("/tokenize", json.dumps({"prompt": words + " word word"}), hdr)
+    assert status == 400
+    err = json.loads(resp)["error"]
+    assert err["param"] == "prompt" and "the prompt has more than 64 tokens" in err["message"]
     # a megabyte of text is counted only until it is over
     status, _, resp = s.post("/tokenize", json.dumps({"content": "word " * 200000}), hdr)
     assert status == 400
@@ -116,7 +149,7 @@ def test_tokenize_keeps_a_prompts_limits_and_its_key(start_server):
         assert status == 401
     m = s.metrics()
     assert m['streamsink_requests_total{endpoint="/tokenize",status="200"}'] == 1
-    assert m['streamsink_requests_total{endpoint="/tokenize",status="400"}'] == 2
+    assert m['streamsink_requests_total{endpoint="/tokenize",status="400"}'] == 3
     assert m['streamsink_requests_total{endpoint="/tokenize",status="401"}'] == 1
     assert m['streamsink_requests_total{endpoint="/detokenize",status="401"}'] == 1
 

@@ -535,4 +535,30 @@ TEST(api_response_streamed_logprobs_hold_nothing_between_chunks)
     api_response_free(&r);
 }
 
+/* Pieces for api_tokens_json: id 0 "Hi", 1 " there", 2 the first byte of
+ * U+1F36E (not UTF-8 alone), 3 an empty piece, 4 a quote and a backslash. */
+static const char *test_piece(void *arg, int32_t id, size_t *len)
+{
+    static const char *const p[] = {"Hi", " there", "\xf0", "", "\"\\"};
+    (void)arg;
+    *len = strlen(p[id]);
+    return p[id];
+}
+
+TEST(api_tokens_json_gives_ids_or_pieces_as_text_or_bytes)
+{
+    const int32_t ids[] = {0, 1, 2, 3, 4};
+    char *plain = api_tokens_json(-1, ids, 5, NULL, NULL);
+    ASSERT_STREQ(plain, "{\"tokens\":[0,1,2,3,4],\"count\":5}");
+    free(plain);
+    char *bos = api_tokens_json(1, ids, 1, NULL, NULL);
+    ASSERT_STREQ(bos, "{\"tokens\":[1,0],\"count\":2}");
+    free(bos);
+    char *js = api_tokens_json(4, ids, 4, test_piece, NULL);
+    ASSERT_STREQ(js, "{\"tokens\":[{\"id\":4,\"piece\":\"\\\"\\\\\"},"
+                     "{\"id\":0,\"piece\":\"Hi\"},{\"id\":1,\"piece\":\" there\"},"
+                     "{\"id\":2,\"piece\":[240]},{\"id\":3,\"piece\":\"\"}],\"count\":5}");
+    free(js);
+}
+
 TEST_MAIN()

@@ -534,9 +534,14 @@ static int parse_tools(const cJSON *o, struct api_error *err)
     return get_bool(o, "parallel_tool_calls", &b, err) < 0 ? -1 : 0;
 }
 
+struct bias_pair {
+    int32_t id;
+    float bias;
+};
+
 static int by_bias_id(const void *a, const void *b)
 {
-    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    int32_t x = ((const struct bias_pair *)a)->id, y = ((const struct bias_pair *)b)->id;
     return (x > y) - (x < y);
 }
 
@@ -560,8 +565,8 @@ static int parse_logit_bias(const cJSON *o, const struct api_parse_ctx *ctx,
         return -1;
     }
     const int64_t n_vocab = ctx->model ? ctx->model->n_vocab : INT32_MAX;
-    /* pairs (id, bias as float bits) sorted together by id */
-    int32_t *pairs = malloc((size_t)n * 2 * sizeof *pairs);
+    /* the pairs, sorted by id */
+    struct bias_pair *pairs = malloc((size_t)n * sizeof *pairs);
     r->bias_id = malloc((size_t)n * sizeof *r->bias_id);
     r->bias = malloc((size_t)n * sizeof *r->bias);
     if (!pairs || !r->bias_id || !r->bias) {
@@ -595,22 +600,19 @@ static int parse_logit_bias(const cJSON *o, const struct api_parse_ctx *ctx,
                           (long long)id, cJSON_IsNumber(it) ? "one outside it" : type_name(it));
             return -1;
         }
-        float f = (float)it->valuedouble;
-        pairs[2 * k] = (int32_t)id;
-        memcpy(&pairs[2 * k + 1], &f, sizeof f);
-        k++;
+        pairs[k++] = (struct bias_pair){(int32_t)id, (float)it->valuedouble};
     }
-    qsort(pairs, (size_t)n, 2 * sizeof *pairs, by_bias_id);
+    qsort(pairs, (size_t)n, sizeof *pairs, by_bias_id);
     for (k = 0; k < n; k++) {
-        if (k > 0 && pairs[2 * k] == pairs[2 * k - 2]) {
+        if (k > 0 && pairs[k].id == pairs[k - 1].id) {
             api_error_set(err, 400, "logit_bias", "invalid_value",
                           "Invalid value for 'logit_bias': token %d is given twice.",
-                          (int)pairs[2 * k]);
+                          (int)pairs[k].id);
             free(pairs);
             return -1;
         }
-        r->bias_id[k] = pairs[2 * k];
-        memcpy(&r->bias[k], &pairs[2 * k + 1], sizeof r->bias[k]);
+        r->bias_id[k] = pairs[k].id;
+        r->bias[k] = pairs[k].bias;
     }
     r->n_bias = n;
     free(pairs);
@@ -775,13 +777,17 @@ static int parse_common(const struct body *b, const struct api_parse_ctx *ctx, e
 
 /* ---- completions ----------------------------------------------------------- */
 
-static int take_ids(const cJSON *arr, const struct api_parse_ctx *ctx, struct engine_request *r,
-                    struct api_error *err)
+/* The token ids of arr (an array; each in [0, n_vocab)) into *ids (malloc'd,
+ * caller frees, also on failure) and *n. 0, or -1 with a 400 naming param
+ * that says which item (noun) is bad, or a 500. */
+static int read_ids(const cJSON *arr, const struct api_parse_ctx *ctx, const char *param,
+                    const char *noun, int32_t **ids, int64_t *n, struct api_error *err)
 {
-    int n = cJSON_GetArraySize(arr);
-    int64_t n_vocab = ctx->model ? ctx->model->n_vocab : INT32_MAX;
-    r->prompt_ids = malloc((size_t)(n > 0 ? n : 1) * sizeof *r->prompt_ids);
-    if (!r->prompt_ids) {
+    const int64_t n_vocab = ctx->model ? ctx->model->n_vocab : INT32_MAX;
+    const int count = cJSON_GetArraySize(arr);
+    *n = 0;
+    *ids = malloc((size_t)(count > 0 ? count : 1) * sizeof **ids);
+    if (!*ids) {
         api_error_set(err, 500, NULL, NULL, "out of memory");
         return -1;
     }
@@ -791,21 +797,28 @@ static int take_ids(const cJSON *arr, const struct api_parse_ctx *ctx, struct en
     {
         double d = cJSON_IsNumber(it) ? it->valuedouble : -1;
         if (!isfinite(d)) {
-            api_error_set(err, 400, "prompt", "invalid_value",
-                          "Invalid value for 'prompt': token %d is out of range (not finite).", k);
+            api_error_set(err, 400, param, "invalid_value",
+                          "Invalid value for '%s': %s %d is out of range (not finite).", param,
+                          noun, k);
             return -1;
         }
         if (!cJSON_IsNumber(it) || d != floor(d) || d < 0 || d >= (double)n_vocab) {
-            api_error_set(err, 400, "prompt", "invalid_value",
-                          "Invalid value for 'prompt': token %d is not an id in [0, %lld).", k,
-                          (long long)n_vocab);
+            api_error_set(err, 400, param, "invalid_value",
+                          "Invalid value for '%s': %s %d is not an id in [0, %lld).", param, noun,
+                          k, (long long)n_vocab);
             return -1;
         }
-        r->prompt_ids[k++] = (int32_t)d;
+        (*ids)[k++] = (int32_t)d;
     }
-    r->n_prompt_ids = k;
-    r->add_bos = 0; /* token ids are the prompt exactly as sent, as OpenAI and vLLM take them */
+    *n = k;
     return 0;
+}
+
+static int take_ids(const cJSON *arr, const struct api_parse_ctx *ctx, struct engine_request *r,
+                    struct api_error *err)
+{
+    r->add_bos = 0; /* token ids are the prompt exactly as sent, as OpenAI and vLLM take them */
+    return read_ids(arr, ctx, "prompt", "token", &r->prompt_ids, &r->n_prompt_ids, err);
 }
 
 static int take_text(const char *s, struct engine_request *r, struct api_error *err)
@@ -1505,27 +1518,8 @@ int api_detokenize_parse(const struct api_parse_ctx *ctx, const char *body, size
         bad_type(err, "tokens", "an array of token ids", arr);
         goto out;
     }
-    const int64_t n_vocab = ctx->model ? ctx->model->n_vocab : INT32_MAX;
-    const int count = cJSON_GetArraySize(arr);
-    *ids = malloc((size_t)(count > 0 ? count : 1) * sizeof **ids);
-    if (!*ids) {
-        api_error_set(err, 500, NULL, NULL, "out of memory");
+    if (read_ids(arr, ctx, "tokens", "item", ids, n, err) < 0)
         goto out;
-    }
-    const cJSON *it;
-    int k = 0;
-    cJSON_ArrayForEach(it, arr)
-    {
-        double d = cJSON_IsNumber(it) ? it->valuedouble : -1;
-        if (!cJSON_IsNumber(it) || !isfinite(d) || d != floor(d) || d < 0 || d >= (double)n_vocab) {
-            api_error_set(err, 400, "tokens", "invalid_value",
-                          "Invalid value for 'tokens': item %d is not an id in [0, %lld).", k,
-                          (long long)n_vocab);
-            goto out;
-        }
-        (*ids)[k++] = (int32_t)d;
-    }
-    *n = k;
     rc = 0;
 out:
     cJSON_Delete(root);

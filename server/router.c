@@ -535,6 +535,13 @@ static void queue_tokenize(struct server *s, struct http_conn *c, struct srv_req
     s->body_bytes += t->held;
 }
 
+/* The most values a body may hold: a token-array prompt (or /detokenize's
+ * ids) may be as long as the longest prompt, with room. */
+static size_t max_json_values(const struct server *s)
+{
+    return (size_t)(4 * s->max_prompt_tokens > 65536 ? 4 * s->max_prompt_tokens : 65536);
+}
+
 static void handle_generate(struct server *s, struct http_conn *c, enum api_endpoint ep,
                             enum metrics_endpoint mep)
 {
@@ -553,9 +560,7 @@ static void handle_generate(struct server *s, struct http_conn *c, enum api_endp
         .max_stop_len = ENGINE_MAX_STOP_LEN,
         .model_names = s->model_names,
         .n_model_names = s->n_model_names,
-        /* a token-array prompt may be as long as the longest prompt, with room */
-        .max_json_values =
-            (size_t)(4 * s->max_prompt_tokens > 65536 ? 4 * s->max_prompt_tokens : 65536),
+        .max_json_values = max_json_values(s),
     };
     struct engine_request req;
     struct api_request meta;
@@ -644,8 +649,7 @@ static void handle_detokenize(struct server *s, struct http_conn *c)
     const enum metrics_endpoint mep = METRICS_EP_DETOKENIZE;
     struct api_parse_ctx ctx = {
         .model = s->info,
-        .max_json_values =
-            (size_t)(4 * s->max_prompt_tokens > 65536 ? 4 * s->max_prompt_tokens : 65536),
+        .max_json_values = max_json_values(s),
     };
     int32_t *ids;
     int64_t n;

@@ -120,3 +120,37 @@ def test_gemma_tokenize_puts_bos_first_when_asked(gemma):
     # a completion's prompt is counted the same way (BOS + 5, as transformers has it)
     c = gemma.client().completions.create(model="smol", prompt=text, max_tokens=1)
     assert added["count"] == c.usage.prompt_tokens == 6
+
+
+def test_gemma_session_that_gave_back_a_stop_string_continues_as_if_it_never_had_it(gemma):
+    # past the local layers' window (their ring has wrapped), a turn that a
+    # stop string ended gives its tokens back: the session then holds what
+    # one cut by max_tokens just before the stop string holds, and the next
+    # turns of the two agree token for token and logprob for logprob
+    prompt = "The river ran past the old mill and under the stone bridge. " * 50
+    turn2 = " Then the rain came, and"
+    status, probe = call(gemma, "POST", "/v1/completions",
+                         {"model": "smol", "prompt": prompt, "max_tokens": 16, "temperature": 0,
+                          "logprobs": 1})
+    assert status == 200, probe
+    toks = probe["choices"][0]["logprobs"]["tokens"]
+    text = "".join(toks)
+    k = next(i for i in range(2, len(toks) - 1)
+             if toks[i].startswith(" ") and len(toks[i]) > 1 and toks[i + 1].strip()
+             and text.find(toks[i] + toks[i + 1]) == len("".join(toks[:i])))
+    try:
+        status, a = complete(gemma, prompt, "g-stop", max_tokens=16, stop=[toks[k] + toks[k + 1]])
+        assert status == 200, a
+        status, b = complete(gemma, prompt, "g-cut", max_tokens=k)
+        assert status == 200, b
+        assert a["choices"][0]["text"] == b["choices"][0]["text"] == "".join(toks[:k])
+        assert a["choices"][0]["finish_reason"] == "stop"
+        assert a["session"]["tokens_seen"] == b["session"]["tokens_seen"] > 512
+        status, a2 = complete(gemma, turn2, "g-stop", max_tokens=16)
+        assert status == 200, a2
+        status, b2 = complete(gemma, turn2, "g-cut", max_tokens=16)
+        assert status == 200, b2
+        assert continuation(a2) == continuation(b2)
+    finally:
+        for sid in ("g-stop", "g-cut"):
+            call(gemma, "DELETE", f"/v1/sessions/{sid}")

@@ -86,6 +86,7 @@ int rig_wait_all(struct rig *r, const uint64_t *ids, struct rig_result **outs, i
                 out->finish = v->finish;
                 out->prompt_tokens = v->prompt_tokens;
                 out->completion_tokens = v->completion_tokens;
+                out->tokens_seen = v->session.tokens_seen;
                 left--;
             } else {
                 out->error = 1;

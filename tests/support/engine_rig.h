@@ -54,6 +54,7 @@ struct rig_result {
     size_t n_text;
     enum engine_finish finish;
     int64_t prompt_tokens, completion_tokens;
+    int64_t tokens_seen; /* the session's, after the request (0: none) */
 };
 
 /* Waits (at most ~10 minutes) for the events of requests ids[0..n) until

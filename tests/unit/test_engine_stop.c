@@ -170,6 +170,54 @@ TEST(a_stop_string_s_tokens_send_no_logprobs_and_held_tokens_send_theirs_with_th
     free(full);
 }
 
+/* A session keeps what its client was sent: a stop string of the longest
+ * length (many tokens) that starts where token i's text starts leaves the
+ * session holding the prompt and tokens 0 .. i-1, as if the turn had been
+ * cut by max_tokens there. Then min_tokens: with the same stop string and
+ * min_tokens i + 1 the occurrence inside the first i + 1 tokens' text is not
+ * a match, and the answer is the whole greedy text. */
+TEST(a_session_gives_back_a_stop_string_s_tokens_and_min_tokens_defers_stops)
+{
+    struct rig *rig = rig_smol();
+    ASSERT(rig);
+    enum { GEN = 160 };
+    struct rig_result *full = malloc(sizeof *full), *res = malloc(sizeof *res);
+    ASSERT(full && res);
+    struct engine_request q = story(rig, GEN, 1);
+    ASSERT_OK(rig_run(rig, &q, full));
+    ASSERT(!full->error && full->n_tok == GEN && full->n_lp == GEN);
+    /* a token i whose text starts a 256-byte stretch found nowhere earlier */
+    int i = 3;
+    char stop[ENGINE_MAX_STOP_LEN + 1];
+    for (;; i++) {
+        ASSERT(i + 1 < GEN && full->lp_at[i] + ENGINE_MAX_STOP_LEN <= full->n_text);
+        memcpy(stop, full->text + full->lp_at[i], ENGINE_MAX_STOP_LEN);
+        stop[ENGINE_MAX_STOP_LEN] = 0;
+        if (strlen(stop) == ENGINE_MAX_STOP_LEN &&
+            find(full->text, full->n_text, stop, ENGINE_MAX_STOP_LEN) == (long)full->lp_at[i])
+            break;
+    }
+    q = story(rig, GEN, 0);
+    snprintf(q.session_id, sizeof q.session_id, "%s", "give-back");
+    q.stop[0] = strdup(stop);
+    ASSERT_OK(rig_run(rig, &q, res));
+    ASSERT(!res->error && res->finish == ENGINE_FINISH_STOP);
+    ASSERT(res->n_text == full->lp_at[i] && memcmp(res->text, full->text, res->n_text) == 0);
+    printf("  stop string of %d bytes at token %d: %d tokens generated, %d kept\n",
+           ENGINE_MAX_STOP_LEN, i, res->n_tok, i);
+    ASSERT(res->n_tok > i + 20); /* the stop string's tokens were many */
+    ASSERT_EQ(res->tokens_seen, res->prompt_tokens + i);
+
+    q = story(rig, GEN, 0);
+    q.stop[0] = strdup(stop);
+    q.min_tokens = i + 1;
+    ASSERT_OK(rig_run(rig, &q, res));
+    ASSERT(!res->error && res->finish == ENGINE_FINISH_LENGTH && res->n_tok == GEN);
+    ASSERT(res->n_text == full->n_text && memcmp(res->text, full->text, res->n_text) == 0);
+    free(res);
+    free(full);
+}
+
 /* A character made of several byte tokens (an emoji): its first tokens have
  * no text until the last one completes it, and when a stop string starts
  * with it they send no log-probs either. */

@@ -735,6 +735,15 @@ static int parse_common(const struct body *b, const struct api_parse_ctx *ctx, e
                       "min_tokens must be at most max_tokens.");
         return -1;
     }
+    /* without max_tokens nothing else bounds it (as ignore_eos, an answer
+     * that could not end): at most what one context holds */
+    if (r->max_tokens < 0 && ctx->model && r->min_tokens > ctx->model->n_ctx_train) {
+        api_error_set(err, 400, "min_tokens", "invalid_value",
+                      "min_tokens without max_tokens must be at most the model's context length "
+                      "(%lld).",
+                      (long long)ctx->model->n_ctx_train);
+        return -1;
+    }
     if ((rc = get_string(o, "kv_policy", &s, err)) < 0)
         return -1;
     if (rc) {

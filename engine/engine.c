@@ -260,9 +260,6 @@ void engine__seq_release(struct engine *e, struct seq *s)
     s->has_next = 0;
 }
 
-/* Ends the request running in s: flushes held text (the end of the text may
- * settle a stop string that was waiting: the finish reason is then STOP),
- * emits DONE, and either keeps the slot as an idle session or frees it. */
 /* Notes where the text of s's newest token (tok, n_gen-th) starts. */
 static void gen_mark(struct seq *s, int32_t tok, int64_t start, int hidden)
 {
@@ -291,15 +288,20 @@ static void session_give_back_stop_string(struct seq *s)
     }
     if (j == 0 || (j == known && known < s->n_gen))
         return;
-    /* the KV holds the prompt and every generated token but the newest */
-    if (kv_seq_retract(&s->kv, j < s->n_gen ? j : s->n_gen - 1) < 0)
+    /* The KV holds the prompt and the generated tokens but the newest:
+     * going back j tokens leaves out the last token kept too, which is the
+     * next to feed (the prompt's last one when every generated token goes,
+     * so that a session always has one to feed and an empty prompt may
+     * continue it, as after any other turn). */
+    if (kv_seq_retract(&s->kv, j) < 0)
         return;
-    if (j < s->n_gen)
-        s->next_tok = s->marks[(s->n_gen - 1 - j) % GEN_MARKS].token;
-    else
-        s->has_next = 0; /* the prompt's last token was fed */
+    s->next_tok =
+        j < s->n_gen ? s->marks[(s->n_gen - 1 - j) % GEN_MARKS].token : s->prompt[s->n_prompt - 1];
 }
 
+/* Ends the request running in s: flushes held text (the end of the text may
+ * settle a stop string that was waiting: the finish reason is then STOP),
+ * emits DONE, and either keeps the slot as an idle session or frees it. */
 static void seq_finish(struct engine *e, struct seq *s, enum engine_finish why, int flush)
 {
     struct engine_event ev;
@@ -1220,7 +1222,9 @@ static void after_pick(struct engine *e, struct seq *s, struct engine_event *ev)
         seq_finish(e, s, ENGINE_FINISH_STOP, 0);
         return;
     }
-    if (s->n_gen == s->req.min_tokens) /* stop strings count from the next token */
+    /* past min_tokens, stop strings count from the next whole character */
+    if (s->req.min_tokens > 0 && s->n_gen >= s->req.min_tokens && s->stop.n_stop == 0 &&
+        s->req.stop[0] && s->ts.n_pend == 0)
         stop_filter_init(&s->stop, (const char *const *)s->req.stop, ENGINE_MAX_STOP);
     if (s->req.max_tokens >= 0 && s->n_gen >= s->req.max_tokens) {
         seq_finish(e, s, ENGINE_FINISH_LENGTH, 1);
@@ -1256,7 +1260,7 @@ static int step(struct engine *e)
         if (s->state != SEQ_RUNNING || s->paused || !s->has_next || s->n_fed < s->n_prompt)
             continue;
         e->inputs[n_in] = (struct fwd_input){&s->kv, &s->next_tok, 1, FWD_LOGITS_LAST};
-        e->evicted_before[n_in] = s->kv.n_evicted;
+        e->evicted_before[n_in] = s->kv.n_evicted_max;
         e->input_seq[n_in++] = (int)i;
         budget--;
     }
@@ -1272,7 +1276,7 @@ static int step(struct engine *e)
         int last = s->n_fed + n == s->n_prompt;
         e->inputs[n_in] = (struct fwd_input){&s->kv, s->prompt + s->n_fed, n,
                                              last ? FWD_LOGITS_LAST : FWD_LOGITS_NONE};
-        e->evicted_before[n_in] = s->kv.n_evicted;
+        e->evicted_before[n_in] = s->kv.n_evicted_max;
         e->input_seq[n_in++] = (int)i;
         budget -= n;
     }
@@ -1290,7 +1294,9 @@ static int step(struct engine *e)
     for (int k = 0; k < n_in; k++) {
         struct seq *s = &e->seqs[e->input_seq[k]];
         struct fwd_input *in = &e->inputs[k];
-        e->stats.evicted_tokens_total += s->kv.n_evicted - e->evicted_before[k];
+        /* a position that left the window, came back (a give-back) and left
+         * again is counted once */
+        e->stats.evicted_tokens_total += s->kv.n_evicted_max - e->evicted_before[k];
         if (in->tokens != &s->next_tok) { /* a prefill chunk */
             s->n_fed += in->n;
             e->stats.prompt_tokens_total += in->n;

@@ -21,7 +21,7 @@ int kv_seq_init(struct kv_seq *seq, const struct kv_geometry *g, int64_t slot,
     seq->sink_base = g->n_sinks;
     seq->pos_first = pos_first;
     seq->pos_next = pos_first;
-    seq->n_evicted = 0;
+    seq->n_evicted = seq->n_evicted_max = 0;
     seq->chunk = g->chunk;
     seq->retract_min = pos_first;
     return 0;
@@ -94,6 +94,8 @@ static void set_pos_next(struct kv_seq *seq, int64_t pos_next)
     int64_t stored = seq->pos_next - seq->pos_first;
     int64_t kept = seq->n_sinks + seq->window;
     seq->n_evicted = stored > kept ? stored - kept : 0;
+    if (seq->n_evicted > seq->n_evicted_max)
+        seq->n_evicted_max = seq->n_evicted;
 }
 
 void kv_seq_advance(struct kv_seq *seq, int64_t n)

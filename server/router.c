@@ -405,6 +405,15 @@ static void tok_done(uv_work_t *w, int status)
     release_parked(s);
 }
 
+/* Bytes of text of the tokens first (if >= 0) and ids[0..n). */
+static size_t pieces_bytes(const struct server *s, int32_t first, const int32_t *ids, int64_t n)
+{
+    size_t total = 0, len;
+    for (int64_t i = first >= 0 ? -1 : 0; i < n; i++)
+        total += engine_token_piece(s->engine, i < 0 ? first : ids[i], &len) ? len : 0;
+    return total;
+}
+
 /* POST /tokenize's answer: the ids (BOS first when asked for and the model
  * wants one), or 400 when the text has more tokens than a prompt may. Takes
  * t. */
@@ -420,6 +429,14 @@ static void reply_tokens(struct server *s, struct http_conn *c, struct tok_work 
                  "(--max-prompt, or the model's context length)",
                  t->tk.param, (long long)s->max_prompt_tokens);
         reply_err(s, c, ep, 400, t->tk.param, "context_length_exceeded", msg);
+    } else if (t->tk.with_pieces &&
+               pieces_bytes(s, bos, t->ids, t->n) > (size_t)s->cfg.max_response) {
+        char msg[200]; /* an answer's bound, as /detokenize's */
+        snprintf(msg, sizeof msg,
+                 "the tokens' pieces are %zu bytes, more than an answer may hold "
+                 "(--max-response, %lld)",
+                 pieces_bytes(s, bos, t->ids, t->n), (long long)s->cfg.max_response);
+        reply_err(s, c, ep, 413, "with_pieces", "request_too_large", msg);
     } else {
         reply_json(
             s, c, ep, 200,
@@ -658,9 +675,7 @@ static void handle_detokenize(struct server *s, struct http_conn *c)
         reply_error(s, c, mep, &err);
         return;
     }
-    size_t total = 0, len;
-    for (int64_t i = 0; i < n; i++)
-        total += engine_token_piece(s->engine, ids[i], &len) ? len : 0;
+    size_t total = pieces_bytes(s, -1, ids, n), len;
     if (total > (size_t)s->cfg.max_response) { /* an answer's bound, as a completion's */
         char msg[200];
         free(ids);

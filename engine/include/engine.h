@@ -177,7 +177,8 @@ struct engine_request {
     int64_t max_tokens; /* < 0: until EOS, a stop, or the client leaves */
     /* The first min_tokens tokens (0..max_tokens) are never end-of-generation
      * tokens (their logits are masked after the logprobs are taken), and stop
-     * strings are matched in the text after them only. */
+     * strings are matched in the text after them only (from the first whole
+     * character after them). */
     int64_t min_tokens;
     struct engine_sampling sampling;
     char *stop[ENGINE_MAX_STOP]; /* stop strings of at most ENGINE_MAX_STOP_LEN bytes (malloc'd;

@@ -154,7 +154,7 @@ def test_tokenize_keeps_a_prompts_limits_and_its_key(start_server):
     assert m['streamsink_requests_total{endpoint="/detokenize",status="401"}'] == 1
 
 
-def test_detokenize_text_is_bounded_as_an_answer(start_server):
+def test_detokenize_and_tokenize_pieces_are_bounded_as_an_answer(start_server):
     s = start_server("--max-response", "1024")
     _, t = post(s, "/tokenize", {"content": " the"})
     assert len(t["tokens"]) == 1  # " the" is one token of 4 bytes
@@ -163,3 +163,11 @@ def test_detokenize_text_is_bounded_as_an_answer(start_server):
     status, r = post(s, "/detokenize", {"tokens": t["tokens"] * 257})
     assert status == 413, r
     assert r["error"]["code"] == "request_too_large" and r["error"]["param"] == "tokens"
+    # so is /tokenize's text of the pieces: 1,024 bytes of them, not 1,028
+    status, r = post(s, "/tokenize", {"content": " the" * 256, "with_pieces": True})
+    assert status == 200 and len(r["tokens"]) == 256, r
+    status, r = post(s, "/tokenize", {"content": " the" * 257, "with_pieces": True})
+    assert status == 413, r
+    assert r["error"]["code"] == "request_too_large" and r["error"]["param"] == "with_pieces"
+    status, r = post(s, "/tokenize", {"content": " the" * 257})
+    assert status == 200 and r["count"] == 257, r

@@ -23,6 +23,7 @@ static struct engine_model_info model_info(void)
     memset(&mi, 0, sizeof mi);
     snprintf(mi.name, sizeof mi.name, "test");
     mi.n_vocab = 100;
+    mi.n_ctx_train = 8192;
     mi.chat_template = SMOL_TEMPLATE;
     return mi;
 }
@@ -578,6 +579,13 @@ TEST(api_request_min_tokens_is_a_count_up_to_max_tokens)
                "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"min_tokens\":10,"
                "\"max_completion_tokens\":9}",
                "min_tokens");
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"min_tokens\":8193}", "min_tokens");
+    p = parse(API_COMPLETIONS, "{\"prompt\":\"x\",\"min_tokens\":8192}");
+    ASSERT_OK(p.rc); /* without max_tokens: at most the model's context */
+    engine_request_free(&p.req);
+    p = parse(API_COMPLETIONS, "{\"prompt\":\"x\",\"min_tokens\":9000,\"max_tokens\":9000}");
+    ASSERT_OK(p.rc);
+    engine_request_free(&p.req);
     ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"min_tokens\":-1}", "min_tokens");
     ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"min_tokens\":\"3\"}", "min_tokens");
     ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"min_tokens\":1.5}", "min_tokens");

@@ -208,6 +208,49 @@ TEST(a_session_gives_back_a_stop_string_s_tokens_and_min_tokens_defers_stops)
     ASSERT(res->n_tok > i + 20); /* the stop string's tokens were many */
     ASSERT_EQ(res->tokens_seen, res->prompt_tokens + i);
 
+    /* a stop string settled at the end of the text: "bc" completes inside
+     * token i + 1 while "abcd", which would start a byte earlier, waits for
+     * a byte never generated; max_tokens ends the text there, and the flush
+     * cuts at "bc", inside token i, which stays */
+    int k = 3;
+    while (k + 2 < GEN && full->lp_at[k + 1] - full->lp_at[k] < 2)
+        k++;
+    ASSERT(k + 2 < GEN);
+    const size_t x = full->lp_at[k], z = full->lp_at[k + 2];
+    char abcd[64] = {0}, bc[64] = {0};
+    ASSERT(z - x + 2 <= sizeof abcd);
+    memcpy(abcd, full->text + x, z - x);
+    abcd[z - x] = '\x01';
+    memcpy(bc, full->text + x + 1, z - x - 1);
+    ASSERT(find(full->text, full->n_text, bc, strlen(bc)) == (long)x + 1);
+    q = story(rig, k + 2, 0);
+    snprintf(q.session_id, sizeof q.session_id, "%s", "give-back-at-flush");
+    q.stop[0] = strdup(bc);
+    q.stop[1] = strdup(abcd);
+    ASSERT_OK(rig_run(rig, &q, res));
+    ASSERT(!res->error && res->finish == ENGINE_FINISH_STOP && res->n_tok == k + 2);
+    ASSERT(res->n_text == x + 1 && memcmp(res->text, full->text, x + 1) == 0);
+    ASSERT_EQ(res->tokens_seen, res->prompt_tokens + k + 1);
+
+    /* a stop string at the very start gives every token back; the session
+     * then holds the prompt alone, and an empty prompt continues it with the
+     * same greedy tokens */
+    char first[64] = {0};
+    ASSERT(full->lp_at[2] < sizeof first);
+    memcpy(first, full->text, full->lp_at[2]);
+    q = story(rig, GEN, 0);
+    snprintf(q.session_id, sizeof q.session_id, "%s", "give-back-all");
+    q.stop[0] = strdup(first);
+    ASSERT_OK(rig_run(rig, &q, res));
+    ASSERT(!res->error && res->finish == ENGINE_FINISH_STOP && res->n_text == 0);
+    ASSERT_EQ(res->tokens_seen, res->prompt_tokens);
+    q = rig_greedy(rig, 8);
+    rig_set_text(&q, "", 0, 1);
+    snprintf(q.session_id, sizeof q.session_id, "%s", "give-back-all");
+    ASSERT_OK(rig_run(rig, &q, res));
+    ASSERT(!res->error && res->n_tok == 8);
+    ASSERT(memcmp(res->toks, full->toks, 8 * sizeof(int32_t)) == 0);
+
     q = story(rig, GEN, 0);
     q.stop[0] = strdup(stop);
     q.min_tokens = i + 1;

@@ -311,8 +311,11 @@ TEST(retract_restores_the_window_exactly_within_the_ring_slack)
                         ASSERT(cells <= 64 && lcells <= 64);
                         for (int i = 0; i < 64; i++)
                             owner[i] = lowner[i] = -1;
+                        int64_t hw = p0; /* the newest position reached */
                         for (int turn = 0; turn < 60; turn++) {
-                            rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+                            rng ^= rng << 13;
+                            rng ^= rng >> 7;
+                            rng ^= rng << 17;
                             int64_t n = 1 + (int64_t)(rng % (uint64_t)C);
                             struct kv_seq loc = kv_seq_local(&seq, &g);
                             for (int64_t q = seq.pos_next; q < seq.pos_next + n; q++) {
@@ -320,6 +323,7 @@ TEST(retract_restores_the_window_exactly_within_the_ring_slack)
                                 lowner[kv_seq_cell(&loc, q)] = q;
                             }
                             kv_seq_advance(&seq, n);
+                            hw = seq.pos_next > hw ? seq.pos_next : hw;
                             int64_t back = (int64_t)((rng >> 20) % (uint64_t)(C + 2));
                             if (seq.pos_next - back <= p0)
                                 continue;
@@ -346,6 +350,8 @@ TEST(retract_restores_the_window_exactly_within_the_ring_slack)
                             kv_seq_advance(&fresh, seq.pos_next - p0);
                             ASSERT_EQ(seq.pos_next, fresh.pos_next);
                             ASSERT_EQ(seq.n_evicted, fresh.n_evicted);
+                            /* evictions counted once: those of the newest position reached */
+                            ASSERT_EQ(seq.n_evicted_max, hw - p0 > S + W ? hw - p0 - S - W : 0);
                             struct kv_view v = kv_seq_view(&seq, seq.pos_next - 1);
                             ASSERT_EQ(runs_match_owner(&seq, &v, owner, cells), 0);
                             struct kv_seq l = kv_seq_local(&seq, &g);

@@ -624,8 +624,10 @@ static void put_token(struct api_buf *b, int32_t id,
     }
     size_t len = 0;
     const char *p = piece(arg, id, &len);
-    if (!p)
+    if (!p) { /* not in the vocabulary: no text */
+        p = "";
         len = 0;
+    }
     api__buf_puts(b, "{\"id\":");
     put_int(b, id);
     api__buf_puts(b, ",\"piece\":");

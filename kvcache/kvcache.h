@@ -144,7 +144,7 @@ struct kv_seq {
     int64_t sink_base;       /* first cell of the ring (geo.n_sinks) */
     int64_t pos_first;       /* p0: absolute position of the sequence's first token */
     int64_t pos_next;        /* absolute position of the next token */
-    int64_t n_evicted;       /* tokens that have left the window for good */
+    int64_t n_evicted;       /* tokens outside the sinks and the newest token's window */
     int64_t n_evicted_max;   /* the most n_evicted has been (a retract lowers n_evicted) */
     int64_t chunk;           /* C = geo.chunk */
     int64_t retract_min;     /* pos_next may go back this far and no further */

@@ -301,6 +301,19 @@ TEST(a_stop_string_that_starts_inside_a_character_s_tokens_sends_no_logprobs)
     ASSERT(!cut->error && cut->finish == ENGINE_FINISH_STOP && cut->n_text == (size_t)first);
     ASSERT_EQ(cut->n_lp, n_lp);
     ASSERT(memcmp(cut->lp_tok, full->toks, (size_t)n_lp * sizeof(int32_t)) == 0);
+    /* min_tokens ending at the character's first token: the character began
+     * inside the first min_tokens tokens, so the stop string it is does not
+     * match there (stop strings were armed once it was whole, not while its
+     * first byte was held) */
+    ASSERT_EQ(first, (long)at);
+    q = rig_greedy(rig, 8);
+    rig_set_text(&q, "Emoji story: \xF0\x9F\x90\xB6\xF0\x9F\x90\xB1", 1, 0);
+    q.stop[0] = strdup(stop);
+    q.min_tokens = j + 1;
+    ASSERT_OK(rig_run(rig, &q, cut));
+    const long next = find(full->text + at + len, full->n_text - at - len, stop, len);
+    const size_t want = next < 0 ? full->n_text : at + len + (size_t)next;
+    ASSERT(!cut->error && cut->n_text == want && memcmp(cut->text, full->text, want) == 0);
     free(full);
     free(cut);
     rig_close(rig); /* the last test here */

@@ -178,16 +178,22 @@ static void held_to_event(const struct lp_held *h, struct engine_event *ev)
  * frame: its token (the one generated, or -1) goes on the first event, and
  * one event goes out even when there is nothing to send (it counts that
  * token). */
+/* 1 if a token whose text starts at byte start of the text fed to the stop
+ * filter has gone out once passed bytes have: a token goes out once its text
+ * has started to; a hidden one, which has none, once the text before it has
+ * (a stop string right after it is not its text). */
+static int token_out(int64_t start, int hidden, int64_t passed)
+{
+    return start < passed || (hidden && start == passed);
+}
+
 static void held_send(struct engine *e, struct seq *s, const struct engine_event *proto,
                       const char *text, size_t len, enum held_out which)
 {
     const int64_t at = s->passed - (int64_t)len;
-    /* a token goes out once its text has started to; a hidden one, which has
-     * none, once the text before it has (a stop string right after it is not
-     * its text) */
     int k = 0;
-    while (k < s->n_held && (which == HELD_ALL || s->held[k].start < s->passed ||
-                             (s->held[k].hidden && s->held[k].start == s->passed)))
+    while (k < s->n_held &&
+           (which == HELD_ALL || token_out(s->held[k].start, s->held[k].hidden, s->passed)))
         k++;
     struct engine_event ev = *proto;
     ev.has_lp = 0;
@@ -282,7 +288,7 @@ static void session_give_back_stop_string(struct seq *s)
     int64_t j = 0; /* the newest j tokens go */
     while (j < known) {
         const struct gen_mark *m = &s->marks[(s->n_gen - 1 - j) % GEN_MARKS];
-        if (m->start < cut || (m->hidden && m->start == cut))
+        if (token_out(m->start, m->hidden, cut))
             break;
         j++;
     }

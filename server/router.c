@@ -422,6 +422,9 @@ static void reply_tokens(struct server *s, struct http_conn *c, struct tok_work 
     const enum metrics_endpoint ep = METRICS_EP_TOKENIZE;
     const int32_t bos = bos_tokens(s, &t->req) ? s->info->bos : -1;
     req_done(s, c);
+    /* (past the limit the count stopped and there are no ids) */
+    const size_t pieces =
+        t->tk.with_pieces && t->n <= t->max ? pieces_bytes(s, bos, t->ids, t->n) : 0;
     if (t->n > t->max) {
         char msg[200];
         snprintf(msg, sizeof msg,
@@ -429,13 +432,12 @@ static void reply_tokens(struct server *s, struct http_conn *c, struct tok_work 
                  "(--max-prompt, or the model's context length)",
                  t->tk.param, (long long)s->max_prompt_tokens);
         reply_err(s, c, ep, 400, t->tk.param, "context_length_exceeded", msg);
-    } else if (t->tk.with_pieces &&
-               pieces_bytes(s, bos, t->ids, t->n) > (size_t)s->cfg.max_response) {
+    } else if (pieces > (size_t)s->cfg.max_response) {
         char msg[200]; /* an answer's bound, as /detokenize's */
         snprintf(msg, sizeof msg,
                  "the tokens' pieces are %zu bytes, more than an answer may hold "
                  "(--max-response, %lld)",
-                 pieces_bytes(s, bos, t->ids, t->n), (long long)s->cfg.max_response);
+                 pieces, (long long)s->cfg.max_response);
         reply_err(s, c, ep, 413, "with_pieces", "request_too_large", msg);
     } else {
         reply_json(

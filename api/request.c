@@ -642,9 +642,18 @@ static int parse_common(const struct body *b, const struct api_parse_ctx *ctx, e
         return -1;
     }
 
-    /* max_tokens: absent or null runs until EOS, a stop, or the client leaves */
+    /* echo (completions): the prompt's tokens come first in the answer,
+     * with their log-probs when it asks for log-probs */
+    if (get_bool(o, "echo", &echo, err) < 0)
+        return -1;
+    if (echo && ep == API_CHAT)
+        return unsupported(err, "echo", "echo = true on chat completions");
+    r->echo = echo;
+
+    /* max_tokens: absent or null runs until EOS, a stop, or the client
+     * leaves; 0 with echo answers the prompt alone */
     r->max_tokens = -1;
-    if ((rc = get_int(b, "max_tokens", 1, INT64_MAX, &i, err)) < 0)
+    if ((rc = get_int(b, "max_tokens", echo ? 0 : 1, INT64_MAX, &i, err)) < 0)
         return -1;
     if (rc)
         r->max_tokens = i;
@@ -756,11 +765,14 @@ static int parse_common(const struct body *b, const struct api_parse_ctx *ctx, e
         r->has_policy = 1;
     }
 
-    /* known, not implemented: refuse rather than ignore */
-    if (get_bool(o, "echo", &echo, err) < 0)
+    if (echo && r->session_id[0]) {
+        api_error_set(err, 400, "echo", "invalid_value",
+                      "echo cannot be used on a session: a session's prompt holds only its new "
+                      "turns.");
         return -1;
-    if (echo)
-        return unsupported(err, "echo", "echo = true");
+    }
+
+    /* known, not implemented: refuse rather than ignore */
     if ((rc = get_int(b, "best_of", INT64_MIN, INT64_MAX, &i, err)) < 0)
         return -1;
     if (rc && i != 1)

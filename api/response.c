@@ -269,14 +269,29 @@ static void put_cmpl_token(struct api_buf *b, const struct api_response *r,
     put_string(b, tb, n);
 }
 
-/* completions: {text: logprob} of the alternatives. Two tokens whose texts
- * read the same (a lone byte of a character reads as U+FFFD) would give one
- * key twice: the first, more likely one is kept. */
+/* completions: the chosen token's logprob; null for an echoed prompt's
+ * first token, which nothing comes before */
+static void put_cmpl_logprob(struct api_buf *b, const struct engine_event *ev)
+{
+    if (ev->lp_null)
+        api__buf_puts(b, "null");
+    else
+        put_logprob(b, ev->logprob);
+}
+
+/* completions: {text: logprob} of the alternatives (null where the logprob
+ * is). Two tokens whose texts read the same (a lone byte of a character
+ * reads as U+FFFD) would give one key twice: the first, more likely one is
+ * kept. */
 static void put_cmpl_top(struct api_buf *b, const struct api_response *r,
                          const struct engine_event *ev)
 {
     size_t key_at[ENGINE_MAX_TOP_LOGPROBS], key_len[ENGINE_MAX_TOP_LOGPROBS];
     int n_keys = 0;
+    if (ev->lp_null) {
+        api__buf_puts(b, "null");
+        return;
+    }
     api__buf_puts(b, "{");
     for (int k = 0; k < ev->n_top && k < r->meta.top_logprobs && k < ENGINE_MAX_TOP_LOGPROBS; k++) {
         char tb[256];
@@ -349,7 +364,7 @@ static void put_chunk_lp(struct api_buf *b, const struct api_response *r,
     api__buf_puts(b, "{\"tokens\":[");
     put_cmpl_token(b, r, ev);
     api__buf_puts(b, "],\"token_logprobs\":[");
-    put_logprob(b, ev->logprob);
+    put_cmpl_logprob(b, ev);
     api__buf_puts(b, "],\"top_logprobs\":[");
     put_cmpl_top(b, r, ev);
     api__buf_puts(b, "],\"text_offset\":[");
@@ -498,7 +513,7 @@ static void lp_append(struct api_response *r, const struct engine_event *ev)
         return;
     }
     put_cmpl_token(next_item(&r->lp[0]), r, ev);
-    put_logprob(next_item(&r->lp[1]), ev->logprob);
+    put_cmpl_logprob(next_item(&r->lp[1]), ev);
     put_cmpl_top(next_item(&r->lp[2]), r, ev);
     put_int(next_item(&r->lp[3]), (int64_t)r->text_offset);
 }

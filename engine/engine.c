@@ -517,6 +517,10 @@ static int admit_into(struct engine *e, struct seq *s, struct engine_request *r,
         emit_error(e, r->id, 400, "stop", "invalid_value", msg);
         return -1;
     }
+    if (r->echo && r->session_id[0]) { /* the API refuses it first */
+        emit_error(e, r->id, 400, "echo", "invalid_value", "echo cannot be used on a session");
+        return -1;
+    }
     int64_t n = prompt_tokens(e, r, bos, &ids);
     if (n < 0)
         return -1;
@@ -648,6 +652,8 @@ static int admit_into(struct engine *e, struct seq *s, struct engine_request *r,
     s->usage_prompt = n;
     s->paused = 0;
     memset(&s->ts, 0, sizeof s->ts);
+    s->echo_from = s->req.echo ? bos : -1;
+    memset(&s->echo_ts, 0, sizeof s->echo_ts);
     snprintf(s->session, sizeof s->session, "%s", s->req.session_id);
     s->last_used = now_s();
     return 0;
@@ -1189,6 +1195,73 @@ static void pick_task(void *arg, int i, int n)
     }
 }
 
+/* ---- echo: the prompt's tokens, with their log-probs -------------------- */
+
+/* A request that echoes its prompt with log-probs needs every prompt row. */
+static int echo_lp(const struct seq *s)
+{
+    return s->echo_from >= 0 && (s->req.logprobs || s->req.top_logprobs > 0);
+}
+
+/* Plans the echo of what a prefill chunk at prompt[from, from + n) tells:
+ * row j (rows: n logits rows, or NULL without log-probs) is the model's
+ * guess at the token after from + j, so tokens from + 1 .. from + n of the
+ * prompt are echoed now, and the first token (no row tells it) before
+ * them; the chunk's first token was echoed with the chunk before. */
+static void echo_plan(struct engine *e, struct seq *s, int64_t from, int64_t n, const float *rows)
+{
+    const int64_t V = e->info.n_vocab;
+    for (int64_t at = from == 0 ? 0 : from + 1; at <= from + n && at < s->n_prompt; at++) {
+        if (at < s->echo_from)
+            continue;
+        const float *row = rows && at > 0 ? rows + (at - 1 - from) * V : NULL;
+        e->echo[e->n_echo++] = (struct echo_job){s, at, row};
+    }
+}
+
+/* Part i of n of a step's echoed tokens: their events, with log-probs. */
+static void echo_task(void *arg, int i, int n)
+{
+    struct engine *e = arg;
+    const int64_t V = e->info.n_vocab;
+    for (int64_t k = i; k < e->n_echo; k += n) {
+        const struct echo_job *j = &e->echo[k];
+        struct engine_event *ev = &e->echoed[k];
+        memset(ev, 0, sizeof *ev);
+        ev->id = j->s->id;
+        ev->kind = ENGINE_EV_TOKEN;
+        ev->token = -1; /* not a generated token */
+        ev->lp_token = j->s->prompt[j->at];
+        ev->has_lp = echo_lp(j->s);
+        if (!ev->has_lp)
+            continue;
+        if (!j->row) {
+            ev->lp_null = 1;
+            continue;
+        }
+        float lse = (float)sampler_logsumexp(j->row, V);
+        ev->logprob = j->row[ev->lp_token] - lse;
+        if (j->s->req.top_logprobs > 0)
+            top_logprobs(j->row, V, j->s->req.top_logprobs, lse, ev);
+    }
+}
+
+/* The echoed tokens' events, in order, each with the text it completes.
+ * A character the prompt's last tokens leave partial is the answer's to
+ * complete (or to flush at its end): the echoed prompt and the answer read
+ * as the decoding of all their tokens together. */
+static void echo_emit(struct engine *e)
+{
+    for (int64_t k = 0; k < e->n_echo; k++) {
+        struct seq *s = e->echo[k].s;
+        struct engine_event *ev = &e->echoed[k];
+        int64_t w = tok_stream_push(e->dec.tok, &s->echo_ts, ev->lp_token, e->piece, e->piece_cap);
+        emit_text(e, ev, e->piece, w > 0 ? (size_t)w : 0);
+        if (e->echo[k].at == s->n_prompt - 1)
+            s->ts = s->echo_ts;
+    }
+}
+
 /* Emits the token picked for s (ev) and finishes the request when it is
  * done. */
 static void after_pick(struct engine *e, struct seq *s, struct engine_event *ev)
@@ -1280,8 +1353,10 @@ static int step(struct engine *e)
         if (n > budget)
             n = budget;
         int last = s->n_fed + n == s->n_prompt;
-        e->inputs[n_in] = (struct fwd_input){&s->kv, s->prompt + s->n_fed, n,
-                                             last ? FWD_LOGITS_LAST : FWD_LOGITS_NONE};
+        enum fwd_logits lg = last && s->req.max_tokens != 0 ? FWD_LOGITS_LAST : FWD_LOGITS_NONE;
+        if (echo_lp(s)) /* each row gives the next prompt token's log-probs */
+            lg = FWD_LOGITS_ALL;
+        e->inputs[n_in] = (struct fwd_input){&s->kv, s->prompt + s->n_fed, n, lg};
         e->evicted_before[n_in] = s->kv.n_evicted_max;
         e->input_seq[n_in++] = (int)i;
         budget -= n;
@@ -1297,26 +1372,46 @@ static int step(struct engine *e)
     e->stats.steps_total++;
     int64_t row = 0;
     e->n_pick = 0;
+    e->n_echo = 0;
     for (int k = 0; k < n_in; k++) {
         struct seq *s = &e->seqs[e->input_seq[k]];
         struct fwd_input *in = &e->inputs[k];
+        const int prefill = in->tokens != &s->next_tok;
+        const int64_t from = s->n_fed;
         /* a position that left the window, came back (a give-back) and left
          * again is counted once */
         e->stats.evicted_tokens_total += s->kv.n_evicted_max - e->evicted_before[k];
-        if (in->tokens != &s->next_tok) { /* a prefill chunk */
+        if (prefill) {
             s->n_fed += in->n;
             e->stats.prompt_tokens_total += in->n;
         } else {
             s->has_next = 0;
         }
-        if (in->logits == FWD_LOGITS_NONE)
+        const int64_t n_rows = in->logits == FWD_LOGITS_ALL    ? in->n
+                               : in->logits == FWD_LOGITS_LAST ? 1
+                                                               : 0;
+        const float *first_row = e->dec.fwd.logits + row * e->info.n_vocab;
+        row += n_rows;
+        if (s->state != SEQ_RUNNING)
             continue;
-        float *lg = e->dec.fwd.logits + row * e->info.n_vocab;
-        row++;
-        if (s->state == SEQ_RUNNING) {
+        if (prefill && s->echo_from >= 0)
+            echo_plan(e, s, from, in->n, in->logits == FWD_LOGITS_ALL ? first_row : NULL);
+        /* a decode row, or a prompt's last row unless max_tokens is 0 */
+        if (n_rows > 0 && (!prefill || s->n_fed == s->n_prompt) && s->req.max_tokens != 0) {
             e->pick_seq[e->n_pick] = s;
-            e->pick_logits[e->n_pick++] = lg;
+            e->pick_logits[e->n_pick++] =
+                e->dec.fwd.logits + (row - 1) * e->info.n_vocab; /* its last row */
         }
+    }
+    /* the echoed prompt tokens' log-probs, then their events: before the
+     * answer's first token */
+    decoder__run_parts(&e->dec, echo_task, e, (int)e->n_echo);
+    echo_emit(e);
+    for (int k = 0; k < n_in; k++) { /* max_tokens 0: the prompt alone */
+        struct seq *s = &e->seqs[e->input_seq[k]];
+        if (s->state == SEQ_RUNNING && e->inputs[k].tokens != &s->next_tok &&
+            s->n_fed == s->n_prompt && s->req.max_tokens == 0)
+            seq_finish(e, s, ENGINE_FINISH_LENGTH, 1);
     }
     /* sampling is per sequence: the streams' picks run on the backend's
      * threads, one part each (claimed, so uneven picks balance), then their
@@ -1412,6 +1507,8 @@ static void engine_free(struct engine *e)
     free(e->scratch);
     free(e->eog_ids);
     free(e->picked);
+    free(e->echo);
+    free(e->echoed);
     free(e->pick_seq);
     free(e->pick_logits);
     free(e->piece);

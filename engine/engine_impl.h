@@ -38,6 +38,12 @@ struct gen_mark {
 };
 #define GEN_MARKS (STOP_HOLD_MAX + 8)
 
+struct echo_job {
+    struct seq *s;
+    int64_t at; /* index in s->prompt */
+    const float *row;
+};
+
 struct seq {
     enum seq_state state;
     uint64_t id; /* request id while RUNNING */
@@ -50,6 +56,10 @@ struct seq {
     struct sampler smp;
     int has_smp;
     struct tok_stream ts;
+    /* echo: the first prompt index to echo (past a BOS the engine added),
+     * or -1; the detokenizer of the echoed prompt */
+    int64_t echo_from;
+    struct tok_stream echo_ts;
     struct stop_filter stop; /* holds text that may start a stop string */
     /* a request with stop strings and log-probs: the log-probs of the
      * tokens whose text the stop filter holds ([LP_HELD_MAX], else NULL) */
@@ -111,6 +121,12 @@ struct engine {
     float **pick_logits;         /* [max_seqs] */
     struct engine_event *picked; /* [max_seqs] */
     int n_pick;
+    /* a step's echoed prompt tokens (echo_plan, echo_task): each one's
+     * sequence, prompt index and logits row (NULL: no log-probs, or none
+     * for a first token), and its event */
+    struct echo_job *echo;       /* [max_step_tokens + max_seqs] */
+    struct engine_event *echoed; /* [max_step_tokens + max_seqs] */
+    int64_t n_echo;
     char *piece;    /* [piece_cap] one token's text */
     char *text_out; /* [piece_cap + STOP_HOLD_MAX] text released by the stop filter */
     size_t piece_cap;

@@ -73,8 +73,12 @@ int engine__load(struct engine *e)
     e->pick_seq = calloc((size_t)e->cfg.max_seqs, sizeof *e->pick_seq);
     e->pick_logits = calloc((size_t)e->cfg.max_seqs, sizeof *e->pick_logits);
     e->picked = calloc((size_t)e->cfg.max_seqs, sizeof *e->picked);
+    const size_t n_echo = (size_t)(e->cfg.max_step_tokens + e->cfg.max_seqs);
+    e->echo = calloc(n_echo, sizeof *e->echo);
+    e->echoed = calloc(n_echo, sizeof *e->echoed);
     if (!e->seqs || !e->waiting || !e->inputs || !e->input_seq || !e->scratch ||
-        !e->evicted_before || !e->pick_seq || !e->pick_logits || !e->picked) {
+        !e->evicted_before || !e->pick_seq || !e->pick_logits || !e->picked || !e->echo ||
+        !e->echoed) {
         snprintf(err, el, "engine: out of memory");
         return -ENOMEM;
     }

@@ -174,7 +174,8 @@ struct engine_request {
     /* 1: an end-of-generation token does not end the request (max_tokens,
      * a stop string or the client does); the token is generated as any other */
     int ignore_eos;
-    int64_t max_tokens; /* < 0: until EOS, a stop, or the client leaves */
+    int64_t max_tokens; /* < 0: until EOS, a stop, or the client leaves; 0 (echo only):
+                           the prompt alone */
     /* The first min_tokens tokens (0..max_tokens) are never end-of-generation
      * tokens (their logits are masked after the logprobs are taken), and stop
      * strings are matched in the text after them only (from the first whole
@@ -191,8 +192,15 @@ struct engine_request {
     int32_t *bias_id;
     float *bias;
     int n_bias;
-    int logprobs;                           /* emit the chosen token's logprob */
-    int top_logprobs;                       /* 0..ENGINE_MAX_TOP_LOGPROBS alternatives per token */
+    int logprobs;     /* emit the chosen token's logprob */
+    int top_logprobs; /* 0..ENGINE_MAX_TOP_LOGPROBS alternatives per token */
+    /* Echo the prompt (no session only): its tokens come first as TOKEN
+     * events of token -1, each with the text it completes and, when the
+     * request asks for log-probs, lp_token, its log-prob given the tokens
+     * before it and its alternatives (lp_null for the first token, which
+     * has none; a BOS the engine prepends is not echoed). max_tokens 0 then
+     * ends the request after the prompt. */
+    int echo;
     char session_id[ENGINE_SESSION_ID_MAX]; /* "" for none; else continue that session */
     /* A session_id the engine has neither in memory nor on disk: 0 starts it
      * (the DONE event says created), 1 answers 404 session_not_found. */
@@ -242,6 +250,7 @@ struct engine_event { /* copied by value across the queue */
      * token's text, and with it its log-probs, may come some events after
      * the token, and a stop string's tokens (text never sent) have none */
     int has_lp;
+    int lp_null; /* has_lp for an echoed first prompt token: no context, no log-probs */
     int32_t lp_token;
     float logprob;
     int n_top;

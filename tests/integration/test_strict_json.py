@@ -244,7 +244,7 @@ def test_a_key_given_twice_is_a_400_naming_it(server, model_id):
     ("/v1/completions", dict(prompt=[1, 2, 10**9]), "prompt"),
     ("/v1/completions", dict(prompt="caf\udce9"), "prompt"),  # a lone surrogate: not UTF-8
     ("/v1/completions", dict(stop=["a"] * 5), "stop"),
-    ("/v1/completions", dict(echo=True), "echo"),
+    ("/v1/chat/completions", dict(echo=True), "echo"),
     ("/v1/completions", dict(stream_options={"include_usage": True}), "stream_options"),
     ("/v1/chat/completions", dict(messages=[{"role": "wizard", "content": "x"}]),
      "messages[0].role"),

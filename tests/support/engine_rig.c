@@ -2,6 +2,7 @@
 #include "support/engine_rig.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -75,7 +76,7 @@ int rig_wait_all(struct rig *r, const uint64_t *ids, struct rig_result **outs, i
                 if (v->has_lp && out->n_lp < RIG_MAX_GEN) {
                     out->lp_tok[out->n_lp] = v->lp_token;
                     out->lp_at[out->n_lp] = out->n_text;
-                    out->logprob[out->n_lp] = v->logprob;
+                    out->logprob[out->n_lp] = v->lp_null ? NAN : v->logprob;
                     out->top_id[out->n_lp++] = v->n_top > 0 ? v->top_id[0] : -1;
                 }
                 if (out->n_text + v->text_len < RIG_TEXT_CAP) {

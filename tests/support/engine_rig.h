@@ -44,7 +44,8 @@ struct rig_result {
     int n_tok;
     /* the log-probs sent, where the request asked: their tokens (as toks,
      * less a stop string's), where in text each one's text starts, its
-     * log-prob and its first alternative (top_logprobs >= 1) */
+     * log-prob (NaN for an echoed first token's null) and its first
+     * alternative (top_logprobs >= 1) */
     int32_t lp_tok[RIG_MAX_GEN];
     size_t lp_at[RIG_MAX_GEN];
     float logprob[RIG_MAX_GEN];

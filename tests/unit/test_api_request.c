@@ -232,9 +232,35 @@ TEST(api_request_n_other_than_one_is_a_400_naming_n)
     engine_request_free(&p.req);
 }
 
+/* echo: completions only, never on a session; max_tokens 0 only with it */
+TEST(api_request_echo_is_for_completions_without_a_session)
+{
+    struct parsed p = parse(API_COMPLETIONS, "{\"prompt\":\"x\",\"echo\":true}");
+    ASSERT_OK(p.rc);
+    ASSERT_EQ(p.req.echo, 1);
+    ASSERT_EQ(p.req.max_tokens, -1);
+    engine_request_free(&p.req);
+    p = parse(API_COMPLETIONS, "{\"prompt\":\"x\",\"max_tokens\":0,\"echo\":true,\"logprobs\":2}");
+    ASSERT_OK(p.rc);
+    ASSERT_EQ(p.req.echo, 1);
+    ASSERT_EQ(p.req.max_tokens, 0);
+    ASSERT_EQ(p.req.top_logprobs, 2);
+    engine_request_free(&p.req);
+    p = parse(API_COMPLETIONS, "{\"prompt\":\"x\"}");
+    ASSERT_OK(p.rc);
+    ASSERT_EQ(p.req.echo, 0);
+    engine_request_free(&p.req);
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"max_tokens\":0}", "max_tokens");
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"max_tokens\":0,\"echo\":false}", "max_tokens");
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"echo\":true,\"session_id\":\"s1\"}", "echo");
+    ASSERT_BAD(API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"echo\":true}",
+               "echo");
+    ASSERT_BAD(API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":0}",
+               "max_tokens");
+}
+
 TEST(api_request_refuses_features_it_does_not_implement)
 {
-    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"echo\":true}", "echo");
     ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"best_of\":3}", "best_of");
     ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"suffix\":\"end\"}", "suffix");
     ASSERT_BAD(API_CHAT,

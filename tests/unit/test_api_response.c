@@ -201,6 +201,42 @@ TEST(api_response_completion_logprobs_have_the_legacy_shape)
     api_response_free(&r);
 }
 
+/* An echoed prompt: its tokens are events of token -1 whose log-probs name
+ * lp_token; the first has none (lp_null): null in token_logprobs and in
+ * top_logprobs, in the whole answer and in its chunk. */
+TEST(api_response_an_echoed_first_token_has_null_logprobs)
+{
+    struct api_response r;
+    init(&r, API_COMPLETIONS, 0, 0, 1, 1);
+    struct engine_event a = tok(-1, " Hello", 0);
+    a.has_lp = 1;
+    a.lp_null = 1;
+    a.lp_token = 1;
+    struct engine_event b = tok(-1, " world", -0.25f);
+    b.has_lp = 1;
+    b.lp_token = 2;
+    b.n_top = 1;
+    b.top_id[0] = 1;
+    b.top_logprob[0] = -0.125f;
+    ASSERT_OK(api_response_add(&r, &a));
+    ASSERT_OK(api_response_add(&r, &b));
+    struct engine_event d = done(ENGINE_FINISH_LENGTH, 2, 0);
+    ASSERT_JSON(api_response_body(&r, &d),
+                CMPL_HEAD "\"choices\":[{\"text\":\" Hello world\",\"index\":0,\"logprobs\":{"
+                          "\"tokens\":[\" Hello\",\" world\"],\"token_logprobs\":[null,-0.25],"
+                          "\"top_logprobs\":[null,{\" Hello\":-0.125}],\"text_offset\":[0,6]},"
+                          "\"finish_reason\":\"length\"}],"
+                          "\"usage\":{\"prompt_tokens\":2,\"completion_tokens\":0,"
+                          "\"total_tokens\":2}}");
+    api_response_free(&r);
+    init(&r, API_COMPLETIONS, 1, 0, 1, 1);
+    char *c = api_response_chunk(&r, &a);
+    ASSERT(c != NULL);
+    ASSERT(strstr(c, "\"token_logprobs\":[null],\"top_logprobs\":[null]") != NULL);
+    free(c);
+    api_response_free(&r);
+}
+
 /* text_offset counts characters (code points, as Python indexes a str and
  * vLLM counts them), not bytes: after "é" (2 bytes) the next token starts at
  * 1. A byte the text cannot carry is one U+FFFD in it, so it counts one. The

@@ -15,11 +15,13 @@
  *    (under ThreadSanitizer in scripts/test.sh).
  */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "decoder.h"
 #include "support/engine_rig.h"
 #include "test.h"
 
@@ -396,6 +398,130 @@ TEST(sampled_streams_side_by_side_equal_their_solo_runs)
     /* the same prompt with another seed samples another stream */
     ASSERT(solo[0].n_tok != solo[2].n_tok ||
            memcmp(solo[0].toks, solo[2].toks, (size_t)solo[0].n_tok * 4) != 0);
+    rig_close(&rig);
+}
+
+/* ---- echo ------------------------------------------------------------------- */
+
+/* An echoed prompt: each token after the first (BOS, which the engine adds,
+ * is not echoed, so the text's first token has its log-prob given BOS) comes
+ * with its log-prob given the tokens before it, as the decoder fed one token
+ * at a time scores it (decoder_nll, in double), through chunks of 5 tokens
+ * and a window of 48 that the prompt overflows; its alternatives are the
+ * row's best tokens. Its text is the prompt's. max_tokens 0 ends it there;
+ * one side by side with max_tokens 3 echoes the same, then answers. */
+TEST(an_echoed_prompt_has_each_token_s_logprob_given_the_tokens_before_it)
+{
+    enum { WINDOW = 48, N = 130 };
+    struct rig rig;
+    struct engine_config c = rig_config(RIG_FIXTURE);
+    c.window = WINDOW;
+    c.chunk = 5;
+    ASSERT_OK(rig_open(&rig, &c));
+    char text[N + 1];
+    for (int i = 0; i < N; i++)
+        text[i] = "the quick brown fox jumps over a lazy dog; "[i % 43];
+    text[N] = 0;
+    static struct rig_result res[2];
+    uint64_t ids[2];
+    struct rig_result *outs[2] = {&res[0], &res[1]};
+    for (int k = 0; k < 2; k++) {
+        struct engine_request q = rig_greedy(&rig, k == 0 ? 0 : 3);
+        rig_set_text(&q, text, 1, 0);
+        q.echo = 1;
+        q.logprobs = 1;
+        q.top_logprobs = 3;
+        ids[k] = q.id;
+        ASSERT_OK(engine_submit(rig.e, &q));
+    }
+    ASSERT_OK(rig_wait_all(&rig, ids, outs, 2));
+
+    /* the reference: a decoder fed one token at a time */
+    struct decoder *d = NULL;
+    struct decoder_config dc = {.model_path = RIG_FIXTURE,
+                                .n_threads = 1,
+                                .backend = ENGINE_BACKEND_CPU,
+                                .max_tokens = 1,
+                                .chunk = 1,
+                                .n_sinks = DECODER_DEFAULT_SINKS,
+                                .window = WINDOW,
+                                .n_slots = 1,
+                                .kv_dtype = ENGINE_KV_F16};
+    char err[256];
+    ASSERT_OK(decoder_open(&d, &dc, err, sizeof err));
+    struct decoder_info info;
+    decoder_get_info(d, &info);
+    int32_t tok[N + 1];
+    int64_t n = decoder_tokenize(d, text, N, 1, 0, tok, N + 1);
+    ASSERT(info.add_bos && n == N + 1 && tok[0] == info.bos);
+    struct engine_policy pol;
+    ASSERT_OK(engine_policy_parse("auto", &pol));
+    int64_t seq = decoder_seq_open(d, &pol, WINDOW);
+    ASSERT(seq >= 0);
+    double worst = 0;
+    int top_ok = 1;
+    for (int64_t i = 0; i + 1 < n; i++) {
+        struct decoder_input in = {seq, &tok[i], 1, DECODER_LOGITS_LAST};
+        ASSERT_EQ(decoder_step(d, &in, 1), 1);
+        const float *row = decoder_logits(d);
+        double want = -decoder_nll(d, row, tok[i + 1]);
+        int64_t best = 0;
+        for (int64_t v = 1; v < info.n_vocab; v++)
+            if (row[v] > row[best])
+                best = v;
+        for (int k = 0; k < 2; k++) {
+            double diff = fabs(res[k].logprob[i] - want);
+            worst = diff > worst ? diff : worst;
+            top_ok &= res[k].top_id[i] == best;
+        }
+    }
+    decoder_close(d);
+    printf("  %lld prompt tokens echoed; worst log-prob difference %.2e\n", (long long)(n - 1),
+           worst);
+    for (int k = 0; k < 2; k++) {
+        const struct rig_result *r = &res[k];
+        ASSERT(!r->error);
+        ASSERT_EQ(r->prompt_tokens, n);
+        ASSERT_EQ(r->completion_tokens, k == 0 ? 0 : 3);
+        ASSERT_EQ(r->n_tok, k == 0 ? 0 : 3);
+        ASSERT_EQ(r->finish, ENGINE_FINISH_LENGTH);
+        ASSERT_EQ(r->n_lp, (int)(n - 1) + r->n_tok); /* BOS is not echoed */
+        ASSERT(memcmp(r->lp_tok, tok + 1, (size_t)(n - 1) * sizeof *tok) == 0);
+        ASSERT(r->n_text >= N && memcmp(r->text, text, N) == 0);
+        if (k == 0)
+            ASSERT_EQ(r->n_text, (size_t)N); /* the prompt alone */
+        for (int64_t i = 0; i + 1 < n; i++)
+            ASSERT(isfinite(r->logprob[i]));
+    }
+    ASSERT(worst < 1e-5);
+    ASSERT(top_ok);
+    rig_close(&rig);
+}
+
+/* Without BOS the first token has nothing before it: its log-prob is null
+ * (NaN here); without log-probs the echo is text alone. */
+TEST(an_echoed_first_token_without_bos_has_a_null_logprob)
+{
+    struct rig rig;
+    struct engine_config c = rig_config(RIG_FIXTURE);
+    ASSERT_OK(rig_open(&rig, &c));
+    static struct rig_result r;
+    int32_t ids[6] = {'h', 'e', 'l', 'l', 'o', '!'};
+    struct engine_request q = rig_greedy(&rig, 0);
+    rig_set_ids(&q, ids, 6, 0);
+    q.echo = 1;
+    q.logprobs = 1;
+    ASSERT_OK(rig_run(&rig, &q, &r));
+    ASSERT(!r.error && r.n_lp == 6 && isnan(r.logprob[0]));
+    for (int i = 1; i < 6; i++)
+        ASSERT(isfinite(r.logprob[i]) && r.logprob[i] <= 0);
+    ASSERT(r.n_text == 6 && memcmp(r.text, "hello!", 6) == 0);
+    q = rig_greedy(&rig, 0);
+    rig_set_ids(&q, ids, 6, 0);
+    q.echo = 1;
+    ASSERT_OK(rig_run(&rig, &q, &r));
+    ASSERT(!r.error && r.n_lp == 0 && r.n_tok == 0);
+    ASSERT(r.n_text == 6 && memcmp(r.text, "hello!", 6) == 0);
     rig_close(&rig);
 }
 

@@ -12,6 +12,8 @@ The log-probs are checked three ways:
   longer than the window is scored as the window sees it, the same for a
   chunk of 1 and of 7 tokens, and as an unbounded window sees it until the
   first eviction;
+- against `streamsink perplexity` (a decoder fed one token at a time,
+  scored in double) under the `window` and `sinks:4` policies;
 - against Hugging Face transformers (tests/fixtures/logits_smollm2.txt, the
   fixture the C reference test uses): each row's greedy token, and the
   differences between the log-probs of the reference's top tokens.
@@ -245,3 +247,36 @@ def test_an_echo_with_logprobs_stays_within_max_response(start_server):
     # the server goes on serving
     status, r = post(s, "/v1/completions", {"model": "smol", "prompt": PROMPT, "max_tokens": 2})
     assert status == 200
+
+
+def test_echo_scores_a_text_as_the_perplexity_command_does(binary, model, start_server,
+                                                           tmp_path):
+    """The API's echo under a KV policy against `streamsink perplexity`, which
+    feeds a decoder one token at a time and scores in double: each token's
+    log-prob is minus its NLL, through a window of 64 the text overflows,
+    under `window` and `sinks:4`, whose evictions differ."""
+    import subprocess
+    text = STORY * 2
+    tf = tmp_path / "text.txt"
+    tf.write_text(text)
+    s = start_server("--window", "64", "--max-seqs", "2")
+    scored = {}
+    for policy in ("window", "sinks:4"):
+        jf = tmp_path / "ppl.json"
+        subprocess.run([binary, "perplexity", "-m", model, "--text", str(tf), "--policy", policy,
+                        "--window", "64", "--json", str(jf), "--no-progress"], check=True,
+                       capture_output=True, timeout=300)
+        nll = json.loads(jf.read_text())["nll"]
+        status, r = post(s, "/v1/completions", {"model": "smol", "prompt": text, "max_tokens": 0,
+                                                "echo": True, "logprobs": 0,
+                                                "kv_policy": policy})
+        assert status == 200, r
+        lp = r["choices"][0]["logprobs"]["token_logprobs"]
+        assert lp[0] is None
+        assert len(lp) - 1 == len(nll) > 120
+        # the NLLs are written with 5 decimals; the server's log-sum-exp is a float's
+        worst = max(abs(a + b) for a, b in zip(lp[1:], nll))
+        assert worst < 2e-5, (policy, worst)
+        scored[policy] = lp
+    assert scored["window"][:64] == scored["sinks:4"][:64]
+    assert sum(a != b for a, b in zip(scored["window"][70:], scored["sinks:4"][70:])) > 50

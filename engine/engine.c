@@ -653,7 +653,6 @@ static int admit_into(struct engine *e, struct seq *s, struct engine_request *r,
     s->paused = 0;
     memset(&s->ts, 0, sizeof s->ts);
     s->echo_from = s->req.echo ? bos : -1;
-    memset(&s->echo_ts, 0, sizeof s->echo_ts);
     snprintf(s->session, sizeof s->session, "%s", s->req.session_id);
     s->last_used = now_s();
     return 0;
@@ -1197,6 +1196,13 @@ static void pick_task(void *arg, int i, int n)
 
 /* ---- echo: the prompt's tokens, with their log-probs -------------------- */
 
+/* A request that echoes its prompt with log-probs needs every prompt row,
+ * and each row's log-sum-exp and alternatives over the vocabulary: about
+ * 0.25 ms a row on one CPU thread for SmolLM2's 49,152 tokens, on the engine
+ * thread alone where the backend has no CPU threads (CUDA). So that the
+ * other streams' steps are not held up by more than a few ms of it, such a
+ * sequence prefills at most ECHO_LP_CHUNK tokens a step. */
+#define ECHO_LP_CHUNK 32
 /* A request that echoes its prompt with log-probs needs every prompt row. */
 static int echo_lp(const struct seq *s)
 {
@@ -1246,19 +1252,18 @@ static void echo_task(void *arg, int i, int n)
     }
 }
 
-/* The echoed tokens' events, in order, each with the text it completes.
- * A character the prompt's last tokens leave partial is the answer's to
- * complete (or to flush at its end): the echoed prompt and the answer read
- * as the decoding of all their tokens together. */
+/* The echoed tokens' events, in order, each with the text it completes,
+ * through the answer's own decoder: a character the prompt's last tokens
+ * leave partial is the answer's to complete (or any end's to flush), so
+ * the echoed prompt and the answer read as the decoding of all their
+ * tokens together. */
 static void echo_emit(struct engine *e)
 {
     for (int64_t k = 0; k < e->n_echo; k++) {
         struct seq *s = e->echo[k].s;
         struct engine_event *ev = &e->echoed[k];
-        int64_t w = tok_stream_push(e->dec.tok, &s->echo_ts, ev->lp_token, e->piece, e->piece_cap);
+        int64_t w = tok_stream_push(e->dec.tok, &s->ts, ev->lp_token, e->piece, e->piece_cap);
         emit_text(e, ev, e->piece, w > 0 ? (size_t)w : 0);
-        if (e->echo[k].at == s->n_prompt - 1)
-            s->ts = s->echo_ts;
     }
 }
 
@@ -1352,6 +1357,8 @@ static int step(struct engine *e)
             n = e->cfg.chunk;
         if (n > budget)
             n = budget;
+        if (echo_lp(s) && n > ECHO_LP_CHUNK)
+            n = ECHO_LP_CHUNK;
         int last = s->n_fed + n == s->n_prompt;
         enum fwd_logits lg = last && s->req.max_tokens != 0 ? FWD_LOGITS_LAST : FWD_LOGITS_NONE;
         if (echo_lp(s)) /* each row gives the next prompt token's log-probs */

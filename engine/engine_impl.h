@@ -57,9 +57,8 @@ struct seq {
     int has_smp;
     struct tok_stream ts;
     /* echo: the first prompt index to echo (past a BOS the engine added),
-     * or -1; the detokenizer of the echoed prompt */
+     * or -1 (the echoed prompt's text goes through ts, as the answer's) */
     int64_t echo_from;
-    struct tok_stream echo_ts;
     struct stop_filter stop; /* holds text that may start a stop string */
     /* a request with stop strings and log-probs: the log-probs of the
      * tokens whose text the stop filter holds ([LP_HELD_MAX], else NULL) */

@@ -498,6 +498,66 @@ TEST(an_echoed_prompt_has_each_token_s_logprob_given_the_tokens_before_it)
     rig_close(&rig);
 }
 
+/* Echoes in a batch with other sequences read their own logits rows: two
+ * echoes of different texts (one the prompt alone, one then answering),
+ * submitted while a third request decodes, give exactly the tokens, text,
+ * log-probs and alternatives each gives alone (batch invariance), three
+ * times with the third request at a different point of its answer. */
+TEST(echoes_side_by_side_with_a_decoding_stream_equal_their_solo_runs)
+{
+    struct rig rig;
+    struct engine_config c = rig_config(RIG_FIXTURE);
+    c.window = 48;
+    c.chunk = 5;
+    ASSERT_OK(rig_open(&rig, &c));
+    static const char *const texts[3] = {
+        "pack my box with five dozen liquor jugs; pack my box with five dozen liquor jugs.",
+        "sphinx of black quartz, judge my vow! the five boxing wizards jump quickly; how "
+        "vexingly quick daft zebras jump",
+        "the quick brown fox jumps over a lazy dog"};
+    static struct rig_result solo[2], mix[3];
+    for (int k = 0; k < 2; k++) {
+        struct engine_request q = rig_greedy(&rig, k == 0 ? 0 : 4);
+        rig_set_text(&q, texts[k], 1, 0);
+        q.echo = 1;
+        q.logprobs = 1;
+        q.top_logprobs = 3;
+        ASSERT_OK(rig_run(&rig, &q, &solo[k]));
+        ASSERT(!solo[k].error && solo[k].n_lp > 40);
+    }
+    for (int rep = 0; rep < 3; rep++) {
+        uint64_t ids[3];
+        struct rig_result *outs[3] = {&mix[0], &mix[1], &mix[2]};
+        struct engine_request p = rig_greedy(&rig, 60);
+        rig_set_text(&p, texts[2], 1, 0);
+        p.logprobs = 1;
+        ids[0] = p.id;
+        ASSERT_OK(engine_submit(rig.e, &p));
+        struct timespec ts = {0, (rep * 3 + 1) * 1000000L};
+        nanosleep(&ts, NULL);
+        for (int k = 0; k < 2; k++) {
+            struct engine_request q = rig_greedy(&rig, k == 0 ? 0 : 4);
+            rig_set_text(&q, texts[k], 1, 0);
+            q.echo = 1;
+            q.logprobs = 1;
+            q.top_logprobs = 3;
+            ids[1 + k] = q.id;
+            ASSERT_OK(engine_submit(rig.e, &q));
+        }
+        ASSERT_OK(rig_wait_all(&rig, ids, outs, 3));
+        for (int k = 0; k < 2; k++) {
+            const struct rig_result *x = &mix[1 + k], *y = &solo[k];
+            ASSERT(!x->error && x->n_lp == y->n_lp && x->n_tok == y->n_tok);
+            ASSERT(x->n_text == y->n_text && memcmp(x->text, y->text, x->n_text) == 0);
+            ASSERT(memcmp(x->lp_tok, y->lp_tok, (size_t)x->n_lp * sizeof *x->lp_tok) == 0);
+            ASSERT(memcmp(x->top_id, y->top_id, (size_t)x->n_lp * sizeof *x->top_id) == 0);
+            ASSERT(isnan(y->logprob[0]) == 0);
+            ASSERT(memcmp(x->logprob, y->logprob, (size_t)x->n_lp * sizeof *x->logprob) == 0);
+        }
+    }
+    rig_close(&rig);
+}
+
 /* Without BOS the first token has nothing before it: its log-prob is null
  * (NaN here); without log-probs the echo is text alone. */
 TEST(an_echoed_first_token_without_bos_has_a_null_logprob)

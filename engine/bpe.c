@@ -630,6 +630,11 @@ int tok_add_bos(const struct tokenizer *t)
     return t->add_bos;
 }
 
+int tok_space_prefix(const struct tokenizer *t)
+{
+    return t->kind == TOK_SPM && t->add_space_prefix;
+}
+
 int tok_is_eog(const struct tokenizer *t, int32_t id)
 {
     return id >= 0 && (size_t)id < t->n_vocab && t->eog[id];

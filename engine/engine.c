@@ -653,6 +653,8 @@ static int admit_into(struct engine *e, struct seq *s, struct engine_request *r,
     s->paused = 0;
     memset(&s->ts, 0, sizeof s->ts);
     s->echo_from = s->req.echo ? bos : -1;
+    s->echo_strip = s->req.echo && tok_space_prefix(e->dec.tok) &&
+                    ((s->req.prompt && s->req.prompt_len > 0) || s->req.ids_of_text);
     snprintf(s->session, sizeof s->session, "%s", s->req.session_id);
     s->last_used = now_s();
     return 0;
@@ -1256,14 +1258,21 @@ static void echo_task(void *arg, int i, int n)
  * through the answer's own decoder: a character the prompt's last tokens
  * leave partial is the answer's to complete (or any end's to flush), so
  * the echoed prompt and the answer read as the decoding of all their
- * tokens together. */
+ * tokens together, less the space a SentencePiece tokenizer put in front
+ * of a text prompt. */
 static void echo_emit(struct engine *e)
 {
     for (int64_t k = 0; k < e->n_echo; k++) {
         struct seq *s = e->echo[k].s;
         struct engine_event *ev = &e->echoed[k];
         int64_t w = tok_stream_push(e->dec.tok, &s->ts, ev->lp_token, e->piece, e->piece_cap);
-        emit_text(e, ev, e->piece, w > 0 ? (size_t)w : 0);
+        const char *text = e->piece;
+        if (w > 0 && s->echo_strip) { /* the text's first byte: the space prefix */
+            s->echo_strip = 0;
+            text += text[0] == ' ';
+            w -= text != e->piece;
+        }
+        emit_text(e, ev, text, w > 0 ? (size_t)w : 0);
     }
 }
 

@@ -59,6 +59,7 @@ struct seq {
     /* echo: the first prompt index to echo (past a BOS the engine added),
      * or -1 (the echoed prompt's text goes through ts, as the answer's) */
     int64_t echo_from;
+    int echo_strip;          /* the space a tokenizer put before the text is not echoed */
     struct stop_filter stop; /* holds text that may start a stop string */
     /* a request with stop strings and log-probs: the log-probs of the
      * tokens whose text the stop filter holds ([LP_HELD_MAX], else NULL) */

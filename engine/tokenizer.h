@@ -39,6 +39,9 @@ int64_t tok_n_vocab(const struct tokenizer *t);
 int32_t tok_bos(const struct tokenizer *t); /* -1 if none */
 int32_t tok_eos(const struct tokenizer *t); /* -1 if none */
 int tok_add_bos(const struct tokenizer *t); /* tokenizer.ggml.add_bos_token (default 0) */
+/* 1 when encoding a text puts a space in front of it (SentencePiece's
+ * add_space_prefix), which decoding its tokens gives back */
+int tok_space_prefix(const struct tokenizer *t);
 /* A note from loading, or NULL: an unknown tokenizer.ggml.pre, for which the
  * GPT-2 pattern is used, so ids may differ from the model's own tokenizer.
  * Returns a view valid until tok_free. */

@@ -491,6 +491,7 @@ static void tok_done_(uv_work_t *w, int status)
     t->req.prompt_len = 0;
     t->req.prompt_ids = t->ids;
     t->req.n_prompt_ids = t->n;
+    t->req.ids_of_text = t->n > 0;
     struct engine_request req = t->req;
     free(t);
     submit(s, c, r, &req);

@@ -156,8 +156,9 @@ struct engine_request {
     size_t prompt_len;
     int32_t *prompt_ids; /* token ids (malloc'd; owned), used when prompt is NULL */
     int64_t n_prompt_ids;
-    int add_bos; /* prepend BOS if the model wants one (text and ids alike; never to a
-                    session's continuation) */
+    int ids_of_text; /* prompt_ids are a non-empty text's (engine_tokenize): for echo */
+    int add_bos;     /* prepend BOS if the model wants one (text and ids alike; never to a
+                        session's continuation) */
     /* A chat request on a session, whose prompt holds only its new turns:
      * open goes before them when the request starts the sequence (the
      * template's default system turn), close when it continues a session

@@ -4,6 +4,8 @@ a stream that runs past the local layers' 512-token window, and a session
 past that window saved, restored by the next process and continued exactly.
 Skips only when
 the Gemma file is absent (scripts/fetch-model.sh gemma3-270m)."""
+import json
+
 import pytest
 
 from conftest import Server
@@ -154,3 +156,53 @@ def test_gemma_session_that_gave_back_a_stop_string_continues_as_if_it_never_had
     finally:
         for sid in ("g-stop", "g-cut"):
             call(gemma, "DELETE", f"/v1/sessions/{sid}")
+
+
+def test_gemma_echo_gives_the_prompt_back_with_bos_left_out(gemma):
+    c = gemma.client()
+    r = c.completions.create(model="smol", prompt="The capital of France is", max_tokens=0,
+                             echo=True, logprobs=1)
+    e = r.choices[0]
+    assert e.text == "The capital of France is"
+    assert r.usage.prompt_tokens == 6  # BOS + 5: BOS is fed, not echoed
+    assert len(e.logprobs.tokens) == 5 and "".join(e.logprobs.tokens) == e.text
+    # the first token is scored after BOS
+    assert all(isinstance(x, float) for x in e.logprobs.token_logprobs)
+
+
+def test_echo_leaves_out_a_sentencepiece_space_prefix(binary, gemma_model, tmp_path):
+    """Gemma's tokenizer adds no space prefix; a copy of the file that says
+    it does (tokenizer.ggml.add_space_prefix true: Llama 2's, Mistral's)
+    encodes a text with a space in front, which its tokens decode to. The
+    echo gives the text as sent, and its offsets count from the text."""
+    data = bytearray(open(gemma_model, "rb").read())
+    key = b"tokenizer.ggml.add_space_prefix"
+    at = data.index(key) + len(key)
+    assert data[at:at + 4] == (7).to_bytes(4, "little") and data[at + 4] == 0  # a bool, false
+    data[at + 4] = 1
+    copy = tmp_path / "gemma-space-prefix.gguf"
+    copy.write_bytes(data)
+    del data
+    s = Server(binary, str(copy), ["--max-seqs", "1", "--window", "256",
+                                   "--chat-template", "gemma"])
+    try:
+        text = "Hello world, it is sunny"
+        status, _, raw = s.post("/tokenize", json.dumps({"content": text, "with_pieces": True}))
+        assert status == 200
+        pieces = [t["piece"] for t in json.loads(raw)["tokens"]]
+        assert "".join(pieces) == " " + text  # the prefix is there
+        status, _, raw = s.post("/v1/completions", json.dumps(
+            {"model": "smol", "prompt": text, "max_tokens": 0, "echo": True, "logprobs": 0}))
+        assert status == 200, raw
+        ch = json.loads(raw)["choices"][0]
+        assert ch["text"] == text
+        lp = ch["logprobs"]
+        assert lp["tokens"][0].startswith(" ")  # the token's own text
+        assert lp["text_offset"][0] == 0 and lp["text_offset"][1] == len(lp["tokens"][0]) - 1
+        # token ids are what they are: nothing is left out of their text
+        ids = json.loads(s.post("/tokenize", json.dumps({"content": text}))[2])["tokens"]
+        status, _, raw = s.post("/v1/completions", json.dumps(
+            {"model": "smol", "prompt": ids, "max_tokens": 0, "echo": True}))
+        assert json.loads(raw)["choices"][0]["text"] == " " + text
+    finally:
+        assert s.stop() == 0, s.log()

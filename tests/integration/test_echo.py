@@ -280,3 +280,33 @@ def test_echo_scores_a_text_as_the_perplexity_command_does(binary, model, start_
         scored[policy] = lp
     assert scored["window"][:64] == scored["sinks:4"][:64]
     assert sum(a != b for a, b in zip(scored["window"][70:], scored["sinks:4"][70:])) > 50
+
+
+def test_a_client_that_leaves_mid_echo_frees_its_slot(start_server):
+    """A streamed echo with logprobs of a long prompt, its client gone after
+    the first chunks (mid-prefill: the prompt takes 32 tokens a step): the
+    sequence is cancelled, its slot is free, and the server answers the next
+    request as before."""
+    import time
+    s = start_server("--stream-grace", "0", "--max-seqs", "2")
+    c = s.client()
+    want = c.completions.create(model="smol", prompt=PROMPT, max_tokens=4, temperature=0)
+    stream = c.completions.create(model="smol", prompt=STORY * 12, max_tokens=0, echo=True,
+                                  logprobs=5, stream=True)
+    it = iter(stream)
+    for _ in range(3):
+        next(it)
+    m = s.metrics()
+    assert m["streamsink_active_sequences"] == 1
+    stream.close()
+    deadline = time.time() + 10
+    while True:
+        m = s.metrics()
+        if (m["streamsink_kv_slots_free"] == m["streamsink_kv_slots_total"]
+                and m["streamsink_active_sequences"] == 0):
+            break
+        assert time.time() < deadline, m
+        time.sleep(0.05)
+    assert m["streamsink_requests_inflight"] == 0
+    again = c.completions.create(model="smol", prompt=PROMPT, max_tokens=4, temperature=0)
+    assert again.choices[0].text == want.choices[0].text

@@ -1200,12 +1200,11 @@ static void pick_task(void *arg, int i, int n)
 
 /* A request that echoes its prompt with log-probs needs every prompt row,
  * and each row's log-sum-exp and alternatives over the vocabulary: about
- * 0.25 ms a row on one CPU thread for SmolLM2's 49,152 tokens, on the engine
+ * 0.5 ms a row on one CPU thread for SmolLM2's 49,152 tokens, on the engine
  * thread alone where the backend has no CPU threads (CUDA). So that the
- * other streams' steps are not held up by more than a few ms of it, such a
- * sequence prefills at most ECHO_LP_CHUNK tokens a step. */
+ * other streams' steps are not held up by more than about 16 ms of it, such
+ * a sequence prefills at most ECHO_LP_CHUNK tokens a step. */
 #define ECHO_LP_CHUNK 32
-/* A request that echoes its prompt with log-probs needs every prompt row. */
 static int echo_lp(const struct seq *s)
 {
     return s->echo_from >= 0 && (s->req.logprobs || s->req.top_logprobs > 0);

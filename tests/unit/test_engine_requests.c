@@ -13,6 +13,8 @@
  *    log-probs each gives alone: the streams of a step are sampled in
  *    parallel on the backend's threads, each with its sequence's scratch row
  *    (under ThreadSanitizer in scripts/test.sh).
+ *  - An echoed prompt's log-probs are a decoder's fed one token at a time,
+ *    through chunks and a window it overflows, and equal alone or batched.
  */
 #include <errno.h>
 #include <math.h>

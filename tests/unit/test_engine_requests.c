@@ -560,6 +560,42 @@ TEST(echoes_side_by_side_with_a_decoding_stream_equal_their_solo_runs)
     rig_close(&rig);
 }
 
+/* A prompt echoed with log-probs costs a log-sum-exp and a top-k over the
+ * vocabulary a row, on the engine thread alone on a backend without CPU
+ * threads, so it prefills at most 32 tokens a step whatever --chunk says:
+ * 130 prompt tokens with a chunk of 128 take 5 steps (2 without log-probs,
+ * and 2 before the bound, when every other stream waited for 128 rows). */
+TEST(a_prompt_echoed_with_logprobs_prefills_32_tokens_a_step)
+{
+    struct rig rig;
+    struct engine_config c = rig_config(RIG_FIXTURE);
+    ASSERT_EQ(c.chunk, 128);
+    ASSERT_OK(rig_open(&rig, &c));
+    char text[131];
+    for (int i = 0; i < 130; i++)
+        text[i] = "sphinx of black quartz, judge my vow. "[i % 38];
+    text[130] = 0;
+    static struct rig_result r;
+    int64_t steps[2];
+    for (int lp = 0; lp < 2; lp++) {
+        struct engine_stats before, after;
+        engine_get_stats(rig.e, &before);
+        struct engine_request q = rig_greedy(&rig, 0);
+        rig_set_text(&q, text, 0, 0);
+        q.echo = 1;
+        q.logprobs = lp;
+        ASSERT_OK(rig_run(&rig, &q, &r));
+        ASSERT(!r.error && r.prompt_tokens == 130 && r.n_text == 130);
+        engine_get_stats(rig.e, &after);
+        steps[lp] = after.steps_total - before.steps_total;
+    }
+    printf("  130 prompt tokens: %lld steps echoed, %lld with log-probs\n", (long long)steps[0],
+           (long long)steps[1]);
+    ASSERT_EQ(steps[0], 2);
+    ASSERT_EQ(steps[1], 5);
+    rig_close(&rig);
+}
+
 /* Without BOS the first token has nothing before it: its log-prob is null
  * (NaN here); without log-probs the echo is text alone. */
 TEST(an_echoed_first_token_without_bos_has_a_null_logprob)

@@ -11,9 +11,9 @@
  *
  * Every parameter is checked for its type and range; the first bad one fails
  * the request with a 400 naming it. Unknown fields are ignored, as OpenAI
- * does. Fields we know but do not implement (n > 1, best_of > 1, echo,
- * suffix, tool calling, JSON response formats) fail loudly rather
- * than being silently dropped.
+ * does. Fields we know but do not implement (n > 1, best_of > 1, echo on
+ * chat, suffix, tool calling, a JSON schema as the response format) fail
+ * loudly rather than being silently dropped.
  *
  * Text prompts are passed as text (the engine thread tokenizes); special
  * tokens in them are parsed, as `streamsink run` does, so a completions
@@ -790,8 +790,16 @@ static int parse_common(const struct body *b, const struct api_parse_ctx *ctx, e
         const cJSON *t = cJSON_IsObject(rf) ? cJSON_GetObjectItemCaseSensitive(rf, "type") : NULL;
         if (!cJSON_IsString(t))
             return bad_type(err, "response_format", "an object with a string 'type'", rf);
-        if (strcmp(t->valuestring, "text") != 0)
-            return unsupported(err, "response_format", "a structured response format");
+        if (strcmp(t->valuestring, "json_object") == 0)
+            r->json_object = 1;
+        else if (strcmp(t->valuestring, "json_schema") == 0)
+            return unsupported(err, "response_format", "response_format json_schema");
+        else if (strcmp(t->valuestring, "text") != 0) {
+            api_error_set(err, 400, "response_format", "invalid_value",
+                          "Invalid value for 'response_format.type': expected text, json_object "
+                          "or json_schema.");
+            return -1;
+        }
     }
     return 0;
 }

@@ -652,6 +652,7 @@ static int admit_into(struct engine *e, struct seq *s, struct engine_request *r,
     s->usage_prompt = n;
     s->paused = 0;
     memset(&s->ts, 0, sizeof s->ts);
+    json_gram_init(&s->json);
     s->echo_from = s->req.echo ? bos : -1;
     s->echo_strip = s->req.echo && tok_space_prefix(e->dec.tok) &&
                     ((s->req.prompt && s->req.prompt_len > 0) || s->req.ids_of_text);
@@ -1151,6 +1152,50 @@ static void top_logprobs(const float *lg, int64_t V, int n, float lse, struct en
     }
 }
 
+/* json_object: every token whose text would take s's answer out of the JSON
+ * grammar gets -inf in lg (control and end-of-generation tokens too: the
+ * answer ends at the object's close). Inside a string, a token of plain
+ * string text (e->json_tok) is taken as it is; any other is tried on a copy
+ * of the state, after a table of the bytes that may come next has ruled out
+ * most of the vocabulary by its first byte. Should nothing be left (a
+ * vocabulary without the bytes JSON needs), the end-of-generation tokens
+ * are: the answer ends rather than breaking the grammar. */
+static void json_mask(const struct engine *e, const struct seq *s, float *lg)
+{
+    const struct tokenizer *tok = e->dec.tok;
+    uint8_t next[256];
+    for (int b = 0; b < 256; b++) {
+        struct json_gram g = s->json;
+        char c = (char)b;
+        next[b] = (uint8_t)json_gram_feed(&g, &c, 1);
+    }
+    const int in_string = json_gram_in_string(&s->json);
+    int64_t allowed = 0;
+    for (int64_t v = 0; v < e->info.n_vocab; v++) {
+        if (lg[v] == -INFINITY)
+            continue;
+        const uint8_t f = e->json_tok[v];
+        if (in_string && f == JSON_TOK_TEXT) {
+            allowed++;
+            continue;
+        }
+        size_t len = 0;
+        const char *p = tok_piece(tok, (int32_t)v, &len);
+        int ok = f != JSON_TOK_NEVER && next[(uint8_t)p[0]];
+        if (ok && len > 1) {
+            struct json_gram g = s->json;
+            ok = json_gram_feed(&g, p, len);
+        }
+        if (ok)
+            allowed++;
+        else
+            lg[v] = -INFINITY;
+    }
+    if (allowed == 0)
+        for (int64_t i = 0; i < e->n_eog; i++)
+            lg[e->eog_ids[i]] = 0;
+}
+
 /* Picks the next token of s from its logits row into ev: the log-probs the
  * request asked for (of the row as the model gave it: scratch keeps a copy,
  * V floats, before the penalties change the row), then the sampler. Runs on
@@ -1176,6 +1221,8 @@ static void pick_token(const struct engine *e, struct seq *s, float *lg, float *
     if (s->n_gen < s->req.min_tokens) /* the answer may not end yet */
         for (int64_t i = 0; i < e->n_eog; i++)
             lg[e->eog_ids[i]] = -INFINITY;
+    if (s->req.json_object)
+        json_mask(e, s, lg);
     ev->token = sampler_sample(&s->smp, lg, NULL);
     sampler_accept(&s->smp, ev->token);
     ev->has_lp = lp;
@@ -1313,6 +1360,16 @@ static void after_pick(struct engine *e, struct seq *s, struct engine_event *ev)
     if (stopped == 1) {
         seq_finish(e, s, ENGINE_FINISH_STOP, 0);
         return;
+    }
+    if (s->req.json_object) {
+        /* the answer's object closed with this token (or the grammar had
+         * no token to go on with: see json_mask) */
+        size_t len = 0;
+        const char *p = tok_piece(e->dec.tok, tok, &len);
+        if (!p || !json_gram_feed(&s->json, p, len) || json_gram_done(&s->json)) {
+            seq_finish(e, s, ENGINE_FINISH_STOP, 1);
+            return;
+        }
     }
     /* past min_tokens, stop strings count from the next whole character */
     if (s->req.min_tokens > 0 && s->n_gen >= s->req.min_tokens && s->stop.n_stop == 0 &&
@@ -1521,6 +1578,7 @@ static void engine_free(struct engine *e)
     free(e->evicted_before);
     free(e->scratch);
     free(e->eog_ids);
+    free(e->json_tok);
     free(e->picked);
     free(e->echo);
     free(e->echoed);

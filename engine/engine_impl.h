@@ -17,6 +17,7 @@
 #include "decoder_impl.h"
 #include "engine.h"
 #include "forward.h"
+#include "json_gram.h"
 #include "kvcache.h"
 #include "model.h"
 #include "queue.h"
@@ -37,6 +38,9 @@ struct gen_mark {
     int hidden; /* a control token whose text is left out: it has none */
 };
 #define GEN_MARKS (STOP_HOLD_MAX + 8)
+
+/* engine.json_tok: what json_mask knows of a token before reading it */
+enum { JSON_TOK_READ = 0, JSON_TOK_NEVER = 1, JSON_TOK_TEXT = 2 };
 
 struct echo_job {
     struct seq *s;
@@ -61,6 +65,7 @@ struct seq {
     int64_t echo_from;
     int echo_strip;          /* the space a tokenizer put before the text is not echoed */
     struct stop_filter stop; /* holds text that may start a stop string */
+    struct json_gram json;   /* json_object: the answer's grammar state so far */
     /* a request with stop strings and log-probs: the log-probs of the
      * tokens whose text the stop filter holds ([LP_HELD_MAX], else NULL) */
     struct lp_held *held;
@@ -115,6 +120,9 @@ struct engine {
     int *input_seq;
     float *scratch;   /* [max_seqs][V] a sequence's logits as the model gave them (logprobs) */
     int32_t *eog_ids; /* [n_eog] the end-of-generation tokens (min_tokens masks them) */
+    /* [n_vocab] for json_mask: JSON_TOK_NEVER (a control, end-of-generation or
+     * empty token) or JSON_TOK_TEXT (json_gram_string_piece) */
+    uint8_t *json_tok;
     int64_t n_eog;
     /* a step's rows to sample (step, pick_task), and their token events */
     struct seq **pick_seq;       /* [max_seqs] */

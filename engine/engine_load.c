@@ -57,6 +57,20 @@ int engine__load(struct engine *e)
     for (int64_t id = 0, k = 0; id < tok_n_vocab(e->dec.tok); id++)
         if (tok_is_eog(e->dec.tok, (int32_t)id))
             e->eog_ids[k++] = (int32_t)id;
+    e->json_tok = calloc((size_t)tok_n_vocab(e->dec.tok), 1);
+    if (!e->json_tok) {
+        snprintf(err, el, "engine: out of memory");
+        return -ENOMEM;
+    }
+    for (int64_t id = 0; id < tok_n_vocab(e->dec.tok); id++) {
+        size_t len = 0;
+        const char *p = tok_piece(e->dec.tok, (int32_t)id, &len);
+        if (!p || len == 0 || tok_is_control(e->dec.tok, (int32_t)id) ||
+            tok_is_eog(e->dec.tok, (int32_t)id))
+            e->json_tok[id] = JSON_TOK_NEVER;
+        else if (json_gram_string_piece(p, len))
+            e->json_tok[id] = JSON_TOK_TEXT;
+    }
     e->piece_cap = 3 * (max_piece + 4) + 16;
     e->piece = malloc(e->piece_cap);
     e->text_out = malloc(e->piece_cap + STOP_HOLD_MAX);

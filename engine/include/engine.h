@@ -202,6 +202,13 @@ struct engine_request {
      * has none; a BOS the engine prepends is not echoed). max_tokens 0 then
      * ends the request after the prompt. */
     int echo;
+    /* response_format json_object: the answer is one JSON object. Before
+     * each pick, every token whose text would take the answer out of the
+     * grammar of engine/json_gram.h gets a logit of -inf (after the
+     * logprobs are taken: they stay the model's), control and
+     * end-of-generation tokens included, and the answer ends (finish STOP)
+     * with the token that closes the object. */
+    int json_object;
     char session_id[ENGINE_SESSION_ID_MAX]; /* "" for none; else continue that session */
     /* A session_id the engine has neither in memory nor on disk: 0 starts it
      * (the DONE event says created), 1 answers 404 session_not_found. */

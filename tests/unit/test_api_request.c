@@ -269,12 +269,44 @@ TEST(api_request_refuses_features_it_does_not_implement)
                "tools");
     ASSERT_BAD(API_CHAT,
                "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"response_format\":{"
-               "\"type\":\"json_object\"}}",
+               "\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\",\"schema\":{}}}}",
+               "response_format");
+    ASSERT_BAD(API_CHAT,
+               "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"response_format\":{"
+               "\"type\":\"yaml\"}}",
+               "response_format");
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"response_format\":\"json_object\"}",
                "response_format");
     struct parsed p = parse(API_COMPLETIONS, "{\"prompt\":\"x\",\"echo\":false,\"best_of\":1,"
                                              "\"logit_bias\":{},\"suffix\":null}");
     ASSERT_OK(p.rc);
     engine_request_free(&p.req);
+}
+
+/* response_format json_object (both endpoints) asks the engine for a JSON
+ * object; text, absent or null does not */
+TEST(api_request_response_format_json_object_reaches_the_engine)
+{
+    static const struct {
+        enum api_endpoint ep;
+        const char *body;
+        int json;
+    } cases[] = {
+        {API_CHAT,
+         "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"response_format\":{\"type\":"
+         "\"json_object\"}}",
+         1},
+        {API_COMPLETIONS, "{\"prompt\":\"x\",\"response_format\":{\"type\":\"json_object\"}}", 1},
+        {API_COMPLETIONS, "{\"prompt\":\"x\",\"response_format\":{\"type\":\"text\"}}", 0},
+        {API_COMPLETIONS, "{\"prompt\":\"x\",\"response_format\":null}", 0},
+        {API_COMPLETIONS, "{\"prompt\":\"x\"}", 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        struct parsed p = parse(cases[i].ep, cases[i].body);
+        ASSERT_OK(p.rc);
+        ASSERT_EQ(p.req.json_object, cases[i].json);
+        engine_request_free(&p.req);
+    }
 }
 
 /* logit_bias as OpenAI sends it: ids as decimal strings, biases in

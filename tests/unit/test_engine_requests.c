@@ -25,6 +25,7 @@
 
 #include "decoder.h"
 #include "support/engine_rig.h"
+#include "support/json_oracle.h"
 #include "test.h"
 
 /* ---- errors name their parameter -------------------------------------------- */
@@ -400,6 +401,84 @@ TEST(sampled_streams_side_by_side_equal_their_solo_runs)
     /* the same prompt with another seed samples another stream */
     ASSERT(solo[0].n_tok != solo[2].n_tok ||
            memcmp(solo[0].toks, solo[2].toks, (size_t)solo[0].n_tok * 4) != 0);
+    rig_close(&rig);
+}
+
+/* ---- response_format json_object ------------------------------------------- */
+
+#define N_JSON 4
+
+/* Request k of the JSON test: sampled hot, so that the tiny random model
+ * would write anything at all; json says whether it asks for an object. */
+static struct engine_request json_request(struct rig *rig, int k, int json)
+{
+    static const int32_t ids[2][4] = {{'{', '"', 'a', '"'}, {'x', 'y', 'z', ' '}};
+    struct engine_request q = rig_greedy(rig, 160);
+    rig_set_ids(&q, ids[k % 2], 4, 1);
+    q.sampling.temperature = k == 0 ? 0.0f : 1.0f + 0.25f * (float)k;
+    q.sampling.top_k = k == 3 ? 8 : 0;
+    q.sampling.seed = 900 + (uint64_t)k;
+    q.json_object = json;
+    return q;
+}
+
+/* Every answer of the tiny random model under json_object is, for the
+ * oracle of tests/support/json_oracle.c, a whole object that ended it
+ * (STOP) or a prefix of one that max_tokens cut (LENGTH), greedy and
+ * sampled; the same requests without it are not. Side by side with each
+ * other and a plain stream, each equals its solo run: the mask depends on
+ * its own sequence only. */
+TEST(json_object_answers_obey_the_grammar_and_do_not_depend_on_the_batch)
+{
+    struct rig rig;
+    struct engine_config c = rig_config(RIG_FIXTURE);
+    c.n_threads = 2;
+    c.max_seqs = N_JSON + 1;
+    c.max_queue = N_JSON + 1;
+    ASSERT_OK(rig_open(&rig, &c));
+    static struct rig_result solo[N_JSON + 1], together[N_JSON + 1], free_form;
+    int whole = 0;
+    for (int k = 0; k < N_JSON; k++) {
+        struct engine_request q = json_request(&rig, k, 1);
+        ASSERT_OK(rig_run(&rig, &q, &solo[k]));
+        ASSERT(!solo[k].error && solo[k].n_tok > 0);
+        enum json_verdict v = json_oracle(solo[k].text, solo[k].n_text);
+        fprintf(stderr, "  json %d: %d tokens, %s: %.60s\n", k, solo[k].n_tok,
+                v == COMPLETE     ? "whole"
+                : v == INCOMPLETE ? "a prefix"
+                                  : "NOT JSON",
+                solo[k].text);
+        if (v == COMPLETE) {
+            ASSERT_EQ(solo[k].finish, ENGINE_FINISH_STOP);
+            whole++;
+        } else {
+            ASSERT_EQ(v, INCOMPLETE);
+            ASSERT_EQ(solo[k].finish, ENGINE_FINISH_LENGTH);
+            ASSERT_EQ(solo[k].n_tok, 160);
+        }
+        q = json_request(&rig, k, 0);
+        ASSERT_OK(rig_run(&rig, &q, &free_form));
+        ASSERT(json_oracle(free_form.text, free_form.n_text) == BAD);
+    }
+    ASSERT(whole > 0);
+    {
+        struct engine_request q = sampled(&rig, 1);
+        ASSERT_OK(rig_run(&rig, &q, &solo[N_JSON]));
+    }
+    uint64_t ids[N_JSON + 1];
+    struct rig_result *outs[N_JSON + 1];
+    for (int k = 0; k <= N_JSON; k++) {
+        struct engine_request q = k < N_JSON ? json_request(&rig, k, 1) : sampled(&rig, 1);
+        ids[k] = q.id;
+        outs[k] = &together[k];
+        ASSERT_OK(engine_submit(rig.e, &q));
+    }
+    ASSERT_OK(rig_wait_all(&rig, ids, outs, N_JSON + 1));
+    for (int k = 0; k <= N_JSON; k++) {
+        ASSERT_EQ(together[k].n_tok, solo[k].n_tok);
+        ASSERT(memcmp(together[k].toks, solo[k].toks, (size_t)solo[k].n_tok * 4) == 0);
+        ASSERT_EQ(together[k].finish, solo[k].finish);
+    }
     rig_close(&rig);
 }
 

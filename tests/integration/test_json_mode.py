@@ -108,3 +108,28 @@ def test_other_formats_are_refused_by_name(server, fmt):
     status, _, raw = server.post("/v1/chat/completions", json.dumps(body))
     assert status == 400
     assert json.loads(raw)["error"]["param"] == "response_format"
+
+
+def test_a_json_turn_on_a_session_is_closed_as_any_turn(client, server):
+    """The answer ends at the object's close, with no end-of-generation
+    token: the next turn on the session must still see the assistant turn
+    ended as the template ends it, so it answers what one stateless request
+    with the history answers."""
+    q1 = [{"role": "user", "content": CAT}]
+    q2 = [{"role": "user", "content": "Now tell me about its favourite food."}]
+    fmt = {"type": "json_object"}
+    s1 = chat(client, CAT, max_tokens=200, temperature=0, response_format=fmt,
+              extra_body={"session_id": "json-turns"})
+    alone1 = chat(client, CAT, max_tokens=200, temperature=0, response_format=fmt)
+    a1 = s1.choices[0].message.content
+    assert a1 == alone1.choices[0].message.content and s1.choices[0].finish_reason == "stop"
+    s2 = client.chat.completions.create(model="smol", messages=q2, max_tokens=24,
+                                        temperature=0, extra_body={"session_id": "json-turns"})
+    alone2 = client.chat.completions.create(
+        model="smol", messages=q1 + [{"role": "assistant", "content": a1}] + q2,
+        max_tokens=24, temperature=0)
+    assert s2.choices[0].message.content == alone2.choices[0].message.content
+    status, _, raw = server.get("/v1/sessions/json-turns")
+    assert status == 200
+    assert json.loads(raw)["tokens_seen"] == \
+        alone2.usage.prompt_tokens + alone2.usage.completion_tokens

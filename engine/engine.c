@@ -590,8 +590,11 @@ static int admit_into(struct engine *e, struct seq *s, struct engine_request *r,
         emit_error(e, r->id, 400, "prompt", "invalid_value", "the prompt is empty");
         return -1;
     }
+    /* a dense context keeps a cell for the answer's first token, unless
+     * there is none to generate (echo with max_tokens 0) */
+    const int64_t answer = !(r->echo && r->max_tokens == 0);
     if (s->kv.policy.kind == KV_POLICY_DENSE &&
-        s->kv.pos_next - s->kv.pos_first + n + pending >= s->kv.window) {
+        s->kv.pos_next - s->kv.pos_first + n + pending + answer > s->kv.window) {
         char msg[160];
         snprintf(msg, sizeof msg,
                  "the prompt (%lld tokens) does not fit the dense context of %lld tokens",

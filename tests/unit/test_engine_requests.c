@@ -677,6 +677,44 @@ TEST(a_prompt_echoed_with_logprobs_prefills_32_tokens_a_step)
 
 /* Without BOS the first token has nothing before it: its log-prob is null
  * (NaN here); without log-probs the echo is text alone. */
+/* A dense context of W tokens holds a prompt of W tokens echoed with
+ * max_tokens 0 (nothing to generate, so no cell for an answer), but not one
+ * of W + 1, nor W with a token to generate. */
+TEST(a_dense_context_holds_an_echoed_prompt_of_its_whole_length)
+{
+    struct rig rig;
+    struct engine_config c = rig_config(RIG_FIXTURE);
+    c.window = 48;
+    ASSERT_OK(rig_open(&rig, &c));
+    static struct rig_result r;
+    int32_t ids[49];
+    for (int i = 0; i < 49; i++)
+        ids[i] = 'a' + i % 26;
+    static const struct {
+        int64_t n, max_tokens;
+        int fits;
+    } cases[] = {{48, 0, 1}, {49, 0, 0}, {48, 1, 0}, {47, 1, 1}};
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        struct engine_request q = rig_greedy(&rig, cases[k].max_tokens);
+        rig_set_ids(&q, ids, cases[k].n, 0);
+        q.echo = 1;
+        q.logprobs = 1;
+        q.has_policy = 1;
+        ASSERT_OK(engine_policy_parse("dense", &q.policy));
+        ASSERT_OK(rig_run(&rig, &q, &r));
+        if (!cases[k].fits) {
+            ASSERT(r.error && r.status == 400);
+            ASSERT_STREQ(r.code, "context_length_exceeded");
+            continue;
+        }
+        ASSERT(!r.error);
+        ASSERT_EQ(r.n_lp, cases[k].n + cases[k].max_tokens);
+        ASSERT(r.n_text >= (size_t)cases[k].n);
+        ASSERT(memcmp(r.text, "abcdefghijklmnopqrstuvwxyzabcdefghijklmnopqrstuv", 47) == 0);
+    }
+    rig_close(&rig);
+}
+
 TEST(an_echoed_first_token_without_bos_has_a_null_logprob)
 {
     struct rig rig;

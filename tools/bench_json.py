@@ -5,13 +5,16 @@ between tokens for a greedy chat answer of --tokens tokens, plain
 prompt the model answers with a JSON object that does not close within the
 length), interleaved, --reps rounds. Prints each mode's median gap between
 streamed tokens (the median over rounds of each round's median), its
-spread, and the ratio.
+spread, and the ratio. With --streams N, N such streams run at once in
+each round, and the figure is each round's median gap over all of them
+(the mask runs on the backend's threads, one sequence's row per task).
 
     build/streamsink serve --model-alias smol --port 8080 &
     .venv/bin/python tools/bench_json.py --url http://127.0.0.1:8080/v1 --reps 7
 """
 import argparse
 import statistics
+import threading
 import time
 
 from openai import OpenAI
@@ -39,15 +42,23 @@ def main():
     ap.add_argument("--model", default="smol")
     ap.add_argument("--tokens", type=int, default=200)
     ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--streams", type=int, default=1)
     a = ap.parse_args()
     client = OpenAI(base_url=a.url, api_key="none")
     res = {False: [], True: []}
     counts = {False: [], True: []}
     for _ in range(a.reps):
         for mode in (False, True):
-            g, n = gaps(client, a.model, a.tokens, mode)
-            res[mode].append(g * 1e3)
-            counts[mode].append(n)
+            out = [None] * a.streams
+            def one(i):
+                out[i] = gaps(client, a.model, a.tokens, mode)
+            threads = [threading.Thread(target=one, args=(i,)) for i in range(a.streams)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            res[mode].append(statistics.median(g for g, _ in out) * 1e3)
+            counts[mode].append(statistics.median(n for _, n in out))
     print(f"{'mode':<12} {'median ms/token':>16} {'min':>7} {'max':>7} {'chunks':>7}")
     for mode, name in ((False, "plain"), (True, "json_object")):
         v = res[mode]

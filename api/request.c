@@ -789,7 +789,7 @@ static int parse_common(const struct body *b, const struct api_parse_ctx *ctx, e
     if (rf && !cJSON_IsNull(rf)) {
         const cJSON *t = cJSON_IsObject(rf) ? cJSON_GetObjectItemCaseSensitive(rf, "type") : NULL;
         if (!cJSON_IsString(t))
-            return bad_type(err, "response_format", "an object with a string 'type'", rf);
+            return bad_type(err, "response_format", "an object with a string 'type'", t ? t : rf);
         if (strcmp(t->valuestring, "json_object") == 0)
             r->json_object = 1;
         else if (strcmp(t->valuestring, "json_schema") == 0)
@@ -800,6 +800,19 @@ static int parse_common(const struct body *b, const struct api_parse_ctx *ctx, e
                           "or json_schema.");
             return -1;
         }
+    }
+    /* a JSON answer ends at its object's close: nothing could follow it */
+    if (r->json_object && r->ignore_eos) {
+        api_error_set(err, 400, "ignore_eos", "invalid_value",
+                      "ignore_eos cannot be used with response_format json_object: the answer "
+                      "ends when its object closes.");
+        return -1;
+    }
+    if (r->json_object && r->min_tokens > 0) {
+        api_error_set(err, 400, "min_tokens", "invalid_value",
+                      "min_tokens cannot be used with response_format json_object: the answer "
+                      "ends when its object closes.");
+        return -1;
     }
     return 0;
 }

@@ -1155,48 +1155,99 @@ static void top_logprobs(const float *lg, int64_t V, int n, float lse, struct en
     }
 }
 
+/* The bytes that may come next in state g: ok[b] for each. */
+static void json_next_bytes(const struct json_gram *g, uint8_t ok[256])
+{
+    for (int b = 0; b < 256; b++) {
+        struct json_gram t = *g;
+        char c = (char)b;
+        ok[b] = (uint8_t)json_gram_feed(&t, &c, 1);
+    }
+}
+
+/* 1 if token v may come next in state g: its text read on a copy. */
+static int json_reads(const struct engine *e, const struct json_gram *g, int32_t v)
+{
+    size_t len = 0;
+    const char *p = tok_piece(e->dec.tok, v, &len);
+    struct json_gram t = *g;
+    return p && json_gram_feed(&t, p, len);
+}
+
 /* json_object: every token whose text would take s's answer out of the JSON
  * grammar gets -inf in lg (control and end-of-generation tokens too: the
- * answer ends at the object's close). Inside a string, a token of plain
- * string text (e->json_tok) is taken as it is; any other is tried on a copy
- * of the state, after a table of the bytes that may come next has ruled out
- * most of the vocabulary by its first byte. Should nothing be left (a
- * vocabulary without the bytes JSON needs), the end-of-generation tokens
- * are: the answer ends rather than breaking the grammar. */
+ * answer ends at the object's close). What is known of each token before
+ * reading it (e->json_tok) rules out most of the vocabulary, so that only a
+ * few thousand tokens are visited one by one:
+ *   - inside a string, a token of plain string text is taken as it is, and
+ *     only the others (e->json_rest) are looked at;
+ *   - elsewhere, the tokens whose first byte cannot come next are ruled out
+ *     together (e->json_ids, by first byte), and between tokens of JSON
+ *     (where every whitespace byte does the same) a token that starts with
+ *     whitespace by the length of it and the byte after it.
+ * A token left is read on a copy of the state. With STREAMSINK_JSON_MASK=
+ * read every token is read (the tests' reference for these shortcuts).
+ * Should nothing be left (a vocabulary without the bytes JSON needs), an
+ * end-of-generation token is (or, with none, token 0, which after_pick then
+ * refuses): the answer ends rather than breaking the grammar. */
 static void json_mask(const struct engine *e, const struct seq *s, float *lg)
 {
-    const struct tokenizer *tok = e->dec.tok;
-    uint8_t next[256];
-    for (int b = 0; b < 256; b++) {
-        struct json_gram g = s->json;
-        char c = (char)b;
-        next[b] = (uint8_t)json_gram_feed(&g, &c, 1);
-    }
-    const int in_string = json_gram_in_string(&s->json);
+    const struct json_gram *g = &s->json;
     int64_t allowed = 0;
-    for (int64_t v = 0; v < e->info.n_vocab; v++) {
-        if (lg[v] == -INFINITY)
-            continue;
-        const uint8_t f = e->json_tok[v];
-        if (in_string && f == JSON_TOK_TEXT) {
-            allowed++;
-            continue;
+    if (e->json_read_all) {
+        for (int64_t v = 0; v < e->info.n_vocab; v++) {
+            if (e->json_tok[v].kind != JSON_TOK_NEVER && json_reads(e, g, (int32_t)v))
+                allowed++;
+            else
+                lg[v] = -INFINITY;
         }
-        size_t len = 0;
-        const char *p = tok_piece(tok, (int32_t)v, &len);
-        int ok = f != JSON_TOK_NEVER && next[(uint8_t)p[0]];
-        if (ok && len > 1) {
-            struct json_gram g = s->json;
-            ok = json_gram_feed(&g, p, len);
+    } else if (json_gram_in_string(g)) {
+        allowed = e->info.n_vocab - e->n_json_rest;
+        for (int64_t k = 0; k < e->n_json_rest; k++) {
+            const int32_t v = e->json_rest[k];
+            if (e->json_tok[v].kind != JSON_TOK_NEVER && json_reads(e, g, v))
+                allowed++;
+            else
+                lg[v] = -INFINITY;
         }
-        if (ok)
-            allowed++;
-        else
-            lg[v] = -INFINITY;
+    } else {
+        uint8_t next[256], next_ws[256];
+        json_next_bytes(g, next);
+        const int between = json_gram_between(g);
+        int room = 0; /* whitespace bytes that may come in a row */
+        if (between) {
+            struct json_gram t = *g;
+            while (room < 256 && json_gram_feed(&t, " ", 1))
+                room++;
+            t = *g;
+            if (room > 0 && json_gram_feed(&t, " ", 1))
+                json_next_bytes(&t, next_ws);
+        }
+        for (int b = 0; b < 257; b++) {
+            const int32_t *ids = e->json_ids + e->json_first[b];
+            const int64_t n = e->json_first[b + 1] - e->json_first[b];
+            if (b == 256 || !next[b]) { /* JSON_TOK_NEVER, or a first byte that cannot come */
+                for (int64_t k = 0; k < n; k++)
+                    lg[ids[k]] = -INFINITY;
+                continue;
+            }
+            for (int64_t k = 0; k < n; k++) {
+                const struct json_tok *j = &e->json_tok[ids[k]];
+                int ok = !(between && j->lead > 0) ||
+                         (j->lead <= room && ((j->kind & JSON_TOK_SPACE) || next_ws[j->after]));
+                if (ok && json_reads(e, g, ids[k]))
+                    allowed++;
+                else
+                    lg[ids[k]] = -INFINITY;
+            }
+        }
     }
-    if (allowed == 0)
+    if (allowed == 0) {
         for (int64_t i = 0; i < e->n_eog; i++)
             lg[e->eog_ids[i]] = 0;
+        if (e->n_eog == 0)
+            lg[0] = 0;
+    }
 }
 
 /* Picks the next token of s from its logits row into ev: the log-probs the
@@ -1582,6 +1633,8 @@ static void engine_free(struct engine *e)
     free(e->scratch);
     free(e->eog_ids);
     free(e->json_tok);
+    free(e->json_ids);
+    free(e->json_rest);
     free(e->picked);
     free(e->echo);
     free(e->echoed);

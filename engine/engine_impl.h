@@ -40,7 +40,15 @@ struct gen_mark {
 #define GEN_MARKS (STOP_HOLD_MAX + 8)
 
 /* engine.json_tok: what json_mask knows of a token before reading it */
-enum { JSON_TOK_READ = 0, JSON_TOK_NEVER = 1, JSON_TOK_TEXT = 2 };
+enum { JSON_TOK_NEVER = 1, JSON_TOK_TEXT = 2, JSON_TOK_SPACE = 4 };
+struct json_tok {
+    uint8_t kind;  /* JSON_TOK_NEVER (alone): a control, end-of-generation or empty token, or
+                      an id past the tokenizer; else JSON_TOK_TEXT if it is plain string
+                      text (json_gram_string_piece), JSON_TOK_SPACE if whitespace only */
+    uint8_t first; /* its first byte */
+    uint8_t lead;  /* its leading whitespace bytes (at most 255) */
+    uint8_t after; /* the first byte after them */
+};
 
 struct echo_job {
     struct seq *s;
@@ -120,9 +128,13 @@ struct engine {
     int *input_seq;
     float *scratch;   /* [max_seqs][V] a sequence's logits as the model gave them (logprobs) */
     int32_t *eog_ids; /* [n_eog] the end-of-generation tokens (min_tokens masks them) */
-    /* [n_vocab] for json_mask: JSON_TOK_NEVER (a control, end-of-generation or
-     * empty token) or JSON_TOK_TEXT (json_gram_string_piece) */
-    uint8_t *json_tok;
+    struct json_tok *json_tok; /* [the model's n_vocab] for json_mask */
+    /* ... and the ids by first byte: json_ids[json_first[b] .. json_first[b + 1]) start
+     * with byte b, those from json_first[256] are JSON_TOK_NEVER; json_rest holds the
+     * n_json_rest ids that are not plain string text (JSON_TOK_TEXT) */
+    int32_t *json_ids, *json_rest;
+    int64_t json_first[258], n_json_rest;
+    int json_read_all; /* STREAMSINK_JSON_MASK=read: json_mask reads every token (its reference) */
     int64_t n_eog;
     /* a step's rows to sample (step, pick_task), and their token events */
     struct seq **pick_seq;       /* [max_seqs] */

@@ -57,19 +57,55 @@ int engine__load(struct engine *e)
     for (int64_t id = 0, k = 0; id < tok_n_vocab(e->dec.tok); id++)
         if (tok_is_eog(e->dec.tok, (int32_t)id))
             e->eog_ids[k++] = (int32_t)id;
-    e->json_tok = calloc((size_t)tok_n_vocab(e->dec.tok), 1);
+    const char *mask = getenv("STREAMSINK_JSON_MASK");
+    e->json_read_all = mask && strcmp(mask, "read") == 0;
+    /* one entry per logit: a model may have more output rows than its
+     * tokenizer has tokens (padded), and those ids have no text */
+    e->json_tok = calloc((size_t)hp->n_vocab, sizeof *e->json_tok);
     if (!e->json_tok) {
         snprintf(err, el, "engine: out of memory");
         return -ENOMEM;
     }
-    for (int64_t id = 0; id < tok_n_vocab(e->dec.tok); id++) {
+    for (int64_t id = 0; id < hp->n_vocab; id++) {
+        struct json_tok *j = &e->json_tok[id];
         size_t len = 0;
-        const char *p = tok_piece(e->dec.tok, (int32_t)id, &len);
+        const char *p =
+            id < tok_n_vocab(e->dec.tok) ? tok_piece(e->dec.tok, (int32_t)id, &len) : NULL;
         if (!p || len == 0 || tok_is_control(e->dec.tok, (int32_t)id) ||
-            tok_is_eog(e->dec.tok, (int32_t)id))
-            e->json_tok[id] = JSON_TOK_NEVER;
-        else if (json_gram_string_piece(p, len))
-            e->json_tok[id] = JSON_TOK_TEXT;
+            tok_is_eog(e->dec.tok, (int32_t)id)) {
+            j->kind = JSON_TOK_NEVER;
+            continue;
+        }
+        size_t lead = 0;
+        while (lead < len && strchr(" \t\n\r", p[lead]) && p[lead])
+            lead++;
+        j->first = (uint8_t)p[0];
+        j->lead = (uint8_t)(lead > 255 ? 255 : lead);
+        j->after = lead < len ? (uint8_t)p[lead] : 0;
+        j->kind = (uint8_t)((lead == len ? JSON_TOK_SPACE : 0) |
+                            (json_gram_string_piece(p, len) ? JSON_TOK_TEXT : 0));
+    }
+    e->json_ids = malloc((size_t)hp->n_vocab * sizeof *e->json_ids);
+    e->json_rest = malloc((size_t)hp->n_vocab * sizeof *e->json_rest);
+    if (!e->json_ids || !e->json_rest) {
+        snprintf(err, el, "engine: out of memory");
+        return -ENOMEM;
+    }
+    int64_t count[257] = {0};
+    for (int64_t id = 0; id < hp->n_vocab; id++) {
+        const struct json_tok *j = &e->json_tok[id];
+        count[j->kind == JSON_TOK_NEVER ? 256 : j->first]++;
+        if (!(j->kind & JSON_TOK_TEXT))
+            e->json_rest[e->n_json_rest++] = (int32_t)id;
+    }
+    e->json_first[0] = 0;
+    for (int b = 0; b < 257; b++)
+        e->json_first[b + 1] = e->json_first[b] + count[b];
+    int64_t at[257];
+    memcpy(at, e->json_first, sizeof at);
+    for (int64_t id = 0; id < hp->n_vocab; id++) {
+        const struct json_tok *j = &e->json_tok[id];
+        e->json_ids[at[j->kind == JSON_TOK_NEVER ? 256 : j->first]++] = (int32_t)id;
     }
     e->piece_cap = 3 * (max_piece + 4) + 16;
     e->piece = malloc(e->piece_cap);

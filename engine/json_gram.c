@@ -333,6 +333,11 @@ int json_gram_done(const struct json_gram *g)
     return g->expect == EXPECT_DONE && g->lex == LEX_NONE;
 }
 
+int json_gram_between(const struct json_gram *g)
+{
+    return g->lex == LEX_NONE || g->lex == LEX_NUMBER;
+}
+
 int json_gram_in_string(const struct json_gram *g)
 {
     return g->lex == LEX_STRING && !g->low;

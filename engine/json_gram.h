@@ -59,6 +59,9 @@ void json_gram_init(struct json_gram *g);
 int json_gram_feed(struct json_gram *g, const char *p, size_t n);
 /* 1 if the text fed so far is a whole answer. */
 int json_gram_done(const struct json_gram *g);
+/* 1 if whitespace here is whitespace between tokens (outside strings and
+ * literals): every whitespace byte then does the same. */
+int json_gram_between(const struct json_gram *g);
 /* 1 if the text is inside a string, not in an escape or a character. */
 int json_gram_in_string(const struct json_gram *g);
 /* 1 if p[0..n) (n > 0) read in such a state leaves it in such a state,

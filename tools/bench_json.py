@@ -20,12 +20,12 @@ import time
 from openai import OpenAI
 
 
-def gaps(client, model, tokens, json_mode):
+def gaps(client, model, tokens, json_mode, prompt):
     kw = ({"response_format": {"type": "json_object"}} if json_mode
           else {"extra_body": {"ignore_eos": True}})
     t_last, out, n = None, [], 0
     for ch in client.chat.completions.create(
-            model=model, messages=[{"role": "user", "content": "Tell me a joke."}],
+            model=model, messages=[{"role": "user", "content": prompt}],
             max_tokens=tokens, temperature=0, stream=True, **kw):
         if not ch.choices or not ch.choices[0].delta.content:
             continue
@@ -43,7 +43,12 @@ def main():
     ap.add_argument("--tokens", type=int, default=200)
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--streams", type=int, default=1)
+    ap.add_argument("--prompt", default="Tell me a joke.",
+                    help="the user message (the default's JSON answer is mostly strings; "
+                         "--prompt numbers gets one mostly of structure and numbers)")
     a = ap.parse_args()
+    if a.prompt == "numbers":
+        a.prompt = "Write a JSON object with the key numbers holding the numbers from 1 to 100."
     client = OpenAI(base_url=a.url, api_key="none")
     res = {False: [], True: []}
     counts = {False: [], True: []}
@@ -51,7 +56,7 @@ def main():
         for mode in (False, True):
             out = [None] * a.streams
             def one(i):
-                out[i] = gaps(client, a.model, a.tokens, mode)
+                out[i] = gaps(client, a.model, a.tokens, mode, a.prompt)
             threads = [threading.Thread(target=one, args=(i,)) for i in range(a.streams)]
             for t in threads:
                 t.start()

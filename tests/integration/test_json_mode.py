@@ -15,6 +15,7 @@ import pytest
 
 CAT = "Describe a cat as JSON with keys name, age and color."
 FRANCE = "What is the capital of France?"
+NUMBERS = "Write a JSON object with the key numbers holding the numbers from 1 to 100."
 
 
 def strict_object(text):
@@ -133,3 +134,26 @@ def test_a_json_turn_on_a_session_is_closed_as_any_turn(client, server):
     assert status == 200
     assert json.loads(raw)["tokens_seen"] == \
         alone2.usage.prompt_tokens + alone2.usage.completion_tokens
+
+
+def test_the_mask_s_shortcuts_allow_what_reading_every_token_allows(start_server, monkeypatch):
+    """The mask rules most tokens out before reading them (plain string text
+    inside a string, the first byte, leading whitespace). A server that
+    reads every token (STREAMSINK_JSON_MASK=read) must sample the very same
+    answers from the same seeds: any token the shortcuts allowed or refused
+    wrongly would change the distribution, and so the tokens, somewhere."""
+    answers = []
+    for mode in (None, "read"):
+        if mode:
+            monkeypatch.setenv("STREAMSINK_JSON_MASK", mode)
+        else:
+            monkeypatch.delenv("STREAMSINK_JSON_MASK", raising=False)
+        c = start_server().client()
+        got = []
+        for seed, prompt in enumerate([CAT, FRANCE, NUMBERS, CAT, NUMBERS, FRANCE]):
+            r = chat(c, prompt, max_tokens=160, temperature=1.3, top_p=1.0, seed=seed,
+                     logprobs=True, response_format={"type": "json_object"})
+            got.append([(i.token, i.logprob) for i in r.choices[0].logprobs.content])
+        answers.append(got)
+    assert answers[0] == answers[1]
+    assert sum(len(a) for a in answers[0]) > 400

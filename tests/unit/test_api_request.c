@@ -307,6 +307,16 @@ TEST(api_request_response_format_json_object_reaches_the_engine)
         ASSERT_EQ(p.req.json_object, cases[i].json);
         engine_request_free(&p.req);
     }
+    /* the answer ends at its object's close: nothing can hold it open */
+    ASSERT_BAD(API_COMPLETIONS,
+               "{\"prompt\":\"x\",\"max_tokens\":9,\"ignore_eos\":true,\"response_format\":{"
+               "\"type\":\"json_object\"}}",
+               "ignore_eos");
+    ASSERT_BAD(API_COMPLETIONS,
+               "{\"prompt\":\"x\",\"min_tokens\":2,\"response_format\":{\"type\":\"json_object\"}}",
+               "min_tokens");
+    struct parsed p = parse(API_COMPLETIONS, "{\"prompt\":\"x\",\"response_format\":{\"type\":5}}");
+    ASSERT(p.rc < 0 && strstr(p.err.message, "number"));
 }
 
 /* logit_bias as OpenAI sends it: ids as decimal strings, biases in

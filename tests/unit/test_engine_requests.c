@@ -482,6 +482,37 @@ TEST(json_object_answers_obey_the_grammar_and_do_not_depend_on_the_batch)
     rig_close(&rig);
 }
 
+/* A model whose output has more rows than its tokenizer has tokens (the
+ * fixture padded from 257 to 320 rows, as real models pad theirs): the ids
+ * past the tokenizer have no text, so the JSON grammar never allows them,
+ * and hot JSON answers still obey it. (The mask's table was the
+ * tokenizer's size and was read past its end.) A plain hot answer does
+ * pick such ids, so the test would see them. */
+TEST(json_object_never_picks_an_id_past_the_tokenizer)
+{
+    struct rig rig;
+    struct engine_config c = rig_config(SS_FIXTURES_DIR "/norm_softmax_padded.gguf");
+    ASSERT_OK(rig_open(&rig, &c));
+    static struct rig_result r;
+    int past = 0;
+    for (int k = 0; k < 4; k++) {
+        struct engine_request q = json_request(&rig, 1 + k % 3, 1);
+        q.sampling.seed = 40 + (uint64_t)k;
+        ASSERT_OK(rig_run(&rig, &q, &r));
+        ASSERT(!r.error && r.n_tok > 0);
+        for (int i = 0; i < r.n_tok; i++)
+            ASSERT(r.toks[i] < 257);
+        ASSERT(json_oracle(r.text, r.n_text) != BAD);
+        q = json_request(&rig, 1 + k % 3, 0);
+        q.sampling.seed = 40 + (uint64_t)k;
+        ASSERT_OK(rig_run(&rig, &q, &r));
+        for (int i = 0; i < r.n_tok; i++)
+            past += r.toks[i] >= 257;
+    }
+    ASSERT(past > 0);
+    rig_close(&rig);
+}
+
 /* ---- echo ------------------------------------------------------------------- */
 
 /* An echoed prompt: each token after the first (BOS, which the engine adds,

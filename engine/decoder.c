@@ -36,6 +36,15 @@ int decoder__init(struct decoder *d, const struct decoder_config *cfg, char *err
         snprintf(err, err_len, "%s: %s", cfg->model_path, terr);
         return rc;
     }
+    /* every id the tokenizer can give must have an embedding row and a
+     * logit (a padded output may have more rows than tokens, not fewer) */
+    if (tok_n_vocab(d->tok) > d->model.hp.n_vocab) {
+        snprintf(err, err_len,
+                 "%s: the tokenizer has %lld tokens but token_embd only %lld rows: an id past "
+                 "them would have no embedding",
+                 cfg->model_path, (long long)tok_n_vocab(d->tok), (long long)d->model.hp.n_vocab);
+        return -EINVAL;
+    }
     struct backend_config bc = {.kind = engine__backend_kind(cfg->backend),
                                 .n_threads = cfg->n_threads,
                                 .max_tokens = cfg->max_tokens};

@@ -1,17 +1,20 @@
 """Model files the engine cannot run are a clear load error (exit 3), never
 an assert or a crash later: here a Llama file whose head dimension is larger
-than the attention kernels take."""
+than the attention kernels take, and one whose tokenizer has more tokens
+than its embedding has rows."""
 
 import subprocess
 
 import numpy as np
 
-def write_llama(path, dim, heads, vocab_tokens, bos):
+def write_llama(path, dim, heads, vocab_tokens, bos, rows=None):
     """A complete one-layer F32 Llama GGUF with the byte-level tokenizer of the
-    matched normalizer fixtures; every tensor present with its right shape."""
+    matched normalizer fixtures; every tensor present with its right shape
+    (token_embd with rows rows, the tokenizer's count by default)."""
     import gguf
     rng = np.random.default_rng(0)
     V, D, F = len(vocab_tokens), dim, 64
+    R = rows or V
     wr = gguf.GGUFWriter(path, "llama")
     wr.add_name("head-dim-test")
     wr.add_context_length(256)
@@ -33,7 +36,7 @@ def write_llama(path, dim, heads, vocab_tokens, bos):
     wr.add_token_merges(["\u0120 \u0120"])
     wr.add_bos_token_id(bos)
     wr.add_eos_token_id(bos)
-    shapes = {"token_embd.weight": (V, D), "output_norm.weight": (D,),
+    shapes = {"token_embd.weight": (R, D), "output_norm.weight": (D,),
               "blk.0.attn_norm.weight": (D,), "blk.0.ffn_norm.weight": (D,),
               "blk.0.attn_q.weight": (D, D), "blk.0.attn_k.weight": (D, D),
               "blk.0.attn_v.weight": (D, D), "blk.0.attn_output.weight": (D, D),
@@ -76,3 +79,20 @@ def test_head_dim_over_the_kernels_bound_is_a_load_error(binary, tmp_path):
     served = subprocess.run([binary, "serve", "-m", big, "--port", "0"],
                             capture_output=True, text=True, timeout=120)
     assert served.returncode == 3, served.stderr
+
+
+def test_a_tokenizer_larger_than_the_embedding_is_a_load_error(binary, tmp_path):
+    """Ids past the embedding's rows would be read past it (a text prompt's
+    "\u00ff" is id 255 here, the row of a 200-row embedding it has not)."""
+    tokens, bos = byte_vocab()
+    short, padded = str(tmp_path / "short.gguf"), str(tmp_path / "padded.gguf")
+    write_llama(short, 64, 1, tokens, bos, rows=200)
+    write_llama(padded, 64, 1, tokens, bos, rows=320)  # more rows than tokens is fine
+    good = subprocess.run([binary, "run", "-m", padded, "-p", "hi \u00ff", "-n", "2"],
+                          capture_output=True, text=True, timeout=120)
+    assert good.returncode == 0, good.stderr
+    for cmd in (["run", "-p", "hi \u00ff", "-n", "2"], ["serve", "--port", "0"]):
+        bad = subprocess.run([binary, cmd[0], "-m", short, *cmd[1:]],
+                             capture_output=True, text=True, timeout=120)
+        assert bad.returncode == 3, (bad.returncode, bad.stderr)
+        assert "257 tokens" in bad.stderr and "200 rows" in bad.stderr, bad.stderr

@@ -1417,10 +1417,12 @@ static void after_pick(struct engine *e, struct seq *s, struct engine_event *ev)
     }
     if (s->req.json_object) {
         /* the answer's object closed with this token (or the grammar had
-         * no token to go on with: see json_mask) */
+         * no token to go on with, and json_mask let one it refuses through:
+         * a token it never allows, or one whose text it does not take) */
         size_t len = 0;
         const char *p = tok_piece(e->dec.tok, tok, &len);
-        if (!p || !json_gram_feed(&s->json, p, len) || json_gram_done(&s->json)) {
+        if (!p || e->json_tok[tok].kind == JSON_TOK_NEVER || !json_gram_feed(&s->json, p, len) ||
+            json_gram_done(&s->json)) {
             seq_finish(e, s, ENGINE_FINISH_STOP, 1);
             return;
         }

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "gguf.h"
+#include "utf8_seq.h"
 
 /* The bytes a token decodes to, as HF's ByteLevel decoder: every character
  * mapped back to its byte, or the raw text if one is outside the alphabet. */
@@ -70,39 +71,6 @@ const char *tok_piece(const struct tokenizer *t, int32_t id, size_t *len)
 
 /* ---- streaming detokenizer ---- */
 
-/* Bytes in the UTF-8 sequence that lead byte c starts; 0 if c cannot start one. */
-static int utf8_seq_len(uint8_t c)
-{
-    if (c < 0x80)
-        return 1;
-    if (c >= 0xC2 && c <= 0xDF)
-        return 2;
-    if (c >= 0xE0 && c <= 0xEF)
-        return 3;
-    if (c >= 0xF0 && c <= 0xF4)
-        return 4;
-    return 0;
-}
-
-/* 1 if b may follow the n >= 1 bytes of an incomplete sequence p. */
-static int utf8_continues(const uint8_t *p, int n, uint8_t b)
-{
-    uint8_t lo = 0x80;
-    uint8_t hi = 0xBF;
-
-    if (n == 1) {
-        if (p[0] == 0xE0)
-            lo = 0xA0;
-        else if (p[0] == 0xED)
-            hi = 0x9F;
-        else if (p[0] == 0xF0)
-            lo = 0x90;
-        else if (p[0] == 0xF4)
-            hi = 0x8F;
-    }
-    return b >= lo && b <= hi;
-}
-
 struct sink { /* bounded output */
     char *out;
     size_t cap;
@@ -131,7 +99,7 @@ static void put_replacement(struct sink *o)
 static void stream_byte(struct tok_stream *s, struct sink *o, uint8_t b)
 {
     if (s->n_pend > 0) {
-        if (utf8_continues(s->pend, s->n_pend, b)) {
+        if (utf8_continues(s->pend[0], s->n_pend, b)) {
             s->pend[s->n_pend++] = b;
             if (s->n_pend == utf8_seq_len(s->pend[0])) {
                 put(o, s->pend, (size_t)s->n_pend);

@@ -11,6 +11,8 @@
 
 #include <string.h>
 
+#include "utf8_seq.h"
+
 enum expect {
     EXPECT_START,     /* the answer's first token: '{' */
     EXPECT_OBJ_FIRST, /* after '{': a key or '}' */
@@ -27,7 +29,7 @@ enum lex {
     LEX_STRING,
     LEX_ESCAPE, /* after a backslash */
     LEX_HEX,    /* in \uXXXX: left digits to go */
-    LEX_UTF8,   /* in a character: left continuation bytes in [lo, hi] first */
+    LEX_UTF8,   /* in a character: lead and have bytes of it read */
     LEX_NUMBER,
     LEX_LITERAL,
 };
@@ -215,26 +217,10 @@ static int in_string(struct json_gram *g, unsigned char b)
         return 0; /* a raw control character */
     if (b < 0x80)
         return 1;
-    /* a character's lead byte (RFC 3629: no overlong forms, no surrogates,
-     * nothing past U+10FFFF), and the range its second byte must be in */
-    g->lo = 0x80;
-    g->hi = 0xBF;
-    if (b >= 0xC2 && b <= 0xDF)
-        g->left = 1;
-    else if (b >= 0xE0 && b <= 0xEF)
-        g->left = 2;
-    else if (b >= 0xF0 && b <= 0xF4)
-        g->left = 3;
-    else
-        return 0;
-    if (b == 0xE0)
-        g->lo = 0xA0;
-    else if (b == 0xED)
-        g->hi = 0x9F;
-    else if (b == 0xF0)
-        g->lo = 0x90;
-    else if (b == 0xF4)
-        g->hi = 0x8F;
+    if (utf8_seq_len(b) < 2)
+        return 0; /* not a character's lead byte (utf8_seq.h) */
+    g->lead = b;
+    g->have = 1;
     g->lex = LEX_UTF8;
     return 1;
 }
@@ -245,11 +231,9 @@ static int feed_byte(struct json_gram *g, unsigned char b)
     case LEX_STRING:
         return in_string(g, b);
     case LEX_UTF8:
-        if (b < g->lo || b > g->hi)
+        if (!utf8_continues(g->lead, g->have, b))
             return 0;
-        g->lo = 0x80;
-        g->hi = 0xBF;
-        if (--g->left == 0)
+        if (++g->have == utf8_seq_len(g->lead))
             g->lex = LEX_STRING;
         return 1;
     case LEX_ESCAPE:

@@ -41,10 +41,11 @@ struct json_gram {
     uint8_t expect;  /* enum in json_gram.c: what the structure takes next */
     uint8_t lex;     /* enum in json_gram.c: inside a string, number or literal */
     uint8_t key;     /* the string being read is an object's key */
-    uint8_t left;    /* hex digits of a \u escape, or continuation bytes of a character */
+    uint8_t left;    /* hex digits of a \u escape */
     uint8_t low;     /* a high surrogate's escape came: its low one must follow */
     uint16_t unit;   /* the \u escape's digits so far */
-    uint8_t lo, hi;  /* the range of the next continuation byte */
+    uint8_t lead;    /* a character's lead byte ... */
+    uint8_t have;    /* ... and its bytes read so far */
     uint8_t num;     /* the number's state */
     uint8_t lit;     /* which of true, false, null */
     uint8_t at;      /* ... and the letters of it read */

@@ -108,6 +108,8 @@ static void gen_string(struct out *o)
         "\\x",
         "\\u12G4",
         "\xc0\xaf",
+        "\xe0\x9f\xbf",
+        "\xf0\x8f\xbf\xbf",
         "\xed\xa0\x80",
         "\xf4\x90\x80\x80",
         "\xff",
@@ -290,6 +292,9 @@ TEST(rfc_corners)
         {"{\"a\":\"\t\"}", BAD},           /* a raw tab in a string */
         {"{\"a\":\"\\x\"}", BAD},          /* a bad escape */
         {"{\"\xc0\xaf\":1}", BAD},         /* overlong UTF-8 */
+        {"{\"\xe0\x9f\xbf\":1}", BAD},     /* overlong in three bytes */
+        {"{\"\xf0\x8f\xbf\xbf\":1}", BAD}, /* overlong in four */
+        {"{\"\xe0\xa0\x80\xf0\x90\x80\x80\xed\x9f\xbf\xf4\x8f\xbf\xbf\":1}", COMPLETE},
         {"{\"\xed\xa0\x80\":1}", BAD},     /* a surrogate */
         {"{\"\xf4\x90\x80\x80\":1}", BAD}, /* past U+10FFFF */
         {"[1]", BAD},                      /* not an object */

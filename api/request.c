@@ -801,17 +801,13 @@ static int parse_common(const struct body *b, const struct api_parse_ctx *ctx, e
             return -1;
         }
     }
-    /* a JSON answer ends at its object's close: nothing could follow it */
-    if (r->json_object && r->ignore_eos) {
-        api_error_set(err, 400, "ignore_eos", "invalid_value",
-                      "ignore_eos cannot be used with response_format json_object: the answer "
-                      "ends when its object closes.");
-        return -1;
-    }
-    if (r->json_object && r->min_tokens > 0) {
-        api_error_set(err, 400, "min_tokens", "invalid_value",
-                      "min_tokens cannot be used with response_format json_object: the answer "
-                      "ends when its object closes.");
+    /* a JSON answer ends at its object's close: nothing may hold it open */
+    const char *open = r->ignore_eos ? "ignore_eos" : r->min_tokens > 0 ? "min_tokens" : NULL;
+    if (r->json_object && open) {
+        api_error_set(err, 400, open, "invalid_value",
+                      "%s cannot be used with response_format json_object: the answer ends when "
+                      "its object closes.",
+                      open);
         return -1;
     }
     return 0;

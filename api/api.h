@@ -116,9 +116,12 @@ struct api_parse_ctx {
 #define API_JSON_DEFAULT_MAX_VALUES ((size_t)1 << 20)
 #define API_JSON_MAX_DEPTH 64 /* nesting deeper than this is a 400 */
 
+#define API_MAX_CHOICES 128 /* n, as OpenAI bounds it */
+
 /* What the response side needs to remember about a request. */
 struct api_request {
     enum api_endpoint endpoint;
+    int n;             /* choices (1 to API_MAX_CHOICES) */
     int stream;        /* SSE */
     int include_usage; /* stream_options.include_usage */
     int logprobs;      /* report logprobs (completions: logprobs given; chat: logprobs true) */
@@ -183,43 +186,65 @@ struct api_buf {
     int oom; /* an allocation failed: the text is incomplete */
 };
 
+/* One choice of an answer. Non-streaming: its text, and its logprobs
+ * serialized as they come (chat: lp[0] holds the items of "content";
+ * completions: lp[0..3] those of "tokens", "token_logprobs",
+ * "top_logprobs", "text_offset"). */
+struct api_choice {
+    char *text;
+    size_t text_len, text_cap;
+    struct api_buf lp[4];
+    size_t lp_len;      /* bytes in lp[0..3] */
+    size_t no_text;     /* tokens that came with no text (a hidden control token, a part of a
+                           character): each counts one byte, so the bound ends any answer */
+    size_t text_offset; /* completions logprobs: the next token's text's start, in characters */
+    /* the tokens its text holds (a token counts once its text, or its
+     * logprobs, is in: a stop string's possible start holds a token's text
+     * back, and if the text is refused when it comes, the token is not in
+     * the answer), and those accepted whose text has not come yet */
+    int64_t tokens_held, tokens_pending;
+    int ended; /* its DONE is in (finish, completion_tokens) */
+    enum engine_finish finish;
+    int64_t completion_tokens;
+};
+
 struct api_response {
     struct api_request meta;
     char id[48];     /* cmpl-... or chatcmpl-... */
     int64_t created; /* unix seconds */
     char model[128];
     struct api_token_text tt;
-    /* Non-streaming accumulation: the text, and the logprobs serialized as
-     * they come (chat: lp[0] holds the items of "content"; completions: lp[0..3]
-     * those of "tokens", "token_logprobs", "top_logprobs", "text_offset").
-     * text_len + lp_len + no_text never exceeds text_max. */
-    char *text;
-    size_t text_len, text_cap, text_max;
-    struct api_buf lp[4];
-    size_t lp_len;      /* bytes in lp[0..3] */
-    size_t no_text;     /* tokens that came with no text (a hidden control token, a part of a
-                           character): each counts one byte, so the bound ends any answer */
-    size_t text_offset; /* completions logprobs: the next token's text's start, in characters */
+    struct api_choice *ch; /* [n_ch]: meta.n choices (1 if meta.n < 1) */
+    int n_ch;
+    /* Non-streaming: all choices' text_len + lp_len + no_text never exceed
+     * text_max (used is that sum). */
+    size_t text_max, used;
+    /* usage: the prompt's tokens, and every ended choice's tokens */
+    int64_t prompt_tokens, completion_tokens;
 };
 
 /* Sets up r for one request. model is the served model's id. text_max bounds
- * a non-streamed answer: its text's bytes plus its logprobs' JSON bytes.
- * Returns 0. */
+ * a non-streamed answer: its choices' text bytes plus their logprobs' JSON
+ * bytes. Returns 0, or -ENOMEM (r is then empty: api_response_free is a
+ * no-op). */
 int api_response_init(struct api_response *r, const struct api_request *meta, const char *model,
                       uint64_t id, int64_t created, size_t text_max,
                       const struct api_token_text *tt);
 void api_response_free(struct api_response *r);
 
 /* Streaming. Each returns one chunk's JSON (for a `data:` frame), or NULL.
- * role_chunk: the chat stream's first chunk, delta {"role":"assistant","content":""}
- *             (NULL for completions).
+ * Every chunk names its choice ("index").
+ * role_chunk: the chat stream's first chunk of choice i, delta
+ *             {"role":"assistant","content":""} (NULL for completions).
  * chunk: a TOKEN event; NULL when it carries neither text nor logprobs.
- * final_chunk: the DONE event's finish_reason chunk.
- * usage_chunk: with include_usage, the last chunk: choices [] and usage. */
-char *api_response_role_chunk(struct api_response *r);
+ * final_chunk: a DONE event's finish_reason chunk for its choice (the DONE
+ *             is counted in the usage, once).
+ * usage_chunk: with include_usage, the last chunk: choices [] and the usage
+ *             of every choice ended. */
+char *api_response_role_chunk(struct api_response *r, int i);
 char *api_response_chunk(struct api_response *r, const struct engine_event *ev);
 char *api_response_final_chunk(struct api_response *r, const struct engine_event *ev);
-char *api_response_usage_chunk(struct api_response *r, const struct engine_event *ev);
+char *api_response_usage_chunk(struct api_response *r);
 /* The final chunk and the whole body of a request with a session carry
  * "session": {"id", "object", "tokens_seen", "position", "kv_policy",
  * "in_memory", "on_disk", "bytes", "created", "restored"}. */
@@ -234,7 +259,12 @@ char *api_session_new_json(const char *id);
  * the caller cancels and answers with finish_reason "length"), or -ENOMEM
  * (likewise). */
 int api_response_add(struct api_response *r, const struct engine_event *ev);
-/* Non-streaming: the whole text_completion / chat.completion for DONE. */
+/* Non-streaming: a DONE of one choice while others run: its finish reason
+ * and tokens, counted once. */
+void api_response_choice_done(struct api_response *r, const struct engine_event *ev);
+/* Non-streaming: the whole text_completion / chat.completion for the
+ * request's last DONE, ev (counted as choice_done counts it). Choices with
+ * no DONE of their own (cancelled before they ran) take ev's finish reason. */
 char *api_response_body(struct api_response *r, const struct engine_event *ev);
 
 /* "stop", "length" (cancelled reports "stop"). */

@@ -11,7 +11,7 @@
  *
  * Every parameter is checked for its type and range; the first bad one fails
  * the request with a 400 naming it. Unknown fields are ignored, as OpenAI
- * does. Fields we know but do not implement (n > 1, best_of > 1, echo on
+ * does. Fields we know but do not implement (best_of > 1, echo on
  * chat, suffix, tool calling, a JSON schema as the response format) fail
  * loudly rather than being silently dropped.
  *
@@ -634,11 +634,22 @@ static int parse_common(const struct body *b, const struct api_parse_ctx *ctx, e
         return -1;
     if (get_string(o, "user", &s, err) < 0)
         return -1;
+    /* n choices: as OpenAI, 1 to 128, and at most the sequences this
+     * server runs at once (each choice is one, admitted together) */
     if ((rc = get_int(b, "n", INT64_MIN, INT64_MAX, &i, err)) < 0)
         return -1;
-    if (rc && i != 1) {
+    if (rc && (i < 1 || i > API_MAX_CHOICES)) {
         api_error_set(err, 400, "n", "invalid_value",
-                      "Invalid value for 'n': only n = 1 is supported.");
+                      "Invalid value for 'n': %lld; expected 1 to %d.", (long long)i,
+                      API_MAX_CHOICES);
+        return -1;
+    }
+    r->n_choices = rc ? (int)i : 1;
+    if (ctx->model && ctx->model->max_seqs > 0 && r->n_choices > ctx->model->max_seqs) {
+        api_error_set(err, 400, "n", "invalid_value",
+                      "Invalid value for 'n': %d; this server runs at most %lld sequences at once "
+                      "(--max-seqs), one for each choice.",
+                      r->n_choices, (long long)ctx->model->max_seqs);
         return -1;
     }
 
@@ -765,6 +776,11 @@ static int parse_common(const struct body *b, const struct api_parse_ctx *ctx, e
         r->has_policy = 1;
     }
 
+    if (r->n_choices > 1 && r->session_id[0]) {
+        api_error_set(err, 400, "n", "invalid_value",
+                      "n > 1 cannot be used on a session: a session holds one conversation.");
+        return -1;
+    }
     if (echo && r->session_id[0]) {
         api_error_set(err, 400, "echo", "invalid_value",
                       "echo cannot be used on a session: a session's prompt holds only its new "
@@ -1473,6 +1489,7 @@ int api_request_parse(const struct api_parse_ctx *ctx, enum api_endpoint ep, con
         goto out;
     out->logprobs = meta->logprobs;
     out->top_logprobs = meta->top_logprobs;
+    meta->n = out->n_choices;
     rc = 0;
 out:
     return parse_end(root, rc, out, err);

@@ -2,11 +2,11 @@
  * response.c: engine events -> OpenAI objects, in OpenAI's exact shapes.
  *
  *   completions, streamed:   {"id","object":"text_completion","created","model",
- *                             "choices":[{"text","index":0,"logprobs","finish_reason"}]}
+ *                             "choices":[{"text","index","logprobs","finish_reason"}]}
  *   completions, whole:      the same object with the whole text and "usage"
  *   chat, streamed:          {"id","object":"chat.completion.chunk","created","model",
- *                             "choices":[{"index":0,"delta":{..},"logprobs","finish_reason"}]}
- *   chat, whole:             {"id","object":"chat.completion",...,"choices":[{"index":0,
+ *                             "choices":[{"index","delta":{..},"logprobs","finish_reason"}]}
+ *   chat, whole:             {"id","object":"chat.completion",...,"choices":[{"index",
  *                             "message":{"role","content","refusal"},"logprobs",
  *                             "finish_reason"}],"usage"}
  *   usage:                   {"prompt_tokens","completion_tokens","total_tokens"}
@@ -26,7 +26,9 @@
  *
  * A TOKEN event whose token is -1 continues the previous token's text (long
  * pieces are cut by the engine) and carries no logprobs. Streamed chunks carry
- * "usage": null when include_usage is on, as OpenAI's do.
+ * "usage": null when include_usage is on, as OpenAI's do. A request of n
+ * choices keeps each choice's text and logprobs apart (index = the events'
+ * choice), and its usage sums the choices' tokens.
  */
 #include "api.h"
 #include "internal.h"
@@ -53,6 +55,12 @@ int api_response_init(struct api_response *r, const struct api_request *meta, co
                       const struct api_token_text *tt)
 {
     memset(r, 0, sizeof *r);
+    r->n_ch = meta->n > 1 ? meta->n : 1;
+    r->ch = calloc((size_t)r->n_ch, sizeof *r->ch);
+    if (!r->ch) {
+        r->n_ch = 0;
+        return -ENOMEM;
+    }
     r->meta = *meta;
     r->created = created;
     r->text_max = text_max;
@@ -68,14 +76,42 @@ int api_response_init(struct api_response *r, const struct api_request *meta, co
 
 void api_response_free(struct api_response *r)
 {
-    free(r->text);
-    r->text = NULL;
-    r->text_len = r->text_cap = 0;
-    for (int i = 0; i < 4; i++) {
-        free(r->lp[i].p);
-        memset(&r->lp[i], 0, sizeof r->lp[i]);
+    for (int c = 0; c < r->n_ch; c++) {
+        free(r->ch[c].text);
+        for (int i = 0; i < 4; i++)
+            free(r->ch[c].lp[i].p);
     }
-    r->lp_len = 0;
+    free(r->ch);
+    r->ch = NULL;
+    r->n_ch = 0;
+    r->used = 0;
+}
+
+/* The choice an event is for (an index past the request's reads as 0: the
+ * engine never sends one). */
+static struct api_choice *choice_of(struct api_response *r, const struct engine_event *ev)
+{
+    return &r->ch[ev->choice >= 0 && ev->choice < r->n_ch ? ev->choice : 0];
+}
+
+/* Counts a DONE: its choice's finish and tokens, once. */
+static void count_done(struct api_response *r, const struct engine_event *ev)
+{
+    struct api_choice *c = choice_of(r, ev);
+    if (ev->prompt_tokens > r->prompt_tokens)
+        r->prompt_tokens = ev->prompt_tokens; /* the same prompt for every choice */
+    if (c->ended)
+        return;
+    c->ended = 1;
+    c->finish = ev->finish;
+    c->completion_tokens = ev->completion_tokens;
+    r->completion_tokens += ev->completion_tokens;
+}
+
+void api_response_choice_done(struct api_response *r, const struct engine_event *ev)
+{
+    if (r->n_ch > 0)
+        count_done(r, ev);
 }
 
 /* ---- JSON text ----------------------------------------------------------------- */
@@ -196,14 +232,14 @@ static void put_logprob(struct api_buf *b, float lp)
     put_number(b, isfinite(lp) ? (double)lp : LP_FLOOR);
 }
 
-static void put_usage(struct api_buf *b, const struct engine_event *ev)
+static void put_usage(struct api_buf *b, const struct api_response *r)
 {
     api__buf_puts(b, "{\"prompt_tokens\":");
-    put_int(b, ev->prompt_tokens);
+    put_int(b, r->prompt_tokens);
     api__buf_puts(b, ",\"completion_tokens\":");
-    put_int(b, ev->completion_tokens);
+    put_int(b, r->completion_tokens);
     api__buf_puts(b, ",\"total_tokens\":");
-    put_int(b, ev->prompt_tokens + ev->completion_tokens);
+    put_int(b, r->prompt_tokens + r->completion_tokens);
     api__buf_puts(b, "}");
 }
 
@@ -337,15 +373,16 @@ static void stream_tail(struct api_buf *b, const struct api_response *r)
         api__buf_puts(b, ",\"usage\":null");
 }
 
-char *api_response_role_chunk(struct api_response *r)
+char *api_response_role_chunk(struct api_response *r, int i)
 {
     if (r->meta.endpoint != API_CHAT)
         return NULL;
     struct api_buf b = {0};
     stream_head(&b, r);
-    api__buf_puts(&b,
-                  ",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},"
-                  "\"logprobs\":null,\"finish_reason\":null}]");
+    api__buf_puts(&b, ",\"choices\":[{\"index\":");
+    put_int(&b, i);
+    api__buf_puts(&b, ",\"delta\":{\"role\":\"assistant\",\"content\":\"\"},"
+                      "\"logprobs\":null,\"finish_reason\":null}]");
     stream_tail(&b, r);
     api__buf_puts(&b, "}");
     return api__buf_finish(&b);
@@ -353,7 +390,7 @@ char *api_response_role_chunk(struct api_response *r)
 
 /* One token's logprobs, as one chunk carries them. */
 static void put_chunk_lp(struct api_buf *b, const struct api_response *r,
-                         const struct engine_event *ev)
+                         const struct api_choice *c, const struct engine_event *ev)
 {
     if (r->meta.endpoint == API_CHAT) {
         api__buf_puts(b, "{\"content\":[");
@@ -368,35 +405,39 @@ static void put_chunk_lp(struct api_buf *b, const struct api_response *r,
     api__buf_puts(b, "],\"top_logprobs\":[");
     put_cmpl_top(b, r, ev);
     api__buf_puts(b, "],\"text_offset\":[");
-    put_int(b, (int64_t)r->text_offset);
+    put_int(b, (int64_t)c->text_offset);
     api__buf_puts(b, "]}");
 }
 
 char *api_response_chunk(struct api_response *r, const struct engine_event *ev)
 {
     int lp = wants_lp(r, ev);
-    if (ev->kind != ENGINE_EV_TOKEN || (ev->text_len == 0 && !lp))
+    if (ev->kind != ENGINE_EV_TOKEN || (ev->text_len == 0 && !lp) || r->n_ch < 1)
         return NULL;
+    struct api_choice *c = choice_of(r, ev);
     struct api_buf b = {0};
     stream_head(&b, r);
     if (r->meta.endpoint == API_CHAT) {
-        api__buf_puts(&b, ",\"choices\":[{\"index\":0,\"delta\":{\"content\":");
+        api__buf_puts(&b, ",\"choices\":[{\"index\":");
+        put_int(&b, c - r->ch);
+        api__buf_puts(&b, ",\"delta\":{\"content\":");
         put_string(&b, ev->text, ev->text_len);
         api__buf_puts(&b, "}");
     } else {
         api__buf_puts(&b, ",\"choices\":[{\"text\":");
         put_string(&b, ev->text, ev->text_len);
-        api__buf_puts(&b, ",\"index\":0");
+        api__buf_puts(&b, ",\"index\":");
+        put_int(&b, c - r->ch);
     }
     api__buf_puts(&b, ",\"logprobs\":");
     if (lp)
-        put_chunk_lp(&b, r, ev);
+        put_chunk_lp(&b, r, c, ev);
     else
         api__buf_puts(&b, "null");
     api__buf_puts(&b, ",\"finish_reason\":null}]");
     stream_tail(&b, r);
     api__buf_puts(&b, "}");
-    r->text_offset += text_chars(ev->text, ev->text_len);
+    c->text_offset += text_chars(ev->text, ev->text_len);
     return api__buf_finish(&b);
 }
 
@@ -470,12 +511,20 @@ char *api_session_new_json(const char *id)
 
 char *api_response_final_chunk(struct api_response *r, const struct engine_event *ev)
 {
+    if (r->n_ch < 1)
+        return NULL;
+    count_done(r, ev);
+    const int64_t i = choice_of(r, ev) - r->ch;
     struct api_buf b = {0};
     stream_head(&b, r);
-    if (r->meta.endpoint == API_CHAT)
-        api__buf_puts(&b, ",\"choices\":[{\"index\":0,\"delta\":{}");
-    else
-        api__buf_puts(&b, ",\"choices\":[{\"text\":\"\",\"index\":0");
+    if (r->meta.endpoint == API_CHAT) {
+        api__buf_puts(&b, ",\"choices\":[{\"index\":");
+        put_int(&b, i);
+        api__buf_puts(&b, ",\"delta\":{}");
+    } else {
+        api__buf_puts(&b, ",\"choices\":[{\"text\":\"\",\"index\":");
+        put_int(&b, i);
+    }
     api__buf_puts(&b, ",\"logprobs\":null,\"finish_reason\":");
     put_cstring(&b, api_finish_reason(ev->finish));
     api__buf_puts(&b, "}]");
@@ -485,12 +534,12 @@ char *api_response_final_chunk(struct api_response *r, const struct engine_event
     return api__buf_finish(&b);
 }
 
-char *api_response_usage_chunk(struct api_response *r, const struct engine_event *ev)
+char *api_response_usage_chunk(struct api_response *r)
 {
     struct api_buf b = {0};
     stream_head(&b, r);
     api__buf_puts(&b, ",\"choices\":[],\"usage\":");
-    put_usage(&b, ev);
+    put_usage(&b, r);
     api__buf_puts(&b, "}");
     return api__buf_finish(&b);
 }
@@ -505,73 +554,82 @@ static struct api_buf *next_item(struct api_buf *a)
     return a;
 }
 
-/* Appends ev's logprobs to the arrays in r->lp. */
-static void lp_append(struct api_response *r, const struct engine_event *ev)
+/* Appends ev's logprobs to the arrays in c->lp. */
+static void lp_append(const struct api_response *r, struct api_choice *c,
+                      const struct engine_event *ev)
 {
     if (r->meta.endpoint == API_CHAT) {
-        put_chat_lp_item(next_item(&r->lp[0]), r, ev->lp_token, ev->logprob, ev);
+        put_chat_lp_item(next_item(&c->lp[0]), r, ev->lp_token, ev->logprob, ev);
         return;
     }
-    put_cmpl_token(next_item(&r->lp[0]), r, ev);
-    put_cmpl_logprob(next_item(&r->lp[1]), ev);
-    put_cmpl_top(next_item(&r->lp[2]), r, ev);
-    put_int(next_item(&r->lp[3]), (int64_t)r->text_offset);
+    put_cmpl_token(next_item(&c->lp[0]), r, ev);
+    put_cmpl_logprob(next_item(&c->lp[1]), ev);
+    put_cmpl_top(next_item(&c->lp[2]), r, ev);
+    put_int(next_item(&c->lp[3]), (int64_t)c->text_offset);
 }
 
 /* The logprobs are counted in the answer's bound as the bytes of JSON they
  * add, so a whole answer's memory and body are bounded whatever it asks for:
  * with 20 alternatives a token adds about 1 KB, its text a few bytes. A token
  * of no text counts one byte, so that a model repeating hidden control tokens
- * still reaches the bound. */
+ * still reaches the bound. The bound is on all choices together. */
 int api_response_add(struct api_response *r, const struct engine_event *ev)
 {
-    if (ev->kind != ENGINE_EV_TOKEN)
+    if (ev->kind != ENGINE_EV_TOKEN || r->n_ch < 1)
         return 0;
+    struct api_choice *c = choice_of(r, ev);
     const size_t empty = ev->token >= 0 && ev->text_len == 0;
-    if (r->text_len + r->lp_len + r->no_text + empty + ev->text_len > r->text_max)
+    if (r->used + empty + ev->text_len > r->text_max)
         return -E2BIG;
-    if (r->text_len + ev->text_len + 1 > r->text_cap) {
-        size_t cap = r->text_cap ? r->text_cap : 256;
-        while (cap < r->text_len + ev->text_len + 1)
+    if (c->text_len + ev->text_len + 1 > c->text_cap) {
+        size_t cap = c->text_cap ? c->text_cap : 256;
+        while (cap < c->text_len + ev->text_len + 1)
             cap *= 2;
-        char *p = realloc(r->text, cap);
+        char *p = realloc(c->text, cap);
         if (!p)
             return -ENOMEM;
-        r->text = p;
-        r->text_cap = cap;
+        c->text = p;
+        c->text_cap = cap;
     }
+    size_t added = 0;
     if (wants_lp(r, ev)) {
-        size_t mark[4], added = 0;
+        size_t mark[4];
         int oom = 0;
         for (int i = 0; i < 4; i++)
-            mark[i] = r->lp[i].len;
-        lp_append(r, ev);
+            mark[i] = c->lp[i].len;
+        lp_append(r, c, ev);
         for (int i = 0; i < 4; i++) {
-            added += r->lp[i].len - mark[i];
-            oom |= r->lp[i].oom;
+            added += c->lp[i].len - mark[i];
+            oom |= c->lp[i].oom;
         }
-        if (oom ||
-            r->text_len + r->lp_len + r->no_text + empty + ev->text_len + added > r->text_max) {
+        if (oom || r->used + empty + ev->text_len + added > r->text_max) {
             for (int i = 0; i < 4; i++) { /* as if the token never came */
-                api__buf_cut(&r->lp[i], mark[i]);
-                r->lp[i].oom = 0;
+                api__buf_cut(&c->lp[i], mark[i]);
+                c->lp[i].oom = 0;
             }
             return oom ? -ENOMEM : -E2BIG;
         }
-        r->lp_len += added;
+        c->lp_len += added;
     }
-    memcpy(r->text + r->text_len, ev->text, ev->text_len);
-    r->text_len += ev->text_len;
-    r->no_text += empty;
-    r->text[r->text_len] = 0;
-    r->text_offset += text_chars(ev->text, ev->text_len);
+    memcpy(c->text + c->text_len, ev->text, ev->text_len);
+    c->text_len += ev->text_len;
+    c->no_text += empty;
+    c->text[c->text_len] = 0;
+    c->text_offset += text_chars(ev->text, ev->text_len);
+    r->used += empty + ev->text_len + added;
+    c->tokens_pending += ev->token >= 0;
+    if (ev->text_len > 0 || ev->has_lp) {
+        c->tokens_held += c->tokens_pending;
+        c->tokens_pending = 0;
+    }
     return 0;
 }
 
-/* The whole logprobs object from the arrays in r->lp. */
-static void put_whole_lp(struct api_buf *b, const struct api_response *r)
+/* The whole logprobs object from the arrays in c->lp. */
+static void put_whole_lp(struct api_buf *b, const struct api_response *r,
+                         const struct api_choice *c)
 {
-    const struct api_buf *lp = r->lp;
+    const struct api_buf *lp = c->lp;
     if (r->meta.endpoint == API_CHAT) {
         api__buf_puts(b, "{\"content\":[");
         api__buf_put(b, lp[0].p, lp[0].len);
@@ -591,27 +649,44 @@ static void put_whole_lp(struct api_buf *b, const struct api_response *r)
 
 char *api_response_body(struct api_response *r, const struct engine_event *ev)
 {
+    if (r->n_ch < 1)
+        return NULL;
+    count_done(r, ev);
     int chat = r->meta.endpoint == API_CHAT;
     struct api_buf b = {0};
-    api__buf_reserve(&b,
-                     r->text_len + r->lp_len + 1024); /* one allocation unless text needs escapes */
+    api__buf_reserve(&b, r->used + 1024 * (size_t)r->n_ch); /* one allocation unless text
+                                                               needs escapes */
     put_head(&b, r, chat ? "chat.completion" : "text_completion");
-    if (chat)
-        api__buf_puts(
-            &b, ",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":");
-    else
-        api__buf_puts(&b, ",\"choices\":[{\"text\":");
-    put_string(&b, r->text ? r->text : "", r->text_len);
-    api__buf_puts(&b, chat ? ",\"refusal\":null}" : ",\"index\":0");
-    api__buf_puts(&b, ",\"logprobs\":");
-    if (r->meta.logprobs)
-        put_whole_lp(&b, r);
-    else
-        api__buf_puts(&b, "null");
-    api__buf_puts(&b, ",\"finish_reason\":");
-    put_cstring(&b, api_finish_reason(ev->finish));
-    api__buf_puts(&b, "}],\"usage\":");
-    put_usage(&b, ev);
+    api__buf_puts(&b, ",\"choices\":[");
+    for (int i = 0; i < r->n_ch; i++) {
+        const struct api_choice *c = &r->ch[i];
+        if (i)
+            api__buf_puts(&b, ",");
+        if (chat) {
+            api__buf_puts(&b, "{\"index\":");
+            put_int(&b, i);
+            api__buf_puts(&b, ",\"message\":{\"role\":\"assistant\",\"content\":");
+        } else {
+            api__buf_puts(&b, "{\"text\":");
+        }
+        put_string(&b, c->text ? c->text : "", c->text_len);
+        if (chat) {
+            api__buf_puts(&b, ",\"refusal\":null}");
+        } else {
+            api__buf_puts(&b, ",\"index\":");
+            put_int(&b, i);
+        }
+        api__buf_puts(&b, ",\"logprobs\":");
+        if (r->meta.logprobs)
+            put_whole_lp(&b, r, c);
+        else
+            api__buf_puts(&b, "null");
+        api__buf_puts(&b, ",\"finish_reason\":");
+        put_cstring(&b, api_finish_reason(c->ended ? c->finish : ev->finish));
+        api__buf_puts(&b, "}");
+    }
+    api__buf_puts(&b, "],\"usage\":");
+    put_usage(&b, r);
     put_session(&b, ev);
     api__buf_puts(&b, "}");
     return api__buf_finish(&b);

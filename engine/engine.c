@@ -34,6 +34,7 @@
 #include "options.h"
 #include "queue.h"
 #include "session.h"
+#include "snapshot.h"
 #include "stop.h"
 #include "tokenizer.h"
 
@@ -68,6 +69,53 @@ void engine_request_free(struct engine_request *req)
     for (int i = 0; i < ENGINE_MAX_STOP; i++)
         free(req->stop[i]);
     memset(req, 0, sizeof *req);
+}
+
+/* A deep copy of src into dst (dst's old contents are not freed). Returns 0,
+ * or -ENOMEM with dst empty. */
+static int request_copy(struct engine_request *dst, const struct engine_request *src)
+{
+    *dst = *src;
+    dst->prompt = NULL;
+    dst->prompt_ids = NULL;
+    dst->open = dst->close = NULL;
+    dst->bias_id = NULL;
+    dst->bias = NULL;
+    memset(dst->stop, 0, sizeof dst->stop);
+    int bad = 0;
+    if (src->prompt) {
+        dst->prompt = malloc(src->prompt_len + 1);
+        bad |= !dst->prompt;
+        if (dst->prompt) {
+            memcpy(dst->prompt, src->prompt, src->prompt_len);
+            dst->prompt[src->prompt_len] = 0;
+        }
+    }
+    if (src->prompt_ids && src->n_prompt_ids > 0) {
+        size_t bytes = (size_t)src->n_prompt_ids * sizeof(int32_t);
+        dst->prompt_ids = malloc(bytes);
+        bad |= !dst->prompt_ids;
+        if (dst->prompt_ids)
+            memcpy(dst->prompt_ids, src->prompt_ids, bytes);
+    }
+    bad |= src->open && !(dst->open = strdup(src->open));
+    bad |= src->close && !(dst->close = strdup(src->close));
+    for (int i = 0; i < ENGINE_MAX_STOP; i++)
+        bad |= src->stop[i] && !(dst->stop[i] = strdup(src->stop[i]));
+    if (src->n_bias > 0) {
+        dst->bias_id = malloc((size_t)src->n_bias * sizeof *dst->bias_id);
+        dst->bias = malloc((size_t)src->n_bias * sizeof *dst->bias);
+        bad |= !dst->bias_id || !dst->bias;
+        if (dst->bias_id && dst->bias) {
+            memcpy(dst->bias_id, src->bias_id, (size_t)src->n_bias * sizeof *dst->bias_id);
+            memcpy(dst->bias, src->bias, (size_t)src->n_bias * sizeof *dst->bias);
+        }
+    }
+    if (bad) {
+        engine_request_free(dst);
+        return -ENOMEM;
+    }
+    return 0;
 }
 
 static double now_s(void)
@@ -305,6 +353,15 @@ static void session_give_back_stop_string(struct seq *s)
         j < s->n_gen ? s->marks[(s->n_gen - 1 - j) % GEN_MARKS].token : s->prompt[s->n_prompt - 1];
 }
 
+/* The sequences running request id's choices. */
+static int64_t running_choices(const struct engine *e, uint64_t id)
+{
+    int64_t n = 0;
+    for (int64_t i = 0; i < e->cfg.max_seqs; i++)
+        n += e->seqs[i].state == SEQ_RUNNING && e->seqs[i].id == id;
+    return n;
+}
+
 /* Ends the request running in s: flushes held text (the end of the text may
  * settle a stop string that was waiting: the finish reason is then STOP),
  * emits DONE, and either keeps the slot as an idle session or frees it. */
@@ -313,6 +370,7 @@ static void seq_finish(struct engine *e, struct seq *s, enum engine_finish why, 
     struct engine_event ev;
     memset(&ev, 0, sizeof ev);
     ev.id = s->id;
+    ev.choice = s->choice;
     ev.token = -1;
     if (flush) {
         char tail[16], out[STOP_HOLD_MAX + sizeof tail];
@@ -344,8 +402,10 @@ static void seq_finish(struct engine *e, struct seq *s, enum engine_finish why, 
     ev.text[0] = 0;
     if (s->session[0])
         session_describe(e, s, &ev.session);
+    ev.choices_left = (int32_t)(running_choices(e, s->id) - 1);
     emit(e, &ev);
-    queue_request_done(&e->q);
+    if (ev.choices_left == 0)
+        queue_request_done(&e->q, queue_places(&s->req));
     if (s->session[0]) {
         seq_clear_request(s);
         session_park(s, now_s());
@@ -644,6 +704,8 @@ static int admit_into(struct engine *e, struct seq *s, struct engine_request *r,
     for (int64_t i = 0; i < s->n_prompt; i++)
         sampler_accept(&s->smp, s->prompt[i]);
     s->id = r->id;
+    s->choice = 0;
+    s->lead = -1;
     s->req = *r;
     memset(r, 0, sizeof *r);
     if (s->req.min_tokens > 0) /* stop strings wait for the text after them */
@@ -666,7 +728,7 @@ static int admit_into(struct engine *e, struct seq *s, struct engine_request *r,
 
 static void request_over(struct engine *e, struct engine_request *r)
 {
-    queue_request_done(&e->q);
+    queue_request_done(&e->q, queue_places(r));
     engine_request_free(r);
 }
 
@@ -871,6 +933,82 @@ static void untake_slot(struct engine *e, struct seq *s)
     s->session[0] = 0;
 }
 
+/* Frees the slots of request id's choices admitted so far, with no event. */
+static void unadmit_choices(struct engine *e, uint64_t id)
+{
+    for (int64_t i = 0; i < e->cfg.max_seqs; i++) {
+        struct seq *s = &e->seqs[i];
+        if (s->state == SEQ_RUNNING && s->id == id)
+            engine__seq_release(e, s);
+    }
+}
+
+/* Places a request of n > 1 choices (no session): n slots at once, each a
+ * fresh sequence whose request is a copy of r with seed + i; or, while n
+ * slots are not free, it waits. The first choice prefills the prompt and
+ * the others wait for it (share_prompt), unless the prompt is echoed: each
+ * choice then scores it itself. Returns as try_admit. */
+static int admit_choices(struct engine *e, struct engine_request *r)
+{
+    const int64_t n = r->n_choices;
+    const uint64_t id = r->id, seed = r->sampling.seed;
+    if (r->session_id[0] || n > e->cfg.max_seqs) { /* the API refuses both first */
+        emit_error(e, id, 400, "n", "invalid_value",
+                   r->session_id[0] ? "n > 1 cannot be used on a session"
+                                    : "n is more than this server's KV slots (--max-seqs)");
+        request_over(e, r);
+        return 1;
+    }
+    int64_t places = 0; /* free slots, and idle sessions that may leave memory */
+    for (int64_t i = 0; i < e->cfg.max_seqs; i++)
+        places += e->seqs[i].state != SEQ_RUNNING;
+    if (places < n)
+        return 0;
+    const int share = !r->echo;
+    int64_t first = -1;
+    for (int64_t i = 0; i < n; i++) {
+        struct seq *s = session_take_slot(e);
+        if (!s) {
+            unadmit_choices(e, id);
+            if (!session_slots_stuck(e))
+                return 0;
+            emit_error(e, id, 503, NULL, "session_save_failed",
+                       "every KV slot holds a session that cannot leave memory: writes to the "
+                       "session directory are failing; retry later");
+            request_over(e, r);
+            return 1;
+        }
+        struct engine_request one;
+        if (i < n - 1 && request_copy(&one, r) < 0) {
+            untake_slot(e, s);
+            unadmit_choices(e, id);
+            emit_error(e, id, 500, NULL, NULL, "out of memory");
+            request_over(e, r);
+            return 1;
+        }
+        if (i == n - 1) { /* the last choice takes r itself */
+            one = *r;
+            memset(r, 0, sizeof *r);
+            r->n_choices = (int)n; /* for request_over's count */
+        }
+        one.sampling.seed = seed + (uint64_t)i;
+        if (admit_into(e, s, &one, 1) < 0) { /* it said why: one ERROR for the request */
+            untake_slot(e, s);
+            engine_request_free(&one);
+            unadmit_choices(e, id);
+            request_over(e, r);
+            return 1;
+        }
+        s->choice = (int32_t)i;
+        s->created = s->restored = 0;
+        if (i == 0)
+            first = s - e->seqs;
+        else if (share)
+            s->lead = first;
+    }
+    return 1;
+}
+
 /* Tries to place a request. Returns 1 if done with it (admitted or failed),
  * 0 if it must wait for a slot. */
 static int try_admit(struct engine *e, struct engine_request *r)
@@ -892,6 +1030,8 @@ static int try_admit(struct engine *e, struct engine_request *r)
         request_over(e, r);
         return 1;
     }
+    if (r->n_choices > 1)
+        return admit_choices(e, r);
     if (r->session_id[0]) {
         struct seq *s = session_find(e, r->session_id);
         if (s && s->owner != r->owner) {
@@ -986,8 +1126,7 @@ static void handle_commands(struct engine *e, int wait_ms)
                 } else { /* cannot happen: queue_submit bounds requests in flight */
                     emit_error(e, c->id, 429, NULL, "rate_limit_exceeded",
                                "the server is at capacity");
-                    queue_request_done(&e->q);
-                    engine_request_free(&c->req);
+                    request_over(e, &c->req);
                 }
                 break;
             case QUEUE_CMD_CANCEL: {
@@ -995,20 +1134,22 @@ static void handle_commands(struct engine *e, int wait_ms)
                 if (s) {
                     /* flushed: text held back (a possible stop string's
                      * start, part of a character) goes out with its
-                     * logprobs, since a session keeps its tokens */
-                    seq_finish(e, s, ENGINE_FINISH_CANCELLED, 1);
+                     * logprobs, since a session keeps its tokens; every
+                     * choice ends, the last DONE ending the request */
+                    for (; s; s = find_running(e, c->id))
+                        seq_finish(e, s, ENGINE_FINISH_CANCELLED, 1);
                     break;
                 }
                 for (int64_t j = 0; j < e->n_waiting; j++) {
                     if (e->waiting[j].req.id == c->id) {
                         e->n_lists_waiting -= e->waiting[j].list_waits;
                         e->n_sess_waiting -= e->waiting[j].sess_waits;
-                        engine_request_free(&e->waiting[j].req);
+                        struct engine_request gone = e->waiting[j].req;
                         memmove(&e->waiting[j], &e->waiting[j + 1],
                                 (size_t)(e->n_waiting - j - 1) * sizeof *e->waiting);
                         e->n_waiting--;
                         emit_done(e, c->id, ENGINE_FINISH_CANCELLED);
-                        queue_request_done(&e->q);
+                        request_over(e, &gone);
                         break;
                     }
                 }
@@ -1016,11 +1157,16 @@ static void handle_commands(struct engine *e, int wait_ms)
             }
             case QUEUE_CMD_PAUSE:
             case QUEUE_CMD_RESUME: {
-                struct seq *s = find_running(e, c->id);
-                if (s) {
-                    s->paused = c->kind == QUEUE_CMD_PAUSE;
-                    break;
+                int found = 0;
+                for (int64_t j = 0; j < e->cfg.max_seqs; j++) {
+                    struct seq *s = &e->seqs[j];
+                    if (s->state == SEQ_RUNNING && s->id == c->id) {
+                        s->paused = c->kind == QUEUE_CMD_PAUSE;
+                        found = 1;
+                    }
                 }
+                if (found)
+                    break;
                 /* still waiting for a slot: remembered for its admission */
                 for (int64_t j = 0; j < e->n_waiting; j++)
                     if (e->waiting[j].req.id == c->id)
@@ -1103,15 +1249,22 @@ static void admit_waiting(struct engine *e)
      * such requests, later ones are not held) */
     const struct engine_request *ahead[AHEAD_MAX];
     int n_ahead = 0;
+    /* a request of several choices waiting for its slots: later completions
+     * that need a fresh slot wait behind it, so that one slot at a time
+     * going to them cannot keep it waiting for ever */
+    int choices_wait = 0;
     int64_t j = 0;
     for (int64_t i = 0; i < e->n_waiting; i++) {
         struct waiting_req *w = &e->waiting[i];
         uint64_t id = w->req.id;
         int paused = w->paused;
-        int behind = 0;
+        const int fresh_gen = w->req.kind == ENGINE_REQ_GENERATE && !w->req.session_id[0];
+        const int choices = fresh_gen && w->req.n_choices > 1;
+        int behind = choices_wait && fresh_gen;
         for (int k = 0; k < n_ahead && !behind; k++)
             behind = held_behind(&w->req, ahead[k]);
         if (behind || !try_admit(e, &w->req)) {
+            choices_wait |= choices;
             if (!count_io_wait(e, w))
                 continue;
             e->waiting[j++] = *w; /* keep FIFO order */
@@ -1121,9 +1274,9 @@ static void admit_waiting(struct engine *e)
         }
         e->n_lists_waiting -= w->list_waits;
         e->n_sess_waiting -= w->sess_waits;
-        struct seq *s = paused ? find_running(e, id) : NULL;
-        if (s)
-            s->paused = 1; /* paused while it waited */
+        for (int64_t k = 0; paused && k < e->cfg.max_seqs; k++)
+            if (e->seqs[k].state == SEQ_RUNNING && e->seqs[k].id == id)
+                e->seqs[k].paused = 1; /* paused while it waited */
     }
     e->n_waiting = j;
     if (session_loads_gc(e))
@@ -1262,6 +1415,7 @@ static void pick_token(const struct engine *e, struct seq *s, float *lg, float *
     const int lp = s->req.logprobs || s->req.top_logprobs > 0;
     memset(ev, 0, sizeof *ev);
     ev->id = s->id;
+    ev->choice = s->choice;
     ev->kind = ENGINE_EV_TOKEN;
     float lse = 0;
     if (lp) {
@@ -1337,6 +1491,7 @@ static void echo_task(void *arg, int i, int n)
         struct engine_event *ev = &e->echoed[k];
         memset(ev, 0, sizeof *ev);
         ev->id = j->s->id;
+        ev->choice = j->s->choice;
         ev->kind = ENGINE_EV_TOKEN;
         ev->token = -1; /* not a generated token */
         ev->lp_token = j->s->prompt[j->at];
@@ -1441,16 +1596,101 @@ static void after_pick(struct engine *e, struct seq *s, struct engine_event *ev)
     }
 }
 
+/* Ends every running request with an ERROR, once for all of its choices. */
 static void fail_all_running(struct engine *e, const char *msg)
 {
     for (int64_t i = 0; i < e->cfg.max_seqs; i++) {
         struct seq *s = &e->seqs[i];
         if (s->state == SEQ_RUNNING) {
-            emit_error(e, s->id, 500, NULL, NULL, msg);
-            queue_request_done(&e->q);
-            s->session[0] = 0;
-            engine__seq_release(e, s);
+            const uint64_t id = s->id;
+            emit_error(e, id, 500, NULL, NULL, msg);
+            queue_request_done(&e->q, queue_places(&s->req));
+            for (int64_t j = i; j < e->cfg.max_seqs; j++) {
+                struct seq *o = &e->seqs[j];
+                if (o->state == SEQ_RUNNING && o->id == id) {
+                    o->session[0] = 0;
+                    engine__seq_release(e, o);
+                }
+            }
         }
+    }
+}
+
+/* ---- a request's choices share its prompt ------------------------------ */
+
+/* 1 while s, a later choice, waits for its request's first choice to
+ * prefill the prompt; once that choice is gone or past its prompt without
+ * having shared it (which the scheduler does not do), s prefills it itself. */
+static int waits_for_lead(struct seq *s, struct seq *seqs)
+{
+    if (s->lead < 0)
+        return 0;
+    const struct seq *l = &seqs[s->lead];
+    if (l->state == SEQ_RUNNING && l->id == s->id && l->choice == 0 && l->n_fed < l->n_prompt)
+        return 1;
+    s->lead = -1;
+    return 0;
+}
+
+/* Gives sib the prompt lead has just prefilled: lead's KV cells, copied
+ * through host memory as a snapshot holds them (bit for bit: every cell the
+ * next query can see), and lead's place in the stream. Both were admitted
+ * with the same prompt and policy. Returns 0, or -1 (sib then prefills the
+ * prompt itself; a failed import leaves its cells to be written again). */
+static int share_prompt(struct engine *e, const struct seq *lead, struct seq *sib)
+{
+    const struct kv_geometry *g = &e->dec.fwd.pool.geo;
+    struct snapshot_meta m;
+    memset(&m, 0, sizeof m);
+    m.dtype = g->dtype;
+    m.n_layer = g->n_layer;
+    m.n_kv_head = g->n_kv_head;
+    m.head_dim = g->head_dim;
+    m.policy = lead->kv.policy;
+    m.n_sinks = lead->kv.n_sinks;
+    m.window = lead->kv.window;
+    m.pos_first = lead->kv.pos_first;
+    m.pos_next = lead->kv.pos_next;
+    m.swa_period = g->swa_period;
+    m.swa_window = g->swa_period > 0 ? g->swa_window : 0;
+    snapshot_meta_cells(&m);
+    const size_t bytes = snapshot_kv_bytes(&m);
+    uint8_t *k = malloc(bytes ? bytes : 1), *v = malloc(bytes ? bytes : 1);
+    struct kv_seq kv = lead->kv;
+    kv.slot = sib->kv.slot;
+    int rc = k && v ? 0 : -ENOMEM;
+    if (rc == 0)
+        rc = session_copy_cells(&e->dec.backend, g, &lead->kv, &m, k, v, 0);
+    if (rc == 0)
+        rc = session_copy_cells(&e->dec.backend, g, &kv, &m, k, v, 1);
+    free(k);
+    free(v);
+    if (rc < 0)
+        return -1;
+    sib->kv = kv;
+    sib->n_fed = sib->n_prompt;
+    return 0;
+}
+
+/* lead, a request's first choice, has just prefilled its prompt, whose
+ * last logits row is row: each later choice waiting for it takes the
+ * prompt and a copy of the row, and is picked in this step after lead. */
+static void share_with_choices(struct engine *e, struct seq *lead, const float *row)
+{
+    const int64_t V = e->info.n_vocab;
+    for (int64_t i = 0; i < e->cfg.max_seqs; i++) {
+        struct seq *o = &e->seqs[i];
+        if (o->state != SEQ_RUNNING || o->lead != lead - e->seqs || o->id != lead->id)
+            continue;
+        o->lead = -1; /* from here on a sequence of its own, or it prefills */
+        if (!e->share_rows)
+            e->share_rows = malloc((size_t)e->cfg.max_seqs * (size_t)V * sizeof(float));
+        if (!e->share_rows || share_prompt(e, lead, o) < 0)
+            continue;
+        float *mine = e->share_rows + (size_t)i * (size_t)V;
+        memcpy(mine, row, (size_t)V * sizeof(float));
+        e->pick_seq[e->n_pick] = o;
+        e->pick_logits[e->n_pick++] = mine;
     }
 }
 
@@ -1463,7 +1703,7 @@ static int step(struct engine *e)
     for (int64_t i = 0; i < e->cfg.max_seqs && budget > 0; i++) {
         struct seq *s = &e->seqs[i];
         if (s->state != SEQ_RUNNING || s->paused || !s->has_next || s->n_fed < s->n_prompt)
-            continue;
+            continue; /* (a choice waiting for its prompt is not past it) */
         e->inputs[n_in] = (struct fwd_input){&s->kv, &s->next_tok, 1, FWD_LOGITS_LAST};
         e->evicted_before[n_in] = s->kv.n_evicted_max;
         e->input_seq[n_in++] = (int)i;
@@ -1471,7 +1711,8 @@ static int step(struct engine *e)
     }
     for (int64_t i = 0; i < e->cfg.max_seqs && budget > 0; i++) {
         struct seq *s = &e->seqs[i];
-        if (s->state != SEQ_RUNNING || s->paused || s->n_fed >= s->n_prompt)
+        if (s->state != SEQ_RUNNING || s->paused || s->n_fed >= s->n_prompt ||
+            waits_for_lead(s, e->seqs))
             continue;
         int64_t n = s->n_prompt - s->n_fed;
         if (n > e->cfg.chunk)
@@ -1526,9 +1767,11 @@ static int step(struct engine *e)
             echo_plan(e, s, from, in->n, in->logits == FWD_LOGITS_ALL ? first_row : NULL);
         /* a decode row, or a prompt's last row unless max_tokens is 0 */
         if (n_rows > 0 && (!prefill || s->n_fed == s->n_prompt) && s->req.max_tokens != 0) {
+            float *last = e->dec.fwd.logits + (row - 1) * e->info.n_vocab; /* its last row */
             e->pick_seq[e->n_pick] = s;
-            e->pick_logits[e->n_pick++] =
-                e->dec.fwd.logits + (row - 1) * e->info.n_vocab; /* its last row */
+            e->pick_logits[e->n_pick++] = last;
+            if (prefill && s->choice == 0 && s->req.n_choices > 1)
+                share_with_choices(e, s, last);
         }
     }
     /* the echoed prompt tokens' log-probs, then their events: before the
@@ -1633,6 +1876,7 @@ static void engine_free(struct engine *e)
     free(e->input_seq);
     free(e->evicted_before);
     free(e->scratch);
+    free(e->share_rows);
     free(e->eog_ids);
     free(e->json_tok);
     free(e->json_ids);

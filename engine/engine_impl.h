@@ -58,7 +58,11 @@ struct echo_job {
 
 struct seq {
     enum seq_state state;
-    uint64_t id; /* request id while RUNNING */
+    uint64_t id;    /* request id while RUNNING */
+    int32_t choice; /* which of its choices (engine_request.n_choices) */
+    /* a later choice waiting for the prompt: the index of the request's
+     * first choice, which prefills it for all (share_prompt); else -1 */
+    int64_t lead;
     struct engine_request req;
     struct kv_seq kv;
     int32_t *prompt; /* tokens still to feed: [pending session token] + prompt */
@@ -126,8 +130,10 @@ struct engine {
     int64_t n_sess_waiting;  /* GETs, saves and DELETEs of sessions among them that wait */
     struct fwd_input *inputs;
     int *input_seq;
-    float *scratch;   /* [max_seqs][V] a sequence's logits as the model gave them (logprobs) */
-    int32_t *eog_ids; /* [n_eog] the end-of-generation tokens (min_tokens masks them) */
+    float *scratch;    /* [max_seqs][V] a sequence's logits as the model gave them (logprobs) */
+    float *share_rows; /* [max_seqs][V] a later choice's copy of its prompt's last row, or NULL
+                          until a request of several choices first needs it */
+    int32_t *eog_ids;  /* [n_eog] the end-of-generation tokens (min_tokens masks them) */
     struct json_tok *json_tok; /* [the model's n_vocab] for json_mask */
     /* ... and the ids by first byte: json_ids[json_first[b] .. json_first[b + 1]) start
      * with byte b, those from json_first[256] are JSON_TOK_NEVER; json_rest holds the

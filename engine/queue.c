@@ -92,19 +92,25 @@ static void push_cmd(struct queue_impl *qi, const struct queue_cmd *c)
     pthread_cond_signal(&qi->more);
 }
 
+size_t queue_places(const struct engine_request *req)
+{
+    return req->n_choices > 1 ? (size_t)req->n_choices : 1;
+}
+
 int queue_submit(struct queue *q, struct engine_request *req)
 {
     struct queue_impl *qi = q->impl;
+    const size_t places = queue_places(req);
     int rc = 0;
     pthread_mutex_lock(&qi->mu);
     if (qi->closed) {
         rc = -ESHUTDOWN;
-    } else if (qi->inflight >= qi->submit_cap || qi->in.len >= qi->in.cap) {
+    } else if (qi->inflight + places > qi->submit_cap || qi->in.len >= qi->in.cap) {
         rc = -EBUSY;
     } else {
         struct queue_cmd c = {.kind = QUEUE_CMD_SUBMIT, .id = req->id, .req = *req};
         push_cmd(qi, &c);
-        qi->inflight++;
+        qi->inflight += places;
     }
     pthread_mutex_unlock(&qi->mu);
     if (rc == 0)
@@ -127,12 +133,11 @@ void queue_control(struct queue *q, enum queue_cmd_kind kind, uint64_t id)
     pthread_mutex_unlock(&qi->mu);
 }
 
-void queue_request_done(struct queue *q)
+void queue_request_done(struct queue *q, size_t places)
 {
     struct queue_impl *qi = q->impl;
     pthread_mutex_lock(&qi->mu);
-    if (qi->inflight > 0)
-        qi->inflight--;
+    qi->inflight -= places < qi->inflight ? places : qi->inflight;
     pthread_mutex_unlock(&qi->mu);
 }
 

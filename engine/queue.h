@@ -24,19 +24,24 @@ struct queue {
     void *impl;
 };
 
-/* submit_cap bounds requests in flight (submitted, not yet finished); ctl_cap
- * and ev_cap size the rings. */
+/* submit_cap bounds the places of the requests in flight (submitted, not
+ * yet finished): a request of n choices takes n (queue_places), any other
+ * one; ctl_cap and ev_cap size the rings. */
 int queue_init(struct queue *q, size_t submit_cap, size_t ctl_cap, size_t ev_cap);
 void queue_free(struct queue *q); /* frees requests still in the inbox */
 
-/* Any thread. -EBUSY when submit_cap requests are in flight, -ESHUTDOWN after
- * queue_close. Takes ownership of req on success only. */
+/* The places of submit_cap that req takes while in flight: its choices. */
+size_t queue_places(const struct engine_request *req);
+/* Any thread. -EBUSY when req's places would take the requests in flight
+ * past submit_cap, -ESHUTDOWN after queue_close. Takes ownership of req on
+ * success only. */
 int queue_submit(struct queue *q, struct engine_request *req);
 /* Any thread. Waits (briefly, for the engine to drain) only if the control
  * ring is full, so a cancel is never lost. */
 void queue_control(struct queue *q, enum queue_cmd_kind kind, uint64_t id);
-/* Engine thread: a request finished (frees one in-flight place). */
-void queue_request_done(struct queue *q);
+/* Engine thread: a request finished (frees its places: queue_places of it
+ * as it was submitted). */
+void queue_request_done(struct queue *q, size_t places);
 
 /* Engine thread: moves up to max commands out. If none are waiting and
  * wait_ms > 0, sleeps until one arrives or wait_ms passes (wait_ms < 0:

@@ -594,16 +594,16 @@ static void handle_generate(struct server *s, struct http_conn *c, enum api_endp
         return;
     struct srv_req *r = calloc(1, sizeof *r);
     struct tok_work *t = req.prompt ? calloc(1, sizeof *t) : NULL;
-    if (!r || (req.prompt && !t)) {
+    struct api_token_text tt = {token_text, s->engine};
+    if (!r || (req.prompt && !t) ||
+        api_response_init(&r->resp, &meta, s->model_id, id, (int64_t)time(NULL),
+                          (size_t)s->cfg.max_response, &tt) < 0) {
         free(r);
         free(t);
         engine_request_free(&req);
         reply_err(s, c, mep, 500, NULL, NULL, "out of memory");
         return;
     }
-    struct api_token_text tt = {token_text, s->engine};
-    api_response_init(&r->resp, &meta, s->model_id, id, (int64_t)time(NULL),
-                      (size_t)s->cfg.max_response, &tt);
     r->id = id;
     r->ep = mep;
     r->stream = meta.stream;
@@ -1199,10 +1199,12 @@ static void begin_stream(struct server *s, struct stream *st)
     if (http_conn_stream_begin(c, 200, "text/event-stream; charset=utf-8", headers) < 0)
         return;
     st->started = 1;
-    char *json = api_response_role_chunk(&st->req->resp);
-    if (json)
-        streams_emit_json(s, st, json);
-    free(json);
+    for (int i = 0; i < st->req->resp.n_ch && !st->finished; i++) {
+        char *json = api_response_role_chunk(&st->req->resp, i);
+        if (json)
+            streams_emit_json(s, st, json);
+        free(json);
+    }
 }
 
 void router_on_stream_commit(struct http_conn *c, void *arg)
@@ -1260,18 +1262,9 @@ static void on_token(struct server *s, struct srv_req *r, const struct engine_ev
     if (r->overflow)
         return;
     if (api_response_add(&r->resp, ev) < 0) {
-        /* --max-response reached: stop the sequence; DONE answers "length" */
+        /* --max-response reached: stop the sequences; DONE answers "length" */
         r->overflow = 1;
         engine_cancel(s->engine, r->id);
-    } else {
-        /* a token counts once its text (or its logprobs) is in: a stop
-         * string's possible start holds a token's text back, and if the text
-         * is refused when it comes, the token is not in the answer */
-        r->n_pending += ev->token >= 0;
-        if (ev->text_len > 0 || ev->has_lp) {
-            r->n_held += r->n_pending;
-            r->n_pending = 0;
-        }
     }
 }
 
@@ -1279,11 +1272,15 @@ static void on_done(struct server *s, struct http_conn *c, struct srv_req *r,
                     const struct engine_event *ev)
 {
     struct engine_event done = *ev;
-    if (r->overflow) {
+    if (r->overflow && done.choice >= 0 && done.choice < r->resp.n_ch) {
         done.finish = ENGINE_FINISH_LENGTH;
         /* the refused token and those made before the cancel took are
          * not in the answer, so not in its usage */
-        done.completion_tokens = r->n_held;
+        done.completion_tokens = r->resp.ch[done.choice].tokens_held;
+    }
+    if (done.choices_left > 0) { /* one choice ended; others run */
+        api_response_choice_done(&r->resp, &done);
+        return;
     }
     char *body = api_response_body(&r->resp, &done);
     enum metrics_endpoint ep = r->ep;
@@ -1362,6 +1359,8 @@ void router_on_stream_event(struct server *s, struct stream *st, const struct en
         break;
     case ENGINE_EV_DONE:
         if (st->cut && ev->finish == ENGINE_FINISH_CANCELLED) {
+            if (ev->choices_left > 0)
+                break; /* the cut's error frame ends the stream at the last */
             struct api_error e;
             cut_error(&e);
             fail_stream(s, st, &e);
@@ -1369,8 +1368,19 @@ void router_on_stream_event(struct server *s, struct stream *st, const struct en
         }
         begin_stream(s, st);
         emit(s, st, api_response_final_chunk(&r->resp, ev));
+        if (ev->choices_left > 0)
+            break; /* one choice ended; others run */
+        /* choices that never ran (cancelled while waiting) end with it */
+        for (int i = 0; i < r->resp.n_ch; i++) {
+            if (r->resp.ch[i].ended)
+                continue;
+            struct engine_event other = *ev;
+            other.choice = i;
+            other.completion_tokens = 0;
+            emit(s, st, api_response_final_chunk(&r->resp, &other));
+        }
         if (r->resp.meta.include_usage)
-            emit(s, st, api_response_usage_chunk(&r->resp, ev));
+            emit(s, st, api_response_usage_chunk(&r->resp));
         streams_emit_done(s, st);
         break;
     case ENGINE_EV_ERROR: {

@@ -76,11 +76,9 @@ struct srv_req {
     enum metrics_endpoint ep;
     struct api_response resp;
     int stream;
-    int started;       /* stream: headers and the first chunk are out */
-    int overflow;      /* non-streamed text reached --max-response: cancelled */
-    int64_t n_held;    /* ... and the tokens its answer holds (its completion_tokens) */
-    int64_t n_pending; /* tokens accepted whose text has not come yet */
-    int paused;        /* engine_pause sent */
+    int started;  /* stream: headers and the first chunk are out */
+    int overflow; /* non-streamed text reached --max-response: cancelled */
+    int paused;   /* engine_pause sent */
     double t_submit, t_last;
     int64_t n_tokens;
     int tokenizing;  /* the prompt is on a worker thread; not submitted yet */

@@ -209,6 +209,13 @@ struct engine_request {
      * end-of-generation tokens included, and the answer ends (finish STOP)
      * with the token that closes the object. */
     int json_object;
+    /* n: 1..max_seqs choices (0 reads as 1), no session only. Each is a
+     * sequence of its own, admitted together when n slots are free; choice
+     * i samples with seed + i, so a choice's tokens are those of a request
+     * of one choice with that seed. Its events carry choice i; each choice
+     * ends with its own DONE, and the request is over at the DONE with
+     * choices_left 0. A cancel, pause or resume of the id acts on all. */
+    int n_choices;
     char session_id[ENGINE_SESSION_ID_MAX]; /* "" for none; else continue that session */
     /* A session_id the engine has neither in memory nor on disk: 0 starts it
      * (the DONE event says created), 1 answers 404 session_not_found. */
@@ -221,7 +228,7 @@ void engine_request_free(struct engine_request *req);
 
 enum engine_event_kind {
     ENGINE_EV_TOKEN = 0, /* a token and the text it completes */
-    ENGINE_EV_DONE,      /* the request finished: finish reason and usage */
+    ENGINE_EV_DONE,      /* a choice finished (the request, at choices_left 0): finish, usage */
     ENGINE_EV_ERROR,     /* the request failed: status, message, param and code */
     ENGINE_EV_SESSION,   /* one session's description (session requests) */
 };
@@ -250,6 +257,11 @@ enum engine_finish {
 struct engine_event { /* copied by value across the queue */
     uint64_t id;
     enum engine_event_kind kind;
+    int32_t choice; /* TOKEN, DONE: which of the request's choices (0 for one) */
+    /* DONE: the request's choices still running after this one's end; the
+     * request is over (its last event) at the DONE where it is 0. An ERROR
+     * is always a request's last event: its other choices end with it. */
+    int32_t choices_left;
     int32_t token; /* TOKEN: the token generated (once a token: its first event), or -1 */
     char text[ENGINE_TEXT_MAX]; /* UTF-8, never a broken sequence; may be empty */
     uint32_t text_len;

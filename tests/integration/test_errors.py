@@ -28,7 +28,7 @@ def error_of(body):
 @pytest.mark.parametrize("kwargs,param", [
     (dict(temperature=5), "temperature"),
     (dict(top_p=-1), "top_p"),
-    (dict(n=2), "n"),
+    (dict(n=0), "n"),
     (dict(max_tokens=0), "max_tokens"),
     (dict(logprobs=9), "logprobs"),
     (dict(extra_body={"kv_policy": "sideways"}), "kv_policy"),

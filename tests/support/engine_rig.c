@@ -54,6 +54,61 @@ void rig_close(struct rig *r)
     pthread_cond_destroy(&r->cv);
 }
 
+/* Adds event v to out. Returns 1 when it ends out's request (or choice). */
+static int record(struct rig_result *out, const struct engine_event *v)
+{
+    if (v->kind == ENGINE_EV_TOKEN) {
+        if (v->token >= 0 && out->n_tok < RIG_MAX_GEN)
+            out->toks[out->n_tok++] = v->token;
+        if (v->has_lp && out->n_lp < RIG_MAX_GEN) {
+            out->lp_tok[out->n_lp] = v->lp_token;
+            out->lp_at[out->n_lp] = out->n_text;
+            out->logprob[out->n_lp] = v->lp_null ? NAN : v->logprob;
+            out->top_id[out->n_lp++] = v->n_top > 0 ? v->top_id[0] : -1;
+        }
+        if (out->n_text + v->text_len < RIG_TEXT_CAP) {
+            memcpy(out->text + out->n_text, v->text, v->text_len);
+            out->n_text += v->text_len;
+        }
+        return 0;
+    }
+    if (v->kind == ENGINE_EV_DONE) {
+        out->finish = v->finish;
+        out->prompt_tokens = v->prompt_tokens;
+        out->completion_tokens = v->completion_tokens;
+        out->tokens_seen = v->session.tokens_seen;
+        out->ended++;
+        return 1;
+    }
+    if (v->kind == ENGINE_EV_ERROR) {
+        out->error = 1;
+        out->status = v->status;
+        memcpy(out->param, v->param, sizeof out->param);
+        memcpy(out->code, v->code, sizeof out->code);
+        memcpy(out->message, v->message, sizeof out->message);
+        out->ended++;
+        return 1;
+    }
+    return 0;
+}
+
+/* Sleeps until the engine wakes the rig, or 10 ms. */
+static void nap(struct rig *r)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += 10 * 1000 * 1000;
+    if (ts.tv_nsec >= 1000000000) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000;
+    }
+    pthread_mutex_lock(&r->mu);
+    if (!r->woken)
+        pthread_cond_timedwait(&r->cv, &r->mu, &ts);
+    r->woken = 0;
+    pthread_mutex_unlock(&r->mu);
+}
+
 int rig_wait_all(struct rig *r, const uint64_t *ids, struct rig_result **outs, int n_req)
 {
     struct engine_event ev[32];
@@ -67,57 +122,66 @@ int rig_wait_all(struct rig *r, const uint64_t *ids, struct rig_result **outs, i
             int k = 0;
             while (k < n_req && ids[k] != v->id)
                 k++;
-            if (k == n_req)
-                continue;
-            struct rig_result *out = outs[k];
-            if (v->kind == ENGINE_EV_TOKEN) {
-                if (v->token >= 0 && out->n_tok < RIG_MAX_GEN)
-                    out->toks[out->n_tok++] = v->token;
-                if (v->has_lp && out->n_lp < RIG_MAX_GEN) {
-                    out->lp_tok[out->n_lp] = v->lp_token;
-                    out->lp_at[out->n_lp] = out->n_text;
-                    out->logprob[out->n_lp] = v->lp_null ? NAN : v->logprob;
-                    out->top_id[out->n_lp++] = v->n_top > 0 ? v->top_id[0] : -1;
-                }
-                if (out->n_text + v->text_len < RIG_TEXT_CAP) {
-                    memcpy(out->text + out->n_text, v->text, v->text_len);
-                    out->n_text += v->text_len;
-                }
-            } else if (v->kind == ENGINE_EV_DONE) {
-                out->finish = v->finish;
-                out->prompt_tokens = v->prompt_tokens;
-                out->completion_tokens = v->completion_tokens;
-                out->tokens_seen = v->session.tokens_seen;
+            if (k < n_req && record(outs[k], v))
                 left--;
-            } else {
-                out->error = 1;
-                out->status = v->status;
-                memcpy(out->param, v->param, sizeof out->param);
-                memcpy(out->code, v->code, sizeof out->code);
-                memcpy(out->message, v->message, sizeof out->message);
-                left--;
-            }
         }
         if (n > 0)
             continue;
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 10 * 1000 * 1000;
-        if (ts.tv_nsec >= 1000000000) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000;
-        }
-        pthread_mutex_lock(&r->mu);
-        if (!r->woken)
-            pthread_cond_timedwait(&r->cv, &r->mu, &ts);
-        r->woken = 0;
-        pthread_mutex_unlock(&r->mu);
+        nap(r);
         spins++;
     }
     if (left == 0)
         return 0;
     fprintf(stderr, "  %d requests did not end in time\n", left);
     return -1;
+}
+
+int rig_wait_choices(struct rig *r, uint64_t id, struct rig_result **outs, int n_choices)
+{
+    struct engine_event ev[32];
+    int over = 0, bad = 0;
+    int32_t left_before = n_choices; /* choices running before the next DONE, at most */
+    for (int k = 0; k < n_choices; k++)
+        memset(outs[k], 0, sizeof *outs[k]);
+    for (int spins = 0; spins < 60000 && !over;) {
+        size_t n = engine_drain(r->e, ev, 32);
+        for (size_t i = 0; i < n; i++) {
+            const struct engine_event *v = &ev[i];
+            if (v->id != id || v->kind == ENGINE_EV_SESSION)
+                continue;
+            if (over || v->choice < 0 || v->choice >= n_choices) {
+                fprintf(stderr, "  an event after the request's end, or of choice %d\n",
+                        (int)v->choice);
+                bad = 1;
+                continue;
+            }
+            if (v->kind == ENGINE_EV_ERROR) {
+                record(outs[0], v);
+                over = 1;
+                continue;
+            }
+            if (outs[v->choice]->ended) {
+                fprintf(stderr, "  an event of choice %d after its DONE\n", (int)v->choice);
+                bad = 1;
+            }
+            if (!record(outs[v->choice], v))
+                continue;
+            if (v->choices_left < 0 || v->choices_left >= left_before) {
+                fprintf(stderr, "  a DONE with choices_left %d after %d\n", (int)v->choices_left,
+                        (int)left_before);
+                bad = 1;
+            }
+            left_before = v->choices_left;
+            over = v->choices_left == 0;
+        }
+        if (n > 0)
+            continue;
+        nap(r);
+        spins++;
+    }
+    if (!over)
+        fprintf(stderr, "  the request did not end in time\n");
+    return over && !bad ? 0 : -1;
 }
 
 int rig_wait(struct rig *r, uint64_t id, struct rig_result *out)

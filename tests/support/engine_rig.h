@@ -56,6 +56,7 @@ struct rig_result {
     enum engine_finish finish;
     int64_t prompt_tokens, completion_tokens;
     int64_t tokens_seen; /* the session's, after the request (0: none) */
+    int ended;           /* DONE or ERROR events it had */
 };
 
 /* Waits (at most ~10 minutes) for the events of requests ids[0..n) until
@@ -63,6 +64,13 @@ struct rig_result {
 int rig_wait_all(struct rig *r, const uint64_t *ids, struct rig_result **outs, int n_req);
 
 int rig_wait(struct rig *r, uint64_t id, struct rig_result *out);
+
+/* Waits for the events of request id, of n_choices choices: choice i's in
+ * outs[i] (an ERROR in outs[0]), until the DONE with choices_left 0 or an
+ * ERROR. Returns -1 (saying why) if it does not end in time, or if its
+ * events break the contract: no choice has an event after its DONE,
+ * choices_left goes down at each DONE, nothing comes after the end. */
+int rig_wait_choices(struct rig *r, uint64_t id, struct rig_result **outs, int n_choices);
 
 /* A greedy request with nothing in it yet. */
 struct engine_request rig_greedy(struct rig *r, int64_t max_tokens);

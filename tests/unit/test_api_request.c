@@ -24,6 +24,7 @@ static struct engine_model_info model_info(void)
     snprintf(mi.name, sizeof mi.name, "test");
     mi.n_vocab = 100;
     mi.n_ctx_train = 8192;
+    mi.max_seqs = 8;
     mi.chat_template = SMOL_TEMPLATE;
     return mi;
 }
@@ -223,11 +224,30 @@ TEST(api_request_names_the_param_out_of_range)
     ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":[]}", "prompt");
 }
 
-TEST(api_request_n_other_than_one_is_a_400_naming_n)
+/* n: 1 to 128 choices, at most --max-seqs (8 here), never on a session */
+TEST(api_request_n_is_the_number_of_choices)
 {
-    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"n\":2}", "n");
+    struct parsed p = parse(API_COMPLETIONS, "{\"prompt\":\"x\"}");
+    ASSERT_OK(p.rc);
+    ASSERT_EQ(p.req.n_choices, 1);
+    ASSERT_EQ(p.meta.n, 1);
+    engine_request_free(&p.req);
+    p = parse(API_COMPLETIONS, "{\"prompt\":\"x\",\"n\":3}");
+    ASSERT_OK(p.rc);
+    ASSERT_EQ(p.req.n_choices, 3);
+    ASSERT_EQ(p.meta.n, 3);
+    engine_request_free(&p.req);
+    p = parse(API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"n\":8}");
+    ASSERT_OK(p.rc);
+    ASSERT_EQ(p.req.n_choices, 8);
+    engine_request_free(&p.req);
     ASSERT_BAD(API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"n\":0}", "n");
-    struct parsed p = parse(API_COMPLETIONS, "{\"prompt\":\"x\",\"n\":1}");
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"n\":-1}", "n");
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"n\":9}", "n");   /* past --max-seqs */
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"n\":129}", "n"); /* past OpenAI's 128 */
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"n\":1.5}", "n");
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"n\":2,\"session_id\":\"s1\"}", "n");
+    p = parse(API_COMPLETIONS, "{\"prompt\":\"x\",\"n\":1,\"session_id\":\"s1\"}");
     ASSERT_OK(p.rc);
     engine_request_free(&p.req);
 }

@@ -103,7 +103,7 @@ TEST(api_response_streams_text_completion_chunks)
 {
     struct api_response r;
     init(&r, API_COMPLETIONS, 1, 0, 0, 0);
-    ASSERT(api_response_role_chunk(&r) == NULL);
+    ASSERT(api_response_role_chunk(&r, 0) == NULL);
     struct engine_event ev = tok(1, " Hello", -0.5f);
     ASSERT_JSON(api_response_chunk(&r, &ev),
                 CMPL_HEAD "\"choices\":[{\"text\":\" Hello\",\"index\":0,\"logprobs\":null,"
@@ -121,7 +121,7 @@ TEST(api_response_streams_chat_chunks_with_role_first_and_usage_last)
 {
     struct api_response r;
     init(&r, API_CHAT, 1, 1, 0, 0);
-    ASSERT_JSON(api_response_role_chunk(&r),
+    ASSERT_JSON(api_response_role_chunk(&r, 0),
                 CHUNK_HEAD "\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\","
                            "\"content\":\"\"},\"logprobs\":null,\"finish_reason\":null}],"
                            "\"usage\":null}");
@@ -134,7 +134,7 @@ TEST(api_response_streams_chat_chunks_with_role_first_and_usage_last)
     ASSERT_JSON(api_response_final_chunk(&r, &d),
                 CHUNK_HEAD "\"choices\":[{\"index\":0,\"delta\":{},\"logprobs\":null,"
                            "\"finish_reason\":\"stop\"}],\"usage\":null}");
-    ASSERT_JSON(api_response_usage_chunk(&r, &d),
+    ASSERT_JSON(api_response_usage_chunk(&r),
                 CHUNK_HEAD "\"choices\":[],\"usage\":{\"prompt_tokens\":5,"
                            "\"completion_tokens\":1,\"total_tokens\":6}}");
     api_response_free(&r);
@@ -152,6 +152,84 @@ TEST(api_response_builds_a_whole_text_completion_with_usage)
                 CMPL_HEAD "\"choices\":[{\"text\":\" Hello world\",\"index\":0,\"logprobs\":null,"
                           "\"finish_reason\":\"stop\"}],\"usage\":{\"prompt_tokens\":4,"
                           "\"completion_tokens\":2,\"total_tokens\":6}}");
+    api_response_free(&r);
+}
+
+/* Choices: each chunk names its choice, each choice its own text,
+ * logprobs and finish reason, the usage is the prompt once and every
+ * choice's tokens, and --max-response bounds all choices together. */
+static struct engine_event of_choice(struct engine_event ev, int32_t choice, int32_t left)
+{
+    ev.choice = choice;
+    ev.choices_left = left;
+    return ev;
+}
+
+TEST(api_response_keeps_each_choice_apart_and_counts_them_all)
+{
+    struct api_response r;
+    struct api_request meta = {.endpoint = API_COMPLETIONS, .n = 3, .logprobs = 1};
+    ASSERT_OK(api_response_init(&r, &meta, "smol", 0x2a, 1700000000, 1 << 20, &TT));
+    struct engine_event a0 = of_choice(tok(1, "ab", -0.5f), 0, 0);
+    struct engine_event a2 = of_choice(tok(2, "xyz", -0.25f), 2, 0);
+    struct engine_event b0 = of_choice(tok(1, "c", -1.0f), 0, 0);
+    ASSERT_OK(api_response_add(&r, &a0));
+    ASSERT_OK(api_response_add(&r, &a2));
+    ASSERT_OK(api_response_add(&r, &b0));
+    struct engine_event d2 = of_choice(done(ENGINE_FINISH_STOP, 4, 1), 2, 2);
+    api_response_choice_done(&r, &d2);
+    api_response_choice_done(&r, &d2); /* counted once */
+    struct engine_event d1 = of_choice(done(ENGINE_FINISH_STOP, 4, 0), 1, 1);
+    api_response_choice_done(&r, &d1);
+    struct engine_event d0 = of_choice(done(ENGINE_FINISH_LENGTH, 4, 2), 0, 0);
+    ASSERT_JSON(api_response_body(&r, &d0), CMPL_HEAD
+                "\"choices\":[{\"text\":\"abc\",\"index\":0,\"logprobs\":{\"tokens\":"
+                "[\" Hello\",\" Hello\"],\"token_logprobs\":[-0.5,-1],\"top_logprobs\":[{},{}],"
+                "\"text_offset\":[0,2]},\"finish_reason\":\"length\"},"
+                "{\"text\":\"\",\"index\":1,\"logprobs\":{\"tokens\":[],"
+                "\"token_logprobs\":[],\"top_logprobs\":[],\"text_offset\":[]},"
+                "\"finish_reason\":\"stop\"},"
+                "{\"text\":\"xyz\",\"index\":2,\"logprobs\":{\"tokens\":[\" world\"],"
+                "\"token_logprobs\":[-0.25],\"top_logprobs\":[{}],\"text_offset\":[0]},"
+                "\"finish_reason\":\"stop\"}],"
+                "\"usage\":{\"prompt_tokens\":4,\"completion_tokens\":3,"
+                "\"total_tokens\":7}}");
+    api_response_free(&r);
+
+    /* streamed: the index is the choice's, text_offset counts per choice */
+    meta = (struct api_request){.endpoint = API_CHAT, .n = 2, .stream = 1, .include_usage = 1};
+    ASSERT_OK(api_response_init(&r, &meta, "smol", 0x2a, 1700000000, 1 << 20, &TT));
+    ASSERT_JSON(api_response_role_chunk(&r, 1),
+                CHUNK_HEAD "\"choices\":[{\"index\":1,\"delta\":{\"role\":\"assistant\","
+                           "\"content\":\"\"},\"logprobs\":null,\"finish_reason\":null}],"
+                           "\"usage\":null}");
+    struct engine_event c1 = of_choice(tok(1, "yo", -0.5f), 1, 0);
+    ASSERT_JSON(api_response_chunk(&r, &c1),
+                CHUNK_HEAD "\"choices\":[{\"index\":1,\"delta\":{\"content\":\"yo\"},"
+                           "\"logprobs\":null,\"finish_reason\":null}],\"usage\":null}");
+    struct engine_event e1 = of_choice(done(ENGINE_FINISH_STOP, 6, 2), 1, 1);
+    ASSERT_JSON(api_response_final_chunk(&r, &e1),
+                CHUNK_HEAD "\"choices\":[{\"index\":1,\"delta\":{},\"logprobs\":null,"
+                           "\"finish_reason\":\"stop\"}],\"usage\":null}");
+    struct engine_event e0 = of_choice(done(ENGINE_FINISH_LENGTH, 6, 5), 0, 0);
+    free(api_response_final_chunk(&r, &e0));
+    ASSERT_JSON(api_response_usage_chunk(&r),
+                CHUNK_HEAD "\"choices\":[],\"usage\":{\"prompt_tokens\":6,"
+                           "\"completion_tokens\":7,\"total_tokens\":13}}");
+    api_response_free(&r);
+
+    /* one bound for all: 8 bytes, 5 in choice 0, 3 more in choice 1 fit, 1 more does not */
+    meta = (struct api_request){.endpoint = API_COMPLETIONS, .n = 2};
+    ASSERT_OK(api_response_init(&r, &meta, "smol", 1, 1, 8, &TT));
+    struct engine_event f0 = of_choice(tok(1, "hello", 0), 0, 0);
+    struct engine_event f1 = of_choice(tok(1, "abc", 0), 1, 0);
+    struct engine_event g1 = of_choice(tok(1, "d", 0), 1, 0);
+    ASSERT_OK(api_response_add(&r, &f0));
+    ASSERT_OK(api_response_add(&r, &f1));
+    ASSERT_EQ(api_response_add(&r, &g1), -E2BIG);
+    ASSERT_EQ(r.ch[0].tokens_held, 1);
+    ASSERT_EQ(r.ch[1].tokens_held, 1);
+    ASSERT_EQ(r.ch[1].text_len, 3);
     api_response_free(&r);
 }
 
@@ -364,7 +442,7 @@ TEST(api_response_bounds_a_whole_answer)
     struct engine_event a = tok(1, " Hello", -0.5f);
     ASSERT_OK(api_response_add(&r, &a));
     ASSERT_EQ(api_response_add(&r, &a), -E2BIG);
-    ASSERT_EQ(r.text_len, 6);
+    ASSERT_EQ(r.ch[0].text_len, 6);
     api_response_free(&r);
 }
 
@@ -386,7 +464,7 @@ TEST(api_response_bounds_an_answer_of_tokens_with_no_text)
         ASSERT_OK(api_response_add(&r, &hidden));
     ASSERT_EQ(api_response_add(&r, &hidden), -E2BIG);
     ASSERT_EQ(api_response_add(&r, &a), -E2BIG);
-    ASSERT_EQ(r.text_len, 2);
+    ASSERT_EQ(r.ch[0].text_len, 2);
     api_response_free(&r);
 }
 
@@ -522,7 +600,7 @@ TEST(api_response_bounds_a_whole_answers_logprobs_with_its_text)
         while (n < 100000 && api_response_add(&r, &ev) == 0)
             n++;
         ASSERT_EQ(api_response_add(&r, &ev), -E2BIG); /* and it stays ended */
-        ASSERT_EQ(r.text_len, 6 * (size_t)n);         /* the refused token left no text */
+        ASSERT_EQ(r.ch[0].text_len, 6 * (size_t)n);   /* the refused token left no text */
         struct engine_event d = done(ENGINE_FINISH_LENGTH, 1, n);
         char *body = api_response_body(&r, &d);
         ASSERT(body != NULL);
@@ -567,7 +645,7 @@ TEST(api_response_streamed_logprobs_hold_nothing_between_chunks)
         free(c);
         ASSERT_EQ(n, len); /* every chunk one token's worth */
     }
-    ASSERT(r.text == NULL && r.text_len == 0);
+    ASSERT(r.ch[0].text == NULL && r.ch[0].text_len == 0);
     api_response_free(&r);
 }
 

@@ -404,6 +404,312 @@ TEST(sampled_streams_side_by_side_equal_their_solo_runs)
     rig_close(&rig);
 }
 
+/* ---- n choices ------------------------------------------------------------------ */
+
+#define N_CHOICES 3
+
+/* A request of n choices is n requests of one, seeds one apart: choice i's
+ * tokens, text, log-probs, finish and usage are those of a request of one
+ * with seed + i run alone, and every choice ends with its own DONE. */
+TEST(choices_equal_requests_of_one_with_seeds_one_apart)
+{
+    struct rig rig;
+    struct engine_config c = rig_config(RIG_FIXTURE);
+    c.max_seqs = N_CHOICES;
+    c.max_queue = 2;
+    ASSERT_OK(rig_open(&rig, &c));
+    static struct rig_result solo[N_CHOICES], choice[N_CHOICES];
+    struct rig_result *outs[N_CHOICES];
+    for (int echo = 0; echo < 2; echo++) {
+        for (int k = 0; k < N_CHOICES; k++) {
+            struct engine_request q = sampled(&rig, 1);
+            q.sampling.seed = 500 + (uint64_t)k;
+            q.echo = echo;
+            ASSERT_OK(rig_run(&rig, &q, &solo[k]));
+            ASSERT(!solo[k].error && solo[k].n_tok > 0);
+            outs[k] = &choice[k];
+        }
+        struct engine_request q = sampled(&rig, 1);
+        q.sampling.seed = 500;
+        q.echo = echo;
+        q.n_choices = N_CHOICES;
+        uint64_t id = q.id;
+        struct engine_stats before, after;
+        engine_get_stats(rig.e, &before);
+        ASSERT_OK(engine_submit(rig.e, &q));
+        ASSERT_OK(rig_wait_choices(&rig, id, outs, N_CHOICES));
+        engine_get_stats(rig.e, &after);
+        /* the first choice prefills the prompt for all, unless each scores
+         * it (echo) */
+        ASSERT_EQ(after.prompt_tokens_total - before.prompt_tokens_total,
+                  solo[0].prompt_tokens * (echo ? N_CHOICES : 1));
+        for (int k = 0; k < N_CHOICES; k++) {
+            ASSERT(!choice[k].error);
+            ASSERT_EQ(choice[k].ended, 1);
+            ASSERT_EQ(choice[k].n_tok, solo[k].n_tok);
+            ASSERT(memcmp(choice[k].toks, solo[k].toks, (size_t)solo[k].n_tok * 4) == 0);
+            ASSERT_EQ(choice[k].n_text, solo[k].n_text);
+            ASSERT(memcmp(choice[k].text, solo[k].text, solo[k].n_text) == 0);
+            ASSERT_EQ(choice[k].n_lp, solo[k].n_lp);
+            ASSERT(memcmp(choice[k].logprob, solo[k].logprob, (size_t)solo[k].n_lp * 4) == 0);
+            ASSERT_EQ(choice[k].finish, solo[k].finish);
+            ASSERT_EQ(choice[k].prompt_tokens, solo[k].prompt_tokens);
+            ASSERT_EQ(choice[k].completion_tokens, solo[k].completion_tokens);
+        }
+        /* the seeds sample different answers */
+        ASSERT(solo[0].n_tok != solo[1].n_tok ||
+               memcmp(solo[0].toks, solo[1].toks, (size_t)solo[0].n_tok * 4) != 0);
+    }
+    rig_close(&rig);
+}
+
+/* The prompt the first choice prefills and the others take is exact when
+ * it is longer than the window and prefilled in chunks (the ring wraps,
+ * sinks pinned): each choice still equals its request of one. */
+TEST(choices_share_a_prompt_longer_than_the_window_exactly)
+{
+    struct rig rig;
+    struct engine_config c = rig_config(RIG_FIXTURE);
+    c.max_seqs = N_CHOICES;
+    c.window = 24;
+    c.chunk = 8;
+    c.max_step_tokens = 16;
+    ASSERT_OK(rig_open(&rig, &c));
+    int32_t ids[90];
+    for (int i = 0; i < 90; i++)
+        ids[i] = 'a' + (i * 7) % 26;
+    static struct rig_result solo[N_CHOICES], choice[N_CHOICES];
+    struct rig_result *outs[N_CHOICES];
+    for (int pol = 0; pol < 2; pol++) {
+        for (int k = 0; k <= N_CHOICES; k++) {
+            struct engine_request q = rig_greedy(&rig, 20);
+            rig_set_ids(&q, ids, 90, 1);
+            q.sampling.temperature = 1.0f;
+            q.sampling.seed = 40 + (uint64_t)(k % N_CHOICES);
+            q.has_policy = 1;
+            q.policy = pol ? (struct engine_policy){ENGINE_POLICY_SINKS, 4}
+                           : (struct engine_policy){ENGINE_POLICY_WINDOW, 0};
+            if (k < N_CHOICES) {
+                ASSERT_OK(rig_run(&rig, &q, &solo[k]));
+                ASSERT(!solo[k].error && solo[k].n_tok == 20);
+                outs[k] = &choice[k];
+                continue;
+            }
+            q.sampling.seed = 40;
+            q.n_choices = N_CHOICES;
+            uint64_t id = q.id;
+            ASSERT_OK(engine_submit(rig.e, &q));
+            ASSERT_OK(rig_wait_choices(&rig, id, outs, N_CHOICES));
+        }
+        for (int k = 0; k < N_CHOICES; k++) {
+            ASSERT_EQ(choice[k].n_tok, solo[k].n_tok);
+            ASSERT(memcmp(choice[k].toks, solo[k].toks, (size_t)solo[k].n_tok * 4) == 0);
+        }
+        ASSERT(memcmp(solo[0].toks, solo[1].toks, (size_t)solo[0].n_tok * 4) != 0);
+    }
+    rig_close(&rig);
+}
+
+/* Events of request id, by choice, for the tests below. */
+struct choice_track {
+    uint64_t id;
+    int tokens[N_CHOICES + 1], dones[N_CHOICES + 1];
+    enum engine_finish finish[N_CHOICES + 1];
+    int over; /* the DONE with choices_left 0 came */
+};
+
+/* Drains for about ms milliseconds, routing the events of the tracked
+ * requests. */
+static void track_for(struct rig *r, int ms, struct choice_track *t, int n)
+{
+    struct engine_event ev[32];
+    for (int waited = 0; waited < ms;) {
+        size_t got = engine_drain(r->e, ev, 32);
+        for (size_t i = 0; i < got; i++) {
+            for (int j = 0; j < n; j++) {
+                if (ev[i].id != t[j].id || ev[i].choice < 0 || ev[i].choice > N_CHOICES)
+                    continue;
+                if (ev[i].kind == ENGINE_EV_TOKEN && ev[i].token >= 0)
+                    t[j].tokens[ev[i].choice]++;
+                if (ev[i].kind == ENGINE_EV_DONE) {
+                    t[j].dones[ev[i].choice]++;
+                    t[j].finish[ev[i].choice] = ev[i].finish;
+                    t[j].over |= ev[i].choices_left == 0;
+                }
+                if (ev[i].kind == ENGINE_EV_ERROR)
+                    t[j].over = -1;
+            }
+        }
+        if (got == 0) {
+            struct timespec ts = {0, 10 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+            waited += 10;
+        }
+    }
+}
+
+/* A request of three choices waits until three slots are free, and a
+ * later request of one waits behind it rather than taking a slot as one
+ * frees; pause and resume hold and free all three; a cancel ends each
+ * with its DONE, the last ending the request. */
+TEST(choices_wait_for_their_slots_together_and_a_cancel_ends_them_all)
+{
+    struct rig rig;
+    struct engine_config c = rig_config(RIG_FIXTURE);
+    c.max_seqs = N_CHOICES;
+    c.max_queue = 4;
+    ASSERT_OK(rig_open(&rig, &c));
+    int32_t ids[8] = {'a', 'b', 'c', 'd', 'e', 'f', 'g', 'h'};
+    struct choice_track t[3];
+    memset(t, 0, sizeof t);
+    struct engine_request qa = rig_greedy(&rig, 1000000); /* endless: holds a slot */
+    rig_set_ids(&qa, ids, 8, 1);
+    struct engine_request qb = rig_greedy(&rig, 1000000);
+    rig_set_ids(&qb, ids, 8, 1);
+    qb.n_choices = N_CHOICES;
+    struct engine_request qc = rig_greedy(&rig, 4);
+    rig_set_ids(&qc, ids, 8, 1);
+    t[0].id = qa.id, t[1].id = qb.id, t[2].id = qc.id;
+    ASSERT_OK(engine_submit(rig.e, &qa));
+    for (int i = 0; i < 100 && t[0].tokens[0] == 0; i++)
+        track_for(&rig, 100, t, 3);
+    ASSERT(t[0].tokens[0] > 0);
+    ASSERT_OK(engine_submit(rig.e, &qb)); /* two slots free: it waits */
+    ASSERT_OK(engine_submit(rig.e, &qc)); /* one would fit; it waits behind b */
+    track_for(&rig, 500, t, 3);
+    for (int k = 0; k < N_CHOICES; k++)
+        ASSERT_EQ(t[1].tokens[k] + t[1].dones[k], 0);
+    ASSERT_EQ(t[2].tokens[0] + t[2].dones[0], 0);
+
+    engine_cancel(rig.e, t[0].id); /* three slots: b runs, all its choices */
+    for (int i = 0; i < 100 && (t[1].tokens[0] == 0 || t[1].tokens[1] == 0 || t[1].tokens[2] == 0);
+         i++)
+        track_for(&rig, 100, t, 3);
+    ASSERT(t[0].over == 1);
+    for (int k = 0; k < N_CHOICES; k++)
+        ASSERT(t[1].tokens[k] > 0);
+    ASSERT_EQ(t[2].tokens[0] + t[2].dones[0], 0); /* no slot for c while b runs */
+
+    engine_pause(rig.e, t[1].id);
+    track_for(&rig, 300, t, 3); /* what was made before the pause took */
+    int before[N_CHOICES];
+    for (int k = 0; k < N_CHOICES; k++)
+        before[k] = t[1].tokens[k];
+    track_for(&rig, 400, t, 3);
+    for (int k = 0; k < N_CHOICES; k++)
+        ASSERT_EQ(t[1].tokens[k], before[k]);
+    engine_resume(rig.e, t[1].id);
+    track_for(&rig, 400, t, 3);
+    for (int k = 0; k < N_CHOICES; k++)
+        ASSERT(t[1].tokens[k] > before[k]);
+
+    engine_cancel(rig.e, t[1].id);
+    for (int i = 0; i < 100 && !t[2].over; i++)
+        track_for(&rig, 100, t, 3);
+    ASSERT_EQ(t[1].over, 1);
+    for (int k = 0; k < N_CHOICES; k++) {
+        ASSERT_EQ(t[1].dones[k], 1);
+        ASSERT_EQ(t[1].finish[k], ENGINE_FINISH_CANCELLED);
+    }
+    ASSERT_EQ(t[2].over, 1); /* c ran once b left */
+    ASSERT(t[2].tokens[0] >= 1 && t[2].tokens[0] <= 4);
+    rig_close(&rig);
+}
+
+/* A request of several choices cancelled while it waits ends with one
+ * DONE, choices_left 0; one that fails at admission with one ERROR. */
+TEST(choices_cancelled_while_waiting_or_refused_end_once)
+{
+    struct rig rig;
+    struct engine_config c = rig_config(RIG_FIXTURE);
+    c.max_seqs = 2;
+    c.max_queue = 4;
+    c.max_prompt_tokens = 16;
+    ASSERT_OK(rig_open(&rig, &c));
+    int32_t ids[20];
+    for (int i = 0; i < 20; i++)
+        ids[i] = 'a' + i;
+    struct choice_track t[2];
+    memset(t, 0, sizeof t);
+    struct engine_request qa = rig_greedy(&rig, 1000000);
+    rig_set_ids(&qa, ids, 8, 1);
+    struct engine_request qb = rig_greedy(&rig, 8);
+    rig_set_ids(&qb, ids, 8, 1);
+    qb.n_choices = 2;
+    t[0].id = qa.id, t[1].id = qb.id;
+    ASSERT_OK(engine_submit(rig.e, &qa));
+    for (int i = 0; i < 100 && t[0].tokens[0] == 0; i++)
+        track_for(&rig, 100, t, 2);
+    ASSERT_OK(engine_submit(rig.e, &qb));
+    track_for(&rig, 200, t, 2);
+    ASSERT_EQ(t[1].tokens[0] + t[1].dones[0], 0);
+    engine_cancel(rig.e, t[1].id);
+    for (int i = 0; i < 50 && !t[1].over; i++)
+        track_for(&rig, 100, t, 2);
+    ASSERT_EQ(t[1].over, 1);
+    ASSERT_EQ(t[1].dones[0] + t[1].dones[1], 1);
+    ASSERT_EQ(t[1].tokens[0] + t[1].tokens[1], 0);
+    engine_cancel(rig.e, t[0].id);
+    for (int i = 0; i < 50 && !t[0].over; i++)
+        track_for(&rig, 100, t, 2);
+
+    /* a prompt over the limit: one ERROR for the request, nothing else */
+    struct engine_request q = rig_greedy(&rig, 4);
+    rig_set_ids(&q, ids, 20, 1);
+    q.n_choices = 2;
+    static struct rig_result res[2];
+    struct rig_result *outs[2] = {&res[0], &res[1]};
+    uint64_t id = q.id;
+    ASSERT_OK(engine_submit(rig.e, &q));
+    ASSERT_OK(rig_wait_choices(&rig, id, outs, 2));
+    ASSERT(res[0].error && res[0].status == 400);
+    ASSERT_EQ(strcmp(res[0].code, "context_length_exceeded"), 0);
+    ASSERT_EQ(res[1].ended, 0);
+    /* the slots are free again: two choices run */
+    q = rig_greedy(&rig, 4);
+    rig_set_ids(&q, ids, 8, 1);
+    q.n_choices = 2;
+    id = q.id;
+    ASSERT_OK(engine_submit(rig.e, &q));
+    ASSERT_OK(rig_wait_choices(&rig, id, outs, 2));
+    ASSERT(!res[0].error && res[0].ended == 1 && res[1].ended == 1);
+    ASSERT_EQ(res[0].n_tok, 4);
+    ASSERT_EQ(res[1].n_tok, 4); /* greedy: the same answer twice */
+    ASSERT(memcmp(res[0].toks, res[1].toks, 4 * sizeof(int32_t)) == 0);
+    rig_close(&rig);
+}
+
+/* --max-queue counts places, not requests: a request of n choices holds n
+ * of the max_seqs + max_queue, so with no queue, two choices on two slots
+ * leave no room for a third request until they end. */
+TEST(a_request_of_n_choices_holds_n_places_of_the_queue)
+{
+    struct rig rig;
+    struct engine_config c = rig_config(RIG_FIXTURE);
+    c.max_seqs = 2;
+    c.max_queue = 0;
+    ASSERT_OK(rig_open(&rig, &c));
+    int32_t ids[8] = {'a', 'b', 'c', 'd', 'e', 'f', 'g', 'h'};
+    struct choice_track t[1];
+    memset(t, 0, sizeof t);
+    struct engine_request qa = rig_greedy(&rig, 1000000);
+    rig_set_ids(&qa, ids, 8, 1);
+    qa.n_choices = 2;
+    t[0].id = qa.id;
+    ASSERT_OK(engine_submit(rig.e, &qa));
+    struct engine_request qb = rig_greedy(&rig, 4);
+    rig_set_ids(&qb, ids, 8, 1);
+    ASSERT_EQ(engine_submit(rig.e, &qb), -EBUSY); /* no place: the caller still owns it */
+    engine_cancel(rig.e, t[0].id);
+    for (int i = 0; i < 50 && !t[0].over; i++)
+        track_for(&rig, 100, t, 1);
+    ASSERT_EQ(t[0].over, 1);
+    static struct rig_result res;
+    ASSERT_OK(rig_run(&rig, &qb, &res)); /* its places are back */
+    ASSERT(!res.error && res.n_tok == 4);
+    rig_close(&rig);
+}
+
 /* ---- response_format json_object ------------------------------------------- */
 
 #define N_JSON 4

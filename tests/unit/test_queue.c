@@ -73,7 +73,7 @@ static void *engine(void *arg)
             ev.kind = ENGINE_EV_DONE;
             while (queue_push_event(&Q, &ev) < 0)
                 queue_wait_room(&Q, 1);
-            queue_request_done(&Q);
+            queue_request_done(&Q, 1);
         }
     }
     return NULL;
@@ -115,6 +115,35 @@ TEST(queue_moves_every_command_and_event_between_threads_exactly_once)
     queue_free(&Q);
 }
 
+/* A request of n choices takes n places of the bound, and gives them all
+ * back when it is done. */
+TEST(queue_counts_a_request_of_n_choices_as_n_places)
+{
+    struct queue q;
+    ASSERT_OK(queue_init(&q, 4, 8, 4));
+    struct engine_request r;
+    memset(&r, 0, sizeof r);
+    r.id = 1;
+    r.n_choices = 3;
+    ASSERT_EQ(queue_places(&r), 3);
+    ASSERT_OK(queue_submit(&q, &r));
+    memset(&r, 0, sizeof r);
+    r.id = 2;
+    r.n_choices = 2;
+    ASSERT_EQ(queue_submit(&q, &r), -EBUSY); /* 3 + 2 > 4 */
+    r.n_choices = 0;                         /* one place */
+    ASSERT_EQ(queue_places(&r), 1);
+    ASSERT_OK(queue_submit(&q, &r));
+    memset(&r, 0, sizeof r);
+    r.id = 3;
+    ASSERT_EQ(queue_submit(&q, &r), -EBUSY); /* 4 of 4 */
+    queue_request_done(&q, 3);
+    r.n_choices = 3;
+    ASSERT_OK(queue_submit(&q, &r));
+    queue_close(&q);
+    queue_free(&q);
+}
+
 TEST(queue_bounds_requests_in_flight_and_refuses_after_close)
 {
     struct queue q;
@@ -131,7 +160,7 @@ TEST(queue_bounds_requests_in_flight_and_refuses_after_close)
     struct queue_cmd c[4];
     ASSERT_EQ(queue_take(&q, c, 4, 0), 2);
     ASSERT_EQ(queue_submit(&q, &r), -EBUSY); /* taken is not finished */
-    queue_request_done(&q);
+    queue_request_done(&q, 1);
     ASSERT_OK(queue_submit(&q, &r));
     queue_close(&q);
     ASSERT(queue_closed(&q));

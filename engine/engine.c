@@ -943,6 +943,16 @@ static void unadmit_choices(struct engine *e, uint64_t id)
     }
 }
 
+/* Slots a request may be given now or once idle sessions leave memory:
+ * those not running one. */
+static int64_t admit_places(const struct engine *e)
+{
+    int64_t places = 0;
+    for (int64_t i = 0; i < e->cfg.max_seqs; i++)
+        places += e->seqs[i].state != SEQ_RUNNING;
+    return places;
+}
+
 /* Places a request of n > 1 choices (no session): n slots at once, each a
  * fresh sequence whose request is a copy of r with seed + i; or, while n
  * slots are not free, it waits. The first choice prefills the prompt and
@@ -959,53 +969,68 @@ static int admit_choices(struct engine *e, struct engine_request *r)
         request_over(e, r);
         return 1;
     }
-    int64_t places = 0; /* free slots, and idle sessions that may leave memory */
-    for (int64_t i = 0; i < e->cfg.max_seqs; i++)
-        places += e->seqs[i].state != SEQ_RUNNING;
-    if (places < n)
+    if (admit_places(e) < n)
         return 0;
-    const int share = !r->echo;
-    int64_t first = -1;
-    for (int64_t i = 0; i < n; i++) {
+    /* the slots first, all of them, then the choices: a pass that cannot
+     * have them all (the session writer busy) gives them back untouched */
+    struct seq **taken = malloc((size_t)n * sizeof *taken);
+    int64_t got = 0;
+    while (taken && got < n) {
         struct seq *s = session_take_slot(e);
-        if (!s) {
-            unadmit_choices(e, id);
-            if (!session_slots_stuck(e))
-                return 0;
+        if (!s)
+            break;
+        s->state = SEQ_TAKEN; /* not to be taken again */
+        taken[got++] = s;
+    }
+    if (!taken || got < n) {
+        for (int64_t j = 0; j < got; j++)
+            untake_slot(e, taken[j]);
+        free(taken);
+        if (taken && !session_slots_stuck(e, n))
+            return 0;
+        if (taken)
             emit_error(e, id, 503, NULL, "session_save_failed",
-                       "every KV slot holds a session that cannot leave memory: writes to the "
-                       "session directory are failing; retry later");
-            request_over(e, r);
-            return 1;
-        }
-        struct engine_request one;
-        if (i < n - 1 && request_copy(&one, r) < 0) {
-            untake_slot(e, s);
-            unadmit_choices(e, id);
+                       "the KV slots this request needs hold sessions that cannot leave memory: "
+                       "writes to the session directory are failing; retry later");
+        else
             emit_error(e, id, 500, NULL, NULL, "out of memory");
-            request_over(e, r);
-            return 1;
-        }
-        if (i == n - 1) { /* the last choice takes r itself */
+        request_over(e, r);
+        return 1;
+    }
+    const int share = !r->echo;
+    for (int64_t i = 0; i < n; i++) {
+        struct seq *s = taken[i];
+        struct engine_request one;
+        int rc = 0;
+        if (i < n - 1) {
+            rc = request_copy(&one, r);
+            if (rc < 0)
+                emit_error(e, id, 500, NULL, NULL, "out of memory");
+        } else { /* the last choice takes r itself */
             one = *r;
             memset(r, 0, sizeof *r);
             r->n_choices = (int)n; /* for request_over's count */
         }
-        one.sampling.seed = seed + (uint64_t)i;
-        if (admit_into(e, s, &one, 1) < 0) { /* it said why: one ERROR for the request */
-            untake_slot(e, s);
-            engine_request_free(&one);
+        if (rc == 0) {
+            one.sampling.seed = seed + (uint64_t)i;
+            rc = admit_into(e, s, &one, 1); /* on failure it says why: one ERROR */
+            if (rc < 0)
+                engine_request_free(&one);
+        }
+        if (rc < 0) {
+            for (int64_t j = i; j < n; j++)
+                untake_slot(e, taken[j]);
             unadmit_choices(e, id);
+            free(taken);
             request_over(e, r);
             return 1;
         }
         s->choice = (int32_t)i;
         s->created = s->restored = 0;
-        if (i == 0)
-            first = s - e->seqs;
-        else if (share)
-            s->lead = first;
+        if (i > 0 && share)
+            s->lead = taken[0] - e->seqs;
     }
+    free(taken);
     return 1;
 }
 
@@ -1060,7 +1085,7 @@ static int try_admit(struct engine *e, struct engine_request *r)
         return 1;
     }
     struct seq *s = session_take_slot(e);
-    if (!s && session_slots_stuck(e)) {
+    if (!s && session_slots_stuck(e, 1)) {
         /* waiting would be for the disk to come back, with no answer */
         emit_error(e, r->id, 503, NULL, "session_save_failed",
                    "every KV slot holds a session that cannot leave memory: writes to the "
@@ -1264,7 +1289,9 @@ static void admit_waiting(struct engine *e)
         for (int k = 0; k < n_ahead && !behind; k++)
             behind = held_behind(&w->req, ahead[k]);
         if (behind || !try_admit(e, &w->req)) {
-            choices_wait |= choices;
+            /* (one waiting for the session writer, with the slots there,
+             * holds nobody) */
+            choices_wait |= choices && admit_places(e) < w->req.n_choices;
             if (!count_io_wait(e, w))
                 continue;
             e->waiting[j++] = *w; /* keep FIFO order */

@@ -29,6 +29,7 @@ enum seq_state {
     SEQ_FREE = 0, /* slot unused */
     SEQ_RUNNING,  /* serving a request: prefilling or decoding */
     SEQ_IDLE,     /* a session between requests: keeps its KV */
+    SEQ_TAKEN,    /* its slot is taken for a choice being admitted (admit_choices only) */
 };
 
 /* Where a generated token's text starts in the text fed to the stop filter. */

@@ -20,10 +20,11 @@ struct seq *session_find(struct engine *e, const char *sid);
  * session's (that session leaves memory). NULL when every slot runs, or
  * when the session to leave would have to wait for a save place. */
 struct seq *session_take_slot(struct engine *e);
-/* 1 when no slot will come free by itself: every slot holds an idle session
- * and every save place holds a snapshot whose write failed, so none of them
- * can leave memory (until a retried write succeeds) and nothing runs. */
-int session_slots_stuck(const struct engine *e);
+/* 1 when need slots will not come free by itself: fewer are free, every
+ * other slot holds an idle session, and every save place holds a snapshot
+ * whose write failed, so none of them can leave memory (until a retried
+ * write succeeds) and nothing runs. */
+int session_slots_stuck(const struct engine *e, int64_t need);
 /* The request running in s is over and s is a session: keep its KV. */
 void session_park(struct seq *s, double now);
 /* Idle sessions older than --session-idle leave memory (written to the

@@ -9,11 +9,16 @@ choices of a whole answer together; what cannot be served is a 400 naming n.
 """
 
 import json
+import shutil
+import socket
+import threading
+import time
 
 import openai
 import pytest
 
-from conftest import ENDLESS_CHAT, Server
+from conftest import ENDLESS, ENDLESS_CHAT, Server
+from session_util import call, complete
 
 PROMPT = "Once upon a time, in a small village,"
 CHAT = [{"role": "user", "content": "Tell me about cats."}]
@@ -91,12 +96,76 @@ def test_what_cannot_be_served_is_a_400_naming_n(client, extra, what):
     assert what in err["message"]
 
 
-def test_more_choices_than_free_slots_wait_and_are_served(start_server):
-    s = start_server("--max-seqs", "2", "--max-queue", "4")
+def test_choices_wait_until_all_their_slots_are_free(start_server):
+    """Two slots, one held by a stream: a request of two choices waits (it
+    is not started on one slot), and runs once the stream's client leaves."""
+    s = start_server("--max-seqs", "2", "--max-queue", "4", "--stream-grace", "0")
     c = s.client()
-    r = c.completions.create(model="smol", prompt=PROMPT, max_tokens=8, temperature=1.0,
-                             seed=1, n=2)
+    busy = c.completions.create(model="smol", prompt=ENDLESS, max_tokens=5000, temperature=0,
+                                stream=True)
+    next(iter(busy))  # it runs
+    done = {}
+
+    def two():
+        done["r"] = c.completions.create(model="smol", prompt=PROMPT, max_tokens=8,
+                                         temperature=1.0, seed=1, n=2)
+
+    t = threading.Thread(target=two)
+    t.start()
+    time.sleep(1.5)
+    assert "r" not in done  # waiting for its second slot
+    assert s.metrics()["streamsink_active_sequences"] == 1
+    busy.close()  # a disconnect cancels it (grace 0): both slots free
+    t.join(60)
+    r = done["r"]
     assert len(r.choices) == 2 and all(ch.finish_reason == "length" for ch in r.choices)
+
+
+def test_a_client_that_leaves_frees_every_choice_s_slot(start_server):
+    """With no queue, a request of three choices on three slots leaves no
+    room; once its client closes the connection, all three slots are free
+    and the next request of three is served, not refused."""
+    s = start_server("--max-seqs", "3", "--max-queue", "0")
+    body = json.dumps({"model": "smol", "prompt": ENDLESS, "max_tokens": 5000,
+                       "temperature": 0, "n": 3}).encode()
+    sock = socket.create_connection(("127.0.0.1", s.port))
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                 b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    s.wait_metric("streamsink_active_sequences", lambda v: v == 3)
+    status, _, raw = s.post("/v1/completions", json.dumps({"model": "smol", "prompt": PROMPT,
+                                                           "max_tokens": 2}))
+    assert status == 429, raw[:200]  # no place while it runs
+    sock.close()
+    s.wait_metric("streamsink_active_sequences", lambda v: v == 0)
+    r = s.client().completions.create(model="smol", prompt=PROMPT, max_tokens=4, n=3)
+    assert len(r.choices) == 3
+
+
+def test_choices_whose_slots_hold_sessions_that_cannot_leave_are_refused(binary, model,
+                                                                         tmp_path):
+    """One slot free, two holding idle sessions that cannot leave memory
+    (their directory is gone and both places for failed writes are taken):
+    a request of two choices gets 503 at once instead of waiting with no
+    answer, and a request of one still runs on the free slot."""
+    d = tmp_path / "sessions"
+    d.mkdir()
+    s = Server(binary, model, ["--session-dir", str(d), "--max-seqs", "3"])
+    try:
+        shutil.rmtree(d)
+        d.mkdir()  # not the directory the server holds open: every write fails
+        for sid in "abcde":  # d and e push a and b out; their writes fail and are held
+            assert complete(s, "hi", sid, max_tokens=2)[0] == 200
+        s.wait_metric("streamsink_snapshot_saves_held", lambda v: v == 2)
+        st, r = call(s, "DELETE", "/v1/sessions/e")  # a free slot; c and d stay
+        assert st == 204, r
+        st, r = call(s, "POST", "/v1/completions", {"model": "smol", "prompt": "hi",
+                                                     "max_tokens": 2, "n": 2}, timeout=30)
+        assert st == 503 and r["error"]["code"] == "session_save_failed", r
+        st, r = call(s, "POST", "/v1/completions", {"model": "smol", "prompt": "hi",
+                                                     "max_tokens": 2}, timeout=30)
+        assert st == 200, r
+    finally:
+        s.stop()
 
 
 MAX_RESPONSE = 8192

@@ -10,6 +10,7 @@ choices of a whole answer together; what cannot be served is a 400 naming n.
 
 import json
 import shutil
+import signal
 import socket
 import threading
 import time
@@ -191,3 +192,39 @@ def test_max_response_bounds_all_choices_together(binary, model):
         assert j["usage"]["completion_tokens"] == held, j["usage"]
     finally:
         assert s.stop() == 0, s.log()
+
+
+def test_a_stream_of_choices_cut_at_the_drain_ends_once_with_the_cut_s_error(start_server):
+    """At the drain timeout every choice is cancelled: the stream ends with
+    one error frame (server_shutting_down) and [DONE], after the tokens of
+    both choices, and no choice is told it stopped."""
+    s = start_server("--drain-timeout", "1")
+    body = json.dumps({"model": "smol", "prompt": ENDLESS, "max_tokens": 5000,
+                       "temperature": 0, "n": 2, "stream": True}).encode()
+    sock = socket.create_connection(("127.0.0.1", s.port))
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                 b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    s.wait_metric("streamsink_active_sequences", lambda v: v == 2)
+    s.proc.send_signal(signal.SIGTERM)
+    sock.settimeout(30)
+    raw = b""
+    while b"data: [DONE]" not in raw:
+        got = sock.recv(65536)
+        if not got:
+            break
+        raw += got
+    sock.close()
+    assert s.proc.wait(30) == 0
+    datas = [line[6:] for line in raw.decode(errors="replace").split("\n")
+             if line.startswith("data: ")]
+    assert datas[-1] == "[DONE]"
+    frames = [json.loads(d) for d in datas[:-1] if d.startswith("{")]
+    errors = [f for f in frames if "error" in f]
+    assert len(errors) == 1 and errors[0]["error"]["code"] == "server_shutting_down"
+    assert frames[-1] is errors[0]
+    texts = {0: "", 1: ""}
+    for f in frames:
+        for ch in f.get("choices", []):
+            assert ch["finish_reason"] is None
+            texts[ch["index"]] += ch["text"]
+    assert texts[0] and texts[1]

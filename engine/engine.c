@@ -944,12 +944,14 @@ static void unadmit_choices(struct engine *e, uint64_t id)
 }
 
 /* Slots a request may be given now or once idle sessions leave memory:
- * those not running one. */
+ * the free ones, and those of idle sessions unless none can leave (every
+ * save place holds a failed write). */
 static int64_t admit_places(const struct engine *e)
 {
+    const int pinned = session_idle_pinned(e);
     int64_t places = 0;
     for (int64_t i = 0; i < e->cfg.max_seqs; i++)
-        places += e->seqs[i].state != SEQ_RUNNING;
+        places += e->seqs[i].state == SEQ_FREE || (!pinned && e->seqs[i].state == SEQ_IDLE);
     return places;
 }
 
@@ -969,11 +971,9 @@ static int admit_choices(struct engine *e, struct engine_request *r)
         request_over(e, r);
         return 1;
     }
-    if (admit_places(e) < n)
-        return 0;
     /* the slots first, all of them, then the choices: a pass that cannot
      * have them all (the session writer busy) gives them back untouched */
-    struct seq **taken = malloc((size_t)n * sizeof *taken);
+    struct seq **taken = admit_places(e) >= n ? malloc((size_t)n * sizeof *taken) : NULL;
     int64_t got = 0;
     while (taken && got < n) {
         struct seq *s = session_take_slot(e);
@@ -983,17 +983,18 @@ static int admit_choices(struct engine *e, struct engine_request *r)
         taken[got++] = s;
     }
     if (!taken || got < n) {
+        const int oom = !taken && admit_places(e) >= n;
         for (int64_t j = 0; j < got; j++)
             untake_slot(e, taken[j]);
         free(taken);
-        if (taken && !session_slots_stuck(e, n))
+        if (!oom && !session_slots_stuck(e, n))
             return 0;
-        if (taken)
+        if (oom)
+            emit_error(e, id, 500, NULL, NULL, "out of memory");
+        else
             emit_error(e, id, 503, NULL, "session_save_failed",
                        "the KV slots this request needs hold sessions that cannot leave memory: "
                        "writes to the session directory are failing; retry later");
-        else
-            emit_error(e, id, 500, NULL, NULL, "out of memory");
         request_over(e, r);
         return 1;
     }
@@ -1283,7 +1284,10 @@ static void admit_waiting(struct engine *e)
         struct waiting_req *w = &e->waiting[i];
         uint64_t id = w->req.id;
         int paused = w->paused;
-        const int fresh_gen = w->req.kind == ENGINE_REQ_GENERATE && !w->req.session_id[0];
+        /* a completion that would take a slot: one without a session, or
+         * whose session is not in memory (to start or to restore) */
+        const int fresh_gen = w->req.kind == ENGINE_REQ_GENERATE &&
+                              (!w->req.session_id[0] || !session_find(e, w->req.session_id));
         const int choices = fresh_gen && w->req.n_choices > 1;
         int behind = choices_wait && fresh_gen;
         for (int k = 0; k < n_ahead && !behind; k++)
@@ -1659,40 +1663,52 @@ static int waits_for_lead(struct seq *s, struct seq *seqs)
     return 0;
 }
 
-/* Gives sib the prompt lead has just prefilled: lead's KV cells, copied
- * through host memory as a snapshot holds them (bit for bit: every cell the
- * next query can see), and lead's place in the stream. Both were admitted
- * with the same prompt and policy. Returns 0, or -1 (sib then prefills the
- * prompt itself; a failed import leaves its cells to be written again). */
-static int share_prompt(struct engine *e, const struct seq *lead, struct seq *sib)
+/* The KV cells of a prompt one choice prefilled, in host memory as a
+ * snapshot holds them (bit for bit: every cell the next query can see),
+ * for the request's other choices. */
+struct shared_prompt {
+    struct snapshot_meta m;
+    uint8_t *k, *v;
+};
+
+/* Copies lead's cells out into sp. 0, or -1 (nothing to free). */
+static int share_export(struct engine *e, const struct seq *lead, struct shared_prompt *sp)
 {
     const struct kv_geometry *g = &e->dec.fwd.pool.geo;
-    struct snapshot_meta m;
-    memset(&m, 0, sizeof m);
-    m.dtype = g->dtype;
-    m.n_layer = g->n_layer;
-    m.n_kv_head = g->n_kv_head;
-    m.head_dim = g->head_dim;
-    m.policy = lead->kv.policy;
-    m.n_sinks = lead->kv.n_sinks;
-    m.window = lead->kv.window;
-    m.pos_first = lead->kv.pos_first;
-    m.pos_next = lead->kv.pos_next;
-    m.swa_period = g->swa_period;
-    m.swa_window = g->swa_period > 0 ? g->swa_window : 0;
-    snapshot_meta_cells(&m);
-    const size_t bytes = snapshot_kv_bytes(&m);
-    uint8_t *k = malloc(bytes ? bytes : 1), *v = malloc(bytes ? bytes : 1);
+    struct snapshot_meta *m = &sp->m;
+    memset(sp, 0, sizeof *sp);
+    m->dtype = g->dtype;
+    m->n_layer = g->n_layer;
+    m->n_kv_head = g->n_kv_head;
+    m->head_dim = g->head_dim;
+    m->policy = lead->kv.policy;
+    m->n_sinks = lead->kv.n_sinks;
+    m->window = lead->kv.window;
+    m->pos_first = lead->kv.pos_first;
+    m->pos_next = lead->kv.pos_next;
+    m->swa_period = g->swa_period;
+    m->swa_window = g->swa_period > 0 ? g->swa_window : 0;
+    snapshot_meta_cells(m);
+    const size_t bytes = snapshot_kv_bytes(m);
+    sp->k = malloc(bytes ? bytes : 1);
+    sp->v = malloc(bytes ? bytes : 1);
+    if (sp->k && sp->v &&
+        session_copy_cells(&e->dec.backend, g, &lead->kv, m, sp->k, sp->v, 0) == 0)
+        return 0;
+    free(sp->k);
+    free(sp->v);
+    return -1;
+}
+
+/* Gives sib the prompt lead prefilled (sp: its cells) and lead's place in
+ * the stream; both were admitted with the same prompt and policy. 0, or -1
+ * (sib then prefills the prompt itself, writing its cells again). */
+static int share_import(struct engine *e, const struct seq *lead, struct seq *sib,
+                        const struct shared_prompt *sp)
+{
     struct kv_seq kv = lead->kv;
     kv.slot = sib->kv.slot;
-    int rc = k && v ? 0 : -ENOMEM;
-    if (rc == 0)
-        rc = session_copy_cells(&e->dec.backend, g, &lead->kv, &m, k, v, 0);
-    if (rc == 0)
-        rc = session_copy_cells(&e->dec.backend, g, &kv, &m, k, v, 1);
-    free(k);
-    free(v);
-    if (rc < 0)
+    if (session_copy_cells(&e->dec.backend, &e->dec.fwd.pool.geo, &kv, &sp->m, sp->k, sp->v, 1) < 0)
         return -1;
     sib->kv = kv;
     sib->n_fed = sib->n_prompt;
@@ -1701,10 +1717,13 @@ static int share_prompt(struct engine *e, const struct seq *lead, struct seq *si
 
 /* lead, a request's first choice, has just prefilled its prompt, whose
  * last logits row is row: each later choice waiting for it takes the
- * prompt and a copy of the row, and is picked in this step after lead. */
+ * prompt (its cells exported once, imported into each) and a copy of the
+ * row, and is picked in this step after lead. */
 static void share_with_choices(struct engine *e, struct seq *lead, const float *row)
 {
     const int64_t V = e->info.n_vocab;
+    struct shared_prompt sp;
+    int have = 0; /* 1: sp holds the cells; -1: they could not be had */
     for (int64_t i = 0; i < e->cfg.max_seqs; i++) {
         struct seq *o = &e->seqs[i];
         if (o->state != SEQ_RUNNING || o->lead != lead - e->seqs || o->id != lead->id)
@@ -1712,12 +1731,18 @@ static void share_with_choices(struct engine *e, struct seq *lead, const float *
         o->lead = -1; /* from here on a sequence of its own, or it prefills */
         if (!e->share_rows)
             e->share_rows = malloc((size_t)e->cfg.max_seqs * (size_t)V * sizeof(float));
-        if (!e->share_rows || share_prompt(e, lead, o) < 0)
+        if (have == 0)
+            have = share_export(e, lead, &sp) == 0 ? 1 : -1;
+        if (!e->share_rows || have < 0 || share_import(e, lead, o, &sp) < 0)
             continue;
         float *mine = e->share_rows + (size_t)i * (size_t)V;
         memcpy(mine, row, (size_t)V * sizeof(float));
         e->pick_seq[e->n_pick] = o;
         e->pick_logits[e->n_pick++] = mine;
+    }
+    if (have > 0) {
+        free(sp.k);
+        free(sp.v);
     }
 }
 

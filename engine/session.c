@@ -231,13 +231,20 @@ struct seq *session_take_slot(struct engine *e)
     return NULL;
 }
 
-int session_slots_stuck(const struct engine *e, int64_t need)
+int session_idle_pinned(const struct engine *e)
 {
     if (!e->saving)
         return 0;
     for (int i = 0; i < SESSION_SAVES_MAX; i++)
         if (e->saving[i].state != SAVE_HELD)
             return 0;
+    return 1;
+}
+
+int session_slots_stuck(const struct engine *e, int64_t need)
+{
+    if (!session_idle_pinned(e))
+        return 0;
     int64_t free_slots = 0;
     for (int64_t i = 0; i < e->cfg.max_seqs; i++) {
         if (e->seqs[i].state == SEQ_RUNNING)

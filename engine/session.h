@@ -20,6 +20,9 @@ struct seq *session_find(struct engine *e, const char *sid);
  * session's (that session leaves memory). NULL when every slot runs, or
  * when the session to leave would have to wait for a save place. */
 struct seq *session_take_slot(struct engine *e);
+/* 1 when no idle session can leave memory: every save place holds a
+ * snapshot whose write failed (until a retried write succeeds). */
+int session_idle_pinned(const struct engine *e);
 /* 1 when need slots will not come free by itself: fewer are free, every
  * other slot holds an idle session, and every save place holds a snapshot
  * whose write failed, so none of them can leave memory (until a retried

@@ -548,10 +548,11 @@ static void track_for(struct rig *r, int ms, struct choice_track *t, int n)
     }
 }
 
-/* A request of three choices waits until three slots are free, and a
- * later request of one waits behind it rather than taking a slot as one
- * frees; pause and resume hold and free all three; a cancel ends each
- * with its DONE, the last ending the request. */
+/* A request of three choices waits until three slots are free, and later
+ * requests of one that need a slot (no session, or a new one) wait behind
+ * it rather than taking a slot as one frees; pause and resume hold and free
+ * all three; a cancel ends each with its DONE, the last ending the
+ * request. */
 TEST(choices_wait_for_their_slots_together_and_a_cancel_ends_them_all)
 {
     struct rig rig;
@@ -560,7 +561,7 @@ TEST(choices_wait_for_their_slots_together_and_a_cancel_ends_them_all)
     c.max_queue = 4;
     ASSERT_OK(rig_open(&rig, &c));
     int32_t ids[8] = {'a', 'b', 'c', 'd', 'e', 'f', 'g', 'h'};
-    struct choice_track t[3];
+    struct choice_track t[4];
     memset(t, 0, sizeof t);
     struct engine_request qa = rig_greedy(&rig, 1000000); /* endless: holds a slot */
     rig_set_ids(&qa, ids, 8, 1);
@@ -569,50 +570,58 @@ TEST(choices_wait_for_their_slots_together_and_a_cancel_ends_them_all)
     qb.n_choices = N_CHOICES;
     struct engine_request qc = rig_greedy(&rig, 4);
     rig_set_ids(&qc, ids, 8, 1);
-    t[0].id = qa.id, t[1].id = qb.id, t[2].id = qc.id;
+    struct engine_request qd = rig_greedy(&rig, 4); /* starts a session: needs a slot */
+    rig_set_ids(&qd, ids, 8, 1);
+    snprintf(qd.session_id, sizeof qd.session_id, "later");
+    t[0].id = qa.id, t[1].id = qb.id, t[2].id = qc.id, t[3].id = qd.id;
     ASSERT_OK(engine_submit(rig.e, &qa));
     for (int i = 0; i < 100 && t[0].tokens[0] == 0; i++)
-        track_for(&rig, 100, t, 3);
+        track_for(&rig, 100, t, 4);
     ASSERT(t[0].tokens[0] > 0);
     ASSERT_OK(engine_submit(rig.e, &qb)); /* two slots free: it waits */
     ASSERT_OK(engine_submit(rig.e, &qc)); /* one would fit; it waits behind b */
-    track_for(&rig, 500, t, 3);
+    ASSERT_OK(engine_submit(rig.e, &qd)); /* so does a new session */
+    track_for(&rig, 500, t, 4);
     for (int k = 0; k < N_CHOICES; k++)
         ASSERT_EQ(t[1].tokens[k] + t[1].dones[k], 0);
     ASSERT_EQ(t[2].tokens[0] + t[2].dones[0], 0);
+    ASSERT_EQ(t[3].tokens[0] + t[3].dones[0], 0);
 
     engine_cancel(rig.e, t[0].id); /* three slots: b runs, all its choices */
     for (int i = 0; i < 100 && (t[1].tokens[0] == 0 || t[1].tokens[1] == 0 || t[1].tokens[2] == 0);
          i++)
-        track_for(&rig, 100, t, 3);
+        track_for(&rig, 100, t, 4);
     ASSERT(t[0].over == 1);
     for (int k = 0; k < N_CHOICES; k++)
         ASSERT(t[1].tokens[k] > 0);
-    ASSERT_EQ(t[2].tokens[0] + t[2].dones[0], 0); /* no slot for c while b runs */
+    ASSERT_EQ(t[2].tokens[0] + t[2].dones[0], 0); /* no slot for c or d while b runs */
+    ASSERT_EQ(t[3].tokens[0] + t[3].dones[0], 0);
 
     engine_pause(rig.e, t[1].id);
-    track_for(&rig, 300, t, 3); /* what was made before the pause took */
+    track_for(&rig, 300, t, 4); /* what was made before the pause took */
     int before[N_CHOICES];
     for (int k = 0; k < N_CHOICES; k++)
         before[k] = t[1].tokens[k];
-    track_for(&rig, 400, t, 3);
+    track_for(&rig, 400, t, 4);
     for (int k = 0; k < N_CHOICES; k++)
         ASSERT_EQ(t[1].tokens[k], before[k]);
     engine_resume(rig.e, t[1].id);
-    track_for(&rig, 400, t, 3);
+    track_for(&rig, 400, t, 4);
     for (int k = 0; k < N_CHOICES; k++)
         ASSERT(t[1].tokens[k] > before[k]);
 
     engine_cancel(rig.e, t[1].id);
-    for (int i = 0; i < 100 && !t[2].over; i++)
-        track_for(&rig, 100, t, 3);
+    for (int i = 0; i < 100 && (!t[2].over || !t[3].over); i++)
+        track_for(&rig, 100, t, 4);
     ASSERT_EQ(t[1].over, 1);
     for (int k = 0; k < N_CHOICES; k++) {
         ASSERT_EQ(t[1].dones[k], 1);
         ASSERT_EQ(t[1].finish[k], ENGINE_FINISH_CANCELLED);
     }
-    ASSERT_EQ(t[2].over, 1); /* c ran once b left */
+    ASSERT_EQ(t[2].over, 1); /* c and d ran once b left */
     ASSERT(t[2].tokens[0] >= 1 && t[2].tokens[0] <= 4);
+    ASSERT_EQ(t[3].over, 1);
+    ASSERT(t[3].tokens[0] >= 1 && t[3].tokens[0] <= 4);
     rig_close(&rig);
 }
 

@@ -20,6 +20,7 @@
 #include "router.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -370,6 +371,7 @@ static void submit(struct server *s, struct http_conn *c, struct srv_req *r,
  * the tokens are back. */
 struct tok_work {
     uv_work_t work;
+    struct fair_job fj; /* waiting for a worker, by the client's group */
     struct server *s;
     uint64_t id;
     struct engine_request req;
@@ -396,13 +398,34 @@ static void tok_run(uv_work_t *w) /* a worker thread */
 static void release_parked(struct server *s);
 static void tok_done_(uv_work_t *w, int status);
 
+static void tok_dispatch(struct server *s);
+
 /* A prompt's tokens are back (or its request is gone): it goes to the
- * engine, then the session requests that waited for it. */
+ * engine, then the session requests that waited for it, and its worker to
+ * the next job. */
 static void tok_done(uv_work_t *w, int status)
 {
-    struct server *s = ((struct tok_work *)w->data)->s;
+    struct tok_work *t = w->data;
+    struct server *s = t->s;
+    fair_done(&s->tok_fair);
     tok_done_(w, status);
     release_parked(s);
+    tok_dispatch(s);
+}
+
+/* Hands libuv the jobs that may run now, fairly between clients (fair.h). A
+ * job libuv will not take ends as a failed one. */
+static void tok_dispatch(struct server *s)
+{
+    struct fair_job *j;
+    while ((j = fair_take(&s->tok_fair))) {
+        struct tok_work *t = (struct tok_work *)((char *)j - offsetof(struct tok_work, fj));
+        if (uv_queue_work(s->loop, &t->work, tok_run, tok_done) == 0)
+            continue;
+        fair_done(&s->tok_fair);
+        tok_done_(&t->work, -1); /* 500 to its client, if it is still there */
+        release_parked(s);
+    }
 }
 
 /* Bytes of text of the tokens first (if >= 0) and ids[0..n). */
@@ -538,14 +561,7 @@ static void queue_tokenize(struct server *s, struct http_conn *c, struct srv_req
     if (t->max < 0)
         t->max = 0;
     t->work.data = t;
-    if (uv_queue_work(s->loop, &t->work, tok_run, tok_done) < 0) {
-        enum metrics_endpoint ep = r->ep;
-        engine_request_free(&t->req);
-        free(t);
-        req_done(s, c);
-        reply_err(s, c, ep, 500, NULL, NULL, "cannot schedule the prompt's tokenization");
-        return;
-    }
+    t->fj.group = group_of(s, c);
     r->tokenizing = 1;
     r->tok_cancel = &t->cancelled;
     snprintf(r->tok_session, sizeof r->tok_session, "%s", t->req.session_id);
@@ -553,6 +569,8 @@ static void queue_tokenize(struct server *s, struct http_conn *c, struct srv_req
     s->tokenizing++;
     t->held = t->req.prompt_len;
     s->body_bytes += t->held;
+    fair_push(&s->tok_fair, &t->fj);
+    tok_dispatch(s);
 }
 
 /* The most values a body may hold: a token-array prompt (or /detokenize's

@@ -18,6 +18,7 @@
 #include <uv.h>
 
 #include "api.h"
+#include "fair.h"
 #include "server.h"
 #include "http_conn.h"
 #include "metrics.h"
@@ -65,9 +66,10 @@ struct server {
     double cut_answer_deadline; /* cut streams wait for the engine's answer until then (0: none) */
     int cutting;                /* the drain is over: what runs is cut, what arrives refused */
     int stopped;
-    int64_t tokenizing;        /* prompts on libuv's worker threads */
-    int64_t parked;            /* session requests waiting for such a prompt (router.c) */
-    int64_t max_prompt_tokens; /* --max-prompt, else the model's context length */
+    int64_t tokenizing;         /* prompts waiting for or on libuv's worker threads */
+    struct fair_queue tok_fair; /* ... which of them gets a worker next (fair.h) */
+    int64_t parked;             /* session requests waiting for such a prompt (router.c) */
+    int64_t max_prompt_tokens;  /* --max-prompt, else the model's context length */
 };
 
 /* One API request between submit and its last event; c->user points here. */

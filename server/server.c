@@ -709,6 +709,7 @@ enum server_status server_run(const struct server_config *cfg)
     for (int64_t i = 0; i < s->cfg.max_conns; i++)
         s->free_slots[i] = s->cfg.max_conns - 1 - i;
     s->n_free = s->cfg.max_conns;
+    fair_init(&s->tok_fair, fair_pool_workers());
     metrics_init(&s->metrics);
     /* every connection's stream, plus those running or queued without one */
     rc = streams_init(s, s->cfg.max_conns + s->cfg.max_seqs + s->cfg.max_queue,

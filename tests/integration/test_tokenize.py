@@ -171,3 +171,72 @@ def test_detokenize_and_tokenize_pieces_are_bounded_as_an_answer(start_server):
     assert r["error"]["code"] == "request_too_large" and r["error"]["param"] == "with_pieces"
     status, r = post(s, "/tokenize", {"content": " the" * 257})
     assert status == 200 and r["count"] == 257, r
+
+
+def test_a_client_s_flood_of_long_texts_does_not_hold_another_client_s_prompt(binary, model,
+                                                                              tmp_path,
+                                                                              monkeypatch):
+    """Texts are tokenized on libuv's worker threads (one here). One key
+    queues 24 long texts (each about 4 MB of random words, a third of a
+    second of tokenizing), and while at least 12 of them wait or run another
+    key sends a short one: it gets the worker next, ahead of the first key's
+    waiting texts, instead of coming back after all of them."""
+    import random
+    import socket
+    import threading
+
+    from conftest import Server
+
+    keys = tmp_path / "keys"
+    keys.write_text("key-flood\nkey-other\n")
+    monkeypatch.setenv("UV_THREADPOOL_SIZE", "1")
+    s = Server(binary, model, ["--api-key-file", str(keys), "--max-prompt", "10000000",
+                               "--max-body-total", str(256 << 20)])
+    try:
+        rnd = random.Random(1)
+        alpha = "abcdefghijklmnopqrstuvwxyz"
+        text = " ".join("".join(rnd.choice(alpha) for _ in range(rnd.randint(3, 9)))
+                        for _ in range(600000))
+        order = []
+        lock = threading.Lock()
+
+        def request(key, content):
+            body = json.dumps({"content": content}).encode()
+            return (f"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                    f"Authorization: Bearer {key}\r\nContent-Length: {len(body)}\r\n"
+                    f"Connection: close\r\n\r\n").encode() + body
+
+        def send(data):
+            sock = socket.create_connection(("127.0.0.1", s.port))
+            sock.sendall(data)
+            return sock
+
+        def read(sock, tag):
+            sock.settimeout(120)
+            raw = b""
+            while True:
+                got = sock.recv(1 << 20)
+                if not got:
+                    break
+                raw += got
+            sock.close()
+            with lock:
+                order.append((tag, raw.split(b" ", 2)[1]))
+
+        flood = request("key-flood", text)
+        socks = [send(flood) for _ in range(24)]
+        readers = [threading.Thread(target=read, args=(k, "flood")) for k in socks]
+        for t in readers:
+            t.start()
+        s.wait_metric("streamsink_requests_inflight", lambda v: v >= 12, timeout=60)
+        other = threading.Thread(target=read, args=(send(request("key-other", "a short text")),
+                                                    "other"))
+        other.start()
+        for t in readers + [other]:
+            t.join(120)
+        assert len(order) == 25 and all(st == b"200" for _, st in order), order
+        after = len(order) - 1 - [tag for tag, _ in order].index("other")
+        # all but the one running in fairness; none in a plain queue, behind them all
+        assert after >= 5, order
+    finally:
+        assert s.stop() == 0, s.log()

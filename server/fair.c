@@ -27,6 +27,23 @@ void fair_push(struct fair_queue *q, struct fair_job *j)
     q->tail = j;
 }
 
+void fair_remove(struct fair_queue *q, struct fair_job *j)
+{
+    struct fair_job *prev = NULL;
+    for (struct fair_job *w = q->head; w; prev = w, w = w->next) {
+        if (w != j)
+            continue;
+        if (prev)
+            prev->next = j->next;
+        else
+            q->head = j->next;
+        if (q->tail == j)
+            q->tail = prev;
+        j->next = NULL;
+        return;
+    }
+}
+
 struct fair_job *fair_take(struct fair_queue *q)
 {
     if (!q->head || q->n_running >= q->workers)
@@ -60,8 +77,8 @@ void fair_done(struct fair_queue *q)
 int fair_pool_workers(void)
 {
     const char *v = getenv("UV_THREADPOOL_SIZE");
-    long n = v ? strtol(v, NULL, 10) : 4;
-    if (n < 1)
+    unsigned n = v ? (unsigned)atoi(v) : 4;
+    if (n == 0)
         n = 1;
     return n > 1024 ? 1024 : (int)n;
 }

@@ -36,13 +36,16 @@ struct fair_queue {
 void fair_init(struct fair_queue *q, int workers);
 /* Adds j (its group set) to the waiting jobs. */
 void fair_push(struct fair_queue *q, struct fair_job *j);
+/* Takes j, which waits, out of the queue (its client left). */
+void fair_remove(struct fair_queue *q, struct fair_job *j);
 /* The job to start now, counted as running, or NULL when every worker is
  * taken or nothing waits. */
 struct fair_job *fair_take(struct fair_queue *q);
 /* A running job ended. */
 void fair_done(struct fair_queue *q);
-/* The workers libuv's pool has: UV_THREADPOOL_SIZE as libuv reads it (0 is
- * 1, at most 1024), 4 without it. */
+/* The workers libuv's pool has: UV_THREADPOOL_SIZE as libuv 1.44 reads it
+ * (atoi as unsigned: 0 is 1, a negative number or over 1024 is 1024), 4
+ * without it. */
 int fair_pool_workers(void);
 
 #endif

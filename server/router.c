@@ -266,12 +266,15 @@ static const char *token_piece(void *arg, int32_t id, size_t *len)
     return engine_token_piece(arg, id, len);
 }
 
+static void tok_forget(int *cancel);
+
 void router_req_free(struct srv_req *r)
 {
     /* a prompt still waiting for a worker: tok_done will find nobody to give
-     * its tokens to, so the worker skips it */
+     * its tokens to, so the worker skips it (one not handed to libuv yet is
+     * dropped at once, its bytes of the body budget with it) */
     if (r->tokenizing)
-        __atomic_store_n(r->tok_cancel, 1, __ATOMIC_RELEASE);
+        tok_forget(r->tok_cancel);
     engine_request_free(&r->parked_req); /* a session request's: owns nothing */
     api_response_free(&r->resp);
     free(r->infos);
@@ -372,6 +375,7 @@ static void submit(struct server *s, struct http_conn *c, struct srv_req *r,
 struct tok_work {
     uv_work_t work;
     struct fair_job fj; /* waiting for a worker, by the client's group */
+    int waiting;        /* in s->tok_fair, not yet handed to libuv */
     struct server *s;
     uint64_t id;
     struct engine_request req;
@@ -408,9 +412,27 @@ static void tok_done(uv_work_t *w, int status)
     struct tok_work *t = w->data;
     struct server *s = t->s;
     fair_done(&s->tok_fair);
+    tok_dispatch(s); /* the worker's next job first */
     tok_done_(w, status);
     release_parked(s);
-    tok_dispatch(s);
+}
+
+/* The client of the job whose cancel flag is cancel left: a job still
+ * waiting in the fair queue is dropped now (nobody waits for its tokens),
+ * one handed to libuv is skipped by its worker. */
+static void tok_forget(int *cancel)
+{
+    struct tok_work *t = (struct tok_work *)((char *)cancel - offsetof(struct tok_work, cancelled));
+    __atomic_store_n(cancel, 1, __ATOMIC_RELEASE);
+    if (!t->waiting)
+        return;
+    struct server *s = t->s;
+    fair_remove(&s->tok_fair, &t->fj);
+    s->tokenizing--;
+    s->body_bytes -= t->held;
+    engine_request_free(&t->req);
+    free(t);
+    server_stop_engine(s); /* when it was the last, and the server is stopping */
 }
 
 /* Hands libuv the jobs that may run now, fairly between clients (fair.h). A
@@ -420,6 +442,7 @@ static void tok_dispatch(struct server *s)
     struct fair_job *j;
     while ((j = fair_take(&s->tok_fair))) {
         struct tok_work *t = (struct tok_work *)((char *)j - offsetof(struct tok_work, fj));
+        t->waiting = 0;
         if (uv_queue_work(s->loop, &t->work, tok_run, tok_done) == 0)
             continue;
         fair_done(&s->tok_fair);
@@ -569,6 +592,7 @@ static void queue_tokenize(struct server *s, struct http_conn *c, struct srv_req
     s->tokenizing++;
     t->held = t->req.prompt_len;
     s->body_bytes += t->held;
+    t->waiting = 1;
     fair_push(&s->tok_fair, &t->fj);
     tok_dispatch(s);
 }

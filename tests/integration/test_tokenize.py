@@ -240,3 +240,57 @@ def test_a_client_s_flood_of_long_texts_does_not_hold_another_client_s_prompt(bi
         assert after >= 5, order
     finally:
         assert s.stop() == 0, s.log()
+
+
+def test_texts_whose_client_left_give_back_their_body_budget_at_once(binary, model, tmp_path,
+                                                                     monkeypatch):
+    """One worker; key a queues 10 texts of 4 MB and hangs up while key b
+    has 10 queued. Key a's waiting texts leave the queue at once with their
+    bytes of --max-body-total, so key c's 24 MB text is taken at its first
+    try (they used to hold the budget until their turn came: 503)."""
+    import random
+    import socket
+
+    from conftest import Server
+
+    keys = tmp_path / "keys"
+    keys.write_text("ka\nkb\nkc\n")
+    monkeypatch.setenv("UV_THREADPOOL_SIZE", "1")
+    s = Server(binary, model, ["--api-key-file", str(keys), "--max-prompt", "100000000",
+                               "--max-body", str(64 << 20), "--max-body-total", str(88 << 20)])
+    try:
+        rnd = random.Random(1)
+        alpha = "abcdefghijklmnopqrstuvwxyz"
+        text = " ".join("".join(rnd.choice(alpha) for _ in range(rnd.randint(3, 9)))
+                        for _ in range(600000))
+
+        def request(key, content):
+            body = json.dumps({"content": content}).encode()
+            return (f"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                    f"Authorization: Bearer {key}\r\nContent-Length: {len(body)}\r\n"
+                    f"Connection: close\r\n\r\n").encode() + body
+
+        def send(data):
+            sock = socket.create_connection(("127.0.0.1", s.port))
+            sock.sendall(data)
+            return sock
+
+        big = request("kc", text * 6)
+        a = [send(request("ka", text)) for _ in range(10)]
+        b = [send(request("kb", text)) for _ in range(10)]
+        s.wait_metric("streamsink_requests_inflight", lambda v: v >= 12, timeout=60)
+        for sock in a:
+            sock.close()
+        s.wait_metric("streamsink_connections_open", lambda v: v <= 11, timeout=30)
+        sock = send(big)
+        sock.settimeout(0.5)
+        try:
+            head = sock.recv(200)
+        except socket.timeout:
+            head = b"(no answer yet: taken)"
+        sock.close()
+        assert b" 503 " not in head, head
+        for sock in b:
+            sock.close()
+    finally:
+        assert s.stop() == 0, s.log()

@@ -5,7 +5,10 @@
  * properties the router relies on, checked by brute force over a log of
  * what happened: a group's jobs start in the order pushed, no worker idles
  * while a job waits, and while a job waits no other group starts more than
- * one job more than the jobs of its own group that were waiting ahead of it.
+ * two jobs more than the jobs of its own group that were waiting ahead of
+ * it. A backlogged group is not starved by another that sends one job at a
+ * time, equal tags go in the order pushed, and a job whose client left
+ * leaves the queue.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -112,6 +115,60 @@ TEST(fair_take_keeps_each_group_s_order_idles_no_worker_and_serves_groups_in_tur
     }
 }
 
+/* One worker; group 1 has ten jobs waiting while group 2 sends its next
+ * job only when it has none waiting: group 1 still gets every other start
+ * (a queue that forgot what it had started would give group 2 them all). */
+TEST(a_backlogged_group_is_not_starved_by_one_that_sends_a_job_at_a_time)
+{
+    struct fair_queue q;
+    fair_init(&q, 1);
+    static struct fair_job g1[10], g2[1000];
+    for (int i = 0; i < 10; i++) {
+        g1[i].group = 1;
+        fair_push(&q, &g1[i]);
+    }
+    int started1 = 0, sent2 = 0, waiting2 = 0;
+    for (int i = 0; i < 1000; i++) {
+        if (!waiting2) {
+            g2[sent2].group = 2;
+            fair_push(&q, &g2[sent2++]);
+            waiting2 = 1;
+        }
+        struct fair_job *j = fair_take(&q);
+        ASSERT(j != NULL);
+        waiting2 &= j->group != 2;
+        started1 += j->group == 1;
+        if (j->group == 1)
+            ASSERT(j == &g1[started1 - 1]); /* in its order */
+        fair_done(&q);
+        if (i == 25)
+            ASSERT_EQ(started1, 10); /* turn and turn about */
+    }
+}
+
+/* Equal tags go in the order pushed; a removed job is never taken. */
+TEST(equal_tags_go_in_the_order_pushed_and_a_removed_job_leaves)
+{
+    struct fair_queue q;
+    fair_init(&q, 1);
+    struct fair_job a = {.group = 1}, b = {.group = 2}, c = {.group = 3}, d = {.group = 3};
+    fair_push(&q, &a);
+    fair_push(&q, &b);
+    fair_push(&q, &c);
+    fair_push(&q, &d);
+    ASSERT_EQ(a.tag, b.tag);
+    ASSERT_EQ(b.tag, c.tag);
+    fair_remove(&q, &b);
+    ASSERT(fair_take(&q) == &a);
+    fair_done(&q);
+    ASSERT(fair_take(&q) == &c);
+    fair_done(&q);
+    fair_remove(&q, &d); /* the last: the queue is empty, and takes new jobs */
+    ASSERT(fair_take(&q) == NULL);
+    fair_push(&q, &b);
+    ASSERT(fair_take(&q) == &b);
+}
+
 TEST(the_pool_size_is_libuv_s)
 {
     unsetenv("UV_THREADPOOL_SIZE");
@@ -121,6 +178,8 @@ TEST(the_pool_size_is_libuv_s)
     setenv("UV_THREADPOOL_SIZE", "0", 1);
     ASSERT_EQ(fair_pool_workers(), 1);
     setenv("UV_THREADPOOL_SIZE", "5000", 1);
+    ASSERT_EQ(fair_pool_workers(), 1024);
+    setenv("UV_THREADPOOL_SIZE", "-1", 1); /* libuv reads it as unsigned */
     ASSERT_EQ(fair_pool_workers(), 1024);
     unsetenv("UV_THREADPOOL_SIZE");
 }

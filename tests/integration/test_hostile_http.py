@@ -422,7 +422,12 @@ def test_a_client_still_reading_its_answer_is_not_reclaimed(start_server):
         assert status == 200 and len(out) == int(headers["content-length"]), len(got)
         assert json.loads(out)["usage"]["completion_tokens"] == 300
         b.settimeout(10)
-        assert b.recv(100) == b""  # the half-sent request was closed to make room
+        # the half-sent request was closed to make room: a FIN, or a reset when
+        # the server had not yet read its bytes when it closed it (as idle)
+        try:
+            assert b.recv(100) == b""
+        except ConnectionResetError:
+            pass
     finally:
         a.close()
         b.close()

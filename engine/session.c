@@ -628,6 +628,23 @@ static int copy_run(struct backend *b, const struct kv_seq *kv, int layer, int64
     return rc;
 }
 
+void session_cells_meta(const struct kv_geometry *g, const struct kv_seq *kv,
+                        struct snapshot_meta *m)
+{
+    m->dtype = g->dtype;
+    m->n_layer = g->n_layer;
+    m->n_kv_head = g->n_kv_head;
+    m->head_dim = g->head_dim;
+    m->policy = kv->policy;
+    m->n_sinks = kv->n_sinks;
+    m->window = kv->window;
+    m->pos_first = kv->pos_first;
+    m->pos_next = kv->pos_next;
+    m->swa_period = g->swa_period;
+    m->swa_window = g->swa_period > 0 ? g->swa_window : 0;
+    snapshot_meta_cells(m);
+}
+
 int session_copy_cells(struct backend *b, const struct kv_geometry *g, const struct kv_seq *kv,
                        const struct snapshot_meta *m, uint8_t *k, uint8_t *v, int import)
 {
@@ -1096,19 +1113,8 @@ int session_save(struct engine *e, struct seq *s, uint64_t answer_id, char *err,
     memset(m, 0, sizeof *m);
     memcpy(m->model_digest, e->model_digest, 32);
     const struct kv_geometry *g = &e->dec.fwd.pool.geo;
-    m->dtype = g->dtype;
-    m->n_layer = g->n_layer;
-    m->n_kv_head = g->n_kv_head;
-    m->head_dim = g->head_dim;
-    m->policy = s->kv.policy;
+    session_cells_meta(g, &s->kv, m);
     m->owner = s->owner;
-    m->n_sinks = s->kv.n_sinks;
-    m->window = s->kv.window;
-    m->pos_first = s->kv.pos_first;
-    m->pos_next = s->kv.pos_next;
-    m->swa_period = g->swa_period;
-    m->swa_window = g->swa_period > 0 ? g->swa_window : 0;
-    snapshot_meta_cells(m);
     m->next_tok = s->has_next ? s->next_tok : 0;
     m->has_next = s->has_next;
     m->saved_at = (int64_t)time(NULL);

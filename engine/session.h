@@ -41,6 +41,11 @@ void session_save_all(struct engine *e);
 int session_dir_open(struct engine *e, char *err, size_t err_len);
 void session_dir_close(struct engine *e);
 
+/* Fills m's layout from geometry g and the positions and policy of kv (the
+ * fields session_copy_cells reads), derived cells included; the rest of m
+ * is left as it is. */
+void session_cells_meta(const struct kv_geometry *g, const struct kv_seq *kv,
+                        struct snapshot_meta *m);
 /* Copies the cells a snapshot holds (snapshot.h: per layer, a global
  * layer's sinks then window positions, a local layer's last positions, each
  * in position order) between slot kv->slot of backend b (geometry g) and K/V

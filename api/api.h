@@ -121,7 +121,8 @@ struct api_parse_ctx {
 /* What the response side needs to remember about a request. */
 struct api_request {
     enum api_endpoint endpoint;
-    int n;             /* choices (1 to API_MAX_CHOICES) */
+    int n;             /* choices of each prompt (1 to API_MAX_CHOICES) */
+    int n_prompts;     /* completions: prompts (0 or 1: one); choice p * n + j is prompt p's j */
     int stream;        /* SSE */
     int include_usage; /* stream_options.include_usage */
     int logprobs;      /* report logprobs (completions: logprobs given; chat: logprobs true) */
@@ -205,7 +206,7 @@ struct api_choice {
     int64_t tokens_held, tokens_pending;
     int ended; /* its DONE is in (finish, completion_tokens) */
     enum engine_finish finish;
-    int64_t completion_tokens;
+    int64_t prompt_tokens, completion_tokens;
 };
 
 struct api_response {
@@ -214,12 +215,12 @@ struct api_response {
     int64_t created; /* unix seconds */
     char model[128];
     struct api_token_text tt;
-    struct api_choice *ch; /* [n_ch]: meta.n choices (1 if meta.n < 1) */
+    struct api_choice *ch; /* [n_ch]: meta.n choices (at least 1) of each of meta.n_prompts */
     int n_ch;
     /* Non-streaming: all choices' text_len + lp_len + no_text never exceed
      * text_max (used is that sum). */
     size_t text_max, used;
-    /* usage: the prompt's tokens, and every ended choice's tokens */
+    /* usage: each prompt's tokens once, and every ended choice's tokens */
     int64_t prompt_tokens, completion_tokens;
 };
 

@@ -887,11 +887,39 @@ static int take_text(const char *s, struct engine_request *r, struct api_error *
     return 0;
 }
 
-/* prompt: a string, an array of token ids, or a one-element array of either. */
+/* Prompt p (> 0) of several, item v of the list, into r->more[p - 1]: a
+ * string when the first is one, else a non-empty array of token ids. */
+static int take_more(const cJSON *v, int p, int text, const struct api_parse_ctx *ctx,
+                     struct engine_request *r, struct api_error *err)
+{
+    struct engine_prompt *m = &r->more[p - 1];
+    char param[32];
+    snprintf(param, sizeof param, "prompt[%d]", p);
+    if (text && cJSON_IsString(v)) {
+        m->text_len = strlen(v->valuestring);
+        m->text = malloc(m->text_len + 1);
+        if (!m->text) {
+            api_error_set(err, 500, NULL, NULL, "out of memory");
+            return -1;
+        }
+        memcpy(m->text, v->valuestring, m->text_len + 1);
+        return 0;
+    }
+    if (!text && cJSON_IsArray(v) && cJSON_GetArraySize(v) > 0)
+        return read_ids(v, ctx, param, "token", &m->ids, &m->n_ids, err);
+    return bad_type(err, param,
+                    text ? "a string, as the list's first prompt is"
+                         : "a non-empty array of token ids, as the list's first prompt is",
+                    v);
+}
+
+/* prompt: a string, an array of token ids, or a list of either (several
+ * prompts: all strings, or all arrays of ids). */
 static int parse_prompt(const cJSON *o, const struct api_parse_ctx *ctx, struct engine_request *r,
                         struct api_error *err)
 {
-    static const char *const want = "a string, an array of token ids, or a one-element array";
+    static const char *const want =
+        "a string, an array of token ids, or a list of strings or of arrays of token ids";
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "prompt");
     if (!v || cJSON_IsNull(v)) {
         api_error_set(err, 400, "prompt", "missing_required_parameter",
@@ -910,16 +938,33 @@ static int parse_prompt(const cJSON *o, const struct api_parse_ctx *ctx, struct 
     }
     if (cJSON_IsNumber(v->child))
         return take_ids(v, ctx, r, err);
-    if (n > 1) {
-        api_error_set(err, 400, "prompt", "invalid_value",
-                      "Invalid value for 'prompt': one prompt per request is supported.");
+    const int text = cJSON_IsString(v->child);
+    if (text) {
+        if (take_text(v->child->valuestring, r, err) < 0)
+            return -1;
+    } else if (cJSON_IsArray(v->child) && cJSON_GetArraySize(v->child) > 0) {
+        if (take_ids(v->child, ctx, r, err) < 0)
+            return -1;
+    } else {
+        return bad_type(err, "prompt", want, v->child);
+    }
+    if (n == 1)
+        return 0;
+    r->more = calloc((size_t)n - 1, sizeof *r->more);
+    if (!r->more) {
+        api_error_set(err, 500, NULL, NULL, "out of memory");
         return -1;
     }
-    if (cJSON_IsString(v->child))
-        return take_text(v->child->valuestring, r, err);
-    if (cJSON_IsArray(v->child) && cJSON_GetArraySize(v->child) > 0)
-        return take_ids(v->child, ctx, r, err);
-    return bad_type(err, "prompt", want, v->child);
+    r->n_prompts = n; /* (engine_request_free frees what more holds so far) */
+    int p = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, v)
+    {
+        if (p > 0 && take_more(it, p, text, ctx, r, err) < 0)
+            return -1;
+        p++;
+    }
+    return 0;
 }
 
 static int parse_completions(const struct body *b, const struct api_parse_ctx *ctx,
@@ -930,6 +975,24 @@ static int parse_completions(const struct body *b, const struct api_parse_ctx *c
     int rc;
     if (parse_prompt(b->root, ctx, r, err) < 0)
         return -1;
+    /* several prompts: n choices each, all run at once (as n's are) */
+    const int64_t k = r->n_prompts > 1 ? r->n_prompts : 1;
+    const int64_t max =
+        ctx->model && ctx->model->max_seqs > 0 ? ctx->model->max_seqs : API_MAX_CHOICES;
+    if (k > 1 && r->session_id[0]) {
+        api_error_set(err, 400, "prompt", "invalid_value",
+                      "Invalid value for 'prompt': several prompts cannot be used on a session: "
+                      "a session holds one conversation.");
+        return -1;
+    }
+    if (k > 1 && k * r->n_choices > max) {
+        api_error_set(err, 400, "prompt", "invalid_value",
+                      "Invalid value for 'prompt': %lld prompts of %d choices (n) each are %lld "
+                      "sequences; this server runs at most %lld at once (--max-seqs).",
+                      (long long)k, r->n_choices, (long long)(k * r->n_choices), (long long)max);
+        return -1;
+    }
+    meta->n_prompts = (int)k;
     /* legacy logprobs: an integer, the number of alternatives (0..5) */
     if ((rc = get_int(b, "logprobs", 0, COMPLETIONS_MAX_LOGPROBS, &i, err)) < 0)
         return -1;

@@ -55,7 +55,7 @@ int api_response_init(struct api_response *r, const struct api_request *meta, co
                       const struct api_token_text *tt)
 {
     memset(r, 0, sizeof *r);
-    r->n_ch = meta->n > 1 ? meta->n : 1;
+    r->n_ch = (meta->n > 1 ? meta->n : 1) * (meta->n_prompts > 1 ? meta->n_prompts : 1);
     r->ch = calloc((size_t)r->n_ch, sizeof *r->ch);
     if (!r->ch) {
         r->n_ch = 0;
@@ -94,12 +94,21 @@ static struct api_choice *choice_of(struct api_response *r, const struct engine_
     return &r->ch[ev->choice >= 0 && ev->choice < r->n_ch ? ev->choice : 0];
 }
 
-/* Counts a DONE: its choice's finish and tokens, once. */
+/* Counts a DONE: its choice's finish and tokens, once. The usage counts
+ * each prompt once: the most any of its choices reports. */
 static void count_done(struct api_response *r, const struct engine_event *ev)
 {
     struct api_choice *c = choice_of(r, ev);
-    if (ev->prompt_tokens > r->prompt_tokens)
-        r->prompt_tokens = ev->prompt_tokens; /* the same prompt for every choice */
+    if (ev->prompt_tokens > c->prompt_tokens)
+        c->prompt_tokens = ev->prompt_tokens;
+    const int per = r->meta.n > 1 ? r->meta.n : 1;
+    r->prompt_tokens = 0;
+    for (int p = 0; p < r->n_ch; p += per) {
+        int64_t most = 0;
+        for (int j = p; j < p + per && j < r->n_ch; j++)
+            most = r->ch[j].prompt_tokens > most ? r->ch[j].prompt_tokens : most;
+        r->prompt_tokens += most;
+    }
     if (c->ended)
         return;
     c->ended = 1;

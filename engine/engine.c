@@ -68,35 +68,49 @@ void engine_request_free(struct engine_request *req)
     free(req->bias);
     for (int i = 0; i < ENGINE_MAX_STOP; i++)
         free(req->stop[i]);
+    for (int p = 0; req->more && p < req->n_prompts - 1; p++) {
+        free(req->more[p].text);
+        free(req->more[p].ids);
+    }
+    free(req->more);
     memset(req, 0, sizeof *req);
 }
 
-/* A deep copy of src into dst (dst's old contents are not freed). Returns 0,
- * or -ENOMEM with dst empty. */
-static int request_copy(struct engine_request *dst, const struct engine_request *src)
+/* A deep copy of src into dst (dst's old contents are not freed) that asks
+ * src's prompt p (0: its own, else more[p - 1]) and owns no more prompts.
+ * Returns 0, or -ENOMEM with dst empty. */
+static int request_copy(struct engine_request *dst, const struct engine_request *src, int p)
 {
+    const char *text = p > 0 ? src->more[p - 1].text : src->prompt;
+    const size_t text_len = p > 0 ? src->more[p - 1].text_len : src->prompt_len;
+    const int32_t *ids = p > 0 ? src->more[p - 1].ids : src->prompt_ids;
+    const int64_t n_ids = p > 0 ? src->more[p - 1].n_ids : src->n_prompt_ids;
     *dst = *src;
     dst->prompt = NULL;
+    dst->prompt_len = text_len;
     dst->prompt_ids = NULL;
+    dst->n_prompt_ids = n_ids;
+    dst->ids_of_text = p > 0 ? src->more[p - 1].ids_of_text : src->ids_of_text;
+    dst->more = NULL; /* (n_prompts stays: the request's places are counted by it) */
     dst->open = dst->close = NULL;
     dst->bias_id = NULL;
     dst->bias = NULL;
     memset(dst->stop, 0, sizeof dst->stop);
     int bad = 0;
-    if (src->prompt) {
-        dst->prompt = malloc(src->prompt_len + 1);
+    if (text) {
+        dst->prompt = malloc(text_len + 1);
         bad |= !dst->prompt;
         if (dst->prompt) {
-            memcpy(dst->prompt, src->prompt, src->prompt_len);
-            dst->prompt[src->prompt_len] = 0;
+            memcpy(dst->prompt, text, text_len);
+            dst->prompt[text_len] = 0;
         }
     }
-    if (src->prompt_ids && src->n_prompt_ids > 0) {
-        size_t bytes = (size_t)src->n_prompt_ids * sizeof(int32_t);
+    if (ids && n_ids > 0) {
+        size_t bytes = (size_t)n_ids * sizeof(int32_t);
         dst->prompt_ids = malloc(bytes);
         bad |= !dst->prompt_ids;
         if (dst->prompt_ids)
-            memcpy(dst->prompt_ids, src->prompt_ids, bytes);
+            memcpy(dst->prompt_ids, ids, bytes);
     }
     bad |= src->open && !(dst->open = strdup(src->open));
     bad |= src->close && !(dst->close = strdup(src->close));
@@ -955,19 +969,25 @@ static int64_t admit_places(const struct engine *e)
     return places;
 }
 
-/* Places a request of n > 1 choices (no session): n slots at once, each a
- * fresh sequence whose request is a copy of r with seed + i; or, while n
- * slots are not free, it waits. The first choice prefills the prompt and
- * the others wait for it (share_prompt), unless the prompt is echoed: each
- * choice then scores it itself. Returns as try_admit. */
+/* Places a request of several sequences (no session): n > 1 choices, or
+ * more than one prompt, or both. It takes all its slots at once, each a
+ * fresh sequence whose request is a copy of r for prompt p with seed + j
+ * (choice p * n + j); or, while that many slots are not free, it waits. A
+ * prompt's first choice prefills it and the others wait for it
+ * (share_with_choices), unless the prompt is echoed: each choice then
+ * scores it itself. Returns as try_admit. */
 static int admit_choices(struct engine *e, struct engine_request *r)
 {
-    const int64_t n = r->n_choices;
+    const int64_t n = (int64_t)queue_places(r); /* sequences: prompts x choices */
+    const int64_t per = r->n_choices > 1 ? r->n_choices : 1;
+    const int several = r->n_prompts > 1;
     const uint64_t id = r->id, seed = r->sampling.seed;
     if (r->session_id[0] || n > e->cfg.max_seqs) { /* the API refuses both first */
-        emit_error(e, id, 400, "n", "invalid_value",
-                   r->session_id[0] ? "n > 1 cannot be used on a session"
-                                    : "n is more than this server's KV slots (--max-seqs)");
+        const char *param = several ? "prompt" : "n";
+        emit_error(e, id, 400, param, "invalid_value",
+                   r->session_id[0] ? "several choices or prompts cannot be used on a session"
+                                    : "the request's choices (n for each prompt) are more than "
+                                      "this server's KV slots (--max-seqs)");
         request_over(e, r);
         return 1;
     }
@@ -1001,26 +1021,27 @@ static int admit_choices(struct engine *e, struct engine_request *r)
     const int share = !r->echo;
     for (int64_t i = 0; i < n; i++) {
         struct seq *s = taken[i];
+        const int64_t p = i / per, j = i % per;
         struct engine_request one;
         int rc = 0;
-        if (i < n - 1) {
-            rc = request_copy(&one, r);
+        if (i < n - 1 || several) {
+            rc = request_copy(&one, r, (int)p);
             if (rc < 0)
                 emit_error(e, id, 500, NULL, NULL, "out of memory");
-        } else { /* the last choice takes r itself */
+        } else { /* the last choice of a lone prompt takes r itself */
             one = *r;
             memset(r, 0, sizeof *r);
-            r->n_choices = (int)n; /* for request_over's count */
+            r->n_choices = (int)per; /* for request_over's count */
         }
         if (rc == 0) {
-            one.sampling.seed = seed + (uint64_t)i;
+            one.sampling.seed = seed + (uint64_t)j;
             rc = admit_into(e, s, &one, 1); /* on failure it says why: one ERROR */
             if (rc < 0)
                 engine_request_free(&one);
         }
         if (rc < 0) {
-            for (int64_t j = i; j < n; j++)
-                untake_slot(e, taken[j]);
+            for (int64_t k = i; k < n; k++)
+                untake_slot(e, taken[k]);
             unadmit_choices(e, id);
             free(taken);
             request_over(e, r);
@@ -1028,10 +1049,12 @@ static int admit_choices(struct engine *e, struct engine_request *r)
         }
         s->choice = (int32_t)i;
         s->created = s->restored = 0;
-        if (i > 0 && share)
-            s->lead = taken[0] - e->seqs;
+        if (j > 0 && share)
+            s->lead = taken[i - j] - e->seqs;
     }
     free(taken);
+    if (several)
+        engine_request_free(r); /* each choice has its copy; the places go with the last DONE */
     return 1;
 }
 
@@ -1056,7 +1079,7 @@ static int try_admit(struct engine *e, struct engine_request *r)
         request_over(e, r);
         return 1;
     }
-    if (r->n_choices > 1)
+    if (queue_places(r) > 1)
         return admit_choices(e, r);
     if (r->session_id[0]) {
         struct seq *s = session_find(e, r->session_id);
@@ -1288,14 +1311,15 @@ static void admit_waiting(struct engine *e)
          * whose session is not in memory (to start or to restore) */
         const int fresh_gen = w->req.kind == ENGINE_REQ_GENERATE &&
                               (!w->req.session_id[0] || !session_find(e, w->req.session_id));
-        const int choices = fresh_gen && w->req.n_choices > 1;
+        const int64_t places = (int64_t)queue_places(&w->req);
+        const int choices = fresh_gen && places > 1;
         int behind = choices_wait && fresh_gen;
         for (int k = 0; k < n_ahead && !behind; k++)
             behind = held_behind(&w->req, ahead[k]);
         if (behind || !try_admit(e, &w->req)) {
             /* (one waiting for the session writer, with the slots there,
              * holds nobody) */
-            choices_wait |= choices && admit_places(e) < w->req.n_choices;
+            choices_wait |= choices && admit_places(e) < places;
             if (!count_io_wait(e, w))
                 continue;
             e->waiting[j++] = *w; /* keep FIFO order */
@@ -1649,15 +1673,16 @@ static void fail_all_running(struct engine *e, const char *msg)
 
 /* ---- a request's choices share its prompt ------------------------------ */
 
-/* 1 while s, a later choice, waits for its request's first choice to
- * prefill the prompt; once that choice is gone or past its prompt without
- * having shared it (which the scheduler does not do), s prefills it itself. */
+/* 1 while s, a later choice, waits for the first choice of its prompt to
+ * prefill it; once that choice is gone or past its prompt without having
+ * shared it (which the scheduler does not do), s prefills it itself. */
 static int waits_for_lead(struct seq *s, struct seq *seqs)
 {
     if (s->lead < 0)
         return 0;
     const struct seq *l = &seqs[s->lead];
-    if (l->state == SEQ_RUNNING && l->id == s->id && l->choice == 0 && l->n_fed < l->n_prompt)
+    const int32_t first = s->choice - s->choice % (s->req.n_choices > 1 ? s->req.n_choices : 1);
+    if (l->state == SEQ_RUNNING && l->id == s->id && l->choice == first && l->n_fed < l->n_prompt)
         return 1;
     s->lead = -1;
     return 0;
@@ -1704,7 +1729,7 @@ static int share_import(struct engine *e, const struct seq *lead, struct seq *si
     return 0;
 }
 
-/* lead, a request's first choice, has just prefilled its prompt, whose
+/* lead, the first choice of a prompt, has just prefilled it, whose
  * last logits row is row: each later choice waiting for it takes the
  * prompt (its cells exported once, imported into each) and a copy of the
  * row, and is picked in this step after lead. */
@@ -1811,7 +1836,7 @@ static int step(struct engine *e)
             float *last = e->dec.fwd.logits + (row - 1) * e->info.n_vocab; /* its last row */
             e->pick_seq[e->n_pick] = s;
             e->pick_logits[e->n_pick++] = last;
-            if (prefill && s->choice == 0 && s->req.n_choices > 1)
+            if (prefill && s->req.n_choices > 1 && s->choice % s->req.n_choices == 0)
                 share_with_choices(e, s, last);
         }
     }

@@ -94,7 +94,8 @@ static void push_cmd(struct queue_impl *qi, const struct queue_cmd *c)
 
 size_t queue_places(const struct engine_request *req)
 {
-    return req->n_choices > 1 ? (size_t)req->n_choices : 1;
+    const size_t choices = req->n_choices > 1 ? (size_t)req->n_choices : 1;
+    return choices * (req->n_prompts > 1 ? (size_t)req->n_prompts : 1);
 }
 
 int queue_submit(struct queue *q, struct engine_request *req)

@@ -25,12 +25,13 @@ struct queue {
 };
 
 /* submit_cap bounds the places of the requests in flight (submitted, not
- * yet finished): a request of n choices takes n (queue_places), any other
- * one; ctl_cap and ev_cap size the rings. */
+ * yet finished): a request of n choices of k prompts takes n * k
+ * (queue_places), any other one; ctl_cap and ev_cap size the rings. */
 int queue_init(struct queue *q, size_t submit_cap, size_t ctl_cap, size_t ev_cap);
 void queue_free(struct queue *q); /* frees requests still in the inbox */
 
-/* The places of submit_cap that req takes while in flight: its choices. */
+/* The places of submit_cap that req takes while in flight: its choices, of
+ * all its prompts (the sequences it runs). */
 size_t queue_places(const struct engine_request *req);
 /* Any thread. -EBUSY when req's places would take the requests in flight
  * past submit_cap, -ESHUTDOWN after queue_close. Takes ownership of req on

@@ -317,25 +317,30 @@ static int64_t bos_tokens(const struct server *s, const struct engine_request *r
 
 /* The 400 for a prompt over --max-prompt (or the model's context): n tokens,
  * BOS included, or, with more, more than the limit (a text prompt's count
- * stops there, so n is only a lower bound). Takes req. */
+ * stops there, so n is only a lower bound). which: the prompt's place in a
+ * list of several, else -1. Takes req. */
 static void reply_too_long(struct server *s, struct http_conn *c, struct srv_req *r,
-                           struct engine_request *req, int64_t n, int more)
+                           struct engine_request *req, int64_t n, int more, int which)
 {
-    char msg[200];
+    char msg[200], name[24] = "the prompt", param[32] = "prompt";
+    if (which >= 0) {
+        snprintf(name, sizeof name, "prompt %d", which);
+        snprintf(param, sizeof param, "prompt[%d]", which);
+    }
     if (more)
         snprintf(msg, sizeof msg,
-                 "This model's maximum prompt length is %lld tokens; the prompt has more than "
-                 "%lld tokens.",
-                 (long long)s->max_prompt_tokens, (long long)s->max_prompt_tokens);
+                 "This model's maximum prompt length is %lld tokens; %s has more than %lld "
+                 "tokens.",
+                 (long long)s->max_prompt_tokens, name, (long long)s->max_prompt_tokens);
     else
         snprintf(msg, sizeof msg,
-                 "This model's maximum prompt length is %lld tokens; the prompt has %lld tokens.",
-                 (long long)s->max_prompt_tokens, (long long)n);
+                 "This model's maximum prompt length is %lld tokens; %s has %lld tokens.",
+                 (long long)s->max_prompt_tokens, name, (long long)n);
     engine_request_free(req);
     enum metrics_endpoint ep = r->ep;
     req_done(s, c);
-    reply_err(s, c, ep, 400, ep == METRICS_EP_CHAT ? "messages" : "prompt",
-              "context_length_exceeded", msg);
+    reply_err(s, c, ep, 400, ep == METRICS_EP_CHAT ? "messages" : param, "context_length_exceeded",
+              msg);
 }
 
 /* Hands a tokenized request to the engine, or answers why not: a prompt
@@ -344,10 +349,12 @@ static void reply_too_long(struct server *s, struct http_conn *c, struct srv_req
 static void submit(struct server *s, struct http_conn *c, struct srv_req *r,
                    struct engine_request *req)
 {
-    int64_t n = req->n_prompt_ids + bos_tokens(s, req);
-    if (n > s->max_prompt_tokens) {
-        reply_too_long(s, c, r, req, n, 0);
-        return;
+    for (int p = 0; p < (req->n_prompts > 1 ? req->n_prompts : 1); p++) {
+        int64_t n = (p > 0 ? req->more[p - 1].n_ids : req->n_prompt_ids) + bos_tokens(s, req);
+        if (n > s->max_prompt_tokens) {
+            reply_too_long(s, c, r, req, n, 0, req->n_prompts > 1 ? p : -1);
+            return;
+        }
     }
     int rc = engine_submit(s->engine, req);
     if (rc < 0) {
@@ -379,8 +386,9 @@ struct tok_work {
     struct server *s;
     uint64_t id;
     struct engine_request req;
-    int64_t max; /* the most tokens the prompt may have, BOS aside */
-    int64_t n;   /* max + 1: more than max */
+    int64_t max; /* the most tokens a prompt may have, BOS aside */
+    int64_t n;   /* the first prompt's tokens; max + 1: one prompt has more than max */
+    int which;   /* ... that prompt's place in a list of several (-1: the one prompt) */
     int32_t *ids;
     size_t held;            /* bytes of the body budget the prompt's copy holds until tok_done */
     int cancelled;          /* atomic: the client left before a worker took the job */
@@ -395,8 +403,22 @@ static void tok_run(uv_work_t *w) /* a worker thread */
         t->n = -ECANCELED; /* tok_done drops it: nobody waits for these tokens */
         return;
     }
-    t->n = engine_tokenize_max(t->s->engine, t->req.prompt, t->req.prompt_len, t->req.parse_special,
-                               t->max, &t->ids);
+    struct engine_request *q = &t->req;
+    t->which = -1;
+    t->n = engine_tokenize_max(t->s->engine, q->prompt, q->prompt_len, q->parse_special, t->max,
+                               &t->ids);
+    if (t->n > t->max && q->n_prompts > 1)
+        t->which = 0;
+    for (int p = 1; p < q->n_prompts && t->n >= 0 && t->n <= t->max; p++) {
+        struct engine_prompt *m = &q->more[p - 1];
+        int64_t n = engine_tokenize_max(t->s->engine, m->text, m->text_len, q->parse_special,
+                                        t->max, &m->ids);
+        if (n < 0 || n > t->max) {
+            t->n = n; /* (the first prompt's ids are freed with t->ids) */
+            t->which = p;
+        }
+        m->n_ids = n >= 0 && n <= t->max ? n : 0;
+    }
 }
 
 static void release_parked(struct server *s);
@@ -527,9 +549,10 @@ static void tok_done_(uv_work_t *w, int status)
     }
     if (t->n > t->max) { /* the count stopped there */
         struct engine_request req = t->req;
+        const int which = t->which;
         free(t->ids);
         free(t);
-        reply_too_long(s, c, r, &req, s->max_prompt_tokens + 1, 1);
+        reply_too_long(s, c, r, &req, s->max_prompt_tokens + 1, 1, which);
         return;
     }
     free(t->req.prompt); /* the engine gets the tokens */
@@ -538,9 +561,25 @@ static void tok_done_(uv_work_t *w, int status)
     t->req.prompt_ids = t->ids;
     t->req.n_prompt_ids = t->n;
     t->req.ids_of_text = t->n > 0;
+    for (int p = 1; p < t->req.n_prompts; p++) {
+        struct engine_prompt *m = &t->req.more[p - 1];
+        free(m->text);
+        m->text = NULL;
+        m->text_len = 0;
+        m->ids_of_text = m->n_ids > 0;
+    }
     struct engine_request req = t->req;
     free(t);
     submit(s, c, r, &req);
+}
+
+/* The bytes of req's text prompts (several are all texts, or all ids). */
+static size_t text_bytes(const struct engine_request *req)
+{
+    size_t bytes = req->prompt ? req->prompt_len : 0;
+    for (int p = 1; req->prompt && p < req->n_prompts; p++)
+        bytes += req->more[p - 1].text_len;
+    return bytes;
 }
 
 /* A queued prompt's copy outlives its connection (the job runs on, and the
@@ -551,8 +590,9 @@ static void tok_done_(uv_work_t *w, int status)
 static int over_budget(struct server *s, struct http_conn *c, enum metrics_endpoint mep,
                        struct engine_request *req)
 {
+    const size_t bytes = text_bytes(req);
     if (req->prompt && s->cfg.max_body_total > 0 &&
-        req->prompt_len > (size_t)s->cfg.max_body_total) { /* no retry can help */
+        bytes > (size_t)s->cfg.max_body_total) { /* no retry can help */
         engine_request_free(req);
         reply_err(s, c, mep, 413, NULL, "request_too_large",
                   mep == METRICS_EP_TOKENIZE
@@ -562,7 +602,7 @@ static int over_budget(struct server *s, struct http_conn *c, enum metrics_endpo
         return 1;
     }
     if (req->prompt && s->cfg.max_body_total > 0 &&
-        s->body_bytes + req->prompt_len > (size_t)s->cfg.max_body_total) {
+        s->body_bytes + bytes > (size_t)s->cfg.max_body_total) {
         engine_request_free(req);
         reply_err(s, c, mep, 503, NULL, "server_busy",
                   "the server holds as many prompts as it can; retry shortly");
@@ -590,7 +630,7 @@ static void queue_tokenize(struct server *s, struct http_conn *c, struct srv_req
     snprintf(r->tok_session, sizeof r->tok_session, "%s", t->req.session_id);
     r->tok_owner = t->req.owner;
     s->tokenizing++;
-    t->held = t->req.prompt_len;
+    t->held = text_bytes(&t->req);
     s->body_bytes += t->held;
     t->waiting = 1;
     fair_push(&s->tok_fair, &t->fj);

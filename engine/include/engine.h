@@ -134,6 +134,17 @@ int engine_session_id_valid(const char *id);
  * and b are NUL-terminated (or ENGINE_SESSION_ID_MAX bytes long). */
 int engine_session_id_equal(const char *a, const char *b);
 
+/* One more prompt of a completion that sends several (engine_request.more),
+ * as the request's own prompt fields are: text, or token ids when text is
+ * NULL; ids_of_text as engine_request.ids_of_text. */
+struct engine_prompt {
+    char *text; /* malloc'd; owned by the request */
+    size_t text_len;
+    int32_t *ids; /* malloc'd; owned */
+    int64_t n_ids;
+    int ids_of_text;
+};
+
 /* What a request asks the engine to do. */
 enum engine_request_kind {
     ENGINE_REQ_GENERATE = 0,   /* a completion (prompt -> tokens) */
@@ -216,6 +227,15 @@ struct engine_request {
      * ends with its own DONE, and the request is over at the DONE with
      * choices_left 0. A cancel, pause or resume of the id acts on all. */
     int n_choices;
+    /* A completion of several prompts (no session): n_prompts (0 reads as
+     * 1), the first the prompt above and prompt p the more[p - 1] (n_prompts
+     * - 1 of them, malloc'd; owned). Each prompt has n_choices choices:
+     * choice p * n_choices + j answers prompt p with seed + j, as a request
+     * of that prompt alone would. All n_prompts * n_choices sequences (at
+     * most max_seqs) are admitted together, and each prompt is prefilled
+     * once for its choices. */
+    int n_prompts;
+    struct engine_prompt *more;
     char session_id[ENGINE_SESSION_ID_MAX]; /* "" for none; else continue that session */
     /* A session_id the engine has neither in memory nor on disk: 0 starts it
      * (the DONE event says created), 1 answers 404 session_not_found. */

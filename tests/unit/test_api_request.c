@@ -453,8 +453,55 @@ TEST(api_request_takes_token_id_prompts)
     ASSERT_OK(p.rc);
     ASSERT_STREQ(p.req.prompt, "one");
     engine_request_free(&p.req);
+}
 
-    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":[\"one\",\"two\"]}", "prompt");
+/* A list of prompts: all strings or all arrays of ids, n choices each, all
+ * run at once; item p names itself ("prompt[p]") when it is bad. */
+TEST(api_request_takes_a_list_of_prompts)
+{
+    struct parsed p = parse(API_COMPLETIONS, "{\"prompt\":[\"one\",\"two\",\"\"],\"n\":2}");
+    ASSERT_OK(p.rc);
+    ASSERT_STREQ(p.req.prompt, "one");
+    ASSERT_EQ(p.req.n_prompts, 3);
+    ASSERT_EQ(p.meta.n_prompts, 3);
+    ASSERT_EQ(p.meta.n, 2);
+    ASSERT_STREQ(p.req.more[0].text, "two");
+    ASSERT_EQ(p.req.more[0].text_len, 3);
+    ASSERT_STREQ(p.req.more[1].text, "");
+    ASSERT_EQ(p.req.add_bos, 1);
+    engine_request_free(&p.req);
+
+    p = parse(API_COMPLETIONS, "{\"prompt\":[[5,6],[7],[8,9,10]]}");
+    ASSERT_OK(p.rc);
+    ASSERT_EQ(p.req.n_prompts, 3);
+    ASSERT_EQ(p.req.n_prompt_ids, 2);
+    ASSERT_EQ(p.req.more[0].n_ids, 1);
+    ASSERT_EQ(p.req.more[0].ids[0], 7);
+    ASSERT_EQ(p.req.more[1].n_ids, 3);
+    ASSERT_EQ(p.req.more[1].ids[2], 10);
+    ASSERT(p.req.more[1].text == NULL);
+    ASSERT_EQ(p.req.add_bos, 0);
+    engine_request_free(&p.req);
+
+    /* mixed, empty, bad ids: the item at fault is named */
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":[\"one\",[5]]}", "prompt[1]");
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":[[5],\"one\"]}", "prompt[1]");
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":[[5],[6],[]]}", "prompt[2]");
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":[[5],[6,-1]]}", "prompt[1]");
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":[\"a\",null]}", "prompt[1]");
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":[null,\"a\"]}", "prompt");
+    /* not on a session; not more sequences than the server runs */
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":[\"a\",\"b\"],\"session_id\":\"s1\"}", "prompt");
+    /* (the context's model runs 8 sequences) */
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":[\"a\",\"b\",\"c\"],\"n\":3}", "prompt");
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":[[1],[1],[1],[1],[1],[1],[1],[1],[1]]}", "prompt");
+    p = parse(API_COMPLETIONS, "{\"prompt\":[\"a\",\"b\",\"c\",\"d\"],\"n\":2}");
+    ASSERT_OK(p.rc);
+    engine_request_free(&p.req);
+    p = parse(API_COMPLETIONS, "{\"prompt\":[[1],[1],[1],[1],[1],[1],[1],[1]]}");
+    ASSERT_OK(p.rc);
+    ASSERT_EQ(p.req.n_prompts, 8);
+    engine_request_free(&p.req);
 }
 
 TEST(api_request_completions_logprobs_is_the_number_of_alternatives)

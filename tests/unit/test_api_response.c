@@ -233,6 +233,47 @@ TEST(api_response_keeps_each_choice_apart_and_counts_them_all)
     api_response_free(&r);
 }
 
+/* Several prompts of n choices: n_prompts * n choices, choice p * n + j of
+ * prompt p; the usage counts each prompt once (its choices report it
+ * alike) and every choice's tokens. */
+TEST(api_response_counts_each_of_several_prompts_once)
+{
+    struct api_response r;
+    struct api_request meta = {.endpoint = API_COMPLETIONS, .n = 2, .n_prompts = 3};
+    ASSERT_OK(api_response_init(&r, &meta, "smol", 0x2a, 1700000000, 1 << 20, &TT));
+    ASSERT_EQ(r.n_ch, 6);
+    const int64_t prompt[3] = {4, 9, 2};
+    for (int k = 5; k >= 1; k--) {
+        struct engine_event t = of_choice(tok(1, k == 5 ? "e" : "x", 0), k, 0);
+        ASSERT_OK(api_response_add(&r, &t));
+        struct engine_event d = of_choice(done(ENGINE_FINISH_STOP, prompt[k / 2], 1), k, k);
+        api_response_choice_done(&r, &d);
+    }
+    struct engine_event d0 = of_choice(done(ENGINE_FINISH_LENGTH, prompt[0], 3), 0, 0);
+    char *body = api_response_body(&r, &d0);
+    ASSERT(body != NULL);
+    ASSERT(
+        strstr(body, "{\"text\":\"e\",\"index\":5,\"logprobs\":null,\"finish_reason\":\"stop\"}"));
+    ASSERT(strstr(body, "\"usage\":{\"prompt_tokens\":15,\"completion_tokens\":8,"
+                        "\"total_tokens\":23}"));
+    free(body);
+    api_response_free(&r);
+
+    /* streamed: the usage chunk after the last choice */
+    meta.stream = 1;
+    meta.include_usage = 1;
+    ASSERT_OK(api_response_init(&r, &meta, "smol", 0x2a, 1700000000, 1 << 20, &TT));
+    for (int k = 0; k < 6; k++) {
+        struct engine_event d = of_choice(done(ENGINE_FINISH_STOP, prompt[k / 2], 2), k, 5 - k);
+        free(api_response_final_chunk(&r, &d));
+    }
+    ASSERT_JSON(api_response_usage_chunk(&r),
+                "{\"id\":\"cmpl-6553f10000000000002a\",\"object\":\"text_completion\","
+                "\"created\":1700000000,\"model\":\"smol\",\"choices\":[],\"usage\":"
+                "{\"prompt_tokens\":15,\"completion_tokens\":12,\"total_tokens\":27}}");
+    api_response_free(&r);
+}
+
 TEST(api_response_builds_a_whole_chat_completion)
 {
     struct api_response r;

@@ -408,6 +408,23 @@ TEST(sampled_streams_side_by_side_equal_their_solo_runs)
 
 #define N_CHOICES 3
 
+/* got, one choice of a request, is want, the request of one run alone:
+ * tokens, text, log-probs, finish and usage; it ended once. */
+static void same_answer(int *failed, const struct rig_result *got, const struct rig_result *want)
+{
+    ASSERT(!got->error);
+    ASSERT_EQ(got->ended, 1);
+    ASSERT_EQ(got->n_tok, want->n_tok);
+    ASSERT(memcmp(got->toks, want->toks, (size_t)want->n_tok * 4) == 0);
+    ASSERT_EQ(got->n_text, want->n_text);
+    ASSERT(memcmp(got->text, want->text, want->n_text) == 0);
+    ASSERT_EQ(got->n_lp, want->n_lp);
+    ASSERT(memcmp(got->logprob, want->logprob, (size_t)want->n_lp * 4) == 0);
+    ASSERT_EQ(got->finish, want->finish);
+    ASSERT_EQ(got->prompt_tokens, want->prompt_tokens);
+    ASSERT_EQ(got->completion_tokens, want->completion_tokens);
+}
+
 /* A request of n choices is n requests of one, seeds one apart: choice i's
  * tokens, text, log-probs, finish and usage are those of a request of one
  * with seed + i run alone, and every choice ends with its own DONE. */
@@ -444,17 +461,9 @@ TEST(choices_equal_requests_of_one_with_seeds_one_apart)
         ASSERT_EQ(after.prompt_tokens_total - before.prompt_tokens_total,
                   solo[0].prompt_tokens * (echo ? N_CHOICES : 1));
         for (int k = 0; k < N_CHOICES; k++) {
-            ASSERT(!choice[k].error);
-            ASSERT_EQ(choice[k].ended, 1);
-            ASSERT_EQ(choice[k].n_tok, solo[k].n_tok);
-            ASSERT(memcmp(choice[k].toks, solo[k].toks, (size_t)solo[k].n_tok * 4) == 0);
-            ASSERT_EQ(choice[k].n_text, solo[k].n_text);
-            ASSERT(memcmp(choice[k].text, solo[k].text, solo[k].n_text) == 0);
-            ASSERT_EQ(choice[k].n_lp, solo[k].n_lp);
-            ASSERT(memcmp(choice[k].logprob, solo[k].logprob, (size_t)solo[k].n_lp * 4) == 0);
-            ASSERT_EQ(choice[k].finish, solo[k].finish);
-            ASSERT_EQ(choice[k].prompt_tokens, solo[k].prompt_tokens);
-            ASSERT_EQ(choice[k].completion_tokens, solo[k].completion_tokens);
+            same_answer(failed, &choice[k], &solo[k]);
+            if (*failed)
+                return;
         }
         /* the seeds sample different answers */
         ASSERT(solo[0].n_tok != solo[1].n_tok ||
@@ -714,6 +723,124 @@ TEST(a_request_of_n_choices_holds_n_places_of_the_queue)
         track_for(&rig, 100, t, 1);
     ASSERT_EQ(t[0].over, 1);
     static struct rig_result res;
+    ASSERT_OK(rig_run(&rig, &qb, &res)); /* its places are back */
+    ASSERT(!res.error && res.n_tok == 4);
+    rig_close(&rig);
+}
+
+/* ---- several prompts ------------------------------------------------------------ */
+
+#define N_PROMPTS 3
+#define PER_PROMPT 2
+
+/* Prompt p of the tests below: token ids, text, token ids. */
+static void prompt_of(struct engine_request *q, int p)
+{
+    static const int32_t a[7] = {'t', 'h', 'e', ' ', 'c', 'a', 't'};
+    static const int32_t c[5] = {'a', 'b', 'c', ' ', 'x'};
+    if (p == 1)
+        rig_set_text(q, "once upon a time", 1, 0);
+    else
+        rig_set_ids(q, p == 0 ? a : c, p == 0 ? 7 : 5, 1);
+}
+
+/* Gives q (whose prompt is prompt 0) prompts 1..k-1. 0, or -1. */
+static int add_prompts(struct rig *rig, struct engine_request *q, int k)
+{
+    q->n_prompts = k;
+    q->more = calloc((size_t)k - 1, sizeof *q->more);
+    for (int p = 1; q->more && p < k; p++) {
+        struct engine_request one = rig_greedy(rig, 1);
+        prompt_of(&one, p);
+        q->more[p - 1] = (struct engine_prompt){.text = one.prompt,
+                                                .text_len = one.prompt_len,
+                                                .ids = one.prompt_ids,
+                                                .n_ids = one.n_prompt_ids};
+    }
+    return q->more ? 0 : -1;
+}
+
+/* A request of k prompts of n choices each is k * n requests of one:
+ * choice p * n + j equals the request of prompt p alone with seed + j
+ * (tokens, text, log-probs, finish, usage); each prompt is prefilled once
+ * for its choices (or by each, with echo). */
+TEST(several_prompts_answer_each_as_requests_of_one)
+{
+    struct rig rig;
+    struct engine_config c = rig_config(RIG_FIXTURE);
+    c.max_seqs = N_PROMPTS * PER_PROMPT;
+    c.max_queue = 2;
+    ASSERT_OK(rig_open(&rig, &c));
+    enum { N = N_PROMPTS * PER_PROMPT };
+    static struct rig_result solo[N], choice[N];
+    struct rig_result *outs[N];
+    for (int round = 0; round < 3; round++) {
+        const int per = round == 0 ? 1 : PER_PROMPT, echo = round == 2;
+        const int n = N_PROMPTS * per;
+        int64_t prompts = 0; /* the tokens of the prompts, one of each */
+        for (int k = 0; k < n; k++) {
+            struct engine_request q = sampled(&rig, 1);
+            free(q.prompt_ids);
+            q.prompt_ids = NULL;
+            prompt_of(&q, k / per);
+            q.sampling.seed = 300 + (uint64_t)(k % per);
+            q.echo = echo;
+            ASSERT_OK(rig_run(&rig, &q, &solo[k]));
+            ASSERT(!solo[k].error && solo[k].n_tok > 0);
+            prompts += k % per == 0 ? solo[k].prompt_tokens : 0;
+            outs[k] = &choice[k];
+        }
+        struct engine_request q = sampled(&rig, 1);
+        free(q.prompt_ids);
+        q.prompt_ids = NULL;
+        prompt_of(&q, 0);
+        q.sampling.seed = 300;
+        q.echo = echo;
+        q.n_choices = per;
+        ASSERT_OK(add_prompts(&rig, &q, N_PROMPTS));
+        uint64_t id = q.id;
+        struct engine_stats before, after;
+        engine_get_stats(rig.e, &before);
+        ASSERT_OK(engine_submit(rig.e, &q));
+        ASSERT_OK(rig_wait_choices(&rig, id, outs, n));
+        engine_get_stats(rig.e, &after);
+        ASSERT_EQ(after.prompt_tokens_total - before.prompt_tokens_total,
+                  echo ? prompts * per : prompts);
+        for (int k = 0; k < n; k++) {
+            same_answer(failed, &choice[k], &solo[k]);
+            if (*failed)
+                return;
+        }
+        /* the prompts differ, and so do their answers */
+        ASSERT(solo[0].prompt_tokens != solo[per].prompt_tokens);
+        ASSERT(solo[0].n_text != solo[per].n_text ||
+               memcmp(solo[0].text, solo[per].text, solo[0].n_text) != 0);
+    }
+    rig_close(&rig);
+}
+
+/* Several prompts hold a place each (times n) of max_seqs + max_queue, and
+ * more sequences than max_seqs are refused with a 400 naming the prompt. */
+TEST(several_prompts_hold_their_places_and_fit_the_slots)
+{
+    struct rig rig;
+    struct engine_config c = rig_config(RIG_FIXTURE);
+    c.max_seqs = 2;
+    c.max_queue = 1;
+    ASSERT_OK(rig_open(&rig, &c));
+    struct engine_request qa = rig_greedy(&rig, 4);
+    prompt_of(&qa, 0);
+    ASSERT_OK(add_prompts(&rig, &qa, 3));
+    static struct rig_result res;
+    struct engine_request qb = rig_greedy(&rig, 4);
+    prompt_of(&qb, 2);
+    const uint64_t id = qa.id;
+    ASSERT_OK(engine_submit(rig.e, &qa)); /* three places of three */
+    ASSERT_EQ(engine_submit(rig.e, &qb), -EBUSY);
+    ASSERT_OK(rig_wait(&rig, id, &res));
+    ASSERT_EQ(res.error, 1);
+    ASSERT_EQ(res.status, 400);
+    ASSERT_STREQ(res.param, "prompt");
     ASSERT_OK(rig_run(&rig, &qb, &res)); /* its places are back */
     ASSERT(!res.error && res.n_tok == 4);
     rig_close(&rig);

@@ -117,13 +117,15 @@ struct api_parse_ctx {
 #define API_JSON_MAX_DEPTH 64 /* nesting deeper than this is a 400 */
 
 #define API_MAX_CHOICES 128 /* n, as OpenAI bounds it */
+#define API_MAX_BEST_OF 20  /* best_of, as OpenAI bounds it */
 
 /* What the response side needs to remember about a request. */
 struct api_request {
     enum api_endpoint endpoint;
-    int n;             /* choices of each prompt (1 to API_MAX_CHOICES) */
-    int n_prompts;     /* completions: prompts (0 or 1: one); choice p * n + j is prompt p's j */
-    int stream;        /* SSE */
+    int n;         /* choices of each prompt (1 to API_MAX_CHOICES); with best_of, its candidates */
+    int n_return;  /* best_of: the n of each prompt's candidates answered (0: all of them) */
+    int n_prompts; /* completions: prompts (0 or 1: one); choice p * n + j is prompt p's j */
+    int stream;    /* SSE */
     int include_usage; /* stream_options.include_usage */
     int logprobs;      /* report logprobs (completions: logprobs given; chat: logprobs true) */
     int top_logprobs;  /* alternatives per token */
@@ -204,9 +206,10 @@ struct api_choice {
      * back, and if the text is refused when it comes, the token is not in
      * the answer), and those accepted whose text has not come yet */
     int64_t tokens_held, tokens_pending;
-    int ended; /* its DONE is in (finish, completion_tokens) */
+    int ended; /* its DONE is in (finish, completion_tokens, lp_sum) */
     enum engine_finish finish;
     int64_t prompt_tokens, completion_tokens;
+    double lp_sum; /* best_of: its tokens' log-probs, summed */
 };
 
 struct api_response {
@@ -265,7 +268,11 @@ int api_response_add(struct api_response *r, const struct engine_event *ev);
 void api_response_choice_done(struct api_response *r, const struct engine_event *ev);
 /* Non-streaming: the whole text_completion / chat.completion for the
  * request's last DONE, ev (counted as choice_done counts it). Choices with
- * no DONE of their own (cancelled before they ran) take ev's finish reason. */
+ * no DONE of their own (cancelled before they ran) take ev's finish reason.
+ * With best_of (meta.n_return < meta.n), of each prompt's meta.n candidates
+ * the meta.n_return with the highest log-prob per token (lp_sum over
+ * completion_tokens) are answered, best first, indexed in that order; the
+ * usage counts every candidate's tokens. */
 char *api_response_body(struct api_response *r, const struct engine_event *ev);
 
 /* "stop", "length" (cancelled reports "stop"). */

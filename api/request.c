@@ -11,7 +11,7 @@
  *
  * Every parameter is checked for its type and range; the first bad one fails
  * the request with a 400 naming it. Unknown fields are ignored, as OpenAI
- * does. Fields we know but do not implement (best_of > 1, echo on
+ * does. Fields we know but do not implement (best_of or echo on
  * chat, suffix, tool calling, a JSON schema as the response format) fail
  * loudly rather than being silently dropped.
  *
@@ -788,11 +788,35 @@ static int parse_common(const struct body *b, const struct api_parse_ctx *ctx, e
         return -1;
     }
 
-    /* known, not implemented: refuse rather than ignore */
+    /* best_of (completions): that many candidates of each prompt, of which
+     * the n with the highest log-prob per token are answered; each is a
+     * choice the engine runs, so the bounds of n hold for them */
     if ((rc = get_int(b, "best_of", INT64_MIN, INT64_MAX, &i, err)) < 0)
         return -1;
-    if (rc && i != 1)
-        return unsupported(err, "best_of", "best_of other than 1");
+    if (rc && i != 1 && ep == API_CHAT)
+        return unsupported(err, "best_of", "best_of on chat completions");
+    if (rc && (i < r->n_choices || i > API_MAX_BEST_OF)) {
+        api_error_set(err, 400, "best_of", "invalid_value",
+                      "Invalid value for 'best_of': %lld; expected n (%d) to %d.", (long long)i,
+                      r->n_choices, API_MAX_BEST_OF);
+        return -1;
+    }
+    if (rc && i > r->n_choices) {
+        const char *why = r->session_id[0] ? "cannot be used on a session"
+                          : meta->stream   ? "cannot be streamed: the candidates are judged "
+                                             "once they have ended"
+                          : ctx->model && ctx->model->max_seqs > 0 && i > ctx->model->max_seqs
+                              ? "is more than this server runs at once (--max-seqs), one "
+                                "sequence for each candidate"
+                              : NULL;
+        if (why) {
+            api_error_set(err, 400, "best_of", "invalid_value", "best_of greater than n %s.", why);
+            return -1;
+        }
+        meta->n_return = r->n_choices;
+        r->n_choices = (int)i;
+        r->score = 1;
+    }
     if ((rc = get_string(o, "suffix", &s, err)) < 0)
         return -1;
     if (rc && s[0])
@@ -987,8 +1011,9 @@ static int parse_completions(const struct body *b, const struct api_parse_ctx *c
     }
     if (k > 1 && k * r->n_choices > max) {
         api_error_set(err, 400, "prompt", "invalid_value",
-                      "Invalid value for 'prompt': %lld prompts of %d choices (n) each are %lld "
-                      "sequences; this server runs at most %lld at once (--max-seqs).",
+                      "Invalid value for 'prompt': %lld prompts of %d choices (n, or best_of) "
+                      "each are %lld sequences; this server runs at most %lld at once "
+                      "(--max-seqs).",
                       (long long)k, r->n_choices, (long long)(k * r->n_choices), (long long)max);
         return -1;
     }

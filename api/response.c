@@ -114,6 +114,7 @@ static void count_done(struct api_response *r, const struct engine_event *ev)
     c->ended = 1;
     c->finish = ev->finish;
     c->completion_tokens = ev->completion_tokens;
+    c->lp_sum = ev->lp_sum;
     r->completion_tokens += ev->completion_tokens;
 }
 
@@ -656,19 +657,55 @@ static void put_whole_lp(struct api_buf *b, const struct api_response *r,
     api__buf_puts(b, "]}");
 }
 
+/* best_of: a candidate's log-prob per token (-inf with no tokens: nothing
+ * to judge it by). */
+static double per_token(const struct api_choice *c)
+{
+    return c->ended && c->completion_tokens > 0 ? c->lp_sum / (double)c->completion_tokens
+                                                : -INFINITY;
+}
+
+/* The choices an answer holds, in order, into order[] (n_ch places):
+ * all of them, or with best_of, of each prompt's candidates the n_return
+ * with the highest log-prob per token, best first (the earlier candidate
+ * of two equal ones). Returns how many. */
+static int answered(const struct api_response *r, int *order)
+{
+    const int per = r->meta.n > 1 ? r->meta.n : 1;
+    const int keep = r->meta.n_return > 0 && r->meta.n_return < per ? r->meta.n_return : per;
+    int m = 0;
+    for (int p = 0; p < r->n_ch; p += per) {
+        int *best = order + m, got = 0;
+        for (int j = p; j < p + per && j < r->n_ch; j++) { /* insertion, stable */
+            int at = got++;
+            while (keep < per && at > 0 && per_token(&r->ch[j]) > per_token(&r->ch[best[at - 1]])) {
+                best[at] = best[at - 1];
+                at--;
+            }
+            best[at] = j;
+        }
+        m += got < keep ? got : keep;
+    }
+    return m;
+}
+
 char *api_response_body(struct api_response *r, const struct engine_event *ev)
 {
     if (r->n_ch < 1)
         return NULL;
     count_done(r, ev);
+    int *order = malloc((size_t)r->n_ch * sizeof *order);
+    if (!order)
+        return NULL;
+    const int n_out = answered(r, order);
     int chat = r->meta.endpoint == API_CHAT;
     struct api_buf b = {0};
     api__buf_reserve(&b, r->used + 1024 * (size_t)r->n_ch); /* one allocation unless text
                                                                needs escapes */
     put_head(&b, r, chat ? "chat.completion" : "text_completion");
     api__buf_puts(&b, ",\"choices\":[");
-    for (int i = 0; i < r->n_ch; i++) {
-        const struct api_choice *c = &r->ch[i];
+    for (int i = 0; i < n_out; i++) {
+        const struct api_choice *c = &r->ch[order[i]];
         if (i)
             api__buf_puts(&b, ",");
         if (chat) {
@@ -694,6 +731,7 @@ char *api_response_body(struct api_response *r, const struct engine_event *ev)
         put_cstring(&b, api_finish_reason(c->ended ? c->finish : ev->finish));
         api__buf_puts(&b, "}");
     }
+    free(order);
     api__buf_puts(&b, "],\"usage\":");
     put_usage(&b, r);
     put_session(&b, ev);

@@ -412,6 +412,7 @@ static void seq_finish(struct engine *e, struct seq *s, enum engine_finish why, 
     ev.finish = why;
     ev.prompt_tokens = s->usage_prompt;
     ev.completion_tokens = s->n_gen;
+    ev.lp_sum = s->lp_sum;
     ev.text_len = 0;
     ev.text[0] = 0;
     if (s->session[0])
@@ -726,6 +727,7 @@ static int admit_into(struct engine *e, struct seq *s, struct engine_request *r,
         stop_filter_init(&s->stop, NULL, 0);
     s->state = SEQ_RUNNING;
     s->n_gen = 0;
+    s->lp_sum = 0;
     s->n_held = 0;
     s->fed = s->passed = 0;
     s->usage_prompt = n;
@@ -1473,7 +1475,7 @@ static void pick_token(const struct engine *e, struct seq *s, float *lg, float *
     ev->choice = s->choice;
     ev->kind = ENGINE_EV_TOKEN;
     float lse = 0;
-    if (lp) {
+    if (lp || s->req.score) {
         lse = (float)sampler_logsumexp(lg, V);
         memcpy(scratch, lg, (size_t)V * sizeof(float));
         if (s->req.top_logprobs > 0)
@@ -1492,6 +1494,8 @@ static void pick_token(const struct engine *e, struct seq *s, float *lg, float *
     ev->lp_token = ev->token;
     if (lp)
         ev->logprob = scratch[ev->token] - lse;
+    if (s->req.score)
+        s->lp_sum += (double)(scratch[ev->token] - lse);
 }
 
 /* Part i of n of a step's picks: rows i, i + n, ..., each with its

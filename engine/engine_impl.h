@@ -88,6 +88,7 @@ struct seq {
      * session gives back those of a stop string */
     struct gen_mark marks[GEN_MARKS];
     int64_t n_gen, usage_prompt;
+    double lp_sum; /* engine_request.score: the log-probs of the tokens generated, summed */
     int paused;
     char session[ENGINE_SESSION_ID_MAX];
     uint64_t owner;        /* who created the session (engine_request.owner) */

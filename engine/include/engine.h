@@ -220,6 +220,10 @@ struct engine_request {
      * end-of-generation tokens included, and the answer ends (finish STOP)
      * with the token that closes the object. */
     int json_object;
+    /* Score each choice (best_of): its DONE carries lp_sum, the sum of the
+     * log-probs (the model's own, as logprobs reports them) of the tokens
+     * it generated. */
+    int score;
     /* n: 1..max_seqs choices (0 reads as 1), no session only. Each is a
      * sequence of its own, admitted together when n slots are free; choice
      * i samples with seed + i, so a choice's tokens are those of a request
@@ -299,6 +303,7 @@ struct engine_event { /* copied by value across the queue */
     enum engine_finish finish;
     int64_t prompt_tokens; /* usage, on DONE */
     int64_t completion_tokens;
+    double lp_sum;     /* DONE of a request with score: its tokens' log-probs, summed */
     int status;        /* HTTP status for ERROR (400, 409, 429, 500, 503) */
     char message[256]; /* for ERROR (as long as api_error's: a session id fits whole) */
     char param[32];    /* for ERROR: the request field at fault ("prompt", "kv_policy", ...), "" */

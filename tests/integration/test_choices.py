@@ -83,6 +83,45 @@ def test_greedy_choices_are_the_same_answer(client):
     assert [c.text for c in r.choices] == [one.choices[0].text] * 4
 
 
+def test_best_of_answers_the_candidates_with_the_highest_logprob_per_token(client):
+    """best_of 4, n 2: the candidates are the requests of one with seeds
+    seed..seed+3; the answer is the two with the highest mean token
+    log-prob (as each reports them with logprobs), best first, and the
+    usage bills all four."""
+    kw = dict(model="smol", prompt=PROMPT, max_tokens=12, temperature=1.0)
+    cands = [client.completions.create(seed=70 + i, logprobs=0, **kw) for i in range(4)]
+    mean = [sum(c.choices[0].logprobs.token_logprobs) / c.usage.completion_tokens
+            for c in cands]
+    assert all(c.usage.completion_tokens == len(c.choices[0].logprobs.token_logprobs)
+               for c in cands)
+    best = sorted(range(4), key=lambda i: -mean[i])[:2]
+    assert best != [0, 1]  # (so that the order is the judgement, not the seeds')
+    assert len({round(m, 6) for m in mean}) == 4  # no tie to settle
+    r = client.completions.create(seed=70, n=2, best_of=4, **kw)
+    assert [c.index for c in r.choices] == [0, 1]
+    assert [c.text for c in r.choices] == [cands[i].choices[0].text for i in best]
+    assert r.usage.completion_tokens == sum(c.usage.completion_tokens for c in cands)
+    assert r.usage.prompt_tokens == cands[0].usage.prompt_tokens
+    # with log-probs, the answered candidates carry their own
+    r = client.completions.create(seed=70, best_of=4, logprobs=0, **kw)
+    assert r.choices[0].logprobs.token_logprobs == \
+        cands[best[0]].choices[0].logprobs.token_logprobs
+
+
+@pytest.mark.parametrize("extra, what", [
+    ({"best_of": 2, "stream": True}, "streamed"),
+    ({"best_of": 1, "n": 2}, "expected n"),
+    ({"best_of": 21}, "to 20"),
+    ({"best_of": 9}, "--max-seqs"),
+])
+def test_what_best_of_cannot_do_is_a_400_naming_it(server, extra, what):
+    body = {"model": "smol", "prompt": PROMPT, "max_tokens": 4, **extra}
+    status, _, raw = server.post("/v1/completions", json.dumps(body))
+    err = json.loads(raw)["error"]
+    assert status == 400 and err["param"] == "best_of", err
+    assert what in err["message"], err
+
+
 @pytest.mark.parametrize("extra, what", [
     ({"n": 0}, "1 to 128"),
     ({"n": 129}, "1 to 128"),

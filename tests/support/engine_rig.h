@@ -55,6 +55,7 @@ struct rig_result {
     size_t n_text;
     enum engine_finish finish;
     int64_t prompt_tokens, completion_tokens;
+    double lp_sum;       /* the DONE's (a request with score) */
     int64_t tokens_seen; /* the session's, after the request (0: none) */
     int ended;           /* DONE or ERROR events it had */
 };

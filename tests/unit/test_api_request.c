@@ -281,7 +281,8 @@ TEST(api_request_echo_is_for_completions_without_a_session)
 
 TEST(api_request_refuses_features_it_does_not_implement)
 {
-    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"best_of\":3}", "best_of");
+    ASSERT_BAD(API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"best_of\":2}",
+               "best_of");
     ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"suffix\":\"end\"}", "suffix");
     ASSERT_BAD(API_CHAT,
                "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"tools\":[{\"type\":"
@@ -301,6 +302,44 @@ TEST(api_request_refuses_features_it_does_not_implement)
                                              "\"logit_bias\":{},\"suffix\":null}");
     ASSERT_OK(p.rc);
     engine_request_free(&p.req);
+}
+
+/* best_of (completions): best_of candidates run, scored, n answered; n to
+ * 20, within --max-seqs, not streamed, not on a session */
+TEST(api_request_best_of_runs_the_candidates_and_answers_n)
+{
+    struct parsed p = parse(API_COMPLETIONS, "{\"prompt\":\"x\",\"best_of\":5,\"n\":2}");
+    ASSERT_OK(p.rc);
+    ASSERT_EQ(p.req.n_choices, 5);
+    ASSERT_EQ(p.req.score, 1);
+    ASSERT_EQ(p.meta.n, 5);
+    ASSERT_EQ(p.meta.n_return, 2);
+    engine_request_free(&p.req);
+    p = parse(API_COMPLETIONS, "{\"prompt\":\"x\",\"best_of\":3}");
+    ASSERT_OK(p.rc);
+    ASSERT_EQ(p.req.n_choices, 3);
+    ASSERT_EQ(p.meta.n_return, 1);
+    engine_request_free(&p.req);
+    /* best_of equal to n: nothing to judge, so a stream may have it */
+    p = parse(API_COMPLETIONS, "{\"prompt\":\"x\",\"best_of\":2,\"n\":2,\"stream\":true}");
+    ASSERT_OK(p.rc);
+    ASSERT_EQ(p.req.score, 0);
+    ASSERT_EQ(p.meta.n_return, 0);
+    engine_request_free(&p.req);
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"best_of\":2,\"n\":3}", "best_of");
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"best_of\":0}", "best_of");
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"best_of\":21}", "best_of");
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"best_of\":9}", "best_of"); /* 8 slots */
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"best_of\":2,\"stream\":true}", "best_of");
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"best_of\":2,\"session_id\":\"s1\"}",
+               "best_of");
+    /* with a list of prompts, best_of candidates of each */
+    p = parse(API_COMPLETIONS, "{\"prompt\":[\"x\",\"y\"],\"best_of\":4}");
+    ASSERT_OK(p.rc);
+    ASSERT_EQ(p.req.n_choices, 4);
+    ASSERT_EQ(p.req.n_prompts, 2);
+    engine_request_free(&p.req);
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":[\"x\",\"y\",\"z\"],\"best_of\":3}", "prompt");
 }
 
 /* response_format json_object (both endpoints) asks the engine for a JSON

@@ -274,6 +274,43 @@ TEST(api_response_counts_each_of_several_prompts_once)
     api_response_free(&r);
 }
 
+/* best_of: of each prompt's candidates, the n_return with the highest
+ * log-prob per token (not in total) are answered, best first (the earlier
+ * of two equal), indexed in that order; the usage counts every candidate. */
+TEST(api_response_answers_the_best_of_each_prompt_s_candidates)
+{
+    struct api_response r;
+    struct api_request meta = {.endpoint = API_COMPLETIONS, .n = 3, .n_return = 2, .n_prompts = 2};
+    ASSERT_OK(api_response_init(&r, &meta, "smol", 0x2a, 1700000000, 1 << 20, &TT));
+    /* prompt 0: a -1.0 a token over 2, b -0.5 over 4 (lowest total, best
+     * per token), c -0.25 over 1; prompt 1: d and e equal, f worse */
+    static const char *const text[6] = {"a", "b", "c", "d", "e", "f"};
+    static const double sum[6] = {-2.0, -2.0, -0.25, -3.0, -3.0, -4.0};
+    static const int64_t toks[6] = {2, 4, 1, 3, 3, 3};
+    for (int k = 0; k < 6; k++) {
+        struct engine_event t = of_choice(tok(1, text[k], 0), k, 0);
+        ASSERT_OK(api_response_add(&r, &t));
+        struct engine_event d = of_choice(done(ENGINE_FINISH_STOP, 5, toks[k]), k, 5 - k);
+        d.lp_sum = sum[k];
+        if (k < 5)
+            api_response_choice_done(&r, &d);
+        else
+            ASSERT_JSON(api_response_body(&r, &d),
+                        CMPL_HEAD "\"choices\":["
+                                  "{\"text\":\"c\",\"index\":0,\"logprobs\":null,"
+                                  "\"finish_reason\":\"stop\"},"
+                                  "{\"text\":\"b\",\"index\":1,\"logprobs\":null,"
+                                  "\"finish_reason\":\"stop\"},"
+                                  "{\"text\":\"d\",\"index\":2,\"logprobs\":null,"
+                                  "\"finish_reason\":\"stop\"},"
+                                  "{\"text\":\"e\",\"index\":3,\"logprobs\":null,"
+                                  "\"finish_reason\":\"stop\"}],"
+                                  "\"usage\":{\"prompt_tokens\":10,\"completion_tokens\":16,"
+                                  "\"total_tokens\":26}}");
+    }
+    api_response_free(&r);
+}
+
 TEST(api_response_builds_a_whole_chat_completion)
 {
     struct api_response r;

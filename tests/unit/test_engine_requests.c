@@ -519,6 +519,47 @@ TEST(choices_share_a_prompt_longer_than_the_window_exactly)
     rig_close(&rig);
 }
 
+/* A request with score ends each choice with the sum of its tokens'
+ * log-probs: those the same request reports when it asks for log-probs,
+ * summed in order; the tokens do not change. Choices share a prompt (the
+ * siblings' rows are copies) and score as requests of one. */
+TEST(a_scored_choice_ends_with_the_sum_of_its_tokens_logprobs)
+{
+    struct rig rig;
+    struct engine_config c = rig_config(RIG_FIXTURE);
+    c.max_seqs = N_CHOICES;
+    ASSERT_OK(rig_open(&rig, &c));
+    static struct rig_result asked[N_CHOICES], scored[N_CHOICES];
+    struct rig_result *outs[N_CHOICES];
+    for (int k = 0; k < N_CHOICES; k++) {
+        struct engine_request q = sampled(&rig, 0); /* log-probs, no alternatives */
+        q.sampling.seed = 900 + (uint64_t)k;
+        ASSERT_OK(rig_run(&rig, &q, &asked[k]));
+        ASSERT(!asked[k].error && asked[k].n_lp == asked[k].n_tok && asked[k].n_tok > 1);
+        ASSERT(asked[k].lp_sum == 0); /* not asked for */
+        outs[k] = &scored[k];
+    }
+    struct engine_request q = sampled(&rig, 0);
+    q.logprobs = 0;
+    q.sampling.seed = 900;
+    q.n_choices = N_CHOICES;
+    q.score = 1;
+    uint64_t id = q.id;
+    ASSERT_OK(engine_submit(rig.e, &q));
+    ASSERT_OK(rig_wait_choices(&rig, id, outs, N_CHOICES));
+    for (int k = 0; k < N_CHOICES; k++) {
+        ASSERT_EQ(scored[k].n_lp, 0); /* the events carry none */
+        ASSERT_EQ(scored[k].n_tok, asked[k].n_tok);
+        ASSERT(memcmp(scored[k].toks, asked[k].toks, (size_t)asked[k].n_tok * 4) == 0);
+        double sum = 0;
+        for (int i = 0; i < asked[k].n_lp; i++)
+            sum += (double)asked[k].logprob[i];
+        ASSERT(sum < 0);
+        ASSERT(scored[k].lp_sum == sum);
+    }
+    rig_close(&rig);
+}
+
 /* Events of request id, by choice, for the tests below. */
 struct choice_track {
     uint64_t id;

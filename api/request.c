@@ -974,6 +974,25 @@ static int parse_prompt(const cJSON *o, const struct api_parse_ctx *ctx, struct 
     }
     if (n == 1)
         return 0;
+    /* several prompts: n choices each, all run at once (as n's are);
+     * checked before any item is read */
+    const int64_t k = n;
+    const int64_t max =
+        ctx->model && ctx->model->max_seqs > 0 ? ctx->model->max_seqs : API_MAX_CHOICES;
+    if (r->session_id[0]) {
+        api_error_set(err, 400, "prompt", "invalid_value",
+                      "Invalid value for 'prompt': several prompts cannot be used on a session: "
+                      "a session holds one conversation.");
+        return -1;
+    }
+    if (k * r->n_choices > max) {
+        api_error_set(err, 400, "prompt", "invalid_value",
+                      "Invalid value for 'prompt': %lld prompts of %d choices (n, or best_of) "
+                      "each are %lld sequences; this server runs at most %lld at once "
+                      "(--max-seqs).",
+                      (long long)k, r->n_choices, (long long)(k * r->n_choices), (long long)max);
+        return -1;
+    }
     r->more = calloc((size_t)n - 1, sizeof *r->more);
     if (!r->more) {
         api_error_set(err, 500, NULL, NULL, "out of memory");
@@ -999,24 +1018,7 @@ static int parse_completions(const struct body *b, const struct api_parse_ctx *c
     int rc;
     if (parse_prompt(b->root, ctx, r, err) < 0)
         return -1;
-    /* several prompts: n choices each, all run at once (as n's are) */
     const int64_t k = r->n_prompts > 1 ? r->n_prompts : 1;
-    const int64_t max =
-        ctx->model && ctx->model->max_seqs > 0 ? ctx->model->max_seqs : API_MAX_CHOICES;
-    if (k > 1 && r->session_id[0]) {
-        api_error_set(err, 400, "prompt", "invalid_value",
-                      "Invalid value for 'prompt': several prompts cannot be used on a session: "
-                      "a session holds one conversation.");
-        return -1;
-    }
-    if (k > 1 && k * r->n_choices > max) {
-        api_error_set(err, 400, "prompt", "invalid_value",
-                      "Invalid value for 'prompt': %lld prompts of %d choices (n, or best_of) "
-                      "each are %lld sequences; this server runs at most %lld at once "
-                      "(--max-seqs).",
-                      (long long)k, r->n_choices, (long long)(k * r->n_choices), (long long)max);
-        return -1;
-    }
     meta->n_prompts = (int)k;
     /* legacy logprobs: an integer, the number of alternatives (0..5) */
     if ((rc = get_int(b, "logprobs", 0, COMPLETIONS_MAX_LOGPROBS, &i, err)) < 0)

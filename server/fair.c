@@ -18,7 +18,7 @@ void fair_push(struct fair_queue *q, struct fair_job *j)
     for (const struct fair_job *w = q->head; w; w = w->next)
         if (w->group == j->group && w->tag > base)
             base = w->tag;
-    j->tag = base + 1;
+    j->tag = base + (j->cost > 0 ? j->cost : 1);
     j->next = NULL;
     if (q->tail)
         q->tail->next = j;

@@ -6,14 +6,14 @@
  * UV_THREADPOOL_SIZE says otherwise), which run jobs in the order they are
  * queued: a client that queues many long texts would hold every other
  * client's prompt behind all of them. So the router queues its jobs here
- * and hands libuv at most `workers` at a time, in start-time fair queuing
- * order with a cost of one a job: each job gets a tag one past the later of
- * the tag of its group's last waiting job and the tag last started
- * (`vtime`), and the job with the lowest tag starts first (the earliest
- * pushed among equal tags). Groups with jobs waiting are served in turn,
- * one job each; a group's own jobs keep their order; a worker is never left
- * idle while a job waits. A group is an API key, or a client address on an
- * open server. Loop thread only; no allocation.
+ * and hands libuv at most `workers` at a time, in fair queuing order by
+ * cost (a job's texts: one prompt, or each of a list's): each job gets a tag
+ * its cost past the later of the tag of its group's last waiting job and
+ * the tag last started (`vtime`), and the job with the lowest tag starts
+ * first (the earliest pushed among equal tags). Groups with jobs waiting
+ * are served in turn, a cost of one each; a group's own jobs keep their
+ * order; a worker is never left idle while a job waits. A group is an API key, or a client address
+ * on an open server. Loop thread only; no allocation.
  */
 #ifndef SS_FAIR_H
 #define SS_FAIR_H
@@ -22,7 +22,8 @@
 
 struct fair_job {
     uint64_t group;
-    uint64_t tag; /* set by fair_push */
+    uint64_t cost; /* what the job takes of a worker, in texts (0 reads as 1) */
+    uint64_t tag;  /* set by fair_push */
     struct fair_job *next;
 };
 

@@ -410,6 +410,10 @@ static void tok_run(uv_work_t *w) /* a worker thread */
     if (t->n > t->max && q->n_prompts > 1)
         t->which = 0;
     for (int p = 1; p < q->n_prompts && t->n >= 0 && t->n <= t->max; p++) {
+        if (__atomic_load_n(&t->cancelled, __ATOMIC_ACQUIRE)) {
+            t->n = -ECANCELED; /* its client left: the rest is not tokenized */
+            return;
+        }
         struct engine_prompt *m = &q->more[p - 1];
         int64_t n = engine_tokenize_max(t->s->engine, m->text, m->text_len, q->parse_special,
                                         t->max, &m->ids);
@@ -625,6 +629,7 @@ static void queue_tokenize(struct server *s, struct http_conn *c, struct srv_req
         t->max = 0;
     t->work.data = t;
     t->fj.group = group_of(s, c);
+    t->fj.cost = (uint64_t)(t->req.n_prompts > 1 ? t->req.n_prompts : 1);
     r->tokenizing = 1;
     r->tok_cancel = &t->cancelled;
     snprintf(r->tok_session, sizeof r->tok_session, "%s", t->req.session_id);

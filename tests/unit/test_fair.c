@@ -169,6 +169,25 @@ TEST(equal_tags_go_in_the_order_pushed_and_a_removed_job_leaves)
     ASSERT(fair_take(&q) == &b);
 }
 
+/* A job of several texts costs each: another group's jobs of one text,
+ * pushed after it, start first until they have had as much. */
+TEST(a_job_of_several_texts_waits_its_cost)
+{
+    struct fair_queue q;
+    fair_init(&q, 1);
+    struct fair_job a = {.group = 1, .cost = 3}, b1 = {.group = 2}, b2 = {.group = 2},
+                    b3 = {.group = 2};
+    fair_push(&q, &a);
+    fair_push(&q, &b1);
+    fair_push(&q, &b2);
+    fair_push(&q, &b3);
+    const struct fair_job *want[4] = {&b1, &b2, &a, &b3}; /* a and b3 tie: pushed first */
+    for (int i = 0; i < 4; i++) {
+        ASSERT(fair_take(&q) == want[i]);
+        fair_done(&q);
+    }
+}
+
 TEST(the_pool_size_is_libuv_s)
 {
     unsetenv("UV_THREADPOOL_SIZE");

@@ -209,7 +209,8 @@ struct api_choice {
     int ended; /* its DONE is in (finish, completion_tokens, lp_sum) */
     enum engine_finish finish;
     int64_t prompt_tokens, completion_tokens;
-    double lp_sum; /* best_of: its tokens' log-probs, summed */
+    int64_t cached_tokens; /* of prompt_tokens, those a free KV slot held */
+    double lp_sum;         /* best_of: its tokens' log-probs, summed */
 };
 
 struct api_response {
@@ -223,8 +224,10 @@ struct api_response {
     /* Non-streaming: all choices' text_len + lp_len + no_text never exceed
      * text_max (used is that sum). */
     size_t text_max, used;
-    /* usage: each prompt's tokens once, and every ended choice's tokens */
-    int64_t prompt_tokens, completion_tokens;
+    /* usage: each prompt's tokens once, and every ended choice's tokens;
+     * of the prompts' tokens, those a free KV slot held (reported as
+     * prompt_tokens_details.cached_tokens when there are any) */
+    int64_t prompt_tokens, completion_tokens, cached_tokens;
 };
 
 /* Sets up r for one request. model is the served model's id. text_max bounds

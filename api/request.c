@@ -788,6 +788,12 @@ static int parse_common(const struct body *b, const struct api_parse_ctx *ctx, e
         return -1;
     }
 
+    /* cache_prompt (llama-server's): false prefills the whole prompt even
+     * where a free KV slot holds its first tokens */
+    int cache_prompt = 1;
+    if (get_bool(o, "cache_prompt", &cache_prompt, err) < 0)
+        return -1;
+    r->no_prefix = !cache_prompt;
     /* best_of (completions): that many candidates of each prompt, of which
      * the n with the highest log-prob per token are answered; each is a
      * choice the engine runs, so the bounds of n hold for them */

@@ -95,19 +95,25 @@ static struct api_choice *choice_of(struct api_response *r, const struct engine_
 }
 
 /* Counts a DONE: its choice's finish and tokens, once. The usage counts
- * each prompt once: the most any of its choices reports. */
+ * each prompt once: the most any of its choices reports (its first choice
+ * prefilled it; the others took its cells), and so its cached tokens. */
 static void count_done(struct api_response *r, const struct engine_event *ev)
 {
     struct api_choice *c = choice_of(r, ev);
     if (ev->prompt_tokens > c->prompt_tokens)
         c->prompt_tokens = ev->prompt_tokens;
+    if (ev->cached_tokens > c->cached_tokens)
+        c->cached_tokens = ev->cached_tokens;
     const int per = r->meta.n > 1 ? r->meta.n : 1;
-    r->prompt_tokens = 0;
+    r->prompt_tokens = r->cached_tokens = 0;
     for (int p = 0; p < r->n_ch; p += per) {
-        int64_t most = 0;
-        for (int j = p; j < p + per && j < r->n_ch; j++)
+        int64_t most = 0, cached = 0;
+        for (int j = p; j < p + per && j < r->n_ch; j++) {
             most = r->ch[j].prompt_tokens > most ? r->ch[j].prompt_tokens : most;
+            cached = r->ch[j].cached_tokens > cached ? r->ch[j].cached_tokens : cached;
+        }
         r->prompt_tokens += most;
+        r->cached_tokens += cached;
     }
     if (c->ended)
         return;
@@ -250,6 +256,11 @@ static void put_usage(struct api_buf *b, const struct api_response *r)
     put_int(b, r->completion_tokens);
     api__buf_puts(b, ",\"total_tokens\":");
     put_int(b, r->prompt_tokens + r->completion_tokens);
+    if (r->cached_tokens > 0) {
+        api__buf_puts(b, ",\"prompt_tokens_details\":{\"cached_tokens\":");
+        put_int(b, r->cached_tokens);
+        api__buf_puts(b, "}");
+    }
     api__buf_puts(b, "}");
 }
 

@@ -32,6 +32,7 @@
 #include "forward.h"
 #include "model.h"
 #include "options.h"
+#include "prefix.h"
 #include "queue.h"
 #include "session.h"
 #include "snapshot.h"
@@ -412,6 +413,7 @@ static void seq_finish(struct engine *e, struct seq *s, enum engine_finish why, 
     ev.finish = why;
     ev.prompt_tokens = s->usage_prompt;
     ev.completion_tokens = s->n_gen;
+    ev.cached_tokens = s->usage_cached;
     ev.lp_sum = s->lp_sum;
     ev.text_len = 0;
     ev.text[0] = 0;
@@ -739,6 +741,9 @@ static int admit_into(struct engine *e, struct seq *s, struct engine_request *r,
                     ((s->req.prompt && s->req.prompt_len > 0) || s->req.ids_of_text);
     snprintf(s->session, sizeof s->session, "%s", s->req.session_id);
     s->last_used = now_s();
+    /* a free slot may hold the prompt's first tokens (prefix.h) */
+    s->usage_cached = fresh ? prefix_take(e, s) : 0;
+    e->stats.prompt_tokens_cached_total += s->usage_cached;
     return 0;
 }
 
@@ -1037,7 +1042,8 @@ static int admit_choices(struct engine *e, struct engine_request *r)
         }
         if (rc == 0) {
             one.sampling.seed = seed + (uint64_t)j;
-            rc = admit_into(e, s, &one, 1); /* on failure it says why: one ERROR */
+            one.no_prefix |= j > 0 && share; /* it takes the first's cells */
+            rc = admit_into(e, s, &one, 1);  /* on failure it says why: one ERROR */
             if (rc < 0)
                 engine_request_free(&one);
         }
@@ -1730,6 +1736,7 @@ static int share_import(struct engine *e, const struct seq *lead, struct seq *si
         return -1;
     sib->kv = kv;
     sib->n_fed = sib->n_prompt;
+    prefix_share(e, lead, sib);
     return 0;
 }
 
@@ -1804,6 +1811,8 @@ static int step(struct engine *e)
         return 0;
     int64_t rows = decoder__step(&e->dec, e->inputs, n_in);
     if (rows < 0) {
+        for (int k = 0; k < n_in; k++) /* what its cells hold is not known */
+            prefix_forget(e, e->inputs[k].seq->slot);
         e->stats.healthy = rows != -EIO;
         fail_all_running(e, "the model step failed");
         return 1;
@@ -1826,6 +1835,7 @@ static int step(struct engine *e)
         } else {
             s->has_next = 0;
         }
+        prefix_record(e, s, in->tokens, in->n);
         const int64_t n_rows = in->logits == FWD_LOGITS_ALL    ? in->n
                                : in->logits == FWD_LOGITS_LAST ? 1
                                                                : 0;
@@ -1947,6 +1957,7 @@ static void engine_free(struct engine *e)
     free(e->evicted_before);
     free(e->scratch);
     free(e->share_rows);
+    prefix_free(e);
     free(e->eog_ids);
     free(e->json_tok);
     free(e->json_ids);

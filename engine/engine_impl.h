@@ -88,7 +88,8 @@ struct seq {
      * session gives back those of a stop string */
     struct gen_mark marks[GEN_MARKS];
     int64_t n_gen, usage_prompt;
-    double lp_sum; /* engine_request.score: the log-probs of the tokens generated, summed */
+    double lp_sum;        /* engine_request.score: the log-probs of the tokens generated, summed */
+    int64_t usage_cached; /* prompt tokens a free slot held (prefix.h): not prefilled */
     int paused;
     char session[ENGINE_SESSION_ID_MAX];
     uint64_t owner;        /* who created the session (engine_request.owner) */
@@ -158,7 +159,10 @@ struct engine {
     char *piece;    /* [piece_cap] one token's text */
     char *text_out; /* [piece_cap + STOP_HOLD_MAX] text released by the stop filter */
     size_t piece_cap;
-    int64_t *evicted_before; /* [max_seqs] per step input */
+    int64_t *evicted_before;    /* [max_seqs] per step input */
+    struct prefix_slot *prefix; /* [n_slots] what each KV slot's cells hold (prefix.c) */
+    int64_t prefix_cap;         /* tokens a record holds at most */
+    uint64_t prefix_clock;      /* counts the records' uses (least recently used leaves) */
     struct engine_stats stats;
     int pushed; /* events pushed since the last wake */
     /* sessions on disk (--session-dir; session.c) */

@@ -15,6 +15,7 @@
 #include "decoder_impl.h"
 #include "model.h"
 #include "options.h"
+#include "prefix.h"
 #include "stop.h"
 #include "tokenizer.h"
 
@@ -128,7 +129,7 @@ int engine__load(struct engine *e)
     e->echoed = calloc(n_echo, sizeof *e->echoed);
     if (!e->seqs || !e->waiting || !e->inputs || !e->input_seq || !e->scratch ||
         !e->evicted_before || !e->pick_seq || !e->pick_logits || !e->picked || !e->echo ||
-        !e->echoed) {
+        !e->echoed || prefix_init(e) < 0) {
         snprintf(err, el, "engine: out of memory");
         return -ENOMEM;
     }

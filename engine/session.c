@@ -17,6 +17,7 @@
  * another try (docs/serving.md#sessions).
  */
 #include "session.h"
+#include "prefix.h"
 
 #include <assert.h>
 #include <dirent.h>
@@ -1429,6 +1430,7 @@ int session_restore(struct engine *e, struct seq *s, const char *id, uint64_t ke
         return -1;
     }
     kv_seq_restored(&s->kv, m.pos_next); /* n_evicted as the file's (snapshot_parse checked) */
+    prefix_forget(e, s->kv.slot);        /* its cells become the session's */
     rc = session_copy_cells(&e->dec.backend, g, &s->kv, &m, (uint8_t *)k, (uint8_t *)v, 1);
     free(buf);
     /* the file just read (unless evicted since), or one older than the save */

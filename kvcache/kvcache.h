@@ -134,6 +134,8 @@ void kv_pool_free(struct kv_pool *pool);
 /* Takes a free slot: 0 and *slot, or -EBUSY when all are in use. */
 int kv_pool_acquire(struct kv_pool *pool, int64_t *slot);
 void kv_pool_release(struct kv_pool *pool, int64_t slot);
+/* Takes slot, if it is free: 0, or -EBUSY (in use or out of range). */
+int kv_pool_acquire_at(struct kv_pool *pool, int64_t slot);
 
 struct kv_seq {
     int64_t slot;

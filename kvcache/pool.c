@@ -160,6 +160,15 @@ int kv_pool_acquire(struct kv_pool *pool, int64_t *slot)
     return -EBUSY;
 }
 
+int kv_pool_acquire_at(struct kv_pool *pool, int64_t slot)
+{
+    if (slot < 0 || slot >= pool->geo.n_slots || pool->in_use[slot])
+        return -EBUSY;
+    pool->in_use[slot] = 1;
+    pool->n_free--;
+    return 0;
+}
+
 void kv_pool_release(struct kv_pool *pool, int64_t slot)
 {
     if (slot >= 0 && slot < pool->geo.n_slots && pool->in_use[slot]) {

@@ -268,6 +268,9 @@ size_t metrics_render(const struct metrics *m, const struct metrics_live *live,
         gauge(&o, "streamsink_kv_bytes", "Bytes of KV cache allocated", (double)es->kv_bytes);
         counter(&o, "streamsink_prompt_tokens_total", "Prompt tokens processed",
                 (double)es->prompt_tokens_total);
+        counter(&o, "streamsink_prompt_tokens_cached_total",
+                "Prompt tokens a free KV slot held from an earlier request (not prefilled)",
+                (double)es->prompt_tokens_cached_total);
         counter(&o, "streamsink_generated_tokens_total", "Tokens generated",
                 (double)es->gen_tokens_total);
         counter(&o, "streamsink_engine_steps_total", "Batched engine steps",

@@ -5,7 +5,9 @@ sent at once (what a client without n would do), the same prompt of about
 --prompt-tokens tokens, --max-tokens sampled tokens each (ignore_eos, so
 every answer runs the whole length), interleaved, --reps rounds. The first
 choice prefills the prompt for the others, where n requests of one each
-prefill it. Prints each mode's median seconds, its spread, and the ratio.
+prefill it (all sent with cache_prompt false, so that neither starts from
+a prefix a free slot kept). Prints each mode's median seconds, its spread,
+and the ratio.
 
     build/streamsink serve --model-alias smol --port 8080 &
     .venv/bin/python tools/bench_choices.py --url http://127.0.0.1:8080/v1 --n 4 --reps 5
@@ -30,7 +32,8 @@ def prompt_of(client, model, tokens):
 def one_request(client, model, prompt, n, max_tokens, seed):
     t = time.perf_counter()
     r = client.completions.create(model=model, prompt=prompt, n=n, max_tokens=max_tokens,
-                                  temperature=1.0, seed=seed, extra_body={"ignore_eos": True})
+                                  temperature=1.0, seed=seed,
+                                  extra_body={"ignore_eos": True, "cache_prompt": False})
     assert len(r.choices) == n
     return time.perf_counter() - t
 

@@ -224,6 +224,10 @@ struct engine_request {
      * log-probs (the model's own, as logprobs reports them) of the tokens
      * it generated. */
     int score;
+    /* 1: prefill the whole prompt, even where a free KV slot holds its
+     * first tokens (llama-server's cache_prompt false); 0: start after
+     * them (prefix.h). */
+    int no_prefix;
     /* n: 1..max_seqs choices (0 reads as 1), no session only. Each is a
      * sequence of its own, admitted together when n slots are free; choice
      * i samples with seed + i, so a choice's tokens are those of a request
@@ -303,11 +307,12 @@ struct engine_event { /* copied by value across the queue */
     enum engine_finish finish;
     int64_t prompt_tokens; /* usage, on DONE */
     int64_t completion_tokens;
-    double lp_sum;     /* DONE of a request with score: its tokens' log-probs, summed */
-    int status;        /* HTTP status for ERROR (400, 409, 429, 500, 503) */
-    char message[256]; /* for ERROR (as long as api_error's: a session id fits whole) */
-    char param[32];    /* for ERROR: the request field at fault ("prompt", "kv_policy", ...), "" */
-    char code[32];     /* for ERROR: an OpenAI-style code ("context_length_exceeded", ...), "" */
+    double lp_sum;         /* DONE of a request with score: its tokens' log-probs, summed */
+    int64_t cached_tokens; /* DONE: of prompt_tokens, those a free slot held (not prefilled) */
+    int status;            /* HTTP status for ERROR (400, 409, 429, 500, 503) */
+    char message[256];     /* for ERROR (as long as api_error's: a session id fits whole) */
+    char param[32]; /* for ERROR: the request field at fault ("prompt", "kv_policy", ...), "" */
+    char code[32];  /* for ERROR: an OpenAI-style code ("context_length_exceeded", ...), "" */
     struct engine_session_info session; /* SESSION; DONE of a request with a session_id */
 };
 
@@ -379,6 +384,7 @@ struct engine_stats {
     int64_t active_seqs, paused_seqs, queued, sessions;
     int64_t slots_total, slots_free;
     int64_t prompt_tokens_total, gen_tokens_total, steps_total;
+    int64_t prompt_tokens_cached_total; /* prompt tokens a free slot held: not prefilled */
     int64_t evicted_tokens_total;
     int64_t kv_bytes;
     int healthy; /* 0 after a backend failure */

@@ -77,6 +77,7 @@ static int record(struct rig_result *out, const struct engine_event *v)
         out->prompt_tokens = v->prompt_tokens;
         out->completion_tokens = v->completion_tokens;
         out->lp_sum = v->lp_sum;
+        out->cached_tokens = v->cached_tokens;
         out->tokens_seen = v->session.tokens_seen;
         out->ended++;
         return 1;

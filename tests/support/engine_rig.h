@@ -55,9 +55,10 @@ struct rig_result {
     size_t n_text;
     enum engine_finish finish;
     int64_t prompt_tokens, completion_tokens;
-    double lp_sum;       /* the DONE's (a request with score) */
-    int64_t tokens_seen; /* the session's, after the request (0: none) */
-    int ended;           /* DONE or ERROR events it had */
+    double lp_sum;         /* the DONE's (a request with score) */
+    int64_t cached_tokens; /* the DONE's: prompt tokens a free slot held */
+    int64_t tokens_seen;   /* the session's, after the request (0: none) */
+    int ended;             /* DONE or ERROR events it had */
 };
 
 /* Waits (at most ~10 minutes) for the events of requests ids[0..n) until

@@ -342,6 +342,22 @@ TEST(api_request_best_of_runs_the_candidates_and_answers_n)
     ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":[\"x\",\"y\",\"z\"],\"best_of\":3}", "prompt");
 }
 
+/* cache_prompt (llama-server's): true by default; false asks for a whole
+ * prefill */
+TEST(api_request_cache_prompt_false_prefills_the_whole_prompt)
+{
+    struct parsed p = parse(API_COMPLETIONS, "{\"prompt\":\"x\"}");
+    ASSERT_OK(p.rc);
+    ASSERT_EQ(p.req.no_prefix, 0);
+    engine_request_free(&p.req);
+    p = parse(API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+                        "\"cache_prompt\":false}");
+    ASSERT_OK(p.rc);
+    ASSERT_EQ(p.req.no_prefix, 1);
+    engine_request_free(&p.req);
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":\"x\",\"cache_prompt\":0}", "cache_prompt");
+}
+
 /* response_format json_object (both endpoints) asks the engine for a JSON
  * object; text, absent or null does not */
 TEST(api_request_response_format_json_object_reaches_the_engine)

@@ -311,6 +311,34 @@ TEST(api_response_answers_the_best_of_each_prompt_s_candidates)
     api_response_free(&r);
 }
 
+/* Prompt tokens a free KV slot held are reported as OpenAI reports cached
+ * ones, in usage.prompt_tokens_details, counted once a prompt (its choices
+ * after the first took their cells and report none); none: no details. */
+TEST(api_response_reports_cached_prompt_tokens)
+{
+    struct api_response r;
+    struct api_request meta = {.endpoint = API_COMPLETIONS, .n = 2};
+    ASSERT_OK(api_response_init(&r, &meta, "smol", 0x2a, 1700000000, 1 << 20, &TT));
+    struct engine_event d1 = of_choice(done(ENGINE_FINISH_STOP, 40, 3), 1, 1);
+    api_response_choice_done(&r, &d1);
+    struct engine_event d0 = of_choice(done(ENGINE_FINISH_STOP, 40, 2), 0, 0);
+    d0.cached_tokens = 31;
+    char *body = api_response_body(&r, &d0);
+    ASSERT(body != NULL);
+    ASSERT(strstr(body, "\"usage\":{\"prompt_tokens\":40,\"completion_tokens\":5,"
+                        "\"total_tokens\":45,\"prompt_tokens_details\":{\"cached_tokens\":31}}"));
+    free(body);
+    api_response_free(&r);
+    ASSERT_OK(api_response_init(&r, &meta, "smol", 0x2a, 1700000000, 1 << 20, &TT));
+    d0.cached_tokens = 0;
+    api_response_choice_done(&r, &d1);
+    body = api_response_body(&r, &d0);
+    ASSERT(body != NULL);
+    ASSERT(strstr(body, "\"total_tokens\":45}") && !strstr(body, "prompt_tokens_details"));
+    free(body);
+    api_response_free(&r);
+}
+
 TEST(api_response_builds_a_whole_chat_completion)
 {
     struct api_response r;

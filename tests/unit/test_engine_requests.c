@@ -458,7 +458,9 @@ TEST(choices_equal_requests_of_one_with_seeds_one_apart)
         engine_get_stats(rig.e, &after);
         /* the first choice prefills the prompt for all, unless each scores
          * it (echo) */
-        ASSERT_EQ(after.prompt_tokens_total - before.prompt_tokens_total,
+        /* (less what a free slot held: prefix.h) */
+        ASSERT_EQ(after.prompt_tokens_total - before.prompt_tokens_total +
+                      after.prompt_tokens_cached_total - before.prompt_tokens_cached_total,
                   solo[0].prompt_tokens * (echo ? N_CHOICES : 1));
         for (int k = 0; k < N_CHOICES; k++) {
             same_answer(failed, &choice[k], &solo[k]);
@@ -845,7 +847,8 @@ TEST(several_prompts_answer_each_as_requests_of_one)
         ASSERT_OK(engine_submit(rig.e, &q));
         ASSERT_OK(rig_wait_choices(&rig, id, outs, n));
         engine_get_stats(rig.e, &after);
-        ASSERT_EQ(after.prompt_tokens_total - before.prompt_tokens_total,
+        ASSERT_EQ(after.prompt_tokens_total - before.prompt_tokens_total +
+                      after.prompt_tokens_cached_total - before.prompt_tokens_cached_total,
                   echo ? prompts * per : prompts);
         for (int k = 0; k < n; k++) {
             same_answer(failed, &choice[k], &solo[k]);
@@ -884,6 +887,148 @@ TEST(several_prompts_hold_their_places_and_fit_the_slots)
     ASSERT_STREQ(res.param, "prompt");
     ASSERT_OK(rig_run(&rig, &qb, &res)); /* its places are back */
     ASSERT(!res.error && res.n_tok == 4);
+    rig_close(&rig);
+}
+
+/* ---- prompt prefixes kept in free slots ------------------------------------------- */
+
+/* A sampled request with log-probs of prompt ids[0..n), seed 5. */
+static struct engine_request prefixed(struct rig *rig, const int32_t *ids, int64_t n, int no_prefix)
+{
+    struct engine_request q = rig_greedy(rig, 12);
+    rig_set_ids(&q, ids, n, 0); /* (no BOS: prompts that differ share no first token) */
+    q.sampling.temperature = 1.0f;
+    q.sampling.seed = 5;
+    q.logprobs = 1;
+    q.no_prefix = no_prefix;
+    return q;
+}
+
+/* got, a request that started after cached prompt tokens, is exactly want,
+ * the same request prefilled whole: tokens, text and log-probs, bit for
+ * bit. */
+static void same_tokens(int *failed, const struct rig_result *got, const struct rig_result *want)
+{
+    ASSERT(!got->error && !want->error);
+    ASSERT_EQ(got->n_tok, want->n_tok);
+    ASSERT(memcmp(got->toks, want->toks, (size_t)want->n_tok * 4) == 0);
+    ASSERT_EQ(got->n_text, want->n_text);
+    ASSERT(memcmp(got->text, want->text, want->n_text) == 0);
+    ASSERT_EQ(got->n_lp, want->n_lp);
+    ASSERT(memcmp(got->logprob, want->logprob, (size_t)want->n_lp * 4) == 0);
+    ASSERT_EQ(got->prompt_tokens, want->prompt_tokens);
+}
+
+/* A conversation sent whole each turn: the second turn's prompt is the
+ * first's, its answer and more. The slot the first turn left holds its
+ * prompt and answer, so the second prefills only what is new; its answer
+ * is bit for bit the one a whole prefill gives. Under window and sinks:4,
+ * across a wrapped ring (then nothing is kept), a prompt that differs part
+ * way (kept up to there), another policy (nothing), and a request of
+ * several choices (the first takes the prefix, the others its cells). */
+TEST(a_prompt_starts_after_the_prefix_a_free_slot_holds_exactly)
+{
+    struct rig rig;
+    struct engine_config c = rig_config(RIG_FIXTURE);
+    c.max_seqs = 3;
+    c.window = 64;
+    c.chunk = 16;
+    ASSERT_OK(rig_open(&rig, &c));
+    int32_t ids[200];
+    for (int i = 0; i < 200; i++)
+        ids[i] = 'a' + (i * 11) % 26;
+    static struct rig_result first, turn, whole;
+    for (int pol = 0; pol < 2; pol++) {
+        const struct engine_policy policy = pol ? (struct engine_policy){ENGINE_POLICY_SINKS, 4}
+                                                : (struct engine_policy){ENGINE_POLICY_WINDOW, 0};
+        for (int wrap = 0; wrap < 2; wrap++) {
+            /* turn 1: 30 tokens (+ BOS), or 80 (past the ring of 64 + 16
+             * with its answer: nothing can be kept) */
+            const int64_t n1 = wrap ? 80 : 30;
+            const int32_t *base = ids + 30 * (2 * pol + wrap); /* no other slot's prefix */
+            struct engine_request q = prefixed(&rig, base, n1, 0);
+            q.has_policy = 1;
+            q.policy = policy;
+            ASSERT_OK(rig_run(&rig, &q, &first));
+            ASSERT(!first.error && first.n_tok == 12);
+            int32_t next[200];
+            memcpy(next, base, (size_t)n1 * 4);
+            memcpy(next + n1, first.toks, 12 * 4);
+            memcpy(next + n1 + 12, ids + 180, 8 * 4);
+            const int64_t n2 = n1 + 20;
+            for (int k = 0; k < 2; k++) {
+                struct engine_request t = prefixed(&rig, next, n2, k);
+                t.has_policy = 1;
+                t.policy = policy;
+                struct engine_stats before, after;
+                engine_get_stats(rig.e, &before);
+                ASSERT_OK(rig_run(&rig, &t, k ? &whole : &turn));
+                engine_get_stats(rig.e, &after);
+                const struct rig_result *r = k ? &whole : &turn;
+                /* kept: the prompt and 11 of the answer's 12 tokens (its
+                 * last was never fed) */
+                const int64_t kept = k || wrap ? 0 : n1 + 11;
+                ASSERT_EQ(r->cached_tokens, kept);
+                ASSERT_EQ(after.prompt_tokens_total - before.prompt_tokens_total,
+                          r->prompt_tokens - kept);
+                ASSERT_EQ(after.prompt_tokens_cached_total - before.prompt_tokens_cached_total,
+                          kept);
+            }
+            same_tokens(failed, &turn, &whole);
+            if (*failed)
+                return;
+        }
+    }
+    /* a prompt that differs from the slot's after 10 tokens: 10 kept */
+    struct engine_request q = prefixed(&rig, ids, 30, 0);
+    ASSERT_OK(rig_run(&rig, &q, &first));
+    int32_t other[40];
+    memcpy(other, ids, sizeof other);
+    other[10] = 'z' + 1;
+    for (int k = 0; k < 2; k++) {
+        struct engine_request t = prefixed(&rig, other, 40, k);
+        ASSERT_OK(rig_run(&rig, &t, k ? &whole : &turn));
+    }
+    ASSERT_EQ(turn.cached_tokens, 10);
+    same_tokens(failed, &turn, &whole);
+    if (*failed)
+        return;
+    /* another policy than the slot's: nothing kept (a prompt no other slot
+     * holds, then the same under the first's policy: kept) */
+    for (int k = 0; k < 3; k++) {
+        q = prefixed(&rig, ids + 150, k ? 40 : 30, 0);
+        q.has_policy = 1;
+        q.policy = k == 1 ? (struct engine_policy){ENGINE_POLICY_SINKS, 4}
+                          : (struct engine_policy){ENGINE_POLICY_WINDOW, 0};
+        ASSERT_OK(rig_run(&rig, &q, &turn));
+        ASSERT_EQ(turn.cached_tokens, k == 2 ? 30 : 0);
+    }
+    /* another owner (API key) than the slot's: nothing kept; the same: kept */
+    for (int k = 0; k < 3; k++) {
+        q = prefixed(&rig, ids + 120, k ? 40 : 30, 0);
+        q.owner = k == 1 ? 8 : 7;
+        ASSERT_OK(rig_run(&rig, &q, &turn));
+        ASSERT_EQ(turn.cached_tokens, k == 2 ? 30 : 0);
+    }
+    /* choices: the first takes the prefix, the second the first's cells */
+    static struct rig_result ch[2][2];
+    for (int k = 0; k < 2; k++) {
+        q = prefixed(&rig, ids, 30, 0);
+        ASSERT_OK(rig_run(&rig, &q, &first));
+        struct engine_request t = prefixed(&rig, ids, 45, k);
+        t.n_choices = 2;
+        uint64_t id = t.id;
+        struct rig_result *outs[2] = {&ch[k][0], &ch[k][1]};
+        ASSERT_OK(engine_submit(rig.e, &t));
+        ASSERT_OK(rig_wait_choices(&rig, id, outs, 2));
+    }
+    ASSERT_EQ(ch[0][0].cached_tokens, 30);
+    ASSERT_EQ(ch[1][0].cached_tokens, 0);
+    for (int j = 0; j < 2; j++) {
+        same_tokens(failed, &ch[0][j], &ch[1][j]);
+        if (*failed)
+            return;
+    }
     rig_close(&rig);
 }
 

@@ -1,0 +1,183 @@
+/*
+ * prefix.c: the prompt prefixes free KV slots still hold (prefix.h).
+ */
+#include "prefix.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvcache.h"
+
+/* What the cells of one KV slot hold, from position 0: toks[0..n), stored
+ * by a sequence of policy and window; n 0 when they hold nothing reusable. */
+struct prefix_slot {
+    int32_t *toks; /* [cap] */
+    int64_t n;
+    struct kv_policy policy;
+    int64_t n_sinks, window;
+    uint64_t used;  /* when a request last took or wrote it (e->prefix_clock) */
+    uint64_t owner; /* whose request wrote it (engine_request.owner) */
+};
+
+int prefix_init(struct engine *e)
+{
+    const struct kv_geometry *g = &e->dec.fwd.pool.geo;
+    e->prefix_cap = g->n_sinks + g->window + g->chunk;
+    e->prefix = calloc((size_t)g->n_slots, sizeof *e->prefix);
+    if (!e->prefix)
+        return -ENOMEM;
+    for (int64_t i = 0; i < g->n_slots; i++) {
+        e->prefix[i].toks = malloc((size_t)e->prefix_cap * sizeof(int32_t));
+        if (!e->prefix[i].toks)
+            return -ENOMEM;
+    }
+    return 0;
+}
+
+void prefix_free(struct engine *e)
+{
+    for (int64_t i = 0; e->prefix && i < e->dec.fwd.pool.geo.n_slots; i++)
+        free(e->prefix[i].toks);
+    free(e->prefix);
+    e->prefix = NULL;
+}
+
+void prefix_forget(struct engine *e, int64_t slot)
+{
+    if (e->prefix && slot >= 0 && slot < e->dec.fwd.pool.geo.n_slots)
+        e->prefix[slot].n = 0;
+}
+
+/* The most positions s may store from 0 with none of their cells written
+ * over: its sinks and its ring, and a local layer's ring. */
+static int64_t exact_span(const struct engine *e, const struct seq *s)
+{
+    const struct kv_geometry *g = &e->dec.fwd.pool.geo;
+    int64_t span = s->kv.n_sinks + s->kv.ring;
+    if (g->swa_period > 0) {
+        struct kv_seq local = kv_seq_local(&s->kv, g);
+        if (local.ring < span)
+            span = local.ring;
+    }
+    return span < e->prefix_cap ? span : e->prefix_cap;
+}
+
+/* 1 if s may keep a record of what it stores. */
+static int records(const struct seq *s)
+{
+    return !s->session[0] && s->kv.pos_first == 0;
+}
+
+/* 1 if s may start from p's cells: the same cell layout, and the same
+ * owner (one API key cannot learn, from cached_tokens or from the time a
+ * prefill takes, what another key's prompts began with). */
+static int may_take(const struct prefix_slot *p, const struct seq *s)
+{
+    return p->policy.kind == s->kv.policy.kind && p->n_sinks == s->kv.n_sinks &&
+           p->window == s->kv.window && p->owner == s->owner;
+}
+
+/* Trades s's slot for the free one at, which it takes instead. */
+static void trade(struct engine *e, struct seq *s, int64_t at)
+{
+    struct kv_pool *pool = &e->dec.fwd.pool;
+    if (at == s->kv.slot)
+        return;
+    kv_pool_release(pool, s->kv.slot);
+    if (kv_pool_acquire_at(pool, at) < 0) { /* cannot happen: at is free */
+        kv_pool_acquire_at(pool, s->kv.slot);
+        return;
+    }
+    s->kv.slot = at;
+}
+
+/* The free slot (or s's own) whose record is worth least: one with none,
+ * else the least recently used. */
+static int64_t victim(const struct engine *e, const struct seq *s)
+{
+    const struct kv_pool *pool = &e->dec.fwd.pool;
+    int64_t v = s->kv.slot;
+    for (int64_t i = 0; i < pool->geo.n_slots; i++) {
+        const struct prefix_slot *p = &e->prefix[i], *w = &e->prefix[v];
+        if ((i == s->kv.slot || !pool->in_use[i]) && w->n > 0 && (p->n == 0 || p->used < w->used))
+            v = i;
+    }
+    return v;
+}
+
+int64_t prefix_take(struct engine *e, struct seq *s)
+{
+    if (!e->prefix)
+        return 0;
+    const struct kv_pool *pool = &e->dec.fwd.pool;
+    const int64_t mine = s->kv.slot;
+    int64_t best = -1, best_len = 0;
+    const int reuse = records(s) && !s->req.echo && !s->req.no_prefix && s->n_prompt > 1;
+    const int64_t most = s->n_prompt - 1; /* the last prompt token's logits are needed */
+    for (int64_t i = 0; reuse && i < pool->geo.n_slots; i++) {
+        const struct prefix_slot *p = &e->prefix[i];
+        if (i != mine && pool->in_use[i])
+            continue; /* a running sequence's or an idle session's */
+        if (p->n <= best_len || !may_take(p, s))
+            continue;
+        int64_t m = 0;
+        const int64_t lim = p->n < most ? p->n : most;
+        while (m < lim && p->toks[m] == s->prompt[m])
+            m++;
+        if (m > best_len) {
+            best = i;
+            best_len = m;
+        }
+    }
+    /* none: s writes over the record worth least */
+    trade(e, s, best >= 0 ? best : victim(e, s));
+    struct prefix_slot *p = &e->prefix[s->kv.slot];
+    p->n = best >= 0 && s->kv.slot == best ? best_len : 0; /* later cells are written over */
+    p->used = ++e->prefix_clock;
+    if (p->n == 0)
+        return 0;
+    kv_seq_restored(&s->kv, p->n);
+    s->n_fed = p->n;
+    return p->n;
+}
+
+void prefix_record(struct engine *e, const struct seq *s, const int32_t *toks, int64_t n)
+{
+    if (!e->prefix)
+        return;
+    struct prefix_slot *p = &e->prefix[s->kv.slot];
+    const int64_t pos = s->kv.pos_next - n;
+    if (!records(s) || pos != p->n || s->kv.pos_next > exact_span(e, s)) {
+        p->n = 0;
+        return;
+    }
+    if (pos == 0) {
+        p->policy = s->kv.policy;
+        p->n_sinks = s->kv.n_sinks;
+        p->window = s->kv.window;
+        p->owner = s->owner;
+    }
+    memcpy(p->toks + pos, toks, (size_t)n * sizeof *toks);
+    p->n = s->kv.pos_next;
+    p->used = ++e->prefix_clock;
+}
+
+void prefix_share(struct engine *e, const struct seq *lead, const struct seq *sib)
+{
+    if (!e->prefix)
+        return;
+    const struct prefix_slot *l = &e->prefix[lead->kv.slot];
+    struct prefix_slot *p = &e->prefix[sib->kv.slot];
+    p->n = 0;
+    if (!records(sib) || l->n < sib->kv.pos_next || sib->kv.pos_next > exact_span(e, sib))
+        return;
+    *p = (struct prefix_slot){.toks = p->toks,
+                              .n = sib->kv.pos_next,
+                              .policy = l->policy,
+                              .n_sinks = l->n_sinks,
+                              .window = l->window,
+                              .used = ++e->prefix_clock,
+                              .owner = l->owner};
+    memcpy(p->toks, l->toks, (size_t)p->n * sizeof *p->toks);
+}

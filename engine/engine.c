@@ -959,8 +959,10 @@ static void unadmit_choices(struct engine *e, uint64_t id)
 {
     for (int64_t i = 0; i < e->cfg.max_seqs; i++) {
         struct seq *s = &e->seqs[i];
-        if (s->state == SEQ_RUNNING && s->id == id)
+        if (s->state == SEQ_RUNNING && s->id == id) {
+            e->stats.prompt_tokens_cached_total -= s->usage_cached; /* never served */
             engine__seq_release(e, s);
+        }
     }
 }
 

@@ -163,6 +163,18 @@ void prefix_record(struct engine *e, const struct seq *s, const int32_t *toks, i
     p->used = ++e->prefix_clock;
 }
 
+/* The most positions from 0 whose cells a copy of s's KV as a snapshot
+ * holds takes them all: the copy holds only what its next query sees (the
+ * sinks and the window, and a local layer's window). */
+static int64_t copied_span(const struct engine *e, const struct seq *s)
+{
+    const struct kv_geometry *g = &e->dec.fwd.pool.geo;
+    int64_t span = s->kv.n_sinks + s->kv.window;
+    if (g->swa_period > 0 && g->swa_window < span)
+        span = g->swa_window;
+    return span;
+}
+
 void prefix_share(struct engine *e, const struct seq *lead, const struct seq *sib)
 {
     if (!e->prefix)
@@ -170,8 +182,9 @@ void prefix_share(struct engine *e, const struct seq *lead, const struct seq *si
     const struct prefix_slot *l = &e->prefix[lead->kv.slot];
     struct prefix_slot *p = &e->prefix[sib->kv.slot];
     p->n = 0;
-    if (!records(sib) || l->n < sib->kv.pos_next || sib->kv.pos_next > exact_span(e, sib))
-        return;
+    if (!records(sib) || l->n < sib->kv.pos_next || sib->kv.pos_next > exact_span(e, sib) ||
+        sib->kv.pos_next > copied_span(e, sib))
+        return; /* (cells before the copied ones are another request's) */
     *p = (struct prefix_slot){.toks = p->toks,
                               .n = sib->kv.pos_next,
                               .policy = l->policy,

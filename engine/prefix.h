@@ -44,8 +44,10 @@ int64_t prefix_take(struct engine *e, struct seq *s);
 /* s stored toks[0..n) at its positions pos_next - n .. pos_next - 1 in this
  * step: its slot's record grows, or ends when it can no longer be exact. */
 void prefix_record(struct engine *e, const struct seq *s, const int32_t *toks, int64_t n);
-/* sib took lead's prompt cells (n_prompt of them): its record is lead's
- * first n_prompt tokens, when lead's record holds them. */
+/* sib took lead's prompt cells as a snapshot holds them: its record is
+ * lead's first n_prompt tokens, when lead's record holds them and the copy
+ * held every one of their cells (a prompt no longer than the sinks and the
+ * window, and a local layer's window). */
 void prefix_share(struct engine *e, const struct seq *lead, const struct seq *sib);
 
 #endif

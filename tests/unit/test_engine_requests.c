@@ -1024,11 +1024,73 @@ TEST(a_prompt_starts_after_the_prefix_a_free_slot_holds_exactly)
     }
     ASSERT_EQ(ch[0][0].cached_tokens, 30);
     ASSERT_EQ(ch[1][0].cached_tokens, 0);
+    /* a request undone at admission (its second prompt empty) served no
+     * cached tokens: the metric does not count the first prompt's */
+    q = prefixed(&rig, ids, 30, 0);
+    ASSERT_OK(rig_run(&rig, &q, &first));
+    struct engine_request bad = prefixed(&rig, ids, 40, 0);
+    bad.n_prompts = 2;
+    bad.more = calloc(1, sizeof *bad.more);
+    ASSERT(bad.more);
+    struct engine_stats before, after;
+    engine_get_stats(rig.e, &before);
+    ASSERT_OK(rig_run(&rig, &bad, &turn));
+    engine_get_stats(rig.e, &after);
+    ASSERT(turn.error && turn.status == 400);
+    ASSERT_EQ(after.prompt_tokens_cached_total, before.prompt_tokens_cached_total);
     for (int j = 0; j < 2; j++) {
         same_tokens(failed, &ch[0][j], &ch[1][j]);
         if (*failed)
             return;
     }
+    rig_close(&rig);
+}
+
+/* A choice that took its first choice's prompt cells holds only those a
+ * snapshot copies (the window's): a prompt longer than the window leaves
+ * its first cells another request's, so its slot must not offer the
+ * prompt's first tokens to a later request. Here the later request's
+ * prefix matches both choices' slots; the second's is the lower one (the
+ * first traded its slot for an empty one), which a tie would pick. */
+TEST(a_choice_given_its_first_choice_s_cells_keeps_no_record_of_cells_it_lacks)
+{
+    struct rig rig;
+    struct engine_config c = rig_config(RIG_FIXTURE);
+    c.max_seqs = 3;
+    c.window = 64;
+    c.chunk = 16;
+    ASSERT_OK(rig_open(&rig, &c));
+    int32_t ids[200];
+    for (int i = 0; i < 200; i++)
+        ids[i] = 'a' + (i * 7) % 26;
+    const struct engine_policy window = {ENGINE_POLICY_WINDOW, 0};
+    static struct rig_result res, outs_[2], turn, whole;
+    struct engine_request q = prefixed(&rig, ids + 150, 20, 0); /* a record in slot 0 */
+    q.has_policy = 1;
+    q.policy = window;
+    ASSERT_OK(rig_run(&rig, &q, &res));
+    q = prefixed(&rig, ids, 70, 0); /* 70 > the window of 64, within its ring of 80 */
+    q.has_policy = 1;
+    q.policy = window;
+    q.max_tokens = 4;
+    q.n_choices = 2;
+    uint64_t id = q.id;
+    struct rig_result *outs[2] = {&outs_[0], &outs_[1]};
+    ASSERT_OK(engine_submit(rig.e, &q));
+    ASSERT_OK(rig_wait_choices(&rig, id, outs, 2));
+    int32_t next[72];
+    memcpy(next, ids, 60 * 4);
+    memcpy(next + 60, ids + 100, 12 * 4);
+    for (int k = 0; k < 2; k++) {
+        struct engine_request t = prefixed(&rig, next, 72, k);
+        t.has_policy = 1;
+        t.policy = window;
+        ASSERT_OK(rig_run(&rig, &t, k ? &whole : &turn));
+    }
+    ASSERT_EQ(turn.cached_tokens, 60); /* from the first choice's slot */
+    same_tokens(failed, &turn, &whole);
+    if (*failed)
+        return;
     rig_close(&rig);
 }
 

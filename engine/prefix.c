@@ -23,7 +23,12 @@ struct prefix_slot {
 int prefix_init(struct engine *e)
 {
     const struct kv_geometry *g = &e->dec.fwd.pool.geo;
-    e->prefix_cap = g->n_sinks + g->window + g->chunk;
+    /* a record longer than the longest prompt (BOS included) never helps */
+    const int64_t prompt =
+        e->cfg.max_prompt_tokens > 0 ? e->cfg.max_prompt_tokens : e->dec.model.hp.n_ctx_train;
+    e->prefix_cap = prompt + 1;
+    if (e->prefix_cap < g->n_sinks + g->window + g->chunk)
+        e->prefix_cap = g->n_sinks + g->window + g->chunk;
     e->prefix = calloc((size_t)g->n_slots, sizeof *e->prefix);
     if (!e->prefix)
         return -ENOMEM;
@@ -60,7 +65,19 @@ static int64_t exact_span(const struct engine *e, const struct seq *s)
         if (local.ring < span)
             span = local.ring;
     }
-    return span < e->prefix_cap ? span : e->prefix_cap;
+    return span;
+}
+
+/* The fewest of a record's n tokens a sequence laid out as s must take for
+ * the cells it needs to be intact. A ring that never wrapped holds them
+ * all: any prefix. One that wrapped holds, besides the sinks, the positions
+ * of the last ring's length; a sequence that starts after m tokens reads
+ * positions from m - window on, which are intact while m is at least n - C
+ * (the ring's slack beyond the window; a local layer's ring has the same),
+ * as far as a session may give tokens back (kv_seq_retract). */
+static int64_t fewest(const struct engine *e, const struct seq *s, int64_t n)
+{
+    return n <= exact_span(e, s) ? 1 : n - s->kv.chunk;
 }
 
 /* 1 if s may keep a record of what it stores. */
@@ -125,7 +142,7 @@ int64_t prefix_take(struct engine *e, struct seq *s)
         const int64_t lim = p->n < most ? p->n : most;
         while (m < lim && p->toks[m] == s->prompt[m])
             m++;
-        if (m > best_len) {
+        if (m > best_len && m >= fewest(e, s, p->n)) {
             best = i;
             best_len = m;
         }
@@ -148,7 +165,7 @@ void prefix_record(struct engine *e, const struct seq *s, const int32_t *toks, i
         return;
     struct prefix_slot *p = &e->prefix[s->kv.slot];
     const int64_t pos = s->kv.pos_next - n;
-    if (!records(s) || pos != p->n || s->kv.pos_next > exact_span(e, s)) {
+    if (!records(s) || pos != p->n || s->kv.pos_next > e->prefix_cap) {
         p->n = 0;
         return;
     }

@@ -13,11 +13,14 @@
  * their positions (chunked prefill equals token by token, bit for bit, and a
  * step's other sequences change nothing), so the cells of positions [0, m)
  * are those a prefill of the same m tokens writes, provided no later
- * position has written over any of them. A record is therefore kept only
- * while the sequence has never wrapped a ring (at most its sinks plus its
- * ring's cells, and a local layer's ring where the model has them), from
- * position 0, by a sequence that is no session (a session's slot is its
- * own), under the same policy and window as the request that would take it.
+ * position has written over any of them: while the sequence never wrapped
+ * a ring (at most its sinks plus its ring's cells, and a local layer's ring
+ * where the model has them) any prefix may be taken; once it wrapped, only
+ * a start at most C (the chunk) tokens before its end, as far as
+ * kv_seq_retract may go back. A record is kept from position 0, up to the
+ * longest prompt, by a sequence that is no session (a session's slot is
+ * its own), under the same policy and window as the request that would
+ * take it.
  * A record is its owner's (the API key's): a request of another key never
  * starts from it, so that no key can learn what another's prompts began
  * with, neither from the usage's cached tokens nor from a prefill's time.

@@ -93,3 +93,26 @@ def test_one_key_never_starts_from_another_key_s_prefix(binary, model):
         assert cached(ra.usage) > 0
     finally:
         assert s.stop() == 0, s.log()
+
+
+def test_a_conversation_longer_than_the_window_still_prefills_only_its_new_turn(binary, model):
+    """With a window of 128 (a ring of 128 + 32), the history passes the
+    ring by the third turn; each turn still starts where the last ended,
+    and answers as a whole prefill does."""
+    s = Server(binary, model, ["--window", "128", "--chunk", "32"])
+    try:
+        c = s.client()
+        kw = dict(model="smol", max_tokens=64, temperature=0)
+        messages = list(TURN)
+        for turn in range(4):
+            r = c.chat.completions.create(messages=messages, **kw)
+            whole = c.chat.completions.create(messages=messages,
+                                              extra_body={"cache_prompt": False}, **kw)
+            assert r.choices[0].message.content == whole.choices[0].message.content
+            if turn >= 2:  # past the ring: the previous turn's history is kept
+                assert r.usage.prompt_tokens > 160
+                assert cached(r.usage) > r.usage.prompt_tokens - 40, r.usage
+            messages += [{"role": "assistant", "content": r.choices[0].message.content},
+                         {"role": "user", "content": f"Tell me more, part {turn + 2}."}]
+    finally:
+        assert s.stop() == 0, s.log()

@@ -966,8 +966,9 @@ TEST(a_prompt_starts_after_the_prefix_a_free_slot_holds_exactly)
                 engine_get_stats(rig.e, &after);
                 const struct rig_result *r = k ? &whole : &turn;
                 /* kept: the prompt and 11 of the answer's 12 tokens (its
-                 * last was never fed) */
-                const int64_t kept = k || wrap ? 0 : n1 + 11;
+                 * last was never fed), also from a ring that wrapped: this
+                 * turn starts where that one ended */
+                const int64_t kept = k ? 0 : n1 + 11;
                 ASSERT_EQ(r->cached_tokens, kept);
                 ASSERT_EQ(after.prompt_tokens_total - before.prompt_tokens_total,
                           r->prompt_tokens - kept);
@@ -978,6 +979,28 @@ TEST(a_prompt_starts_after_the_prefix_a_free_slot_holds_exactly)
             if (*failed)
                 return;
         }
+    }
+    /* a ring that wrapped (80 + 11 tokens stored, 91 > 64 + 16) keeps the
+     * cells of a start at 75 (91 - the chunk of 16) or later: a prompt
+     * that follows the record that far is kept, one that leaves it at 74
+     * is not (its window's first cells were written over) */
+    for (int k = 0; k < 2; k++) {
+        struct engine_request q1 = prefixed(&rig, ids + 110, 80, 0);
+        ASSERT_OK(rig_run(&rig, &q1, &first));
+        int32_t tail[100];
+        memcpy(tail, ids + 110, 80 * 4);
+        memcpy(tail + 80, first.toks, 11 * 4);
+        const int64_t at = k ? 74 : 75;
+        for (int64_t i = at; i < 100; i++)
+            tail[i] = 'A' + (int32_t)(i % 7); /* (no id of the record: 'a' to 'z') */
+        for (int w = 0; w < 2; w++) {
+            struct engine_request t = prefixed(&rig, tail, 100, w);
+            ASSERT_OK(rig_run(&rig, &t, w ? &whole : &turn));
+        }
+        ASSERT_EQ(turn.cached_tokens, k ? 0 : 75);
+        same_tokens(failed, &turn, &whole);
+        if (*failed)
+            return;
     }
     /* a prompt that differs from the slot's after 10 tokens: 10 kept */
     struct engine_request q = prefixed(&rig, ids, 30, 0);

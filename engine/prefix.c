@@ -14,6 +14,10 @@
 struct prefix_slot {
     int32_t *toks; /* [cap] */
     int64_t n;
+    /* the most positions from 0 its cells were written for since the record
+     * began: a request that took the record and stored fewer than its
+     * first writer left the later positions' writes in the ring */
+    int64_t top;
     struct kv_policy policy;
     int64_t n_sinks, window;
     uint64_t used;  /* when a request last took or wrote it (e->prefix_clock) */
@@ -68,13 +72,14 @@ static int64_t exact_span(const struct engine *e, const struct seq *s)
     return span;
 }
 
-/* The fewest of a record's n tokens a sequence laid out as s must take for
- * the cells it needs to be intact. A ring that never wrapped holds them
- * all: any prefix. One that wrapped holds, besides the sinks, the positions
- * of the last ring's length; a sequence that starts after m tokens reads
- * positions from m - window on, which are intact while m is at least n - C
- * (the ring's slack beyond the window; a local layer's ring has the same),
- * as far as a session may give tokens back (kv_seq_retract). */
+/* The fewest tokens of a record whose cells were written for up to n
+ * positions (its top) a sequence laid out as s must take for the cells it
+ * needs to be intact. A ring that never wrapped holds them all: any
+ * prefix. One that wrapped holds, besides the sinks, the positions of the
+ * last ring's length; a sequence that starts after m tokens reads positions
+ * from m - window on, which are intact while m is at least n - C (the
+ * ring's slack beyond the window; a local layer's ring has the same), as
+ * far as a session may give tokens back (kv_seq_retract). */
 static int64_t fewest(const struct engine *e, const struct seq *s, int64_t n)
 {
     return n <= exact_span(e, s) ? 1 : n - s->kv.chunk;
@@ -142,7 +147,7 @@ int64_t prefix_take(struct engine *e, struct seq *s)
         const int64_t lim = p->n < most ? p->n : most;
         while (m < lim && p->toks[m] == s->prompt[m])
             m++;
-        if (m > best_len && m >= fewest(e, s, p->n)) {
+        if (m > best_len && m >= fewest(e, s, p->top > p->n ? p->top : p->n)) {
             best = i;
             best_len = m;
         }
@@ -170,6 +175,7 @@ void prefix_record(struct engine *e, const struct seq *s, const int32_t *toks, i
         return;
     }
     if (pos == 0) {
+        p->top = 0;
         p->policy = s->kv.policy;
         p->n_sinks = s->kv.n_sinks;
         p->window = s->kv.window;
@@ -177,6 +183,8 @@ void prefix_record(struct engine *e, const struct seq *s, const int32_t *toks, i
     }
     memcpy(p->toks + pos, toks, (size_t)n * sizeof *toks);
     p->n = s->kv.pos_next;
+    if (p->top < p->n)
+        p->top = p->n;
     p->used = ++e->prefix_clock;
 }
 
@@ -204,6 +212,7 @@ void prefix_share(struct engine *e, const struct seq *lead, const struct seq *si
         return; /* (cells before the copied ones are another request's) */
     *p = (struct prefix_slot){.toks = p->toks,
                               .n = sib->kv.pos_next,
+                              .top = sib->kv.pos_next,
                               .policy = l->policy,
                               .n_sinks = l->n_sinks,
                               .window = l->window,

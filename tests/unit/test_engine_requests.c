@@ -1069,6 +1069,68 @@ TEST(a_prompt_starts_after_the_prefix_a_free_slot_holds_exactly)
     rig_close(&rig);
 }
 
+/* A record a later request shortened: A stores 91 (or 111) positions and
+ * wraps the ring of 64 + 16; B takes A's slot 16 tokens before A's end
+ * (allowed) and stores fewer positions than A did, so A's later positions
+ * still overwrite B's first cells. C, whose prompt follows B's record to a
+ * point that B's record alone would allow (any, B's 77 being within the
+ * ring; or 85, at least 97 - 16), must not start from it: its window would
+ * read cells A wrote over. It prefills whole, bit for bit. */
+TEST(a_record_shortened_by_its_taker_keeps_the_first_writer_s_bound)
+{
+    struct rig rig;
+    struct engine_config c = rig_config(RIG_FIXTURE);
+    c.max_seqs = 3;
+    c.window = 64;
+    c.chunk = 16;
+    ASSERT_OK(rig_open(&rig, &c));
+    int32_t ids[200];
+    for (int i = 0; i < 200; i++)
+        ids[i] = 'a' + (i * 11) % 26;
+    static struct rig_result a, b, turn, whole;
+    for (int pol = 0; pol < 2; pol++) {
+        for (int v = 0; v < 2; v++) {
+            const struct engine_policy policy =
+                pol ? (struct engine_policy){ENGINE_POLICY_SINKS, 4}
+                    : (struct engine_policy){ENGINE_POLICY_WINDOW, 0};
+            const int64_t na = v ? 100 : 80; /* A stores na + 11 */
+            const int64_t mb = v ? 96 : 76;  /* B's start, at least A's end - 16 */
+            const int64_t mc = v ? 85 : 50;  /* C's prompt follows the records this far */
+            const int32_t *base = ids + (pol * 2 + v) * 3; /* no other slot's prefix */
+            struct engine_request qa = prefixed(&rig, base, na, 0);
+            qa.has_policy = 1;
+            qa.policy = policy;
+            ASSERT_OK(rig_run(&rig, &qa, &a));
+            ASSERT(!a.error && a.n_tok == 12);
+            int32_t stored[200], pb[200], pc[200];
+            memcpy(stored, base, (size_t)na * 4);
+            memcpy(stored + na, a.toks, 11 * 4);
+            memcpy(pb, stored, (size_t)mb * 4);
+            pb[mb] = 'A';
+            struct engine_request qb = prefixed(&rig, pb, mb + 1, 0);
+            qb.max_tokens = 1;
+            qb.has_policy = 1;
+            qb.policy = policy;
+            ASSERT_OK(rig_run(&rig, &qb, &b));
+            ASSERT_EQ(b.cached_tokens, mb);
+            memcpy(pc, stored, (size_t)mc * 4);
+            for (int64_t i = mc; i < mc + 20; i++)
+                pc[i] = 'A' + (int32_t)(i % 7);
+            for (int w = 0; w < 2; w++) {
+                struct engine_request t = prefixed(&rig, pc, mc + 20, w);
+                t.has_policy = 1;
+                t.policy = policy;
+                ASSERT_OK(rig_run(&rig, &t, w ? &whole : &turn));
+            }
+            ASSERT_EQ(turn.cached_tokens, 0);
+            same_tokens(failed, &turn, &whole);
+            if (*failed)
+                return;
+        }
+    }
+    rig_close(&rig);
+}
+
 /* A choice that took its first choice's prompt cells holds only those a
  * snapshot copies (the window's): a prompt longer than the window leaves
  * its first cells another request's, so its slot must not offer the

@@ -25,7 +25,7 @@ TEST(a_client_with_many_jobs_waiting_does_not_hold_the_others_behind_them)
     for (int workers = 1; workers <= 4; workers += 3) {
         struct fair_queue q;
         fair_init(&q, workers);
-        struct fair_job jobs[14];
+        struct fair_job jobs[14] = {0};
         for (int i = 0; i < 12; i++) {
             jobs[i].group = 1;
             fair_push(&q, &jobs[i]);

@@ -266,6 +266,12 @@ char *api_session_new_json(const char *id);
  * the caller cancels and answers with finish_reason "length"), or -ENOMEM
  * (likewise). */
 int api_response_add(struct api_response *r, const struct engine_event *ev);
+/* Non-streaming: ev, a DONE of a choice whose answer was cut at text_max,
+ * as the answer has it: finish LENGTH, completion_tokens the held tokens
+ * (the refused token and those made before the cancel took are not in the
+ * answer, so not in its usage), and lp_sum scaled to them at its per-token
+ * mean (best_of's score). */
+void api_done_cut(struct engine_event *ev, int64_t held);
 /* Non-streaming: a DONE of one choice while others run: its finish reason
  * and tokens, counted once. */
 void api_response_choice_done(struct api_response *r, const struct engine_event *ev);

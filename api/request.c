@@ -976,7 +976,7 @@ static int parse_prompt(const cJSON *o, const struct api_parse_ctx *ctx, struct 
         if (take_ids(v->child, ctx, r, err) < 0)
             return -1;
     } else {
-        return bad_type(err, "prompt", want, v->child);
+        return bad_type(err, n > 1 ? "prompt[0]" : "prompt", want, v->child);
     }
     if (n == 1)
         return 0;

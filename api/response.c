@@ -124,6 +124,14 @@ static void count_done(struct api_response *r, const struct engine_event *ev)
     r->completion_tokens += ev->completion_tokens;
 }
 
+void api_done_cut(struct engine_event *ev, int64_t held)
+{
+    ev->finish = ENGINE_FINISH_LENGTH;
+    if (ev->completion_tokens > 0)
+        ev->lp_sum = ev->lp_sum / (double)ev->completion_tokens * (double)held;
+    ev->completion_tokens = held;
+}
+
 void api_response_choice_done(struct api_response *r, const struct engine_event *ev)
 {
     if (r->n_ch > 0)

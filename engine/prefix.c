@@ -9,6 +9,9 @@
 
 #include "kvcache.h"
 
+/* a record holds at most this many slots' positions (sinks, window and chunk) */
+#define PREFIX_RINGS 16
+
 /* What the cells of one KV slot hold, from position 0: toks[0..n), stored
  * by a sequence of policy and window; n 0 when they hold nothing reusable. */
 struct prefix_slot {
@@ -21,18 +24,21 @@ struct prefix_slot {
     struct kv_policy policy;
     int64_t n_sinks, window;
     uint64_t used;  /* when a request last took or wrote it (e->prefix_clock) */
-    uint64_t owner; /* whose request wrote it (engine_request.owner) */
+    uint64_t group; /* whose request wrote it (engine_request.prefix_group) */
 };
 
 int prefix_init(struct engine *e)
 {
     const struct kv_geometry *g = &e->dec.fwd.pool.geo;
-    /* a record longer than the longest prompt (BOS included) never helps */
+    /* a record longer than the longest prompt (BOS included) never helps;
+     * and it holds at most PREFIX_RINGS slots' worth of positions, so that
+     * its memory is bounded by the KV's, whatever --max-prompt says */
+    const int64_t span = g->n_sinks + g->window + g->chunk;
     const int64_t prompt =
         e->cfg.max_prompt_tokens > 0 ? e->cfg.max_prompt_tokens : e->dec.model.hp.n_ctx_train;
-    e->prefix_cap = prompt + 1;
-    if (e->prefix_cap < g->n_sinks + g->window + g->chunk)
-        e->prefix_cap = g->n_sinks + g->window + g->chunk;
+    e->prefix_cap = prompt < PREFIX_RINGS * span ? prompt + 1 : PREFIX_RINGS * span;
+    if (e->prefix_cap < span)
+        e->prefix_cap = span;
     e->prefix = calloc((size_t)g->n_slots, sizeof *e->prefix);
     if (!e->prefix)
         return -ENOMEM;
@@ -92,20 +98,37 @@ static int records(const struct seq *s)
 }
 
 /* 1 if s may start from p's cells: the same cell layout, and the same
- * owner (one API key cannot learn, from cached_tokens or from the time a
- * prefill takes, what another key's prompts began with). */
+ * group (one API key, or client, cannot learn from cached_tokens or from
+ * the time a prefill takes what another's prompts began with). */
 static int may_take(const struct prefix_slot *p, const struct seq *s)
 {
     return p->policy.kind == s->kv.policy.kind && p->n_sinks == s->kv.n_sinks &&
-           p->window == s->kv.window && p->owner == s->owner;
+           p->window == s->kv.window && p->group == s->req.prefix_group;
 }
 
-/* Trades s's slot for the free one at, which it takes instead. */
+/* The sequence that holds slot i for the admission under way (a later
+ * choice or prompt of s's request, which has written nothing), or NULL. */
+static struct seq *taken_by(struct engine *e, int64_t i)
+{
+    for (int64_t k = 0; k < e->cfg.max_seqs; k++)
+        if (e->seqs[k].state == SEQ_TAKEN && e->seqs[k].kv.slot == i)
+            return &e->seqs[k];
+    return NULL;
+}
+
+/* Trades s's slot for slot at: a free one, or one its own request's
+ * admission holds (the two swap). */
 static void trade(struct engine *e, struct seq *s, int64_t at)
 {
     struct kv_pool *pool = &e->dec.fwd.pool;
     if (at == s->kv.slot)
         return;
+    struct seq *holder = taken_by(e, at);
+    if (holder) {
+        holder->kv.slot = s->kv.slot;
+        s->kv.slot = at;
+        return;
+    }
     kv_pool_release(pool, s->kv.slot);
     if (kv_pool_acquire_at(pool, at) < 0) { /* cannot happen: at is free */
         kv_pool_acquire_at(pool, s->kv.slot);
@@ -139,7 +162,7 @@ int64_t prefix_take(struct engine *e, struct seq *s)
     const int64_t most = s->n_prompt - 1; /* the last prompt token's logits are needed */
     for (int64_t i = 0; reuse && i < pool->geo.n_slots; i++) {
         const struct prefix_slot *p = &e->prefix[i];
-        if (i != mine && pool->in_use[i])
+        if (i != mine && pool->in_use[i] && !taken_by(e, i))
             continue; /* a running sequence's or an idle session's */
         if (p->n <= best_len || !may_take(p, s))
             continue;
@@ -179,7 +202,7 @@ void prefix_record(struct engine *e, const struct seq *s, const int32_t *toks, i
         p->policy = s->kv.policy;
         p->n_sinks = s->kv.n_sinks;
         p->window = s->kv.window;
-        p->owner = s->owner;
+        p->group = s->req.prefix_group;
     }
     memcpy(p->toks + pos, toks, (size_t)n * sizeof *toks);
     p->n = s->kv.pos_next;
@@ -217,6 +240,6 @@ void prefix_share(struct engine *e, const struct seq *lead, const struct seq *si
                               .n_sinks = l->n_sinks,
                               .window = l->window,
                               .used = ++e->prefix_clock,
-                              .owner = l->owner};
+                              .group = l->group};
     memcpy(p->toks, l->toks, (size_t)p->n * sizeof *p->toks);
 }

@@ -677,6 +677,7 @@ static void handle_generate(struct server *s, struct http_conn *c, enum api_endp
         return;
     }
     http_conn_release_body(c); /* the request holds what it needs of it */
+    req.prefix_group = group_of(s, c);
     if (over_budget(s, c, mep, &req))
         return;
     struct srv_req *r = calloc(1, sizeof *r);
@@ -1359,12 +1360,8 @@ static void on_done(struct server *s, struct http_conn *c, struct srv_req *r,
                     const struct engine_event *ev)
 {
     struct engine_event done = *ev;
-    if (r->overflow && done.choice >= 0 && done.choice < r->resp.n_ch) {
-        done.finish = ENGINE_FINISH_LENGTH;
-        /* the refused token and those made before the cancel took are
-         * not in the answer, so not in its usage */
-        done.completion_tokens = r->resp.ch[done.choice].tokens_held;
-    }
+    if (r->overflow && done.choice >= 0 && done.choice < r->resp.n_ch)
+        api_done_cut(&done, r->resp.ch[done.choice].tokens_held);
     if (done.choices_left > 0) { /* one choice ended; others run */
         api_response_choice_done(&r->resp, &done);
         return;

@@ -228,6 +228,11 @@ struct engine_request {
      * first tokens (llama-server's cache_prompt false); 0: start after
      * them (prefix.h). */
     int no_prefix;
+    /* Whose prompt prefixes the request may start from: only those that
+     * requests of the same group left (the server's: the API key, or on an
+     * open server the client's address), so that none can learn what
+     * another's prompts began with. 0 is a group too. */
+    uint64_t prefix_group;
     /* n: 1..max_seqs choices (0 reads as 1), no session only. Each is a
      * sequence of its own, admitted together when n slots are free; choice
      * i samples with seed + i, so a choice's tokens are those of a request

@@ -6,9 +6,12 @@ only what is new: the usage says how many prompt tokens were cached, and
 the answer is the one the whole prefill gives (cache_prompt false).
 """
 
+import json
+import socket
+
 import openai
 
-from conftest import Server
+from conftest import Server, parse_response, read_until_quiet
 
 TURN = [{"role": "system", "content": "You are a helpful assistant."},
         {"role": "user", "content": "Name three colours of the rainbow."}]
@@ -114,5 +117,45 @@ def test_a_conversation_longer_than_the_window_still_prefills_only_its_new_turn(
                 assert cached(r.usage) > r.usage.prompt_tokens - 40, r.usage
             messages += [{"role": "assistant", "content": r.choices[0].message.content},
                          {"role": "user", "content": f"Tell me more, part {turn + 2}."}]
+    finally:
+        assert s.stop() == 0, s.log()
+
+
+def complete_from(port, source, prompt):
+    """A completion sent from the client address source; its usage."""
+    body = json.dumps({"model": "smol", "prompt": prompt, "max_tokens": 2,
+                       "temperature": 0}).encode()
+    sock = socket.create_connection(("127.0.0.1", port), source_address=(source, 0))
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                 b"\r\nConnection: close\r\nContent-Length: " + str(len(body)).encode()
+                 + b"\r\n\r\n" + body)
+    status, _, raw = parse_response(read_until_quiet(sock))
+    sock.close()
+    assert status == 200, raw[:200]
+    return json.loads(raw)["usage"]
+
+
+def test_on_an_open_server_one_client_address_never_starts_from_another_s(binary, model):
+    """With no API keys, a record is its client address's: a client at
+    127.0.0.2 sending what one at 127.0.0.1 sent gets no cached tokens."""
+    s = Server(binary, model, [])
+    try:
+        text = "What the first client asked the server in confidence was " * 5
+        complete_from(s.port, "127.0.0.1", text)
+        other = complete_from(s.port, "127.0.0.2", text + "this")
+        same = complete_from(s.port, "127.0.0.1", text + "this")
+        assert other.get("prompt_tokens_details") is None, other
+        assert same["prompt_tokens_details"]["cached_tokens"] > 0, same
+    finally:
+        assert s.stop() == 0, s.log()
+
+
+def test_the_records_memory_does_not_follow_max_prompt(binary, model):
+    """A slot's record is bounded by its cells, not by --max-prompt: a
+    server told to take prompts of 10^12 tokens starts and serves."""
+    s = Server(binary, model, ["--max-prompt", "1000000000000"])
+    try:
+        r = s.client().completions.create(model="smol", prompt="hi", max_tokens=2)
+        assert r.usage.completion_tokens == 2
     finally:
         assert s.stop() == 0, s.log()

@@ -544,7 +544,8 @@ TEST(api_request_takes_a_list_of_prompts)
     ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":[[5],[6],[]]}", "prompt[2]");
     ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":[[5],[6,-1]]}", "prompt[1]");
     ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":[\"a\",null]}", "prompt[1]");
-    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":[null,\"a\"]}", "prompt");
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":[null,\"a\"]}", "prompt[0]");
+    ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":[null]}", "prompt");
     /* not on a session; not more sequences than the server runs */
     ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":[\"a\",\"b\"],\"session_id\":\"s1\"}", "prompt");
     /* (the context's model runs 8 sequences) */

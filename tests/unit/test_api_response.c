@@ -339,6 +339,38 @@ TEST(api_response_reports_cached_prompt_tokens)
     api_response_free(&r);
 }
 
+/* A best_of answer cut at --max-response: each candidate's DONE is cut to
+ * the tokens the answer holds, and its score keeps its per-token mean over
+ * the tokens the engine summed, so the candidate with the better mean wins
+ * however much of it the bound left (a is better per token; its sum over
+ * all its tokens divided by its 2 held ones would rank it below b). */
+TEST(api_response_judges_cut_candidates_by_the_mean_they_had)
+{
+    struct api_response r;
+    struct api_request meta = {.endpoint = API_COMPLETIONS, .n = 2, .n_return = 1};
+    ASSERT_OK(api_response_init(&r, &meta, "smol", 0x2a, 1700000000, 1 << 20, &TT));
+    struct engine_event ta = of_choice(tok(1, "a", 0), 0, 0), tb = of_choice(tok(1, "b", 0), 1, 0);
+    ASSERT_OK(api_response_add(&r, &ta));
+    ASSERT_OK(api_response_add(&r, &tb));
+    struct engine_event da = of_choice(done(ENGINE_FINISH_CANCELLED, 5, 10), 0, 1);
+    da.lp_sum = -3.0; /* -0.3 a token */
+    api_done_cut(&da, 2);
+    ASSERT_EQ(da.completion_tokens, 2);
+    ASSERT_EQ(da.finish, ENGINE_FINISH_LENGTH);
+    ASSERT_NEAR(da.lp_sum, -0.6, 1e-12);
+    api_response_choice_done(&r, &da);
+    struct engine_event db = of_choice(done(ENGINE_FINISH_CANCELLED, 5, 10), 1, 0);
+    db.lp_sum = -5.0; /* -0.5 a token */
+    api_done_cut(&db, 9);
+    char *body = api_response_body(&r, &db);
+    ASSERT(body != NULL);
+    ASSERT(strstr(body, "\"choices\":[{\"text\":\"a\",\"index\":0,\"logprobs\":null,"
+                        "\"finish_reason\":\"length\"}]"));
+    ASSERT(strstr(body, "\"completion_tokens\":11,"));
+    free(body);
+    api_response_free(&r);
+}
+
 TEST(api_response_builds_a_whole_chat_completion)
 {
     struct api_response r;

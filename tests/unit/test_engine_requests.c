@@ -1026,10 +1026,11 @@ TEST(a_prompt_starts_after_the_prefix_a_free_slot_holds_exactly)
         ASSERT_OK(rig_run(&rig, &q, &turn));
         ASSERT_EQ(turn.cached_tokens, k == 2 ? 30 : 0);
     }
-    /* another owner (API key) than the slot's: nothing kept; the same: kept */
+    /* another group (API key, or client) than the slot's: nothing kept; the
+     * same: kept */
     for (int k = 0; k < 3; k++) {
         q = prefixed(&rig, ids + 120, k ? 40 : 30, 0);
-        q.owner = k == 1 ? 8 : 7;
+        q.prefix_group = k == 1 ? 8 : 7;
         ASSERT_OK(rig_run(&rig, &q, &turn));
         ASSERT_EQ(turn.cached_tokens, k == 2 ? 30 : 0);
     }
@@ -1065,6 +1066,56 @@ TEST(a_prompt_starts_after_the_prefix_a_free_slot_holds_exactly)
         same_tokens(failed, &ch[0][j], &ch[1][j]);
         if (*failed)
             return;
+    }
+    rig_close(&rig);
+}
+
+/* A request of several sequences takes all its slots before its first
+ * choice looks for a prefix: a record in a slot taken for its second
+ * choice (or another prompt of its list) is still its to take. P is kept
+ * in slot 0, Q in slot 1; Q and more with n = 2 takes slots 0 and 1, so
+ * its first choice finds Q's record in its sibling's slot; a list [Q', P']
+ * finds both. */
+TEST(a_request_of_several_sequences_finds_a_prefix_in_any_slot_it_took)
+{
+    struct rig rig;
+    struct engine_config c = rig_config(RIG_FIXTURE);
+    c.max_seqs = 3;
+    ASSERT_OK(rig_open(&rig, &c));
+    int32_t ids[200];
+    for (int i = 0; i < 200; i++)
+        ids[i] = 'a' + (i * 11) % 26;
+    static struct rig_result res, outs_[2][2];
+    const int32_t *P = ids, *Q = ids + 100;
+    for (int list = 0; list < 2; list++) {
+        for (int k = 0; k < 2; k++) { /* P, then Q: slot 0 and another */
+            struct engine_request q = prefixed(&rig, k ? Q : P, 30, 0);
+            ASSERT_OK(rig_run(&rig, &q, &res));
+            ASSERT_EQ(res.cached_tokens, 0);
+        }
+        struct engine_request t = prefixed(&rig, Q, 40, 0);
+        if (list) { /* [Q', P'] */
+            t.n_prompts = 2;
+            t.more = calloc(1, sizeof *t.more);
+            ASSERT(t.more);
+            t.more[0].ids = malloc(40 * sizeof(int32_t));
+            ASSERT(t.more[0].ids);
+            memcpy(t.more[0].ids, P, 40 * sizeof(int32_t));
+            t.more[0].n_ids = 40;
+        } else {
+            t.n_choices = 2;
+        }
+        uint64_t id = t.id;
+        struct rig_result *outs[2] = {&outs_[list][0], &outs_[list][1]};
+        ASSERT_OK(engine_submit(rig.e, &t));
+        ASSERT_OK(rig_wait_choices(&rig, id, outs, 2));
+        ASSERT_EQ(outs_[list][0].cached_tokens, 30);
+        ASSERT_EQ(outs_[list][1].cached_tokens, list ? 30 : 0); /* (a choice takes cells) */
+        /* the records this left are the new prompts': P and Q again from 0 */
+        for (int k = 0; k < 2; k++) {
+            struct engine_request q = prefixed(&rig, ids + 150, 10, 1);
+            ASSERT_OK(rig_run(&rig, &q, &res));
+        }
     }
     rig_close(&rig);
 }

@@ -156,7 +156,8 @@ class Server:
             if v is not None and pred(v):
                 return v
             if time.time() > deadline:
-                raise AssertionError(f"{name} = {v} did not reach the expected value")
+                raise AssertionError(f"{name} = {v} did not reach the expected value; the "
+                                     f"server's log ends:\n{self.log()[-3000:]}")
             time.sleep(0.1)
 
     def stop(self, sig=signal.SIGTERM, timeout=60):

@@ -166,4 +166,4 @@ def test_listings_without_a_session_dir_never_wait_and_are_never_refused(server)
     for t in listers:
         t.join(60)
     gen.join(120)
-    assert got == [200] * 12, got
+    assert got == [200] * 12, (got, server.log()[-3000:])

@@ -356,16 +356,51 @@ static void span_cells_find(struct span_cells *cells, const struct attn_keys *ke
     cells->n = u1 - u0;
 }
 
+/* Tiles at the start of a decode token's span whose rows are asked for
+ * ahead of the kernels (prefetch_span_start) */
+#define ATTN_SELF_TILES 4
+
+/* A decode token's span starts cold: the first task of a pool part had no
+ * task before it to load its rows ahead (struct attn_ahead), and the
+ * hardware prefetchers start over at each span, which sits in the ring of
+ * its own head and slot. So for the span's first ATTN_SELF_TILES tiles,
+ * before a tile's scores, this tile's V rows (read after the scores) and
+ * the next tile's K rows are asked for, into L1. At 8 streams on a Zen 5
+ * core this took about a fifth off the attention's time, most of it from
+ * the V rows; past the first tiles the two streams are the hardware
+ * prefetchers' (docs/benchmarks.md). vp: the tile's nt V rows; t1, last:
+ * the next tile's first visit index and the span's end; S, shift: the sink
+ * run's length and the rows' shift past it. */
+static void prefetch_span_start(const struct attn_keys *keys, const void *const *vp, int nt,
+                                int64_t t1, int64_t last, int64_t S, int64_t shift)
+{
+    const size_t rb = attn_row_bytes(keys->fmt, keys->head_dim);
+    for (int i = 0; i < nt; i++)
+        for (size_t o = 0; o < rb; o += 64)
+            __builtin_prefetch((const char *)vp[i] + o, 0, 3);
+    if (t1 >= last)
+        return;
+    const int64_t u = t1 < S ? t1 : t1 + shift; /* keys' index of the next tile's first key */
+    assert(u < keys->run_len[0] + keys->run_len[1] + keys->run_len[2]);
+    int run;
+    int64_t left, c = visit_cell(keys, u, &run, &left);
+    int64_t cnt = last - t1 < ATTN_TILE ? last - t1 : ATTN_TILE;
+    cnt = cnt < left ? cnt : left;
+    const char *k = (const char *)keys->k + (size_t)c * rb;
+    for (size_t o = 0; o < (size_t)cnt * rb; o += 64)
+        __builtin_prefetch(k + o, 0, 3);
+}
+
 /* cpu_attention_span_rows for rows that all see the same keys (the query
  * heads of one kv head of a token: one end, one shift) over f16 or Q8_0
  * K/V, with the in-place kernels: each K and V row is read once per tile
  * for all rows, converted in registers. Same tiles, same per-row
  * arithmetic, same bits.
- * No software prefetch of its own tiles: the keys and values of a span are
- * two sequential streams, which the hardware prefetchers follow, and a
- * burst of prefetches for the next tile made a 4,096-key decode 1.5x slower
- * on a Zen 4 core (docs/benchmarks.md). The next task's rows (ahead) are
- * asked for a dose after each tile. */
+ * A decode token's span (cells NULL) asks for the rows of its first tiles
+ * ahead (prefetch_span_start); the rest of a span is left to the hardware
+ * prefetchers: a burst of prefetches for every next tile made a 4,096-key
+ * decode 1.5x slower on a Zen 4 core (docs/benchmarks.md). The next task's
+ * rows (ahead) are asked for a dose after each tile. */
 static void span_rows_inplace(const struct attn_kernels *kr, int nr, const struct attn_row *rows,
                               const struct attn_keys *keys, int64_t v0, int64_t last, float scale,
                               int softpick, const struct span_cells *cells, const float *zc,
@@ -414,6 +449,8 @@ static void span_rows_inplace(const struct attn_kernels *kr, int nr, const struc
                 i += cnt;
             }
         }
+        if (!cells && t0 - v0 < ATTN_SELF_TILES * ATTN_TILE)
+            prefetch_span_start(keys, vp, nt, t1, last, S, shift);
         for (int r = 0; r < nr; r++)
             bm[r] = -INFINITY;
         if (in_cells && zc) { /* scored already, with the span's other rows */

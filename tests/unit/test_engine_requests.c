@@ -904,6 +904,35 @@ static struct engine_request prefixed(struct rig *rig, const int32_t *ids, int64
     return q;
 }
 
+/* The same under a KV policy of its own. */
+static struct engine_request prefixed_under(struct rig *rig, const int32_t *ids, int64_t n,
+                                            int no_prefix, struct engine_policy policy)
+{
+    struct engine_request q = prefixed(rig, ids, n, no_prefix);
+    q.has_policy = 1;
+    q.policy = policy;
+    return q;
+}
+
+static const struct engine_policy POL_WINDOW = {ENGINE_POLICY_WINDOW, 0};
+static const struct engine_policy POL_SINKS4 = {ENGINE_POLICY_SINKS, 4};
+
+/* The prompt-prefix tests' rig: three slots, each (small) a ring of 64 + 16
+ * cells (window 64, chunk 16) or the fixture's own, and 200 prompt ids
+ * 'a' + (i * stride) % 26. */
+static int prefix_rig(struct rig *rig, int small, int32_t ids[200], int stride)
+{
+    struct engine_config c = rig_config(RIG_FIXTURE);
+    c.max_seqs = 3;
+    if (small) {
+        c.window = 64;
+        c.chunk = 16;
+    }
+    for (int i = 0; i < 200; i++)
+        ids[i] = 'a' + (i * stride) % 26;
+    return rig_open(rig, &c);
+}
+
 /* got, a request that started after cached prompt tokens, is exactly want,
  * the same request prefilled whole: tokens, text and log-probs, bit for
  * bit. */
@@ -929,26 +958,17 @@ static void same_tokens(int *failed, const struct rig_result *got, const struct 
 TEST(a_prompt_starts_after_the_prefix_a_free_slot_holds_exactly)
 {
     struct rig rig;
-    struct engine_config c = rig_config(RIG_FIXTURE);
-    c.max_seqs = 3;
-    c.window = 64;
-    c.chunk = 16;
-    ASSERT_OK(rig_open(&rig, &c));
     int32_t ids[200];
-    for (int i = 0; i < 200; i++)
-        ids[i] = 'a' + (i * 11) % 26;
+    ASSERT_OK(prefix_rig(&rig, 1, ids, 11));
     static struct rig_result first, turn, whole;
     for (int pol = 0; pol < 2; pol++) {
-        const struct engine_policy policy = pol ? (struct engine_policy){ENGINE_POLICY_SINKS, 4}
-                                                : (struct engine_policy){ENGINE_POLICY_WINDOW, 0};
+        const struct engine_policy policy = pol ? POL_SINKS4 : POL_WINDOW;
         for (int wrap = 0; wrap < 2; wrap++) {
             /* turn 1: 30 tokens (+ BOS), or 80 (past the ring of 64 + 16
              * with its answer: nothing can be kept) */
             const int64_t n1 = wrap ? 80 : 30;
             const int32_t *base = ids + 30 * (2 * pol + wrap); /* no other slot's prefix */
-            struct engine_request q = prefixed(&rig, base, n1, 0);
-            q.has_policy = 1;
-            q.policy = policy;
+            struct engine_request q = prefixed_under(&rig, base, n1, 0, policy);
             ASSERT_OK(rig_run(&rig, &q, &first));
             ASSERT(!first.error && first.n_tok == 12);
             int32_t next[200];
@@ -957,9 +977,7 @@ TEST(a_prompt_starts_after_the_prefix_a_free_slot_holds_exactly)
             memcpy(next + n1 + 12, ids + 180, 8 * 4);
             const int64_t n2 = n1 + 20;
             for (int k = 0; k < 2; k++) {
-                struct engine_request t = prefixed(&rig, next, n2, k);
-                t.has_policy = 1;
-                t.policy = policy;
+                struct engine_request t = prefixed_under(&rig, next, n2, k, policy);
                 struct engine_stats before, after;
                 engine_get_stats(rig.e, &before);
                 ASSERT_OK(rig_run(&rig, &t, k ? &whole : &turn));
@@ -1019,10 +1037,7 @@ TEST(a_prompt_starts_after_the_prefix_a_free_slot_holds_exactly)
     /* another policy than the slot's: nothing kept (a prompt no other slot
      * holds, then the same under the first's policy: kept) */
     for (int k = 0; k < 3; k++) {
-        q = prefixed(&rig, ids + 150, k ? 40 : 30, 0);
-        q.has_policy = 1;
-        q.policy = k == 1 ? (struct engine_policy){ENGINE_POLICY_SINKS, 4}
-                          : (struct engine_policy){ENGINE_POLICY_WINDOW, 0};
+        q = prefixed_under(&rig, ids + 150, k ? 40 : 30, 0, k == 1 ? POL_SINKS4 : POL_WINDOW);
         ASSERT_OK(rig_run(&rig, &q, &turn));
         ASSERT_EQ(turn.cached_tokens, k == 2 ? 30 : 0);
     }
@@ -1079,12 +1094,8 @@ TEST(a_prompt_starts_after_the_prefix_a_free_slot_holds_exactly)
 TEST(a_request_of_several_sequences_finds_a_prefix_in_any_slot_it_took)
 {
     struct rig rig;
-    struct engine_config c = rig_config(RIG_FIXTURE);
-    c.max_seqs = 3;
-    ASSERT_OK(rig_open(&rig, &c));
     int32_t ids[200];
-    for (int i = 0; i < 200; i++)
-        ids[i] = 'a' + (i * 11) % 26;
+    ASSERT_OK(prefix_rig(&rig, 0, ids, 11));
     static struct rig_result res, outs_[2][2];
     const int32_t *P = ids, *Q = ids + 100;
     for (int list = 0; list < 2; list++) {
@@ -1130,27 +1141,17 @@ TEST(a_request_of_several_sequences_finds_a_prefix_in_any_slot_it_took)
 TEST(a_record_shortened_by_its_taker_keeps_the_first_writer_s_bound)
 {
     struct rig rig;
-    struct engine_config c = rig_config(RIG_FIXTURE);
-    c.max_seqs = 3;
-    c.window = 64;
-    c.chunk = 16;
-    ASSERT_OK(rig_open(&rig, &c));
     int32_t ids[200];
-    for (int i = 0; i < 200; i++)
-        ids[i] = 'a' + (i * 11) % 26;
+    ASSERT_OK(prefix_rig(&rig, 1, ids, 11));
     static struct rig_result a, b, turn, whole;
     for (int pol = 0; pol < 2; pol++) {
         for (int v = 0; v < 2; v++) {
-            const struct engine_policy policy =
-                pol ? (struct engine_policy){ENGINE_POLICY_SINKS, 4}
-                    : (struct engine_policy){ENGINE_POLICY_WINDOW, 0};
+            const struct engine_policy policy = pol ? POL_SINKS4 : POL_WINDOW;
             const int64_t na = v ? 100 : 80; /* A stores na + 11 */
             const int64_t mb = v ? 96 : 76;  /* B's start, at least A's end - 16 */
             const int64_t mc = v ? 85 : 50;  /* C's prompt follows the records this far */
             const int32_t *base = ids + (pol * 2 + v) * 3; /* no other slot's prefix */
-            struct engine_request qa = prefixed(&rig, base, na, 0);
-            qa.has_policy = 1;
-            qa.policy = policy;
+            struct engine_request qa = prefixed_under(&rig, base, na, 0, policy);
             ASSERT_OK(rig_run(&rig, &qa, &a));
             ASSERT(!a.error && a.n_tok == 12);
             int32_t stored[200], pb[200], pc[200];
@@ -1158,19 +1159,15 @@ TEST(a_record_shortened_by_its_taker_keeps_the_first_writer_s_bound)
             memcpy(stored + na, a.toks, 11 * 4);
             memcpy(pb, stored, (size_t)mb * 4);
             pb[mb] = 'A';
-            struct engine_request qb = prefixed(&rig, pb, mb + 1, 0);
+            struct engine_request qb = prefixed_under(&rig, pb, mb + 1, 0, policy);
             qb.max_tokens = 1;
-            qb.has_policy = 1;
-            qb.policy = policy;
             ASSERT_OK(rig_run(&rig, &qb, &b));
             ASSERT_EQ(b.cached_tokens, mb);
             memcpy(pc, stored, (size_t)mc * 4);
             for (int64_t i = mc; i < mc + 20; i++)
                 pc[i] = 'A' + (int32_t)(i % 7);
             for (int w = 0; w < 2; w++) {
-                struct engine_request t = prefixed(&rig, pc, mc + 20, w);
-                t.has_policy = 1;
-                t.policy = policy;
+                struct engine_request t = prefixed_under(&rig, pc, mc + 20, w, policy);
                 ASSERT_OK(rig_run(&rig, &t, w ? &whole : &turn));
             }
             ASSERT_EQ(turn.cached_tokens, 0);
@@ -1191,23 +1188,12 @@ TEST(a_record_shortened_by_its_taker_keeps_the_first_writer_s_bound)
 TEST(a_choice_given_its_first_choice_s_cells_keeps_no_record_of_cells_it_lacks)
 {
     struct rig rig;
-    struct engine_config c = rig_config(RIG_FIXTURE);
-    c.max_seqs = 3;
-    c.window = 64;
-    c.chunk = 16;
-    ASSERT_OK(rig_open(&rig, &c));
     int32_t ids[200];
-    for (int i = 0; i < 200; i++)
-        ids[i] = 'a' + (i * 7) % 26;
-    const struct engine_policy window = {ENGINE_POLICY_WINDOW, 0};
+    ASSERT_OK(prefix_rig(&rig, 1, ids, 7));
     static struct rig_result res, outs_[2], turn, whole;
-    struct engine_request q = prefixed(&rig, ids + 150, 20, 0); /* a record in slot 0 */
-    q.has_policy = 1;
-    q.policy = window;
+    struct engine_request q = prefixed_under(&rig, ids + 150, 20, 0, POL_WINDOW); /* slot 0 */
     ASSERT_OK(rig_run(&rig, &q, &res));
-    q = prefixed(&rig, ids, 70, 0); /* 70 > the window of 64, within its ring of 80 */
-    q.has_policy = 1;
-    q.policy = window;
+    q = prefixed_under(&rig, ids, 70, 0, POL_WINDOW); /* 70 > the window of 64, in its ring of 80 */
     q.max_tokens = 4;
     q.n_choices = 2;
     uint64_t id = q.id;
@@ -1218,9 +1204,7 @@ TEST(a_choice_given_its_first_choice_s_cells_keeps_no_record_of_cells_it_lacks)
     memcpy(next, ids, 60 * 4);
     memcpy(next + 60, ids + 100, 12 * 4);
     for (int k = 0; k < 2; k++) {
-        struct engine_request t = prefixed(&rig, next, 72, k);
-        t.has_policy = 1;
-        t.policy = window;
+        struct engine_request t = prefixed_under(&rig, next, 72, k, POL_WINDOW);
         ASSERT_OK(rig_run(&rig, &t, k ? &whole : &turn));
     }
     ASSERT_EQ(turn.cached_tokens, 60); /* from the first choice's slot */

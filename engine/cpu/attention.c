@@ -357,8 +357,11 @@ static void span_cells_find(struct span_cells *cells, const struct attn_keys *ke
 }
 
 /* Tiles at the start of a decode token's span whose rows are asked for
- * ahead of the kernels (prefetch_span_start) */
+ * ahead of the kernels (prefetch_span_start), for K/V rows of at most
+ * ATTN_SELF_ROW_BYTES (head_dim 64 in f16: 8 KiB a tile; wider rows, as
+ * Gemma 3's 256, were not measured and are left to the hardware) */
 #define ATTN_SELF_TILES 4
+#define ATTN_SELF_ROW_BYTES 128
 
 /* A decode token's span starts cold: the first task of a pool part had no
  * task before it to load its rows ahead (struct attn_ahead), and the
@@ -449,7 +452,7 @@ static void span_rows_inplace(const struct attn_kernels *kr, int nr, const struc
                 i += cnt;
             }
         }
-        if (!cells && t0 - v0 < ATTN_SELF_TILES * ATTN_TILE)
+        if (!cells && t0 - v0 < ATTN_SELF_TILES * ATTN_TILE && rb <= ATTN_SELF_ROW_BYTES)
             prefetch_span_start(keys, vp, nt, t1, last, S, shift);
         for (int r = 0; r < nr; r++)
             bm[r] = -INFINITY;

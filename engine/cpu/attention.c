@@ -356,20 +356,22 @@ static void span_cells_find(struct span_cells *cells, const struct attn_keys *ke
     cells->n = u1 - u0;
 }
 
-/* Tiles at the start of a decode token's span whose rows are asked for
- * ahead of the kernels (prefetch_span_start), for K/V rows of at most
- * ATTN_SELF_ROW_BYTES (head_dim 64 in f16: 8 KiB a tile; wider rows, as
- * Gemma 3's 256, were not measured and are left to the hardware) */
+/* Tiles at the start of each key block of a one-token span whose rows are
+ * asked for ahead of the kernels (prefetch_span_start), for f16 rows of at
+ * most ATTN_SELF_ROW_BYTES (head_dim 64: 8 KiB a tile). Q8_0 rows and wider
+ * ones (Gemma 3's head_dim 256, 512-byte rows) were not measured and are
+ * left to the hardware. */
 #define ATTN_SELF_TILES 4
 #define ATTN_SELF_ROW_BYTES 128
 
 /* A decode token's span starts cold: the first task of a pool part had no
- * task before it to load its rows ahead (struct attn_ahead), and the
- * hardware prefetchers start over at each span, which sits in the ring of
- * its own head and slot. So for the span's first ATTN_SELF_TILES tiles,
- * before a tile's scores, this tile's V rows (read after the scores) and
- * the next tile's K rows are asked for, into L1. At 8 streams on a Zen 5
- * core this took about a fifth off the attention's time, most of it from
+ * task before it to load its rows ahead (struct attn_ahead), the others
+ * have only their first keys in L2, and the hardware prefetchers start
+ * over at each span, which sits in the ring of its own head and slot. So
+ * for the first ATTN_SELF_TILES tiles of each key block of a one-token
+ * span, before a tile's scores, this tile's V rows (read after the scores)
+ * and the next tile's K rows are asked for, into L1. At 8 streams on a Zen
+ * 5 core this took about a fifth off the attention's time, most of it from
  * the V rows; past the first tiles the two streams are the hardware
  * prefetchers' (docs/benchmarks.md). vp: the tile's nt V rows; t1, last:
  * the next tile's first visit index and the span's end; S, shift: the sink
@@ -399,8 +401,8 @@ static void prefetch_span_start(const struct attn_keys *keys, const void *const 
  * K/V, with the in-place kernels: each K and V row is read once per tile
  * for all rows, converted in registers. Same tiles, same per-row
  * arithmetic, same bits.
- * A decode token's span (cells NULL) asks for the rows of its first tiles
- * ahead (prefetch_span_start); the rest of a span is left to the hardware
+ * One token's span (cells NULL) asks for the rows of each key block's
+ * first tiles ahead (prefetch_span_start); the rest is left to the hardware
  * prefetchers: a burst of prefetches for every next tile made a 4,096-key
  * decode 1.5x slower on a Zen 4 core (docs/benchmarks.md). The next task's
  * rows (ahead) are asked for a dose after each tile. */
@@ -452,7 +454,8 @@ static void span_rows_inplace(const struct attn_kernels *kr, int nr, const struc
                 i += cnt;
             }
         }
-        if (!cells && t0 - v0 < ATTN_SELF_TILES * ATTN_TILE && rb <= ATTN_SELF_ROW_BYTES)
+        if (!cells && t0 - v0 < ATTN_SELF_TILES * ATTN_TILE && fmt == ATTN_F16 &&
+            rb <= ATTN_SELF_ROW_BYTES)
             prefetch_span_start(keys, vp, nt, t1, last, S, shift);
         for (int r = 0; r < nr; r++)
             bm[r] = -INFINITY;

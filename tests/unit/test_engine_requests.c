@@ -914,8 +914,8 @@ static struct engine_request prefixed_under(struct rig *rig, const int32_t *ids,
     return q;
 }
 
-static const struct engine_policy POL_WINDOW = {ENGINE_POLICY_WINDOW, 0};
-static const struct engine_policy POL_SINKS4 = {ENGINE_POLICY_SINKS, 4};
+static const struct engine_policy pol_window = {ENGINE_POLICY_WINDOW, 0};
+static const struct engine_policy pol_sinks4 = {ENGINE_POLICY_SINKS, 4};
 
 /* The prompt-prefix tests' rig: three slots, each (small) a ring of 64 + 16
  * cells (window 64, chunk 16) or the fixture's own, and 200 prompt ids
@@ -962,7 +962,7 @@ TEST(a_prompt_starts_after_the_prefix_a_free_slot_holds_exactly)
     ASSERT_OK(prefix_rig(&rig, 1, ids, 11));
     static struct rig_result first, turn, whole;
     for (int pol = 0; pol < 2; pol++) {
-        const struct engine_policy policy = pol ? POL_SINKS4 : POL_WINDOW;
+        const struct engine_policy policy = pol ? pol_sinks4 : pol_window;
         for (int wrap = 0; wrap < 2; wrap++) {
             /* turn 1: 30 tokens (+ BOS), or 80 (past the ring of 64 + 16
              * with its answer: nothing can be kept) */
@@ -1037,7 +1037,7 @@ TEST(a_prompt_starts_after_the_prefix_a_free_slot_holds_exactly)
     /* another policy than the slot's: nothing kept (a prompt no other slot
      * holds, then the same under the first's policy: kept) */
     for (int k = 0; k < 3; k++) {
-        q = prefixed_under(&rig, ids + 150, k ? 40 : 30, 0, k == 1 ? POL_SINKS4 : POL_WINDOW);
+        q = prefixed_under(&rig, ids + 150, k ? 40 : 30, 0, k == 1 ? pol_sinks4 : pol_window);
         ASSERT_OK(rig_run(&rig, &q, &turn));
         ASSERT_EQ(turn.cached_tokens, k == 2 ? 30 : 0);
     }
@@ -1146,7 +1146,7 @@ TEST(a_record_shortened_by_its_taker_keeps_the_first_writer_s_bound)
     static struct rig_result a, b, turn, whole;
     for (int pol = 0; pol < 2; pol++) {
         for (int v = 0; v < 2; v++) {
-            const struct engine_policy policy = pol ? POL_SINKS4 : POL_WINDOW;
+            const struct engine_policy policy = pol ? pol_sinks4 : pol_window;
             const int64_t na = v ? 100 : 80; /* A stores na + 11 */
             const int64_t mb = v ? 96 : 76;  /* B's start, at least A's end - 16 */
             const int64_t mc = v ? 85 : 50;  /* C's prompt follows the records this far */
@@ -1191,9 +1191,9 @@ TEST(a_choice_given_its_first_choice_s_cells_keeps_no_record_of_cells_it_lacks)
     int32_t ids[200];
     ASSERT_OK(prefix_rig(&rig, 1, ids, 7));
     static struct rig_result res, outs_[2], turn, whole;
-    struct engine_request q = prefixed_under(&rig, ids + 150, 20, 0, POL_WINDOW); /* slot 0 */
+    struct engine_request q = prefixed_under(&rig, ids + 150, 20, 0, pol_window); /* slot 0 */
     ASSERT_OK(rig_run(&rig, &q, &res));
-    q = prefixed_under(&rig, ids, 70, 0, POL_WINDOW); /* 70 > the window of 64, in its ring of 80 */
+    q = prefixed_under(&rig, ids, 70, 0, pol_window); /* 70 > the window of 64, in its ring of 80 */
     q.max_tokens = 4;
     q.n_choices = 2;
     uint64_t id = q.id;
@@ -1204,7 +1204,7 @@ TEST(a_choice_given_its_first_choice_s_cells_keeps_no_record_of_cells_it_lacks)
     memcpy(next, ids, 60 * 4);
     memcpy(next + 60, ids + 100, 12 * 4);
     for (int k = 0; k < 2; k++) {
-        struct engine_request t = prefixed_under(&rig, next, 72, k, POL_WINDOW);
+        struct engine_request t = prefixed_under(&rig, next, 72, k, pol_window);
         ASSERT_OK(rig_run(&rig, &t, k ? &whole : &turn));
     }
     ASSERT_EQ(turn.cached_tokens, 60); /* from the first choice's slot */

@@ -864,7 +864,10 @@ TEST(several_prompts_answer_each_as_requests_of_one)
 }
 
 /* Several prompts hold a place each (times n) of max_seqs + max_queue, and
- * more sequences than max_seqs are refused with a 400 naming the prompt. */
+ * more sequences than max_seqs are refused with a 400 naming the prompt.
+ * The places are seen while a list decodes (it cannot end before the
+ * cancel), so no submit races the engine thread: two prompts on the two
+ * slots and one request queued leave no place of three for a fourth. */
 TEST(several_prompts_hold_their_places_and_fit_the_slots)
 {
     struct rig rig;
@@ -872,21 +875,37 @@ TEST(several_prompts_hold_their_places_and_fit_the_slots)
     c.max_seqs = 2;
     c.max_queue = 1;
     ASSERT_OK(rig_open(&rig, &c));
-    struct engine_request qa = rig_greedy(&rig, 4);
+    struct choice_track t[2];
+    memset(t, 0, sizeof t);
+    struct engine_request qa = rig_greedy(&rig, 1000000);
     prompt_of(&qa, 0);
-    ASSERT_OK(add_prompts(&rig, &qa, 3));
-    static struct rig_result res;
+    ASSERT_OK(add_prompts(&rig, &qa, 2));
+    t[0].id = qa.id;
+    ASSERT_OK(engine_submit(rig.e, &qa)); /* two places of three */
     struct engine_request qb = rig_greedy(&rig, 4);
     prompt_of(&qb, 2);
-    const uint64_t id = qa.id;
-    ASSERT_OK(engine_submit(rig.e, &qa)); /* three places of three */
-    ASSERT_EQ(engine_submit(rig.e, &qb), -EBUSY);
-    ASSERT_OK(rig_wait(&rig, id, &res));
+    t[1].id = qb.id;
+    ASSERT_OK(engine_submit(rig.e, &qb)); /* the third, queued */
+    struct engine_request qc = rig_greedy(&rig, 4);
+    prompt_of(&qc, 2);
+    ASSERT_EQ(engine_submit(rig.e, &qc), -EBUSY); /* none left: the caller still owns it */
+    engine_cancel(rig.e, t[0].id);
+    engine_cancel(rig.e, t[1].id);
+    for (int i = 0; i < 50 && (!t[0].over || !t[1].over); i++)
+        track_for(&rig, 100, t, 2);
+    ASSERT_EQ(t[0].over, 1);
+    ASSERT_EQ(t[1].over, 1);
+    static struct rig_result res;
+    ASSERT_OK(rig_run(&rig, &qc, &res)); /* the places are back */
+    ASSERT(!res.error && res.n_tok == 4);
+    /* three prompts fit the places but not the two slots */
+    struct engine_request qd = rig_greedy(&rig, 4);
+    prompt_of(&qd, 0);
+    ASSERT_OK(add_prompts(&rig, &qd, 3));
+    ASSERT_OK(rig_run(&rig, &qd, &res));
     ASSERT_EQ(res.error, 1);
     ASSERT_EQ(res.status, 400);
     ASSERT_STREQ(res.param, "prompt");
-    ASSERT_OK(rig_run(&rig, &qb, &res)); /* its places are back */
-    ASSERT(!res.error && res.n_tok == 4);
     rig_close(&rig);
 }
 

@@ -234,12 +234,12 @@ static int64_t visit_cell(const struct attn_keys *keys, int64_t v, int *run, int
     return keys->run_start[r] + v - base;
 }
 
-/* Starts loading the K and V rows of keys' visit indices from v on (up to
- * ATTN_TILE keys, not past last or the end of v's run) while the
- * converted-tile path works on the current one: a prefill chunk's tiles
- * come from memory once per chunk, and its conversion and per-row work
- * leave time for the whole tile to arrive. */
-static void prefetch_tile(const struct attn_keys *keys, int64_t v, int64_t last)
+/* Starts loading the K rows (and with_v, the V rows) of keys' visit
+ * indices from v on (up to ATTN_TILE keys, not past last or the end of v's
+ * run) while the converted-tile path works on the current one: a prefill
+ * chunk's tiles come from memory once per chunk, and its conversion and
+ * per-row work leave time for the whole tile to arrive. */
+static void prefetch_tile(const struct attn_keys *keys, int64_t v, int64_t last, int with_v)
 {
     int run;
     int64_t left, c = visit_cell(keys, v, &run, &left), cnt = last - v;
@@ -249,7 +249,8 @@ static void prefetch_tile(const struct attn_keys *keys, int64_t v, int64_t last)
     const size_t o0 = (size_t)c * rb, bytes = (size_t)cnt * rb;
     for (size_t o = 0; o < bytes; o += 64) {
         __builtin_prefetch((const char *)keys->k + o0 + o);
-        __builtin_prefetch((const char *)keys->v + o0 + o);
+        if (with_v)
+            __builtin_prefetch((const char *)keys->v + o0 + o);
     }
 }
 
@@ -385,15 +386,10 @@ static void prefetch_span_start(const struct attn_keys *keys, const void *const 
             __builtin_prefetch((const char *)vp[i] + o, 0, 3);
     if (t1 >= last)
         return;
-    const int64_t u = t1 < S ? t1 : t1 + shift; /* keys' index of the next tile's first key */
-    assert(u < keys->run_len[0] + keys->run_len[1] + keys->run_len[2]);
-    int run;
-    int64_t left, c = visit_cell(keys, u, &run, &left);
-    int64_t cnt = last - t1 < ATTN_TILE ? last - t1 : ATTN_TILE;
-    cnt = cnt < left ? cnt : left;
-    const char *k = (const char *)keys->k + (size_t)c * rb;
-    for (size_t o = 0; o < (size_t)cnt * rb; o += 64)
-        __builtin_prefetch(k + o, 0, 3);
+    /* the next tile in keys' indices: the sink run as it is, past it shifted */
+    const int64_t u = t1 < S ? t1 : t1 + shift, last_u = last <= S ? last : last + shift;
+    assert(last_u <= keys->run_len[0] + keys->run_len[1] + keys->run_len[2]);
+    prefetch_tile(keys, u, last_u, 0);
 }
 
 /* cpu_attention_span_rows for rows that all see the same keys (the query
@@ -586,7 +582,7 @@ static void span_rows_tiled(const struct attn_kernels *kr, int nr, const struct 
             i += cnt;
         }
         if (t1 < last && u1 < last_u)
-            prefetch_tile(keys, u1, last_u);
+            prefetch_tile(keys, u1, last_u, 1);
         for (int r = 0; r < nr; r++) {
             const struct attn_row *row = &rows[r];
             /* the keys of this tile that row r sees: the tile's first ntr

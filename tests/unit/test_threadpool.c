@@ -160,6 +160,8 @@ static int held_run_uneven(struct threadpool *tp, int hold_ms, int wait_ms)
     return __atomic_load_n(&h.on_worker, __ATOMIC_RELAXED);
 }
 
+#define SOLO_TRY_MS 10000.0
+
 static void check_solo(void)
 {
     struct threadpool *tp;
@@ -169,11 +171,24 @@ static void check_solo(void)
     sleep_ms(80);
     CHECK(held_run(tp, 25, 5000) == 1, "a worker ran the held part");
     CHECK(threadpool_solo_count(tp) == 0, "two stragglers 80 ms apart went solo");
-    /* a second close after it: solo */
-    CHECK(held_run(tp, 25, 5000) == 1, "a worker ran the held part");
+    /* a second close after it: solo. On a quiet machine the first close
+     * run does it. On a loaded one a run may not count as a straggler: the
+     * worker may start its part later than its hold (the caller's part,
+     * which waits for that start, is then busy longer than it waits), or two
+     * runs may end more than the gap apart. So the runs go on, back to back,
+     * until one makes it, for up to SOLO_TRY_MS. */
+    int tries = 0;
+    const double t_try = now_ms();
+    while (threadpool_solo_count(tp) == 0 && (tries == 0 || now_ms() - t_try < SOLO_TRY_MS)) {
+        CHECK(held_run(tp, 25, 5000) == 1, "a worker ran the held part");
+        tries++;
+    }
     const double t0 = now_ms();
-    CHECK(threadpool_solo_count(tp) == 1, "two stragglers within the gap: solo count %ld",
+    CHECK(threadpool_solo_count(tp) == 1,
+          "%d runs held up back to back: solo count %ld (two stragglers within the gap)", tries,
           threadpool_solo_count(tp));
+    if (tries > 1)
+        printf("test_threadpool: solo after %d close runs (a loaded machine)\n", tries);
     /* within the solo stretch (20 ms) no worker takes a part, although the
      * caller's part waits 4 ms for one (twice: it runs both parts); on a
      * machine so loaded that the stretch may have ended, not checked */

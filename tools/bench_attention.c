@@ -18,6 +18,16 @@
  * and with transparent huge pages (madvise), and both are timed side by
  * side.
  *
+ * The spans of a pass lie back to back in memory unless --ring R places
+ * each (stream, layer, kv head) at the start of a ring of R cells, as the
+ * backend's KV pool does (a slot's ring holds sinks + window + chunk
+ * cells, and a short context uses its first W): the hardware prefetchers
+ * then start over at every span. --ahead D asks for the first
+ * ATTN_PREFETCH_KEYS keys of the span D after the current one while the
+ * current one runs, with the backend's doses (D = 1 is what the backend
+ * does with the next task). The K/V rate counts the rows a pass reads; the
+ * memcpy rate copies the whole buffers.
+ *
  * With --prefill C it times a prompt chunk of C tokens of one stream at a
  * full window that slides (sinks:4, each token's window one key on from
  * the previous one's) in f16, two ways side by side: the chunk's tokens in
@@ -27,7 +37,8 @@
  * microseconds per chunk token of each and the median of the per-pass
  * ratios, and checks that both give the same bits.
  *
- *   build/bench_attention [--window W] [--streams S] [--reps R] [--prefill C]
+ *   build/bench_attention [--window W] [--streams S] [--reps R] [--ring R] [--ahead D]
+ *                         [--prefill C]
  */
 #include "cpu/attention.h"
 #include "cpu/matmul.h"
@@ -98,33 +109,44 @@ static void merge_row(const struct attn_kernels *kr, int64_t nb, const float *pa
 
 /* One token for every stream: each (stream, layer, kv head) in blocks of
  * BLOCK keys, then the merge, as the backend's tasks do on one thread. */
-static void pass(const struct attn_kernels *kr, const char *k, const char *v, int fmt, int64_t W,
-                 int S, const float *q, float *part, float *out)
+static struct attn_keys span_keys(const char *k, const char *v, int fmt, int64_t W, int64_t R,
+                                  int64_t i)
 {
-    const size_t rb = attn_row_bytes(fmt, DH);
-    const int64_t nb = (W + BLOCK - 1) / BLOCK;
+    const size_t off = (size_t)i * (size_t)R * attn_row_bytes(fmt, DH);
+    struct attn_keys keys = {.k = k + off, .v = v + off, .fmt = fmt, .head_dim = DH};
+    keys.run_len[0] = W;
+    return keys;
+}
+
+static void pass(const struct attn_kernels *kr, const char *k, const char *v, int fmt, int64_t W,
+                 int64_t R, int S, int ahead, const float *q, float *part, float *out)
+{
+    const int64_t nb = (W + BLOCK - 1) / BLOCK, n = (int64_t)S * LAYERS * HKV;
     const float scale = 1.0f / sqrtf((float)DH);
-    for (int s = 0; s < S; s++)
-        for (int l = 0; l < LAYERS; l++)
-            for (int g = 0; g < HKV; g++) {
-                size_t off = (((size_t)s * LAYERS + (size_t)l) * HKV + (size_t)g) * (size_t)W * rb;
-                struct attn_keys keys = {.k = k + off, .v = v + off, .fmt = fmt, .head_dim = DH};
-                keys.run_start[0] = 0;
-                keys.run_len[0] = W;
-                for (int64_t b = 0; b < nb; b++) {
-                    float *st = part + b * GROUP * (DH + 2);
-                    struct attn_row rows[GROUP];
-                    for (int h = 0; h < GROUP; h++)
-                        rows[h] =
-                            (struct attn_row){q + h * DH, q + h * DH,     W,
-                                              st + h,     st + GROUP + h, st + 2 * GROUP + h * DH,
-                                              0};
-                    cpu_attention_span_rows(kr, GROUP, rows, &keys, b * BLOCK, (b + 1) * BLOCK,
-                                            scale, 0, NULL);
-                }
-                for (int h = 0; h < GROUP; h++)
-                    merge_row(kr, nb, part, GROUP * (DH + 2), GROUP, h, out + h * DH);
+    for (int64_t i = 0; i < n; i++) {
+        const struct attn_keys keys = span_keys(k, v, fmt, W, R, i);
+        for (int64_t b = 0; b < nb; b++) {
+            struct attn_ahead ah, *a = NULL;
+            if (ahead && (b + 1 < nb || i + ahead < n)) {
+                const struct attn_keys nk =
+                    b + 1 < nb ? keys : span_keys(k, v, fmt, W, R, i + ahead);
+                const int64_t v0 = b + 1 < nb ? (b + 1) * BLOCK : 0;
+                cpu_attention_ahead_init(&ah, &nk, v0, v0 + ATTN_PREFETCH_KEYS);
+                a = &ah;
             }
+            cpu_attention_ahead_issue(a, ATTN_AHEAD_FIRST);
+            float *st = part + b * GROUP * (DH + 2);
+            struct attn_row rows[GROUP];
+            for (int h = 0; h < GROUP; h++)
+                rows[h] = (struct attn_row){
+                    q + h * DH, q + h * DH, W, st + h, st + GROUP + h, st + 2 * GROUP + h * DH, 0};
+            cpu_attention_span_rows(kr, GROUP, rows, &keys, b * BLOCK, (b + 1) * BLOCK, scale, 0,
+                                    a);
+            cpu_attention_ahead_issue(a, -1);
+        }
+        for (int h = 0; h < GROUP; h++)
+            merge_row(kr, nb, part, GROUP * (DH + 2), GROUP, h, out + h * DH);
+    }
 }
 
 #define PREFILL_SINKS 4
@@ -226,6 +248,8 @@ int main(int argc, char **argv)
 {
     int64_t W = 4100;
     int S = 1, reps = 9, prefill = 0;
+    int64_t R = 0;
+    int ahead = 0;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--window"))
             W = atoll(argv[i + 1]);
@@ -235,9 +259,13 @@ int main(int argc, char **argv)
             reps = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--prefill"))
             prefill = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--ahead"))
+            ahead = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--ring"))
+            R = atoll(argv[i + 1]);
         else {
             fprintf(stderr, "usage: bench_attention [--window W] [--streams S] [--reps R] "
-                            "[--prefill C]\n");
+                            "[--ring R] [--ahead D] [--prefill C]\n");
             return 2;
         }
     }
@@ -256,7 +284,14 @@ int main(int argc, char **argv)
     cpu_attention_kernels(&kr, isa);
     if (prefill)
         return prefill_bench(&kr, W, prefill, reps);
-    const size_t rows = (size_t)S * LAYERS * HKV * (size_t)W; /* of K, and of V */
+    if (R == 0)
+        R = W;
+    if (R < W || ahead < 0) {
+        fprintf(stderr, "bench_attention: --ring at least the window, --ahead 0 or more\n");
+        return 2;
+    }
+    const size_t rows = (size_t)S * LAYERS * HKV * (size_t)R; /* of K, and of V */
+    const size_t read = (size_t)S * LAYERS * HKV * (size_t)W; /* rows a pass reads */
     float q[GROUP * DH], out[GROUP * DH];
     for (int i = 0; i < GROUP * DH; i++)
         q[i] = (float)((i * 37 % 101) - 50) / 50.0f;
@@ -264,9 +299,9 @@ int main(int argc, char **argv)
     char *dst = malloc(rows * attn_row_bytes(ATTN_F16, DH));
     if (!part || !dst)
         return 1;
-    printf("attention, %d stream(s) x %d layers x %d kv heads x %lld keys, isa level %d, "
-           "median of %d single-thread passes\n",
-           S, LAYERS, HKV, (long long)W, isa, reps);
+    printf("attention, %d stream(s) x %d layers x %d kv heads x %lld keys (rings of %lld cells, "
+           "ahead %d), isa level %d, median of %d single-thread passes\n",
+           S, LAYERS, HKV, (long long)W, (long long)R, ahead, isa, reps);
     printf("| KV dtype | pages | us per token per stream | K/V GB/s | memcpy GB/s (same buffers) "
            "|\n");
     printf("|---|---|---|---|---|\n");
@@ -280,7 +315,7 @@ int main(int argc, char **argv)
             double t[99], c[99];
             for (int r = 0; r < reps; r++) {
                 double t0 = cpu_now();
-                pass(&kr, k, v, fmts[f], W, S, q, part, out);
+                pass(&kr, k, v, fmts[f], W, R, S, ahead, q, part, out);
                 t[r] = cpu_now() - t0;
                 t0 = cpu_now();
                 memcpy(dst, k, bytes);
@@ -291,7 +326,8 @@ int main(int argc, char **argv)
             qsort(c, (size_t)reps, sizeof c[0], cmp_d);
             double tm = t[reps / 2], cm = c[reps / 2];
             printf("| %s | %s | %.0f | %.2f | %.2f |\n", fmts[f] == ATTN_F16 ? "f16" : "q8_0",
-                   huge ? "2 MiB (THP)" : "4 KiB", tm / S * 1e6, 2.0 * (double)bytes / tm / 1e9,
+                   huge ? "2 MiB (THP)" : "4 KiB", tm / S * 1e6,
+                   2.0 * (double)(read * attn_row_bytes(fmts[f], DH)) / tm / 1e9,
                    4.0 * (double)bytes / cm / 1e9);
             free(k);
             free(v);

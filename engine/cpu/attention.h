@@ -179,6 +179,11 @@ struct attn_ahead {
     int64_t v, v1;
     size_t off; /* bytes of v's run already asked for */
 };
+/* What a decode task asks for of the next one: its first keys, and how
+ * many lines of them before its own work (the rest in doses after its
+ * tiles). */
+#define ATTN_PREFETCH_KEYS 128
+#define ATTN_AHEAD_FIRST 16
 void cpu_attention_ahead_init(struct attn_ahead *a, const struct attn_keys *keys, int64_t v0,
                               int64_t v1);
 /* Asks for up to n more lines of K (each with the V line at the same

@@ -22,11 +22,9 @@
 #include "sink_key.h"
 #include "threadpool.h"
 
-#define MATMUL_ROW_BLOCK 16    /* weight rows per work item */
-#define MATMUL_T_TILE 64       /* activation rows per pass over a weight block */
-#define ATTN_GROUP_TOKENS 16   /* tokens of one sequence scored together in a task */
-#define ATTN_PREFETCH_KEYS 128 /* keys of the next attention task loaded ahead */
-#define ATTN_AHEAD_FIRST 16    /* lines of them asked for before the task's own work */
+#define MATMUL_ROW_BLOCK 16  /* weight rows per work item */
+#define MATMUL_T_TILE 64     /* activation rows per pass over a weight block */
+#define ATTN_GROUP_TOKENS 16 /* tokens of one sequence scored together in a task */
 
 /* A weight matrix repacked at load for the kernel (cpu_pack_rows), keyed by
  * the data pointer of the model's tensor. */

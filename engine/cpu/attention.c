@@ -358,10 +358,10 @@ static void span_cells_find(struct span_cells *cells, const struct attn_keys *ke
 }
 
 /* Tiles at the start of each key block of a one-token span whose rows are
- * asked for ahead of the kernels (prefetch_span_start), for f16 rows of at
- * most ATTN_SELF_ROW_BYTES (head_dim 64: 8 KiB a tile). Q8_0 rows and wider
- * ones (Gemma 3's head_dim 256, 512-byte rows) were not measured and are
- * left to the hardware. */
+ * asked for ahead of the kernels (prefetch_span_start), for rows of at most
+ * ATTN_SELF_ROW_BYTES (head_dim 64: 8 KiB a tile in f16, 4.25 KiB in
+ * Q8_0). Wider rows (Gemma 3's head_dim 256, 512 bytes in f16) were not
+ * measured and are left to the hardware. */
 #define ATTN_SELF_TILES 4
 #define ATTN_SELF_ROW_BYTES 128
 
@@ -372,9 +372,10 @@ static void span_cells_find(struct span_cells *cells, const struct attn_keys *ke
  * for the first ATTN_SELF_TILES tiles of each key block of a one-token
  * span, before a tile's scores, this tile's V rows (read after the scores)
  * and the next tile's K rows are asked for, into L1. At 8 streams on a Zen
- * 5 core this took about a fifth off the attention's time, most of it from
- * the V rows; past the first tiles the two streams are the hardware
- * prefetchers' (docs/benchmarks.md). vp: the tile's nt V rows; t1, last:
+ * 5 core this took about a fifth off the attention's time with f16 K/V,
+ * most of it from the V rows, and about a tenth with Q8_0 K/V; past the
+ * first tiles the two streams are the hardware prefetchers'
+ * (docs/benchmarks.md). vp: the tile's nt V rows; t1, last:
  * the next tile's first visit index and the span's end; S, shift: the sink
  * run's length and the rows' shift past it. */
 static void prefetch_span_start(const struct attn_keys *keys, const void *const *vp, int nt,
@@ -450,8 +451,7 @@ static void span_rows_inplace(const struct attn_kernels *kr, int nr, const struc
                 i += cnt;
             }
         }
-        if (!cells && t0 - v0 < ATTN_SELF_TILES * ATTN_TILE && fmt == ATTN_F16 &&
-            rb <= ATTN_SELF_ROW_BYTES)
+        if (!cells && t0 - v0 < ATTN_SELF_TILES * ATTN_TILE && rb <= ATTN_SELF_ROW_BYTES)
             prefetch_span_start(keys, vp, nt, t1, last, S, shift);
         for (int r = 0; r < nr; r++)
             bm[r] = -INFINITY;

@@ -8,7 +8,9 @@
  * two runs close together sends the caller solo: the next runs' parts all
  * run on the caller's thread, and after the solo stretch the worker takes
  * parts again; two such runs far apart do not, nor two close together in a
- * pool of three. Not tested here: the 200 us floor, the rule that the wait
+ * pool of three. Where the machine is loaded, the test's own clock tells
+ * which runs surely counted as such (sure_straggler), and the close runs
+ * are repeated until a pair did. Not tested here: the 200 us floor, the rule that the wait
  * must outlast the caller's own work, the doubling and its 1 s cap. The
  * claiming checks run with solo off, so that the workers always take part.
  * With STREAMSINK_TRACE_RUNS set, the pool writes a trace of its runs when
@@ -28,6 +30,8 @@
 #define MAX_PARTS 97
 
 static int failures;
+
+static double now_ms(void);
 
 #define CHECK(cond, ...)                                                                           \
     do {                                                                                           \
@@ -126,6 +130,14 @@ struct held {
     int hold_ms, wait_ms;
     int worker_started; /* atomic */
     int on_worker;      /* atomic: parts run off the caller's thread */
+    double caller_end;  /* now_ms() as the caller's part returned */
+    double worker_end;  /* now_ms() as the worker's part returned */
+};
+
+/* A held run's times on the test's clock: before the run, as the caller's
+ * part and the worker's ended, and after the run returned. */
+struct held_times {
+    double start, caller_end, worker_end, ret;
 };
 
 static void held_fn(void *arg, int ith, int nth)
@@ -137,30 +149,54 @@ static void held_fn(void *arg, int ith, int nth)
         for (int i = 0; i < h->wait_ms && !__atomic_load_n(&h->worker_started, __ATOMIC_ACQUIRE);
              i++)
             sleep_ms(1);
+        h->caller_end = now_ms();
         return;
     }
     __atomic_fetch_add(&h->on_worker, 1, __ATOMIC_RELAXED);
     __atomic_store_n(&h->worker_started, 1, __ATOMIC_RELEASE);
     sleep_ms(h->hold_ms);
+    h->worker_end = now_ms();
 }
 
-/* Returns how many of the run's parts ran off the caller's thread. */
+/* Returns how many of the run's parts ran off the caller's thread; its
+ * times into *ht (unless NULL). */
+static int held_run_timed(struct threadpool *tp, int hold_ms, int wait_ms, struct held_times *ht)
+{
+    struct held h = {pthread_self(), hold_ms, wait_ms, 0, 0, 0.0, 0.0};
+    const double start = now_ms();
+    threadpool_run_parts(tp, held_fn, &h, 2);
+    if (ht) /* the run's return orders the parts' writes before these reads */
+        *ht = (struct held_times){start, h.caller_end, h.worker_end, now_ms()};
+    return __atomic_load_n(&h.on_worker, __ATOMIC_RELAXED);
+}
+
 static int held_run(struct threadpool *tp, int hold_ms, int wait_ms)
 {
-    struct held h = {pthread_self(), hold_ms, wait_ms, 0, 0};
-    threadpool_run_parts(tp, held_fn, &h, 2);
-    return __atomic_load_n(&h.on_worker, __ATOMIC_RELAXED);
+    return held_run_timed(tp, hold_ms, wait_ms, NULL);
+}
+
+/* Whether a held run of one part on each thread surely counted as a
+ * straggler in the pool, as its times bound the pool's own: the caller's
+ * part (its busy time) ended within CLEAN_MS of the start, the worker's a
+ * good deal later (a wait well over both the busy time and 200 us), and
+ * the run returned within CLEAN_MS of that (the pool's straggler time lies
+ * between the worker's end and the return). */
+#define CLEAN_MS 2.0
+static int sure_straggler(const struct held_times *t)
+{
+    return t->caller_end - t->start < CLEAN_MS && t->worker_end - t->caller_end > 10.0 &&
+           t->ret - t->worker_end < CLEAN_MS;
 }
 
 /* The same as an uneven run (threadpool_run_parts_uneven). */
 static int held_run_uneven(struct threadpool *tp, int hold_ms, int wait_ms)
 {
-    struct held h = {pthread_self(), hold_ms, wait_ms, 0, 0};
+    struct held h = {pthread_self(), hold_ms, wait_ms, 0, 0, 0.0, 0.0};
     threadpool_run_parts_uneven(tp, held_fn, &h, 2);
     return __atomic_load_n(&h.on_worker, __ATOMIC_RELAXED);
 }
 
-#define SOLO_TRY_MS 10000.0
+#define SOLO_TRY_MS 30000.0
 
 static void check_solo(void)
 {
@@ -169,35 +205,52 @@ static void check_solo(void)
     /* one held-up run, then a pause past the gap (50 ms): not solo */
     CHECK(held_run(tp, 25, 5000) == 1, "a worker ran the held part");
     sleep_ms(80);
-    CHECK(held_run(tp, 25, 5000) == 1, "a worker ran the held part");
+    struct held_times prev, cur;
+    CHECK(held_run_timed(tp, 25, 5000, &prev) == 1, "a worker ran the held part");
     CHECK(threadpool_solo_count(tp) == 0, "two stragglers 80 ms apart went solo");
+    int have_prev = sure_straggler(&prev);
     /* a second close after it: solo. On a quiet machine the first close
-     * run does it. On a loaded one a run may not count as a straggler: the
-     * worker may start its part later than its hold (the caller's part,
-     * which waits for that start, is then busy longer than it waits), or two
-     * runs may end more than the gap apart. So the runs go on, back to back,
-     * until one makes it, for up to SOLO_TRY_MS. */
+     * run does it. On a loaded one a run may not count as a straggler (the
+     * worker starts its part late, or the caller sees that late, and the
+     * caller's part, which waits for that start, is then busy longer than
+     * it waits), or two may end more than the gap apart. So the runs go on,
+     * back to back, until one makes it, for up to SOLO_TRY_MS; but two
+     * runs that surely counted (sure_straggler) and whose straggler times
+     * surely lie within the gap must send the pool solo. */
     int tries = 0;
     const double t_try = now_ms();
     while (threadpool_solo_count(tp) == 0 && (tries == 0 || now_ms() - t_try < SOLO_TRY_MS)) {
-        CHECK(held_run(tp, 25, 5000) == 1, "a worker ran the held part");
+        CHECK(held_run_timed(tp, 25, 5000, &cur) >= 1, "the worker ran no part");
         tries++;
+        const int sure = sure_straggler(&cur);
+        if (have_prev && sure && cur.ret - prev.worker_end < 45.0)
+            CHECK(threadpool_solo_count(tp) == 1,
+                  "two stragglers %.1f ms apart at most, both sure, yet not solo",
+                  cur.ret - prev.worker_end);
+        if (failures)
+            break;
+        if (sure) {
+            prev = cur;
+            have_prev = 1;
+        }
     }
-    const double t0 = now_ms();
     CHECK(threadpool_solo_count(tp) == 1,
           "%d runs held up back to back: solo count %ld (two stragglers within the gap)", tries,
           threadpool_solo_count(tp));
     if (tries > 1)
         printf("test_threadpool: solo after %d close runs (a loaded machine)\n", tries);
-    /* within the solo stretch (20 ms) no worker takes a part, although the
-     * caller's part waits 4 ms for one (twice: it runs both parts); on a
-     * machine so loaded that the stretch may have ended, not checked */
+    /* within the solo stretch (20 ms from the pool's straggler time, which
+     * is after the worker's part ended) no worker takes a part, although
+     * the caller's part waits 4 ms for one (twice: it runs both parts); a
+     * run that starts too late for that (a loaded machine) is not checked */
+    const double s0 = now_ms();
     const int on_worker = held_run(tp, 0, 4);
-    if (now_ms() - t0 < 15.0)
+    if (s0 - cur.worker_end < 19.0)
         CHECK(on_worker == 0, "solo, yet a worker ran a part");
     else
-        printf("test_threadpool: the solo run ended %.1f ms after solo began, not checked\n",
-               now_ms() - t0);
+        printf("test_threadpool: the solo run started %.1f ms after the worker's part ended, "
+               "not checked\n",
+               s0 - cur.worker_end);
     /* past it the worker is back */
     sleep_ms(40);
     CHECK(held_run(tp, 0, 5000) >= 1, "after the solo stretch no worker took a part");

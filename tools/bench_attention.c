@@ -18,14 +18,15 @@
  * and with transparent huge pages (madvise), and both are timed side by
  * side.
  *
- * The spans of a pass lie back to back in memory unless --ring R places
- * each (stream, layer, kv head) at the start of a ring of R cells, as the
- * backend's KV pool does (a slot's ring holds sinks + window + chunk
- * cells, and a short context uses its first W): the hardware prefetchers
- * then start over at every span. --ahead D asks for the first
- * ATTN_PREFETCH_KEYS keys of the span D after the current one while the
- * current one runs, with the backend's doses (D = 1 is what the backend
- * does with the next task). The K/V rate counts the rows a pass reads; the
+ * The spans of a pass lie back to back in memory unless --ring CELLS
+ * places each (stream, layer, kv head) at the start of a ring of CELLS
+ * cells, as the backend's KV pool does (a slot's ring holds sinks + window
+ * + chunk cells, and a short context uses its first W): the hardware
+ * prefetchers then start over at every span. --ahead SPANS (D, with a
+ * window of at most one key block) asks for the first ATTN_PREFETCH_KEYS
+ * keys of the span D after the current one while the current one runs,
+ * with the backend's doses (D = 1 is what the backend does with the next
+ * task of a decode step). The K/V rate counts the rows a pass reads; the
  * memcpy rate copies the whole buffers.
  *
  * With --prefill C it times a prompt chunk of C tokens of one stream at a
@@ -37,12 +38,13 @@
  * microseconds per chunk token of each and the median of the per-pass
  * ratios, and checks that both give the same bits.
  *
- *   build/bench_attention [--window W] [--streams S] [--reps R] [--ring R] [--ahead D]
- *                         [--prefill C]
+ *   build/bench_attention [--window W] [--streams S] [--reps R] [--ring CELLS]
+ *                         [--ahead SPANS] [--prefill C]
  */
 #include "cpu/attention.h"
 #include "cpu/matmul.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -107,8 +109,8 @@ static void merge_row(const struct attn_kernels *kr, int64_t nb, const float *pa
                         MODEL_NORM_SOFTMAX, 0.0f, NULL, out);
 }
 
-/* One token for every stream: each (stream, layer, kv head) in blocks of
- * BLOCK keys, then the merge, as the backend's tasks do on one thread. */
+/* The keys of span i (stream, layer and kv head in that order): the first
+ * W cells of its ring of R. */
 static struct attn_keys span_keys(const char *k, const char *v, int fmt, int64_t W, int64_t R,
                                   int64_t i)
 {
@@ -118,6 +120,11 @@ static struct attn_keys span_keys(const char *k, const char *v, int fmt, int64_t
     return keys;
 }
 
+/* One token for every stream: each (stream, layer, kv head) in blocks of
+ * BLOCK keys, then the merge, as the backend's tasks do on one thread.
+ * ahead (D > 0): each block asks for the next block's keys, the span's last
+ * block for span i + D's first; with one block a span (W up to BLOCK, as
+ * main requires) that is the backend's order of a decode step's tasks. */
 static void pass(const struct attn_kernels *kr, const char *k, const char *v, int fmt, int64_t W,
                  int64_t R, int S, int ahead, const float *q, float *part, float *out)
 {
@@ -244,6 +251,25 @@ static int prefill_bench(const struct attn_kernels *kr, int64_t W, int C, int re
     return same ? 0 : 1;
 }
 
+#define RING_MAX (1 << 20)
+#define KV_BYTES_MAX 64e9
+
+static int usage(void)
+{
+    fprintf(stderr, "usage: bench_attention [--window W] [--streams S] [--reps R] [--ring CELLS] "
+                    "[--ahead SPANS] [--prefill C]\n");
+    return 2;
+}
+
+/* A whole decimal integer, or 0. */
+static int parse_ll(const char *s, long long *x)
+{
+    char *end;
+    errno = 0;
+    *x = strtoll(s, &end, 10);
+    return end != s && *end == '\0' && errno == 0;
+}
+
 int main(int argc, char **argv)
 {
     int64_t W = 4100;
@@ -251,24 +277,26 @@ int main(int argc, char **argv)
     int64_t R = 0;
     int ahead = 0;
     for (int i = 1; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--window"))
-            W = atoll(argv[i + 1]);
-        else if (!strcmp(argv[i], "--streams"))
-            S = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--reps"))
-            reps = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--prefill"))
-            prefill = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--ahead"))
-            ahead = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--ring"))
-            R = atoll(argv[i + 1]);
-        else {
-            fprintf(stderr, "usage: bench_attention [--window W] [--streams S] [--reps R] "
-                            "[--ring R] [--ahead D] [--prefill C]\n");
-            return 2;
-        }
+        const char *a = argv[i];
+        long long x;
+        int ok = parse_ll(argv[i + 1], &x);
+        if (ok && !strcmp(a, "--window"))
+            W = x;
+        else if (ok && !strcmp(a, "--streams") && x <= 1 << 20)
+            S = (int)x;
+        else if (ok && !strcmp(a, "--reps") && x <= 99)
+            reps = (int)x;
+        else if (ok && !strcmp(a, "--prefill") && x <= 1 << 20)
+            prefill = (int)x;
+        else if (ok && !strcmp(a, "--ahead") && x <= 1 << 20)
+            ahead = (int)x;
+        else if (ok && !strcmp(a, "--ring"))
+            R = x;
+        else
+            return usage();
     }
+    if (argc % 2 == 0)
+        return usage();
     if (prefill < 0 || prefill > 4096 || (prefill > 0 && W <= PREFILL_SINKS)) {
         fprintf(stderr, "bench_attention: --prefill 1..4096 with a window above %d\n",
                 PREFILL_SINKS);
@@ -279,17 +307,24 @@ int main(int argc, char **argv)
                 ATTN_MAX_BLOCKS * BLOCK);
         return 2;
     }
+    if (R == 0)
+        R = W;
+    /* the f16 buffers' bytes, and every offset into them, fit a size_t */
+    const double kv_bytes =
+        (double)S * LAYERS * HKV * (double)R * (double)attn_row_bytes(ATTN_F16, DH);
+    if (R < W || R > RING_MAX || kv_bytes > KV_BYTES_MAX || ahead < 0 || (ahead > 0 && W > BLOCK) ||
+        (prefill && (R != W || ahead))) {
+        fprintf(stderr,
+                "bench_attention: --ring from the window to %d cells (and under %.0f GB of K), "
+                "--ahead 0 or more with a window of at most %d keys, neither with --prefill\n",
+                RING_MAX, KV_BYTES_MAX / 1e9, BLOCK);
+        return 2;
+    }
     struct attn_kernels kr;
     int isa = (int)cpu_isa_best();
     cpu_attention_kernels(&kr, isa);
     if (prefill)
         return prefill_bench(&kr, W, prefill, reps);
-    if (R == 0)
-        R = W;
-    if (R < W || ahead < 0) {
-        fprintf(stderr, "bench_attention: --ring at least the window, --ahead 0 or more\n");
-        return 2;
-    }
     const size_t rows = (size_t)S * LAYERS * HKV * (size_t)R; /* of K, and of V */
     const size_t read = (size_t)S * LAYERS * HKV * (size_t)W; /* rows a pass reads */
     float q[GROUP * DH], out[GROUP * DH];
@@ -299,9 +334,14 @@ int main(int argc, char **argv)
     char *dst = malloc(rows * attn_row_bytes(ATTN_F16, DH));
     if (!part || !dst)
         return 1;
-    printf("attention, %d stream(s) x %d layers x %d kv heads x %lld keys (rings of %lld cells, "
-           "ahead %d), isa level %d, median of %d single-thread passes\n",
-           S, LAYERS, HKV, (long long)W, (long long)R, ahead, isa, reps);
+    char place[64];
+    if (R == W)
+        snprintf(place, sizeof place, "spans back to back");
+    else
+        snprintf(place, sizeof place, "rings of %lld cells", (long long)R);
+    printf("attention, %d stream(s) x %d layers x %d kv heads x %lld keys (%s, ahead %d), isa "
+           "level %d, median of %d single-thread passes\n",
+           S, LAYERS, HKV, (long long)W, place, ahead, isa, reps);
     printf("| KV dtype | pages | us per token per stream | K/V GB/s | memcpy GB/s (same buffers) "
            "|\n");
     printf("|---|---|---|---|---|\n");

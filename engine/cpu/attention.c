@@ -360,8 +360,14 @@ static void span_cells_find(struct span_cells *cells, const struct attn_keys *ke
 /* Tiles at the start of each key block of a one-token span whose rows are
  * asked for ahead of the kernels (prefetch_span_start), for rows of at most
  * ATTN_SELF_ROW_BYTES (head_dim 64: 8 KiB a tile in f16, 4.25 KiB in
- * Q8_0). Wider rows (Gemma 3's head_dim 256, 512 bytes in f16) were not
- * measured and are left to the hardware. */
+ * Q8_0). Measured at head_dim 64 only; narrower heads (and Q8_0 up to
+ * head_dim 96) take it too, unmeasured. Gemma 3's 512-byte rows (head_dim
+ * 256 in f16) showed no gain with it (its attention is a small part of its
+ * step) and are left to the hardware. A Q8_0 tile starts anywhere in a
+ * line, and prefetch_tile (as cpu_attention_ahead_issue) steps 64 bytes
+ * from its first byte, so it may leave out the tile's last line; asking
+ * for that line too made the engine's attention slower, f16 rows included,
+ * whose lines it did not change (docs/benchmarks.md). */
 #define ATTN_SELF_TILES 4
 #define ATTN_SELF_ROW_BYTES 128
 

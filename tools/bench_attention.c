@@ -22,11 +22,11 @@
  * places each (stream, layer, kv head) at the start of a ring of CELLS
  * cells, as the backend's KV pool does (a slot's ring holds sinks + window
  * + chunk cells, and a short context uses its first W): the hardware
- * prefetchers then start over at every span. --ahead SPANS (D, with a
- * window of at most one key block) asks for the first ATTN_PREFETCH_KEYS
- * keys of the span D after the current one while the current one runs,
- * with the backend's doses (D = 1 is what the backend does with the next
- * task of a decode step). The K/V rate counts the rows a pass reads; the
+ * prefetchers then start over at every span. --ahead SPANS (with a window
+ * of at most one key block) asks for the first ATTN_PREFETCH_KEYS keys of
+ * the span SPANS after the current one while the current one runs, with
+ * the backend's doses (1 is what the backend does with the next task of a
+ * decode step). The K/V rate counts the rows a pass reads; the
  * memcpy rate copies the whole buffers.
  *
  * With --prefill C it times a prompt chunk of C tokens of one stream at a
@@ -122,9 +122,12 @@ static struct attn_keys span_keys(const char *k, const char *v, int fmt, int64_t
 
 /* One token for every stream: each (stream, layer, kv head) in blocks of
  * BLOCK keys, then the merge, as the backend's tasks do on one thread.
- * ahead (D > 0): each block asks for the next block's keys, the span's last
- * block for span i + D's first; with one block a span (W up to BLOCK, as
- * main requires) that is the backend's order of a decode step's tasks. */
+ * ahead (> 0): each block asks for the next block's keys, the span's last
+ * block for the first keys of the span `ahead` spans on. With one block a
+ * span (W up to BLOCK, as main requires) each task asks for another span's
+ * first keys, as a decode step's tasks do; the bench's spans go stream,
+ * layer, head, where a step's attention run goes token, head within one
+ * layer. */
 static void pass(const struct attn_kernels *kr, const char *k, const char *v, int fmt, int64_t W,
                  int64_t R, int S, int ahead, const float *q, float *part, float *out)
 {
@@ -251,17 +254,19 @@ static int prefill_bench(const struct attn_kernels *kr, int64_t W, int C, int re
     return same ? 0 : 1;
 }
 
-#define RING_MAX (1 << 20)
+#define RING_MAX (1 << 22) /* cells; the window's own limit is 2 Mi keys */
 #define KV_BYTES_MAX 64e9
 
 static int usage(void)
 {
-    fprintf(stderr, "usage: bench_attention [--window W] [--streams S] [--reps R] [--ring CELLS] "
-                    "[--ahead SPANS] [--prefill C]\n");
+    fprintf(stderr,
+            "usage: bench_attention [--window 1..%d] [--streams 1..%d] [--reps 1..99] "
+            "[--ring CELLS] [--ahead SPANS] [--prefill 0..4096]\n",
+            ATTN_MAX_BLOCKS * BLOCK, 1 << 20);
     return 2;
 }
 
-/* A whole decimal integer, or 0. */
+/* Whether s is a whole decimal integer in range (stored in *x). */
 static int parse_ll(const char *s, long long *x)
 {
     char *end;
@@ -279,32 +284,30 @@ int main(int argc, char **argv)
     for (int i = 1; i + 1 < argc; i += 2) {
         const char *a = argv[i];
         long long x;
-        int ok = parse_ll(argv[i + 1], &x);
-        if (ok && !strcmp(a, "--window"))
+        if (!parse_ll(argv[i + 1], &x))
+            return usage();
+        if (!strcmp(a, "--window") && x >= 1 && x <= (long long)ATTN_MAX_BLOCKS * BLOCK)
             W = x;
-        else if (ok && !strcmp(a, "--streams") && x <= 1 << 20)
+        else if (!strcmp(a, "--streams") && x >= 1 && x <= 1 << 20)
             S = (int)x;
-        else if (ok && !strcmp(a, "--reps") && x <= 99)
+        else if (!strcmp(a, "--reps") && x >= 1 && x <= 99)
             reps = (int)x;
-        else if (ok && !strcmp(a, "--prefill") && x <= 1 << 20)
+        else if (!strcmp(a, "--prefill") && x >= 0 && x <= 4096)
             prefill = (int)x;
-        else if (ok && !strcmp(a, "--ahead") && x <= 1 << 20)
+        else if (!strcmp(a, "--ahead") && x >= 0 && x <= 1 << 20)
             ahead = (int)x;
-        else if (ok && !strcmp(a, "--ring"))
+        else if (!strcmp(a, "--ring") && x >= 0 && x <= RING_MAX)
             R = x;
         else
             return usage();
     }
     if (argc % 2 == 0)
         return usage();
-    if (prefill < 0 || prefill > 4096 || (prefill > 0 && W <= PREFILL_SINKS)) {
-        fprintf(stderr, "bench_attention: --prefill 1..4096 with a window above %d\n",
+    if (prefill > 0 && (W <= PREFILL_SINKS || R != 0 || ahead != 0 || S != 1)) {
+        fprintf(stderr,
+                "bench_attention: --prefill takes a window above %d, and no --ring, "
+                "--ahead or --streams\n",
                 PREFILL_SINKS);
-        return 2;
-    }
-    if (W < 1 || W > (int64_t)ATTN_MAX_BLOCKS * BLOCK || S < 1 || reps < 1 || reps > 99) {
-        fprintf(stderr, "bench_attention: window 1..%d, streams >= 1, reps 1..99\n",
-                ATTN_MAX_BLOCKS * BLOCK);
         return 2;
     }
     if (R == 0)
@@ -312,12 +315,13 @@ int main(int argc, char **argv)
     /* the f16 buffers' bytes, and every offset into them, fit a size_t */
     const double kv_bytes =
         (double)S * LAYERS * HKV * (double)R * (double)attn_row_bytes(ATTN_F16, DH);
-    if (R < W || R > RING_MAX || kv_bytes > KV_BYTES_MAX || ahead < 0 || (ahead > 0 && W > BLOCK) ||
-        (prefill && (R != W || ahead))) {
-        fprintf(stderr,
-                "bench_attention: --ring from the window to %d cells (and under %.0f GB of K), "
-                "--ahead 0 or more with a window of at most %d keys, neither with --prefill\n",
-                RING_MAX, KV_BYTES_MAX / 1e9, BLOCK);
+    if (R < W || kv_bytes > KV_BYTES_MAX) {
+        fprintf(stderr, "bench_attention: --ring from the window up, and under %.0f GB of K\n",
+                KV_BYTES_MAX / 1e9);
+        return 2;
+    }
+    if (ahead > 0 && W > BLOCK) {
+        fprintf(stderr, "bench_attention: --ahead with a window of at most %d keys\n", BLOCK);
         return 2;
     }
     struct attn_kernels kr;
@@ -332,8 +336,11 @@ int main(int argc, char **argv)
         q[i] = (float)((i * 37 % 101) - 50) / 50.0f;
     float *part = malloc((size_t)((W + BLOCK - 1) / BLOCK) * GROUP * (DH + 2) * sizeof(float));
     char *dst = malloc(rows * attn_row_bytes(ATTN_F16, DH));
-    if (!part || !dst)
+    if (!part || !dst) {
+        fprintf(stderr, "bench_attention: no memory for %zu bytes of copy buffer\n",
+                rows * attn_row_bytes(ATTN_F16, DH));
         return 1;
+    }
     char place[64];
     if (R == W)
         snprintf(place, sizeof place, "spans back to back");
@@ -350,8 +357,12 @@ int main(int argc, char **argv)
         const size_t bytes = rows * attn_row_bytes(fmts[f], DH); /* K or V */
         for (int huge = 0; huge < 2; huge++) {
             char *k = alloc_kv(bytes, huge, fmts[f]), *v = alloc_kv(bytes, huge, fmts[f]);
-            if (!k || !v)
+            if (!k || !v) {
+                fprintf(stderr, "bench_attention: no memory for 2 x %zu bytes of K and V\n", bytes);
+                free(k);
+                free(v);
                 return 1;
+            }
             double t[99], c[99];
             for (int r = 0; r < reps; r++) {
                 double t0 = cpu_now();

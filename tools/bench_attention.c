@@ -122,12 +122,11 @@ static struct attn_keys span_keys(const char *k, const char *v, int fmt, int64_t
 
 /* One token for every stream: each (stream, layer, kv head) in blocks of
  * BLOCK keys, then the merge, as the backend's tasks do on one thread.
- * ahead (> 0): each block asks for the next block's keys, the span's last
- * block for the first keys of the span `ahead` spans on. With one block a
- * span (W up to BLOCK, as main requires) each task asks for another span's
- * first keys, as a decode step's tasks do; the bench's spans go stream,
- * layer, head, where a step's attention run goes token, head within one
- * layer. */
+ * ahead (> 0, with one block a span: W up to BLOCK, as main requires):
+ * each span asks for the first keys of the span `ahead` spans on, as a
+ * decode step's tasks ask for the next task's; the bench's spans go
+ * stream, layer, head, where a step's attention run goes token, head
+ * within one layer. */
 static void pass(const struct attn_kernels *kr, const char *k, const char *v, int fmt, int64_t W,
                  int64_t R, int S, int ahead, const float *q, float *part, float *out)
 {
@@ -137,11 +136,9 @@ static void pass(const struct attn_kernels *kr, const char *k, const char *v, in
         const struct attn_keys keys = span_keys(k, v, fmt, W, R, i);
         for (int64_t b = 0; b < nb; b++) {
             struct attn_ahead ah, *a = NULL;
-            if (ahead && (b + 1 < nb || i + ahead < n)) {
-                const struct attn_keys nk =
-                    b + 1 < nb ? keys : span_keys(k, v, fmt, W, R, i + ahead);
-                const int64_t v0 = b + 1 < nb ? (b + 1) * BLOCK : 0;
-                cpu_attention_ahead_init(&ah, &nk, v0, v0 + ATTN_PREFETCH_KEYS);
+            if (ahead && i + ahead < n) {
+                const struct attn_keys nk = span_keys(k, v, fmt, W, R, i + ahead);
+                cpu_attention_ahead_init(&ah, &nk, 0, ATTN_PREFETCH_KEYS);
                 a = &ah;
             }
             cpu_attention_ahead_issue(a, ATTN_AHEAD_FIRST);

@@ -10,8 +10,9 @@
  * parts again; two such runs far apart do not, nor two close together in a
  * pool of three. Where the machine is loaded, the test's own clock tells
  * which runs surely counted as such (sure_straggler), and the close runs
- * are repeated until a pair did. Not tested here: the 200 us floor, the rule that the wait
- * must outlast the caller's own work, the doubling and its 1 s cap. The
+ * are repeated until a pair does. Not tested here: the 200 us floor, the
+ * rule that the wait must outlast the caller's own work, the doubling and
+ * its 1 s cap. The
  * claiming checks run with solo off, so that the workers always take part.
  * With STREAMSINK_TRACE_RUNS set, the pool writes a trace of its runs when
  * freed: every run's publication once, every part of it once, on a thread
@@ -30,8 +31,6 @@
 #define MAX_PARTS 97
 
 static int failures;
-
-static double now_ms(void);
 
 #define CHECK(cond, ...)                                                                           \
     do {                                                                                           \

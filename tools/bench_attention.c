@@ -23,8 +23,8 @@
  * cells, as the backend's KV pool does (a slot's ring holds sinks + window
  * + chunk cells, and a short context uses its first W): the hardware
  * prefetchers then start over at every span. --ahead SPANS (with a window
- * of at most one key block) asks for the first ATTN_PREFETCH_KEYS keys of
- * the span SPANS after the current one while the current one runs, with
+ * of at most one key block) asks for all the keys of the span SPANS after
+ * the current one (ATTN_PREFETCH_KEYS) while the current one runs, with
  * the backend's doses (1 is what the backend does with the next task of a
  * decode step). The K/V rate counts the rows a pass reads; the
  * memcpy rate copies the whole buffers.

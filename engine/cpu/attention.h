@@ -179,10 +179,12 @@ struct attn_ahead {
     int64_t v, v1;
     size_t off; /* bytes of v's run already asked for */
 };
-/* What a decode task asks for of the next one: its first keys, and how
- * many lines of them before its own work (the rest in doses after its
- * tiles). */
-#define ATTN_PREFETCH_KEYS 128
+/* What a decode task asks for of the next one: all of its keys (a task
+ * holds one key block), and how many lines of them before its own work
+ * (the rest in doses after its tiles). A key that nothing asked for waits
+ * on memory: asking for only the first 128 keys left the 32-stream step's
+ * spans, which grow past 128 keys, with such tails (docs/benchmarks.md). */
+#define ATTN_PREFETCH_KEYS ATTN_KEY_BLOCK
 #define ATTN_AHEAD_FIRST 16
 void cpu_attention_ahead_init(struct attn_ahead *a, const struct attn_keys *keys, int64_t v0,
                               int64_t v1);

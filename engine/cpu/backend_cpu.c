@@ -950,17 +950,25 @@ static void attention_task(void *arg, int ith, int nth)
     const int64_t NB = c->attn_blocks, n_tasks = c->attn_n_groups * Hkv * NB;
     const int64_t part = (int64_t)G * (Dh + 2); /* floats of one task's partial state */
     const int64_t i0 = n_tasks * ith / nth, i1 = n_tasks * (ith + 1) / nth;
+    /* after the part's last task: the first of the part this thread is
+     * likeliest to claim next (parts are claimed in turn: on one thread
+     * surely, on several as long as they keep pace), so that it does not
+     * start cold; at 8 streams about half of a step's tasks are the first
+     * of their part (docs/benchmarks.md) */
+    const int64_t later = ith + (int64_t)threadpool_size(c->tp);
+    const int64_t i_later = later < nth ? n_tasks * later / nth : n_tasks;
     struct attn_row rows[ATTN_MAX_ROWS];
     struct attn_task cur = i0 < i1 ? attention_task_at(c, j->layer, i0) : (struct attn_task){0};
     struct attn_ahead ahead;
     for (int64_t i = i0; i < i1; i++) {
-        /* the next task's first keys start coming into L2 while this one
+        /* the next task's keys start coming into L2 while this one
          * runs: at 8 or more streams a decode task's span of a few pages of
          * K and V comes from memory (docs/benchmarks.md has what this gave).
          * A few lines now, a dose after each of this task's tiles, the rest
          * when it is done. */
+        const int64_t ni = i + 1 < i1 ? i + 1 : i_later;
         const struct attn_task next =
-            i + 1 < i1 ? attention_task_at(c, j->layer, i + 1) : (struct attn_task){0};
+            ni < n_tasks ? attention_task_at(c, j->layer, ni) : (struct attn_task){0};
         struct attn_ahead *ah = NULL; /* NULL: no next task to load */
         if (next.live) {
             cpu_attention_ahead_init(&ahead, &next.keys, next.blk * ATTN_KEY_BLOCK,

@@ -555,7 +555,7 @@ static void matmul_run(struct cpu_ctx *c, struct matmul_job *j)
      * microseconds and its claim and completion cross cores
      * (docs/benchmarks.md) */
     int64_t blocks = job_blocks(j);
-    int64_t parts = 2 * (int64_t)threadpool_size(c->tp);
+    int64_t parts = 2 * (int64_t)threadpool_active(c->tp);
     threadpool_run_parts(c->tp, matmul_rows_task, j, (int)(parts < blocks ? parts : blocks));
 }
 
@@ -732,6 +732,7 @@ struct attn_job {
     float *probe;
     const float *tsinks; /* (T, H) per-token sink logits (sink keys), or NULL: sinks[h] */
     int merge_in_task;   /* every token's keys fit one block: each task merges its own rows */
+    int active;          /* threads taking part (threadpool_active, read by the caller) */
 };
 
 /* The sink logit of token t's query head h. */
@@ -951,11 +952,11 @@ static void attention_task(void *arg, int ith, int nth)
     const int64_t part = (int64_t)G * (Dh + 2); /* floats of one task's partial state */
     const int64_t i0 = n_tasks * ith / nth, i1 = n_tasks * (ith + 1) / nth;
     /* after the part's last task: the first of the part this thread is
-     * likeliest to claim next (parts are claimed in turn: on one thread
-     * surely, on several as long as they keep pace), so that it does not
-     * start cold; at 8 streams about half of a step's tasks are the first
-     * of their part (docs/benchmarks.md) */
-    const int64_t later = ith + (int64_t)threadpool_size(c->tp);
+     * likeliest to claim next (parts are claimed in turn: on one thread,
+     * or a caller gone solo, surely; on several as long as they keep pace),
+     * so that it does not start cold; at 8 streams about half of a step's
+     * tasks are the first of their part (docs/benchmarks.md) */
+    const int64_t later = ith + (int64_t)j->active;
     const int64_t i_later = later < nth ? n_tasks * later / nth : n_tasks;
     struct attn_row rows[ATTN_MAX_ROWS];
     struct attn_task cur = i0 < i1 ? attention_task_at(c, j->layer, i0) : (struct attn_task){0};
@@ -1027,7 +1028,8 @@ static void cpu_attention(struct backend *b, int layer, const float *q, const fl
     const struct model_hparams *hp = &b->model->hp;
     const int H = hp->n_head, Hkv = hp->n_head_kv, G = H / Hkv;
     const int64_t T = c->batch->T, NB = c->attn_blocks;
-    struct attn_job j = {b, layer, q, qc, sinks, norm, att, probe, NULL, 0};
+    struct attn_job j = {
+        b, layer, q, qc, sinks, norm, att, probe, NULL, 0, threadpool_active(c->tp)};
     j.tsinks = sink_key_logits(c, b->model, layer, q, sinks, norm);
     if (probe) {
         threadpool_run(c->tp, attention_probe_task, &j);
@@ -1058,11 +1060,11 @@ static void cpu_attention(struct backend *b, int layer, const float *q, const fl
     c->attn_n_groups = ng;
     int64_t n_tasks = ng * Hkv * NB;
     /* many parts: the work per task is uneven (causal prefill, empty blocks) */
-    int64_t parts = 16 * (int64_t)threadpool_size(c->tp);
+    int64_t parts = 16 * (int64_t)j.active;
     threadpool_run_parts(c->tp, attention_task, &j, (int)(parts < n_tasks ? parts : n_tasks));
     if (j.merge_in_task)
         return;
-    int64_t mparts = 4 * (int64_t)threadpool_size(c->tp);
+    int64_t mparts = 4 * (int64_t)j.active;
     if (T * H < mparts)
         mparts = T * H;
     threadpool_run_parts(c->tp, attention_merge_task, &j, (int)mparts);

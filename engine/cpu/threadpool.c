@@ -392,6 +392,12 @@ void threadpool_run_parts_uneven(struct threadpool *tp, void (*fn)(void *arg, in
     run_parts(tp, fn, arg, n_parts, 0);
 }
 
+int threadpool_active(const struct threadpool *tp)
+{
+    /* solo_until is cleared by the first run that finds the stretch over */
+    return tp->solo_until != 0 ? 1 : tp->n;
+}
+
 long threadpool_solo_count(const struct threadpool *tp)
 {
     return tp->solo_count;

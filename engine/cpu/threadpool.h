@@ -33,6 +33,12 @@ void threadpool_run_parts(struct threadpool *tp, void (*fn)(void *arg, int ith, 
  * of a preempted worker, so they do not count toward going solo. */
 void threadpool_run_parts_uneven(struct threadpool *tp, void (*fn)(void *arg, int ith, int nth),
                                  void *arg, int n_parts);
+/* The threads that take part in runs now: the pool size, or 1 while the
+ * caller runs every part alone. Parts counted from it give a solo caller
+ * the parts one thread would have: parts are claimed in order, and fewer
+ * start cold. (A stretch that ends before the run only makes the run's
+ * parts coarser.) Caller's thread only. */
+int threadpool_active(const struct threadpool *tp);
 /* How many times the caller has gone solo (for tests and diagnostics).
  * Caller's thread only, as is threadpool_allow_solo. */
 long threadpool_solo_count(const struct threadpool *tp);

@@ -25,19 +25,24 @@
 
 enum { N_TOK = 72 };
 
-/* Which fused op the second rig goes without. */
-enum fused { FUSED_PRODUCT, FUSED_ROPE_STORE };
+/* Which fused op the second rig goes without (FUSED_NONE: none; the rigs
+ * differ in their threads). */
+enum fused { FUSED_PRODUCT, FUSED_ROPE_STORE, FUSED_NONE };
 
-/* Feeds the same tokens to a rig with the fused op and to one without;
- * returns the first token whose logits differ, or -1. */
-static int64_t compare(const struct model *m, enum kv_dtype dtype, enum fused without)
+/* Feeds the same tokens to a rig with the fused op and to one without (or,
+ * FUSED_NONE, to a rig of two threads and one of threads_b); returns the
+ * first token whose logits differ, or -1. */
+static int64_t compare_threads(const struct model *m, enum kv_dtype dtype, enum fused without,
+                               int threads_b)
 {
     struct tiny_rig a, b;
     const struct tiny_rig_config rc = {
         .policy = {KV_POLICY_SINKS, 4}, .window = 48, .chunk = 40, .dtype = dtype, .n_threads = 2};
+    struct tiny_rig_config rcb = rc;
+    rcb.n_threads = threads_b;
     if (tiny_rig_open(&a, m, &rc) < 0)
         return -2;
-    if (tiny_rig_open(&b, m, &rc) < 0) {
+    if (tiny_rig_open(&b, m, &rcb) < 0) {
         tiny_rig_close(&a);
         return -2;
     }
@@ -45,7 +50,7 @@ static int64_t compare(const struct model *m, enum kv_dtype dtype, enum fused wi
     const struct backend_ops *real = b.b.ops;
     if (without == FUSED_PRODUCT)
         ops.product = NULL;
-    else
+    else if (without == FUSED_ROPE_STORE)
         ops.rope_store = NULL;
     b.b.ops = &ops;
 
@@ -75,6 +80,11 @@ static int64_t compare(const struct model *m, enum kv_dtype dtype, enum fused wi
     tiny_rig_close(&a);
     tiny_rig_close(&b);
     return bad;
+}
+
+static int64_t compare(const struct model *m, enum kv_dtype dtype, enum fused without)
+{
+    return compare_threads(m, dtype, without, 2);
 }
 
 /* Each fused op against the ops it stands for: product (with f16 and q8_0
@@ -121,6 +131,31 @@ TEST(the_tiny_models_forward_pass_is_the_same_with_and_without_each_fused_op)
             FAIL_AT("weights %zu, fused op %zu: %s %lld", i / 2, i % 2,
                     bad == -2 ? "setup failed" : "logits differ at token", (long long)bad);
     }
+}
+
+/* The number of threads (and so how many parts each run is cut into: a
+ * caller whose worker shares a busy core runs the parts one thread would
+ * have, threadpool_active) changes where work is done, never a value: the
+ * default model's logits on one and three threads are those on two, bit
+ * for bit, for a 40-token chunk, chunks of 8 and decode steps. */
+TEST(the_default_models_forward_pass_is_the_same_on_one_two_and_three_threads)
+{
+    TEST_NEED_MODEL();
+    struct model m;
+    char err[256];
+    if (model_load(&m, test_model_path(), err, sizeof err) < 0)
+        FAIL_AT("cannot load the model: %s", err);
+    const int threads[] = {1, 3};
+    const enum kv_dtype dts[] = {KV_DTYPE_F16, KV_DTYPE_Q8_0};
+    for (size_t i = 0; i < 4; i++) {
+        int64_t bad = compare_threads(&m, dts[i % 2], FUSED_NONE, threads[i / 2]);
+        if (bad != -1) {
+            model_free(&m);
+            FAIL_AT("%d threads against 2, kv dtype %d: %s %lld", threads[i / 2], (int)dts[i % 2],
+                    bad == -2 ? "setup failed" : "logits differ at token", (long long)bad);
+        }
+    }
+    model_free(&m);
 }
 
 TEST_MAIN()

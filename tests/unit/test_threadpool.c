@@ -7,8 +7,9 @@
  * In a pool of two, a worker held up inside a part (as by a preemption) in
  * two runs close together sends the caller solo: the next runs' parts all
  * run on the caller's thread, and after the solo stretch the worker takes
- * parts again; two such runs far apart do not, nor two close together in a
- * pool of three. Where the machine is loaded, the test's own clock tells
+ * parts again; threadpool_active says one thread takes part while solo,
+ * two before and after; two such runs far apart do not, nor two close
+ * together in a pool of three. Where the machine is loaded, the test's own clock tells
  * which runs surely counted as such (sure_straggler), and the close runs
  * are repeated until a pair does. Not tested here: the 200 us floor, the
  * rule that the wait must outlast the caller's own work, the doubling and
@@ -215,6 +216,8 @@ static void check_solo(void)
 {
     struct threadpool *tp;
     CHECK(threadpool_init(&tp, 2) == 0, "init");
+    CHECK(threadpool_active(tp) == 2, "a new pool of two: %d threads taking part",
+          threadpool_active(tp));
     /* one held-up run, then a pause past the gap (50 ms): not solo (a run
      * whose both parts the worker took, the caller held up, is not counted:
      * that passes as well) */
@@ -257,6 +260,10 @@ static void check_solo(void)
     if (tries > 1)
         printf("test_threadpool: solo after %d close runs (a loaded machine)\n", tries);
     if (threadpool_solo_count(tp) == 1) {
+        /* gone solo: one thread takes part (no run since has found the
+         * stretch over) */
+        CHECK(threadpool_active(tp) == 1, "solo, yet %d threads taking part",
+              threadpool_active(tp));
         /* within the solo stretch no worker takes a part, although the
          * caller's part waits 4 ms for one (twice: it runs both parts). The
          * stretch began at the pool's straggler time, after the worker's
@@ -272,6 +279,8 @@ static void check_solo(void)
         /* past it the worker is back */
         sleep_ms(40);
         CHECK(held_run(tp, 0, 5000) >= 1, "after the solo stretch no worker took a part");
+        CHECK(threadpool_active(tp) == 2, "after the solo stretch %d threads taking part",
+              threadpool_active(tp));
     }
     threadpool_free(tp);
 
@@ -287,6 +296,12 @@ static void check_solo(void)
     for (int i = 0; i < 3; i++)
         CHECK(held_run(tp, 25, 5000) >= 1, "a worker ran the held part");
     CHECK(threadpool_solo_count(tp) == 0, "a pool of three went solo");
+    CHECK(threadpool_active(tp) == 3, "a pool of three: %d threads taking part",
+          threadpool_active(tp));
+    threadpool_free(tp);
+    CHECK(threadpool_init(&tp, 1) == 0, "init");
+    CHECK(threadpool_active(tp) == 1, "a pool of one: %d threads taking part",
+          threadpool_active(tp));
     threadpool_free(tp);
 }
 

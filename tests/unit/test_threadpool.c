@@ -7,13 +7,13 @@
  * In a pool of two, a worker held up inside a part (as by a preemption) in
  * two runs close together sends the caller solo: the next runs' parts all
  * run on the caller's thread, and after the solo stretch the worker takes
- * parts again; threadpool_active says one thread takes part while solo,
- * two before and after; two such runs far apart do not, nor two close
- * together in a pool of three. Where the machine is loaded, the test's own clock tells
- * which runs surely counted as such (sure_straggler), and the close runs
- * are repeated until a pair does. Not tested here: the 200 us floor, the
- * rule that the wait must outlast the caller's own work, the doubling and
- * its 1 s cap. The
+ * parts again; two such runs far apart do not, nor two close together in a
+ * pool of three. threadpool_active says one thread takes part while solo,
+ * the pool size before and after (and in pools of one and three). Where
+ * the machine is loaded, the test's own clock tells which runs surely
+ * counted as such (sure_straggler), and the close runs are repeated until
+ * a pair does. Not tested here: the 200 us floor, the rule that the wait
+ * must outlast the caller's own work, the doubling and its 1 s cap. The
  * claiming checks run with solo off, so that the workers always take part.
  * With STREAMSINK_TRACE_RUNS set, the pool writes a trace of its runs when
  * freed: every run's publication once, every part of it once, on a thread

@@ -123,10 +123,10 @@ static struct attn_keys span_keys(const char *k, const char *v, int fmt, int64_t
 /* One token for every stream: each (stream, layer, kv head) in blocks of
  * BLOCK keys, then the merge, as the backend's tasks do on one thread.
  * ahead (> 0, with one block a span: W up to BLOCK, as main requires):
- * each span asks for the first keys of the span `ahead` spans on, as a
- * decode step's tasks ask for the next task's; the bench's spans go
- * stream, layer, head, where a step's attention run goes token, head
- * within one layer. */
+ * each span asks for the keys of the span `ahead` spans on
+ * (ATTN_PREFETCH_KEYS: all of them), as a decode step's tasks ask for the
+ * next task's; the bench's spans go stream, layer, head, where a step's
+ * attention run goes token, head within one layer. */
 static void pass(const struct attn_kernels *kr, const char *k, const char *v, int fmt, int64_t W,
                  int64_t R, int S, int ahead, const float *q, float *part, float *out)
 {

@@ -122,17 +122,19 @@ static void sleep_ms(int ms)
         ;
 }
 
-/* A run of two parts in which a worker runs one: the caller's part waits
- * (up to wait_ms) until a worker has started the other, which then sleeps
- * hold_ms, as a worker preempted in the middle of a part would. */
+/* A run of parts in which workers run some: the caller's part waits (up to
+ * wait_ms) until want workers' parts have started, each of which then
+ * sleeps hold_ms, as a worker preempted in the middle of a part would. The
+ * times are the first worker part's: in a pool of three, two workers may
+ * run parts of one run at once. */
 struct held {
     pthread_t caller;
-    int hold_ms, wait_ms;
-    int worker_started;  /* atomic */
+    int hold_ms, wait_ms, want;
+    int workers_started; /* atomic */
     int on_worker;       /* atomic: parts run off the caller's thread */
     double caller_end;   /* now_ms() as the caller's part returned (-1: none ran) */
-    double worker_start; /* now_ms() as a worker's part began (-1: none ran) */
-    double worker_end;   /* now_ms() as a worker's part returned (-1: none ran) */
+    double worker_start; /* now_ms() as the first worker part began (-1: none ran) */
+    double worker_end;   /* now_ms() as the first worker part returned (-1: none ran) */
 };
 
 /* A held run's parts off the caller's thread, and its times on the test's
@@ -149,31 +151,42 @@ static void held_fn(void *arg, int ith, int nth)
     (void)ith;
     (void)nth;
     if (pthread_equal(pthread_self(), h->caller)) {
-        for (int i = 0; i < h->wait_ms && !__atomic_load_n(&h->worker_started, __ATOMIC_ACQUIRE);
+        for (int i = 0;
+             i < h->wait_ms && __atomic_load_n(&h->workers_started, __ATOMIC_ACQUIRE) < h->want;
              i++)
             sleep_ms(1);
         h->caller_end = now_ms();
         return;
     }
-    h->worker_start = now_ms();
-    __atomic_fetch_add(&h->on_worker, 1, __ATOMIC_RELAXED);
-    __atomic_store_n(&h->worker_started, 1, __ATOMIC_RELEASE);
+    const double start = now_ms();
+    const int first = __atomic_fetch_add(&h->on_worker, 1, __ATOMIC_RELAXED) == 0;
+    if (first)
+        h->worker_start = start;
+    __atomic_fetch_add(&h->workers_started, 1, __ATOMIC_RELEASE);
     sleep_ms(h->hold_ms);
-    h->worker_end = now_ms();
+    if (first)
+        h->worker_end = now_ms();
 }
 
-/* Returns how many of the run's parts ran off the caller's thread; its
- * times into *ht (unless NULL). */
-static int held_run_timed(struct threadpool *tp, int hold_ms, int wait_ms, struct held_times *ht)
+/* A held run of parts parts whose caller's part waits for parts - 1
+ * workers' parts: returns how many ran off the caller's thread; its times
+ * into *ht (unless NULL). */
+static int held_run_parts(struct threadpool *tp, int parts, int hold_ms, int wait_ms,
+                          struct held_times *ht)
 {
-    struct held h = {pthread_self(), hold_ms, wait_ms, 0, 0, -1.0, -1.0, -1.0};
+    struct held h = {pthread_self(), hold_ms, wait_ms, parts - 1, 0, 0, -1.0, -1.0, -1.0};
     const double start = now_ms();
-    threadpool_run_parts(tp, held_fn, &h, 2);
+    threadpool_run_parts(tp, held_fn, &h, parts);
     const int on_worker = __atomic_load_n(&h.on_worker, __ATOMIC_RELAXED);
     if (ht) /* the run's return orders the parts' writes before these reads */
         *ht = (struct held_times){on_worker,      start,        h.caller_end,
                                   h.worker_start, h.worker_end, now_ms()};
     return on_worker;
+}
+
+static int held_run_timed(struct threadpool *tp, int hold_ms, int wait_ms, struct held_times *ht)
+{
+    return held_run_parts(tp, 2, hold_ms, wait_ms, ht);
 }
 
 static int held_run(struct threadpool *tp, int hold_ms, int wait_ms)
@@ -205,7 +218,7 @@ static int sure_straggler(const struct held_times *t)
 /* The same as an uneven run (threadpool_run_parts_uneven). */
 static int held_run_uneven(struct threadpool *tp, int hold_ms, int wait_ms)
 {
-    struct held h = {pthread_self(), hold_ms, wait_ms, 0, 0, -1.0, -1.0, -1.0};
+    struct held h = {pthread_self(), hold_ms, wait_ms, 1, 0, 0, -1.0, -1.0, -1.0};
     threadpool_run_parts_uneven(tp, held_fn, &h, 2);
     return __atomic_load_n(&h.on_worker, __ATOMIC_RELAXED);
 }
@@ -295,6 +308,11 @@ static void check_solo(void)
     CHECK(threadpool_init(&tp, 3) == 0, "init");
     for (int i = 0; i < 3; i++)
         CHECK(held_run(tp, 25, 5000) >= 1, "a worker ran the held part");
+    /* three parts: the two workers hold one each, at once (under
+     * ThreadSanitizer: held_fn records a worker's part without a race
+     * between two workers) */
+    CHECK(held_run_parts(tp, 3, 25, 5000, NULL) >= 2,
+          "the workers ran fewer than two of the three parts");
     CHECK(threadpool_solo_count(tp) == 0, "a pool of three went solo");
     CHECK(threadpool_active(tp) == 3, "a pool of three: %d threads taking part",
           threadpool_active(tp));

@@ -377,6 +377,8 @@ static int64_t running_choices(const struct engine *e, uint64_t id)
     return n;
 }
 
+static void publish_stats(struct engine *e);
+
 /* Ends the request running in s: flushes held text (the end of the text may
  * settle a stop string that was waiting: the finish reason is then STOP),
  * emits DONE, and either keeps the slot as an idle session or frees it. */
@@ -420,6 +422,10 @@ static void seq_finish(struct engine *e, struct seq *s, enum engine_finish why, 
     if (s->session[0])
         session_describe(e, s, &ev.session);
     ev.choices_left = (int32_t)(running_choices(e, s->id) - 1);
+    /* the counters out before the last event, so that a client that has it
+     * (or /metrics read after its answer) counts this request's work; the
+     * gauges are set again after the step */
+    publish_stats(e);
     emit(e, &ev);
     if (ev.choices_left == 0)
         queue_request_done(&e->q, queue_places(&s->req));

@@ -384,7 +384,10 @@ const char *engine_token_piece(const struct engine *e, int32_t id, size_t *len);
         0.001, 0.005, 0.025, 0.1, 0.25, 1.0, 5.0, 30.0                                             \
     }
 
-/* Counters for /metrics and /health. Any thread. */
+/* Counters for /metrics and /health. Any thread. Once a request's last
+ * event (ENGINE_EV_DONE) can be drained, the counters (the _total fields)
+ * include that request's work; the gauges are as at the end of the last
+ * step. */
 struct engine_stats {
     int64_t active_seqs, paused_seqs, queued, sessions;
     int64_t slots_total, slots_free;

@@ -1535,6 +1535,63 @@ TEST(a_prompt_echoed_with_logprobs_prefills_32_tokens_a_step)
     rig_close(&rig);
 }
 
+/* The counters a client reads once it has a request's last event count
+ * that request's work: a prompt echoed with nothing to generate, finished
+ * in a step in which another stream still decodes, has all of its prompt
+ * tokens in prompt_tokens_total (plus what a free slot held) as soon as its
+ * done event can be drained. Events are read as the engine pushes them (no
+ * waiting for its wake-up), twenty times over, each time counted from the
+ * done event before (the first echo only sets that up: the stream's first
+ * token may be out before its prefill is counted, a token event carrying
+ * no such promise). */
+TEST(the_counters_include_a_request_once_its_last_event_is_out)
+{
+    struct rig rig;
+    struct engine_config c = rig_config(RIG_FIXTURE);
+    ASSERT_OK(rig_open(&rig, &c));
+    struct engine_request a = rig_greedy(&rig, 100000);
+    rig_set_text(&a, "the quick brown fox", 1, 0);
+    a.ignore_eos = 1;
+    const uint64_t a_id = a.id;
+    ASSERT_OK(engine_submit(rig.e, &a));
+    struct engine_event ev[64];
+    int a_tokens = 0;
+    for (const time_t t0 = time(NULL); a_tokens == 0 && time(NULL) - t0 < 30;) {
+        size_t got = engine_drain(rig.e, ev, 64); /* until the stream decodes */
+        for (size_t i = 0; i < got; i++)
+            a_tokens += ev[i].id == a_id && ev[i].kind == ENGINE_EV_TOKEN;
+    }
+    ASSERT(a_tokens > 0);
+    for (int rep = 0; rep < 21; rep++) {
+        struct engine_stats before, after;
+        engine_get_stats(rig.e, &before);
+        struct engine_request b = rig_greedy(&rig, 0);
+        rig_set_text(&b, "sphinx of black quartz, judge my vow", 1, 0);
+        b.echo = 1;
+        const uint64_t b_id = b.id;
+        ASSERT_OK(engine_submit(rig.e, &b));
+        int64_t prompt = -1;
+        const time_t t0 = time(NULL);
+        while (prompt < 0 && time(NULL) - t0 < 30) {
+            size_t got = engine_drain(rig.e, ev, 64);
+            for (size_t i = 0; i < got; i++)
+                if (ev[i].id == b_id && ev[i].kind != ENGINE_EV_TOKEN) {
+                    ASSERT_EQ(ev[i].kind, ENGINE_EV_DONE);
+                    prompt = ev[i].prompt_tokens;
+                }
+        }
+        engine_get_stats(rig.e, &after);
+        ASSERT(prompt > 0);
+        if (rep == 0) /* before it, the stream's own prefill may not be out */
+            continue;
+        ASSERT_EQ(after.prompt_tokens_total - before.prompt_tokens_total +
+                      after.prompt_tokens_cached_total - before.prompt_tokens_cached_total,
+                  prompt);
+    }
+    engine_cancel(rig.e, a_id);
+    rig_close(&rig);
+}
+
 /* Without BOS the first token has nothing before it: its log-prob is null
  * (NaN here); without log-probs the echo is text alone. */
 /* A dense context of W tokens holds a prompt of W tokens echoed with

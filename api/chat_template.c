@@ -76,23 +76,35 @@ static void copy_unescaped(char *dst, size_t cap, const char *s, const char *end
     dst[o] = 0;
 }
 
+/* The end of the Jinja string literal whose text starts at p (quoted with
+ * q): its closing quote, escapes skipped; or the end of the template. */
+static const char *literal_end(const char *p, char q)
+{
+    while (*p && *p != q)
+        p += p[0] == '\\' && p[1] ? 2 : 1;
+    return p;
+}
+
 /* SmolLM2: {% if loop.first and messages[0]['role'] != 'system' %}
- *          {{ '<|im_start|>system\nYou are ...<|im_end|>\n' }}{% endif %} */
+ *          {{ '<|im_start|>system\nYou are ...<|im_end|>\n' }}{% endif %}
+ * The default is the first literal that opens a system turn and holds its
+ * <|im_end|>: a template may open the turn elsewhere with a literal that
+ * stops before its text (Qwen2.5: '<|im_start|>system\n' + a variable, in
+ * its tools branch, before the default). */
 static void find_default_system(struct api_chat_template *t, const char *tmpl)
 {
     static const char *const starts[] = {"'<|im_start|>system\n", "'<|im_start|>system\\n",
                                          "\"<|im_start|>system\n", "\"<|im_start|>system\\n"};
     for (size_t i = 0; i < sizeof starts / sizeof starts[0]; i++) {
-        const char *p = strstr(tmpl, starts[i]);
-        if (!p)
-            continue;
-        p += strlen(starts[i]);
-        const char *end = strstr(p, "<|im_end|>");
-        const char *quote = strchr(p, starts[i][0]);
-        if (!end || (quote && quote < end))
-            continue; /* not one literal: the system text comes from a variable */
-        copy_unescaped(t->default_system, sizeof t->default_system, p, end);
-        return;
+        for (const char *p = strstr(tmpl, starts[i]); p; p = strstr(p, starts[i])) {
+            p += strlen(starts[i]);
+            const char *close = literal_end(p, starts[i][0]);
+            const char *end = memmem(p, (size_t)(close - p), "<|im_end|>", 10);
+            if (!end)
+                continue; /* not one literal: the system text comes from a variable */
+            copy_unescaped(t->default_system, sizeof t->default_system, p, end);
+            return;
+        }
     }
 }
 

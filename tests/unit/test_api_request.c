@@ -913,6 +913,36 @@ static int session_turns(const struct api_chat_template *t, const struct api_cha
     return rc;
 }
 
+/* The default system prompt is the literal that holds the whole turn, not
+ * the first place the template opens one: Qwen2.5's opens it in its tools
+ * branch first, with the text from a variable; and a literal's escaped
+ * quote does not end it. */
+TEST(api_chat_template_default_system_is_found_past_a_turn_opened_without_it)
+{
+    struct api_chat_template t;
+    api_chat_template_init(
+        &t,
+        "{%- if tools %}{{- '<|im_start|>system\\n' }}"
+        "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] }}"
+        "{%- else %}{{- 'You are Qwen.' }}{%- endif %}"
+        "{%- else %}{%- if messages[0]['role'] == 'system' %}"
+        "{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
+        "{%- else %}{{- '<|im_start|>system\\nYou are Qwen, a helpful assistant.<|im_end|>\\n' }}"
+        "{%- endif %}{%- endif %}");
+    ASSERT_STREQ(t.default_system, "You are Qwen, a helpful assistant.");
+    api_chat_template_init(&t, "{{ '<|im_start|>system\\nYou\\'re X.<|im_end|>\\n' }}");
+    ASSERT_STREQ(t.default_system, "You're X.");
+    api_chat_template_init(&t, "{{ \"<|im_start|>system\\nSay \\\"hi\\\".<|im_end|>\\n\" }}");
+    ASSERT_STREQ(t.default_system, "Say \"hi\".");
+    /* a system turn only ever opened for a variable's text: no default */
+    api_chat_template_init(&t, "{{ '<|im_start|>system\\n' + messages[0]['content'] + "
+                               "'<|im_end|>\\n' }}{{ '<|im_start|>' + message['role'] }}");
+    ASSERT_EQ(t.default_system[0], 0);
+    /* an unterminated literal at the end of the template */
+    api_chat_template_init(&t, "{{ '<|im_start|>system\\nYou are X<|im_end|>");
+    ASSERT_STREQ(t.default_system, "You are X");
+}
+
 TEST(api_chat_session_texts_make_a_sessions_turns_the_whole_conversation)
 {
     struct api_chat_template t;
@@ -1432,6 +1462,10 @@ TEST(api_request_takes_every_int64_exactly)
         {"1234567890123456789.000", 1234567890123456789LL},
         {"1e18", 1000000000000000000LL},
         {"3", 3},
+        /* below 2^53 the double decides: a fraction it rounds away is
+         * that integer (limits.md) */
+        {"2.0000000000000001", 2},
+        {"1e-400", 0},
     };
     char body[200];
     for (size_t i = 0; i < sizeof seeds / sizeof seeds[0]; i++) {

@@ -317,6 +317,7 @@ static void seq_clear_request(struct seq *s)
     s->held = NULL;
     s->n_held = 0;
     s->paused = 0;
+    s->cancel_after_prompt = 0;
     s->id = 0;
 }
 
@@ -1195,14 +1196,24 @@ static void handle_commands(struct engine *e, int wait_ms)
                 }
                 break;
             case QUEUE_CMD_CANCEL: {
-                struct seq *s = find_running(e, c->id);
-                if (s) {
+                if (find_running(e, c->id)) {
                     /* flushed: text held back (a possible stop string's
                      * start, part of a character) goes out with its
                      * logprobs, since a session keeps its tokens; every
-                     * choice ends, the last DONE ending the request */
-                    for (; s; s = find_running(e, c->id))
-                        seq_finish(e, s, ENGINE_FINISH_CANCELLED, 1);
+                     * choice ends, the last DONE ending the request. A
+                     * session's turn whose prompt is not all in ends once
+                     * it is (cancel_after_prompt) */
+                    for (int64_t j = 0; j < e->cfg.max_seqs; j++) {
+                        struct seq *s = &e->seqs[j];
+                        if (s->state != SEQ_RUNNING || s->id != c->id)
+                            continue;
+                        if (s->session[0] && s->n_fed < s->n_prompt) {
+                            s->cancel_after_prompt = 1;
+                            s->paused = 0;
+                        } else {
+                            seq_finish(e, s, ENGINE_FINISH_CANCELLED, 1);
+                        }
+                    }
                     break;
                 }
                 for (int64_t j = 0; j < e->n_waiting; j++) {
@@ -1226,7 +1237,7 @@ static void handle_commands(struct engine *e, int wait_ms)
                 for (int64_t j = 0; j < e->cfg.max_seqs; j++) {
                     struct seq *s = &e->seqs[j];
                     if (s->state == SEQ_RUNNING && s->id == c->id) {
-                        s->paused = c->kind == QUEUE_CMD_PAUSE;
+                        s->paused = c->kind == QUEUE_CMD_PAUSE && !s->cancel_after_prompt;
                         found = 1;
                     }
                 }
@@ -1807,7 +1818,9 @@ static int step(struct engine *e)
         if (echo_lp(s) && n > ECHO_LP_CHUNK)
             n = ECHO_LP_CHUNK;
         int last = s->n_fed + n == s->n_prompt;
-        enum fwd_logits lg = last && s->req.max_tokens != 0 ? FWD_LOGITS_LAST : FWD_LOGITS_NONE;
+        enum fwd_logits lg = last && s->req.max_tokens != 0 && !s->cancel_after_prompt
+                                 ? FWD_LOGITS_LAST
+                                 : FWD_LOGITS_NONE;
         if (echo_lp(s)) /* each row gives the next prompt token's log-probs */
             lg = FWD_LOGITS_ALL;
         e->inputs[n_in] = (struct fwd_input){&s->kv, s->prompt + s->n_fed, n, lg};
@@ -1854,7 +1867,8 @@ static int step(struct engine *e)
         if (prefill && s->echo_from >= 0)
             echo_plan(e, s, from, in->n, in->logits == FWD_LOGITS_ALL ? first_row : NULL);
         /* a decode row, or a prompt's last row unless max_tokens is 0 */
-        if (n_rows > 0 && (!prefill || s->n_fed == s->n_prompt) && s->req.max_tokens != 0) {
+        if (n_rows > 0 && (!prefill || s->n_fed == s->n_prompt) && s->req.max_tokens != 0 &&
+            !s->cancel_after_prompt) {
             float *last = e->dec.fwd.logits + (row - 1) * e->info.n_vocab; /* its last row */
             e->pick_seq[e->n_pick] = s;
             e->pick_logits[e->n_pick++] = last;
@@ -1866,11 +1880,12 @@ static int step(struct engine *e)
      * answer's first token */
     decoder__run_parts(&e->dec, echo_task, e, (int)e->n_echo);
     echo_emit(e);
-    for (int k = 0; k < n_in; k++) { /* max_tokens 0: the prompt alone */
+    for (int k = 0; k < n_in; k++) { /* max_tokens 0, or a cancel: the prompt alone */
         struct seq *s = &e->seqs[e->input_seq[k]];
         if (s->state == SEQ_RUNNING && e->inputs[k].tokens != &s->next_tok &&
-            s->n_fed == s->n_prompt && s->req.max_tokens == 0)
-            seq_finish(e, s, ENGINE_FINISH_LENGTH, 1);
+            s->n_fed == s->n_prompt && (s->req.max_tokens == 0 || s->cancel_after_prompt))
+            seq_finish(e, s,
+                       s->cancel_after_prompt ? ENGINE_FINISH_CANCELLED : ENGINE_FINISH_LENGTH, 1);
     }
     /* sampling is per sequence: the streams' picks run on the backend's
      * threads, one part each (claimed, so uneven picks balance), then their

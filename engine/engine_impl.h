@@ -91,6 +91,10 @@ struct seq {
     double lp_sum;        /* engine_request.score: the log-probs of the tokens generated, summed */
     int64_t usage_cached; /* prompt tokens a free slot held (prefix.h): not prefilled */
     int paused;
+    /* a session's turn cancelled while its prompt was being fed: the rest
+     * is fed, then the turn ends (CANCELLED) with no answer, so that the
+     * session never holds part of a prompt */
+    int cancel_after_prompt;
     char session[ENGINE_SESSION_ID_MAX];
     uint64_t owner;        /* who created the session (engine_request.owner) */
     int created, restored; /* this request started the session / read it from disk */

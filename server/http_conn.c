@@ -67,6 +67,7 @@ static void on_timeout(uv_timer_t *t);
 static void start_reading(struct http_conn *c);
 static int too_slow(struct http_conn *c, size_t queued);
 static void close_soon(struct http_conn *c);
+static void note_taken(struct http_conn *c);
 
 const char *http_conn_state_name(enum http_conn_state s)
 {
@@ -217,6 +218,7 @@ static void arm_for_state(struct http_conn *c)
         break;
     case HTTP_CONN_DRAINING:
         c->drain_mark = http_conn_write_queue(c);
+        note_taken(c); /* entered with a complete response, or re-armed on progress */
         arm(c, l->write_stall_timeout_ms, 0);
         break;
     case HTTP_CONN_LINGERING:
@@ -386,6 +388,24 @@ static uint64_t sent_on(const struct http_conn *c, uint64_t unsent)
 {
     uint64_t held = http_conn_write_queue(c) + unsent;
     return c->bytes_queued > held ? c->bytes_queued - held : 0;
+}
+
+/* The client has taken what it has so far: the untaken time starts now. */
+static void note_taken(struct http_conn *c)
+{
+    c->taken_mark = sent_on(c, kernel_unsent(c));
+    c->taken_at = uv_now(c->tcp.loop);
+}
+
+uint64_t http_conn_untaken_ms(struct http_conn *c)
+{
+    if (c->state != HTTP_CONN_DRAINING || http_conn_write_queue(c) == 0)
+        return 0;
+    if (sent_on(c, kernel_unsent(c)) != c->taken_mark) { /* it took bytes since the last look */
+        note_taken(c);
+        return 0;
+    }
+    return uv_now(c->tcp.loop) - c->taken_at;
 }
 
 /* The minimum read rate, judged over windows of write_stall_timeout while
@@ -573,6 +593,13 @@ static void after_flush(struct http_conn *c)
         start_reading(c);
 }
 
+/* RFC 9110 6.4.1: a 1xx, 204 or 304 response has no content; 1xx and 204
+ * carry no Content-Length (8.6), and a 304 needs none. */
+static int without_content(int status)
+{
+    return status < 200 || status == 204 || status == 304;
+}
+
 int http_conn_respond(struct http_conn *c, int status, const char *content_type,
                       const char *extra_headers, const char *body, size_t len)
 {
@@ -581,8 +608,10 @@ int http_conn_respond(struct http_conn *c, int status, const char *content_type,
     char head[2048];
     c->chunked = 0;
     c->status = status;
-    size_t hl = format_head(c, head, sizeof head, status, content_type, extra_headers, 1, len);
-    int with_body = body && c->req.method != HTTP_HEAD; /* HEAD: the headers GET would send */
+    const int framed = !without_content(status);
+    size_t hl = format_head(c, head, sizeof head, status, content_type, extra_headers, framed, len);
+    /* HEAD: the headers GET would send */
+    int with_body = framed && body && c->req.method != HTTP_HEAD;
     const char *parts[2] = {head, with_body ? body : ""};
     size_t lens[2] = {hl, with_body ? len : 0};
     int rc = write_parts(c, parts, lens, 2);
@@ -956,8 +985,14 @@ static int on_header_value(llhttp_t *p, const char *at, size_t len)
         return HPE_USER;
     }
     switch (c->field_which) {
-    case HDR_AUTH:
-        append_value(c, c->req.authorization, sizeof c->req.authorization, at, len);
+    case HDR_AUTH: /* longer than any key: a wrong key (401), not a header too large */
+        if (!c->req.authorization_long)
+            append_value(c, c->req.authorization, sizeof c->req.authorization, at, len);
+        if (c->value_overflow) {
+            c->value_overflow = 0;
+            c->req.authorization_long = 1;
+            c->req.authorization[0] = 0;
+        }
         break;
     case HDR_SESSION: {
         /* longer than we keep is longer than any session id: kept clipped,
@@ -1016,10 +1051,6 @@ static int on_header_value_complete(llhttp_t *p)
         if (c->te_len != 7 || strncasecmp(c->te, "chunked", 7) != 0)
             c->te_other = 1; /* "gzip, chunked": the body would be read still coded */
         c->te_len = 0;
-    }
-    if (c->value_overflow) {
-        c->err_status = 431; /* a header we keep is longer than we keep */
-        return HPE_USER;
     }
     c->field_len = 0;
     c->field[0] = 0;
@@ -1127,7 +1158,8 @@ static int on_headers_complete(llhttp_t *p)
         }
         c->req.body_cap = cap;
     }
-    if (c->req.expect_continue && (cap > 1 || (c->body_discard && c->body_want > 1))) {
+    const int discarded_body = c->body_discard && (c->body_want > 1 || (p->flags & F_CHUNKED));
+    if (c->req.expect_continue && (cap > 1 || discarded_body)) {
         static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
         write_raw(c, cont, sizeof cont - 1);
     }

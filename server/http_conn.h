@@ -149,7 +149,8 @@ struct http_request {
     int keep_alive; /* llhttp_should_keep_alive() */
     char url[HTTP_URL_MAX];
     size_t url_len;
-    char authorization[HTTP_AUTH_MAX];
+    char authorization[HTTP_AUTH_MAX]; /* "" when longer than HTTP_AUTH_MAX - 1: no key */
+    int authorization_long;            /* ... it was */
     char session_id[HTTP_SESSION_MAX];
     char last_event_id[HTTP_LAST_ID_MAX]; /* the Last-Event-ID header (SSE resume) */
     int has_last_event_id;                /* ... was sent (it may be empty) */
@@ -255,6 +256,8 @@ struct http_conn {
     uint64_t bytes_queued;          /* bytes handed to uv_write */
     uint64_t rate_t0, rate_b0;      /* backlog window: start (ms, 0 none), bytes sent on then */
     size_t drain_mark;              /* DRAINING: bytes queued when its stall timer was armed */
+    uint64_t taken_mark;            /* DRAINING: bytes the client had taken when last seen ... */
+    uint64_t taken_at;              /* ... to take more (loop time, ms) */
     enum http_conn_state closed_in; /* the state a close began in (before BROKEN, if it broke) */
 
     /* application state */
@@ -312,6 +315,11 @@ size_t http_conn_write_queue(const struct http_conn *c);
 /* 1 if the client has sent bytes of a next request that wait unparsed
  * behind the current response. */
 int http_conn_pipelined(const struct http_conn *c);
+/* A complete response is still queued and the client has taken no byte of
+ * it (the kernel sent none on) for this many milliseconds; 0 when it is
+ * taking bytes or none are queued. Counted from the moment the response was
+ * complete, or from the last call that saw the client take bytes. */
+uint64_t http_conn_untaken_ms(struct http_conn *c);
 /* 1 between requests (nothing of the next one has arrived). */
 int http_conn_idle(const struct http_conn *c);
 const char *http_conn_state_name(enum http_conn_state s);

@@ -21,18 +21,22 @@
  * grace period; while the engine stops, a signal says what it waits for and
  * the next one exits at once (exit 1).
  *
- * At --max-conns, a new connection first takes the place of the connection
- * idle the longest (no request on it), then of the oldest one still sending
- * its request; only when every connection runs a request is it refused
- * (503), so /health stays answerable under a flood of idle sockets.
+ * At --max-conns, a new connection takes the place of one that runs no
+ * request (reclaim_connection has the order); only when every connection
+ * runs a request is it refused (503), so /health stays answerable under a
+ * flood of idle sockets. --max-conns is lowered at start-up to what the
+ * limit on open files leaves (fit_conns_to_fds).
  */
 #include "server.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -41,6 +45,12 @@
 #include "router.h"
 
 #define EVENT_BATCH 64
+/* Descriptors kept free beyond those open once the server listens: the one
+ * accepted at --max-conns to take a slot or be refused, the files a session
+ * save, load or listing holds (the session IO thread and the engine thread,
+ * one or two each), and a margin for libraries that open one now and then. */
+#define FD_SPARE 16
+#define FD_MIN_CONNS 8   /* fewer connections than this: exit instead */
 #define CUT_FLUSH_S 2.0  /* after cutting streams at shutdown: time to flush their endings */
 #define CUT_ANSWER_S 1.0 /* ... of which the engine's answers to the cancels may take this much */
 
@@ -303,16 +313,25 @@ static void reject_connection(struct server *s)
     uv_close((uv_handle_t *)t, on_reject_close);
 }
 
+/* A complete answer whose client has taken none of it for this long may be
+ * closed to admit a new connection at --max-conns. A client reading its
+ * answer takes bytes many times a second (a reader of 4 KiB every 50 ms
+ * does); one that took nothing for a second holds a slot and up to
+ * --max-response of memory for nothing. */
+#define UNTAKEN_RECLAIM_MS 1000
+
 /* At --max-conns: closes the connection lingering longest (its last response
  * was sent; it waits only for the client's FIN), else the one idle the
- * longest, else, of those whose client sent more requests than it has read
- * answers to (an answer queued, the next request waiting behind it), the
- * one holding the most answer bytes, else the oldest one still sending its
- * request (nothing runs for any of them). A client that keeps connections
- * lingering by trickling bytes after an error (a 401 needs no key), or busy
- * by pipelining requests to /metrics and reading none of the answers, must
- * not hold every slot; a client reading its one answer is left to finish.
- * Returns 1 if a slot was freed. */
+ * longest, else, of those whose complete answer waits for a client that is
+ * not taking it (it sent more requests than it has read answers to: the
+ * next request waits behind the answer; or it has taken none of the answer
+ * for UNTAKEN_RECLAIM_MS), the one holding the most answer bytes, else the
+ * oldest one still sending its request (nothing runs for any of them). A
+ * client that keeps connections lingering by trickling bytes after an error
+ * (a 401 needs no key), or busy by pipelining requests to /metrics, or by
+ * asking for large answers (/detokenize) and reading none of them, must not
+ * hold every slot; a client reading its answer is left to finish. Returns 1
+ * if a slot was freed. */
 static int reclaim_connection(struct server *s)
 {
     struct http_conn *lingering = NULL, *idle = NULL, *unread = NULL, *partial = NULL;
@@ -323,8 +342,11 @@ static int reclaim_connection(struct server *s)
         if (c->state == HTTP_CONN_LINGERING) {
             if (!lingering || c->linger_until < lingering->linger_until)
                 lingering = c;
-        } else if (c->state == HTTP_CONN_DRAINING && http_conn_pipelined(c)) {
-            if (!unread || http_conn_write_queue(c) > http_conn_write_queue(unread))
+        } else if (c->state == HTTP_CONN_DRAINING) {
+            /* asked every time, so that taking bytes between two looks counts */
+            const int untaken = http_conn_untaken_ms(c) >= UNTAKEN_RECLAIM_MS;
+            if ((untaken || http_conn_pipelined(c)) &&
+                (!unread || http_conn_write_queue(c) > http_conn_write_queue(unread)))
                 unread = c;
         } else if (c->state == HTTP_CONN_READING) {
             struct http_conn **best = http_conn_idle(c) ? &idle : &partial;
@@ -366,6 +388,77 @@ static void on_connection(uv_stream_t *l, int status)
     c->user_id = (uint64_t)slot;
     s->conns[slot] = c;
     s->metrics.conns_accepted++;
+}
+
+/* ---- descriptors ---------------------------------------------------------------------- */
+
+/* Every connection holds a descriptor: the soft limit goes up to the hard one. */
+static void raise_fd_limit(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl); /* best effort: fit_conns_to_fds sees what it got */
+    }
+}
+
+/* Descriptors open now below limit. */
+static int64_t open_fds(int64_t limit)
+{
+    int64_t n = 0;
+    DIR *d = opendir("/proc/self/fd");
+    if (d) {
+        const int self = dirfd(d);
+        struct dirent *e;
+        while ((e = readdir(d)) != NULL) {
+            if (e->d_name[0] == '.')
+                continue;
+            const long fd = strtol(e->d_name, NULL, 10);
+            if (fd != self && fd < limit)
+                n++;
+        }
+        closedir(d);
+        return n;
+    }
+    for (int64_t fd = 0; fd < limit && fd < 65536; fd++)
+        if (fcntl((int)fd, F_GETFD) != -1)
+            n++;
+    return n;
+}
+
+/* Lowers --max-conns to what the limit on open files leaves once the server
+ * listens (the listener, the model, libuv's own, whatever the backend
+ * opened), less FD_SPARE. Past the limit, accept fails with EMFILE, libuv
+ * drops the new socket itself and no slot is reclaimed for it: a flood of
+ * idle sockets would lock everyone out. Called before the first accept.
+ * Returns 0, or -1 after a message when fewer than FD_MIN_CONNS fit. */
+static int fit_conns_to_fds(struct server *s)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur == RLIM_INFINITY ||
+        rl.rlim_cur > (rlim_t)INT64_MAX)
+        return 0;
+    const int64_t limit = (int64_t)rl.rlim_cur;
+    const int64_t other = open_fds(limit) + FD_SPARE;
+    const int64_t room = limit - other;
+    if (s->cfg.max_conns <= room)
+        return 0;
+    if (room < FD_MIN_CONNS) {
+        fprintf(stderr,
+                "error: the limit on open files (%lld, ulimit -n) leaves room for fewer than %d "
+                "connections (the server needs %lld files besides them); raise the limit\n",
+                (long long)limit, FD_MIN_CONNS, (long long)other);
+        return -1;
+    }
+    log_msg(LOG_WARN,
+            "--max-conns lowered from %lld to %lld: the limit on open files is %lld (ulimit -n, "
+            "raised to the hard limit) and the server needs %lld of them besides connections",
+            (long long)s->cfg.max_conns, (long long)room, (long long)limit, (long long)other);
+    s->cfg.max_conns = room; /* the slot table was sized for more: its tail stays unused */
+    for (int64_t i = 0; i < room; i++)
+        s->free_slots[i] = room - 1 - i;
+    s->n_free = room;
+    return 0;
 }
 
 /* ---- engine events -------------------------------------------------------------------- */
@@ -698,6 +791,7 @@ enum server_status server_run(const struct server_config *cfg)
     }
     signal(SIGPIPE, SIG_IGN); /* a peer that vanished is a write error, not a death */
     signal(SIGXFSZ, SIG_IGN); /* a file over RLIMIT_FSIZE is a failed save (EFBIG), not a death */
+    raise_fd_limit();
 
     s->loop = uv_default_loop();
     s->conns = calloc((size_t)s->cfg.max_conns, sizeof *s->conns);
@@ -778,6 +872,10 @@ enum server_status server_run(const struct server_config *cfg)
     int port = 0;
     if (listen_on(s, &port) < 0)
         goto out_close;
+    if (fit_conns_to_fds(s) < 0) {
+        code = SERVER_BAD_CONFIG;
+        goto out_close;
+    }
     char host[256] = "localhost";
     gethostname(host, sizeof host - 1);
     if (s->cfg.name && s->cfg.name[0])

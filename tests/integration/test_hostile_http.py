@@ -8,6 +8,7 @@ import os
 import re
 import signal
 import socket
+import subprocess
 import threading
 import time
 
@@ -265,6 +266,14 @@ def test_unknown_paths_and_methods_need_the_key_first(start_server):
     assert s.get("/v1/completions", auth)[0] == 405
 
 
+def test_an_authorization_longer_than_any_key_is_a_wrong_key(start_server):
+    s = start_server("--api-key", KEY)
+    long = "Bearer " + "k" * 600  # far below --max-header
+    status, _, body = s.get("/v1/models", {"Authorization": long})
+    assert status == 401, body
+    assert s.get("/v1/models", {"Authorization": f"Bearer {KEY}"})[0] == 200
+
+
 def test_no_body_is_read_or_continued_before_the_key(start_server):
     s = start_server("--api-key", KEY)
     c = s.connect()
@@ -388,6 +397,34 @@ def test_connections_whose_clients_leave_their_answers_unread_are_reclaimed(star
             c.close()
 
 
+def test_connections_holding_large_answers_nobody_reads_are_reclaimed(start_server):
+    # /detokenize answers ~4 MB (just under --max-response) from a 350 KB
+    # request, on the loop: a client that asks on every slot and reads
+    # nothing held them all, /health at 503, until --write-stall-timeout (and
+    # again at once)
+    s = start_server("--max-conns", "8")
+    body = json.dumps({"tokens": [46778] * 50000}).encode()
+    socks = []
+    for _ in range(8):
+        c = s.connect(rcvbuf=4096)
+        c.sendall(b"POST /detokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        socks.append(c)
+    try:
+        time.sleep(1.5)  # every answer is queued, and none of it taken for a second
+        deadline = time.time() + 2.0
+        while True:
+            status = s.get("/health")[0]
+            if status == 200 or time.time() > deadline:
+                break
+            time.sleep(0.2)
+        assert status == 200
+        assert s.metrics()["streamsink_connections_reclaimed_total"] >= 1
+    finally:
+        for c in socks:
+            c.close()
+
+
 def test_a_client_still_reading_its_answer_is_not_reclaimed(start_server):
     # a finished answer still going out to a client that reads it steadily is
     # that client's work: at --max-conns a half-sent request makes room first
@@ -431,6 +468,41 @@ def test_a_client_still_reading_its_answer_is_not_reclaimed(start_server):
     finally:
         a.close()
         b.close()
+
+
+def with_open_files(binary, tmp_path, n):
+    """A wrapper that runs binary with soft and hard limits of n open files."""
+    w = tmp_path / "streamsink-nofile"
+    w.write_text(f'#!/bin/sh\nulimit -n {n} || exit 99\nexec "{binary}" "$@"\n')
+    os.chmod(w, 0o755)
+    return str(w)
+
+
+def test_idle_sockets_past_the_open_file_limit_do_not_lock_everyone_out(binary, model, tmp_path):
+    # with --max-conns (1024) above the limit on open files, accept failed with
+    # EMFILE once the sockets had taken them all: libuv dropped every new
+    # connection before a slot could be reclaimed for it, and nothing was logged
+    from conftest import Server
+    s = Server(with_open_files(binary, tmp_path, 64), model, [])
+    idle = []
+    try:
+        for _ in range(80):
+            idle.append(s.connect())
+        time.sleep(0.5)
+        for _ in range(3):
+            assert s.get("/health")[0] == 200
+        assert "--max-conns lowered from 1024 to " in s.log()
+    finally:
+        for c in idle:
+            c.close()
+        assert s.stop() == 0
+
+
+def test_an_open_file_limit_too_low_for_any_connections_is_a_config_error(binary, model, tmp_path):
+    r = subprocess.run([with_open_files(binary, tmp_path, 24), "serve", "-m", model, "--port", "0"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert "the limit on open files (24, ulimit -n)" in r.stderr
 
 
 def test_connections_running_requests_are_not_reclaimed(start_server):

@@ -127,6 +127,10 @@ static void on_request(struct http_conn *c, void *arg)
         http_conn_respond(c, 200, "text/plain", NULL, body, (size_t)n);
         return;
     }
+    if (strncmp(url, "/nocontent", 10) == 0) { /* as DELETE /v1/sessions/{id} answers */
+        http_conn_respond(c, 204, NULL, NULL, NULL, 0);
+        return;
+    }
     if (strncmp(url, "/big", 4) == 0) { /* one whole response, one write */
         static char big[BIG_RESPONSE];
         memset(big, 'B', sizeof big);
@@ -421,6 +425,33 @@ TEST(http_conn_answers_pipelined_requests_in_order)
     ASSERT(strstr(cl->buf, "X-Test: 1\r\n") != NULL);
     ASSERT(strstr(cl->buf, "Connection: keep-alive\r\n") != NULL);
     ASSERT_EQ(S.requests, 3);
+    free(cl);
+}
+
+static void cl_no_content(struct client *cl)
+{
+    int fd = cl_connect(cl->port, 0);
+    cl_sends(fd, "DELETE /nocontent HTTP/1.1\r\nHost: x\r\n\r\n"
+                 "GET /after HTTP/1.1\r\nHost: x\r\n\r\n");
+    cl_read_until(cl, fd, "/after 0", 1, 3000);
+    close(fd);
+}
+
+TEST(http_conn_answers_204_without_content_length_or_body)
+{
+    struct http_limits lim = default_limits();
+    srv_start(&lim);
+    struct client *cl = calloc(1, sizeof *cl);
+    cl->fn = cl_no_content;
+    run_with_client(cl);
+    ASSERT(strncmp(cl->buf, "HTTP/1.1 204 No Content\r\n", 25) == 0);
+    const char *end = strstr(cl->buf, "\r\n\r\n");
+    const char *next = strstr(cl->buf + 1, "HTTP/1.1 200 ");
+    ASSERT(end && next);
+    ASSERT(end + 4 == next); /* nothing between the 204's head and the next response */
+    const char *cl_len = strstr(cl->buf, "Content-Length");
+    ASSERT(cl_len && cl_len > next); /* only the 200 has one */
+    ASSERT_EQ(S.requests, 2);
     free(cl);
 }
 
@@ -938,6 +969,31 @@ TEST(http_conn_sends_100_continue_only_for_a_body_the_budget_has_room_for)
     ASSERT(cont != NULL && cont > first); /* /g's */
     ASSERT(strstr(cl->buf, "/g 0") != NULL);
     ASSERT_EQ(budget, 0);
+    free(cl);
+}
+
+/* A GET's chunked body is read and dropped like one with Content-Length: a
+ * client that asked for 100 Continue gets it, or it waits for nothing. */
+static void cl_expect_chunked_get(struct client *cl)
+{
+    int fd = cl_connect(cl->port, 0);
+    cl_sends(fd, "GET /cg HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+                 "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n");
+    cl_read_until(cl, fd, "100 Continue", 1, 1000);
+    cl_sends(fd, "5\r\nhello\r\n0\r\n\r\n");
+    cl_read_until(cl, fd, "/cg 0", 1, 2000);
+    close(fd);
+}
+
+TEST(http_conn_sends_100_continue_for_a_chunked_body_it_drops)
+{
+    struct http_limits lim = default_limits();
+    srv_start(&lim);
+    struct client *cl = calloc(1, sizeof *cl);
+    cl->fn = cl_expect_chunked_get;
+    run_with_client(cl);
+    ASSERT(strncmp(cl->buf, "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 ", 37) == 0);
+    ASSERT(strstr(cl->buf, "/cg 0") != NULL);
     free(cl);
 }
 

@@ -886,6 +886,9 @@ static void handle_sessions(struct server *s, struct http_conn *c, const char *p
     static const char base[] = "/v1/sessions";
     const char *rest = path + sizeof base - 1; /* "" or "/id" or "/id/save" */
     enum engine_request_kind kind;
+    /* nothing of a body is used here: its room goes back to --max-body-total
+     * now, not when the session IO thread answers */
+    http_conn_release_body(c);
     char id[ENGINE_SESSION_ID_MAX] = "";
     if (!rest[0]) {
         if (c->req.method == HTTP_POST) {

@@ -167,6 +167,50 @@ def test_a_snapshot_moved_aside_is_recounted_off_the_engine_thread(
         assert s.stop() == 0, s.log()
 
 
+def test_a_session_request_waiting_for_the_io_thread_holds_no_body(
+        binary, model, tmp_path, monkeypatch):
+    """A session request (GET, save, DELETE) needs nothing of its body: it
+    is released when the request is read, not when the session IO thread
+    answers it. A save sent with a large body behind a slow directory
+    recount (a DELETE's, whose stat of one snapshot takes 3 s through the
+    LD_PRELOAD shim) held it in --max-body-total meanwhile, and a completion
+    that needed the room got 503."""
+    shim = build_fail_open_shim(tmp_path, stalls=True)
+    d, args = sessions_written(binary, model, tmp_path, ("slow", "gone", "x"))
+    flag = tmp_path / "stall-now"
+    monkeypatch.setenv("LD_PRELOAD", str(shim))
+    monkeypatch.setenv("STALL_NAME", "slow.snap")
+    monkeypatch.setenv("STALL_FLAG", str(flag))
+    monkeypatch.setenv("STALL_S", "3")
+    budget = 1 << 20
+    s = Server(binary, model, args + ["--max-body", str(budget), "--max-body-total", str(budget)])
+    try:
+        flag.touch()
+        t0 = time.time()
+        results = {}
+        deleting = threading.Thread(
+            target=lambda: results.update(delete=call(s, "DELETE", "/v1/sessions/gone")))
+        deleting.start()
+        time.sleep(0.5)  # the DELETE's recount is stalled on slow.snap
+        pad = b" " * (budget * 3 // 4)
+        saving = threading.Thread(target=lambda: results.update(
+            save=s.post("/v1/sessions/x/save", b"{}" + pad)))
+        saving.start()
+        time.sleep(0.5)  # the save is read, and waits behind the recount
+        status, _, body = s.post("/v1/completions", json.dumps(
+            {"model": "smol", "prompt": "Hello", "max_tokens": 1}).encode() + pad[:budget // 2])
+        waited = time.time() - t0
+        deleting.join(30)
+        saving.join(30)
+        assert waited < 2.5, "the completion came after the stall: nothing was tested"
+        assert status == 200, body
+        assert results["delete"][0] == 204 and results["save"][0] == 200, results
+    finally:
+        if flag.exists():
+            flag.unlink()
+        assert s.stop() == 0, s.log()
+
+
 def test_a_session_in_memory_is_described_without_a_stat_on_the_engine_thread(
         binary, model, tmp_path, monkeypatch):
     """A completion on a session, a GET of it and a listing say whether its

@@ -95,9 +95,13 @@ static void put_replacement(struct sink *o)
 
 /* Feeds one byte through the held-back state; an invalid maximal subpart
  * becomes one U+FFFD (the Unicode "maximal subpart" practice, which is what
- * Rust's from_utf8_lossy and Python's decode(errors="replace") do). */
-static void stream_byte(struct tok_stream *s, struct sink *o, uint8_t b)
+ * Rust's from_utf8_lossy and Python's decode(errors="replace") do). Returns
+ * 1 when b cannot continue the held sequence, which then goes out as a
+ * U+FFFD first, else 0. */
+static int stream_byte(struct tok_stream *s, struct sink *o, uint8_t b)
 {
+    int broke = 0;
+
     if (s->n_pend > 0) {
         if (utf8_continues(s->pend[0], s->n_pend, b)) {
             s->pend[s->n_pend++] = b;
@@ -105,10 +109,11 @@ static void stream_byte(struct tok_stream *s, struct sink *o, uint8_t b)
                 put(o, s->pend, (size_t)s->n_pend);
                 s->n_pend = 0;
             }
-            return;
+            return 0;
         }
         put_replacement(o);
         s->n_pend = 0;
+        broke = 1;
     }
     switch (utf8_seq_len(b)) {
     case 1:
@@ -122,6 +127,7 @@ static void stream_byte(struct tok_stream *s, struct sink *o, uint8_t b)
         s->n_pend = 1;
         break;
     }
+    return broke;
 }
 
 int64_t tok_stream_push(const struct tokenizer *t, struct tok_stream *s, int32_t id, char *out,
@@ -134,8 +140,13 @@ int64_t tok_stream_push(const struct tokenizer *t, struct tok_stream *s, int32_t
 
     if (!p || s->n_pend < 0 || s->n_pend > 3)
         return -EINVAL;
-    for (size_t i = 0; i < len && !o.full; i++)
-        stream_byte(&st, &o, (uint8_t)p[i]);
+    st.n_earlier = 0;
+    for (size_t i = 0; i < len && !o.full; i++) {
+        /* only the first byte can break a tail that earlier pieces left:
+         * past it, a held sequence began in this piece */
+        if (stream_byte(&st, &o, (uint8_t)p[i]) && i == 0)
+            st.n_earlier = 3;
+    }
     if (o.full)
         return -ENOSPC; /* *s unchanged: call again with more room */
     *s = st;

@@ -195,6 +195,30 @@ static void emit_text(struct engine *e, const struct engine_event *proto, const 
     } while (len > 0);
 }
 
+/* Emits the event of a token (ev: its token and log-probs) with the text
+ * text[0..len) it let out, whose first `earlier` bytes end the text of
+ * tokens before it (tok_stream's n_earlier: the U+FFFD for a tail they left
+ * held, which this token's first byte shows will never be a character).
+ * Those go first, in an event that counts the token but has no log-probs,
+ * so that the token's log-probs travel with the first byte of its own text
+ * and its text_offset is where that starts, not at an earlier token's
+ * U+FFFD. */
+static void emit_token_text(struct engine *e, const struct engine_event *ev, const char *text,
+                            size_t len, size_t earlier)
+{
+    if (earlier == 0 || earlier > len || !ev->has_lp) {
+        emit_text(e, ev, text, len);
+        return;
+    }
+    struct engine_event before = *ev;
+    before.has_lp = 0;
+    before.n_top = 0;
+    emit_text(e, &before, text, earlier);
+    struct engine_event own = *ev;
+    own.token = -1; /* counted once, above */
+    emit_text(e, &own, text + earlier, len - earlier);
+}
+
 /* ---- log-probs of held text ---------------------------------------------- */
 
 /* A request with stop strings and log-probs: each token's log-probs go out
@@ -1606,12 +1630,15 @@ static void echo_emit(struct engine *e)
         struct engine_event *ev = &e->echoed[k];
         int64_t w = tok_stream_push(e->dec.tok, &s->ts, ev->lp_token, e->piece, e->piece_cap);
         const char *text = e->piece;
+        /* read before the space prefix comes off: a text that starts with
+         * an earlier token's U+FFFD has none */
+        const size_t earlier = w > 0 ? (size_t)s->ts.n_earlier : 0;
         if (w > 0 && s->echo_strip) { /* the text's first byte: the space prefix */
             s->echo_strip = 0;
             text += text[0] == ' ';
             w -= text != e->piece;
         }
-        emit_text(e, ev, text, w > 0 ? (size_t)w : 0);
+        emit_token_text(e, ev, text, w > 0 ? (size_t)w : 0, earlier);
     }
 }
 
@@ -1638,7 +1665,10 @@ static void after_pick(struct engine *e, struct seq *s, struct engine_event *ev)
     if (w > 0)
         stopped = stop_filter_push(&s->stop, e->piece, (size_t)w, e->text_out,
                                    e->piece_cap + STOP_HOLD_MAX, &out_len);
-    const int64_t start = s->fed;
+    /* the token's own text starts after the U+FFFD, if any, that ends the
+     * text of the tokens before it */
+    const int64_t earlier = w > 0 ? s->ts.n_earlier : 0;
+    const int64_t start = s->fed + earlier;
     s->fed += w > 0 ? w : 0;
     s->passed += (int64_t)out_len;
     gen_mark(s, tok, start, hidden);
@@ -1648,7 +1678,10 @@ static void after_pick(struct engine *e, struct seq *s, struct engine_event *ev)
          * text: a stop string may start with it */
         held_send(e, s, ev, e->text_out, out_len, stopped == 1 ? HELD_CUT : HELD_STARTED);
     } else {
-        emit_text(e, ev, e->text_out, out_len); /* always one event per token, maybe empty text */
+        /* always one event per token (two after an earlier token's U+FFFD),
+         * maybe of empty text; the filter passes the text as it came only
+         * when it has no stop strings */
+        emit_token_text(e, ev, e->text_out, out_len, s->stop.n_stop == 0 ? (size_t)earlier : 0);
     }
     if (stopped == 1) {
         seq_finish(e, s, ENGINE_FINISH_STOP, 0);

@@ -86,14 +86,23 @@ const char *tok_piece(const struct tokenizer *t, int32_t id, size_t *len);
 struct tok_stream {
     uint8_t pend[4];
     int n_pend;
+    /* set by each tok_stream_push: how many bytes at the start of its output
+     * end the text of earlier pieces, not this one's: 3 (a U+FFFD) when the
+     * piece's first byte cannot continue the tail they left held, else 0.
+     * A character the piece completes, or the U+FFFD of a sequence that took
+     * some of its bytes, is not counted: it is text the piece shares with
+     * the pieces it began in. */
+    int n_earlier;
 };
 /* Appends the text of id to out (cap bytes) and returns the bytes written; only
  * complete UTF-8 sequences are written (invalid bytes become U+FFFD). out needs
  * room for the piece + 4 bytes (3 per byte if the piece is invalid UTF-8);
- * returns -ENOSPC, with s unchanged, if cap is too small, -EINVAL for a bad id. */
+ * returns -ENOSPC, with s unchanged, if cap is too small, -EINVAL for a bad id.
+ * Sets s->n_earlier on success. */
 int64_t tok_stream_push(const struct tokenizer *t, struct tok_stream *s, int32_t id, char *out,
                         size_t cap);
-/* Flushes a held-back tail at the end of a stream (as U+FFFD). */
+/* Flushes a held-back tail at the end of a stream (as U+FFFD): all of its
+ * output is the text of pieces already pushed. */
 int64_t tok_stream_flush(struct tok_stream *s, char *out, size_t cap);
 
 #endif

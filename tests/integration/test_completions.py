@@ -1,9 +1,11 @@
 """POST /v1/completions through the official openai client: greedy output equal
 to `streamsink run`, streamed == whole, max_tokens -> length, stop sequences,
-seed determinism, logprobs, usage, token-array prompts, /v1/models, and the
+seed determinism, logprobs (text_offset after bytes that are not UTF-8
+too), usage, token-array prompts, /v1/models, and the
 text of control tokens left out unless skip_special_tokens is false,
 ignore_eos and logit_bias."""
 
+import codecs
 import json
 
 import pytest
@@ -109,6 +111,112 @@ def test_text_offset_counts_characters_as_a_python_str_does(client, prompt):
                 if ch.choices and ch.choices[0].logprobs
                 for o in ch.choices[0].logprobs.text_offset]
     assert streamed == lp.text_offset
+
+
+def token_bytes(model):
+    """Each token's bytes by id, from the GGUF's token texts (read with the
+    gguf package) mapped back through GPT-2's byte-level alphabet
+    (bytes_to_unicode), independently of the server's tokenizer."""
+    bs = list(range(0x21, 0x7F)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    cs = bs[:]
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + len(cs) - 188)
+    byte_of = {chr(c): b for b, c in zip(bs, cs)}
+    return {k: bytes(byte_of[ch] for ch in text) for text, k in vocabulary(model).items()
+            if all(ch in byte_of for ch in text)}
+
+
+def python_offsets(pieces):
+    """The text of the tokens whose bytes are pieces, as Python decodes UTF-8
+    with errors="replace" (a maximal subpart that is not UTF-8 is one U+FFFD),
+    where each token's text starts in it, and whether it starts a character
+    there. A token whose first byte starts a character or a U+FFFD (decoding
+    the bytes before it and from it apart gives the same text) starts after
+    everything before it; one whose first byte is inside a character begun
+    before it starts where that character does."""
+    text = b"".join(pieces).decode("utf-8", "replace")
+    offsets, starts = [], []
+    for i in range(len(pieces) + 1):
+        before, after = b"".join(pieces[:i]), b"".join(pieces[i:])
+        head = before.decode("utf-8", "replace")
+        starts.append(head + after.decode("utf-8", "replace") == text)
+        if not starts[-1]:
+            head = codecs.getincrementaldecoder("utf-8")("replace").decode(before)
+        offsets.append(len(head))
+    return text, offsets[:-1], starts
+
+
+def check_offsets(text, offsets, pieces):
+    """text_offset as docs/serving.md has it: Python's offsets, and
+    text[text_offset[i]:] starts with token i's text where that text is
+    characters of its own (it starts one and the next token starts another)."""
+    want_text, want, starts = python_offsets(pieces)
+    assert text == want_text
+    assert offsets == want, (offsets, want)
+    for i, (o, p) in enumerate(zip(offsets, pieces)):
+        if starts[i] and starts[i + 1]:
+            assert text[o:].startswith(p.decode("utf-8", "replace")), (i, o, p, text)
+
+
+def check_stream_offsets(chunks, text, offsets):
+    """A stream is the whole answer in pieces: each token's logprobs come on
+    a chunk whose text_offset is the characters sent before it."""
+    sent, got = "", []
+    for ch in chunks:
+        c = ch.choices[0]
+        if c.logprobs:
+            assert c.logprobs.text_offset == [len(sent)] * len(c.logprobs.text_offset)
+            got += c.logprobs.text_offset
+        sent += c.text
+    assert sent == text
+    assert got == offsets
+
+
+BROKEN = 10813  # SmolLM2: the bytes F0 9F, the start of a 4-byte character
+
+
+def test_text_offset_after_bytes_that_never_make_a_character(model, client):
+    # each F0 9F is made a U+FFFD by the next token's first byte: the offset
+    # of that next token is after it, not on it
+    pieces = [token_bytes(model)[BROKEN]] * 3
+    assert pieces[0] == b"\xf0\x9f"
+    kw = dict(model="smol", prompt="Hi", max_tokens=3, temperature=0, logprobs=1,
+              logit_bias={str(BROKEN): 100})
+    c = client.completions.create(**kw).choices[0]
+    assert c.text == "\ufffd" * 3
+    check_offsets(c.text, c.logprobs.text_offset, pieces)
+    check_stream_offsets(list(client.completions.create(stream=True, **kw)), c.text,
+                         c.logprobs.text_offset)
+    # with a stop string the logprobs wait for their tokens' text: the same offsets
+    s = client.completions.create(stop=["never-appears"], **kw).choices[0]
+    assert s.logprobs.text_offset == c.logprobs.text_offset
+    check_stream_offsets(list(client.completions.create(stream=True, stop=["never-appears"],
+                                                        **kw)), c.text, c.logprobs.text_offset)
+    # chat: each token's logprobs keep its own bytes, the text reads the same
+    chat = list(client.chat.completions.create(
+        model="smol", messages=[{"role": "user", "content": "Hi"}], max_tokens=3,
+        temperature=0, logprobs=True, logit_bias={str(BROKEN): 100}, stream=True))
+    lp = [t for ch in chat if ch.choices and ch.choices[0].logprobs
+          for t in ch.choices[0].logprobs.content]
+    assert [bytes(t.bytes) for t in lp] == pieces
+    assert "".join(ch.choices[0].delta.content or "" for ch in chat if ch.choices) == c.text
+
+
+def test_echoed_text_offsets_around_broken_and_split_characters(model, client):
+    by_bytes = {v: k for k, v in token_bytes(model).items()}
+    pieces = [b"A", b"\xf0\x9f", b"B", b"\xf0\x9f", b"\xf0\x9f",  # broken by a token
+              b"\xf0", b"\x9f", b"\x98", b"\x80",  # U+1F600 in four tokens
+              b"\xf0", b"\x9f", b"C",  # broken across tokens, then by the next
+              b"\xe0", b"\x80",  # E0 needs A0..BF next: two U+FFFD
+              b"\xc3", b"\xa9", b"\xf0\x9f"]  # é in two tokens; a tail left at the end
+    ids = [by_bytes[p] for p in pieces]
+    kw = dict(model="smol", prompt=ids, max_tokens=0, echo=True, logprobs=1)
+    c = client.completions.create(**kw).choices[0]
+    check_offsets(c.text, c.logprobs.text_offset, pieces)
+    check_stream_offsets(list(client.completions.create(stream=True, **kw)), c.text,
+                         c.logprobs.text_offset)
 
 
 def control_token_texts(model):

@@ -183,6 +183,121 @@ TEST(tokenizer_stream_holds_back_a_character_split_across_byte_tokens)
     ASSERT(memcmp(buf, emoji, 4) == 0);
 }
 
+/* The token whose piece is exactly the bytes s (NUL-free), or -1. */
+static int32_t piece_token(const struct tokenizer *t, const char *s)
+{
+    const size_t n = strlen(s);
+    for (int32_t id = 0; id < tok_n_vocab(t); id++) {
+        size_t l;
+        const char *p = tok_piece(t, id, &l);
+        if (l == n && memcmp(p, s, n) == 0)
+            return id;
+    }
+    return -1;
+}
+
+/* Pieces pushed one by one: each push's output and n_earlier, then the
+ * flush's output. The expectations are Python's: out is what
+ * codecs.getincrementaldecoder("utf-8")("replace") gives for each piece
+ * (and for the end, final=True); earlier is, where decoding the bytes before
+ * the piece and from it apart gives the text of the whole (the piece starts a
+ * character or a U+FFFD), the bytes by which the decoding of those before it
+ * is longer than what they were given, else 0. */
+struct stream_case {
+    const char *name;
+    int n;
+    const char *piece[4];
+    const char *out[4];
+    int earlier[4];
+    const char *flush;
+};
+
+static const struct stream_case stream_cases[] = {
+    {"a tail broken by the next token's first byte",
+     2,
+     {"\xF0\x9F", "\x41"},
+     {"", "\xEF\xBF\xBD\x41"},
+     {0, 3},
+     ""},
+    {"each tail broken by the next one",
+     3,
+     {"\xF0\x9F", "\xF0\x9F", "\xF0\x9F"},
+     {"", "\xEF\xBF\xBD", "\xEF\xBF\xBD"},
+     {0, 3, 3},
+     "\xEF\xBF\xBD"},
+    {"U+1F600 in four byte tokens",
+     4,
+     {"\xF0", "\x9F", "\x98", "\x80"},
+     {"", "", "", "\xF0\x9F\x98\x80"},
+     {0, 0, 0, 0},
+     ""},
+    {"U+1F212 in two tokens of two bytes",
+     2,
+     {"\xF0\x9F", "\x88\x92"},
+     {"", "\xF0\x9F\x88\x92"},
+     {0, 0},
+     ""},
+    {"a tail of two tokens broken by a third",
+     3,
+     {"\xF0", "\x9F", "\x43"},
+     {"", "", "\xEF\xBF\xBD\x43"},
+     {0, 0, 3},
+     ""},
+    {"E0 needs A0..BF next", 2, {"\xE0", "\x80"}, {"", "\xEF\xBF\xBD\xEF\xBF\xBD"}, {0, 3}, ""},
+    {"a lone continuation byte with nothing held",
+     2,
+     {"\x61", "\x80"},
+     {"\x61", "\xEF\xBF\xBD"},
+     {0, 0},
+     ""},
+    {"a euro sign completed by a two-byte token",
+     2,
+     {"\xE2", "\x82\xAC"},
+     {"", "\xE2\x82\xAC"},
+     {0, 0},
+     ""},
+    {"a three-byte tail over two tokens, broken",
+     3,
+     {"\xF0", "\x9F\xA5", "\x41"},
+     {"", "", "\xEF\xBF\xBD\x41"},
+     {0, 0, 3},
+     ""},
+    {"a character completed, then a continuation byte of its own",
+     2,
+     {"\xC3", "\x82\xAC"},
+     {"", "\xC3\x82\xEF\xBF\xBD"},
+     {0, 0},
+     ""},
+    {"a broken tail, then a character and a tail of its own",
+     2,
+     {"\xF0\x9F", "\xD0\xBE\xD0"},
+     {"", "\xEF\xBF\xBD\xD0\xBE"},
+     {0, 3},
+     "\xEF\xBF\xBD"},
+};
+
+TEST(tokenizer_stream_says_which_bytes_end_earlier_tokens_text)
+{
+    REAL_TOK(t);
+    for (size_t c = 0; c < sizeof stream_cases / sizeof stream_cases[0]; c++) {
+        const struct stream_case *k = &stream_cases[c];
+        struct tok_stream st = {0};
+        char buf[64];
+
+        printf("  %s\n", k->name);
+        for (int i = 0; i < k->n; i++) {
+            int32_t id = piece_token(t, k->piece[i]);
+            ASSERT(id >= 0);
+            st.n_earlier = -1;
+            ASSERT_EQ(tok_stream_push(t, &st, id, buf, sizeof buf), (int64_t)strlen(k->out[i]));
+            ASSERT(memcmp(buf, k->out[i], strlen(k->out[i])) == 0);
+            ASSERT_EQ(st.n_earlier, k->earlier[i]);
+        }
+        ASSERT_EQ(tok_stream_flush(&st, buf, sizeof buf), (int64_t)strlen(k->flush));
+        ASSERT(memcmp(buf, k->flush, strlen(k->flush)) == 0);
+    }
+}
+
 TEST(tokenizer_parses_special_tokens_only_when_asked)
 {
     static const char text[] = "<|im_start|>user\nHi<|im_end|>";

@@ -314,27 +314,29 @@ static void reject_connection(struct server *s)
 }
 
 /* A complete answer whose client has taken none of it for this long may be
- * closed to admit a new connection at --max-conns. A client reading its
- * answer takes bytes many times a second (a reader of 4 KiB every 50 ms
- * does); one that took nothing for a second holds a slot and up to
- * --max-response of memory for nothing. */
+ * closed to admit a new connection at --max-conns, last of all (after every
+ * half-sent request): a client reading steadily takes bytes many times a
+ * second, but one reading in bursts may pause longer; one that takes
+ * nothing holds a slot and up to --max-response of memory for nothing. */
 #define UNTAKEN_RECLAIM_MS 1000
 
 /* At --max-conns: closes the connection lingering longest (its last response
  * was sent; it waits only for the client's FIN), else the one idle the
- * longest, else, of those whose complete answer waits for a client that is
- * not taking it (it sent more requests than it has read answers to: the
- * next request waits behind the answer; or it has taken none of the answer
- * for UNTAKEN_RECLAIM_MS), the one holding the most answer bytes, else the
- * oldest one still sending its request (nothing runs for any of them). A
- * client that keeps connections lingering by trickling bytes after an error
- * (a 401 needs no key), or busy by pipelining requests to /metrics, or by
- * asking for large answers (/detokenize) and reading none of them, must not
- * hold every slot; a client reading its answer is left to finish. Returns 1
- * if a slot was freed. */
+ * longest, else, of those whose client sent more requests than it has read
+ * answers to (the next request waits behind a complete answer), the one
+ * holding the most answer bytes, else the oldest one still sending its
+ * request, else, of those whose complete answer the client has taken none
+ * of for UNTAKEN_RECLAIM_MS, the one holding the most answer bytes (nothing
+ * runs for any of them). A client that keeps connections lingering by
+ * trickling bytes after an error (a 401 needs no key), or busy by
+ * pipelining requests to /metrics, or by asking for large answers
+ * (/detokenize) and reading none of them, must not hold every slot; a
+ * client reading its answer, even in bursts with pauses, goes only after
+ * every half-sent request. Returns 1 if a slot was freed. */
 static int reclaim_connection(struct server *s)
 {
-    struct http_conn *lingering = NULL, *idle = NULL, *unread = NULL, *partial = NULL;
+    struct http_conn *lingering = NULL, *idle = NULL, *unread = NULL, *partial = NULL,
+                     *untaken = NULL;
     for (int64_t i = 0; i < s->cfg.max_conns; i++) {
         struct http_conn *c = s->conns[i];
         if (!c || c->user)
@@ -344,24 +346,29 @@ static int reclaim_connection(struct server *s)
                 lingering = c;
         } else if (c->state == HTTP_CONN_DRAINING) {
             /* asked every time, so that taking bytes between two looks counts */
-            const int untaken = http_conn_untaken_ms(c) >= UNTAKEN_RECLAIM_MS;
-            if ((untaken || http_conn_pipelined(c)) &&
-                (!unread || http_conn_write_queue(c) > http_conn_write_queue(unread)))
-                unread = c;
+            const int stalled = http_conn_untaken_ms(c) >= UNTAKEN_RECLAIM_MS;
+            struct http_conn **best = http_conn_pipelined(c) ? &unread : stalled ? &untaken : NULL;
+            if (best && (!*best || http_conn_write_queue(c) > http_conn_write_queue(*best)))
+                *best = c;
         } else if (c->state == HTTP_CONN_READING) {
             struct http_conn **best = http_conn_idle(c) ? &idle : &partial;
             if (!*best || c->idle_since < (*best)->idle_since)
                 *best = c;
         }
     }
-    struct http_conn *victim = lingering ? lingering : idle ? idle : unread ? unread : partial;
+    struct http_conn *victim = lingering ? lingering
+                               : idle    ? idle
+                               : unread  ? unread
+                               : partial ? partial
+                                         : untaken;
     if (!victim)
         return 0;
     log_msg(LOG_DEBUG, "max-conns: closing %s connection to admit a new one",
             lingering ? "a lingering"
             : idle    ? "an idle"
             : unread  ? "an unread"
-                      : "an unfinished");
+            : partial ? "an unfinished"
+                      : "a stalled");
     s->metrics.conns_reclaimed++;
     http_conn_close(victim); /* on_conn_close returns its slot now */
     return s->n_free > 0;

@@ -470,6 +470,44 @@ def test_a_client_still_reading_its_answer_is_not_reclaimed(start_server):
         b.close()
 
 
+def test_a_client_pausing_between_reads_goes_after_a_half_sent_request(start_server):
+    # a client that reads its answer in bursts may take nothing for longer
+    # than the stalled-answer rule's second: at --max-conns the half-sent
+    # request still makes room first (it went first only after the answer)
+    s = start_server("--max-conns", "2", "--sndbuf", "4096")
+    body = json.dumps({"model": "smol", "prompt": ENDLESS, "max_tokens": 300,
+                       "temperature": 0, "logprobs": 5}).encode()
+    a = s.connect(rcvbuf=4096)
+    a.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    s.wait_metric("streamsink_requests_inflight", lambda v: v == 0, timeout=120)
+    b = s.connect()
+    b.sendall(b"GET /health HTTP/1.1\r\n")  # and the rest never comes
+    try:
+        time.sleep(1.5)  # a's answer is complete and untaken for over a second
+        assert s.get("/health")[0] == 200  # a third client: someone makes room
+        a.settimeout(60)
+        got = bytearray()
+        while True:
+            d = a.recv(65536)
+            if not d:
+                break
+            got.extend(d)
+            status, headers, out = parse_response(bytes(got))
+            if "content-length" in headers and len(out) >= int(headers["content-length"]):
+                break
+        assert status == 200 and len(out) == int(headers["content-length"]), len(got)
+        assert json.loads(out)["usage"]["completion_tokens"] == 300
+        b.settimeout(10)
+        try:
+            assert b.recv(100) == b""
+        except ConnectionResetError:
+            pass
+    finally:
+        a.close()
+        b.close()
+
+
 def with_open_files(binary, tmp_path, n):
     """A wrapper that runs binary with soft and hard limits of n open files."""
     w = tmp_path / "streamsink-nofile"

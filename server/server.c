@@ -590,6 +590,11 @@ static int engine_config_from(const struct server_config *cfg, struct engine_con
 
 /* ---- API keys -------------------------------------------------------------------------- */
 
+/* The longest key a request can send: the Authorization value is read up to
+ * HTTP_AUTH_MAX - 1 bytes, "Bearer " and the key. A longer key could never
+ * match: it is refused at start-up. */
+#define KEY_MAX (HTTP_AUTH_MAX - 1 - 7)
+
 static int add_key(struct server *s, const char *k, size_t len)
 {
     while (len > 0 && (k[len - 1] == ' ' || k[len - 1] == '\t' || k[len - 1] == '\r'))
@@ -600,6 +605,8 @@ static int add_key(struct server *s, const char *k, size_t len)
     }
     if (len == 0 || *k == '#')
         return 0;
+    if (len > KEY_MAX)
+        return -EMSGSIZE;
     if (s->n_keys == SERVER_MAX_KEYS)
         return -E2BIG;
     char *dup = malloc(len + 1);
@@ -648,7 +655,12 @@ static int load_keys(struct server *s, char *err, size_t err_len)
     const char *env = getenv("STREAMSINK_API_KEY");
     if (rc == 0 && s->n_keys == 0 && env && env[0])
         rc = add_key(s, env, strlen(env));
-    if (rc < 0)
+    if (rc == -EMSGSIZE)
+        snprintf(err, err_len,
+                 "an API key is longer than %d bytes, the longest a request's Authorization "
+                 "header can carry",
+                 KEY_MAX);
+    else if (rc < 0)
         snprintf(err, err_len, "API keys: %s (at most %d)", strerror(-rc), SERVER_MAX_KEYS);
     return rc;
 }

@@ -274,6 +274,23 @@ def test_an_authorization_longer_than_any_key_is_a_wrong_key(start_server):
     assert s.get("/v1/models", {"Authorization": f"Bearer {KEY}"})[0] == 200
 
 
+def test_a_key_too_long_for_the_authorization_header_is_refused_at_start(binary, model):
+    # the Authorization value is read up to 511 bytes: "Bearer " and a key of
+    # 504; a longer key loaded, and no request could ever match it
+    longest = "k" * 504
+    from conftest import Server
+    s = Server(binary, model, ["--api-key", longest])
+    try:
+        assert s.get("/v1/models", {"Authorization": f"Bearer {longest}"})[0] == 200
+        assert s.get("/v1/models", {"Authorization": f"Bearer {longest[:-1]}"})[0] == 401
+    finally:
+        assert s.stop() == 0
+    r = subprocess.run([binary, "serve", "-m", model, "--port", "0", "--api-key", longest + "k"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert "an API key is longer than 504 bytes" in r.stderr
+
+
 def test_no_body_is_read_or_continued_before_the_key(start_server):
     s = start_server("--api-key", KEY)
     c = s.connect()

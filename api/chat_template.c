@@ -87,25 +87,33 @@ static const char *literal_end(const char *p, char q)
 
 /* SmolLM2: {% if loop.first and messages[0]['role'] != 'system' %}
  *          {{ '<|im_start|>system\nYou are ...<|im_end|>\n' }}{% endif %}
- * The default is the first literal that opens a system turn and holds its
- * <|im_end|>: a template may open the turn elsewhere with a literal that
- * stops before its text (Qwen2.5: '<|im_start|>system\n' + a variable, in
- * its tools branch, before the default). */
+ * The default is the first literal (in the template, whatever its quotes)
+ * that opens a system turn and holds its <|im_end|>: a template may open
+ * the turn elsewhere with a literal that stops before its text (Qwen2.5:
+ * '<|im_start|>system\n' + a variable, in its tools branch, before the
+ * default). */
 static void find_default_system(struct api_chat_template *t, const char *tmpl)
 {
     static const char *const starts[] = {"'<|im_start|>system\n", "'<|im_start|>system\\n",
                                          "\"<|im_start|>system\n", "\"<|im_start|>system\\n"};
+    /* the first in the template, of any quoting: its text and its end */
+    const char *best = NULL, *best_text = NULL, *best_end = NULL;
     for (size_t i = 0; i < sizeof starts / sizeof starts[0]; i++) {
-        for (const char *p = strstr(tmpl, starts[i]); p; p = strstr(p, starts[i])) {
-            p += strlen(starts[i]);
-            const char *close = literal_end(p, starts[i][0]);
-            const char *end = memmem(p, (size_t)(close - p), "<|im_end|>", 10);
+        for (const char *p = strstr(tmpl, starts[i]); p && (!best || p < best);
+             p = strstr(p + 1, starts[i])) {
+            const char *text = p + strlen(starts[i]);
+            const char *close = literal_end(text, starts[i][0]);
+            const char *end = memmem(text, (size_t)(close - text), "<|im_end|>", 10);
             if (!end)
                 continue; /* not one literal: the system text comes from a variable */
-            copy_unescaped(t->default_system, sizeof t->default_system, p, end);
-            return;
+            best = p;
+            best_text = text;
+            best_end = end;
+            break;
         }
     }
+    if (best)
+        copy_unescaped(t->default_system, sizeof t->default_system, best_text, best_end);
 }
 
 void api_chat_template_init(struct api_chat_template *t, const char *tmpl)

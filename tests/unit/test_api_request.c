@@ -938,6 +938,10 @@ TEST(api_chat_template_default_system_is_found_past_a_turn_opened_without_it)
     api_chat_template_init(&t, "{{ '<|im_start|>system\\n' + messages[0]['content'] + "
                                "'<|im_end|>\\n' }}{{ '<|im_start|>' + message['role'] }}");
     ASSERT_EQ(t.default_system[0], 0);
+    /* the first such literal, whatever its quotes */
+    api_chat_template_init(&t, "{{ \"<|im_start|>system\\nFirst.<|im_end|>\\n\" }}"
+                               "{{ '<|im_start|>system\\nSecond.<|im_end|>\\n' }}");
+    ASSERT_STREQ(t.default_system, "First.");
     /* an unterminated literal at the end of the template */
     api_chat_template_init(&t, "{{ '<|im_start|>system\\nYou are X<|im_end|>");
     ASSERT_STREQ(t.default_system, "You are X");

@@ -342,6 +342,7 @@ static void seq_clear_request(struct seq *s)
     s->n_held = 0;
     s->paused = 0;
     s->cancel_after_prompt = 0;
+    s->drop_session = 0;
     s->id = 0;
 }
 
@@ -454,7 +455,7 @@ static void seq_finish(struct engine *e, struct seq *s, enum engine_finish why, 
     emit(e, &ev);
     if (ev.choices_left == 0)
         queue_request_done(&e->q, queue_places(&s->req));
-    if (s->session[0]) {
+    if (s->session[0] && !s->drop_session) {
         seq_clear_request(s);
         session_park(s, now_s());
     } else {
@@ -748,6 +749,8 @@ static int admit_into(struct engine *e, struct seq *s, struct engine_request *r,
     free(ids);
     s->n_prompt = n + pending;
     s->n_fed = 0;
+    s->turn_had_next = s->has_next;
+    s->turn_next_tok = s->next_tok;
     s->has_next = 0;
     for (int64_t i = 0; i < s->n_prompt; i++)
         sampler_accept(&s->smp, s->prompt[i]);
@@ -1225,13 +1228,20 @@ static void handle_commands(struct engine *e, int wait_ms)
                      * start, part of a character) goes out with its
                      * logprobs, since a session keeps its tokens; every
                      * choice ends, the last DONE ending the request. A
-                     * session's turn whose prompt is not all in ends once
-                     * it is (cancel_after_prompt) */
+                     * session never holds part of a prompt: a turn with
+                     * none of it fed leaves the session as it was (one it
+                     * would have started does not exist), and one part-way
+                     * through ends once the prompt is in */
                     for (int64_t j = 0; j < e->cfg.max_seqs; j++) {
                         struct seq *s = &e->seqs[j];
                         if (s->state != SEQ_RUNNING || s->id != c->id)
                             continue;
-                        if (s->session[0] && s->n_fed < s->n_prompt) {
+                        if (s->session[0] && s->n_fed == 0 && s->n_prompt > 0) {
+                            s->has_next = s->turn_had_next;
+                            s->next_tok = s->turn_next_tok;
+                            s->drop_session = s->created;
+                            seq_finish(e, s, ENGINE_FINISH_CANCELLED, 1);
+                        } else if (s->session[0] && s->n_fed < s->n_prompt) {
                             s->cancel_after_prompt = 1;
                             s->paused = 0;
                         } else {

@@ -95,6 +95,11 @@ struct seq {
      * is fed, then the turn ends (CANCELLED) with no answer, so that the
      * session never holds part of a prompt */
     int cancel_after_prompt;
+    /* a session's token to feed next before this turn took it into its
+     * prompt: restored when the turn is cancelled before any of it is fed */
+    int turn_had_next;
+    int32_t turn_next_tok;
+    int drop_session; /* the turn that started the session ended with nothing in it */
     char session[ENGINE_SESSION_ID_MAX];
     uint64_t owner;        /* who created the session (engine_request.owner) */
     int created, restored; /* this request started the session / read it from disk */

@@ -7,6 +7,9 @@
  *    the whole prompt, never a part of it: the turn ends cancelled with no
  *    answer once the prompt is in, and the next turn answers what one
  *    request with the whole history answers.
+ *  - A turn cancelled before any of its prompt is fed leaves the session as
+ *    it was, the token its last turn left to feed included, and a session
+ *    it would have started does not exist.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -62,14 +65,14 @@ TEST(a_session_turn_cancelled_during_its_prompt_keeps_the_whole_prompt)
 {
     struct rig *rig = rig_smol();
     ASSERT(rig);
-    char text[8192] = "";
-    for (int i = 0; i < 100; i++)
+    char text[16384] = "";
+    for (int i = 0; i < 200; i++)
         strcat(text, "The quick brown fox jumps over the lazy dog. ");
     int32_t *ids = NULL, *more = NULL;
     const int64_t n = engine_tokenize(rig->e, text, strlen(text), 0, &ids);
     const char *next = " Then the fox ran into the woods and";
     const int64_t m = engine_tokenize(rig->e, next, strlen(next), 0, &more);
-    ASSERT(n >= 900 && m > 0); /* eight chunks of the rig's 128 and more */
+    ASSERT(n >= 1800 && m > 0); /* fifteen chunks of the rig's 128 and more */
 
     /* a's prompt goes in a chunk a step; b, echoed with log-probs, sends an
      * event after each of its steps of 32 tokens, the first once a has fed
@@ -112,6 +115,89 @@ TEST(a_session_turn_cancelled_during_its_prompt_keeps_the_whole_prompt)
     free(all);
     free(ids);
     free(more);
+}
+
+/* A greedy request of text (no session) for max_tokens, or NULL. */
+static struct engine_request text_req(struct rig *rig, const char *text, int64_t max_tokens,
+                                      const char *session)
+{
+    struct engine_request q = rig_greedy(rig, max_tokens);
+    rig_set_text(&q, text, 1, 0);
+    if (session)
+        snprintf(q.session_id, sizeof q.session_id, "%s", session);
+    return q;
+}
+
+TEST(a_session_turn_cancelled_before_its_prompt_leaves_the_session_as_it_was)
+{
+    struct rig *rig = rig_smol();
+    ASSERT(rig);
+    const char *p1 = "The lighthouse keeper climbed the stairs", *p2 = " and then the storm came",
+               *p3 = " Later that night";
+    static struct rig_result r1, r3, whole;
+    struct engine_request q = text_req(rig, p1, 4, "kept-as-it-was");
+    ASSERT_OK(rig_run(rig, &q, &r1));
+    ASSERT(!r1.error && r1.n_tok == 4 && r1.tokens_seen > 4);
+
+    /* two long prompts keep the engine in its steps; each turn is paused as
+     * it is sent (the pause reaches the engine with it, between two steps,
+     * so it is admitted paused) and cancelled with none of its prompt fed */
+    char text[16384] = "";
+    for (int i = 0; i < 200; i++)
+        strcat(text, "The quick brown fox jumps over the lazy dog. ");
+    struct engine_request x = text_req(rig, text, 1, NULL), y = text_req(rig, text, 1, NULL);
+    struct engine_request z2 = text_req(rig, p2, 8, "kept-as-it-was");
+    struct engine_request zn = text_req(rig, p2, 8, "never-started");
+    const uint64_t ids[4] = {x.id, y.id, z2.id, zn.id};
+    ASSERT_OK(engine_submit(rig->e, &x));
+    ASSERT_OK(engine_submit(rig->e, &y));
+    nanosleep(&(struct timespec){0, 100000000}, NULL);
+    ASSERT_OK(engine_submit(rig->e, &z2));
+    engine_pause(rig->e, ids[2]);
+    ASSERT_OK(engine_submit(rig->e, &zn));
+    engine_pause(rig->e, ids[3]);
+    nanosleep(&(struct timespec){0, 200000000}, NULL);
+    engine_cancel(rig->e, ids[2]);
+    engine_cancel(rig->e, ids[3]);
+    struct ended c2 = run_until_done(rig, ids[2], 0);
+    engine_cancel(rig->e, ids[0]);
+    engine_cancel(rig->e, ids[1]);
+    ASSERT(c2.done && !c2.error);
+    ASSERT_EQ(c2.finish, ENGINE_FINISH_CANCELLED);
+    ASSERT_EQ(c2.completion_tokens, 0);
+    ASSERT_EQ(c2.tokens_seen, r1.tokens_seen); /* nothing of the turn, nothing lost */
+
+    /* a session that must exist: the one never started does not */
+    struct engine_request gone = text_req(rig, p3, 4, "never-started");
+    gone.session_must_exist = 1;
+    static struct rig_result rg;
+    ASSERT_OK(rig_run(rig, &gone, &rg));
+    ASSERT(rg.error && rg.status == 404);
+
+    /* the next turn answers what the history without the cancelled turn
+     * answers: the first prompt, its four tokens, the third prompt */
+    struct engine_request t3 = rig_greedy(rig, 8);
+    rig_set_text(&t3, p3, 0, 0);
+    snprintf(t3.session_id, sizeof t3.session_id, "kept-as-it-was");
+    ASSERT_OK(rig_run(rig, &t3, &r3));
+    int32_t *a = NULL, *c = NULL;
+    const int64_t na = engine_tokenize(rig->e, p1, strlen(p1), 0, &a);
+    const int64_t nc = engine_tokenize(rig->e, p3, strlen(p3), 0, &c);
+    ASSERT(na > 0 && nc > 0);
+    int32_t *all = malloc((size_t)(na + 4 + nc) * sizeof *all);
+    ASSERT(all);
+    memcpy(all, a, (size_t)na * sizeof *all);
+    memcpy(all + na, r1.toks, 4 * sizeof *all);
+    memcpy(all + na + 4, c, (size_t)nc * sizeof *all);
+    struct engine_request w = rig_greedy(rig, 8);
+    rig_set_ids(&w, all, na + 4 + nc, 1);
+    ASSERT_OK(rig_run(rig, &w, &whole));
+    ASSERT(!r3.error && !whole.error);
+    ASSERT_EQ(r3.n_tok, whole.n_tok);
+    ASSERT(memcmp(r3.toks, whole.toks, (size_t)r3.n_tok * sizeof *r3.toks) == 0);
+    free(all);
+    free(a);
+    free(c);
 }
 
 TEST_MAIN()

@@ -156,7 +156,16 @@ TEST(a_session_turn_cancelled_before_its_prompt_leaves_the_session_as_it_was)
     engine_pause(rig->e, ids[2]);
     ASSERT_OK(engine_submit(rig->e, &zn));
     engine_pause(rig->e, ids[3]);
-    nanosleep(&(struct timespec){0, 200000000}, NULL);
+    /* two steps later the engine has taken them and admitted them (paused),
+     * however slow its steps (under ASan) */
+    struct engine_stats st;
+    engine_get_stats(rig->e, &st);
+    const int64_t steps = st.steps_total;
+    for (const time_t t0 = time(NULL); st.steps_total < steps + 2 && time(NULL) - t0 < 120;) {
+        nanosleep(&(struct timespec){0, 10000000}, NULL);
+        engine_get_stats(rig->e, &st);
+    }
+    ASSERT(st.steps_total >= steps + 2);
     engine_cancel(rig->e, ids[2]);
     engine_cancel(rig->e, ids[3]);
     struct ended c2 = run_until_done(rig, ids[2], 0);

@@ -442,9 +442,9 @@ def test_connections_holding_large_answers_nobody_reads_are_reclaimed(start_serv
             c.close()
 
 
-def test_a_client_still_reading_its_answer_is_not_reclaimed(start_server):
-    # a finished answer still going out to a client that reads it steadily is
-    # that client's work: at --max-conns a half-sent request makes room first
+def an_answer_beside_a_half_sent_request(start_server):
+    """A server at --max-conns 2 holding a's complete answer (300 tokens with
+    logprobs, unread so far) and b's request, half sent: (server, a, b)."""
     s = start_server("--max-conns", "2", "--sndbuf", "4096")
     body = json.dumps({"model": "smol", "prompt": ENDLESS, "max_tokens": 300,
                        "temperature": 0, "logprobs": 5}).encode()
@@ -454,6 +454,27 @@ def test_a_client_still_reading_its_answer_is_not_reclaimed(start_server):
     s.wait_metric("streamsink_requests_inflight", lambda v: v == 0, timeout=120)
     b = s.connect()
     b.sendall(b"GET /health HTTP/1.1\r\n")  # and the rest never comes
+    return s, a, b
+
+
+def assert_whole_answer_and_closed(got, b):
+    """a got its whole answer, and b (the half-sent request) was closed to
+    make room: a FIN, or a reset when the server had not yet read its bytes
+    when it closed it (as idle)."""
+    status, headers, out = parse_response(bytes(got))
+    assert status == 200 and len(out) == int(headers["content-length"]), len(got)
+    assert json.loads(out)["usage"]["completion_tokens"] == 300
+    b.settimeout(10)
+    try:
+        assert b.recv(100) == b""
+    except ConnectionResetError:
+        pass
+
+
+def test_a_client_still_reading_its_answer_is_not_reclaimed(start_server):
+    # a finished answer still going out to a client that reads it steadily is
+    # that client's work: at --max-conns a half-sent request makes room first
+    s, a, b = an_answer_beside_a_half_sent_request(start_server)
     got = bytearray()
 
     def read_steadily():
@@ -472,16 +493,7 @@ def test_a_client_still_reading_its_answer_is_not_reclaimed(start_server):
     try:
         assert s.get("/health")[0] == 200  # a third client: someone makes room
         t.join(60)
-        status, headers, out = parse_response(bytes(got))
-        assert status == 200 and len(out) == int(headers["content-length"]), len(got)
-        assert json.loads(out)["usage"]["completion_tokens"] == 300
-        b.settimeout(10)
-        # the half-sent request was closed to make room: a FIN, or a reset when
-        # the server had not yet read its bytes when it closed it (as idle)
-        try:
-            assert b.recv(100) == b""
-        except ConnectionResetError:
-            pass
+        assert_whole_answer_and_closed(got, b)
     finally:
         a.close()
         b.close()
@@ -491,15 +503,7 @@ def test_a_client_pausing_between_reads_goes_after_a_half_sent_request(start_ser
     # a client that reads its answer in bursts may take nothing for longer
     # than the stalled-answer rule's second: at --max-conns the half-sent
     # request still makes room first (it went first only after the answer)
-    s = start_server("--max-conns", "2", "--sndbuf", "4096")
-    body = json.dumps({"model": "smol", "prompt": ENDLESS, "max_tokens": 300,
-                       "temperature": 0, "logprobs": 5}).encode()
-    a = s.connect(rcvbuf=4096)
-    a.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-              b"Content-Length: %d\r\n\r\n" % len(body) + body)
-    s.wait_metric("streamsink_requests_inflight", lambda v: v == 0, timeout=120)
-    b = s.connect()
-    b.sendall(b"GET /health HTTP/1.1\r\n")  # and the rest never comes
+    s, a, b = an_answer_beside_a_half_sent_request(start_server)
     try:
         time.sleep(1.5)  # a's answer is complete and untaken for over a second
         assert s.get("/health")[0] == 200  # a third client: someone makes room
@@ -510,16 +514,10 @@ def test_a_client_pausing_between_reads_goes_after_a_half_sent_request(start_ser
             if not d:
                 break
             got.extend(d)
-            status, headers, out = parse_response(bytes(got))
+            _, headers, out = parse_response(bytes(got))
             if "content-length" in headers and len(out) >= int(headers["content-length"]):
                 break
-        assert status == 200 and len(out) == int(headers["content-length"]), len(got)
-        assert json.loads(out)["usage"]["completion_tokens"] == 300
-        b.settimeout(10)
-        try:
-            assert b.recv(100) == b""
-        except ConnectionResetError:
-            pass
+        assert_whole_answer_and_closed(got, b)
     finally:
         a.close()
         b.close()

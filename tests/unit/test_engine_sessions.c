@@ -20,7 +20,7 @@
 #include "test.h"
 
 struct ended {
-    int done, error, events;
+    int done, error;
     enum engine_finish finish;
     int64_t prompt_tokens, completion_tokens, tokens_seen;
 };
@@ -42,7 +42,6 @@ static struct ended run_until_done(struct rig *rig, uint64_t id, uint64_t cue)
             }
             if (ev[i].id != id)
                 continue;
-            r.events++;
             if (ev[i].kind == ENGINE_EV_ERROR) {
                 fprintf(stderr, "  error %d: %s\n", ev[i].status, ev[i].message);
                 r.error = 1;
@@ -61,13 +60,43 @@ static struct ended run_until_done(struct rig *rig, uint64_t id, uint64_t cue)
     return r;
 }
 
+/* A prompt of about 2,000 tokens: sixteen chunks of the rig's 128. */
+static void long_text(char *text, size_t cap)
+{
+    text[0] = 0;
+    for (int i = 0; i < 200; i++)
+        strncat(text, "The quick brown fox jumps over the lazy dog. ", cap - strlen(text) - 1);
+}
+
+/* Checks that turn (a session's turn of max_tokens greedy tokens) gave what
+ * one request with the whole history gives: the n parts of ids, in order. */
+static int same_as_whole_history(struct rig *rig, const struct rig_result *turn, int64_t max_tokens,
+                                 const int32_t *const *parts, const int64_t *lens, int n)
+{
+    int64_t total = 0;
+    for (int i = 0; i < n; i++)
+        total += lens[i];
+    int32_t *all = malloc((size_t)total * sizeof *all);
+    static struct rig_result whole;
+    if (!all)
+        return 0;
+    for (int i = 0, at = 0; i < n; at += (int)lens[i], i++)
+        memcpy(all + at, parts[i], (size_t)lens[i] * sizeof *all);
+    struct engine_request w = rig_greedy(rig, max_tokens);
+    rig_set_ids(&w, all, total, 1);
+    int ok = rig_run(rig, &w, &whole) == 0 && !turn->error && !whole.error &&
+             turn->n_tok == whole.n_tok &&
+             memcmp(turn->toks, whole.toks, (size_t)turn->n_tok * sizeof *turn->toks) == 0;
+    free(all);
+    return ok;
+}
+
 TEST(a_session_turn_cancelled_during_its_prompt_keeps_the_whole_prompt)
 {
     struct rig *rig = rig_smol();
     ASSERT(rig);
-    char text[16384] = "";
-    for (int i = 0; i < 200; i++)
-        strcat(text, "The quick brown fox jumps over the lazy dog. ");
+    static char text[16384];
+    long_text(text, sizeof text);
     int32_t *ids = NULL, *more = NULL;
     const int64_t n = engine_tokenize(rig->e, text, strlen(text), 0, &ids);
     const char *next = " Then the fox ran into the woods and";
@@ -99,25 +128,17 @@ TEST(a_session_turn_cancelled_during_its_prompt_keeps_the_whole_prompt)
     struct engine_request t = rig_greedy(rig, 16);
     rig_set_ids(&t, more, m, 0);
     snprintf(t.session_id, sizeof t.session_id, "cut-in-its-prompt");
-    static struct rig_result turn, whole;
+    static struct rig_result turn;
     ASSERT_OK(rig_run(rig, &t, &turn));
-    int32_t *all = malloc((size_t)(n + m) * sizeof *all);
-    ASSERT(all);
-    memcpy(all, ids, (size_t)n * sizeof *all);
-    memcpy(all + n, more, (size_t)m * sizeof *all);
-    struct engine_request w = rig_greedy(rig, 16);
-    rig_set_ids(&w, all, n + m, 1);
-    ASSERT_OK(rig_run(rig, &w, &whole));
-    ASSERT(!turn.error && !whole.error);
+    ASSERT(!turn.error);
     ASSERT_EQ(turn.tokens_seen, r.prompt_tokens + m + turn.n_tok);
-    ASSERT_EQ(turn.n_tok, whole.n_tok);
-    ASSERT(memcmp(turn.toks, whole.toks, (size_t)turn.n_tok * sizeof *turn.toks) == 0);
-    free(all);
+    ASSERT(same_as_whole_history(rig, &turn, 16, (const int32_t *const[]){ids, more},
+                                 (const int64_t[]){n, m}, 2));
     free(ids);
     free(more);
 }
 
-/* A greedy request of text (no session) for max_tokens, or NULL. */
+/* A greedy request of text for max_tokens, on session (or none: NULL). */
 static struct engine_request text_req(struct rig *rig, const char *text, int64_t max_tokens,
                                       const char *session)
 {
@@ -134,7 +155,7 @@ TEST(a_session_turn_cancelled_before_its_prompt_leaves_the_session_as_it_was)
     ASSERT(rig);
     const char *p1 = "The lighthouse keeper climbed the stairs", *p2 = " and then the storm came",
                *p3 = " Later that night";
-    static struct rig_result r1, r3, whole;
+    static struct rig_result r1, r3;
     struct engine_request q = text_req(rig, p1, 4, "kept-as-it-was");
     ASSERT_OK(rig_run(rig, &q, &r1));
     ASSERT(!r1.error && r1.n_tok == 4 && r1.tokens_seen > 4);
@@ -142,9 +163,8 @@ TEST(a_session_turn_cancelled_before_its_prompt_leaves_the_session_as_it_was)
     /* two long prompts keep the engine in its steps; each turn is paused as
      * it is sent (the pause reaches the engine with it, between two steps,
      * so it is admitted paused) and cancelled with none of its prompt fed */
-    char text[16384] = "";
-    for (int i = 0; i < 200; i++)
-        strcat(text, "The quick brown fox jumps over the lazy dog. ");
+    static char text[16384];
+    long_text(text, sizeof text);
     struct engine_request x = text_req(rig, text, 1, NULL), y = text_req(rig, text, 1, NULL);
     struct engine_request z2 = text_req(rig, p2, 8, "kept-as-it-was");
     struct engine_request zn = text_req(rig, p2, 8, "never-started");
@@ -193,18 +213,8 @@ TEST(a_session_turn_cancelled_before_its_prompt_leaves_the_session_as_it_was)
     const int64_t na = engine_tokenize(rig->e, p1, strlen(p1), 0, &a);
     const int64_t nc = engine_tokenize(rig->e, p3, strlen(p3), 0, &c);
     ASSERT(na > 0 && nc > 0);
-    int32_t *all = malloc((size_t)(na + 4 + nc) * sizeof *all);
-    ASSERT(all);
-    memcpy(all, a, (size_t)na * sizeof *all);
-    memcpy(all + na, r1.toks, 4 * sizeof *all);
-    memcpy(all + na + 4, c, (size_t)nc * sizeof *all);
-    struct engine_request w = rig_greedy(rig, 8);
-    rig_set_ids(&w, all, na + 4 + nc, 1);
-    ASSERT_OK(rig_run(rig, &w, &whole));
-    ASSERT(!r3.error && !whole.error);
-    ASSERT_EQ(r3.n_tok, whole.n_tok);
-    ASSERT(memcmp(r3.toks, whole.toks, (size_t)r3.n_tok * sizeof *r3.toks) == 0);
-    free(all);
+    ASSERT(same_as_whole_history(rig, &r3, 8, (const int32_t *const[]){a, r1.toks, c},
+                                 (const int64_t[]){na, 4, nc}, 3));
     free(a);
     free(c);
 }

@@ -1909,9 +1909,9 @@ static int step(struct engine *e)
             continue;
         if (prefill && s->echo_from >= 0)
             echo_plan(e, s, from, in->n, in->logits == FWD_LOGITS_ALL ? first_row : NULL);
-        /* a decode row, or a prompt's last row unless max_tokens is 0 */
-        if (n_rows > 0 && (!prefill || s->n_fed == s->n_prompt) && s->req.max_tokens != 0 &&
-            !s->cancel_after_prompt) {
+        /* a decode row, or a prompt's last row unless max_tokens is 0 (a
+         * cancelled turn's prompt asked for none: cancel_after_prompt) */
+        if (n_rows > 0 && (!prefill || s->n_fed == s->n_prompt) && s->req.max_tokens != 0) {
             float *last = e->dec.fwd.logits + (row - 1) * e->info.n_vocab; /* its last row */
             e->pick_seq[e->n_pick] = s;
             e->pick_logits[e->n_pick++] = last;

@@ -208,7 +208,8 @@ size_t metrics_render(const struct metrics *m, const struct metrics_live *live,
         gauge(&o, "streamsink_connections_paused",
               "Connections whose write queue is above the high-water mark",
               (double)live->conns_paused);
-        gauge(&o, "streamsink_requests_inflight", "Requests submitted to the engine, not finished",
+        gauge(&o, "streamsink_requests_inflight",
+              "Requests being answered: submitted, not finished, not left by their client",
               (double)live->requests_inflight);
         gauge(&o, "streamsink_write_queue_bytes", "Bytes queued for clients, all connections",
               (double)live->write_queue_bytes);

@@ -65,6 +65,7 @@ struct server {
     double drain_deadline;
     double cut_answer_deadline; /* cut streams wait for the engine's answer until then (0: none) */
     int cutting;                /* the drain is over: what runs is cut, what arrives refused */
+    int drain_feed_logged;      /* the drain said it waits for the engine's feeding */
     int stopped;
     int64_t tokenizing;         /* prompts waiting for or on libuv's worker threads */
     struct fair_queue tok_fair; /* ... which of them gets a worker next (fair.h) */

@@ -11,8 +11,9 @@
  * after the response); a request whose headers end during the drain is
  * refused from them (router.c), and so is one still arriving when the
  * signal came, or pipelined behind a response that said keep-alive: the
- * drain waits for it. When none are left, or after --drain-timeout, the
- * rest are cut: each is cancelled and ends as a client can tell (a stream,
+ * drain waits for it. When none are left (and the engine has fed the rest
+ * of any session turn whose client left during its prompt), or after
+ * --drain-timeout, the rest are cut: each is cancelled and ends as a client can tell (a stream,
  * after the tokens the engine made up to the cancel (waited for up to
  * CUT_ANSWER_S), with an error event, [DONE] and its last chunk; a request
  * with no bytes out yet, or still arriving, with a 503), the answers are
@@ -159,6 +160,25 @@ static void stop(struct server *s)
 
 static void on_drained(uv_timer_t *t);
 
+/* Whether the engine still runs a sequence though no request is left: a
+ * session turn whose client left while its prompt was fed goes on until the
+ * whole prompt is in (a session never holds part of one), and the drain
+ * waits for it; a cancel the engine has not taken yet counts too. */
+static int engine_still_feeding(struct server *s)
+{
+    if (!s->engine)
+        return 0;
+    struct engine_stats es;
+    engine_get_stats(s->engine, &es);
+    int busy = es.healthy && es.active_seqs + es.queued > 0;
+    if (busy && !s->drain_feed_logged) {
+        s->drain_feed_logged = 1;
+        log_msg(LOG_INFO, "drain: the engine still feeds %lld sequence(s) whose request ended",
+                (long long)es.active_seqs);
+    }
+    return busy;
+}
+
 void server_request_done(struct server *s)
 {
     s->inflight--;
@@ -231,6 +251,10 @@ static void on_drained(uv_timer_t *t)
     }
     if (queued > 0 && server_now() < s->drain_deadline) {
         uv_timer_start(t, on_drained, 20, 0); /* still flushing */
+        return;
+    }
+    if (!s->cutting && engine_still_feeding(s) && server_now() < s->drain_deadline) {
+        uv_timer_start(t, on_drained, 20, 0);
         return;
     }
     stop(s);

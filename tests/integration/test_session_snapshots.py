@@ -549,6 +549,41 @@ def test_a_session_stream_cut_while_it_holds_text_back_sends_that_text(binary, m
     assert_saved_as_received(binary, model, flags, "held", text, n)
 
 
+def test_a_turn_left_inside_its_prompt_is_fed_whole_before_a_drain_ends(binary, model,
+                                                                         tmp_path):
+    """A session turn whose client leaves while its prompt is fed is no
+    longer a request the server answers, but the engine still feeds the
+    rest of its prompt (a session never holds part of one). A SIGTERM then
+    finds no request running; the drain still waits for that feed, so the
+    session saved at the exit holds the whole prompt, and nothing more."""
+    d = tmp_path / "sessions"
+    d.mkdir()
+    flags = ["--session-dir", str(d), "--threads", "1"]
+    s = Server(binary, model, flags + ["--drain-timeout", "60"])
+    prompt = " ".join([LONG] * 24)  # some 2,300 tokens: seconds of prefill on one thread
+    body = json.dumps({"model": "smol", "prompt": prompt, "max_tokens": 8, "temperature": 0,
+                       "session_id": "left"}).encode()
+    c = s.connect()
+    c.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               f"Content-Length: {len(body)}\r\n\r\n").encode() + body)
+    s.wait_metric("streamsink_prompt_tokens_total", lambda v: v >= 256)  # a chunk is in
+    c.close()
+    s.wait_metric("streamsink_requests_inflight", lambda v: v == 0)
+    assert s.metrics()["streamsink_active_sequences"] == 1  # still feeding
+    s.proc.send_signal(signal.SIGTERM)
+    assert s.proc.wait(60) == 0, s.log()
+    s.thread.join(5)
+    s = Server(binary, model, flags)
+    try:
+        st, saved = call(s, "GET", "/v1/sessions/left")
+        assert st == 200, saved
+        st, r = complete(s, prompt, None, max_tokens=1)
+        assert st == 200, r
+        assert saved["tokens_seen"] == r["usage"]["prompt_tokens"], saved
+    finally:
+        assert s.stop() == 0, s.log()
+
+
 @pytest.mark.parametrize("then", ["third_signal", "file_returns"])
 def test_a_signal_ends_a_shutdown_stuck_behind_a_hung_file(binary, model, tmp_path, then):
     """SIGTERM waits for every session save, and saves wait behind the file

@@ -856,8 +856,11 @@ static int cuda_kv_alloc(struct backend *b, const struct kv_geometry *g)
     c->kv_elems = bytes / (c->kv_f16 ? 2 : 4);
     CUDA_TRY(cudaMalloc(&c->kmem, bytes));
     CUDA_TRY(cudaMalloc(&c->vmem, bytes));
-    CUDA_TRY(cudaMemset(c->kmem, 0, bytes));
-    CUDA_TRY(cudaMemset(c->vmem, 0, bytes));
+    /* cleared on the backend's stream: a plain cudaMemset runs on the legacy
+     * stream, which a non-blocking stream's steps and imports do not wait for */
+    CUDA_TRY(cudaMemsetAsync(c->kmem, 0, bytes, c->stream));
+    CUDA_TRY(cudaMemsetAsync(c->vmem, 0, bytes, c->stream));
+    CUDA_TRY(cudaStreamSynchronize(c->stream));
     CUDA_TRY(cudaMalloc((void **)&c->part, (size_t)b->max_tokens * (size_t)hp->n_head_kv *
                                                (size_t)c->n_split * (size_t)G *
                                                ((size_t)hp->head_dim + 2) * sizeof(float)));
@@ -1133,6 +1136,9 @@ extern "C" int backend_cuda_init(struct backend *b, const struct model *m,
         }
         if (rc < 0)
             goto fail_msg;
+        /* a pageable cudaMemcpy may return before its DMA lands, on the legacy
+         * stream the backend's non-blocking stream does not wait for */
+        CUDA_TRY(cudaDeviceSynchronize());
 
         float **bufs[] = {&a->x, &a->xb,  &a->xb2, &a->q,   &a->qc, &a->k,
                           &a->v, &a->att, &a->hb,  &a->hb2, &a->xo};

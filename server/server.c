@@ -619,7 +619,13 @@ static int engine_config_from(const struct server_config *cfg, struct engine_con
  * match: it is refused at start-up. */
 #define KEY_MAX (HTTP_AUTH_MAX - 1 - 7)
 
-static int add_key(struct server *s, const char *k, size_t len)
+/* Adds one key, its blanks around it trimmed. A line of --api-key-file
+ * that is blank or starts with '#' is none (returns 0); a blank key from the
+ * flag or the environment is an error (-ENOKEY), since the mistake it
+ * stands for (`--api-key "$KEY"` with KEY unset) would serve an open API.
+ * A key with a control character could never match (a header value cannot
+ * carry one): -EILSEQ. */
+static int add_key(struct server *s, const char *k, size_t len, int from_file)
 {
     while (len > 0 && (k[len - 1] == ' ' || k[len - 1] == '\t' || k[len - 1] == '\r'))
         len--;
@@ -627,8 +633,13 @@ static int add_key(struct server *s, const char *k, size_t len)
         k++;
         len--;
     }
-    if (len == 0 || *k == '#')
+    if (from_file && (len == 0 || *k == '#'))
         return 0;
+    if (len == 0)
+        return -ENOKEY;
+    for (size_t i = 0; i < len; i++)
+        if ((unsigned char)k[i] < 0x20 || k[i] == 0x7f)
+            return -EILSEQ;
     if (len > KEY_MAX)
         return -EMSGSIZE;
     if (s->n_keys == SERVER_MAX_KEYS)
@@ -652,7 +663,7 @@ static int load_keys(struct server *s, char *err, size_t err_len)
         log_msg(LOG_WARN, "--api-key is visible to every user of this machine (ps); prefer "
                           "--api-key-file or $STREAMSINK_API_KEY");
     for (int64_t i = 0; rc == 0 && i < cfg->n_api_keys; i++)
-        rc = add_key(s, cfg->api_keys[i], strlen(cfg->api_keys[i]));
+        rc = add_key(s, cfg->api_keys[i], strlen(cfg->api_keys[i]), 0);
     if (rc == 0 && cfg->api_key_file[0]) {
         FILE *f = fopen(cfg->api_key_file, "r");
         if (!f) {
@@ -668,7 +679,7 @@ static int load_keys(struct server *s, char *err, size_t err_len)
                 fclose(f);
                 return -EINVAL;
             }
-            rc = add_key(s, line, n);
+            rc = add_key(s, line, n, 1);
         }
         fclose(f);
         if (rc == 0 && s->n_keys == 0) {
@@ -677,9 +688,17 @@ static int load_keys(struct server *s, char *err, size_t err_len)
         }
     }
     const char *env = getenv("STREAMSINK_API_KEY");
-    if (rc == 0 && s->n_keys == 0 && env && env[0])
-        rc = add_key(s, env, strlen(env));
-    if (rc == -EMSGSIZE)
+    if (rc == 0 && s->n_keys == 0 && env)
+        rc = add_key(s, env, strlen(env), 0);
+    if (rc == -ENOKEY)
+        snprintf(err, err_len,
+                 "an API key is empty (--api-key or $STREAMSINK_API_KEY); to serve without "
+                 "keys, give none");
+    else if (rc == -EILSEQ)
+        snprintf(err, err_len,
+                 "an API key holds a control character, which no Authorization header can "
+                 "carry");
+    else if (rc == -EMSGSIZE)
         snprintf(err, err_len,
                  "an API key is longer than %d bytes, the longest a request's Authorization "
                  "header can carry",

@@ -291,6 +291,33 @@ def test_a_key_too_long_for_the_authorization_header_is_refused_at_start(binary,
     assert "an API key is longer than 504 bytes" in r.stderr
 
 
+@pytest.mark.parametrize("how", ["flag", "env"])
+@pytest.mark.parametrize("key", ["", "   ", "sk-a\nb"])
+def test_an_empty_key_or_one_no_header_can_carry_is_refused_at_start(binary, model, how, key):
+    # `--api-key "$KEY"` with KEY unset served an open API without a word:
+    # a blank key is an error, as a control character is (no request could
+    # send it); only a key file's lines may be blank
+    args, env = ["--api-key", key], dict(os.environ)
+    if how == "env":
+        args, env["STREAMSINK_API_KEY"] = [], key
+    r = subprocess.run([binary, "serve", "-m", model, "--port", "0", *args], capture_output=True,
+                       text=True, timeout=60, env=env)
+    assert r.returncode == 2, r.stderr
+    assert "an API key" in r.stderr
+
+
+def test_a_key_that_starts_with_a_hash_is_a_key_outside_a_key_file(binary, model):
+    # '#' starts a comment in a key file only: as a flag it was dropped,
+    # and the server ran open
+    from conftest import Server
+    s = Server(binary, model, ["--api-key", "#sk-hash"])
+    try:
+        assert s.get("/v1/models")[0] == 401
+        assert s.get("/v1/models", {"Authorization": "Bearer #sk-hash"})[0] == 200
+    finally:
+        assert s.stop() == 0
+
+
 def test_no_body_is_read_or_continued_before_the_key(start_server):
     s = start_server("--api-key", KEY)
     c = s.connect()

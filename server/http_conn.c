@@ -712,22 +712,25 @@ void http_conn_finish_and_close(struct http_conn *c)
                          * request pipelined behind it (promised by its keep-alive) */
 }
 
-/* An error found while reading: answer it and close (lingering). */
+/* An error found while reading: answer it and close (lingering). told: the
+ * application chose it (ops->on_refused is for the connection's own). */
 static void reject_with(struct http_conn *c, int status, const char *code, const char *extra,
-                        const char *message)
+                        const char *message, int told)
 {
     c->close_after = 1;
     if (c->state == HTTP_CONN_READING)
         set_state(c, HTTP_CONN_WAITING); /* answered like any request */
     if (!awaiting_response(c))
         return;
+    if (!told && c->ops->on_refused)
+        c->ops->on_refused(c, status, c->ops->arg);
     http_conn_respond_error(c, status, NULL, code && code[0] ? code : NULL,
                             extra && extra[0] ? extra : NULL, message);
 }
 
 static void reject(struct http_conn *c, int status, const char *message)
 {
-    reject_with(c, status, NULL, NULL, message);
+    reject_with(c, status, NULL, NULL, message, 0);
 }
 
 int http_conn_receiving(const struct http_conn *c)
@@ -738,7 +741,7 @@ int http_conn_receiving(const struct http_conn *c)
 void http_conn_refuse(struct http_conn *c, const struct http_reject *rej)
 {
     if (http_conn_receiving(c))
-        reject_with(c, rej->status, rej->code, rej->extra_headers, rej->message);
+        reject_with(c, rej->status, rej->code, rej->extra_headers, rej->message, 1);
 }
 
 /* ---- timer callback ------------------------------------------------------------- */
@@ -832,6 +835,7 @@ static int on_message_begin(llhttp_t *p)
     c->request_begun = 1;
     c->header_bytes = 0;
     c->err_status = 0;
+    c->err_told = 0;
     memset(&c->rej, 0, sizeof c->rej);
     c->seen = 0;
     c->body_want = 0;
@@ -1118,6 +1122,7 @@ static int on_headers_complete(llhttp_t *p)
         int st = c->ops->on_headers(c, &c->rej, c->ops->arg);
         if (st) {
             c->err_status = st;
+            c->err_told = 1;
             return -1;
         }
     }
@@ -1271,7 +1276,8 @@ static void dispatch(struct http_conn *c)
 static void parse_error(struct http_conn *c, llhttp_errno_t e)
 {
     if (c->err_status && c->rej.message[0])
-        reject_with(c, c->err_status, c->rej.code, c->rej.extra_headers, c->rej.message);
+        reject_with(c, c->err_status, c->rej.code, c->rej.extra_headers, c->rej.message,
+                    c->err_told);
     else if (c->err_status == 413)
         reject(c, 413, "the request body is larger than this server accepts");
     else if (c->err_status == 414)

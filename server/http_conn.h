@@ -135,6 +135,10 @@ struct http_conn_ops {
      * lines, not the API's error schema. */
     char *(*error_body)(int status, const char *param, const char *code, const char *message,
                         void *arg);
+    /* Optional: the connection answered a request with an error of its own
+     * (bad framing, a limit, the read timeout, no room for the body), not
+     * one that ops->on_headers or http_conn_refuse chose; it closes after. */
+    void (*on_refused)(struct http_conn *c, int status, void *arg);
     /* The connection is closing (called once, from http_conn_close): forget
      * it, cancel its work. Memory stays valid until on_free. */
     void (*on_close)(struct http_conn *c, void *arg);
@@ -173,6 +177,7 @@ struct http_conn {
     struct http_request req;
     size_t header_bytes;    /* request line + headers so far */
     int err_status;         /* 400/413/414/431/503 chosen by a parser callback */
+    int err_told;           /* ... by ops->on_headers, which counted it itself */
     struct http_reject rej; /* err_status's message when a hook or a header check chose it */
     unsigned seen;          /* singleton headers seen in this request (bit per HDR_*) */
     size_t body_reserved;   /* bytes of *lim->body_budget this request holds */

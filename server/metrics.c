@@ -5,8 +5,8 @@
 #include <stdio.h>
 #include <string.h>
 
-static const int statuses[METRICS_N_STATUS - 1] = {200, 400, 401, 404, 405, 408, 409, 413,
-                                                   414, 429, 431, 500, 503, 505, 501};
+static const int statuses[METRICS_N_STATUS - 1] = {200, 201, 204, 400, 401, 404, 405, 408, 409, 410,
+                                                   413, 414, 422, 429, 431, 500, 501, 503, 505};
 
 static const double ttft_le[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                                  1,     2.5,  5,     10,   30,  60,   120};

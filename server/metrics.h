@@ -38,7 +38,7 @@ enum metrics_endpoint {
     METRICS_EP_COUNT
 };
 
-#define METRICS_N_STATUS 16 /* the statuses we send, plus "other" */
+#define METRICS_N_STATUS 20 /* the statuses we send, plus "other" */
 
 struct metrics {
     struct metrics_hist ttft; /* seconds */

@@ -1198,6 +1198,21 @@ static int shutting_down(struct http_reject *rej)
     return rej->status;
 }
 
+/* The endpoint a refusal of c is counted under: its route's once its
+ * headers are in and the route is open or the key right; else "other", so
+ * that the open /metrics does not tell a client without the key which
+ * paths exist (a 401 is decided before the path is looked at). */
+static enum metrics_endpoint refused_ep(const struct server *s, const struct http_conn *c,
+                                        int status)
+{
+    if (status == 401 || !c->in_trailers)
+        return METRICS_EP_OTHER;
+    char path[HTTP_URL_MAX];
+    path_of(c, path, sizeof path);
+    const struct route *rt = find_route(path);
+    return rt && (rt->open || authorized(s, c)) ? rt->ep : METRICS_EP_OTHER;
+}
+
 int router_on_headers(struct http_conn *c, struct http_reject *rej, void *arg)
 {
     struct server *s = arg;
@@ -1208,8 +1223,14 @@ int router_on_headers(struct http_conn *c, struct http_reject *rej, void *arg)
     if (!st && s->draining && draining_refuses(rt->ep))
         st = shutting_down(rej); /* from the headers: no 100 Continue, no body for nothing */
     if (st)
-        metrics_count_request(&s->metrics, rt ? rt->ep : METRICS_EP_OTHER, st);
+        metrics_count_request(&s->metrics, refused_ep(s, c, st), st);
     return st;
+}
+
+void router_on_refused(struct http_conn *c, int status, void *arg)
+{
+    struct server *s = arg;
+    metrics_count_request(&s->metrics, refused_ep(s, c, status), status);
 }
 
 void router_refuse_arriving(struct server *s, struct http_conn *c)
@@ -1217,15 +1238,7 @@ void router_refuse_arriving(struct server *s, struct http_conn *c)
     struct http_reject rej;
     if (!http_conn_receiving(c))
         return;
-    enum metrics_endpoint ep = METRICS_EP_OTHER;
-    if (c->in_trailers) { /* its headers were taken: its route is known */
-        char path[HTTP_URL_MAX];
-        path_of(c, path, sizeof path);
-        const struct route *rt = find_route(path);
-        if (rt)
-            ep = rt->ep;
-    }
-    metrics_count_request(&s->metrics, ep, shutting_down(&rej));
+    metrics_count_request(&s->metrics, refused_ep(s, c, 503), shutting_down(&rej));
     http_conn_refuse(c, &rej);
 }
 
@@ -1237,7 +1250,7 @@ void router_on_request(struct http_conn *c, void *arg)
     struct http_reject rej;
     path_of(c, path, sizeof path);
     if (check_request(s, c, path, &rt, &rej)) { /* refused from the headers already, normally */
-        metrics_count_request(&s->metrics, rt ? rt->ep : METRICS_EP_OTHER, rej.status);
+        metrics_count_request(&s->metrics, refused_ep(s, c, rej.status), rej.status);
         http_conn_respond_error(c, rej.status, NULL, rej.code,
                                 rej.extra_headers[0] ? rej.extra_headers : NULL, rej.message);
         return;

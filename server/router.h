@@ -111,6 +111,8 @@ void router_on_stream_event(struct server *s, struct stream *st, const struct en
 
 /* http_conn_ops callbacks (arg is the struct server). */
 int router_on_headers(struct http_conn *c, struct http_reject *rej, void *arg);
+/* ops->on_refused: counts the connection's own error answer. */
+void router_on_refused(struct http_conn *c, int status, void *arg);
 /* Error bodies in OpenAI's shape, for the transport (http_conn_ops.error_body). */
 char *router_error_body(int status, const char *param, const char *code, const char *message,
                         void *arg);

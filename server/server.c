@@ -962,6 +962,7 @@ enum server_status server_run(const struct server_config *cfg)
     };
     s->ops = (struct http_conn_ops){
         .on_headers = router_on_headers,
+        .on_refused = router_on_refused,
         .error_body = router_error_body,
         .on_request = router_on_request,
         .on_stream_commit = router_on_stream_commit,

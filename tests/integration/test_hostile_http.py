@@ -858,3 +858,56 @@ def test_a_huge_prompt_does_not_stall_running_streams(server):
     during = [ts for ts, n in stamps if n and t0 - 1.0 <= ts <= t1 + 0.5]
     gaps = [b - a for a, b in zip(during, during[1:])]
     assert during and max(gaps, default=0) < 2.0, (t1 - t0, gaps)
+
+
+# ---- what /metrics counts of refusals ---------------------------------------------------------------
+
+
+def test_every_refusal_is_counted_and_a_401_names_no_path(start_server):
+    # requests_total counts every request answered: the connection's own
+    # refusals (bad framing, a limit, the read timeout) were not counted at
+    # all; a session's 201 and 204 were "other"; and a 401 was counted under
+    # the path asked for, which told anyone reading the open /metrics which
+    # paths exist
+    s = start_server("--api-key", KEY, "--max-header", "4096", "--max-body", "1000",
+                     "--read-timeout", "1")
+    auth = f"Authorization: Bearer {KEY}\r\n"
+    sent = {
+        b"GARBAGE\r\n\r\n": 400,
+        b"GET / HTTP/9.9\r\nHost: x\r\n\r\n": 505,
+        b"GET /" + b"a" * 3000 + b" HTTP/1.1\r\nHost: x\r\n\r\n": 414,
+        b"GET /health HTTP/1.1\r\nHost: x\r\nX: " + b"b" * 5000 + b"\r\n\r\n": 431,
+        (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: application/json\r\n"
+         f"Content-Length: 5000\r\n\r\n").encode(): 413,
+        (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: application/json\r\n"
+         f"Content-Length: 10\r\n\r\n{{").encode(): 408,
+    }
+    for raw, status in sent.items():
+        got = s.raw(raw, timeout=10, quiet=3)
+        assert got.startswith(f"HTTP/1.1 {status}".encode()), (status, got[:200])
+    for path in ("/v1/sessions", "/tokenize", "/no-such-path"):
+        assert s.get(path)[0] == 401
+    hdr = {"Authorization": f"Bearer {KEY}"}
+    status, _, body = s.post("/v1/sessions", "", hdr)
+    assert status == 201, body
+    sid = json.loads(body)["id"]
+    assert s.post("/v1/completions", json.dumps({"model": "smol", "prompt": "Hi", "max_tokens": 1,
+                                                  "session_id": sid}), hdr)[0] == 200
+    status, _, body = s.raw((f"DELETE /v1/sessions/{sid} HTTP/1.1\r\nHost: x\r\n{auth}"
+                             f"Connection: close\r\n\r\n").encode())[:12], None, None
+    assert status == b"HTTP/1.1 204", status
+    m = s.metrics()
+    got = {k: v for k, v in m.items() if k.startswith("streamsink_requests_total{")}
+    want = {
+        'streamsink_requests_total{endpoint="other",status="400"}': 1,
+        'streamsink_requests_total{endpoint="other",status="505"}': 1,
+        'streamsink_requests_total{endpoint="other",status="414"}': 1,
+        'streamsink_requests_total{endpoint="other",status="431"}': 1,
+        'streamsink_requests_total{endpoint="/v1/completions",status="413"}': 1,
+        'streamsink_requests_total{endpoint="/v1/completions",status="408"}': 1,
+        'streamsink_requests_total{endpoint="other",status="401"}': 3,
+        'streamsink_requests_total{endpoint="/v1/sessions",status="201"}': 1,
+        'streamsink_requests_total{endpoint="/v1/sessions",status="204"}': 1,
+        'streamsink_requests_total{endpoint="/v1/completions",status="200"}': 1,
+    }
+    assert got == want, got

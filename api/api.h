@@ -172,6 +172,15 @@ char *api_tokens_json(int32_t first, const int32_t *ids, int64_t n,
                       const char *(*piece)(void *arg, int32_t id, size_t *len), void *arg);
 /* {"content":"..."}: text as a JSON string (bytes outside UTF-8 as U+FFFD). */
 char *api_content_json(const char *text, size_t len);
+/* /health's body: {"status","model","active_sequences","queued",
+ * "kv_slots_free","kv_slots_total"}, malloc'd, or NULL. */
+char *api_health_json(const char *status, const char *model, int64_t active, int64_t queued,
+                      int64_t slots_free, int64_t slots_total);
+/* src as a name fit for any output (a JSON string, a metrics label, a log
+ * line): valid UTF-8 with no control character, each byte that starts no
+ * character and each C0 control or DEL written as U+FFFD, cut at a
+ * character's end to fit cap bytes with its NUL. */
+void api_text_clean(char *dst, size_t cap, const char *src);
 
 /* ---- responses (response.c) ---------------------------------------------- */
 

@@ -828,6 +828,19 @@ char *api_content_json(const char *text, size_t len)
     return api__buf_finish(&b);
 }
 
+char *api_health_json(const char *status, const char *model, int64_t active, int64_t queued,
+                      int64_t slots_free, int64_t slots_total)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "status", status);
+    cJSON_AddStringToObject(o, "model", model);
+    cJSON_AddNumberToObject(o, "active_sequences", (double)active);
+    cJSON_AddNumberToObject(o, "queued", (double)queued);
+    cJSON_AddNumberToObject(o, "kv_slots_free", (double)slots_free);
+    cJSON_AddNumberToObject(o, "kv_slots_total", (double)slots_total);
+    return print_and_free(o);
+}
+
 char *api_models_json(const char *model_id, int64_t created)
 {
     cJSON *o = cJSON_CreateObject();

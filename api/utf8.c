@@ -5,6 +5,7 @@
  * U+FFFD in the string (the exact bytes still go out as a "bytes" array).
  */
 #include "internal.h"
+#include "api.h"
 
 #include <stdint.h>
 #include <string.h>
@@ -74,4 +75,24 @@ size_t api__utf8_sanitize(char *dst, size_t cap, const char *src, size_t len)
     }
     dst[o] = 0;
     return o;
+}
+
+void api_text_clean(char *dst, size_t cap, const char *src)
+{
+    static const char repl[] = "\xEF\xBF\xBD";
+    const unsigned char *u = (const unsigned char *)src;
+    size_t len = strlen(src), o = 0, i = 0;
+    if (cap == 0)
+        return;
+    while (i < len) {
+        size_t n = seq_len(u + i, len - i);
+        int bad = n == 0 || u[i] < 0x20 || u[i] == 0x7f;
+        size_t w = bad ? 3 : n;
+        if (o + w >= cap)
+            break;
+        memcpy(dst + o, bad ? repl : src + i, w);
+        o += w;
+        i += n ? n : 1;
+    }
+    dst[o] = 0;
 }

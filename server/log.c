@@ -17,11 +17,21 @@ void log_msg(enum log_level lv, const char *fmt, ...)
     static const char *const names[] = {"debug", "info", "warn", "error"};
     if (lv < min_level)
         return;
-    char msg[1024];
+    char raw[1024], msg[4 * sizeof raw];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    vsnprintf(raw, sizeof raw, fmt, ap);
     va_end(ap);
+    /* one line, whatever a message quotes (a file's name is anybody's
+     * bytes): control characters as \xNN, so none can forge a line */
+    size_t o = 0;
+    for (const unsigned char *p = (const unsigned char *)raw; *p; p++) {
+        if (*p < 0x20 || *p == 0x7f)
+            o += (size_t)snprintf(msg + o, sizeof msg - o, "\\x%02x", *p);
+        else
+            msg[o++] = (char)*p;
+    }
+    msg[o] = 0;
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     struct tm tm;

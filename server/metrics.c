@@ -5,6 +5,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "api.h"
+
 static const int statuses[METRICS_N_STATUS - 1] = {200, 201, 204, 400, 401, 404, 405, 408, 409, 410,
                                                    413, 414, 422, 429, 431, 500, 501, 503, 505};
 
@@ -96,20 +98,24 @@ static void put(struct out *o, const char *fmt, ...)
         o->len += (size_t)n;
 }
 
-/* A label value with ", \ and newlines escaped, as the format requires. */
-static const char *label(char *buf, size_t cap, const char *s)
+/* A label value: valid UTF-8 with no control character (api_text_clean; a
+ * model file's name is anybody's bytes, and the format has no escape but
+ * for newlines), then " and \ escaped; cut at a character's end to fit. */
+static const char *label(char *buf, size_t cap, const char *raw)
 {
+    char clean[512];
+    api_text_clean(clean, sizeof clean, raw);
     size_t o = 0;
-    for (; *s && o + 3 < cap; s++) {
-        if (*s == '"' || *s == '\\') {
+    for (const unsigned char *s = (const unsigned char *)clean; *s;) {
+        size_t n = *s < 0x80 ? 1 : *s >= 0xF0 ? 4 : *s >= 0xE0 ? 3 : 2;
+        int esc = *s == '"' || *s == '\\';
+        if (o + n + (size_t)esc >= cap)
+            break;
+        if (esc)
             buf[o++] = '\\';
-            buf[o++] = *s;
-        } else if (*s == '\n') {
-            buf[o++] = '\\';
-            buf[o++] = 'n';
-        } else {
-            buf[o++] = *s;
-        }
+        memcpy(buf + o, s, n);
+        o += n;
+        s += n;
     }
     buf[o] = 0;
     return buf;

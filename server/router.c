@@ -149,16 +149,11 @@ static void handle_metrics(struct server *s, struct http_conn *c)
 static void handle_health(struct server *s, struct http_conn *c)
 {
     struct engine_stats es;
-    char body[512];
     engine_get_stats(s->engine, &es);
     const char *status = !es.healthy ? "unhealthy" : s->draining ? "draining" : "ok";
-    int n = snprintf(body, sizeof body,
-                     "{\"status\":\"%s\",\"model\":\"%s\",\"active_sequences\":%lld,"
-                     "\"queued\":%lld,\"kv_slots_free\":%lld,\"kv_slots_total\":%lld}",
-                     status, s->model_id, (long long)es.active_seqs, (long long)es.queued,
-                     (long long)es.slots_free, (long long)es.slots_total);
-    reply(s, c, METRICS_EP_HEALTH, es.healthy && !s->draining ? 200 : 503, "application/json", NULL,
-          body, (size_t)n);
+    reply_json(s, c, METRICS_EP_HEALTH, es.healthy && !s->draining ? 200 : 503,
+               api_health_json(status, s->model_id, es.active_seqs, es.queued, es.slots_free,
+                               es.slots_total));
 }
 
 static void handle_models(struct server *s, struct http_conn *c, const char *path)

@@ -523,11 +523,13 @@ static void on_wake(uv_async_t *a)
 
 /* ---- startup ------------------------------------------------------------------------------ */
 
+/* The served id: the file's name without ".gguf", fit for every answer that
+ * carries it (api_text_clean). */
 static void model_id_from_path(char *dst, size_t cap, const char *path)
 {
     const char *base = strrchr(path, '/');
     base = base ? base + 1 : path;
-    snprintf(dst, cap, "%s", base);
+    api_text_clean(dst, cap, base);
     size_t n = strlen(dst);
     if (n > 5 && strcmp(dst + n - 5, ".gguf") == 0)
         dst[n - 5] = 0;

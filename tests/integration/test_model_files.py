@@ -3,20 +3,23 @@ an assert or a crash later: here a Llama file whose head dimension is larger
 than the attention kernels take, and one whose tokenizer has more tokens
 than its embedding has rows."""
 
+import json
+import os
 import subprocess
 
 import numpy as np
 
-def write_llama(path, dim, heads, vocab_tokens, bos, rows=None):
+def write_llama(path, dim, heads, vocab_tokens, bos, rows=None, name=b"head-dim-test"):
     """A complete one-layer F32 Llama GGUF with the byte-level tokenizer of the
     matched normalizer fixtures; every tensor present with its right shape
-    (token_embd with rows rows, the tokenizer's count by default)."""
+    (token_embd with rows rows, the tokenizer's count by default); name is
+    general.name's bytes."""
     import gguf
     rng = np.random.default_rng(0)
     V, D, F = len(vocab_tokens), dim, 64
     R = rows or V
     wr = gguf.GGUFWriter(path, "llama")
-    wr.add_name("head-dim-test")
+    wr.add_key_value("general.name", name, gguf.GGUFValueType.STRING)
     wr.add_context_length(256)
     wr.add_embedding_length(D)
     wr.add_block_count(1)
@@ -96,3 +99,36 @@ def test_a_tokenizer_larger_than_the_embedding_is_a_load_error(binary, tmp_path)
                              capture_output=True, text=True, timeout=120)
         assert bad.returncode == 3, (bad.returncode, bad.stderr)
         assert "257 tokens" in bad.stderr and "200 rows" in bad.stderr, bad.stderr
+
+
+def test_a_models_names_cannot_break_an_answer_a_scrape_or_the_log(binary, tmp_path):
+    """The file's name is the served id and general.name a metrics label;
+    both are anybody's bytes. /health wrote the id into its JSON unescaped,
+    the label kept a raw CR and bytes that are no UTF-8 (a scrape Prometheus
+    refuses), and the log wrote a newline in the file's name as a line of
+    its own. Now each is valid UTF-8 with no control character (U+FFFD in
+    their place: one for each byte of a character cut short), escaped where
+    its format says."""
+    from conftest import Server
+    tokens, bos = byte_vocab()
+    real = str(tmp_path / "m.gguf")
+    write_llama(real, 64, 1, tokens, bos, name=b'A"b\\c\r\xe2\x82\xff-end')
+    evil = os.fsdecode(os.fsencode(str(tmp_path)) +
+                       b'/we"ird\na\tme\r\nFAKE 2025-01-01T00:00:00.000Z error forged\xff.gguf')
+    os.symlink(real, evil)
+    s = Server(binary, evil, [])
+    try:
+        status, _, body = s.get("/health")
+        assert status == 200
+        model_id = json.loads(body)["model"]
+        assert model_id == 'we"ird\ufffda\ufffdme\ufffd\ufffdFAKE 2025-01-01T00:00:00.000Z error forged\ufffd', model_id
+        status, _, body = s.get("/v1/models")
+        assert json.loads(body)["data"][0]["id"] == model_id
+        status, _, body = s.get("/metrics")
+        text = body.decode("utf-8")  # strict: a scrape is UTF-8
+        info = [l for l in text.splitlines() if l.startswith("streamsink_model_info{")]
+        assert len(info) == 1 and 'name="A\\"b\\\\c\ufffd\ufffd\ufffd\ufffd-end"' in info[0], info
+    finally:
+        assert s.stop() == 0
+    assert not any(line.startswith("FAKE") for line in s.lines), s.log()
+    assert "\\x0a" in s.log()

@@ -813,4 +813,26 @@ TEST(api_tokens_json_gives_ids_or_pieces_as_text_or_bytes)
     free(js);
 }
 
+TEST(api_text_clean_leaves_valid_utf8_with_no_control_and_cuts_at_a_character)
+{
+    char out[64];
+    api_text_clean(out, sizeof out, "a\"b\\c\r\n\t\x7f\xe2\x82\xff\xc3\xa9");
+    /* each control and each byte that starts no character: U+FFFD */
+    ASSERT_STREQ(out, "a\"b\\c\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd"
+                      "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\xc3\xa9");
+    char small[5];
+    api_text_clean(small, sizeof small, "ab\xc3\xa9\xc3\xa9"); /* "abé" + NUL fits, no half "é" */
+    ASSERT_STREQ(small, "ab\xc3\xa9");
+    api_text_clean(small, 4, "ab\xc3\xa9");
+    ASSERT_STREQ(small, "ab");
+}
+
+TEST(api_health_json_escapes_the_model_id)
+{
+    char *js = api_health_json("ok", "we\"ird\\", 1, 2, 3, 4);
+    ASSERT_STREQ(js, "{\"status\":\"ok\",\"model\":\"we\\\"ird\\\\\",\"active_sequences\":1,"
+                     "\"queued\":2,\"kv_slots_free\":3,\"kv_slots_total\":4}");
+    free(js);
+}
+
 TEST_MAIN()

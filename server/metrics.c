@@ -190,8 +190,9 @@ size_t metrics_render(const struct metrics *m, const struct metrics_live *live,
     hist(&o, "streamsink_time_to_first_token_seconds",
          "Time from submit to the first token event, measured on the loop thread", &m->ttft);
     hist(&o, "streamsink_inter_token_latency_seconds",
-         "Time between consecutive token events of one request", &m->itl);
-    counter(&o, "streamsink_streamed_tokens_total", "Token events delivered to clients",
+         "Time between consecutive token events of one choice of a request", &m->itl);
+    counter(&o, "streamsink_streamed_tokens_total",
+            "Token events the engine handed to the server (sent, buffered or left by their client)",
             (double)m->streamed_tokens);
     counter(&o, "streamsink_connections_accepted_total", "Connections accepted",
             (double)m->conns_accepted);

@@ -273,6 +273,7 @@ void router_req_free(struct srv_req *r)
     engine_request_free(&r->parked_req); /* a session request's: owns nothing */
     api_response_free(&r->resp);
     free(r->infos);
+    free(r->t_last);
     free(r);
 }
 
@@ -1347,9 +1348,23 @@ static void count_token(struct server *s, struct srv_req *r, const struct engine
     double t = server_now();
     if (r->n_tokens == 0)
         metrics_hist_observe(&s->metrics.ttft, t - r->t_submit);
-    else
-        metrics_hist_observe(&s->metrics.itl, t - r->t_last);
-    r->t_last = t;
+    /* inter-token latency is each choice's own: n choices step together, and
+     * the gaps between their tokens of one step are none */
+    int64_t k = ev->choice >= 0 ? ev->choice : 0;
+    if (k >= r->n_t_last) {
+        int64_t n = k + 1 > 2 * r->n_t_last ? k + 1 : 2 * r->n_t_last;
+        double *p = realloc(r->t_last, (size_t)n * sizeof *p);
+        if (p) {
+            memset(p + r->n_t_last, 0, (size_t)(n - r->n_t_last) * sizeof *p);
+            r->t_last = p;
+            r->n_t_last = n;
+        }
+    }
+    if (k < r->n_t_last) { /* (no memory for the times: the gap is not observed) */
+        if (r->t_last[k] > 0)
+            metrics_hist_observe(&s->metrics.itl, t - r->t_last[k]);
+        r->t_last[k] = t;
+    }
     r->n_tokens++;
     s->metrics.streamed_tokens++;
 }

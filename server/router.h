@@ -82,8 +82,10 @@ struct srv_req {
     int started;  /* stream: headers and the first chunk are out */
     int overflow; /* non-streamed text reached --max-response: cancelled */
     int paused;   /* engine_pause sent */
-    double t_submit, t_last;
+    double t_submit;
     int64_t n_tokens;
+    double *t_last; /* [n_t_last]: each choice's last token (0: none yet) */
+    int64_t n_t_last;
     int tokenizing;  /* the prompt is on a worker thread; not submitted yet */
     int *tok_cancel; /* ... and this flag, set when its client leaves, skips the work */
     /* ... the session it names, and whose: a session request for it sent

@@ -267,3 +267,20 @@ def test_a_stream_of_choices_cut_at_the_drain_ends_once_with_the_cut_s_error(sta
             assert ch["finish_reason"] is None
             texts[ch["index"]] += ch["text"]
     assert texts[0] and texts[1]
+
+
+def test_inter_token_latency_is_each_choices_own(server):
+    """n choices step together: the inter-token latency histogram takes the
+    gap between a choice's tokens, one observation per token after its
+    first. It took the gaps between all of a request's tokens, so n = 2
+    gave 2k - 1 observations, half of them the microseconds between two
+    choices' tokens of one step."""
+    before = server.metrics()
+    name = "streamsink_inter_token_latency_seconds"
+    for n, stream in ((2, False), (3, True)):
+        body = {"model": "smol", "prompt": "Once upon a time", "max_tokens": 12, "n": n,
+                "temperature": 1.0, "seed": 7, "ignore_eos": True, "stream": stream}
+        status, _, _ = server.post("/v1/completions", json.dumps(body))
+        assert status == 200
+    after = server.metrics()
+    assert after[name + "_count"] - before[name + "_count"] == 2 * 11 + 3 * 11

@@ -1892,7 +1892,12 @@ static int step(struct engine *e)
         const int64_t from = s->n_fed;
         /* a position that left the window, came back (a give-back) and left
          * again is counted once */
-        e->stats.evicted_tokens_total += s->kv.n_evicted_max - e->evicted_before[k];
+        const int64_t evicted = s->kv.n_evicted_max - e->evicted_before[k];
+        e->stats.evicted_tokens_total += evicted;
+        if (s->kv.policy.kind == KV_POLICY_SINKS)
+            e->stats.evicted_sinks_total[s->kv.policy.n_sinks] += evicted;
+        else
+            e->stats.evicted_window_total += evicted; /* (dense evicts none) */
         if (prefill) {
             s->n_fed += in->n;
             e->stats.prompt_tokens_total += in->n;
@@ -1938,6 +1943,8 @@ static int step(struct engine *e)
         after_pick(e, e->pick_seq[k], &e->picked[k]);
     return 1;
 }
+
+_Static_assert(ENGINE_MAX_SINKS == KV_MAX_SINKS, "the facade's bound on sinks is the cache's");
 
 static void publish_stats(struct engine *e)
 {

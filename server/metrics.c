@@ -283,12 +283,21 @@ size_t metrics_render(const struct metrics *m, const struct metrics_live *live,
                 (double)es->gen_tokens_total);
         counter(&o, "streamsink_engine_steps_total", "Batched engine steps",
                 (double)es->steps_total);
+        /* one series for each policy that evicted, and the default's always */
         head(&o, "streamsink_kv_evicted_tokens_total", "counter",
-             "Tokens evicted from KV windows (labelled with the server's default policy)");
-        char pl[80];
-        put(&o, "streamsink_kv_evicted_tokens_total{policy=\"%s\"} %lld\n",
-            label(pl, sizeof pl, mi && mi->default_policy[0] ? mi->default_policy : "unknown"),
-            (long long)es->evicted_tokens_total);
+             "Tokens evicted from KV windows, by the policy of the sequence that evicted them");
+        const char *def = mi && mi->default_policy[0] ? mi->default_policy : "";
+        for (int64_t k = -1; k <= ENGINE_MAX_SINKS; k++) {
+            char name[32];
+            if (k < 0)
+                snprintf(name, sizeof name, "window");
+            else
+                snprintf(name, sizeof name, "sinks:%lld", (long long)k);
+            int64_t n = k < 0 ? es->evicted_window_total : es->evicted_sinks_total[k];
+            if (n > 0 || strcmp(name, def) == 0)
+                put(&o, "streamsink_kv_evicted_tokens_total{policy=\"%s\"} %lld\n", name,
+                    (long long)n);
+        }
         gauge(&o, "streamsink_engine_healthy", "0 after a backend failure", (double)es->healthy);
         gauge(&o, "streamsink_sessions_on_disk", "Session snapshots in --session-dir",
               (double)es->sessions_on_disk);

@@ -40,6 +40,7 @@ enum engine_policy_kind {
     ENGINE_POLICY_DENSE,     /* no eviction: refuse past the window */
     ENGINE_POLICY_RECOMPUTE, /* evaluation only (streamsink perplexity); refused by the server */
 };
+#define ENGINE_MAX_SINKS 64 /* the most sinks "sinks:N" may pin */
 struct engine_policy {
     enum engine_policy_kind kind;
     int64_t n_sinks; /* ENGINE_POLICY_SINKS */
@@ -394,6 +395,8 @@ struct engine_stats {
     int64_t prompt_tokens_total, gen_tokens_total, steps_total;
     int64_t prompt_tokens_cached_total; /* prompt tokens a free slot held: not prefilled */
     int64_t evicted_tokens_total;
+    /* ... by the policy of the sequence that evicted them: "window", "sinks:N" */
+    int64_t evicted_window_total, evicted_sinks_total[ENGINE_MAX_SINKS + 1];
     int64_t kv_bytes;
     int healthy; /* 0 after a backend failure */
     /* snapshots (--session-dir) */

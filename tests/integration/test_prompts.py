@@ -97,3 +97,23 @@ def test_a_prompt_over_the_limit_is_named_by_its_place(start_server):
         assert err["param"] == param and err["code"] == "context_length_exceeded", err
     r = c.completions.create(model="smol", prompt=["hi", "hello"], max_tokens=2)
     assert len(r.choices) == 2  # the server still serves
+
+
+def test_evictions_are_counted_under_the_policy_that_made_them(start_server):
+    # kv_evicted_tokens_total{policy} named the server's default policy
+    # whatever the request's: a researcher comparing policies read one series
+    s = start_server("--window", "64")  # the default: sinks:4
+    long = " ".join(["river"] * 120)
+    counts = {}
+    for pol in ("window", "sinks:8"):
+        status, _, body = s.post("/v1/completions", json.dumps(
+            {"model": "smol", "prompt": long, "max_tokens": 4, "kv_policy": pol,
+             "temperature": 0, "ignore_eos": True}))
+        assert status == 200, body
+        counts[pol] = json.loads(body)["usage"]["prompt_tokens"] + 4 - 1
+    m = s.metrics()
+    name = "streamsink_kv_evicted_tokens_total"
+    # a window of 64 keeps the last 64 positions (a sinks policy its sinks too)
+    assert m[name + '{policy="window"}'] == counts["window"] - 64
+    assert m[name + '{policy="sinks:8"}'] == counts["sinks:8"] - 64 - 8
+    assert m[name + '{policy="sinks:4"}'] == 0  # the default's series, though none used it

@@ -47,8 +47,10 @@ TEST(metrics_renders_engine_and_live_gauges_and_escapes_labels)
                               .paused_seqs = 1,
                               .slots_total = 8,
                               .slots_free = 6,
-                              .evicted_tokens_total = 77,
+                              .evicted_tokens_total = 77 + 5,
+                              .evicted_window_total = 5,
                               .healthy = 1};
+    es.evicted_sinks_total[4] = 77;
     struct engine_model_info mi = {.name = "we\"ird\\name", .default_policy = "sinks:4"};
     char buf[16384];
     size_t n = metrics_render(&m, &live, &es, &mi, buf, sizeof buf);
@@ -58,6 +60,8 @@ TEST(metrics_renders_engine_and_live_gauges_and_escapes_labels)
     ASSERT(strstr(buf, "streamsink_paused_sequences 1\n"));
     ASSERT(strstr(buf, "streamsink_kv_slots_used 2\n"));
     ASSERT(strstr(buf, "streamsink_kv_evicted_tokens_total{policy=\"sinks:4\"} 77\n"));
+    ASSERT(strstr(buf, "streamsink_kv_evicted_tokens_total{policy=\"window\"} 5\n"));
+    ASSERT(!strstr(buf, "policy=\"sinks:0\""));
     ASSERT(strstr(buf, "name=\"we\\\"ird\\\\name\""));
 }
 

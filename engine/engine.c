@@ -22,6 +22,7 @@
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1942,6 +1943,19 @@ static int step(struct engine *e)
     for (int k = 0; k < e->n_pick; k++)
         after_pick(e, e->pick_seq[k], &e->picked[k]);
     return 1;
+}
+
+void engine__log(const struct engine *e, enum engine_log_level level, const char *fmt, ...)
+{
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (e->cfg.log)
+        e->cfg.log(level, msg, e->cfg.log_arg);
+    else
+        fprintf(stderr, "streamsink: %s\n", msg);
 }
 
 _Static_assert(ENGINE_MAX_SINKS == KV_MAX_SINKS, "the facade's bound on sinks is the cache's");

@@ -196,6 +196,9 @@ struct engine {
  * everything the scheduler uses, filling e->info. Returns 0 or -errno with a
  * message in e->start_err; engine_free cleans up either way. */
 int engine__load(struct engine *e);
+/* One message to cfg.log (else stderr, "streamsink: " first). */
+void engine__log(const struct engine *e, enum engine_log_level level, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 /* Frees what s holds (request, KV slot, session name): s becomes SEQ_FREE. */
 void engine__seq_release(struct engine *e, struct seq *s);
 /* Answers DELETE request id of session sid once the IO thread is done with

@@ -278,7 +278,7 @@ void session_save_all(struct engine *e)
         struct seq *s = &e->seqs[i];
         char why[200];
         if (s->state == SEQ_IDLE && s->session[0] && session_save(e, s, 0, why, sizeof why) < 0)
-            fprintf(stderr, "streamsink: session '%s' is lost: %s\n", s->session, why);
+            engine__log(e, ENGINE_LOG_ERROR, "session '%s' is lost: %s", s->session, why);
     }
     session_saves_drain(e);
 }
@@ -469,7 +469,7 @@ static void count_apply(struct engine *e, struct disk_count *c)
 {
     if (e->count_failing) {
         e->count_failing = 0;
-        fprintf(stderr, "streamsink: the session directory is counted again\n");
+        engine__log(e, ENGINE_LOG_INFO, "the session directory is counted again");
     }
     e->stats.sessions_on_disk = c->files;
     e->stats.snapshot_bytes = c->bytes;
@@ -480,10 +480,10 @@ static void count_apply(struct engine *e, struct disk_count *c)
     c->gone = NULL;
     c->n_gone = 0;
     if (c->stale_tmp > 0)
-        fprintf(stderr,
-                "streamsink: deleted %lld temporary snapshot file(s) of writes that died with "
-                "their process\n",
-                (long long)c->stale_tmp);
+        engine__log(e, ENGINE_LOG_INFO,
+                    "deleted %lld temporary snapshot file(s) of writes that died with their "
+                    "process",
+                    (long long)c->stale_tmp);
 }
 
 /* A count that broke: the figures stay those of the last whole one, and
@@ -491,10 +491,10 @@ static void count_apply(struct engine *e, struct disk_count *c)
 static void count_failed(struct engine *e, const struct disk_count *c)
 {
     if (!e->count_failing)
-        fprintf(stderr,
-                "streamsink: the session directory could not be counted (%s); its figures and "
-                "--session-disk-max wait for the next count\n",
-                strerror(c->err));
+        engine__log(e, ENGINE_LOG_WARN,
+                    "the session directory could not be counted (%s); its figures and "
+                    "--session-disk-max wait for the next count",
+                    strerror(c->err));
     e->count_failing = 1;
 }
 
@@ -825,9 +825,9 @@ static void finish(struct engine *e, struct session_saving *w)
     struct seq *s = session_find(e, w->m.id);
     struct session_saving *newest = pending(e, w->m.id);
     if (w->rc < 0 && e->saves_draining && s && newest == w)
-        fprintf(stderr,
-                "streamsink: session '%s' is lost: its snapshot could not be written (%s)\n",
-                w->m.id, w->why);
+        engine__log(e, ENGINE_LOG_ERROR,
+                    "session '%s' is lost: its snapshot could not be written (%s)", w->m.id,
+                    w->why);
     if (w->rc == 0 || (s && s->owner == w->m.owner) || newest != w) {
         /* written, or the session is in memory again or saved again (newer) */
         free(w->buf);
@@ -836,8 +836,8 @@ static void finish(struct engine *e, struct session_saving *w)
     } else {
         w->state = SAVE_HELD; /* the only copy: kept for another try */
         w->retry_at = mono_s() + RETRY_S;
-        fprintf(stderr, "streamsink: saving session '%s' failed (%s); kept in memory, retrying\n",
-                w->m.id, w->why);
+        engine__log(e, ENGINE_LOG_WARN, "saving session '%s' failed (%s); kept in memory, retrying",
+                    w->m.id, w->why);
     }
     count_saves(e);
 }
@@ -1197,9 +1197,9 @@ void session_saves_drain(struct engine *e)
     for (int i = 0; i < SESSION_SAVES_MAX; i++) {
         struct session_saving *w = &e->saving[i];
         if (w->state == SAVE_HELD) {
-            fprintf(stderr,
-                    "streamsink: session '%s' is lost: its snapshot could not be written (%s)\n",
-                    w->m.id, w->why);
+            engine__log(e, ENGINE_LOG_ERROR,
+                        "session '%s' is lost: its snapshot could not be written (%s)", w->m.id,
+                        w->why);
             free(w->buf);
             w->buf = NULL;
             w->state = SAVE_FREE;

@@ -575,9 +575,20 @@ static enum log_level level_of(const char *s)
                                      : LOG_INFO;
 }
 
+/* The engine's messages, in the server's log (any thread: one fprintf a line). */
+static void engine_log(enum engine_log_level level, const char *msg, void *arg)
+{
+    (void)arg;
+    log_msg(level == ENGINE_LOG_ERROR  ? LOG_ERROR
+            : level == ENGINE_LOG_WARN ? LOG_WARN
+                                       : LOG_INFO,
+            "%s", msg);
+}
+
 static int engine_config_from(const struct server_config *cfg, struct engine_config *ec)
 {
     *ec = engine_default_config();
+    ec->log = engine_log;
     ec->model_path = cfg->model;
     ec->n_threads = (int)cfg->threads;
     ec->no_mmap = cfg->no_mmap != 0;

@@ -72,6 +72,8 @@ struct engine_sampling {
 /* Temperature 1, top_p 1, the rest off, penalty_last_n 64, seed 0. */
 struct engine_sampling engine_sampling_defaults(void);
 
+enum engine_log_level { ENGINE_LOG_INFO, ENGINE_LOG_WARN, ENGINE_LOG_ERROR };
+
 struct engine_config {
     const char *model_path;
     int n_threads; /* CPU backend threads */
@@ -92,6 +94,10 @@ struct engine_config {
     const char *session_dir;
     int64_t session_disk_max; /* bytes of snapshots kept in session_dir (0: no bound) */
     int no_mmap; /* read the weights into memory instead of mapping the file (--no-mmap) */
+    /* Where the engine's own messages go (a session lost, the session
+     * directory's counts), from the engine's threads; NULL: stderr. */
+    void (*log)(enum engine_log_level level, const char *msg, void *arg);
+    void *log_arg;
 };
 /* Defaults for every field (threads 2, max_seqs 8, window 4096, chunk 256, ...). */
 struct engine_config engine_default_config(void);

@@ -9,6 +9,7 @@ the session API lists, describes and deletes, bound to the key."""
 
 import json
 import os
+import re
 import resource
 import signal
 import socket
@@ -1347,6 +1348,11 @@ def test_a_count_of_the_directory_that_breaks_part_way_changes_nothing(binary, m
         assert on_disk() == ["a-0", "a-1", "a-2", "a-3", "a-4", "b-0"]
         assert figures() == whole  # before: 0 snapshots, 0 bytes (what was read)
         assert s.log().count("could not be counted") == 1, s.log()
+        # an engine message is a log line like any other (it was a bare
+        # "streamsink: ..." with no time or level, past --log-level)
+        line = next(l for l in s.lines if "could not be counted" in l)
+        assert re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z warn  the session directory",
+                        line), line
         flag.unlink()
         save("b-1", "key-b")  # a whole count: key-a's oldest go until the bound holds
         assert on_disk() == ["a-3", "a-4", "b-0", "b-1"]

@@ -3,6 +3,7 @@
 class, and a server that keeps serving everyone else."""
 
 import json
+import os
 import socket
 import subprocess
 import time
@@ -135,6 +136,31 @@ def test_api_key_is_required_on_v1_but_not_on_health_or_metrics(start_server):
     assert s.get("/metrics")[0] == 200
     r = s.client(api_key="sekret").completions.create(model="smol", prompt="Hi", max_tokens=1)
     assert r.usage.completion_tokens == 1
+
+
+def test_the_docs_name_every_series_a_scrape_shows(start_server, tmp_path):
+    """docs/serving.md#metrics says what each series is; one it leaves out
+    is one an operator has to guess at."""
+    import re
+    from conftest import REPO
+    s = start_server("--session-dir", str(tmp_path))
+    status, _, body = s.get("/metrics")
+    assert status == 200
+    families = {l.split()[2] for l in body.decode().splitlines() if l.startswith("# TYPE ")}
+    with open(os.path.join(REPO, "docs", "serving.md")) as f:
+        doc = f.read()
+    section = doc[doc.index("\n## Metrics\n"):]
+    section = section[:section.index("\n## ", 1)]
+    named = set()
+    for name in re.findall(r"`([a-z_/]+)(?:\{[^}]*\})?`", section):
+        if "/" in name:  # kv_slots_total/free/used
+            head, *tails = name.split("/")
+            stem = head.rsplit("_", 1)[0]
+            named |= {head} | {f"{stem}_{x}" for x in tails}
+        else:
+            named.add(name)
+    missing = sorted(f for f in families if f.removeprefix("streamsink_") not in named)
+    assert not missing, missing
 
 
 def test_full_slots_and_queue_give_429_with_retry_after(start_server):

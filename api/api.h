@@ -177,9 +177,10 @@ char *api_content_json(const char *text, size_t len);
 char *api_health_json(const char *status, const char *model, int64_t active, int64_t queued,
                       int64_t slots_free, int64_t slots_total);
 /* src as a name fit for any output (a JSON string, a metrics label, a log
- * line): valid UTF-8 with no control character, each byte that starts no
- * character and each C0 control or DEL written as U+FFFD, cut at a
- * character's end to fit cap bytes with its NUL. */
+ * line): valid UTF-8 with no C0 control or DEL (the bytes that break a
+ * line or a format), each byte that starts no character and each of those
+ * written as U+FFFD, cut at a character's end to fit cap bytes with its
+ * NUL. Other code points (C1 controls, U+2028) pass as they are. */
 void api_text_clean(char *dst, size_t cap, const char *src);
 
 /* ---- responses (response.c) ---------------------------------------------- */

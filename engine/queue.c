@@ -228,6 +228,7 @@ void queue_get_stats(struct queue *q, struct engine_stats *s)
     struct queue_impl *qi = q->impl;
     pthread_mutex_lock(&qi->mu);
     *s = qi->stats;
+    s->requests_open = (int64_t)qi->inflight;
     pthread_mutex_unlock(&qi->mu);
 }
 

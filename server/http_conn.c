@@ -728,9 +728,9 @@ static void reject_with(struct http_conn *c, int status, const char *code, const
                             extra && extra[0] ? extra : NULL, message);
 }
 
-static void reject(struct http_conn *c, int status, const char *message)
+static void reject(struct http_conn *c, int status, const char *message, int told)
 {
-    reject_with(c, status, NULL, NULL, message, 0);
+    reject_with(c, status, NULL, NULL, message, told);
 }
 
 int http_conn_receiving(const struct http_conn *c)
@@ -756,7 +756,7 @@ static void on_timeout(uv_timer_t *t)
     switch (c->state) {
     case HTTP_CONN_READING:
         if (c->request_begun)
-            reject(c, 408, "the request did not arrive within the read timeout");
+            reject(c, 408, "the request did not arrive within the read timeout", 0);
         else
             http_conn_close(c); /* idle keep-alive connection */
         break;
@@ -1279,17 +1279,17 @@ static void parse_error(struct http_conn *c, llhttp_errno_t e)
         reject_with(c, c->err_status, c->rej.code, c->rej.extra_headers, c->rej.message,
                     c->err_told);
     else if (c->err_status == 413)
-        reject(c, 413, "the request body is larger than this server accepts");
+        reject(c, 413, "the request body is larger than this server accepts", c->err_told);
     else if (c->err_status == 414)
-        reject(c, 414, "the request URL is too long");
+        reject(c, 414, "the request URL is too long", c->err_told);
     else if (c->err_status == 431)
-        reject(c, 431, "the request headers are larger than this server accepts");
+        reject(c, 431, "the request headers are larger than this server accepts", c->err_told);
     else if (c->err_status)
-        reject(c, c->err_status, "the server could not take this request");
+        reject(c, c->err_status, "the server could not take this request", c->err_told);
     else {
         char msg[200];
         snprintf(msg, sizeof msg, "malformed HTTP request: %s", llhttp_errno_name(e));
-        reject(c, e == HPE_INVALID_VERSION ? 505 : 400, msg);
+        reject(c, e == HPE_INVALID_VERSION ? 505 : 400, msg, 0);
     }
 }
 

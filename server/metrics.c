@@ -287,6 +287,7 @@ size_t metrics_render(const struct metrics *m, const struct metrics_live *live,
         head(&o, "streamsink_kv_evicted_tokens_total", "counter",
              "Tokens evicted from KV windows, by the policy of the sequence that evicted them");
         const char *def = mi && mi->default_policy[0] ? mi->default_policy : "";
+        int def_put = 0;
         for (int64_t k = -1; k <= ENGINE_MAX_SINKS; k++) {
             char name[32];
             if (k < 0)
@@ -294,9 +295,16 @@ size_t metrics_render(const struct metrics *m, const struct metrics_live *live,
             else
                 snprintf(name, sizeof name, "sinks:%lld", (long long)k);
             int64_t n = k < 0 ? es->evicted_window_total : es->evicted_sinks_total[k];
-            if (n > 0 || strcmp(name, def) == 0)
+            int is_def = strcmp(name, def) == 0;
+            def_put |= is_def;
+            if (n > 0 || is_def)
                 put(&o, "streamsink_kv_evicted_tokens_total{policy=\"%s\"} %lld\n", name,
                     (long long)n);
+        }
+        if (!def_put && def[0]) { /* dense: evicts none */
+            char pl[80];
+            put(&o, "streamsink_kv_evicted_tokens_total{policy=\"%s\"} 0\n",
+                label(pl, sizeof pl, def));
         }
         gauge(&o, "streamsink_engine_healthy", "0 after a backend failure", (double)es->healthy);
         gauge(&o, "streamsink_sessions_on_disk", "Session snapshots in --session-dir",

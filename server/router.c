@@ -679,17 +679,25 @@ static void handle_generate(struct server *s, struct http_conn *c, enum api_endp
     struct srv_req *r = calloc(1, sizeof *r);
     struct tok_work *t = req.prompt ? calloc(1, sizeof *t) : NULL;
     struct api_token_text tt = {token_text, s->engine};
-    if (!r || (req.prompt && !t) ||
+    /* each of the request's sequences (choices of every prompt) its own
+     * inter-token clock */
+    const int64_t places =
+        (int64_t)(req.n_choices > 1 ? req.n_choices : 1) * (req.n_prompts > 1 ? req.n_prompts : 1);
+    double *t_last = calloc((size_t)places, sizeof *t_last);
+    if (!r || (req.prompt && !t) || !t_last ||
         api_response_init(&r->resp, &meta, s->model_id, id, (int64_t)time(NULL),
                           (size_t)s->cfg.max_response, &tt) < 0) {
         free(r);
         free(t);
+        free(t_last);
         engine_request_free(&req);
         reply_err(s, c, mep, 500, NULL, NULL, "out of memory");
         return;
     }
     r->id = id;
     r->ep = mep;
+    r->t_last = t_last;
+    r->n_t_last = places;
     r->stream = meta.stream;
     if (r->stream && !streams_create(s, r, c, owner_of(s, c), group_of(s, c))) {
         router_req_free(r);
@@ -1350,17 +1358,8 @@ static void count_token(struct server *s, struct srv_req *r, const struct engine
         metrics_hist_observe(&s->metrics.ttft, t - r->t_submit);
     /* inter-token latency is each choice's own: n choices step together, and
      * the gaps between their tokens of one step are none */
-    int64_t k = ev->choice >= 0 ? ev->choice : 0;
-    if (k >= r->n_t_last) {
-        int64_t n = k + 1 > 2 * r->n_t_last ? k + 1 : 2 * r->n_t_last;
-        double *p = realloc(r->t_last, (size_t)n * sizeof *p);
-        if (p) {
-            memset(p + r->n_t_last, 0, (size_t)(n - r->n_t_last) * sizeof *p);
-            r->t_last = p;
-            r->n_t_last = n;
-        }
-    }
-    if (k < r->n_t_last) { /* (no memory for the times: the gap is not observed) */
+    int64_t k = ev->choice;
+    if (k >= 0 && k < r->n_t_last) {
         if (r->t_last[k] > 0)
             metrics_hist_observe(&s->metrics.itl, t - r->t_last[k]);
         r->t_last[k] = t;

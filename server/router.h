@@ -84,7 +84,7 @@ struct srv_req {
     int paused;   /* engine_pause sent */
     double t_submit;
     int64_t n_tokens;
-    double *t_last; /* [n_t_last]: each choice's last token (0: none yet) */
+    double *t_last; /* [n_t_last]: each sequence's last token (0: none yet) */
     int64_t n_t_last;
     int tokenizing;  /* the prompt is on a worker thread; not submitted yet */
     int *tok_cancel; /* ... and this flag, set when its client leaves, skips the work */

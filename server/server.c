@@ -13,8 +13,9 @@
  * signal came, or pipelined behind a response that said keep-alive: the
  * drain waits for it. When none are left (and the engine has fed the rest
  * of any session turn whose client left during its prompt), or after
- * --drain-timeout, the rest are cut: each is cancelled and ends as a client can tell (a stream,
- * after the tokens the engine made up to the cancel (waited for up to
+ * --drain-timeout, the rest are cut: each is cancelled and ends as a
+ * client can tell (a stream, after the tokens the engine made up to the
+ * cancel (waited for up to
  * CUT_ANSWER_S), with an error event, [DONE] and its last chunk; a request
  * with no bytes out yet, or still arriving, with a 503), the answers are
  * flushed for up to CUT_FLUSH_S, the engine is stopped (its thread joined,
@@ -163,18 +164,19 @@ static void on_drained(uv_timer_t *t);
 /* Whether the engine still runs a sequence though no request is left: a
  * session turn whose client left while its prompt was fed goes on until the
  * whole prompt is in (a session never holds part of one), and the drain
- * waits for it; a cancel the engine has not taken yet counts too. */
+ * waits for it; a cancel the engine has not taken yet counts too. The
+ * queue's count is exact (a step's published figures lag a step behind). */
 static int engine_still_feeding(struct server *s)
 {
     if (!s->engine)
         return 0;
     struct engine_stats es;
     engine_get_stats(s->engine, &es);
-    int busy = es.healthy && es.active_seqs + es.queued > 0;
+    int busy = es.healthy && es.requests_open > 0;
     if (busy && !s->drain_feed_logged) {
         s->drain_feed_logged = 1;
-        log_msg(LOG_INFO, "drain: the engine still feeds %lld sequence(s) whose request ended",
-                (long long)es.active_seqs);
+        log_msg(LOG_INFO, "drain: the engine still runs %lld sequence(s) whose request ended",
+                (long long)es.requests_open);
     }
     return busy;
 }

@@ -397,6 +397,10 @@ const char *engine_token_piece(const struct engine *e, int32_t id, size_t *len);
  * step. */
 struct engine_stats {
     int64_t active_seqs, paused_seqs, queued, sessions;
+    /* the sequences of requests submitted and not finished, counted at the
+     * submit and at the finish (not a step's snapshot): a session turn whose
+     * client left while its prompt is fed is one until the prompt is in */
+    int64_t requests_open;
     int64_t slots_total, slots_free;
     int64_t prompt_tokens_total, gen_tokens_total, steps_total;
     int64_t prompt_tokens_cached_total; /* prompt tokens a free slot held: not prefilled */

@@ -550,27 +550,37 @@ def test_a_session_stream_cut_while_it_holds_text_back_sends_that_text(binary, m
     assert_saved_as_received(binary, model, flags, "held", text, n)
 
 
+@pytest.mark.parametrize("when", ["after_a_chunk", "inside_the_first_step"])
 def test_a_turn_left_inside_its_prompt_is_fed_whole_before_a_drain_ends(binary, model,
-                                                                         tmp_path):
+                                                                         tmp_path, when):
     """A session turn whose client leaves while its prompt is fed is no
     longer a request the server answers, but the engine still feeds the
     rest of its prompt (a session never holds part of one). A SIGTERM then
     finds no request running; the drain still waits for that feed, so the
-    session saved at the exit holds the whole prompt, and nothing more."""
+    session saved at the exit holds the whole prompt, and nothing more.
+    Inside the first step (a chunk of 2,048 tokens) the figures the engine
+    publishes after each step still say it runs nothing: the drain asks the
+    engine's queue, which counts a request from its submit to its end."""
     d = tmp_path / "sessions"
     d.mkdir()
     flags = ["--session-dir", str(d), "--threads", "1"]
-    s = Server(binary, model, flags + ["--drain-timeout", "60"])
+    big = ["--chunk", "2048", "--max-step-tokens", "2048"] if when != "after_a_chunk" else []
+    s = Server(binary, model, flags + big + ["--drain-timeout", "60"])
     prompt = " ".join([LONG] * 24)  # some 2,300 tokens: seconds of prefill on one thread
     body = json.dumps({"model": "smol", "prompt": prompt, "max_tokens": 8, "temperature": 0,
                        "session_id": "left"}).encode()
     c = s.connect()
     c.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                f"Content-Length: {len(body)}\r\n\r\n").encode() + body)
-    s.wait_metric("streamsink_prompt_tokens_total", lambda v: v >= 256)  # a chunk is in
+    if when == "after_a_chunk":
+        s.wait_metric("streamsink_prompt_tokens_total", lambda v: v >= 256)  # a chunk is in
+    else:
+        time.sleep(0.5)  # tokenized and admitted: the first step of seconds runs
+        assert s.metrics()["streamsink_prompt_tokens_total"] == 0
     c.close()
     s.wait_metric("streamsink_requests_inflight", lambda v: v == 0)
-    assert s.metrics()["streamsink_active_sequences"] == 1  # still feeding
+    if when == "after_a_chunk":
+        assert s.metrics()["streamsink_active_sequences"] == 1  # still feeding
     s.proc.send_signal(signal.SIGTERM)
     assert s.proc.wait(60) == 0, s.log()
     s.thread.join(5)

@@ -65,6 +65,17 @@ TEST(metrics_renders_engine_and_live_gauges_and_escapes_labels)
     ASSERT(strstr(buf, "name=\"we\\\"ird\\\\name\""));
 }
 
+TEST(metrics_renders_the_default_policy_s_eviction_series_for_dense_too)
+{
+    struct metrics m;
+    metrics_init(&m);
+    struct engine_stats es = {.healthy = 1};
+    struct engine_model_info mi = {.name = "m", .default_policy = "dense"};
+    char buf[16384];
+    ASSERT(metrics_render(&m, NULL, &es, &mi, buf, sizeof buf) < sizeof buf);
+    ASSERT(strstr(buf, "streamsink_kv_evicted_tokens_total{policy=\"dense\"} 0\n"));
+}
+
 TEST(metrics_render_reports_the_size_it_needs)
 {
     struct metrics m;

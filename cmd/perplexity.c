@@ -121,14 +121,17 @@ int cmd_perplexity(int argc, char **argv)
     }
 
     /* Open once with the largest window any policy here may need; the
-     * sequence itself gets the policy's window. */
+     * sequence itself gets the policy's window. recompute re-runs a window in
+     * one step: no longer than the text can make (one token per byte, plus
+     * BOS), and the decoder keeps it within the model's context. */
     int is_dense = pol.kind == ENGINE_POLICY_DENSE, is_rec = pol.kind == ENGINE_POLICY_RECOMPUTE;
+    int64_t step_max = window < (int64_t)text_len + 2 ? window : (int64_t)text_len + 2;
     struct decoder *d;
     struct decoder_config cfg = {
         .model_path = model,
         .n_threads = (int)threads,
         .backend = backend,
-        .max_tokens = is_rec ? window : 1,
+        .max_tokens = is_rec ? step_max : 1,
         .n_sinks = pol.kind == ENGINE_POLICY_SINKS && pol.n_sinks > DECODER_DEFAULT_SINKS
                        ? pol.n_sinks
                        : DECODER_DEFAULT_SINKS,

@@ -104,10 +104,16 @@ int cmd_run(int argc, char **argv)
 
     /* The window is sized before tokenizing from the byte length (a prompt has
      * at most one token per byte, plus BOS); the decoder caps it at the
-     * model's context length. */
+     * model's context length. So is the step: no chunk longer than the prompt
+     * can be (nor, dense, than the window), and the decoder keeps it within
+     * the context; what it allocates grows with the step. */
     struct decoder *d;
-    int64_t window =
-        ctx > 0 ? ctx : (keep > 0 && keep < (int64_t)plen ? keep : (int64_t)plen) + 2 + n_predict;
+    int64_t most = (keep > 0 && keep < (int64_t)plen ? keep : (int64_t)plen) + 2;
+    int64_t window = ctx > 0 ? ctx : most + n_predict;
+    if (chunk > most)
+        chunk = most;
+    if (policy.kind == ENGINE_POLICY_DENSE && chunk > window)
+        chunk = window;
     struct decoder_config cfg = {
         .model_path = model,
         .n_threads = (int)threads,
@@ -127,6 +133,7 @@ int cmd_run(int argc, char **argv)
     }
     struct decoder_info info;
     decoder_get_info(d, &info);
+    chunk = info.max_tokens;
     int exit_code = CMD_EXIT_OK;
     int32_t *ids = NULL;
     struct decoder_sampler *smp = NULL;

@@ -45,24 +45,35 @@ int decoder__init(struct decoder *d, const struct decoder_config *cfg, char *err
                  cfg->model_path, (long long)tok_n_vocab(d->tok), (long long)d->model.hp.n_vocab);
         return -EINVAL;
     }
-    struct backend_config bc = {.kind = engine__backend_kind(cfg->backend),
-                                .n_threads = cfg->n_threads,
-                                .max_tokens = cfg->max_tokens};
-    rc = backend_init(&d->backend, &d->model, &bc, err, err_len);
-    if (rc < 0)
-        return rc;
-    d->have_backend = 1;
     const struct model_hparams *hp = &d->model.hp;
     int64_t window = cfg->window;
     if (window <= 0 || window > hp->n_ctx_train)
         window = hp->n_ctx_train; /* no window beyond what the model was trained on */
+    /* The activations and each slot's KV room grow with the tokens of a step,
+     * so the step is no larger than can be used: one sequence takes at most
+     * the model's context in a step (a prompt prefilled in chunks of any size
+     * gives the same result, DESIGN.md invariant 2), and a step at most that
+     * from every slot. A --chunk of 65536 asked for gigabytes nothing used. */
+    int64_t chunk = cfg->chunk > 0 ? cfg->chunk : cfg->max_tokens;
+    if (chunk > hp->n_ctx_train)
+        chunk = hp->n_ctx_train;
+    int64_t max_tokens = cfg->max_tokens;
+    if (max_tokens > cfg->n_slots * chunk)
+        max_tokens = cfg->n_slots * chunk;
+    struct backend_config bc = {.kind = engine__backend_kind(cfg->backend),
+                                .n_threads = cfg->n_threads,
+                                .max_tokens = max_tokens};
+    rc = backend_init(&d->backend, &d->model, &bc, err, err_len);
+    if (rc < 0)
+        return rc;
+    d->have_backend = 1;
     struct kv_geometry g = {
         .n_layer = hp->n_layer,
         .n_kv_head = hp->n_head_kv,
         .head_dim = hp->head_dim,
         .n_sinks = cfg->n_sinks,
         .window = window,
-        .chunk = cfg->chunk > 0 ? cfg->chunk : cfg->max_tokens,
+        .chunk = chunk,
         .n_slots = cfg->n_slots,
         .dtype = engine__kv_dtype(cfg->kv_dtype),
     };

@@ -41,6 +41,10 @@ int engine__load(struct engine *e)
     const struct model_hparams *hp = &e->dec.model.hp;
     const struct kv_geometry *g = &e->dec.fwd.pool.geo;
     e->cfg.window = g->window;
+    /* the decoder keeps a step and a sequence's share of it within the
+     * model's context (decoder.c); the scheduler fills no more than that */
+    e->cfg.chunk = g->chunk;
+    e->cfg.max_step_tokens = e->dec.fwd.max_tokens;
     /* one token's text, streamed: its bytes, up to 3 per byte when they are
      * not UTF-8 (U+FFFD), and a held-back tail of up to 4 (tok_stream_push) */
     size_t max_piece = 0;

@@ -1,0 +1,86 @@
+"""The command-line front end (cmd/): what a command allocates for the flags
+it is given, its exit codes and messages, the files it writes, and the
+checks serve makes on its settings before it loads the model.
+
+Memory is bounded with RLIMIT_AS in the child rather than measured: a step
+sized by a flag instead of what the step can use asks for gigabytes and
+fails under the limit, a right-sized one runs."""
+
+import json
+import os
+import re
+import resource
+import subprocess
+import time
+
+from test_model_files import byte_vocab, write_llama
+
+GiB = 1 << 30
+
+
+def limited(nbytes):
+    def pre():
+        resource.setrlimit(resource.RLIMIT_AS, (nbytes, nbytes))
+    return pre
+
+
+def cli(binary, *args, timeout=300, **kw):
+    return subprocess.run([binary, *args], capture_output=True, text=True, timeout=timeout, **kw)
+
+
+def serve_until_listening(binary, args, timeout=90, preexec_fn=None):
+    """Starts `serve --port 0 ARGS`. Returns (exit code, log) when it exits on
+    its own, or (None, log) once it listens (it is then stopped)."""
+    p = subprocess.Popen([binary, "serve", "--port", "0", *args], stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True, errors="replace",
+                         preexec_fn=preexec_fn)
+    log = []
+    deadline = time.monotonic() + timeout
+    for line in p.stderr:
+        log.append(line)
+        if "listening on http://" in line:
+            p.terminate()
+            p.wait(60)
+            return None, "".join(log)
+        if time.monotonic() > deadline:
+            p.kill()
+            p.wait()
+            return None, "".join(log)
+    return p.wait(60), "".join(log)  # its stderr closed: it is exiting
+
+
+def write_text(tmp_path, text, name="text.txt"):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+# ---- what a step allocates ---------------------------------------------------------------
+
+def test_run_and_perplexity_size_their_step_by_what_it_can_use(binary, model, tmp_path):
+    """--chunk and a recompute --window sized the step's buffers as given:
+    `run -p hi --chunk 20000` asked for about 5 GB for a one-token prompt,
+    `perplexity --policy recompute --window 100000` for about 20 GB for a
+    two-token text (failed before: out of memory under a 3 GiB limit)."""
+    two = write_text(tmp_path, "Hello world")
+    r = cli(binary, "run", "-m", model, "-p", "hi", "-n", "1", "--chunk", "20000",
+            preexec_fn=limited(3 * GiB))
+    assert r.returncode == 0, r.stderr
+    r = cli(binary, "perplexity", "-m", model, "--text", two, "--policy", "recompute",
+            "--window", "100000", "--no-progress", preexec_fn=limited(3 * GiB))
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"tokens\s+1 scored", r.stdout), r.stdout
+
+
+def test_serve_caps_its_step_at_the_slots_and_the_context(binary, model):
+    """A step holds at most one chunk per slot, and a chunk at most the
+    model's context (8192 for SmolLM2): --max-step-tokens 1000000 with 8
+    slots of 256, and --chunk 65536 on one slot, sized buffers for a million
+    and 65,536 tokens (failed before: out of memory under the limit)."""
+    code, log = serve_until_listening(binary, ["-m", model, "--max-step-tokens", "1000000"],
+                                      preexec_fn=limited(4 * GiB))
+    assert code is None, log
+    code, log = serve_until_listening(
+        binary, ["-m", model, "--max-seqs", "1", "--chunk", "65536", "--max-step-tokens", "65536"],
+        preexec_fn=limited(5 * GiB))
+    assert code is None, log

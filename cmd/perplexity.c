@@ -108,6 +108,13 @@ int cmd_perplexity(int argc, char **argv)
                 policy_s);
         return CMD_EXIT_USAGE;
     }
+    if (pol.kind == ENGINE_POLICY_DENSE && window_set && window < 2) {
+        fprintf(stderr,
+                "error: --policy dense with --window %lld scores no token: a token is "
+                "scored from those before it in the window (--window 2 or more)\n",
+                (long long)window);
+        return CMD_EXIT_USAGE;
+    }
     if (stride > 1 && pol.kind != ENGINE_POLICY_RECOMPUTE) {
         fprintf(stderr, "error: --stride is for --policy recompute (the others must feed every "
                         "token anyway)\n");
@@ -147,7 +154,8 @@ int cmd_perplexity(int argc, char **argv)
     cmd_warn_sinks(d);
     struct decoder_info info;
     decoder_get_info(d, &info);
-    window = info.window;
+    const int64_t window_asked = window;
+    window = info.window; /* at most the model's context */
 
     int exit_code = CMD_EXIT_OK;
     int64_t cap = (int64_t)text_len + 2;
@@ -165,9 +173,21 @@ int cmd_perplexity(int argc, char **argv)
     if (max_tokens > 0 && n_score > max_tokens)
         n_score = max_tokens;
     if (is_dense && n_score > window - 1) {
-        fprintf(stderr, "note: dense stops at the model's context: scoring %lld of %lld tokens\n",
-                (long long)(window - 1), (long long)n_score);
+        if (window_set && window_asked == window)
+            fprintf(stderr, "note: dense stops at --window %lld: scoring %lld of %lld tokens\n",
+                    (long long)window, (long long)(window - 1), (long long)n_score);
+        else
+            fprintf(stderr,
+                    "note: dense stops at the model's context (%lld): scoring %lld of %lld "
+                    "tokens\n",
+                    (long long)window, (long long)(window - 1), (long long)n_score);
         n_score = window - 1;
+    }
+    if (n_score < 1) { /* a window of one token (the flag checks it; here for any model) */
+        fprintf(stderr, "error: a window of %lld tokens leaves no token to score\n",
+                (long long)window);
+        exit_code = CMD_EXIT_USAGE;
+        goto out;
     }
     nll = malloc((size_t)n_score * sizeof *nll);
     pos = malloc((size_t)n_score * sizeof *pos);

@@ -84,3 +84,29 @@ def test_serve_caps_its_step_at_the_slots_and_the_context(binary, model):
         binary, ["-m", model, "--max-seqs", "1", "--chunk", "65536", "--max-step-tokens", "65536"],
         preexec_fn=limited(5 * GiB))
     assert code is None, log
+
+
+# ---- perplexity ----------------------------------------------------------------------------
+
+def test_perplexity_with_no_token_to_score_is_a_usage_error(binary, model, tmp_path):
+    """dense with --window 1 scores nothing: it printed `perplexity -nan`,
+    wrote it to --json (not JSON) and exited 0."""
+    two = write_text(tmp_path, "Hello world")
+    out = tmp_path / "p.json"
+    r = cli(binary, "perplexity", "-m", model, "--text", two, "--policy", "dense", "--window",
+            "1", "--json", str(out), "--no-progress")
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    assert "--window 1 scores no token" in r.stderr, r.stderr
+    assert "nan" not in r.stdout
+    assert not out.exists()
+
+
+def test_perplexity_dense_note_names_the_window_flag(binary, model, tmp_path):
+    """Where --window stops dense, the note says so; it blamed the model's
+    context."""
+    text = write_text(tmp_path, "The quick brown fox jumps over the lazy dog. " * 4)
+    r = cli(binary, "perplexity", "-m", model, "--text", text, "--policy", "dense", "--window",
+            "4", "--no-progress")
+    assert r.returncode == 0, r.stderr
+    assert "dense stops at --window 4: scoring 3 of" in r.stderr, r.stderr
+    assert "model's context" not in r.stderr

@@ -110,3 +110,19 @@ def test_perplexity_dense_note_names_the_window_flag(binary, model, tmp_path):
     assert r.returncode == 0, r.stderr
     assert "dense stops at --window 4: scoring 3 of" in r.stderr, r.stderr
     assert "model's context" not in r.stderr
+
+
+def test_perplexity_json_escapes_the_model_name(binary, tmp_path):
+    """general.name is the file's to choose; it went into --json unescaped."""
+    name = 'a "quoted" back\\slash\nnew\tline \x01 caf\u00e9'
+    tokens, bos = byte_vocab()
+    m = str(tmp_path / "named.gguf")
+    write_llama(m, 64, 1, tokens, bos, name=name)
+    text = write_text(tmp_path, "hello there, general kenobi")
+    out = tmp_path / "p.json"
+    r = cli(binary, "perplexity", "-m", m, "--text", text, "--json", str(out), "--no-progress")
+    assert r.returncode == 0, r.stderr
+    with open(out, encoding="utf-8") as f:
+        doc = json.load(f)
+    assert doc["model"] == name
+    assert doc["tokens"] == len(doc["nll"]) > 0

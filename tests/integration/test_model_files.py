@@ -13,7 +13,7 @@ def write_llama(path, dim, heads, vocab_tokens, bos, rows=None, name=b"head-dim-
     """A complete one-layer F32 Llama GGUF with the byte-level tokenizer of the
     matched normalizer fixtures; every tensor present with its right shape
     (token_embd with rows rows, the tokenizer's count by default); name is
-    general.name's bytes."""
+    general.name's bytes (or text)."""
     import gguf
     rng = np.random.default_rng(0)
     V, D, F = len(vocab_tokens), dim, 64

@@ -222,8 +222,10 @@ int cmd_calibrate(int argc, char **argv)
         }
         fprintf(f, "\n");
     }
-    if (fclose(f) != 0)
+    if (cmd_close_output(f, out_path) != CMD_EXIT_OK) {
         exit_code = CMD_EXIT_RUNTIME;
+        goto out;
+    }
     printf("wrote %d sink logits to %s; first-position mass agrees with the probe to %.2e\n", LH,
            out_path, worst);
 out:

@@ -91,6 +91,11 @@ int cmd_open_decoder(struct decoder **d, const struct decoder_config *cfg);
  * says so. Says so when the window is too small for the check. */
 void cmd_warn_sinks(struct decoder *d);
 
+/* Closes a file the command wrote (stdout too; path names it in the
+ * message): a write that failed, now or earlier (a full disk, /dev/full), is
+ * one message and CMD_EXIT_RUNTIME, else CMD_EXIT_OK. */
+int cmd_close_output(FILE *f, const char *path);
+
 /* Monotonic seconds. */
 double cmd_now(void);
 /* Reads a whole file into a NUL-terminated malloc'd buffer; NULL with errno. */

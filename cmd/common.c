@@ -48,6 +48,18 @@ const char *cmd_default_model(void)
     return buf;
 }
 
+int cmd_close_output(FILE *f, const char *path)
+{
+    /* fclose writes what is still buffered: a small file fails only there */
+    int bad = ferror(f);
+    int rc = fclose(f);
+    if (rc != 0)
+        fprintf(stderr, "error: writing %s: %s\n", path, strerror(errno));
+    else if (bad)
+        fprintf(stderr, "error: writing %s failed\n", path);
+    return rc != 0 || bad ? CMD_EXIT_RUNTIME : CMD_EXIT_OK;
+}
+
 double cmd_now(void)
 {
     struct timespec ts;

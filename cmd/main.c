@@ -27,7 +27,7 @@ static void usage(FILE *f)
                "exit codes: 0 ok, 1 runtime failure, 2 bad usage, 3 bad or missing model file\n");
 }
 
-int main(int argc, char **argv)
+static int dispatch(int argc, char **argv)
 {
     if (argc < 2) {
         usage(stderr);
@@ -51,4 +51,15 @@ int main(int argc, char **argv)
     fprintf(stderr, "error: unknown command '%s'\n", cmd);
     usage(stderr);
     return CMD_EXIT_USAGE;
+}
+
+int main(int argc, char **argv)
+{
+    int rc = dispatch(argc, argv);
+    /* what a command printed is its result: output that never arrived (a
+     * full disk, a closed pipe's reader gone with SIGPIPE ignored) is a
+     * failure, not exit 0 */
+    if (cmd_close_output(stdout, "standard output") != CMD_EXIT_OK && rc == CMD_EXIT_OK)
+        rc = CMD_EXIT_RUNTIME;
+    return rc;
 }

@@ -324,7 +324,8 @@ int cmd_perplexity(int argc, char **argv)
         for (int64_t t = 0; t < n_done; t++)
             fprintf(jf, "%s%lld", t ? "," : "", (long long)pos[t]);
         fprintf(jf, "]}\n");
-        fclose(jf);
+        if (cmd_close_output(jf, json) != CMD_EXIT_OK)
+            exit_code = CMD_EXIT_RUNTIME;
     }
 out:
     decoder_seq_close(d, seq);

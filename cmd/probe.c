@@ -119,7 +119,8 @@ int cmd_probe(int argc, char **argv)
                         i ? "," : "", i / pr.n_head, i % pr.n_head, (double)pr.mass1[i],
                         (double)pr.mass4[i], (double)pr.mass16[i]);
             fprintf(jf, "]}\n");
-            fclose(jf);
+            if (cmd_close_output(jf, json) != CMD_EXIT_OK)
+                exit_code = CMD_EXIT_RUNTIME;
         } else {
             fprintf(stderr, "error: cannot write %s\n", json);
             exit_code = CMD_EXIT_RUNTIME;

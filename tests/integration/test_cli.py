@@ -126,3 +126,36 @@ def test_perplexity_json_escapes_the_model_name(binary, tmp_path):
         doc = json.load(f)
     assert doc["model"] == name
     assert doc["tokens"] == len(doc["nll"]) > 0
+
+
+# ---- output that never arrived ---------------------------------------------------------------
+
+def test_write_errors_are_exit_1_with_a_message(binary, model, tmp_path):
+    """/dev/full takes nothing: each of these exited 0 (calibrate exited 1
+    silently and said it wrote the file)."""
+    text = write_text(tmp_path, "Hello world, hello again")
+    probe_text = open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md")).read()
+    long_text = write_text(tmp_path, probe_text, "long.txt")
+    cases = [
+        (["perplexity", "-m", model, "--text", text, "--json", "/dev/full", "--no-progress"],
+         None, "error: writing /dev/full: No space left on device"),
+        (["probe", "-m", model, "--json", "/dev/full"], None,
+         "error: writing /dev/full: No space left on device"),
+        (["calibrate", "-m", model, "--text", long_text, "--out", "/dev/full"], None,
+         "error: writing /dev/full: No space left on device"),
+        (["run", "-m", model, "-p", "hi", "-n", "4"], "/dev/full",
+         "error: writing standard output: No space left on device"),
+        (["perplexity", "-m", model, "--text", text, "--no-progress"], "/dev/full",
+         "error: writing standard output: No space left on device"),
+    ]
+    for args, stdout, msg in cases:
+        if stdout:
+            with open(stdout, "w") as so:
+                r = subprocess.run([binary, *args], stdout=so, stderr=subprocess.PIPE, text=True,
+                                   timeout=300)
+        else:
+            r = cli(binary, *args)
+        assert r.returncode == 1, (args, r.returncode, r.stderr)
+        assert msg in r.stderr, (args, r.stderr)
+        if args[0] == "calibrate":
+            assert "wrote" not in r.stdout, r.stdout

@@ -216,8 +216,10 @@ int cmd_run(int argc, char **argv)
             fwrite(piece, 1, (size_t)w, stdout);
             fflush(stdout);
         }
-        if (n_gen + 1 == n_predict)
+        if (n_gen + 1 == n_predict) { /* the last token needs no step after it */
+            n_gen++;
             break;
+        }
         struct decoder_input in = {seq, &next, 1, DECODER_LOGITS_LAST};
         int64_t r = decoder_step(d, &in, 1);
         if (r == -ENOSPC) {

@@ -159,3 +159,15 @@ def test_write_errors_are_exit_1_with_a_message(binary, model, tmp_path):
         assert msg in r.stderr, (args, r.stderr)
         if args[0] == "calibrate":
             assert "wrote" not in r.stdout, r.stdout
+
+
+# ---- run ----------------------------------------------------------------------------------------
+
+def test_run_counts_every_decode_step(binary, model):
+    """-n 5 samples 5 tokens: the prompt's step gives the first, 4 decode
+    steps the rest (it said 3: the loop left before counting the last)."""
+    r = cli(binary, "run", "-m", model, "-p", "Count to ten: 1, 2,", "-n", "5", "--ignore-eos")
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"^decode: 4 tokens in", r.stderr, re.M), r.stderr
+    r = cli(binary, "run", "-m", model, "-p", "Count to ten: 1, 2,", "-n", "1")
+    assert re.search(r"^decode: 0 tokens in", r.stderr, re.M), r.stderr

@@ -11,6 +11,7 @@
 #include "server.h"
 
 #define GiB 1073741824.0
+#define CMD_REPLICA_NAME_MAX 200 /* the X-Streamsink-Replica value the server sends (%.200s) */
 
 /* Checks what one flag alone cannot. Returns 0 or -1 after a message. */
 static int check(const struct server_config *c)
@@ -35,6 +36,21 @@ static int check(const struct server_config *c)
     if (strcmp(c->chat_template, "auto") != 0 && c->chat_template_file[0]) {
         fprintf(stderr, "error: --chat-template and --chat-template-file name the format twice; "
                         "give one\n");
+        return -1;
+    }
+    /* sent as a header value (X-Streamsink-Replica): a CR or LF would end the
+     * header and start one the client never got from us */
+    for (const char *p = c->name; p && *p; p++) {
+        if ((unsigned char)*p < 0x20 || (unsigned char)*p > 0x7e) {
+            fprintf(stderr,
+                    "error: --name may hold printable ASCII only (it is sent as the "
+                    "X-Streamsink-Replica header); byte 0x%02x at %lld\n",
+                    (unsigned char)*p, (long long)(p - c->name));
+            return -1;
+        }
+    }
+    if (c->name && strlen(c->name) > CMD_REPLICA_NAME_MAX) {
+        fprintf(stderr, "error: --name is longer than %d bytes\n", CMD_REPLICA_NAME_MAX);
         return -1;
     }
     if (strcmp(c->log_level, "debug") != 0 && strcmp(c->log_level, "info") != 0 &&

@@ -171,3 +171,18 @@ def test_run_counts_every_decode_step(binary, model):
     assert re.search(r"^decode: 4 tokens in", r.stderr, re.M), r.stderr
     r = cli(binary, "run", "-m", model, "-p", "Count to ten: 1, 2,", "-n", "1")
     assert re.search(r"^decode: 0 tokens in", r.stderr, re.M), r.stderr
+
+
+# ---- serve's settings -----------------------------------------------------------------------
+
+def test_serve_refuses_a_name_that_is_no_header_value(binary, model):
+    """--name goes out as X-Streamsink-Replica: CR LF in it added a header of
+    the caller's choosing to every response."""
+    for name in ("r1\r\nX-Evil: 1", "tab\there", "caf\u00e9"):
+        code, log = serve_until_listening(binary, ["-m", model, "--name", name])
+        assert code == 2, (name, log)
+        assert "--name may hold printable ASCII only" in log, log
+    code, log = serve_until_listening(binary, ["-m", model, "--name", "x" * 201])
+    assert code == 2, log
+    code, log = serve_until_listening(binary, ["-m", model, "--name", "replica-1 (eu)"])
+    assert code is None, log

@@ -175,7 +175,9 @@ static int read_file(struct model *m, const char *path, char *err, size_t err_le
 static int map_file(struct model *m, const char *path, unsigned flags, char *err, size_t err_len)
 {
     struct stat st;
-    m->fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: opening a FIFO for reading waits for a writer, forever
+     * before the check below could refuse it; cleared once it is a file */
+    m->fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (m->fd < 0) {
         int e = errno;
         snprintf(err, err_len, "%s: %s", path, strerror(e));
@@ -184,6 +186,12 @@ static int map_file(struct model *m, const char *path, unsigned flags, char *err
     if (fstat(m->fd, &st) < 0 || !S_ISREG(st.st_mode)) {
         snprintf(err, err_len, "%s: not a regular file", path);
         return -EINVAL;
+    }
+    int fl = fcntl(m->fd, F_GETFL);
+    if (fl < 0 || fcntl(m->fd, F_SETFL, fl & ~O_NONBLOCK) < 0) {
+        int e = errno;
+        snprintf(err, err_len, "%s: fcntl: %s", path, strerror(e));
+        return -e;
     }
     if (st.st_size == 0) {
         snprintf(err, err_len, "%s: empty file", path);

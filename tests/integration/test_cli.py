@@ -173,6 +173,21 @@ def test_run_counts_every_decode_step(binary, model):
     assert re.search(r"^decode: 0 tokens in", r.stderr, re.M), r.stderr
 
 
+# ---- model files ----------------------------------------------------------------------------
+
+def test_a_fifo_as_the_model_is_not_a_regular_file(binary, tmp_path):
+    """open() of a FIFO waited for a writer forever, before the check that
+    refuses anything but a regular file."""
+    fifo = str(tmp_path / "model.gguf")
+    os.mkfifo(fifo)
+    try:
+        r = cli(binary, "run", "-m", fifo, "-p", "hi", "-n", "1", timeout=30)
+    except subprocess.TimeoutExpired:
+        raise AssertionError("run -m FIFO still waiting after 30 s")
+    assert r.returncode == 3, (r.returncode, r.stderr)
+    assert "not a regular file" in r.stderr, r.stderr
+
+
 # ---- serve's settings -----------------------------------------------------------------------
 
 def test_serve_refuses_a_name_that_is_no_header_value(binary, model):

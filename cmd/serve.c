@@ -3,8 +3,11 @@
  * (server.h) by the one flag parser, then server_run. Every serve flag and
  * default lives in the table below, which also prints --help.
  */
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "api.h"
 #include "cmd.h"
@@ -52,6 +55,23 @@ static int check(const struct server_config *c)
     if (c->name && strlen(c->name) > CMD_REPLICA_NAME_MAX) {
         fprintf(stderr, "error: --name is longer than %d bytes\n", CMD_REPLICA_NAME_MAX);
         return -1;
+    }
+    /* the engine checks it again once the model is loaded; a setting the
+     * server cannot use is exit 2, and found before the model loads */
+    if (c->session_dir && c->session_dir[0]) {
+        int fd = open(c->session_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (fd < 0) {
+            fprintf(stderr, "error: --session-dir %s: %s\n", c->session_dir, strerror(errno));
+            return -1;
+        }
+        int w = faccessat(fd, ".", W_OK, 0);
+        int e = errno;
+        close(fd);
+        if (w < 0) {
+            fprintf(stderr, "error: --session-dir %s: not writable: %s\n", c->session_dir,
+                    strerror(e));
+            return -1;
+        }
     }
     if (strcmp(c->log_level, "debug") != 0 && strcmp(c->log_level, "info") != 0 &&
         strcmp(c->log_level, "warn") != 0 && strcmp(c->log_level, "error") != 0) {

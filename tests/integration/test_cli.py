@@ -201,3 +201,16 @@ def test_serve_refuses_a_name_that_is_no_header_value(binary, model):
     assert code == 2, log
     code, log = serve_until_listening(binary, ["-m", model, "--name", "replica-1 (eu)"])
     assert code is None, log
+
+
+def test_serve_refuses_an_unusable_session_dir_before_loading(binary, model, tmp_path):
+    """A --session-dir the server cannot use is a setting (exit 2), found
+    before the model loads; it was exit 3, a model error, after loading."""
+    afile = tmp_path / "file"
+    afile.write_text("")
+    for d, why in ((str(tmp_path / "none" / "x"), "No such file or directory"),
+                   (str(afile), "Not a directory")):
+        code, log = serve_until_listening(binary, ["-m", model, "--session-dir", d])
+        assert code == 2, (d, code, log)
+        assert f"--session-dir {d}: {why}" in log, log
+        assert "loading" not in log, log

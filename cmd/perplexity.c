@@ -94,12 +94,12 @@ int cmd_perplexity(int argc, char **argv)
     char policy_buf[32];
     enum engine_backend backend;
     int64_t window, max_tokens = 0, bin, threads, sinks = -1, stride;
-    int kv_f32 = 0, no_progress = 0, window_set = 0;
+    int kv_f32 = 0, no_progress = 0, window_set = 0, policy_set = 0;
     const struct cmd_flag flags[] = {
         {"-m", "--model", CMD_STR, &model, 0, 0, NULL, "FILE", CMD_MODEL_HELP, NULL},
         {NULL, "--text", CMD_STR, &text_path, 0, 0, NULL, "FILE", "UTF-8 text to score", NULL},
         {NULL, "--policy", CMD_STR, &policy_s, 0, 0, "auto", "P",
-         "auto | window | sinks:N | dense | recompute", NULL},
+         "auto | window | sinks:N | dense | recompute", &policy_set},
         {NULL, "--window", CMD_I64, &window, 1, (double)((int64_t)1 << 32), "1024", "W",
          "window tokens (dense without --window: the model's context)", &window_set},
         {NULL, "--sinks", CMD_I64, &sinks, 0, DECODER_MAX_SINKS, NULL, "N",
@@ -137,15 +137,24 @@ int cmd_perplexity(int argc, char **argv)
     }
     if (cmd_kv_dtype(kv_dtype_s, kv_f32, &kv_dtype) != CMD_EXIT_OK)
         return CMD_EXIT_USAGE;
-    if (sinks >= 0) {
-        snprintf(policy_buf, sizeof policy_buf, "sinks:%lld", (long long)sinks);
-        policy_s = policy_buf;
-    }
     struct engine_policy pol;
     if (engine_policy_parse(policy_s, &pol) < 0) {
         fprintf(stderr, "error: --policy '%s' (auto, window, sinks:N, dense or recompute)\n",
                 policy_s);
         return CMD_EXIT_USAGE;
+    }
+    if (sinks >= 0) {
+        if (policy_set && (pol.kind != ENGINE_POLICY_SINKS || pol.n_sinks != sinks)) {
+            fprintf(stderr, "error: --sinks %lld means --policy sinks:%lld, but --policy is '%s'\n",
+                    (long long)sinks, (long long)sinks, policy_s);
+            return CMD_EXIT_USAGE;
+        }
+        snprintf(policy_buf, sizeof policy_buf, "sinks:%lld", (long long)sinks);
+        policy_s = policy_buf;
+        if (engine_policy_parse(policy_s, &pol) < 0) {
+            fprintf(stderr, "error: --sinks %lld is not a policy\n", (long long)sinks);
+            return CMD_EXIT_USAGE;
+        }
     }
     if (pol.kind == ENGINE_POLICY_DENSE && window_set && window < 2) {
         fprintf(stderr,

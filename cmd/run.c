@@ -88,6 +88,10 @@ int cmd_run(int argc, char **argv)
     }
     char *file_text = NULL;
     size_t plen = 0;
+    if (file && prompt) {
+        fprintf(stderr, "error: -p and -f both give the prompt; give one\n");
+        return CMD_EXIT_USAGE;
+    }
     if (file) {
         file_text = cmd_read_file(file, &plen);
         if (!file_text) {

@@ -128,6 +128,20 @@ def test_perplexity_json_escapes_the_model_name(binary, tmp_path):
     assert doc["tokens"] == len(doc["nll"]) > 0
 
 
+def test_perplexity_sinks_and_another_policy_conflict(binary, model, tmp_path):
+    """--sinks N is --policy sinks:N: with --policy dense it silently became
+    sinks:4. The same policy twice is fine."""
+    text = write_text(tmp_path, "Hello world, hello again")
+    r = cli(binary, "perplexity", "-m", model, "--text", text, "--policy", "dense", "--sinks",
+            "4", "--no-progress")
+    assert r.returncode == 2, (r.returncode, r.stdout)
+    assert "--sinks 4 means --policy sinks:4, but --policy is 'dense'" in r.stderr, r.stderr
+    r = cli(binary, "perplexity", "-m", model, "--text", text, "--policy", "sinks:4", "--sinks",
+            "4", "--no-progress")
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"policy\s+sinks:4", r.stdout), r.stdout
+
+
 # ---- output that never arrived ---------------------------------------------------------------
 
 def test_write_errors_are_exit_1_with_a_message(binary, model, tmp_path):
@@ -171,6 +185,14 @@ def test_run_counts_every_decode_step(binary, model):
     assert re.search(r"^decode: 4 tokens in", r.stderr, re.M), r.stderr
     r = cli(binary, "run", "-m", model, "-p", "Count to ten: 1, 2,", "-n", "1")
     assert re.search(r"^decode: 0 tokens in", r.stderr, re.M), r.stderr
+
+
+def test_run_prompt_and_file_conflict(binary, model, tmp_path):
+    """-p and -f both: -p was dropped without a word."""
+    f = write_text(tmp_path, "from the file")
+    r = cli(binary, "run", "-m", model, "-p", "from the flag", "-f", f, "-n", "1")
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert "-p and -f both give the prompt" in r.stderr, r.stderr
 
 
 # ---- model files ----------------------------------------------------------------------------

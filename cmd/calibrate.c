@@ -32,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "api.h"
 #include "cmd.h"
 #include "decoder.h"
 #include "engine.h"
@@ -203,11 +204,16 @@ int cmd_calibrate(int argc, char **argv)
         exit_code = CMD_EXIT_USAGE;
         goto out;
     }
+    /* the names are anybody's bytes: a newline in one would end its comment
+     * line, and the next would not parse as numbers */
+    char name[sizeof hp.name * 3], text_name[1024];
+    api_text_clean(name, sizeof name, hp.name);
+    api_text_clean(text_name, sizeof text_name, text_path);
     fprintf(f,
             "# sink logits from streamsink calibrate: %d layers x %d heads, one line per layer\n"
             "# model %s, %lld tokens of %s, %lld queries per head; estimator: mean null-key\n"
             "# mass under window-only = mean first-position mass under dense attention\n",
-            hp.n_layer, hp.n_head, hp.name, (long long)n, text_path, (long long)acc.n_q);
+            hp.n_layer, hp.n_head, name, (long long)n, text_name, (long long)acc.n_q);
     double worst = 0;
     printf("layer  head  first1  sink_logit\n");
     for (int l = 0; l < hp.n_layer; l++) {

@@ -236,3 +236,21 @@ def test_serve_refuses_an_unusable_session_dir_before_loading(binary, model, tmp
         assert code == 2, (d, code, log)
         assert f"--session-dir {d}: {why}" in log, log
         assert "loading" not in log, log
+
+
+def test_calibrate_keeps_its_comment_lines_whatever_the_names(binary, tmp_path):
+    """calibrate --out writes the model's name and the text's path in its
+    comment lines; a newline in either ended the comment, and the file's
+    next line was no row of numbers. Each line is a comment or a layer's
+    row of one number per head."""
+    tokens, bos = byte_vocab()
+    m = str(tmp_path / "named.gguf")
+    write_llama(m, 64, 1, tokens, bos, name="two\nlines")
+    text = write_text(tmp_path, "The river flows past the old mill and the bridge. " * 6,
+                      name="a\nb.txt")
+    out = tmp_path / "sinks.txt"
+    r = cli(binary, "calibrate", "-m", m, "--text", text, "--out", str(out), "--tokens", "80")
+    assert r.returncode == 0, r.stderr
+    rows = [l for l in out.read_text().splitlines() if not l.startswith("#")]
+    assert len(rows) == 1, out.read_text()  # one layer
+    assert len([float(x) for x in rows[0].split()]) == 1  # one head

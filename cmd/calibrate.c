@@ -23,8 +23,14 @@
  * The probe only returns weights, not the logits z, so this command runs the
  * whole calibration text through the decoder in one dense step with an
  * observer that asks for each layer's rotated q and k (decoder.h) and scores
- * them itself. As a check it then runs the probe on the same tokens and
- * prints the largest difference between its first-position mass and ours.
+ * them itself, as the layer does: its scale, and a local layer's sliding
+ * window (a query that no longer sees position 0 has a_t = 0 there). As a
+ * check it then runs the probe on the same tokens and prints the largest
+ * difference between its first-position mass and ours. The observer asks
+ * for the first-position weights too, unread: that puts this pass on the
+ * probe's attention path, so the two passes compute the same activations
+ * (on the other path they agree to rounding, which the 8-bit activations
+ * of the products then carry into a difference of about 1e-2 a query).
  */
 #include <errno.h>
 #include <math.h>
@@ -54,14 +60,16 @@ static void calib_layer(void *arg, const struct decoder_layer_view *v)
     const int H = v->n_head, Hkv = v->n_head_kv, Dh = v->head_dim, l = v->layer;
     const float *q = v->q, *k = v->k;
     double *z = acc->z;
-    const double scale = 1.0 / sqrt((double)Dh);
+    const double scale = (double)v->scale;
     for (int h = 0; h < H; h++) {
         const int hk = h / (H / Hkv);
         double *logr = acc->logr + ((size_t)l * H + h) * (size_t)acc->n_q;
         for (int64_t t = DECODER_PROBE_MIN_CTX; t < v->T; t++) {
             const float *qt = q + (size_t)t * H * Dh + (size_t)h * Dh;
+            /* the keys the query sees: all, or a local layer's newest window */
+            const int64_t j0 = v->window > 0 && t + 1 > v->window ? t + 1 - v->window : 0;
             double m = -INFINITY;
-            for (int64_t j = 0; j <= t; j++) {
+            for (int64_t j = j0; j <= t; j++) {
                 const float *kj = k + (size_t)j * Hkv * Dh + (size_t)hk * Dh;
                 double s = 0;
                 for (int d = 0; d < Dh; d++)
@@ -70,12 +78,13 @@ static void calib_layer(void *arg, const struct decoder_layer_view *v)
                 if (j > 0 && z[j] > m)
                     m = z[j];
             }
-            double r = 0; /* Σ_{j>0} e^{z_j - m} */
-            for (int64_t j = 1; j <= t; j++)
+            double r = 0; /* Σ_{j>0, seen} e^{z_j - m} */
+            for (int64_t j = j0 > 1 ? j0 : 1; j <= t; j++)
                 r += exp(z[j] - m);
             double lr = m + log(r);
             logr[t - DECODER_PROBE_MIN_CTX] = lr;
-            acc->mass[(size_t)l * H + h] += 1.0 / (1.0 + exp(lr - z[0])); /* a_t */
+            if (j0 == 0)
+                acc->mass[(size_t)l * H + h] += 1.0 / (1.0 + exp(lr - z[0])); /* a_t */
         }
     }
 }
@@ -85,7 +94,8 @@ static void calib_layer(void *arg, const struct decoder_layer_view *v)
 static int calib_forward(struct decoder *d, const int32_t *ids, int64_t T, struct calib_acc *acc)
 {
     const struct engine_policy dense = {ENGINE_POLICY_DENSE, 0};
-    const struct decoder_observer obs = {DECODER_OBSERVE_QK, calib_layer, acc};
+    const struct decoder_observer obs = {DECODER_OBSERVE_QK | DECODER_OBSERVE_FIRST, calib_layer,
+                                         acc};
     int64_t seq = decoder_seq_open(d, &dense, T);
     if (seq < 0)
         return (int)seq;

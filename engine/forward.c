@@ -132,6 +132,8 @@ static void observe(const struct fwd *f, int l, int64_t T, int with_qk)
         .first = f->first ? f->first + (size_t)l * (size_t)T * hp->n_head * BACKEND_PROBE_K : NULL,
         .q = with_qk ? f->b->acts.q : NULL,
         .k = with_qk ? f->b->acts.k : NULL,
+        .scale = hp->attn_scale,
+        .window = model_layer_is_local(hp, l) ? hp->n_swa : 0,
     };
     f->obs.on_layer(f->obs.arg, &v);
 }

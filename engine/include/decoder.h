@@ -154,6 +154,10 @@ struct decoder_layer_view {
      * cache's storage type); NULL unless DECODER_OBSERVE_QK */
     const float *q;
     const float *k;
+    /* how the layer scores: q.k times scale, over the newest window positions
+     * up to the query's own (a local layer's sliding window; 0: every one) */
+    float scale;
+    int64_t window;
 };
 
 struct decoder_observer {

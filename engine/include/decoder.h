@@ -177,7 +177,7 @@ int decoder_set_observer(struct decoder *d, const struct decoder_observer *obs);
 
 /* ---- the sink probe -------------------------------------------------------- */
 
-#define DECODER_PROBE_MIN_CTX 64      /* only queries that see at least this many keys count */
+#define DECODER_PROBE_MIN_CTX 64      /* only queries at this position or later count */
 #define DECODER_PROBE_SINK_MASS 0.3f  /* a sink head puts more than this on position 0 */
 #define DECODER_PROBE_WARN_RATE 0.10f /* above this sink rate a free-evicting model is warned */
 

@@ -3,7 +3,7 @@
  * retrofit of a vanilla model (DESIGN.md "Model files"): one sink logit per
  * head, set so that a null key takes over the job of the first token.
  *
- * Estimator. Under dense attention a head's query t (context >= DECODER_PROBE_MIN_CTX)
+ * Estimator. Under dense attention a head's query t (position >= DECODER_PROBE_MIN_CTX)
  * puts a_t = e^{z_t0} / (e^{z_t0} + R_t) on the first position, where
  * R_t = Σ_{j>0} e^{z_tj}. Once the first token is evicted, a null key with
  * logit s gets σ(s − log R_t) of the query's attention. For one query the
@@ -215,15 +215,26 @@ int cmd_calibrate(int argc, char **argv)
         goto out;
     }
     /* the names are anybody's bytes: a newline in one would end its comment
-     * line, and the next would not parse as numbers */
-    char name[sizeof hp.name * 3], text_name[1024];
-    api_text_clean(name, sizeof name, hp.name);
-    api_text_clean(text_name, sizeof text_name, text_path);
+     * line, and the next would not parse as numbers (each byte may become
+     * U+FFFD's three) */
+    size_t name_cap = 3 * strlen(hp.name) + 1, text_cap = 3 * strlen(text_path) + 1;
+    char *name = malloc(name_cap), *text_name = malloc(text_cap);
+    if (!name || !text_name) {
+        free(name);
+        free(text_name);
+        fclose(f);
+        exit_code = CMD_EXIT_RUNTIME;
+        goto out;
+    }
+    api_text_clean(name, name_cap, hp.name);
+    api_text_clean(text_name, text_cap, text_path);
     fprintf(f,
             "# sink logits from streamsink calibrate: %d layers x %d heads, one line per layer\n"
             "# model %s, %lld tokens of %s, %lld queries per head; estimator: mean null-key\n"
             "# mass under window-only = mean first-position mass under dense attention\n",
             hp.n_layer, hp.n_head, name, (long long)n, text_name, (long long)acc.n_q);
+    free(name);
+    free(text_name);
     double worst = 0;
     printf("layer  head  first1  sink_logit\n");
     for (int l = 0; l < hp.n_layer; l++) {

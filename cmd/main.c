@@ -7,8 +7,11 @@
  *   calibrate   per-head sink logits from measured attention    (calibrate.c)
  * Exit codes (cmd.h): 0 ok, 1 runtime failure, 2 usage, 3 bad model file.
  */
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cmd.h"
 
@@ -53,13 +56,37 @@ static int dispatch(int argc, char **argv)
     return CMD_EXIT_USAGE;
 }
 
+/* Standard input, output and error that the caller closed (>&-, a
+ * supervisor) are opened on /dev/null: else the next file or socket the
+ * process opens takes their number, and libuv asserts that no handle of
+ * its own is one of them (an abort at the server's exit), or a message
+ * meant for stderr lands in a snapshot. */
+static void keep_standard_fds(void)
+{
+    for (int fd = 0; fd <= 2; fd++) {
+        if (fcntl(fd, F_GETFD) >= 0 || errno != EBADF)
+            continue;
+        int nul = open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY);
+        if (nul >= 0 && nul != fd) { /* (open takes the lowest free number: fd) */
+            dup2(nul, fd);
+            close(nul);
+        }
+    }
+}
+
 int main(int argc, char **argv)
 {
+    keep_standard_fds();
     int rc = dispatch(argc, argv);
     /* what a command printed is its result: output that never arrived (a
      * full disk, a closed pipe's reader gone with SIGPIPE ignored) is a
-     * failure, not exit 0 */
-    if (cmd_close_output(stdout, "standard output") != CMD_EXIT_OK && rc == CMD_EXIT_OK)
+     * failure, not exit 0; flushed, not closed */
+    int lost = ferror(stdout);
+    if (fflush(stdout) != 0)
+        fprintf(stderr, "error: writing standard output: %s\n", strerror(errno));
+    else if (lost)
+        fprintf(stderr, "error: writing standard output failed\n");
+    if ((lost || ferror(stdout)) && rc == CMD_EXIT_OK)
         rc = CMD_EXIT_RUNTIME;
     return rc;
 }

@@ -1,7 +1,7 @@
 /*
  * probe.c: `streamsink probe`: where does attention go? Per layer and
  * head, the mean attention mass on the first 1, 4 and 16 positions for
- * queries at context >= 64, and the sink rate (share of heads whose mean
+ * queries at position >= 64, and the sink rate (share of heads whose mean
  * first-position mass exceeds 0.3).
  */
 #include <errno.h>
@@ -20,7 +20,7 @@ int cmd_probe(int argc, char **argv)
     char about[512];
     snprintf(about, sizeof about,
              "Measures attention sinks: per layer and head, the mean attention mass that\n"
-             "queries at context >= %d put on the first 1, 4 and 16 tokens, and the sink\n"
+             "queries at position >= %d put on the first 1, 4 and 16 tokens, and the sink\n"
              "rate: the share of heads whose first-token mass exceeds %.1f.",
              DECODER_PROBE_MIN_CTX, (double)DECODER_PROBE_SINK_MASS);
     const struct cmd_flag flags[] = {

@@ -64,7 +64,7 @@ static int check(const struct server_config *c)
             fprintf(stderr, "error: --session-dir %s: %s\n", c->session_dir, strerror(errno));
             return -1;
         }
-        int w = faccessat(fd, ".", W_OK, 0);
+        int w = faccessat(fd, ".", W_OK | X_OK, 0);
         int e = errno;
         close(fd);
         if (w < 0) {
@@ -109,9 +109,9 @@ int cmd_serve(int argc, char **argv)
          "cpu | cuda (CUDA: weights in FP16 on GPU 0, fused attention kernels)", NULL},
         {"-t", "--threads", CMD_I64, &c.threads, 1, 256, "2", "N", "CPU backend threads", NULL},
         {NULL, "--chunk", CMD_I64, &c.chunk, 1, 65536, "256", "N",
-         "prompt tokens one sequence prefills per step", NULL},
+         "prompt tokens one sequence prefills per step (at most the model's context)", NULL},
         {NULL, "--max-step-tokens", CMD_I64, &c.max_step_tokens, 1, 1e6, "512", "N",
-         "tokens in one batched step (decode + prefill)", NULL},
+         "tokens in one batched step (decode + prefill; at most --max-seqs x --chunk)", NULL},
         {NULL, "--max-prompt", CMD_I64, &c.max_prompt, 0, 1e12, "0", "N",
          "longest prompt in tokens (0: the model's context length); longer ones get 400 "
          "before they reach the engine",
@@ -202,7 +202,9 @@ int cmd_serve(int argc, char **argv)
          "cancelled (0: no limit)",
          NULL},
         {NULL, "--name", CMD_STR, &c.name, 0, 0, "", "NAME",
-         "replica name sent as X-Streamsink-Replica (default: hostname:port)", NULL},
+         "replica name sent as X-Streamsink-Replica (default: hostname:port; printable ASCII, "
+         "at most 200 bytes)",
+         NULL},
         {NULL, "--log-level", CMD_STR, &c.log_level, 0, 0, "info", "L",
          "debug | info | warn | error", NULL},
     };

@@ -37,9 +37,9 @@ struct probe_acc {
     double *acc; /* [L*H][3] sums of the mass on the first 1, 4, 16 positions */
 };
 
-/* One observed layer: every query at context >= DECODER_PROBE_MIN_CTX adds
- * its heads' first-position masses (the probe runs one dense sequence from
- * position 0, so a row's position is its context minus one). */
+/* One observed layer: every query at position >= DECODER_PROBE_MIN_CTX (it
+ * sees that many keys and itself: the probe runs one dense sequence from
+ * position 0) adds its heads' first-position masses. */
 static void probe_layer(void *arg, const struct decoder_layer_view *v)
 {
     struct probe_acc *p = arg;

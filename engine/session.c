@@ -543,7 +543,7 @@ int session_dir_open(struct engine *e, char *err, size_t err_len)
         snprintf(err, err_len, "--session-dir %s: %s", e->cfg.session_dir, strerror(errno));
         return rc;
     }
-    if (faccessat(fd, ".", W_OK, 0) < 0) {
+    if (faccessat(fd, ".", W_OK | X_OK, 0) < 0) {
         int rc = -errno;
         snprintf(err, err_len, "--session-dir %s: not writable: %s", e->cfg.session_dir,
                  strerror(errno));

@@ -29,8 +29,11 @@ struct decoder; /* opaque */
 struct decoder_config {
     const char *model_path;
     enum engine_backend backend;
-    int n_threads;      /* CPU backend threads */
-    int no_mmap;        /* read the weights into memory instead of mapping the file */
+    int n_threads; /* CPU backend threads */
+    int no_mmap;   /* read the weights into memory instead of mapping the file */
+    /* upper bounds, which the decoder caps at what a step can use (a chunk at
+     * the model's context, a step at n_slots chunks; decoder_info says what
+     * it took) */
     int64_t max_tokens; /* tokens in one step, all sequences together */
     int64_t chunk;      /* tokens one sequence may take in one step (KV room past its window) */
     int64_t n_sinks;    /* sink cells per slot (the most any sinks:N may pin) */
@@ -54,7 +57,7 @@ struct decoder_info {
     int64_t n_vocab, n_ctx_train;
     int64_t window;           /* window cells per slot, as resolved at open */
     int64_t n_sinks;          /* sink cells per slot */
-    int64_t max_tokens;       /* tokens in one step */
+    int64_t max_tokens;       /* tokens in one step, as capped at open */
     size_t kv_bytes_per_slot; /* K and V of one slot */
     int32_t bos, eos;
     int add_bos; /* the tokenizer prepends BOS to a fresh text */
@@ -181,7 +184,7 @@ int decoder_set_observer(struct decoder *d, const struct decoder_observer *obs);
 #define DECODER_PROBE_SINK_MASS 0.3f  /* a sink head puts more than this on position 0 */
 #define DECODER_PROBE_WARN_RATE 0.10f /* above this sink rate a free-evicting model is warned */
 
-/* Per layer and head, the mean attention mass that queries at context >=
+/* Per layer and head, the mean attention mass that queries at position >=
  * DECODER_PROBE_MIN_CTX put on the sequence's first 1, 4 and 16 positions
  * (dense attention, one sequence). A sink head's mean first-position mass is
  * above DECODER_PROBE_SINK_MASS; the sink rate is the share of such heads. */

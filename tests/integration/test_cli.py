@@ -8,9 +8,12 @@ fails under the limit, a right-sized one runs."""
 
 import json
 import os
+import queue
 import re
 import resource
+import signal
 import subprocess
+import threading
 import time
 
 import pytest
@@ -32,23 +35,30 @@ def cli(binary, *args, timeout=300, **kw):
 
 def serve_until_listening(binary, args, timeout=90, preexec_fn=None):
     """Starts `serve --port 0 ARGS`. Returns (exit code, log) when it exits on
-    its own, or (None, log) once it listens (it is then stopped)."""
+    its own, or (None, log) once it listens (it is then stopped). A server
+    that does neither within timeout fails the test."""
     p = subprocess.Popen([binary, "serve", "--port", "0", *args], stdout=subprocess.DEVNULL,
                          stderr=subprocess.PIPE, text=True, errors="replace",
                          preexec_fn=preexec_fn)
+    lines = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(l) for l in p.stderr] + [lines.put(None)],
+                     daemon=True).start()
     log = []
     deadline = time.monotonic() + timeout
-    for line in p.stderr:
+    while True:
+        try:
+            line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            p.kill()
+            p.wait()
+            raise AssertionError("serve neither listened nor exited:\n" + "".join(log))
+        if line is None:
+            return p.wait(60), "".join(log)  # its stderr closed: it is exiting
         log.append(line)
         if "listening on http://" in line:
             p.terminate()
             p.wait(60)
             return None, "".join(log)
-        if time.monotonic() > deadline:
-            p.kill()
-            p.wait()
-            return None, "".join(log)
-    return p.wait(60), "".join(log)  # its stderr closed: it is exiting
 
 
 def write_text(tmp_path, text, name="text.txt"):
@@ -157,7 +167,8 @@ def test_write_errors_are_exit_1_with_a_message(binary, model, tmp_path):
          None, "error: writing /dev/full: No space left on device"),
         (["probe", "-m", model, "--json", "/dev/full"], None,
          "error: writing /dev/full: No space left on device"),
-        (["calibrate", "-m", model, "--text", long_text, "--out", "/dev/full"], None,
+        (["calibrate", "-m", model, "--text", long_text, "--out", "/dev/full", "--tokens", "80"],
+         None,
          "error: writing /dev/full: No space left on device"),
         (["run", "-m", model, "-p", "hi", "-n", "4"], "/dev/full",
          "error: writing standard output: No space left on device"),
@@ -175,6 +186,25 @@ def test_write_errors_are_exit_1_with_a_message(binary, model, tmp_path):
         assert msg in r.stderr, (args, r.stderr)
         if args[0] == "calibrate":
             assert "wrote" not in r.stdout, r.stdout
+
+
+def test_a_stdout_closed_from_the_start_is_no_failure(binary, model):
+    """`serve ... >&-`: the first socket took descriptor 1, and libuv's
+    close of it asserted at the exit (SIGABRT after "bye"). Closed standard
+    descriptors are /dev/null from the start: a clean exit is 0, and `run`'s
+    output goes where its caller sent it."""
+    closed = dict(stdout=None, preexec_fn=lambda: os.close(1))
+    p = subprocess.Popen([binary, "serve", "-m", model, "--port", "0"], stderr=subprocess.PIPE,
+                         text=True, errors="replace", **closed)
+    for line in p.stderr:
+        if "listening on http://" in line:
+            p.send_signal(signal.SIGTERM)
+            break
+    p.stderr.read()
+    assert p.wait(60) == 0
+    r = subprocess.run([binary, "run", "-m", model, "-p", "hi", "-n", "2"], stderr=subprocess.PIPE,
+                       text=True, timeout=120, **closed)
+    assert r.returncode == 0, r.stderr
 
 
 # ---- run ----------------------------------------------------------------------------------------
@@ -247,7 +277,8 @@ def test_calibrate_keeps_its_comment_lines_whatever_the_names(binary, tmp_path):
     row of one number per head."""
     tokens, bos = byte_vocab()
     m = str(tmp_path / "named.gguf")
-    write_llama(m, 64, 1, tokens, bos, name="two\nlines")
+    name = "two\nlines, and a name longer than a buffer sized from a pointer holds"
+    write_llama(m, 64, 1, tokens, bos, name=name)
     text = write_text(tmp_path, "The river flows past the old mill and the bridge. " * 6,
                       name="a\nb.txt")
     out = tmp_path / "sinks.txt"
@@ -255,18 +286,19 @@ def test_calibrate_keeps_its_comment_lines_whatever_the_names(binary, tmp_path):
     assert r.returncode == 0, r.stderr
     rows = [l for l in out.read_text().splitlines() if not l.startswith("#")]
     assert len(rows) == 1, out.read_text()  # one layer
+    assert "# model " + name.replace("\n", "\ufffd") + "," in out.read_text()
     assert len([float(x) for x in rows[0].split()]) == 1  # one head
 
 
-@pytest.mark.parametrize("which,tokens", [("smol", 65), ("smol", 300), ("gemma", 600)])
-def test_calibrate_agrees_with_the_probe(binary, model, gemma_model, tmp_path, which, tokens):
+@pytest.mark.parametrize("which,tokens", [("model", 65), ("model", 300), ("gemma_model", 600)])
+def test_calibrate_agrees_with_the_probe(binary, request, tmp_path, which, tokens):
     """calibrate scores each head's first-position mass itself from q and k,
     and checks it against the probe's. Its pass ran the other attention path,
     whose rounding the 8-bit activations carried into a difference of about
     1e-2 a query (2.4e-2 with one query); and it scored Gemma's local layers
     over keys their sliding window of 512 does not see (2e-2 at 600 tokens).
     The two now compute the same thing, to rounding."""
-    m = model if which == "smol" else gemma_model
+    m = request.getfixturevalue(which)  # (a missing Gemma skips its case only)
     text = write_text(tmp_path, " ".join(
         f"The river passed the {w} mill at dawn, and the bridge was quiet." for w in
         ("old", "new", "red", "grey", "tall", "low", "stone", "wooden")) * 10)

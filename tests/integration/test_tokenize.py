@@ -232,7 +232,11 @@ def test_a_client_s_flood_of_long_texts_does_not_hold_another_client_s_prompt(bi
         try:
             s.wait_metric("streamsink_requests_inflight", lambda v: v >= 12, timeout=60)
         except AssertionError as e:  # what became of the flood, for whoever reads the failure
-            counts = {k: v for k, v in s.metrics().items() if k.startswith("streamsink_requests")}
+            try:
+                counts = {k: v for k, v in s.metrics().items()
+                          if k.startswith("streamsink_requests")}
+            except Exception as m:  # (the server may be gone: say so, keep the first error)
+                counts = f"no scrape: {m!r}"
             with lock:
                 raise AssertionError(f"{e}\nanswered so far: {order}\n{counts}") from None
         other = threading.Thread(target=read, args=(send(request("key-other", "a short text")),

@@ -172,6 +172,9 @@ char *api_tokens_json(int32_t first, const int32_t *ids, int64_t n,
                       const char *(*piece)(void *arg, int32_t id, size_t *len), void *arg);
 /* {"content":"..."}: text as a JSON string (bytes outside UTF-8 as U+FFFD). */
 char *api_content_json(const char *text, size_t len);
+/* s as one JSON string, quotes included: '"', '\\' and C0 controls escaped,
+ * each byte that starts no UTF-8 character as U+FFFD; malloc'd, or NULL. */
+char *api_json_string(const char *s, size_t len);
 /* /health's body: {"status","model","active_sequences","queued",
  * "kv_slots_free","kv_slots_total"}, malloc'd, or NULL. */
 char *api_health_json(const char *status, const char *model, int64_t active, int64_t queued,

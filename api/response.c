@@ -828,6 +828,13 @@ char *api_content_json(const char *text, size_t len)
     return api__buf_finish(&b);
 }
 
+char *api_json_string(const char *s, size_t len)
+{
+    struct api_buf b = {0};
+    put_string(&b, s, len);
+    return api__buf_finish(&b);
+}
+
 char *api_health_json(const char *status, const char *model, int64_t active, int64_t queued,
                       int64_t slots_free, int64_t slots_total)
 {

@@ -17,6 +17,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "api.h"
 #include "cmd.h"
 #include "decoder.h"
 #include "engine.h"
@@ -34,43 +35,16 @@ int64_t cmd_recompute_window(const int32_t *ids, int64_t t, int64_t window, int3
     return k;
 }
 
-/* The length of the well-formed UTF-8 character at p (1 to 4), or 0. */
-static int utf8_len(const unsigned char *p)
+/* s as a JSON string (a model's general.name is whatever its file says);
+ * 0, or -1 when out of memory. */
+static int json_string(FILE *f, const char *s)
 {
-    int n = p[0] < 0x80   ? 1
-            : p[0] < 0xc2 ? 0
-            : p[0] < 0xe0 ? 2
-            : p[0] < 0xf0 ? 3
-            : p[0] < 0xf5 ? 4
-                          : 0;
-    /* the second byte's range: no overlong form, surrogate or code point past U+10FFFF */
-    unsigned char lo = p[0] == 0xe0 ? 0xa0 : p[0] == 0xf0 ? 0x90 : 0x80;
-    unsigned char hi = p[0] == 0xed ? 0x9f : p[0] == 0xf4 ? 0x8f : 0xbf;
-    for (int i = 1; i < n; i++)
-        if (p[i] < (i == 1 ? lo : 0x80) || p[i] > (i == 1 ? hi : 0xbf))
-            return 0;
-    return n;
-}
-
-/* s as a JSON string (a model's general.name is whatever its file says):
- * quotes, backslash and control characters escaped, and a byte that is not
- * part of a UTF-8 character as U+FFFD. */
-static void json_string(FILE *f, const char *s)
-{
-    fputc('"', f);
-    for (const unsigned char *p = (const unsigned char *)s; *p;) {
-        int n = utf8_len(p);
-        if (*p == '"' || *p == '\\')
-            fprintf(f, "\\%c", *p);
-        else if (*p < 0x20)
-            fprintf(f, "\\u%04x", *p);
-        else if (n == 0)
-            fputs("\\ufffd", f);
-        else
-            fwrite(p, 1, (size_t)n, f);
-        p += n > 0 ? n : 1;
-    }
-    fputc('"', f);
+    char *j = api_json_string(s, strlen(s));
+    if (!j)
+        return -1;
+    fputs(j, f);
+    free(j);
+    return 0;
 }
 
 static void progress(int64_t done, int64_t total, double nll_sum, double t0)
@@ -316,12 +290,13 @@ int cmd_perplexity(int argc, char **argv)
             exit_code = CMD_EXIT_RUNTIME;
             goto out;
         }
+        int bad = 0;
         fprintf(jf, "{\"model\": ");
-        json_string(jf, info.name);
+        bad |= json_string(jf, info.name);
         fprintf(jf, ", \"normalizer\": ");
-        json_string(jf, info.normalizer);
+        bad |= json_string(jf, info.normalizer);
         fprintf(jf, ", \"policy\": ");
-        json_string(jf, pname);
+        bad |= json_string(jf, pname);
         fprintf(jf,
                 ", \"window\": %lld, \"tokens\": %lld, \"perplexity\": %.6f, \"kv_bytes\": %zu, "
                 "\"kv_dtype\": \"%s\", \"tokens_per_s\": %.2f, \"nll\": [",
@@ -333,7 +308,9 @@ int cmd_perplexity(int argc, char **argv)
         for (int64_t t = 0; t < n_done; t++)
             fprintf(jf, "%s%lld", t ? "," : "", (long long)pos[t]);
         fprintf(jf, "]}\n");
-        if (cmd_close_output(jf, json) != CMD_EXIT_OK)
+        if (bad)
+            fprintf(stderr, "error: out of memory writing %s\n", json);
+        if (cmd_close_output(jf, json) != CMD_EXIT_OK || bad)
             exit_code = CMD_EXIT_RUNTIME;
     }
 out:

@@ -835,4 +835,13 @@ TEST(api_health_json_escapes_the_model_id)
     free(js);
 }
 
+TEST(api_json_string_escapes_and_replaces_what_is_not_utf8)
+{
+    /* a truncated character (e2 82) is two U+FFFD, one for each byte */
+    const char in[] = "a\"b\\c\r\n\x01\xe2\x82\xff\xc3\xa9";
+    char *js = api_json_string(in, sizeof in - 1);
+    ASSERT_STREQ(js, "\"a\\\"b\\\\c\\r\\n\\u0001\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\xc3\xa9\"");
+    free(js);
+}
+
 TEST_MAIN()

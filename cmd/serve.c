@@ -59,19 +59,13 @@ static int check(const struct server_config *c)
     /* the engine checks it again once the model is loaded; a setting the
      * server cannot use is exit 2, and found before the model loads */
     if (c->session_dir && c->session_dir[0]) {
-        int fd = open(c->session_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        char err[512];
+        int fd = engine_session_dir_open(c->session_dir, err, sizeof err);
         if (fd < 0) {
-            fprintf(stderr, "error: --session-dir %s: %s\n", c->session_dir, strerror(errno));
+            fprintf(stderr, "error: %s\n", err);
             return -1;
         }
-        int w = faccessat(fd, ".", W_OK | X_OK, 0);
-        int e = errno;
         close(fd);
-        if (w < 0) {
-            fprintf(stderr, "error: --session-dir %s: not writable: %s\n", c->session_dir,
-                    strerror(e));
-            return -1;
-        }
     }
     if (strcmp(c->log_level, "debug") != 0 && strcmp(c->log_level, "info") != 0 &&
         strcmp(c->log_level, "warn") != 0 && strcmp(c->log_level, "error") != 0) {

@@ -532,24 +532,31 @@ static int model_digest(struct engine *e)
     return ok ? 0 : -EIO;
 }
 
+int engine_session_dir_open(const char *dir, char *err, size_t err_len)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) {
+        int rc = -errno;
+        snprintf(err, err_len, "--session-dir %s: %s", dir, strerror(-rc));
+        return rc;
+    }
+    if (faccessat(fd, ".", W_OK | X_OK, 0) < 0) {
+        int rc = -errno;
+        snprintf(err, err_len, "--session-dir %s: not writable: %s", dir, strerror(-rc));
+        close(fd);
+        return rc;
+    }
+    return fd;
+}
+
 int session_dir_open(struct engine *e, char *err, size_t err_len)
 {
     e->dir_fd = -1;
     if (!e->cfg.session_dir || !e->cfg.session_dir[0])
         return 0;
-    int fd = open(e->cfg.session_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0) {
-        int rc = -errno;
-        snprintf(err, err_len, "--session-dir %s: %s", e->cfg.session_dir, strerror(errno));
-        return rc;
-    }
-    if (faccessat(fd, ".", W_OK | X_OK, 0) < 0) {
-        int rc = -errno;
-        snprintf(err, err_len, "--session-dir %s: not writable: %s", e->cfg.session_dir,
-                 strerror(errno));
-        close(fd);
-        return rc;
-    }
+    int fd = engine_session_dir_open(e->cfg.session_dir, err, err_len);
+    if (fd < 0)
+        return fd;
     e->dir_fd = fd;
     if (model_digest(e) < 0) {
         snprintf(err, err_len, "engine: SHA-256 of the model file failed");

@@ -134,6 +134,12 @@ struct engine_model_info {
  * ENGINE_SESSION_ID_MAX - 1 characters of [A-Za-z0-9_-]: no separators, no
  * dots, nothing a path could use. Returns 1 if id is one. */
 int engine_session_id_valid(const char *id);
+/* Opens dir as a session directory: a directory this process may write and
+ * search. Returns its descriptor (O_CLOEXEC; the caller closes it), or
+ * -errno with "--session-dir DIR: why" in err. The engine opens
+ * engine_config.session_dir with it; a front end may check the flag with it
+ * before loading a model. */
+int engine_session_dir_open(const char *dir, char *err, size_t err_len);
 /* 1 if the session ids a and b are equal. A session id is a bearer secret
  * on an open server (POST /v1/sessions mints 128 random bits), so the time
  * taken does not depend on where, or whether, the two differ: every one of

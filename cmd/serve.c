@@ -14,7 +14,6 @@
 #include "server.h"
 
 #define GiB 1073741824.0
-#define CMD_REPLICA_NAME_MAX 200 /* the X-Streamsink-Replica value the server sends (%.200s) */
 
 /* Checks what one flag alone cannot. Returns 0 or -1 after a message. */
 static int check(const struct server_config *c)
@@ -52,8 +51,8 @@ static int check(const struct server_config *c)
             return -1;
         }
     }
-    if (c->name && strlen(c->name) > CMD_REPLICA_NAME_MAX) {
-        fprintf(stderr, "error: --name is longer than %d bytes\n", CMD_REPLICA_NAME_MAX);
+    if (c->name && strlen(c->name) > SERVER_REPLICA_NAME_MAX) {
+        fprintf(stderr, "error: --name is longer than %d bytes\n", SERVER_REPLICA_NAME_MAX);
         return -1;
     }
     /* the engine checks it again once the model is loaded; a setting the

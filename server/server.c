@@ -956,9 +956,11 @@ enum server_status server_run(const struct server_config *cfg)
     char host[256] = "localhost";
     gethostname(host, sizeof host - 1);
     if (s->cfg.name && s->cfg.name[0])
-        snprintf(s->headers, sizeof s->headers, "X-Streamsink-Replica: %.200s\r\n", s->cfg.name);
+        snprintf(s->headers, sizeof s->headers, "X-Streamsink-Replica: %.*s\r\n",
+                 SERVER_REPLICA_NAME_MAX, s->cfg.name);
     else
-        snprintf(s->headers, sizeof s->headers, "X-Streamsink-Replica: %.200s:%d\r\n", host, port);
+        snprintf(s->headers, sizeof s->headers, "X-Streamsink-Replica: %.*s:%d\r\n",
+                 SERVER_REPLICA_NAME_MAX, host, port);
 
     s->lim = (struct http_limits){
         .max_header_bytes = (size_t)s->cfg.max_header,

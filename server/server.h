@@ -10,6 +10,9 @@
 #include <stdint.h>
 
 #define SERVER_CONFIG_MAX_KEYS 64
+/* bytes of server_config.name sent in X-Streamsink-Replica (a longer one is
+ * cut); the caller keeps the name to printable ASCII, as a header value */
+#define SERVER_REPLICA_NAME_MAX 200
 
 struct server_config {
     /* listening */

@@ -183,7 +183,9 @@ char *api_health_json(const char *status, const char *model, int64_t active, int
  * line): valid UTF-8 with no C0 control or DEL (the bytes that break a
  * line or a format), each byte that starts no character and each of those
  * written as U+FFFD, cut at a character's end to fit cap bytes with its
- * NUL. Other code points (C1 controls, U+2028) pass as they are. */
+ * NUL. Other code points (C1 controls, U+2028) pass as they are. The log
+ * (server/log.c) does not use it: it keeps every byte, a control one as
+ * \xNN, as an operator wants to see a name that went wrong. */
 void api_text_clean(char *dst, size_t cap, const char *src);
 
 /* ---- responses (response.c) ---------------------------------------------- */

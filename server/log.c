@@ -23,7 +23,11 @@ void log_msg(enum log_level lv, const char *fmt, ...)
     vsnprintf(raw, sizeof raw, fmt, ap);
     va_end(ap);
     /* one line, whatever a message quotes (a file's name is anybody's
-     * bytes): control characters as \xNN, so none can forge a line */
+     * bytes): control characters as \xNN, so none can forge a line. Other
+     * bytes pass, UTF-8 or not: an operator reading the log sees the name's
+     * bytes as they are. (Names the server sends to clients, in JSON or a
+     * metrics label, are cleaned by api_text_clean instead, which must give
+     * valid UTF-8 and so writes U+FFFD, losing the byte.) */
     size_t o = 0;
     for (const unsigned char *p = (const unsigned char *)raw; *p; p++) {
         if (*p < 0x20 || *p == 0x7f)

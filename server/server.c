@@ -686,6 +686,7 @@ static int load_keys(struct server *s, char *err, size_t err_len)
             return -errno;
         }
         char line[HTTP_AUTH_MAX + 2];
+        size_t before = s->n_keys;
         while (rc == 0 && fgets(line, sizeof line, f)) {
             size_t n = strcspn(line, "\n");
             if (n == sizeof line - 1) {
@@ -696,8 +697,14 @@ static int load_keys(struct server *s, char *err, size_t err_len)
             }
             rc = add_key(s, line, n, 1);
         }
+        if (rc == 0 && ferror(f)) { /* a directory (EISDIR), a read error */
+            int e = errno;
+            snprintf(err, err_len, "--api-key-file %s: %s", cfg->api_key_file, strerror(e));
+            fclose(f);
+            return -e;
+        }
         fclose(f);
-        if (rc == 0 && s->n_keys == 0) {
+        if (rc == 0 && s->n_keys == before) {
             snprintf(err, err_len, "--api-key-file %s holds no key", cfg->api_key_file);
             return -EINVAL;
         }

@@ -306,6 +306,21 @@ def test_an_empty_key_or_one_no_header_can_carry_is_refused_at_start(binary, mod
     assert "an API key" in r.stderr
 
 
+def test_a_key_file_that_gives_no_key_is_refused_at_start(binary, model, tmp_path):
+    # a directory read as an empty file ("holds no key", not why); a file of
+    # comments only passed when --api-key gave another key, so the keys the
+    # operator meant to add were silently not there
+    comments = tmp_path / "keys"
+    comments.write_text("# rotated out\n\n")
+    for args, why in [(["--api-key-file", str(tmp_path)], "Is a directory"),
+                      (["--api-key-file", str(comments), "--api-key", "sk-flag"],
+                       "holds no key")]:
+        r = subprocess.run([binary, "serve", "-m", model, "--port", "0", *args],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2, r.stderr
+        assert f"--api-key-file {args[1]}" in r.stderr and why in r.stderr, r.stderr
+
+
 def test_a_key_that_starts_with_a_hash_is_a_key_outside_a_key_file(binary, model):
     # '#' starts a comment in a key file only: as a flag it was dropped,
     # and the server ran open

@@ -154,7 +154,8 @@ int cmd_run(int argc, char **argv)
     if (keep > 0 && n_prompt > keep)
         n_prompt = keep;
     if (n_prompt == 0) {
-        fprintf(stderr, "error: the prompt is empty and the model has no BOS token\n");
+        fprintf(stderr, "error: the prompt is empty and %s\n",
+                no_bos ? "--no-bos leaves no token to start from" : "the model has no BOS token");
         exit_code = CMD_EXIT_USAGE;
         goto out;
     }

@@ -867,8 +867,6 @@ enum server_status server_run(const struct server_config *cfg)
     }
     if (access(s->cfg.model, R_OK) != 0) {
         fprintf(stderr, "error: %s: %s\n", s->cfg.model, strerror(errno));
-        fprintf(stderr, "hint: run scripts/fetch-model.sh to fetch the default model, "
-                        "or pass -m FILE\n");
         free_keys(s);
         free(s);
         return SERVER_BAD_MODEL;

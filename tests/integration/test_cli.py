@@ -308,3 +308,27 @@ def test_calibrate_agrees_with_the_probe(binary, request, tmp_path, which, token
     assert r.returncode == 0, r.stderr
     got = re.search(r"agrees with the probe to (\S+)", r.stdout)
     assert got and float(got.group(1)) < 1e-5, r.stdout[-300:]
+
+
+@pytest.mark.parametrize("cmd", ["serve", "run"])
+def test_the_fetch_hint_is_for_the_default_model_only(binary, tmp_path, cmd):
+    """A missing model file hints at scripts/fetch-model.sh only when it is
+    the default one the script fetches; serve said it after an explicit -m
+    too, where fetching would not help."""
+    env = {k: v for k, v in os.environ.items() if k != "STREAMSINK_MODEL"}
+    env["XDG_CACHE_HOME"] = str(tmp_path / "empty-cache")
+    extra = ["--port", "0"] if cmd == "serve" else ["-p", "hi", "-n", "1"]
+    explicit = cli(binary, cmd, "-m", str(tmp_path / "mine.gguf"), *extra, env=env)
+    default = cli(binary, cmd, *extra, env=env)
+    for r in (explicit, default):
+        assert r.returncode == 3, r.stderr
+        assert "No such file or directory" in r.stderr, r.stderr
+    assert "fetch-model.sh" not in explicit.stderr, explicit.stderr
+    assert "fetch-model.sh" in default.stderr, default.stderr
+
+
+def test_run_names_no_bos_when_it_leaves_an_empty_prompt(binary, model):
+    r = cli(binary, "run", "-m", model, "-p", "", "--no-bos", "-n", "1")
+    assert r.returncode == 2, r.stderr
+    assert "--no-bos leaves no token" in r.stderr, r.stderr
+    assert "has no BOS" not in r.stderr  # SmolLM2 has one

@@ -183,9 +183,12 @@ int cmd_calibrate(int argc, char **argv)
     int exit_code = CMD_EXIT_OK;
     struct calib_acc acc = {0};
     struct decoder_probe pr = {0};
-    int64_t cap = (int64_t)len + 2;
-    int32_t *ids = malloc((size_t)cap * sizeof *ids);
-    int64_t n = ids ? decoder_tokenize(d, text, len, hp.add_bos, 0, ids, cap) : -ENOMEM;
+    int32_t *ids = NULL;
+    int64_t n = cmd_tokenize_text(d, text, len, hp.add_bos, &ids);
+    if (n < 0) {
+        exit_code = CMD_EXIT_RUNTIME;
+        goto out;
+    }
     if (n > max_tok)
         n = max_tok;
     if (n <= DECODER_PROBE_MIN_CTX) {

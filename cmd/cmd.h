@@ -100,6 +100,11 @@ int cmd_close_output(FILE *f, const char *path);
 double cmd_now(void);
 /* Reads a whole file into a NUL-terminated malloc'd buffer; NULL with errno. */
 char *cmd_read_file(const char *path, size_t *len);
+/* A text file's tokens (no special tokens parsed; BOS first when add_bos)
+ * in *ids (caller frees). Returns the count, or -1 after a message (out of
+ * memory, a tokenizer error): a runtime failure, not the text's fault. */
+int64_t cmd_tokenize_text(struct decoder *d, const char *text, size_t len, int add_bos,
+                          int32_t **ids);
 
 /* ---- perplexity ----------------------------------------------------------------- */
 

@@ -111,6 +111,21 @@ int cmd_open_decoder(struct decoder **d, const struct decoder_config *cfg)
     return engine_error_is_model(rc) ? CMD_EXIT_MODEL : CMD_EXIT_RUNTIME;
 }
 
+int64_t cmd_tokenize_text(struct decoder *d, const char *text, size_t len, int add_bos,
+                          int32_t **ids)
+{
+    int64_t cap = (int64_t)len + 2; /* a token is at least one byte, and BOS */
+    *ids = malloc((size_t)cap * sizeof **ids);
+    int64_t n = *ids ? decoder_tokenize(d, text, len, add_bos, 0, *ids, cap) : -ENOMEM;
+    if (n >= 0 && n <= cap)
+        return n;
+    fprintf(stderr, "error: tokenizing the text failed: %s\n",
+            n < 0 ? strerror((int)-n) : "more tokens than bytes");
+    free(*ids);
+    *ids = NULL;
+    return -1;
+}
+
 void cmd_warn_sinks(struct decoder *d)
 {
     struct decoder_info in;

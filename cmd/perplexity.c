@@ -180,13 +180,16 @@ int cmd_perplexity(int argc, char **argv)
     window = info.window; /* at most the model's context */
 
     int exit_code = CMD_EXIT_OK;
-    int64_t cap = (int64_t)text_len + 2;
-    int32_t *ids = malloc((size_t)cap * sizeof *ids);
+    int32_t *ids = NULL;
     double *nll = NULL;
     int32_t *win_ids = NULL; /* recompute: the window it re-runs */
     int64_t *pos = NULL, n_done = 0, seq = -1;
-    int64_t n = ids ? decoder_tokenize(d, text, text_len, info.add_bos, 0, ids, cap) : -ENOMEM;
-    if (n < 2 || n > cap) {
+    int64_t n = cmd_tokenize_text(d, text, text_len, info.add_bos, &ids);
+    if (n < 0) {
+        exit_code = CMD_EXIT_RUNTIME;
+        goto out;
+    }
+    if (n < 2) {
         fprintf(stderr, "error: the text gives %lld tokens; at least 2 are needed\n", (long long)n);
         exit_code = CMD_EXIT_USAGE;
         goto out;

@@ -72,16 +72,25 @@ int cmd_probe(int argc, char **argv)
     struct decoder_info info;
     decoder_get_info(d, &info);
     int exit_code = CMD_EXIT_OK;
-    int64_t cap = (int64_t)len + 2;
-    int32_t *ids = malloc((size_t)cap * sizeof *ids);
-    int64_t n = ids ? decoder_tokenize(d, text, len, info.add_bos, 0, ids, cap) : -ENOMEM;
+    int32_t *ids = NULL;
+    int64_t n = cmd_tokenize_text(d, text, len, info.add_bos, &ids);
+    if (n < 0) {
+        exit_code = CMD_EXIT_RUNTIME;
+        goto out;
+    }
     if (n > info.window)
         n = info.window;
-    struct decoder_probe pr;
-    if (n <= DECODER_PROBE_MIN_CTX || decoder_probe_run(d, ids, n, &pr) < 0) {
+    if (n <= DECODER_PROBE_MIN_CTX) {
         fprintf(stderr, "error: the probe needs more than %d tokens of text (got %lld)\n",
                 DECODER_PROBE_MIN_CTX, (long long)n);
         exit_code = CMD_EXIT_USAGE;
+        goto out;
+    }
+    struct decoder_probe pr;
+    int run = decoder_probe_run(d, ids, n, &pr);
+    if (run < 0) {
+        fprintf(stderr, "error: the probe failed: %s\n", strerror(-run));
+        exit_code = CMD_EXIT_RUNTIME;
         goto out;
     }
     printf("model %s, normalizer %s, %lld tokens, %lld queries per head\n", info.name,

@@ -332,3 +332,20 @@ def test_run_names_no_bos_when_it_leaves_an_empty_prompt(binary, model):
     assert r.returncode == 2, r.stderr
     assert "--no-bos leaves no token" in r.stderr, r.stderr
     assert "has no BOS" not in r.stderr  # SmolLM2 has one
+
+
+@pytest.mark.parametrize("cmd", ["probe", "calibrate", "perplexity"])
+def test_a_tokenizer_failure_is_named_and_a_runtime_error(binary, model, tmp_path, cmd):
+    """A 100 MB text under a 1.35 GB address space: the text and the model
+    fit, its token array (4 bytes a byte) does not. probe said "needs more
+    than 64 tokens of text (got -12)" and exit 2, as if the text were short;
+    perplexity said the text "gives -12 tokens"."""
+    text = tmp_path / "big.txt"
+    with open(text, "w") as f:
+        for _ in range(100):
+            f.write("the cat sat. " * 80660)  # ~1 MB
+    extra = ["--out", str(tmp_path / "logits.txt")] if cmd == "calibrate" else []
+    r = cli(binary, cmd, "-m", model, "--text", str(text), *extra,
+            preexec_fn=limited(1350 << 20))
+    assert r.returncode == 1, r.stderr
+    assert "error: tokenizing the text failed: Cannot allocate memory" in r.stderr, r.stderr

@@ -1284,6 +1284,9 @@ static void handle_commands(struct engine *e, int wait_ms)
                         e->waiting[j].paused = c->kind == QUEUE_CMD_PAUSE;
                 break;
             }
+            case QUEUE_CMD_RETIRE:
+                e->retiring = e->dir_fd >= 0;
+                break;
             }
         }
     }
@@ -2013,9 +2016,11 @@ static void *engine_main(void *arg)
             e->wake(e->wake_arg);
         }
         if (now_s() - last_expire > 1.0) { /* under load too */
-            session_expire(e, now_s());
+            session_expire(e, now_s(), (double)e->cfg.session_idle_s);
             last_expire = now_s();
         }
+        if (e->retiring && now_s() >= e->retire_after && session_expire(e, now_s(), 0) > 0)
+            e->retire_after = now_s() + 1.0; /* a save failed: not again at once */
     }
     /* closing: everything still running or waiting is cancelled */
     for (int64_t i = 0; i < e->cfg.max_seqs; i++) {
@@ -2123,6 +2128,11 @@ int engine_submit(struct engine *e, struct engine_request *req)
 void engine_cancel(struct engine *e, uint64_t id)
 {
     queue_control(&e->q, QUEUE_CMD_CANCEL, id);
+}
+
+void engine_retire_sessions(struct engine *e)
+{
+    queue_control(&e->q, QUEUE_CMD_RETIRE, 0);
 }
 
 void engine_pause(struct engine *e, uint64_t id)

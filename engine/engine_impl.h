@@ -190,6 +190,11 @@ struct engine {
     double io_progress; /* when it last gave one back, or was handed one while idle */
     uint64_t save_order;
     int count_failing; /* the directory's last count broke (logged once) */
+    /* engine_retire_sessions was called: each idle session leaves memory
+     * (written to the directory) at once; retire_after: not before then
+     * (a second after a save that failed) */
+    int retiring;
+    double retire_after;
 };
 
 /* Runs on the engine thread before it serves: opens the model and builds

@@ -1,6 +1,6 @@
 /*
  * queue.h: the only mutex/condvar code in the project. The inbox carries
- * commands (submit, cancel, pause, resume) from any thread to the engine
+ * commands (submit, cancel, pause, resume, retire) from any thread to the engine
  * thread; the outbox carries events, by value, from the engine thread to the
  * loop thread. Both are bounded rings allocated once. Internal to engine/.
  */
@@ -12,7 +12,13 @@
 
 #include "engine.h"
 
-enum queue_cmd_kind { QUEUE_CMD_SUBMIT, QUEUE_CMD_CANCEL, QUEUE_CMD_PAUSE, QUEUE_CMD_RESUME };
+enum queue_cmd_kind {
+    QUEUE_CMD_SUBMIT,
+    QUEUE_CMD_CANCEL,
+    QUEUE_CMD_PAUSE,
+    QUEUE_CMD_RESUME,
+    QUEUE_CMD_RETIRE, /* engine_retire_sessions */
+};
 
 struct queue_cmd {
     enum queue_cmd_kind kind;

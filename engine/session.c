@@ -261,13 +261,15 @@ void session_park(struct seq *s, double now)
     s->last_used = now;
 }
 
-void session_expire(struct engine *e, double now)
+int64_t session_expire(struct engine *e, double now, double idle_s)
 {
+    int64_t failed = 0;
     for (int64_t i = 0; i < e->cfg.max_seqs; i++) {
         struct seq *s = &e->seqs[i];
-        if (s->state == SEQ_IDLE && now - s->last_used > (double)e->cfg.session_idle_s)
-            leave(e, s, now);
+        if (s->state == SEQ_IDLE && now - s->last_used > idle_s)
+            failed += leave(e, s, now) == -1;
     }
+    return failed;
 }
 
 void session_save_all(struct engine *e)

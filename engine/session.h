@@ -30,9 +30,10 @@ int session_idle_pinned(const struct engine *e);
 int session_slots_stuck(const struct engine *e, int64_t need);
 /* The request running in s is over and s is a session: keep its KV. */
 void session_park(struct seq *s, double now);
-/* Idle sessions older than --session-idle leave memory (written to the
- * directory first; one whose save fails stays and is tried again later). */
-void session_expire(struct engine *e, double now);
+/* Idle sessions unused for more than idle_s seconds (--session-idle) leave
+ * memory, written to the directory first; one whose save fails stays and is
+ * tried again later. Returns how many saves failed. */
+int64_t session_expire(struct engine *e, double now, double idle_s);
 /* Engine stop: every idle session is written to the directory. */
 void session_save_all(struct engine *e);
 

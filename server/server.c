@@ -272,6 +272,10 @@ static void on_signal(uv_signal_t *h, int signum)
     }
     s->draining = 1;
     s->drain_deadline = server_now() + s->cfg.drain_timeout;
+    /* each session is written out once idle, so its next turn, refused here
+     * from now on, finds it on the replica that takes the turn instead */
+    if (s->engine)
+        engine_retire_sessions(s->engine);
     log_msg(LOG_INFO, "%s: draining %lld running request(s) for up to %gs",
             signum == SIGTERM ? "SIGTERM" : "SIGINT", (long long)s->inflight, s->cfg.drain_timeout);
     if (s->listening) {

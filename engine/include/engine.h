@@ -361,6 +361,15 @@ void engine_cancel(struct engine *e, uint64_t id);
 void engine_pause(struct engine *e, uint64_t id); /* backpressure: skip in steps */
 void engine_resume(struct engine *e, uint64_t id);
 
+/* Any thread; for a server that starts to drain. From now on each session
+ * leaves memory, written to session_dir, as soon as it is idle: those idle
+ * now at once, one running a turn when the turn ends. Its next turn, which
+ * the draining server refuses, then finds the snapshot on the replica it is
+ * sent to instead, rather than a session that replica would start afresh.
+ * Requests still go on as before. Without a session_dir it does nothing
+ * (sessions stay in memory until engine_stop). */
+void engine_retire_sessions(struct engine *e);
+
 /* Loop thread. Copies up to max events out; call until it returns 0. */
 size_t engine_drain(struct engine *e, struct engine_event *ev, size_t max);
 

@@ -1475,3 +1475,63 @@ def test_temp_files_of_writes_that_died_are_deleted_once_stale(binary, model, tm
         assert "deleted 1 temporary snapshot file" in s.log()
     finally:
         assert s.stop() == 0, s.log()
+
+
+def test_a_drain_writes_each_session_out_once_idle_not_at_its_end(binary, model, tmp_path):
+    """Behind a router, a session's next turn during a replica's drain finds
+    the listener closed and goes to the next replica, which reads the
+    session from the shared directory. The sessions were written only when
+    the drain ended, so that replica found nothing and started the session
+    afresh ("created": true), and its later save overwrote the real one.
+    Now the drain writes an idle session at once, and a session whose turn
+    runs at the signal when the turn ends, while a stream its client does
+    not read keeps the drain open."""
+    d = tmp_path / "sessions"
+    d.mkdir()
+    s = Server(binary, model, ["--session-dir", str(d), "--threads", "1", "--drain-timeout",
+                               "60", "--write-stall-timeout", "60", "--min-read-rate", "0"])
+    held = None
+    try:
+        st, r = complete(s, LONG, "idle-at-signal", max_tokens=4)
+        assert st == 200, r
+        held = s.connect(rcvbuf=4096)  # a stream nobody reads: it pauses and stays
+        body = json.dumps({"model": "smol", "prompt": ENDLESS, "max_tokens": 100000,
+                           "stream": True, "ignore_eos": True}).encode()
+        held.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                      f"application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body)
+        s.wait_metric("streamsink_paused_sequences", lambda v: v == 1, timeout=60)
+        turn = requests.post(f"http://127.0.0.1:{s.port}/v1/completions", stream=True, timeout=60,
+                             json={"model": "smol", "prompt": LONG, "max_tokens": 32,
+                                   "temperature": 0, "stream": True,
+                                   "stream_options": {"include_usage": True},
+                                   "session_id": "running-at-signal"})
+        lines = turn.iter_lines()
+        assert next(l for l in lines if l.startswith(b"data: "))  # the turn runs
+        s.proc.send_signal(signal.SIGTERM)
+        deadline = time.time() + 15
+        while not (d / "idle-at-signal.snap").exists() and time.time() < deadline:
+            time.sleep(0.05)
+        assert (d / "idle-at-signal.snap").exists(), s.log()
+        rest = [l for l in lines if l.startswith(b"data: ")]
+        assert rest[-1] == b"data: [DONE]"  # the turn ran to its end
+        generated = json.loads(rest[-2][6:])["usage"]["completion_tokens"]
+        deadline = time.time() + 15
+        while not (d / "running-at-signal.snap").exists() and time.time() < deadline:
+            time.sleep(0.05)
+        assert (d / "running-at-signal.snap").exists(), s.log()
+        assert s.proc.poll() is None  # the drain still runs, held open by the paused stream
+    finally:
+        if held:
+            held.close()
+    assert s.proc.wait(60) == 0, s.log()
+    s.thread.join(5)
+    s = Server(binary, model, ["--session-dir", str(d)])
+    try:
+        st, r = complete(s, LONG, None, max_tokens=1)
+        assert st == 200, r
+        for sid, tokens in [("idle-at-signal", 4), ("running-at-signal", generated)]:
+            st, saved = call(s, "GET", f"/v1/sessions/{sid}")
+            assert st == 200, saved
+            assert saved["tokens_seen"] == r["usage"]["prompt_tokens"] + tokens, (sid, saved)
+    finally:
+        assert s.stop() == 0, s.log()

@@ -205,6 +205,16 @@ static void trim(struct streams *ss, struct stream *st)
     ss->bytes -= stream_buf_trim(&st->buf, keep);
 }
 
+/* A stream with no client: its delivered events beyond half of
+ * --stream-buffer go, oldest first, so that it can generate at least the
+ * other half ahead and pause (streams_flow) with the whole buffer within
+ * the bound. The newest delivered ones stay: its client may have lost them
+ * in the connection that broke, and resumes from the last one it got. */
+static void trim_detached(struct streams *ss, struct stream *st)
+{
+    ss->bytes -= stream_buf_trim(&st->buf, st->buf.unsent_bytes + ss->max_bytes / 2);
+}
+
 /* All buffers together are over --stream-buffer-total: delivered events
  * go, oldest streams first. */
 static void make_room(struct streams *ss)
@@ -218,7 +228,7 @@ void streams_flow(struct server *s, struct stream *st)
     struct streams *ss = &s->streams;
     if (ss->bytes >= ss->max_total)
         make_room(ss);
-    int full = !st->conn && (st->buf.unsent_bytes >= ss->max_bytes || ss->bytes >= ss->max_total);
+    int full = !st->conn && (st->buf.bytes >= ss->max_bytes || ss->bytes >= ss->max_total);
     int want = st->finished ? 0 : st->conn ? st->conn->paused : full;
     st->full = full && !st->finished;
     if (want == st->engine_paused || st->finished)
@@ -250,6 +260,7 @@ void streams_pump(struct server *s, struct stream *st)
 {
     struct http_conn *c = st->conn;
     if (!c || !st->started) {
+        trim_detached(&s->streams, st);
         streams_flow(s, st); /* detached: generation goes on until the buffer is full */
         return;
     }

@@ -356,6 +356,43 @@ def test_detached_generation_fills_the_buffer_pauses_and_resumes_completely(srv,
     srv.wait_metric("streamsink_streams_buffer_full", lambda v: v == 0)
 
 
+def test_a_stream_that_detaches_after_a_full_buffer_stays_within_it(srv):
+    """A client read more than --stream-buffer (the delivered events were
+    trimmed to the bound while it was attached), then left. The detached
+    stream kept every delivered event and paused only when its undelivered
+    ones filled the buffer: about twice the bound. Now it drops delivered
+    events beyond half the buffer and pauses when the whole buffer is full,
+    and still keeps the newest delivered ones, which a client may have lost
+    in the broken connection: a resume from an event before the last one it
+    got still completes the text."""
+    body = dict(COMPLETION, max_tokens=120)
+    c = srv.client(api_key=KEY)
+    whole = "".join(ch.choices[0].text for ch in c.completions.create(**body))
+    base = srv.metrics()["streamsink_stream_buffer_bytes"]
+    first = post_stream(srv, "/v1/completions", body)
+    sid = first.headers["x-stream-id"]
+    events = []
+    collect(first, False, events, stop_after=30)  # some 6 KB: more than BUF
+    first.sock.close()
+    m = None
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        m = srv.metrics()
+        if m["streamsink_streams_buffer_full"] >= 1 and m["streamsink_paused_sequences"] >= 1:
+            break
+        time.sleep(0.2)
+    assert m["streamsink_streams_buffer_full"] == 1, m
+    assert m["streamsink_stream_buffer_bytes"] - base <= BUF + 2048, (base, m)
+    kept = events[:-3]  # as if the last three were lost in the socket
+    sse = resume(srv, sid, kept[-1][0])
+    assert sse.status == 200, sse.rest()
+    collect(sse, False, kept)
+    sse.sock.close()
+    check_ids(kept)
+    assert "".join(text_of(d, False) for _, d in kept) == whole
+    srv.wait_metric("streamsink_streams_buffer_full", lambda v: v == 0)
+
+
 def test_a_second_client_takes_the_stream_over_and_the_first_is_closed(srv, reference):
     first = post_stream(srv, "/v1/completions", COMPLETION)
     sid = first.headers["x-stream-id"]

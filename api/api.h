@@ -170,10 +170,12 @@ int api_detokenize_parse(const struct api_parse_ctx *ctx, const char *body, size
  * when the bytes are UTF-8, else as the list of byte values. */
 char *api_tokens_json(int32_t first, const int32_t *ids, int64_t n,
                       const char *(*piece)(void *arg, int32_t id, size_t *len), void *arg);
-/* {"content":"..."}: text as a JSON string (bytes outside UTF-8 as U+FFFD). */
+/* {"content":"..."}: text as a JSON string (each maximal subpart that is not
+ * UTF-8 as one U+FFFD, as Python's errors="replace" and Hugging Face's
+ * decode write it). */
 char *api_content_json(const char *text, size_t len);
 /* s as one JSON string, quotes included: '"', '\\' and C0 controls escaped,
- * each byte that starts no UTF-8 character as U+FFFD; malloc'd, or NULL. */
+ * each maximal subpart that is not UTF-8 as U+FFFD; malloc'd, or NULL. */
 char *api_json_string(const char *s, size_t len);
 /* /health's body: {"status","model","active_sequences","queued",
  * "kv_slots_free","kv_slots_total"}, malloc'd, or NULL. */
@@ -181,7 +183,8 @@ char *api_health_json(const char *status, const char *model, int64_t active, int
                       int64_t slots_free, int64_t slots_total);
 /* src as a name fit for any output (a JSON string, a metrics label, a log
  * line): valid UTF-8 with no C0 control or DEL (the bytes that break a
- * line or a format), each byte that starts no character and each of those
+ * line or a format), each of those and each maximal subpart that is not
+ * UTF-8 (a cut or broken character, as Python's errors="replace" reads it)
  * written as U+FFFD, cut at a character's end to fit cap bytes with its
  * NUL. Other code points (C1 controls, U+2028) pass as they are. The log
  * (server/log.c) does not use it: it keeps every byte, a control one as

@@ -12,6 +12,12 @@
 size_t api__utf8_sanitize(char *dst, size_t cap, const char *src, size_t len);
 /* Length of the longest prefix of s that is complete, valid UTF-8. */
 size_t api__utf8_valid_prefix(const char *s, size_t len);
+/* At s, where no valid character starts (len >= 1): the length of the
+ * maximal subpart (Unicode 3.9, U+FFFD substitution of maximal subparts),
+ * the bytes that begin a character and are cut or broken after them, or 1.
+ * Each becomes one U+FFFD, as Python's decode(errors="replace"), Hugging
+ * Face's decode and the engine's own text do. */
+size_t api__utf8_bad_len(const char *s, size_t len);
 
 /* struct api_buf (api.h), a growable string (buf.c). Zeroed, it is empty;
  * after a failed allocation oom is set and every put is a no-op. It bounds

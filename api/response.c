@@ -206,8 +206,9 @@ static void put_escaped(struct api_buf *b, const char *s, size_t n)
     api__buf_put(b, s + run, n - run);
 }
 
-/* A JSON string from bytes that should be UTF-8: each byte that starts no
- * valid sequence becomes U+FFFD; every other byte is kept, NUL included. */
+/* A JSON string from bytes that should be UTF-8: each maximal subpart that
+ * is not (api__utf8_bad_len) becomes U+FFFD; every other byte is kept, NUL
+ * included. */
 static void put_string(struct api_buf *b, const char *s, size_t n)
 {
     api__buf_put(b, "\"", 1);
@@ -218,14 +219,14 @@ static void put_string(struct api_buf *b, const char *s, size_t n)
         i += ok;
         if (i < n) {
             api__buf_put(b, "\xEF\xBF\xBD", 3);
-            i++;
+            i += api__utf8_bad_len(s + i, n - i);
         }
     }
     api__buf_put(b, "\"", 1);
 }
 
 /* The characters put_string writes for n bytes of s: code points of the
- * valid stretches, one U+FFFD for each byte outside them. text_offset counts
+ * valid stretches, one U+FFFD for each maximal subpart outside them. text_offset counts
  * these, so text[text_offset[i]:] starts with token i's text in a client that
  * indexes by code point (Python's str, as vLLM counts them). */
 static size_t text_chars(const char *s, size_t n)
@@ -238,7 +239,7 @@ static size_t text_chars(const char *s, size_t n)
         i += ok;
         if (i < n) {
             chars++;
-            i++;
+            i += api__utf8_bad_len(s + i, n - i);
         }
     }
     return chars;

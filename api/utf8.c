@@ -43,6 +43,24 @@ static size_t seq_len(const unsigned char *s, size_t len)
     return n;
 }
 
+size_t api__utf8_bad_len(const char *s, size_t len)
+{
+    const unsigned char *u = (const unsigned char *)s;
+    unsigned char c = u[0];
+    size_t n = c >= 0xC2 && c <= 0xDF   ? 2
+               : c >= 0xE0 && c <= 0xEF ? 3
+               : c >= 0xF0 && c <= 0xF4 ? 4
+                                        : 1;
+    /* the second byte's range (Unicode Table 3-7): no overlong form,
+     * surrogate or code point past U+10FFFF */
+    unsigned char lo = c == 0xE0 ? 0xA0 : c == 0xF0 ? 0x90 : 0x80;
+    unsigned char hi = c == 0xED ? 0x9F : c == 0xF4 ? 0x8F : 0xBF;
+    size_t k = 1;
+    while (k < n && k < len && u[k] >= (k == 1 ? lo : 0x80) && u[k] <= (k == 1 ? hi : 0xBF))
+        k++;
+    return k < n ? k : 1; /* k == n: a whole character, which the caller found invalid: cannot be */
+}
+
 size_t api__utf8_valid_prefix(const char *s, size_t len)
 {
     const unsigned char *u = (const unsigned char *)s;
@@ -71,7 +89,7 @@ size_t api__utf8_sanitize(char *dst, size_t cap, const char *src, size_t len)
             break;
         memcpy(dst + o, p, w);
         o += w;
-        i += n ? n : 1;
+        i += n ? n : api__utf8_bad_len(src + i, len - i);
     }
     dst[o] = 0;
     return o;
@@ -92,7 +110,7 @@ void api_text_clean(char *dst, size_t cap, const char *src)
             break;
         memcpy(dst + o, bad ? repl : src + i, w);
         o += w;
-        i += n ? n : 1;
+        i += n ? n : api__utf8_bad_len(src + i, len - i);
     }
     dst[o] = 0;
 }

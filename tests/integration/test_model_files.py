@@ -107,8 +107,8 @@ def test_a_models_names_cannot_break_an_answer_a_scrape_or_the_log(binary, tmp_p
     the label kept a raw CR and bytes that are no UTF-8 (a scrape Prometheus
     refuses), and the log wrote a newline in the file's name as a line of
     its own. Now each is valid UTF-8 with no control character (U+FFFD in
-    their place: one for each byte of a character cut short), escaped where
-    its format says."""
+    their place: one for a character cut short, as Python's errors="replace"
+    reads it), escaped where its format says."""
     from conftest import Server
     tokens, bos = byte_vocab()
     real = str(tmp_path / "m.gguf")
@@ -127,7 +127,9 @@ def test_a_models_names_cannot_break_an_answer_a_scrape_or_the_log(binary, tmp_p
         status, _, body = s.get("/metrics")
         text = body.decode("utf-8")  # strict: a scrape is UTF-8
         info = [l for l in text.splitlines() if l.startswith("streamsink_model_info{")]
-        assert len(info) == 1 and 'name="A\\"b\\\\c\ufffd\ufffd\ufffd\ufffd-end"' in info[0], info
+        want = b'A\\"b\\\\c\r\xe2\x82\xff-end'.decode("utf-8", "replace").replace("\r", "\ufffd")
+        assert want == 'A\\"b\\\\c\ufffd\ufffd\ufffd-end'
+        assert len(info) == 1 and f'name="{want}"' in info[0], info
     finally:
         assert s.stop() == 0
     assert not any(line.startswith("FAKE") for line in s.lines), s.log()

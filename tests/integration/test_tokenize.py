@@ -61,6 +61,33 @@ def test_detokenize_gives_the_text_back(server):
     assert status == 200 and r["content"] and set(r["content"]) == {"\ufffd"}, r
 
 
+def test_detokenize_reads_broken_utf8_as_python_does(server, model):
+    """Byte tokens joined at random, many of them cut or broken characters:
+    the text is Python's decode with errors="replace", one U+FFFD per
+    maximal subpart (Hugging Face's decode agrees). It was one per byte, so
+    a cut 4-byte character (f4 88) read as two where an answer's text had
+    one."""
+    import random
+
+    from test_completions import token_bytes
+
+    pieces = token_bytes(model)
+    single = {b[0]: i for i, b in pieces.items() if len(b) == 1}
+    lead = [i for b, i in single.items() if b >= 0x80]  # every byte past ASCII
+    word = [i for i, b in pieces.items() if b.isascii() and b.isalpha()][:200]
+    assert len(lead) > 100, len(lead)
+    rng = random.Random(20261207)
+    cases = [[single[0xF4], single[0x88]], [single[0xE0], single[0x80]],
+             [single[0xED], single[0xA0], single[0x80]], [single[0xF0], single[0x90], word[0]]]
+    cases += [[rng.choice(lead if rng.random() < 0.7 else word) for _ in range(rng.randint(1, 12))]
+              for _ in range(300)]
+    for ids in cases:
+        status, r = post(server, "/detokenize", {"tokens": ids})
+        assert status == 200, r
+        want = b"".join(pieces[i] for i in ids).decode("utf-8", "replace")
+        assert r["content"] == want, (ids, r["content"], want)
+
+
 def test_tokenize_options(server):
     text = "<|im_start|>user"
     _, special = post(server, "/tokenize", {"content": text})

@@ -1,0 +1,261 @@
+"""The deployment files (deploy/) checked where no container runtime or
+cluster is: the Docker build context that deploy/Dockerfile and its
+.dockerignore make is assembled into a temp dir and configured with CMake,
+and the packages the image installs cover the libraries CMake looks for.
+
+The Dockerfile and ignore-file readers below understand only the forms
+those two files use, and fail on anything else, so that a new form is
+checked by hand (and taught to them) rather than misread.
+"""
+
+import os
+import posixpath
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from conftest import REPO
+
+DOCKERFILE = os.path.join(REPO, "deploy", "Dockerfile")
+DOCKERIGNORE = DOCKERFILE + ".dockerignore"  # BuildKit reads <Dockerfile>.dockerignore
+
+# ---- Dockerfile ------------------------------------------------------------------------------
+
+
+def dockerfile_stages(path):
+    """{stage name: (base image or stage, [(KEYWORD, argument)])} in file order.
+    Continuation lines are joined; comment lines are dropped, also inside a
+    continuation (as Docker does)."""
+    stages = {}
+    cur = None
+    logical = ""
+    with open(path) as f:
+        lines = f.read().split("\n")
+    for line in lines:
+        if line.lstrip().startswith("#") or (not logical and not line.strip()):
+            continue
+        if line.endswith("\\"):
+            logical += line[:-1] + " "
+            continue
+        logical += line
+        kw, _, arg = logical.strip().partition(" ")
+        logical = ""
+        kw, arg = kw.upper(), arg.strip()
+        if kw == "FROM":
+            m = re.fullmatch(r"(\S+)(?:\s+AS\s+(\S+))?", arg, re.I)
+            assert m, f"FROM {arg}: a form this reader does not know"
+            cur = m.group(2) or f"stage{len(stages)}"
+            stages[cur] = (m.group(1), [])
+        elif cur is not None:
+            stages[cur][1].append((kw, arg))
+    assert not logical, "the Dockerfile ends inside a continuation line"
+    return stages
+
+
+def stage_chain(stages, target):
+    """The stages target is built on, the first one first, target last."""
+    chain = [target]
+    while stages[chain[0]][0] in stages:
+        chain.insert(0, stages[chain[0]][0])
+    return chain
+
+
+def apt_packages(instructions):
+    """Every package named by `apt-get install` in the RUN instructions."""
+    out = set()
+    for kw, arg in instructions:
+        if kw != "RUN":
+            continue
+        for cmd in re.split(r"&&|;", arg):
+            words = cmd.split()
+            if "apt-get" in words and "install" in words:
+                out.update(w for w in words[words.index("install") + 1:]
+                           if not w.startswith("-"))
+    return out
+
+
+# ---- .dockerignore ---------------------------------------------------------------------------
+
+
+def glob_regex(pattern):
+    """A regex for one ignore pattern, with Go's filepath.Match meaning (what
+    Docker uses): `*` and `?` stay within one path element; `**` spans any."""
+    if re.search(r"[\[\]\\{}]", pattern):
+        raise AssertionError(f"ignore pattern {pattern!r}: a form this reader does not know")
+    out = ""
+    i = 0
+    while i < len(pattern):
+        if pattern.startswith("**/", i):
+            out += "(?:.*/)?"
+            i += 3
+        elif pattern.startswith("**", i):
+            out += ".*"
+            i += 2
+        elif pattern[i] == "*":
+            out += "[^/]*"
+            i += 1
+        elif pattern[i] == "?":
+            out += "[^/]"
+            i += 1
+        else:
+            out += re.escape(pattern[i])
+            i += 1
+    return re.compile(out)
+
+
+def read_dockerignore(path):
+    """[(regex, is_exception)] in file order."""
+    rules = []
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            exception = line.startswith("!")
+            pat = line[1:].strip() if exception else line
+            pat = posixpath.normpath(pat.lstrip("/"))
+            rules.append((glob_regex(pat), exception))
+    return rules
+
+
+def ignored(rules, path):
+    """Docker's rule: the last pattern that matches the path or one of its
+    parent directories decides."""
+    parts = path.split("/")
+    prefixes = ["/".join(parts[:i]) for i in range(1, len(parts) + 1)]
+    out = False
+    for rx, exception in rules:
+        if any(rx.fullmatch(p) for p in prefixes):
+            out = not exception
+    return out
+
+
+def context_files(rules):
+    """The files of the build context: those of a clean checkout (tracked, or
+    untracked and not ignored by git) that the ignore file lets through."""
+    r = subprocess.run(["git", "-C", REPO, "ls-files", "-z", "--cached", "--others",
+                        "--exclude-standard"], capture_output=True, text=True, timeout=60)
+    if r.returncode != 0:
+        pytest.skip(f"no git checkout at {REPO}: {r.stderr.strip()}")
+    files = [f for f in r.stdout.split("\0") if f and os.path.isfile(os.path.join(REPO, f))]
+    return sorted(f for f in files if not ignored(rules, f))
+
+
+# ---- COPY ------------------------------------------------------------------------------------
+
+
+def copy_sources(ctx, src):
+    """[(context path, path below dest, whether it is the source itself)] of
+    every file one COPY source names: a file goes to dest/its name, the
+    contents of a directory to dest/."""
+    src = posixpath.normpath(src.lstrip("/"))
+    if src == ".":
+        return [(f, f, False) for f in ctx]
+    depth = src.count("/") + 1
+    rx = glob_regex(src)
+    out = []
+    for f in ctx:
+        parts = f.split("/")
+        if len(parts) >= depth and rx.fullmatch("/".join(parts[:depth])):
+            rest = parts[depth:]
+            out.append((f, "/".join(rest) if rest else parts[-1], not rest))
+    if not out:
+        raise AssertionError(f"COPY {src}: nothing in the build context (.dockerignore)")
+    return out
+
+
+def image_files(instructions, ctx):
+    """({absolute image path: context path}, the last WORKDIR) that the
+    instructions make. Only `COPY src... dest` (no flags, no JSON form, no
+    variables) is understood; ADD is refused."""
+    workdir = "/"
+    files = {}
+    for kw, arg in instructions:
+        if kw == "WORKDIR":
+            assert "$" not in arg, f"WORKDIR {arg}: variables are not understood here"
+            workdir = posixpath.normpath(posixpath.join(workdir, arg))
+        elif kw == "ADD":
+            raise AssertionError(f"ADD {arg}: not understood here; use COPY")
+        elif kw == "COPY":
+            if re.match(r"(--|\[|<<)", arg) or "$" in arg:
+                raise AssertionError(f"COPY {arg}: a form this reader does not know")
+            words = arg.split()
+            assert len(words) >= 2, f"COPY {arg}: no destination"
+            *srcs, dest = words
+            to_dir = dest.endswith("/") or dest == "."
+            dest = posixpath.normpath(posixpath.join(workdir, dest))
+            for src in srcs:
+                is_glob = bool(re.search(r"[*?]", src))
+                if (len(srcs) > 1 or is_glob) and not to_dir:
+                    raise AssertionError(f"COPY {arg}: several sources need a dest ending in /")
+                for f, below, whole in copy_sources(ctx, src):
+                    if whole and not to_dir:
+                        files[dest] = f  # COPY file newname
+                    else:
+                        files[posixpath.join(dest, below)] = f
+    return files, workdir
+
+
+def build_context_tree(tmp_path, target):
+    stages = dockerfile_stages(DOCKERFILE)
+    assert target in stages, f"deploy/Dockerfile has no stage {target}: {list(stages)}"
+    chain = stage_chain(stages, target)
+    instructions = [ins for name in chain for ins in stages[name][1]]
+    ctx = context_files(read_dockerignore(DOCKERIGNORE))
+    files, workdir = image_files(instructions, ctx)
+    root = tmp_path / "src"
+    n = 0
+    for path, f in files.items():
+        rel = posixpath.relpath(path, workdir)
+        if rel.startswith(".."):
+            continue  # outside the directory the build runs in
+        dst = root / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(os.path.join(REPO, f), dst)
+        n += 1
+    assert n > 0, f"the stages {chain} copy nothing into {workdir}"
+    return root
+
+
+def test_the_build_stage_context_configures_with_cmake(tmp_path):
+    """What `docker build --target cpu` gives CMake: the build stages' COPY
+    lines over the context the ignore file leaves. Configure only (seconds);
+    the build itself needs the image's compiler and packages."""
+    cmake = shutil.which("cmake")
+    if cmake is None:
+        pytest.skip("no cmake")
+    src = build_context_tree(tmp_path, "build-cpu")
+    r = subprocess.run([cmake, "-S", str(src), "-B", str(src / "build"),
+                        "-DCMAKE_BUILD_TYPE=Release", "-DSTREAMSINK_CUDA=OFF"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, (
+        "cmake cannot configure the Docker build stage's sources (deploy/Dockerfile COPY "
+        "lines, deploy/Dockerfile.dockerignore):\n" + r.stdout[-3000:] + r.stderr[-6000:])
+
+
+# pkg-config module (CMakeLists.txt) -> (Debian -dev package for the build stage,
+# Debian runtime package for the runtime stage)
+PKG_CONFIG_DEBIAN = {
+    "libuv": ("libuv1-dev", "libuv1"),
+    "libcjson": ("libcjson-dev", "libcjson1"),
+    "libutf8proc": ("libutf8proc-dev", "libutf8proc2"),
+    "zlib": ("zlib1g-dev", "zlib1g"),
+    "libcrypto": ("libssl-dev", "libssl3"),
+}
+
+
+def test_the_image_installs_every_library_cmake_looks_for():
+    with open(os.path.join(REPO, "CMakeLists.txt")) as f:
+        modules = re.findall(r"pkg_check_modules\(\s*\w+\s+REQUIRED\s+IMPORTED_TARGET\s+(\S+?)\s*\)",
+                             f.read())
+    assert modules, "CMakeLists.txt: no pkg_check_modules(... REQUIRED IMPORTED_TARGET ...)"
+    stages = dockerfile_stages(DOCKERFILE)
+    build = apt_packages(stages["build-base"][1])
+    runtime = apt_packages(stages["runtime-base"][1])
+    for m in modules:
+        assert m in PKG_CONFIG_DEBIAN, f"{m}: add its Debian packages to PKG_CONFIG_DEBIAN"
+        dev, lib = PKG_CONFIG_DEBIAN[m]
+        assert dev in build, f"deploy/Dockerfile build-base does not install {dev} ({m})"
+        assert lib in runtime, f"deploy/Dockerfile runtime-base does not install {lib} ({m})"

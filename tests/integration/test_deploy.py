@@ -1,7 +1,9 @@
 """The deployment files (deploy/) checked where no container runtime or
 cluster is: the Docker build context that deploy/Dockerfile and its
 .dockerignore make is assembled into a temp dir and configured with CMake,
-and the packages the image installs cover the libraries CMake looks for.
+and the packages the image installs cover the libraries CMake looks for;
+the Kubernetes router routes as deploy/nginx/streamsink.conf does (which
+test_nginx_affinity.py runs).
 
 The Dockerfile and ignore-file readers below understand only the forms
 those two files use, and fail on anything else, so that a new form is
@@ -20,6 +22,8 @@ from conftest import REPO
 
 DOCKERFILE = os.path.join(REPO, "deploy", "Dockerfile")
 DOCKERIGNORE = DOCKERFILE + ".dockerignore"  # BuildKit reads <Dockerfile>.dockerignore
+NGINX_CONF = os.path.join(REPO, "deploy", "nginx", "streamsink.conf")
+K8S = os.path.join(REPO, "deploy", "k8s")
 
 # ---- Dockerfile ------------------------------------------------------------------------------
 
@@ -259,3 +263,42 @@ def test_the_image_installs_every_library_cmake_looks_for():
         dev, lib = PKG_CONFIG_DEBIAN[m]
         assert dev in build, f"deploy/Dockerfile build-base does not install {dev} ({m})"
         assert lib in runtime, f"deploy/Dockerfile runtime-base does not install {lib} ({m})"
+
+
+# ---- the Kubernetes router -------------------------------------------------------------------
+
+
+def nginx_directives(text):
+    """An nginx config's lines without comments, blank lines or runs of spaces."""
+    out = []
+    for line in text.splitlines():
+        line = re.sub(r"\s+", " ", line.split("#", 1)[0]).strip()
+        if line:
+            out.append(line)
+    return out
+
+
+def block(lines, opening):
+    """The lines of the block that starts with the line `opening`, braces included."""
+    start = lines.index(opening)
+    depth = 0
+    for i in range(start, len(lines)):
+        depth += lines[i].count("{") - lines[i].count("}")
+        if depth == 0:
+            return lines[start:i + 1]
+    raise AssertionError(f"{opening}: no closing brace")
+
+
+def test_the_k8s_router_routes_as_the_nginx_config_does():
+    """router.yaml embeds deploy/nginx/streamsink.conf with pod names: the
+    map and the server block (every location) must be the same directives."""
+    yaml = pytest.importorskip("yaml")
+    with open(os.path.join(K8S, "base", "router.yaml")) as f:
+        docs = [d for d in yaml.safe_load_all(f) if d]
+    router = nginx_directives(next(d for d in docs if d["kind"] == "ConfigMap")
+                              ["data"]["default.conf"])
+    with open(NGINX_CONF) as f:
+        site = nginx_directives(f.read())
+    for opening in ("map $http_x_session_id $streamsink_pool {", "server {"):
+        assert block(router, opening) == block(site, opening), (
+            f"deploy/k8s/base/router.yaml and deploy/nginx/streamsink.conf differ in `{opening}`")

@@ -302,3 +302,46 @@ def test_the_k8s_router_routes_as_the_nginx_config_does():
     for opening in ("map $http_x_session_id $streamsink_pool {", "server {"):
         assert block(router, opening) == block(site, opening), (
             f"deploy/k8s/base/router.yaml and deploy/nginx/streamsink.conf differ in `{opening}`")
+
+
+def kustomize(overlay):
+    """The objects `kubectl kustomize deploy/k8s/OVERLAY` renders (no cluster needed)."""
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("no kubectl")
+    yaml = pytest.importorskip("yaml")
+    r = subprocess.run([kubectl, "kustomize", os.path.join(K8S, overlay)], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return [d for d in yaml.safe_load_all(r.stdout) if d]
+
+
+def server_container(objects):
+    sts = [d for d in objects if d["kind"] == "StatefulSet" and
+           d["metadata"]["name"] == "streamsink"]
+    assert len(sts) == 1, "one StatefulSet streamsink"
+    pod = sts[0]["spec"]["template"]["spec"]
+    c = [c for c in pod["containers"] if c["name"] == "streamsink"]
+    assert len(c) == 1, "one container streamsink"
+    return pod, c[0]
+
+
+def flag(args, name):
+    """The value of the last `name value` in args (the server takes the last), or None."""
+    vals = [args[i + 1] for i, a in enumerate(args[:-1]) if a == name]
+    return vals[-1] if vals else None
+
+
+@pytest.mark.parametrize("overlay,tag", [("base", "cpu"), ("gpu", "cuda")])
+def test_the_k8s_replicas_keep_sessions_on_their_shared_volume(overlay, tag):
+    """A patch of `args` replaces the whole list: an overlay must repeat the
+    session flags, or its replicas keep sessions in memory only while the
+    shared volume sits mounted and unused."""
+    pod, c = server_container(kustomize(overlay))
+    args = c["args"]
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    assert flag(args, "--session-dir") == mounts["sessions"], (overlay, args)
+    assert flag(args, "--session-disk-max") is not None, (overlay, args)
+    vols = {v["name"]: v for v in pod["volumes"]}
+    assert vols["sessions"]["persistentVolumeClaim"]["claimName"] == "streamsink-sessions"
+    assert c["image"] == f"streamsink:{tag}", (overlay, c["image"])

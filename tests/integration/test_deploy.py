@@ -345,3 +345,28 @@ def test_the_k8s_replicas_keep_sessions_on_their_shared_volume(overlay, tag):
     vols = {v["name"]: v for v in pod["volumes"]}
     assert vols["sessions"]["persistentVolumeClaim"]["claimName"] == "streamsink-sessions"
     assert c["image"] == f"streamsink:{tag}", (overlay, c["image"])
+
+
+@pytest.mark.parametrize("overlay", ["base", "gpu"])
+def test_the_k8s_replicas_take_their_api_keys_from_a_secret(overlay):
+    """No open server: the replicas read --api-key-file from a mounted Secret,
+    which the operator makes (the repository holds no key); the probes use
+    /health, which needs no key."""
+    objects = kustomize(overlay)
+    pod, c = server_container(objects)
+    path = flag(c["args"], "--api-key-file")
+    assert path is not None, (overlay, c["args"])
+    vols = {v["name"]: v for v in pod["volumes"]}
+    mount = [m for m in c["volumeMounts"] if posixpath.dirname(path) == m["mountPath"]]
+    assert len(mount) == 1, (path, c["volumeMounts"])
+    assert mount[0].get("readOnly") is True
+    secret = vols[mount[0]["name"]].get("secret")
+    assert secret is not None, vols[mount[0]["name"]]
+    assert secret.get("optional") is not True  # no Secret: no pod, rather than an open server
+    items = {i["key"]: i["path"] for i in secret.get("items", [])}
+    assert items.get(posixpath.basename(path), posixpath.basename(path)) == \
+        posixpath.basename(path)
+    assert not any(d["kind"] == "Secret" for d in objects), "a committed Secret"
+    assert "--api-key" not in c["args"]  # a key on the command line shows in ps
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert c[probe]["httpGet"]["path"] == "/health", (probe, c[probe])

@@ -370,3 +370,75 @@ def test_the_k8s_replicas_take_their_api_keys_from_a_secret(overlay):
     assert "--api-key" not in c["args"]  # a key on the command line shows in ps
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert c[probe]["httpGet"]["path"] == "/health", (probe, c[probe])
+
+
+# ---- systemd ---------------------------------------------------------------------------------
+
+SYSTEMD_UNIT = os.path.join(REPO, "deploy", "systemd", "streamsink.service")
+
+
+def unit_service_settings(text):
+    """{key: [values]} of the unit's [Service] section."""
+    out = {}
+    section = None
+    logical = ""
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith(("#", ";")) or (not logical and not line):
+            continue
+        if line.endswith("\\"):
+            logical += line[:-1] + " "
+            continue
+        line, logical = logical + line, ""
+        if line.startswith("["):
+            section = line
+            continue
+        key, sep, value = line.partition("=")
+        assert sep, f"{line}: not KEY=VALUE"
+        if section == "[Service]":
+            out.setdefault(key.strip(), []).append(value.strip())
+    return out
+
+
+def test_the_systemd_unit_can_write_its_sessions_and_read_its_keys():
+    """ProtectSystem=strict leaves the service only the directories its unit
+    names writable (StateDirectory=, ...), and DynamicUser= makes its user up
+    at start, so it can read no root-only file: its keys come in as a
+    credential. Every --session-dir and --api-key-file the unit names, in a
+    setting or in its install notes, must work under both."""
+    with open(SYSTEMD_UNIT) as f:
+        text = f.read()
+    s = unit_service_settings(text)
+    assert s["ProtectSystem"] == ["strict"] and s["DynamicUser"] == ["yes"], s
+    writable = [posixpath.join("/var/lib", d) for v in s.get("StateDirectory", [])
+                for d in v.split()]
+    writable += [p.lstrip("-") for v in s.get("ReadWritePaths", []) for p in v.split()]
+    dirs = re.findall(r"--session-dir\s+([/$][^\s\"]*)", text)
+    assert dirs, "the unit should say where sessions go (--session-dir)"
+    for d in dirs:
+        assert any(d == w or d.startswith(w + "/") for w in writable), (
+            f"--session-dir {d} is read-only under ProtectSystem=strict (writable: {writable})")
+    creds = dict(v.split(":", 1) for v in s.get("LoadCredential", []))
+    files = re.findall(r"--api-key-file\s+([/$][^\s\"]*)", text)
+    assert files, "the unit should say where the API keys come from (--api-key-file)"
+    for path in files:
+        m = re.fullmatch(r"\$\{CREDENTIALS_DIRECTORY\}/([^/]+)", path)
+        assert m and m.group(1) in creds, (
+            f"--api-key-file {path}: the dynamic user reads keys only as a credential "
+            f"(LoadCredential=ID:FILE, --api-key-file ${{CREDENTIALS_DIRECTORY}}/ID); "
+            f"credentials: {creds}")
+
+
+def test_the_systemd_unit_passes_systemd_analyze_verify(tmp_path):
+    tool = shutil.which("systemd-analyze")
+    if tool is None:
+        pytest.skip("no systemd-analyze")
+    with open(SYSTEMD_UNIT) as f:
+        text = f.read()
+    # verify checks that ExecStart's program exists: any executable stands in
+    assert "/usr/local/bin/streamsink " in text
+    unit = tmp_path / "streamsink.service"
+    unit.write_text(text.replace("/usr/local/bin/streamsink ", shutil.which("true") + " "))
+    r = subprocess.run([tool, "verify", "--man=no", str(unit)], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0 and not r.stderr.strip(), r.stdout + r.stderr

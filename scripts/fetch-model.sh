@@ -24,8 +24,11 @@ set -euo pipefail
 MODEL="${1:-smollm2}"
 DIR="${XDG_CACHE_HOME:-$HOME/.cache}/streamsink"
 mkdir -p "$DIR"
+# the checkout's venv (scripts/install-deps.sh), whatever the working
+# directory; STREAMSINK_VENV names another; without one, python3
+VENV="${STREAMSINK_VENV:-$(cd "$(dirname "$0")/.." && pwd)/.venv}"
 PY=python3
-[ -x "${STREAMSINK_VENV:-.venv}/bin/python" ] && PY="${STREAMSINK_VENV:-.venv}/bin/python"
+[ -x "$VENV/bin/python" ] && PY="$VENV/bin/python"
 
 case "$MODEL" in
 smollm2)

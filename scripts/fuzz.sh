@@ -16,8 +16,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_PER_TARGET="${1:-35}"
 BUILD_DIR="${FUZZ_BUILD_DIR:-build-fuzz}"
-TARGETS=(${FUZZ_TARGETS:-fuzz_gguf_parse fuzz_http_conn fuzz_api_request fuzz_chat_template
-         fuzz_tokenizer fuzz_snapshot_decode})
+ALL_TARGETS="fuzz_gguf_parse fuzz_http_conn fuzz_api_request fuzz_chat_template"
+ALL_TARGETS+=" fuzz_tokenizer fuzz_snapshot_decode"
+read -r -a TARGETS <<<"${FUZZ_TARGETS:-$ALL_TARGETS}"
 
 # Longest input per target: the GGUF parser takes whole small files; the HTTP
 # target's inputs may overfill the connection's 16 KiB read buffer.
@@ -56,13 +57,14 @@ for t in "${TARGETS[@]}"; do
     grep -aE '^stat::(number_of_executed_units|average_exec_per_sec|peak_rss_mb)' "$log" |
         tr '\n' ' ' || true
     echo
-    found=$(find "$work/artifacts/$t" -type f ! -name 'slow-unit-*' | sort)
-    if [ "$rc" -ne 0 ] || [ -n "$found" ]; then
+    # one path a line: $TMPDIR (and so $work) may hold spaces
+    mapfile -t found < <(find "$work/artifacts/$t" -type f ! -name 'slow-unit-*' | sort)
+    if [ "$rc" -ne 0 ] || [ ${#found[@]} -gt 0 ]; then
         echo "!! $t failed (exit $rc); the end of its log ($log):"
         tail -n 60 "$log"
-        for f in $found; do
+        for f in "${found[@]}"; do
             echo "!! reproducer: $f"
-            echo "   rerun: $BUILD_DIR/tests/fuzz/$t $f"
+            printf '   rerun: %q %q\n' "$BUILD_DIR/tests/fuzz/$t" "$f"
         done
         failed+=("$t")
     fi

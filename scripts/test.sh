@@ -7,13 +7,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
-export STREAMSINK_MODEL="$(STREAMSINK_VENV=.venv bash scripts/fetch-model.sh)"
+# assigned, then exported: `export X="$(cmd)"` would hide a failed fetch from set -e
+STREAMSINK_MODEL="$(STREAMSINK_VENV=.venv bash scripts/fetch-model.sh)"
+export STREAMSINK_MODEL
 # Gemma 3 270M (253 MB): the Q5_0/K-quant tests check every tensor of it
-export STREAMSINK_GEMMA_MODEL="$(STREAMSINK_VENV=.venv bash scripts/fetch-model.sh gemma3-270m)"
+STREAMSINK_GEMMA_MODEL="$(STREAMSINK_VENV=.venv bash scripts/fetch-model.sh gemma3-270m)"
+export STREAMSINK_GEMMA_MODEL
 
 echo "== clang-format"
-files=$(git ls-files '*.c' '*.h' '*.cu' '*.cuh')
-clang-format --dry-run --Werror $files
+git ls-files -z '*.c' '*.h' '*.cu' '*.cuh' | xargs -0 -r clang-format --dry-run --Werror
 
 echo "== build (warnings are errors)"
 BUILD_DIR=build-ci bash scripts/build.sh -DSTREAMSINK_WERROR=ON

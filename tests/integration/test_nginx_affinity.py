@@ -1,8 +1,9 @@
 """Session affinity through nginx: two `streamsink serve` replicas (--name r1
 and r2) behind nginx running a config made from deploy/nginx/streamsink.conf.
 Every request of a session (X-Session-Id) lands on one replica, both replicas
-get traffic, requests without a session are spread, and streamed tokens pass
-through the proxy as they are made. Failover: with one shared --session-dir,
+get traffic, requests without a session are spread, streamed tokens pass
+through the proxy as they are made, and a stream resumes through the proxy
+from whichever replica holds it. Failover: with one shared --session-dir,
 a session saved on a replica that is then killed (SIGKILL) continues on the
 other one, exactly.
 
@@ -11,6 +12,7 @@ as a foreground process with a temp prefix, config, pid file and logs. Without
 the binary the module is skipped, loudly.
 """
 
+import json
 import os
 import re
 import shutil
@@ -26,6 +28,7 @@ import pytest
 
 from conftest import ENDLESS, REPO, Server
 from session_util import call, complete, continuation
+from test_resume import SSE
 
 NGINX_CONF = os.path.join(REPO, "deploy", "nginx", "streamsink.conf")
 REPLICA_HEADER = "x-streamsink-replica"
@@ -272,6 +275,113 @@ def test_streamed_tokens_arrive_through_the_proxy_as_they_are_made(cluster):
     # flushes only its first buffer delivers the rest in a lump at the end.
     assert last - first > 0.5 * last, f"first {first:.3f}s, last {last:.3f}s"
     assert early >= n // 4, f"only {early} of {n} chunks arrived before {mid:.3f}s"
+
+
+def stream_request(front, method, path, headers, body=None):
+    """Sends one request to nginx on a fresh connection; returns the SSE reader
+    of its response (test_resume.SSE)."""
+    s = socket.create_connection(("127.0.0.1", front.port), timeout=60)
+    data = json.dumps(body).encode() if body is not None else b""
+    h = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    if body is not None:
+        h += f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n"
+    s.sendall(f"{method} {path} HTTP/1.1\r\nHost: x\r\n{h}\r\n".encode() + data)
+    return SSE(s)
+
+
+def body_of(sse):
+    """The body of a response with a Content-Length (an error), read to its end."""
+    n = int(sse.headers.get("content-length", "0"))
+    while len(sse.raw) < n and not sse.eof:
+        sse._recv()
+    sse.sock.close()
+    return sse.raw[:n]
+
+
+def read_events(sse, events, n=None):
+    """Appends (id, data) of sse's events to events until [DONE] or n events."""
+    got = 0
+    for eid, data in sse.events():
+        events.append((eid, data))
+        got += 1
+        if data == "[DONE]" or (n is not None and got >= n):
+            break
+    sse.sock.close()
+
+
+def test_a_stream_resumes_through_the_proxy_on_the_replica_that_holds_it(cluster):
+    """GET /v1/streams/{id} names no replica, and a stream lives only on the
+    one that started it. Through the proxy every resume must find it: with
+    Last-Event-ID, the events after that id, from that replica."""
+    front, replicas = cluster
+    body = {"model": "smol", "prompt": ENDLESS, "max_tokens": 24, "temperature": 0,
+            "stream": True}
+    # Plain streams go round robin, so they start on both replicas. The last
+    # one is a session turn (X-Session-Id): its resumes carry the header too.
+    sid = f"resume-{os.getpid()}"
+    # Each replica sees every stream from nginx's address, one owner, which may
+    # keep --max-detached (4) running streams without a client: four in all.
+    starts = [{}] * 3 + [{"X-Session-Id": sid}]
+    streams = []
+    for headers in starts:
+        sse = stream_request(front, "POST", "/v1/completions", headers,
+                             dict(body, session_id=sid) if headers else body)
+        assert sse.status == 200, body_of(sse)
+        events = []
+        read_events(sse, events, 2)  # then the connection drops
+        streams.append((sse.headers["x-stream-id"], sse.headers[REPLICA_HEADER], headers,
+                        events))
+    assert {home for _, home, _, _ in streams} == set(replicas), streams
+
+    # EventSource-style: reconnect from the last id seen, read two events, drop
+    for stream_id, home, headers, events in streams:
+        for _ in range(20):
+            last = events[-1][0]
+            sse = stream_request(front, "GET", f"/v1/streams/{stream_id}",
+                                 {**headers, "Last-Event-ID": last})
+            assert sse.status == 200, (stream_id, home, sse.status, body_of(sse),
+                                       front.log("access.log")[-2000:])
+            assert sse.headers[REPLICA_HEADER] == home
+            assert sse.headers["x-stream-id"] == stream_id
+            got = []
+            read_events(sse, got, 2)
+            assert got and int(got[0][0]) == int(last) + 1, (last, got)
+            events += got
+            if events[-1][1] == "[DONE]":
+                break
+        ids = [int(e) for e, _ in events]
+        assert ids == list(range(1, len(ids) + 1)), ids
+        assert events[-1][1] == "[DONE]"
+
+    # nginx's log names every replica it asked: a session's resumes went
+    # straight to the session's replica; the others were found by asking on
+    asked = {}
+    for line in front.log("access.log").splitlines():
+        m = re.search(r'"GET /v1/streams/([0-9a-f]{32}) [^"]*" (\d+) .* up=(.*)$', line)
+        if m:
+            asked.setdefault(m.group(1), []).append(m.group(3).split(", "))
+    for stream_id, home, headers, _ in streams:
+        ups = asked[stream_id]
+        if headers:
+            assert all(len(u) == 1 for u in ups), ups
+        assert all(u[-1] == f"127.0.0.1:{replicas[home].port}" for u in ups), (home, ups)
+    assert any(len(u) > 1 for ups in asked.values() for u in ups), asked
+
+    # a finished stream replays its tail, as often as it is asked for
+    for stream_id, home, headers, events in streams:
+        for _ in range(3):
+            sse = stream_request(front, "GET", f"/v1/streams/{stream_id}",
+                                 {**headers, "Last-Event-ID": events[-4][0]})
+            assert sse.status == 200, (stream_id, home, sse.status, body_of(sse))
+            assert sse.headers[REPLICA_HEADER] == home
+            got = []
+            read_events(sse, got)
+            assert got == events[-3:]
+
+    # a stream no replica holds is still 404 stream_not_found, after asking each
+    sse = stream_request(front, "GET", "/v1/streams/" + "0123456789abcdef" * 2, {})
+    assert sse.status == 404
+    assert json.loads(body_of(sse))["error"]["code"] == "stream_not_found"
 
 
 @pytest.fixture

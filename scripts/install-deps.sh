@@ -5,7 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PKGS=(build-essential cmake pkg-config clang libclang-rt-14-dev clang-format libuv1-dev libcjson-dev node-llhttp
-      libutf8proc-dev libsimde-dev zlib1g-dev libssl-dev python3-venv python3-pip bible-kjv nginx)
+      libutf8proc-dev libsimde-dev zlib1g-dev libssl-dev python3-venv python3-pip bible-kjv nginx
+      shellcheck)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

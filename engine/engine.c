@@ -57,6 +57,7 @@ struct engine_config engine_default_config(void)
         .kv_dtype = ENGINE_KV_F16,
         .max_prompt_tokens = 0,
         .session_idle_s = 3600,
+        .choices_hold_s = 10,
     };
 }
 
@@ -1365,8 +1366,11 @@ static void admit_waiting(struct engine *e)
     int n_ahead = 0;
     /* a request of several choices waiting for its slots: later completions
      * that need a fresh slot wait behind it, so that one slot at a time
-     * going to them cannot keep it waiting for ever */
-    int choices_wait = 0;
+     * going to them cannot keep it waiting for ever; for choices_hold_s from
+     * the first pass in which one waited, until none does (a stream of such
+     * requests gets one hold, not one each) */
+    int choices_wait = 0, choices_blocked = 0;
+    const double now = now_s();
     int64_t j = 0;
     for (int64_t i = 0; i < e->n_waiting; i++) {
         struct waiting_req *w = &e->waiting[i];
@@ -1384,7 +1388,12 @@ static void admit_waiting(struct engine *e)
         if (behind || !try_admit(e, &w->req)) {
             /* (one waiting for the session writer, with the slots there,
              * holds nobody) */
-            choices_wait |= choices && admit_places(e) < places;
+            if (choices && admit_places(e) < places) {
+                if (!choices_blocked && e->choices_hold_from == 0)
+                    e->choices_hold_from = now;
+                choices_blocked = 1;
+                choices_wait |= now - e->choices_hold_from < e->cfg.choices_hold_s;
+            }
             if (!count_io_wait(e, w))
                 continue;
             e->waiting[j++] = *w; /* keep FIFO order */
@@ -1399,6 +1408,8 @@ static void admit_waiting(struct engine *e)
                 e->seqs[k].paused = 1; /* paused while it waited */
     }
     e->n_waiting = j;
+    if (!choices_blocked)
+        e->choices_hold_from = 0;
     if (session_loads_gc(e))
         queue_poke(&e->q); /* a place for a read is free: another pass, not a sleep */
     session_lists_gc(e);

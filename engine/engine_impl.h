@@ -195,6 +195,9 @@ struct engine {
      * (a second after a save that failed) */
     int retiring;
     double retire_after;
+    /* when requests of several choices began to hold later ones back
+     * (engine_config.choices_hold_s); 0 while none waits for its slots */
+    double choices_hold_from;
 };
 
 /* Runs on the engine thread before it serves: opens the model and builds

@@ -88,6 +88,13 @@ struct engine_config {
     enum engine_kv_dtype kv_dtype;
     int64_t max_prompt_tokens; /* longest prompt accepted (0: no limit besides dense's window) */
     int64_t session_idle_s;    /* an idle session frees its slot after this many seconds */
+    /* A request of several choices waiting for slots that running requests
+     * hold keeps later requests that need a slot waiting behind it, so that
+     * slots freeing one at a time go to it; for at most this many seconds
+     * (then they pass it, and it starts the first time its slots are free),
+     * so that a slot held by a request with no end (an endless stream)
+     * cannot stop every admission. */
+    double choices_hold_s;
     /* NULL: sessions live in memory only. Else the directory a session is
      * written to when it leaves memory (idle, LRU, stop, save) and restored
      * from when a request names it (docs/serving.md#sessions). */

@@ -677,6 +677,59 @@ TEST(choices_wait_for_their_slots_together_and_a_cancel_ends_them_all)
     rig_close(&rig);
 }
 
+/* The hold behind a request of several choices is bounded: with its slots
+ * held by a request that never ends, later requests of one waited behind
+ * it for ever (two requests of one client stopped every admission). After
+ * choices_hold_s they pass it; a second such request that comes while the
+ * first still waits gets no hold of its own; once the endless one ends, the
+ * first takes its slots. */
+TEST(the_hold_behind_choices_ends_when_their_slots_do_not_come_free)
+{
+    struct rig rig;
+    struct engine_config c = rig_config(RIG_FIXTURE);
+    c.max_seqs = N_CHOICES;
+    c.max_queue = 8;
+    c.choices_hold_s = 0.5;
+    ASSERT_OK(rig_open(&rig, &c));
+    int32_t ids[8] = {'a', 'b', 'c', 'd', 'e', 'f', 'g', 'h'};
+    struct choice_track t[5];
+    memset(t, 0, sizeof t);
+    struct engine_request q[5];
+    for (int i = 0; i < 5; i++) {
+        q[i] = rig_greedy(&rig, i == 0 ? 1000000 : 4); /* 0: endless, holds a slot */
+        rig_set_ids(&q[i], ids, 8, 1);
+        t[i].id = q[i].id;
+    }
+    q[1].n_choices = N_CHOICES; /* 1 and 3: every slot; 2 and 4: one */
+    q[3].n_choices = N_CHOICES;
+    ASSERT_OK(engine_submit(rig.e, &q[0]));
+    for (int i = 0; i < 100 && t[0].tokens[0] == 0; i++)
+        track_for(&rig, 100, t, 5);
+    ASSERT(t[0].tokens[0] > 0);
+    ASSERT_OK(engine_submit(rig.e, &q[1]));
+    ASSERT_OK(engine_submit(rig.e, &q[2]));
+    track_for(&rig, 200, t, 5); /* within the hold: 2 waits behind 1 */
+    ASSERT_EQ(t[2].tokens[0] + t[2].dones[0], 0);
+    for (int i = 0; i < 100 && t[2].over == 0; i++)
+        track_for(&rig, 100, t, 5);
+    ASSERT_EQ(t[2].over, 1); /* past it: 2 ran on a free slot, 1 still waits */
+    ASSERT_EQ(t[1].tokens[0] + t[1].dones[0], 0);
+    ASSERT_OK(engine_submit(rig.e, &q[3]));
+    ASSERT_OK(engine_submit(rig.e, &q[4]));
+    for (int i = 0; i < 30 && t[4].over == 0; i++)
+        track_for(&rig, 10, t, 5); /* no new hold: well within another 0.5 s */
+    ASSERT_EQ(t[4].over, 1);
+    ASSERT_EQ(t[3].tokens[0] + t[3].dones[0], 0);
+    engine_cancel(rig.e, t[0].id);
+    for (int i = 0; i < 200 && (t[1].over == 0 || t[3].over == 0); i++)
+        track_for(&rig, 100, t, 5);
+    ASSERT_EQ(t[1].over, 1); /* each of three choices, in turn */
+    ASSERT_EQ(t[3].over, 1);
+    for (int k = 0; k < N_CHOICES; k++)
+        ASSERT(t[1].tokens[k] >= 1 && t[3].tokens[k] >= 1);
+    rig_close(&rig);
+}
+
 /* A request of several choices cancelled while it waits ends with one
  * DONE, choices_left 0; one that fails at admission with one ERROR. */
 TEST(choices_cancelled_while_waiting_or_refused_end_once)

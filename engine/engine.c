@@ -6,8 +6,8 @@
  * token ids, tokenized off the loop thread by engine_tokenize; a text prompt
  * is still tokenized here), run ONE batched forward step for
  * every runnable sequence (continuous batching: decode tokens first, then
- * prefill chunks in the remaining token budget, so a new long prompt never
- * stalls running streams), then sample, emit events and retire finished
+ * prefill chunks in the remaining token budget, earliest admitted first, so
+ * a new long prompt never stalls running streams), then sample, emit events and retire finished
  * requests. Sequences are found by request id; nothing here knows HTTP.
  *
  * Sessions (session.c): a request with a session_id continues that
@@ -764,6 +764,7 @@ static int admit_into(struct engine *e, struct seq *s, struct engine_request *r,
     if (s->req.min_tokens > 0) /* stop strings wait for the text after them */
         stop_filter_init(&s->stop, NULL, 0);
     s->state = SEQ_RUNNING;
+    s->admitted = ++e->admit_clock;
     s->n_gen = 0;
     s->lp_sum = 0;
     s->n_held = 0;
@@ -1863,11 +1864,24 @@ static int step(struct engine *e)
         e->input_seq[n_in++] = (int)i;
         budget--;
     }
-    for (int64_t i = 0; i < e->cfg.max_seqs && budget > 0; i++) {
+    /* then prompts, the earliest admitted first: slots are reused lowest
+     * first, so in slot order a prompt admitted later could take the budget
+     * of every step from one admitted before it, for as long as a client
+     * kept sending long ones */
+    int n_pre = 0;
+    for (int64_t i = 0; i < e->cfg.max_seqs; i++) {
         struct seq *s = &e->seqs[i];
         if (s->state != SEQ_RUNNING || s->paused || s->n_fed >= s->n_prompt ||
             waits_for_lead(s, e->seqs))
             continue;
+        int k = n_pre++;
+        for (; k > 0 && e->seqs[e->prefill_order[k - 1]].admitted > s->admitted; k--)
+            e->prefill_order[k] = e->prefill_order[k - 1];
+        e->prefill_order[k] = (int)i;
+    }
+    for (int p = 0; p < n_pre && budget > 0; p++) {
+        const int64_t i = e->prefill_order[p];
+        struct seq *s = &e->seqs[i];
         int64_t n = s->n_prompt - s->n_fed;
         if (n > e->cfg.chunk)
             n = e->cfg.chunk;
@@ -2057,6 +2071,7 @@ static void engine_free(struct engine *e)
     free(e->waiting);
     free(e->inputs);
     free(e->input_seq);
+    free(e->prefill_order);
     free(e->evicted_before);
     free(e->scratch);
     free(e->share_rows);

@@ -109,6 +109,7 @@ struct seq {
     int on_disk;
     int64_t disk_bytes;
     double last_used;
+    uint64_t admitted; /* e->admit_clock at admission: prefill goes in this order */
 };
 
 /* A request waiting for a slot, and the last pause or resume sent for it
@@ -198,6 +199,8 @@ struct engine {
     /* when requests of several choices began to hold later ones back
      * (engine_config.choices_hold_s); 0 while none waits for its slots */
     double choices_hold_from;
+    uint64_t admit_clock; /* counts admissions (seq.admitted) */
+    int *prefill_order;   /* [max_seqs]: step's scratch */
 };
 
 /* Runs on the engine thread before it serves: opens the model and builds

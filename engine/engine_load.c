@@ -123,6 +123,7 @@ int engine__load(struct engine *e)
     e->waiting = calloc((size_t)(e->cfg.max_seqs + e->cfg.max_queue), sizeof *e->waiting);
     e->inputs = calloc((size_t)e->cfg.max_seqs, sizeof *e->inputs);
     e->input_seq = calloc((size_t)e->cfg.max_seqs, sizeof *e->input_seq);
+    e->prefill_order = calloc((size_t)e->cfg.max_seqs, sizeof *e->prefill_order);
     e->evicted_before = calloc((size_t)e->cfg.max_seqs, sizeof *e->evicted_before);
     e->scratch = calloc((size_t)e->cfg.max_seqs * (size_t)hp->n_vocab, sizeof(float));
     e->pick_seq = calloc((size_t)e->cfg.max_seqs, sizeof *e->pick_seq);
@@ -131,9 +132,9 @@ int engine__load(struct engine *e)
     const size_t n_echo = (size_t)(e->cfg.max_step_tokens + e->cfg.max_seqs);
     e->echo = calloc(n_echo, sizeof *e->echo);
     e->echoed = calloc(n_echo, sizeof *e->echoed);
-    if (!e->seqs || !e->waiting || !e->inputs || !e->input_seq || !e->scratch ||
-        !e->evicted_before || !e->pick_seq || !e->pick_logits || !e->picked || !e->echo ||
-        !e->echoed || prefix_init(e) < 0) {
+    if (!e->seqs || !e->waiting || !e->inputs || !e->input_seq || !e->prefill_order ||
+        !e->scratch || !e->evicted_before || !e->pick_seq || !e->pick_logits || !e->picked ||
+        !e->echo || !e->echoed || prefix_init(e) < 0) {
         snprintf(err, el, "engine: out of memory");
         return -ENOMEM;
     }

@@ -730,6 +730,83 @@ TEST(the_hold_behind_choices_ends_when_their_slots_do_not_come_free)
     rig_close(&rig);
 }
 
+/* Prompts are fed in the order they were admitted. Slots are reused lowest
+ * first, and prefill walked the slots in order: a long prompt admitted into
+ * a freed low slot took every step's budget from one admitted before it
+ * into a higher slot (one client sending long prompts kept another's short
+ * one waiting for as long as it went on). Three endless requests hold the
+ * slots; B, paused while it waits, is admitted into slot 1 when its holder
+ * ends, then L, paused too, into slot 0. Let go together (L first, its
+ * head start the wrong way), with 4 tokens a step, B's token comes first. */
+TEST(prompts_are_fed_in_the_order_they_were_admitted)
+{
+    struct rig rig;
+    struct engine_config c = rig_config(RIG_FIXTURE);
+    c.max_seqs = 3;
+    c.chunk = 4;
+    c.max_step_tokens = 4;
+    c.policy = (struct engine_policy){ENGINE_POLICY_WINDOW, 0}; /* no end at a full window */
+    ASSERT_OK(rig_open(&rig, &c));
+    int32_t ids[200], other[200];
+    for (int i = 0; i < 200; i++) {
+        ids[i] = 'a' + i % 26;
+        other[i] = 'z' - i % 26; /* no prefix of B's for L to reuse */
+    }
+    enum { H0, H1, H2, B, L, N };
+    struct choice_track t[N];
+    memset(t, 0, sizeof t);
+    struct engine_request q[N];
+    for (int i = 0; i < N; i++) {
+        q[i] = rig_greedy(&rig, i < B ? 1000000 : 2);
+        q[i].ignore_eos = i < B; /* the holders end only when cancelled */
+        rig_set_ids(&q[i], i == L ? other : ids, i < B ? 1 : 200, 0);
+        t[i].id = q[i].id;
+    }
+    for (int i = H0; i <= H2; i++) {
+        ASSERT_OK(engine_submit(rig.e, &q[i])); /* slot i */
+        for (int k = 0; k < 200 && t[i].tokens[0] == 0; k++)
+            track_for(&rig, 10, t, N);
+        ASSERT(t[i].tokens[0] > 0);
+    }
+    ASSERT_OK(engine_submit(rig.e, &q[B])); /* no slot: it waits */
+    engine_pause(rig.e, t[B].id);
+    engine_cancel(rig.e, t[H1].id); /* B takes slot 1, paused */
+    struct engine_stats st;
+    for (int i = 0; i < 200 && (engine_get_stats(rig.e, &st), st.paused_seqs < 1); i++)
+        track_for(&rig, 10, t, N);
+    ASSERT_EQ(st.paused_seqs, 1);
+    ASSERT_OK(engine_submit(rig.e, &q[L]));
+    engine_pause(rig.e, t[L].id);
+    engine_cancel(rig.e, t[H0].id); /* L takes slot 0, paused */
+    for (int i = 0; i < 200 && (engine_get_stats(rig.e, &st), st.paused_seqs < 2); i++)
+        track_for(&rig, 10, t, N);
+    ASSERT_EQ(st.paused_seqs, 2);
+    ASSERT_EQ(t[B].tokens[0] + t[L].tokens[0], 0);
+    engine_resume(rig.e, t[L].id);
+    engine_resume(rig.e, t[B].id);
+    uint64_t first = 0; /* whose token came out first, of B and L */
+    int done = 0;
+    struct engine_event ev[32];
+    for (int waited = 0; done < 2 && waited < 10000;) {
+        size_t got = engine_drain(rig.e, ev, 32);
+        for (size_t i = 0; i < got; i++) {
+            int mine = ev[i].id == t[B].id || ev[i].id == t[L].id;
+            if (mine && ev[i].kind == ENGINE_EV_TOKEN && !first)
+                first = ev[i].id;
+            done += mine && ev[i].kind == ENGINE_EV_DONE && ev[i].choices_left == 0;
+        }
+        if (got == 0) {
+            struct timespec ts = {0, 10 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+            waited += 10;
+        }
+    }
+    ASSERT_EQ(done, 2);
+    ASSERT_EQ(first, t[B].id);
+    engine_cancel(rig.e, t[H2].id);
+    rig_close(&rig);
+}
+
 /* A request of several choices cancelled while it waits ends with one
  * DONE, choices_left 0; one that fails at admission with one ERROR. */
 TEST(choices_cancelled_while_waiting_or_refused_end_once)

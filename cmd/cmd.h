@@ -77,6 +77,10 @@ void cmd_usage(const struct cmd_spec *spec, FILE *f);
 /* The default model path: $STREAMSINK_MODEL, else the cache path of
  * scripts/fetch-model.sh. The one copy of this rule in the program. */
 const char *cmd_default_model(void);
+/* ${XDG_CACHE_HOME:-$HOME/.cache}/streamsink/SmolLM2-135M-Instruct.Q4_1.gguf,
+ * where scripts/fetch-model.sh puts the default model (a missing one there
+ * earns the hint to run it; one named by $STREAMSINK_MODEL or -m does not). */
+const char *cmd_fetched_model(void);
 
 /* The KV storage of --kv-dtype NAME (NULL: f16), or f32 with --kv-f32.
  * CMD_EXIT_OK, or CMD_EXIT_USAGE after a message. */

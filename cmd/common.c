@@ -31,14 +31,9 @@ int cmd_kv_dtype(const char *name, int kv_f32, enum engine_kv_dtype *out)
     return CMD_EXIT_OK;
 }
 
-/* $STREAMSINK_MODEL, else ${XDG_CACHE_HOME:-$HOME/.cache}/streamsink/..., where
- * scripts/fetch-model.sh puts it. */
-const char *cmd_default_model(void)
+const char *cmd_fetched_model(void)
 {
     static char buf[4096];
-    const char *p = getenv("STREAMSINK_MODEL");
-    if (p && *p)
-        return p;
     const char *cache = getenv("XDG_CACHE_HOME");
     if (cache && *cache)
         snprintf(buf, sizeof buf, "%s/streamsink/SmolLM2-135M-Instruct.Q4_1.gguf", cache);
@@ -46,6 +41,12 @@ const char *cmd_default_model(void)
         snprintf(buf, sizeof buf, "%s/.cache/streamsink/SmolLM2-135M-Instruct.Q4_1.gguf",
                  getenv("HOME") ? getenv("HOME") : ".");
     return buf;
+}
+
+const char *cmd_default_model(void)
+{
+    const char *p = getenv("STREAMSINK_MODEL");
+    return p && *p ? p : cmd_fetched_model();
 }
 
 int cmd_close_output(FILE *f, const char *path)
@@ -106,7 +107,7 @@ int cmd_open_decoder(struct decoder **d, const struct decoder_config *cfg)
     if (rc == 0)
         return CMD_EXIT_OK;
     fprintf(stderr, "error: %s\n", err);
-    if (rc == -ENOENT && strcmp(cfg->model_path, cmd_default_model()) == 0)
+    if (rc == -ENOENT && strcmp(cfg->model_path, cmd_fetched_model()) == 0)
         fprintf(stderr, "hint: run scripts/fetch-model.sh to fetch the default model\n");
     return engine_error_is_model(rc) ? CMD_EXIT_MODEL : CMD_EXIT_RUNTIME;
 }

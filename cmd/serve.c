@@ -225,7 +225,7 @@ int cmd_serve(int argc, char **argv)
     case SERVER_BAD_CONFIG:
         return CMD_EXIT_USAGE;
     case SERVER_BAD_MODEL:
-        if (strcmp(c.model, cmd_default_model()) == 0 && access(c.model, F_OK) != 0)
+        if (strcmp(c.model, cmd_fetched_model()) == 0 && access(c.model, F_OK) != 0)
             fprintf(stderr, "hint: run scripts/fetch-model.sh to fetch the default model, "
                             "or pass -m FILE\n");
         return CMD_EXIT_MODEL;

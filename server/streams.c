@@ -419,6 +419,7 @@ void streams_detach(struct server *s, struct stream *st)
         return;
     }
     st->deadline = server_now() + s->streams.grace;
+    trim_detached(&s->streams, st); /* else one full at the detach pauses with nothing ahead */
     streams_flow(s, st);
     start_sweep(s);
     limit_detached(s, st);

@@ -313,17 +313,20 @@ def test_calibrate_agrees_with_the_probe(binary, request, tmp_path, which, token
 @pytest.mark.parametrize("cmd", ["serve", "run"])
 def test_the_fetch_hint_is_for_the_default_model_only(binary, tmp_path, cmd):
     """A missing model file hints at scripts/fetch-model.sh only when it is
-    the default one the script fetches; serve said it after an explicit -m
-    too, where fetching would not help."""
+    the file the script fetches; serve said it after an explicit -m too, and
+    both said it for a $STREAMSINK_MODEL of another path, where fetching
+    would not help."""
     env = {k: v for k, v in os.environ.items() if k != "STREAMSINK_MODEL"}
     env["XDG_CACHE_HOME"] = str(tmp_path / "empty-cache")
     extra = ["--port", "0"] if cmd == "serve" else ["-p", "hi", "-n", "1"]
     explicit = cli(binary, cmd, "-m", str(tmp_path / "mine.gguf"), *extra, env=env)
+    named = cli(binary, cmd, *extra, env=dict(env, STREAMSINK_MODEL=str(tmp_path / "env.gguf")))
     default = cli(binary, cmd, *extra, env=env)
-    for r in (explicit, default):
+    for r in (explicit, named, default):
         assert r.returncode == 3, r.stderr
         assert "No such file or directory" in r.stderr, r.stderr
     assert "fetch-model.sh" not in explicit.stderr, explicit.stderr
+    assert "fetch-model.sh" not in named.stderr, named.stderr
     assert "fetch-model.sh" in default.stderr, default.stderr
 
 

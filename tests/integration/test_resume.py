@@ -393,6 +393,30 @@ def test_a_stream_that_detaches_after_a_full_buffer_stays_within_it(srv):
     srv.wait_metric("streamsink_streams_buffer_full", lambda v: v == 0)
 
 
+def test_a_stream_whose_client_stopped_reading_goes_on_once_detached(srv):
+    """A client that stops reading pauses its stream with the buffer nearly
+    full of delivered events (written to its connection). Once it leaves,
+    the detached stream drops those beyond half the buffer and generates
+    ahead into the rest for a resume, then pauses, full."""
+    body = dict(COMPLETION, max_tokens=3000, ignore_eos=True)
+    data = json.dumps(body).encode()
+    sock = srv.connect(rcvbuf=4096)
+    h = "".join(f"{k}: {v}\r\n" for k, v in AUTH.items())
+    sock.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                  f"application/json\r\nContent-Length: {len(data)}\r\n{h}\r\n").encode() + data)
+    assert SSE(sock).status == 200  # the head only; then it reads nothing
+    srv.wait_metric("streamsink_paused_sequences", lambda v: v == 1, timeout=120)
+    time.sleep(0.5)  # the pause has landed: nothing more is made
+    g0 = srv.metrics()["streamsink_generated_tokens_total"]
+    sock.close()
+    srv.wait_metric("streamsink_streams_buffer_full", lambda v: v == 1, timeout=60)
+    srv.wait_metric("streamsink_paused_sequences", lambda v: v == 1, timeout=60)
+    time.sleep(0.5)
+    ahead = srv.metrics()["streamsink_generated_tokens_total"] - g0
+    assert ahead >= 5, ahead  # half the buffer's worth of events: some ten tokens
+    srv.wait_metric("streamsink_streams_buffer_full", lambda v: v == 1)
+
+
 def test_a_second_client_takes_the_stream_over_and_the_first_is_closed(srv, reference):
     first = post_stream(srv, "/v1/completions", COMPLETION)
     sid = first.headers["x-stream-id"]

@@ -323,6 +323,19 @@ def test_eventsource_style_reconnects_deliver_everything_exactly_once(srv, refer
     sse.sock.close()
 
 
+def wait_detached_full(srv, timeout=120):
+    """The metrics once a stream with no client has filled its buffer and
+    its sequence is paused (or as they stand at the timeout)."""
+    deadline = time.time() + timeout
+    while True:
+        m = srv.metrics()
+        if m["streamsink_streams_buffer_full"] >= 1 and m["streamsink_paused_sequences"] >= 1:
+            return m
+        if time.time() >= deadline:
+            return m
+        time.sleep(0.2)
+
+
 def test_detached_generation_fills_the_buffer_pauses_and_resumes_completely(srv, reference):
     # the finished streams of earlier tests keep their tails (constant, or less as they expire)
     base = srv.metrics()["streamsink_stream_buffer_bytes"]
@@ -332,13 +345,7 @@ def test_detached_generation_fills_the_buffer_pauses_and_resumes_completely(srv,
     collect(first, False, events, stop_after=2)
     first.sock.close()
     # 40 chunks are about twice --stream-buffer: the detached stream fills it and pauses
-    m = None
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        m = srv.metrics()
-        if m["streamsink_streams_buffer_full"] >= 1 and m["streamsink_paused_sequences"] >= 1:
-            break
-        time.sleep(0.2)
+    m = wait_detached_full(srv)
     assert m["streamsink_streams_buffer_full"] == 1, m
     assert m["streamsink_paused_sequences"] == 1, m
     # bounded: the limit plus the event or two in flight when the pause landed
@@ -374,13 +381,7 @@ def test_a_stream_that_detaches_after_a_full_buffer_stays_within_it(srv):
     events = []
     collect(first, False, events, stop_after=30)  # some 6 KB: more than BUF
     first.sock.close()
-    m = None
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        m = srv.metrics()
-        if m["streamsink_streams_buffer_full"] >= 1 and m["streamsink_paused_sequences"] >= 1:
-            break
-        time.sleep(0.2)
+    m = wait_detached_full(srv)
     assert m["streamsink_streams_buffer_full"] == 1, m
     assert m["streamsink_stream_buffer_bytes"] - base <= BUF + 2048, (base, m)
     kept = events[:-3]  # as if the last three were lost in the socket

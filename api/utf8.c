@@ -10,55 +10,41 @@
 #include <stdint.h>
 #include <string.h>
 
+/* The length a character starting with byte c has (1..4), or 0 for a byte
+ * that starts none (a continuation byte, C0, C1, F5..FF). */
+static size_t lead_len(unsigned char c)
+{
+    return c < 0x80 ? 1 : c < 0xC2 ? 0 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : c < 0xF5 ? 4 : 0;
+}
+
+/* How many of the n bytes of the character starting at u[0] are there and
+ * in their range (Unicode Table 3-7): the second byte's range excludes
+ * overlong forms, surrogates and code points past U+10FFFF. n when the
+ * character is whole and valid. */
+static size_t in_range(const unsigned char *u, size_t len, size_t n)
+{
+    const unsigned char c = u[0];
+    const unsigned char lo = c == 0xE0 ? 0xA0 : c == 0xF0 ? 0x90 : 0x80;
+    const unsigned char hi = c == 0xED ? 0x9F : c == 0xF4 ? 0x8F : 0xBF;
+    size_t k = 1;
+    while (k < n && k < len && u[k] >= (k == 1 ? lo : 0x80) && u[k] <= (k == 1 ? hi : 0xBF))
+        k++;
+    return k;
+}
+
 /* Length of the valid sequence at s (1..4), or 0 if it is invalid or cut. */
 static size_t seq_len(const unsigned char *s, size_t len)
 {
-    unsigned char c = s[0];
-    size_t n;
-    uint32_t cp;
-    if (c < 0x80)
-        return 1;
-    if (c >= 0xC2 && c <= 0xDF) {
-        n = 2;
-        cp = c & 0x1F;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-        n = 3;
-        cp = c & 0x0F;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-        n = 4;
-        cp = c & 0x07;
-    } else {
-        return 0;
-    }
-    if (len < n)
-        return 0;
-    for (size_t i = 1; i < n; i++) {
-        if ((s[i] & 0xC0) != 0x80)
-            return 0;
-        cp = (cp << 6) | (s[i] & 0x3F);
-    }
-    if ((n == 3 && cp < 0x800) || (n == 4 && (cp < 0x10000 || cp > 0x10FFFF)) ||
-        (cp >= 0xD800 && cp <= 0xDFFF))
-        return 0; /* overlong, out of range or a surrogate */
-    return n;
+    const size_t n = lead_len(s[0]);
+    return n > 0 && in_range(s, len, n) == n ? n : 0;
 }
 
 size_t api__utf8_bad_len(const char *s, size_t len)
 {
     const unsigned char *u = (const unsigned char *)s;
-    unsigned char c = u[0];
-    size_t n = c >= 0xC2 && c <= 0xDF   ? 2
-               : c >= 0xE0 && c <= 0xEF ? 3
-               : c >= 0xF0 && c <= 0xF4 ? 4
-                                        : 1;
-    /* the second byte's range (Unicode Table 3-7): no overlong form,
-     * surrogate or code point past U+10FFFF */
-    unsigned char lo = c == 0xE0 ? 0xA0 : c == 0xF0 ? 0x90 : 0x80;
-    unsigned char hi = c == 0xED ? 0x9F : c == 0xF4 ? 0x8F : 0xBF;
-    size_t k = 1;
-    while (k < n && k < len && u[k] >= (k == 1 ? lo : 0x80) && u[k] <= (k == 1 ? hi : 0xBF))
-        k++;
-    return k < n ? k : 1; /* k == n: a whole character, which the caller found invalid: cannot be */
+    const size_t n = lead_len(u[0]);
+    const size_t k = n > 1 ? in_range(u, len, n) : 1;
+    return k < n ? k : 1; /* (k == n: a whole character, which the caller found invalid) */
 }
 
 size_t api__utf8_valid_prefix(const char *s, size_t len)

@@ -160,12 +160,17 @@ TEST(a_session_turn_cancelled_before_its_prompt_leaves_the_session_as_it_was)
     ASSERT_OK(rig_run(rig, &q, &r1));
     ASSERT(!r1.error && r1.n_tok == 4 && r1.tokens_seen > 4);
 
-    /* two long prompts keep the engine in its steps; each turn is paused as
-     * it is sent (the pause reaches the engine with it, between two steps,
-     * so it is admitted paused) and cancelled with none of its prompt fed */
+    /* two long prompts keep the engine in its steps, and their answers
+     * until they are cancelled: however fast the steps, or late this thread
+     * (the prompt is the one the test before fed, which a prefix could give
+     * at once); each turn is paused as it is sent (the pause reaches the
+     * engine with it, between two steps, so it is admitted paused) and
+     * cancelled with none of its prompt fed */
     static char text[16384];
     long_text(text, sizeof text);
-    struct engine_request x = text_req(rig, text, 1, NULL), y = text_req(rig, text, 1, NULL);
+    struct engine_request x = text_req(rig, text, -1, NULL), y = text_req(rig, text, -1, NULL);
+    x.ignore_eos = y.ignore_eos = 1;
+    x.no_prefix = y.no_prefix = 1;
     struct engine_request z2 = text_req(rig, p2, 8, "kept-as-it-was");
     struct engine_request zn = text_req(rig, p2, 8, "never-started");
     const uint64_t ids[4] = {x.id, y.id, z2.id, zn.id};
@@ -182,6 +187,8 @@ TEST(a_session_turn_cancelled_before_its_prompt_leaves_the_session_as_it_was)
     engine_get_stats(rig->e, &st);
     const int64_t steps = st.steps_total;
     for (const time_t t0 = time(NULL); st.steps_total < steps + 2 && time(NULL) - t0 < 120;) {
+        struct engine_event ev[32]; /* x's and y's tokens: the engine waits for room */
+        engine_drain(rig->e, ev, 32);
         nanosleep(&(struct timespec){0, 10000000}, NULL);
         engine_get_stats(rig->e, &st);
     }

@@ -81,6 +81,9 @@ const char *cmd_default_model(void);
  * where scripts/fetch-model.sh puts the default model (a missing one there
  * earns the hint to run it; one named by $STREAMSINK_MODEL or -m does not). */
 const char *cmd_fetched_model(void);
+/* Tells stderr to run scripts/fetch-model.sh when path is cmd_fetched_model()
+ * and no file is there; nothing for any other path. */
+void cmd_model_hint(const char *path);
 
 /* The KV storage of --kv-dtype NAME (NULL: f16), or f32 with --kv-f32.
  * CMD_EXIT_OK, or CMD_EXIT_USAGE after a message. */

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "decoder.h"
 #include "engine.h"
@@ -41,6 +42,13 @@ const char *cmd_fetched_model(void)
         snprintf(buf, sizeof buf, "%s/.cache/streamsink/SmolLM2-135M-Instruct.Q4_1.gguf",
                  getenv("HOME") ? getenv("HOME") : ".");
     return buf;
+}
+
+void cmd_model_hint(const char *path)
+{
+    if (strcmp(path, cmd_fetched_model()) == 0 && access(path, F_OK) != 0)
+        fprintf(stderr, "hint: run scripts/fetch-model.sh to fetch the default model, "
+                        "or pass -m FILE\n");
 }
 
 const char *cmd_default_model(void)
@@ -107,8 +115,7 @@ int cmd_open_decoder(struct decoder **d, const struct decoder_config *cfg)
     if (rc == 0)
         return CMD_EXIT_OK;
     fprintf(stderr, "error: %s\n", err);
-    if (rc == -ENOENT && strcmp(cfg->model_path, cmd_fetched_model()) == 0)
-        fprintf(stderr, "hint: run scripts/fetch-model.sh to fetch the default model\n");
+    cmd_model_hint(cfg->model_path);
     return engine_error_is_model(rc) ? CMD_EXIT_MODEL : CMD_EXIT_RUNTIME;
 }
 

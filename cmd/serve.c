@@ -225,9 +225,7 @@ int cmd_serve(int argc, char **argv)
     case SERVER_BAD_CONFIG:
         return CMD_EXIT_USAGE;
     case SERVER_BAD_MODEL:
-        if (strcmp(c.model, cmd_fetched_model()) == 0 && access(c.model, F_OK) != 0)
-            fprintf(stderr, "hint: run scripts/fetch-model.sh to fetch the default model, "
-                            "or pass -m FILE\n");
+        cmd_model_hint(c.model);
         return CMD_EXIT_MODEL;
     case SERVER_FAILED:
         break;

@@ -21,24 +21,43 @@ LONG = ("The history of the river Thames begins long before London. In the last 
 
 
 def background_stream(s):
-    """Starts a greedy 1,000-token stream on its own thread and returns once it
-    emits: (the thread, the list its tokens' arrival times go into)."""
+    """Starts a greedy stream on its own thread and returns once it emits:
+    (the list its tokens' arrival times go into, a function that waits for
+    n tokens after time t1, then ends the stream and its thread). The
+    stream runs until ended (ignore_eos, no useful max_tokens): one of
+    1,000 tokens had ended before a save that a test thread late by some
+    seconds sent, and none came during the save."""
     times = []
     started = threading.Event()
+    stop = threading.Event()
 
     def stream():
         c = s.client()
-        for ch in c.completions.create(model="smol", prompt="1, 2, 3, 4, 5,", max_tokens=1000,
-                                       temperature=0, stream=True):
-            if ch.choices and ch.choices[0].text:
-                times.append(time.monotonic())
-                started.set()
+        with c.completions.create(model="smol", prompt="1, 2, 3, 4, 5,", max_tokens=100000,
+                                  temperature=0, stream=True,
+                                  extra_body={"ignore_eos": True}) as resp:
+            for ch in resp:
+                if ch.choices and ch.choices[0].text:
+                    times.append(time.monotonic())
+                    started.set()
+                if stop.is_set():
+                    break  # closing the connection cancels it
 
     t = threading.Thread(target=stream)
     t.start()
     assert started.wait(60)
     time.sleep(0.2)
-    return t, times
+
+    def end_after(t1, n):
+        deadline = time.monotonic() + 60
+        while sum(1 for x in times if x > t1) < n and t.is_alive():
+            assert time.monotonic() < deadline, "the stream stopped"
+            time.sleep(0.05)
+        stop.set()
+        t.join(60)
+        assert not t.is_alive()
+
+    return times, end_after
 
 
 def test_a_stream_keeps_running_while_a_large_session_is_written(binary, model, tmp_path):
@@ -51,12 +70,12 @@ def test_a_stream_keeps_running_while_a_large_session_is_written(binary, model, 
         assert st == 200, r
         assert r["session"]["tokens_seen"] > 2048  # the whole window is stored
 
-        t, times = background_stream(s)
+        times, end_after = background_stream(s)
         before = s.metrics()
         t0 = time.monotonic()
         st, info = call(s, "POST", "/v1/sessions/big/save")
         t1 = time.monotonic()
-        t.join()
+        end_after(t1, 20)
         # the counters are published after the engine turn that answered
         s.wait_metric("streamsink_session_saves_total",
                       lambda v: v >= before["streamsink_session_saves_total"] + 1)
@@ -104,11 +123,11 @@ def test_a_stream_keeps_running_while_a_large_session_is_restored(binary, model,
     assert (d / "big.snap").stat().st_size > 90_000_000
     s = Server(binary, model, args)
     try:
-        t, times = background_stream(s)
+        times, end_after = background_stream(s)
         t0 = time.monotonic()
         st, r = complete(s, " and then", "big", max_tokens=1, session_create=False)
         t1 = time.monotonic()
-        t.join()
+        end_after(t1, 3)
         assert st == 200, r
         assert r["session"]["restored"] is True
         m = s.metrics()

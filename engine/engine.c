@@ -2009,6 +2009,15 @@ static void publish_stats(struct engine *e)
 
 /* ---- thread and lifecycle ----------------------------------------------- */
 
+/* Wakes the loop thread if events were queued since it was last woken. */
+static void wake_loop(struct engine *e)
+{
+    if (e->pushed) {
+        e->pushed = 0;
+        e->wake(e->wake_arg);
+    }
+}
+
 static void *engine_main(void *arg)
 {
     struct engine *e = arg;
@@ -2033,19 +2042,21 @@ static void *engine_main(void *arg)
         handle_commands(e, busy ? 0 : 1000);
         session_saves_poll(e);
         admit_waiting(e);
+        /* room for a step's events; what is queued must reach the loop
+         * first, or it waits for a wake that only this thread would send
+         * (admissions alone can queue enough: a listing is an event per
+         * session) */
+        wake_loop(e);
         queue_wait_room(&e->q, (size_t)(3 * e->cfg.max_seqs + 4));
         step(e);
         publish_stats(e);
-        if (e->pushed) {
-            e->pushed = 0;
-            e->wake(e->wake_arg);
-        }
         if (now_s() - last_expire > 1.0) { /* under load too */
             session_expire(e, now_s(), (double)e->cfg.session_idle_s);
             last_expire = now_s();
         }
         if (e->retiring && now_s() >= e->retire_after && session_expire(e, now_s(), 0) > 0)
             e->retire_after = now_s() + 1.0; /* a save failed: not again at once */
+        wake_loop(e);                        /* before the next wait for commands */
     }
     /* closing: everything still running or waiting is cancelled */
     for (int64_t i = 0; i < e->cfg.max_seqs; i++) {

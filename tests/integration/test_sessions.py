@@ -167,3 +167,55 @@ def test_listings_without_a_session_dir_never_wait_and_are_never_refused(server)
         t.join(60)
     gen.join(120)
     assert got == [200] * 12, (got, server.log()[-3000:])
+
+
+def test_a_burst_of_listings_admitted_in_one_pass_is_answered(binary, model):
+    """Ten listings of seven sessions each, taken by the engine in one pass
+    between two steps of a long prompt: 80 events, short of the event
+    queue's 96 (--max-seqs 8) but more than the room the engine keeps for a
+    step. It waited for that room without waking the loop thread, which
+    alone makes it: every request hung, for good."""
+    import random
+    import threading
+    import time
+
+    from conftest import Server, read_until_quiet
+
+    s = Server(binary, model, ["--max-seqs", "8", "--max-queue", "64"])
+    try:
+        for i in range(7):
+            st, r = call(s, "POST", "/v1/completions", {
+                "model": "smol", "prompt": f"Hi {i}", "max_tokens": 1, "session_id": f"burst-{i}"})
+            assert st == 200, r
+        rng = random.Random(7)
+        words = " ".join(rng.choice(["apple", "river", "stone", "cloud", "seven", "green"])
+                         for _ in range(4000))
+        body = {"model": "smol", "prompt": words, "max_tokens": 3, "temperature": 0}
+        fed0 = s.metrics()["streamsink_prompt_tokens_total"]
+        gen = {}
+        t = threading.Thread(target=lambda: gen.update(
+            st=call(s, "POST", "/v1/completions", body, timeout=90)[0]))
+        t.start()
+        deadline = time.time() + 60  # until the long prompt is being fed
+        while s.metrics()["streamsink_prompt_tokens_total"] == fed0 and time.time() < deadline:
+            time.sleep(0.02)
+        socks = [s.connect() for _ in range(10)]
+        for k in socks:
+            k.sendall(b"GET /v1/sessions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        got = [None] * 10
+
+        def read(i):
+            got[i] = read_until_quiet(socks[i], 30)
+
+        readers = [threading.Thread(target=read, args=(i,)) for i in range(10)]
+        for r in readers:
+            r.start()
+        for r in readers:
+            r.join()
+        heads = [g[:12] for g in got]
+        assert heads == [b"HTTP/1.1 200"] * 10, (heads, s.log()[-2000:])
+        assert all(g.count(b'"burst-') == 7 for g in got), got[0][-600:]
+        t.join(90)
+        assert gen.get("st") == 200, gen
+    finally:
+        s.stop()

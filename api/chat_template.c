@@ -144,6 +144,67 @@ static const char *norm_role(const char *role)
     return strcmp(role, "developer") == 0 ? "system" : role;
 }
 
+/* 1 if the code point is whitespace to Python's str.isspace(): what Jinja's
+ * trim and str.strip() take off a content's ends. */
+static int py_space(uint32_t c)
+{
+    return (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20) || c == 0x85 || c == 0xA0 ||
+           c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 ||
+           c == 0x202F || c == 0x205F || c == 0x3000;
+}
+
+/* The code point whose bytes are s[0..n) (one valid UTF-8 character). */
+static uint32_t code_point(const unsigned char *s, size_t n)
+{
+    uint32_t c = n == 1 ? s[0] : s[0] & (0x7F >> n);
+    for (size_t i = 1; i < n; i++)
+        c = c << 6 | (s[i] & 0x3F);
+    return c;
+}
+
+/* 1 if s[0..n) is one whitespace character. Bytes that are not UTF-8 are
+ * no character (a request's strings are UTF-8; the renderer takes any). */
+static int space_at(const unsigned char *s, size_t n)
+{
+    size_t want = s[0] < 0x80 ? 1 : s[0] < 0xE0 ? 2 : s[0] < 0xF0 ? 3 : 4;
+    return want == n && api__utf8_valid_prefix((const char *)s, n) == n &&
+           py_space(code_point(s, n));
+}
+
+/* s[0..*len) with the whitespace at its start (left) and at its end (right)
+ * taken off, as Python's lstrip and rstrip: returns the start, and *len the
+ * rest. */
+static const char *strip(const char *s, size_t *len, int left, int right)
+{
+    const unsigned char *u = (const unsigned char *)s;
+    size_t a = 0, b = *len;
+    while (left && a < b) {
+        size_t n = 1;
+        while (n <= 4 && !(n <= b - a && space_at(u + a, n)))
+            n++;
+        if (n > 4)
+            break;
+        a += n;
+    }
+    while (right && b > a) {
+        size_t n = 1;
+        while (n <= 4 && !(n <= b - a && space_at(u + b - n, n)))
+            n++;
+        if (n > 4)
+            break;
+        b -= n;
+    }
+    *len = b - a;
+    return s + a;
+}
+
+/* A message's content with Jinja's trim. */
+static void put_trimmed(struct api_buf *b, const char *s, size_t len, int left, int right)
+{
+    const char *t = strip(s, &len, left, right);
+    api__buf_put(b, t, len);
+}
+
 /* The default system turn, where messages (m, n) start a conversation and
  * do not open with a system message of their own. */
 static int wants_default_system(const struct api_chat_message *m, size_t n, const char *def_sys)
@@ -173,6 +234,7 @@ static void render_chatml(struct api_buf *b, const struct api_chat_message *m, s
     api__buf_puts(b, "<|im_start|>assistant\n");
 }
 
+/* Llama-3: contents trimmed, as the template does. */
 static void render_llama3(struct api_buf *b, const struct api_chat_message *m, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
@@ -180,7 +242,7 @@ static void render_llama3(struct api_buf *b, const struct api_chat_message *m, s
         api__buf_puts(b, "<|start_header_id|>");
         api__buf_puts(b, strcmp(role, "tool") == 0 ? "ipython" : role);
         api__buf_puts(b, "<|end_header_id|>\n\n");
-        api__buf_put(b, m[i].content, m[i].content_len);
+        put_trimmed(b, m[i].content, m[i].content_len, 1, 1);
         api__buf_puts(b, "<|eot_id|>");
     }
     api__buf_puts(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
@@ -189,7 +251,8 @@ static void render_llama3(struct api_buf *b, const struct api_chat_message *m, s
 /* Gemma: two roles, user and model; a leading system message opens the next
  * turn, whoever's it is, followed by a blank line (as Gemma 3's own template
  * prefixes it to the first of the remaining messages), so every message keeps
- * its order. */
+ * its order. Contents are trimmed, as the template does (the system prompt
+ * is not). */
 static void render_gemma(struct api_buf *b, const struct api_chat_message *m, size_t n)
 {
     size_t i = 0;
@@ -208,7 +271,7 @@ static void render_gemma(struct api_buf *b, const struct api_chat_message *m, si
             api__buf_puts(b, "\n\n");
             sys = NULL;
         }
-        api__buf_put(b, m[i].content, m[i].content_len);
+        put_trimmed(b, m[i].content, m[i].content_len, 1, 1);
         api__buf_puts(b, "<end_of_turn>\n");
     }
     if (sys) { /* only a system message: it is the user's turn */
@@ -219,8 +282,25 @@ static void render_gemma(struct api_buf *b, const struct api_chat_message *m, si
     api__buf_puts(b, "<start_of_turn>model\n");
 }
 
+/* The first [INST]'s text with a system prompt: the template strips the
+ * system block and the user's content as one text, so the content keeps its
+ * leading whitespace, and a blank content takes the block's blank lines. */
+static void put_llama2_sys(struct api_buf *b, const char *sys, size_t sys_len, const char *content,
+                           size_t len)
+{
+    strip(content, &len, 0, 1);
+    api__buf_puts(b, "<<SYS>>\n");
+    api__buf_put(b, sys, sys_len);
+    api__buf_puts(b, "\n<</SYS>>");
+    if (len > 0) {
+        api__buf_puts(b, "\n\n");
+        api__buf_put(b, content, len);
+    }
+}
+
 /* Llama-2: the system prompt goes inside the first [INST]; each assistant
- * answer closes its turn with </s> and the next user turn opens with <s>. */
+ * answer closes its turn with </s> and the next user turn opens with <s>.
+ * Contents are stripped, as the template does. */
 static void render_llama2(struct api_buf *b, const struct api_chat_message *m, size_t n)
 {
     size_t i = 0;
@@ -235,27 +315,25 @@ static void render_llama2(struct api_buf *b, const struct api_chat_message *m, s
     for (; i < n; i++) {
         if (strcmp(m[i].role, "assistant") == 0) {
             api__buf_puts(b, " ");
-            api__buf_put(b, m[i].content, m[i].content_len);
+            put_trimmed(b, m[i].content, m[i].content_len, 1, 1);
             api__buf_puts(b, " </s>");
             continue;
         }
         if (!first)
             api__buf_puts(b, "<s>");
         api__buf_puts(b, "[INST] ");
-        if (sys) {
-            api__buf_puts(b, "<<SYS>>\n");
-            api__buf_put(b, sys, sys_len);
-            api__buf_puts(b, "\n<</SYS>>\n\n");
-            sys = NULL;
-        }
-        api__buf_put(b, m[i].content, m[i].content_len);
+        if (sys)
+            put_llama2_sys(b, sys, sys_len, m[i].content, m[i].content_len);
+        else
+            put_trimmed(b, m[i].content, m[i].content_len, 1, 1);
+        sys = NULL;
         api__buf_puts(b, " [/INST]");
         first = 0;
     }
-    if (sys) { /* only a system message: still open a turn for it */
-        api__buf_puts(b, "[INST] <<SYS>>\n");
-        api__buf_put(b, sys, sys_len);
-        api__buf_puts(b, "\n<</SYS>>\n\n [/INST]");
+    if (sys) { /* only a system message: still open a turn for it, of no content */
+        api__buf_puts(b, "[INST] ");
+        put_llama2_sys(b, sys, sys_len, "", 0);
+        api__buf_puts(b, " [/INST]");
     }
 }
 

@@ -9,11 +9,11 @@
  * renderer takes lengths). The messages are rendered with every format, with
  * and without the default system prompt, and with the fuzzed template.
  * Checked: the output is NUL-terminated at out_len and no longer than the
- * contents plus a fixed overhead per message; every content appears whole,
- * in order (so an embedded NUL does not cut it; Llama-2's leading system
- * message goes into the first user turn, so only its presence); ChatML and Llama-3 outputs
- * end with the assistant's generation prompt; the template's default system
- * prompt is NUL-terminated inside its array.
+ * contents plus a fixed overhead per message; every content appears whole
+ * (in the formats that trim contents, all that a trim leaves of it), in order (so an embedded NUL
+ * does not cut it; Llama-2's leading system message goes into the first user turn, so only its
+ * presence); ChatML and Llama-3 outputs end with the assistant's generation prompt; the template's
+ * default system prompt is NUL-terminated inside its array.
  *
  * Build and run (clang only): as fuzz_http_conn.c says, with
  *   build-fuzz/tests/fuzz/fuzz_chat_template <corpus dir> -max_total_time=60
@@ -52,6 +52,27 @@ static int ends_with(const char *s, size_t n, const char *suffix)
     return n >= k && memcmp(s + n - k, suffix, k) == 0;
 }
 
+/* A byte a whitespace character may hold (ASCII whitespace, or >= 0x80). */
+static int trimmable(unsigned char c)
+{
+    return c >= 0x80 || (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20);
+}
+
+/* What any trim leaves of s[0..*len): Gemma's, Llama-3's and Llama-2's
+ * templates strip whitespace characters off a content's ends, each ASCII
+ * whitespace or made of bytes >= 0x80, so the bytes between the first and
+ * the last that are neither are always written. */
+static const char *core(const char *s, size_t *len)
+{
+    size_t a = 0, b = *len;
+    while (a < b && trimmable((unsigned char)s[a]))
+        a++;
+    while (b > a && trimmable((unsigned char)s[b - 1]))
+        b--;
+    *len = b - a;
+    return s + a;
+}
+
 static void render_and_check(const struct api_chat_template *t, const struct api_chat_message *m,
                              size_t n, int with_default_system)
 {
@@ -79,13 +100,17 @@ static void render_and_check(const struct api_chat_template *t, const struct api
         first = 1;
     }
     for (size_t i = first; i < n; i++) {
-        if (m[i].content_len == 0)
+        const char *c = m[i].content;
+        size_t len = m[i].content_len;
+        if (t->format != API_CHAT_CHATML)
+            c = core(c, &len);
+        if (len == 0)
             continue;
-        const char *hit = memmem(p, left, m[i].content, m[i].content_len);
+        const char *hit = memmem(p, left, c, len);
         if (!hit)
             fail("a message's content is missing or out of order", t);
-        left -= (size_t)(hit - p) + m[i].content_len;
-        p = hit + m[i].content_len;
+        left -= (size_t)(hit - p) + len;
+        p = hit + len;
     }
     if (t->format == API_CHAT_CHATML && !ends_with(out, out_len, "<|im_start|>assistant\n"))
         fail("ChatML output does not end with the generation prompt", t);

@@ -836,6 +836,58 @@ TEST(api_chat_template_recognizes_llama3_and_llama2_and_falls_back_to_chatml)
     free(out);
 }
 
+/* Gemma's, Llama-3's and Llama-2's own templates trim each message's
+ * content (Jinja's trim, Python's str.strip(): Unicode whitespace too), as
+ * vLLM and llama-server render them; ChatML (SmolLM2's) keeps it whole. The
+ * expected prompts are those templates rendered with jinja2. */
+TEST(api_chat_render_trims_contents_where_the_models_template_does)
+{
+    const char *const sys = " Be brief. \n", *const u1 = "  Hi there\n\n", *const a = " Hello! \n";
+    const char *const u2 = "\tBye \xE3\x80\x80"; /* U+3000, an ideographic space, last */
+    const struct api_chat_message m[4] = {{"system", sys, strlen(sys)},
+                                          {"user", u1, strlen(u1)},
+                                          {"assistant", a, strlen(a)},
+                                          {"user", u2, strlen(u2)}};
+    struct api_chat_template t;
+    char *out;
+    size_t len;
+
+    api_chat_template_named(&t, API_CHAT_GEMMA);
+    ASSERT_OK(api_chat_render(&t, m, 4, 1, &out, &len));
+    ASSERT_STREQ(out, "<start_of_turn>user\n Be brief. \n\n\nHi there<end_of_turn>\n"
+                      "<start_of_turn>model\nHello!<end_of_turn>\n"
+                      "<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n");
+    ASSERT_EQ(len, strlen(out));
+    free(out);
+
+    api_chat_template_named(&t, API_CHAT_LLAMA3);
+    ASSERT_OK(api_chat_render(&t, m, 4, 1, &out, &len));
+    ASSERT_STREQ(out, "<|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+                      "<|start_header_id|>user<|end_header_id|>\n\nHi there<|eot_id|>"
+                      "<|start_header_id|>assistant<|end_header_id|>\n\nHello!<|eot_id|>"
+                      "<|start_header_id|>user<|end_header_id|>\n\nBye<|eot_id|>"
+                      "<|start_header_id|>assistant<|end_header_id|>\n\n");
+    free(out);
+
+    /* Llama-2 strips the first [INST]'s whole text: the system block and the
+     * user's content, so the content keeps its leading whitespace there */
+    api_chat_template_named(&t, API_CHAT_LLAMA2);
+    ASSERT_OK(api_chat_render(&t, m, 4, 1, &out, &len));
+    ASSERT_STREQ(out, "[INST] <<SYS>>\n Be brief. \n\n<</SYS>>\n\n  Hi there [/INST] Hello! "
+                      "</s><s>[INST] Bye [/INST]");
+    free(out);
+    /* ... and with a blank user content, the block's own blank lines */
+    const struct api_chat_message blank[2] = {{"system", "S", 1}, {"user", "  ", 2}};
+    ASSERT_OK(api_chat_render(&t, blank, 2, 1, &out, &len));
+    ASSERT_STREQ(out, "[INST] <<SYS>>\nS\n<</SYS>> [/INST]");
+    free(out);
+
+    api_chat_template_named(&t, API_CHAT_CHATML);
+    ASSERT_OK(api_chat_render(&t, m + 1, 1, 1, &out, &len));
+    ASSERT_STREQ(out, "<|im_start|>user\n  Hi there\n\n<|im_end|>\n<|im_start|>assistant\n");
+    free(out);
+}
+
 /* serve --chat-template: the four names as the log writes them, nothing
  * else; a named format renders as recognized, with no default system turn
  * (the name carries no template to take one from). */

@@ -726,7 +726,7 @@ static void handle_tokenize(struct server *s, struct http_conn *c)
         return;
     }
     uint64_t id = s->next_seq++ * (uint64_t)s->cfg.max_conns + c->user_id;
-    struct api_parse_ctx ctx = {.model = s->info, .id = id};
+    struct api_parse_ctx ctx = {.model = s->info, .id = id, .max_json_values = max_json_values(s)};
     struct engine_request req;
     struct api_tokenize tk;
     struct api_error err;

@@ -153,6 +153,19 @@ def test_bad_bodies_get_400_naming_the_field(server, path, body, param):
     assert r["error"]["param"] == param
 
 
+def test_tokenize_and_detokenize_bodies_hold_as_many_json_values_as_a_prompts(server):
+    """The JSON value limit (4 x the longest prompt, at least 65,536) is
+    checked before a tree is built, on these paths as on a completion's: a
+    body of 100,001 values is a 413, whatever field holds them."""
+    junk = ",".join(["1"] * 100000)
+    for path, field in (("/tokenize", '"content":"x"'), ("/detokenize", '"tokens":[1]'),
+                        ("/v1/completions", '"prompt":"x","max_tokens":1')):
+        status, _, resp = server.post(path, '{%s,"junk":[%s]}' % (field, junk))
+        r = json.loads(resp)
+        assert status == 413, (path, r)
+        assert r["error"]["code"] == "request_too_large", (path, r)
+
+
 def test_tokenize_keeps_a_prompts_limits_and_its_key(start_server):
     s = start_server("--max-prompt", "64", "--api-key", "sk-test")
     words = " ".join(["word"] * 63)  # 63 tokens

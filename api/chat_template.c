@@ -317,6 +317,7 @@ static void render_llama2(struct api_buf *b, const struct api_chat_message *m, s
             api__buf_puts(b, " ");
             put_trimmed(b, m[i].content, m[i].content_len, 1, 1);
             api__buf_puts(b, " </s>");
+            first = 0; /* the next turn opens with <s>, whoever's turn came before */
             continue;
         }
         if (!first)

@@ -888,6 +888,25 @@ TEST(api_chat_render_trims_contents_where_the_models_template_does)
     free(out);
 }
 
+/* Llama-2: every user turn after an answer's </s> opens with <s>, also when
+ * the answer came first (an assistant message before any user one). */
+TEST(api_chat_render_llama2_opens_each_turn_after_an_answer_with_bos)
+{
+    const struct api_chat_message m[3] = {
+        {"assistant", "Hi, how can I help?", 19}, {"user", "U", 1}, {"assistant", "A", 1}};
+    struct api_chat_template t;
+    char *out;
+    size_t len;
+    api_chat_template_named(&t, API_CHAT_LLAMA2);
+    ASSERT_OK(api_chat_render(&t, m, 2, 1, &out, &len));
+    ASSERT_STREQ(out, " Hi, how can I help? </s><s>[INST] U [/INST]");
+    free(out);
+    const struct api_chat_message s[3] = {{"system", "S", 1}, m[0], m[1]};
+    ASSERT_OK(api_chat_render(&t, s, 3, 1, &out, &len));
+    ASSERT_STREQ(out, " Hi, how can I help? </s><s>[INST] <<SYS>>\nS\n<</SYS>>\n\nU [/INST]");
+    free(out);
+}
+
 /* serve --chat-template: the four names as the log writes them, nothing
  * else; a named format renders as recognized, with no default system turn
  * (the name carries no template to take one from). */

@@ -53,8 +53,11 @@ enum api_chat_format {
 
 struct api_chat_template {
     enum api_chat_format format;
-    int recognized;           /* 0: unknown or missing template, fell back to ChatML */
-    char default_system[512]; /* system prompt the template adds when none is given */
+    int recognized;            /* 0: unknown or missing template, fell back to ChatML */
+    char default_system[4096]; /* system prompt the template adds when none is given */
+    /* the length of a default system prompt too long for default_system:
+     * none is added (never a part of one); the server warns */
+    size_t default_system_dropped;
 };
 
 /* Recognizes the format by its markers in tmpl (tokenizer.chat_template; may

@@ -61,19 +61,24 @@ void api_chat_template_named(struct api_chat_template *t, enum api_chat_format f
 }
 
 /* Copies the Jinja string literal text starting at s up to the marker end,
- * turning the escapes \n, \t, \', \" and \\ into their characters. */
-static void copy_unescaped(char *dst, size_t cap, const char *s, const char *end)
+ * turning the escapes \n, \t, \', \" and \\ into their characters, when
+ * it fits dst[0..cap) with its NUL. Returns its length; dst is "" when it
+ * does not fit. */
+static size_t copy_unescaped(char *dst, size_t cap, const char *s, const char *end)
 {
     size_t o = 0;
-    while (s < end && o + 1 < cap) {
+    while (s < end) {
         char c = *s++;
         if (c == '\\' && s < end) {
             char n = *s++;
             c = n == 'n' ? '\n' : n == 't' ? '\t' : n;
         }
-        dst[o++] = c;
+        if (o + 1 < cap)
+            dst[o] = c;
+        o++;
     }
-    dst[o] = 0;
+    dst[o < cap ? o : 0] = 0;
+    return o;
 }
 
 /* The end of the Jinja string literal whose text starts at p (quoted with
@@ -112,8 +117,11 @@ static void find_default_system(struct api_chat_template *t, const char *tmpl)
             break;
         }
     }
-    if (best)
-        copy_unescaped(t->default_system, sizeof t->default_system, best_text, best_end);
+    if (!best)
+        return;
+    size_t n = copy_unescaped(t->default_system, sizeof t->default_system, best_text, best_end);
+    if (n + 1 > sizeof t->default_system)
+        t->default_system_dropped = n;
 }
 
 void api_chat_template_init(struct api_chat_template *t, const char *tmpl)

@@ -997,6 +997,11 @@ enum server_status server_run(const struct server_config *cfg)
         .on_close = on_conn_close,
         .arg = s,
     };
+    if (s->chat.default_system_dropped)
+        log_msg(LOG_WARN,
+                "the chat template's default system prompt (%zu bytes) is longer than the "
+                "%zu streamsink keeps: chats that send no system message get none",
+                s->chat.default_system_dropped, sizeof s->chat.default_system - 1);
     log_msg(LOG_INFO,
             "listening on http://%s:%d (model %s, %s, policy %s, window %lld, %lld slots, "
             "chat %s from %s)",

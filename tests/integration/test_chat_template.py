@@ -86,6 +86,25 @@ def test_a_template_file_is_recognized_as_the_models_would_be(start_server, tmp_
     assert "chat gemma from --chat-template-file)" in s.log()
 
 
+def test_a_default_system_prompt_too_long_to_keep_is_dropped_with_a_warning(start_server,
+                                                                           tmp_path):
+    """A ChatML template whose default system prompt is longer than the
+    server keeps: chats without a system message get none, and the log says
+    so; the prompt was cut at 511 bytes, here inside a character."""
+    f = tmp_path / "long-default.jinja"
+    default = "\u00e9" * 3000  # 6,000 bytes
+    f.write_text("{% if messages[0]['role'] != 'system' %}"
+                 "{{ '<|im_start|>system\\n" + default + "<|im_end|>\\n' }}{% endif %}"
+                 "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + "
+                 "message['content'] + '<|im_end|>\\n' }}{% endfor %}")
+    s = start_server("--model-alias", "smol", "--chat-template-file", str(f))
+    user_only = [{"role": "user", "content": "Hi"}]
+    chat = s.client().chat.completions.create(model="smol", messages=user_only, max_tokens=1,
+                                              temperature=0)
+    assert chat.usage.prompt_tokens == prompt_tokens(s, chatml(user_only, default_system=False))
+    assert "default system prompt (6000 bytes) is longer than the 4095" in s.log(), s.log()
+
+
 def refused(binary, model, *args):
     r = subprocess.run([binary, "serve", "-m", model, "--port", "0", *args],
                        capture_output=True, text=True, timeout=60)

@@ -1018,6 +1018,40 @@ TEST(api_chat_template_default_system_is_found_past_a_turn_opened_without_it)
     ASSERT_STREQ(t.default_system, "You are X");
 }
 
+/* A default system prompt is kept whole or not at all: one longer than the
+ * room for it is dropped (the server warns), never cut, least of all inside
+ * a character (the cut one went into every chat without a system message). */
+TEST(api_chat_template_default_system_is_kept_whole_or_dropped)
+{
+    static struct api_chat_template t;
+    const size_t room = sizeof t.default_system - 1;
+    static char tmpl[3 * sizeof t.default_system], text[sizeof t.default_system + 8];
+    for (int over = 0; over < 2; over++) {
+        /* "é" (2 bytes) from start to end: a cut at the room falls inside one */
+        const size_t n = room + (size_t)over;
+        for (size_t i = 0; i < n; i += 2)
+            memcpy(text + i, i + 1 < n ? "\xc3\xa9" : "x", i + 1 < n ? 2 : 1);
+        text[n] = 0;
+        snprintf(tmpl, sizeof tmpl, "{{ '<|im_start|>system\\n%s<|im_end|>\\n' }}", text);
+        api_chat_template_init(&t, tmpl);
+        ASSERT_EQ(t.format, API_CHAT_CHATML);
+        if (over) {
+            ASSERT_EQ(t.default_system[0], 0);
+            ASSERT_EQ(t.default_system_dropped, n);
+        } else {
+            ASSERT_STREQ(t.default_system, text);
+            ASSERT_EQ(t.default_system_dropped, 0);
+        }
+    }
+    /* escapes count as the characters they give */
+    memset(text, 'a', room - 1);
+    text[room - 1] = 0;
+    snprintf(tmpl, sizeof tmpl, "{{ '<|im_start|>system\\n%s\\n<|im_end|>' }}", text);
+    api_chat_template_init(&t, tmpl);
+    ASSERT_EQ(strlen(t.default_system), room);
+    ASSERT_EQ(t.default_system[room - 1], '\n');
+}
+
 TEST(api_chat_session_texts_make_a_sessions_turns_the_whole_conversation)
 {
     struct api_chat_template t;

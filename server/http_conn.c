@@ -50,10 +50,12 @@ enum header_which {
     HDR_HOST,
     HDR_LAST_ID,
     HDR_TE,
+    HDR_CE,
 };
 
-static const char *const header_names[] = {"",     "Authorization", "X-Session-Id",     "Expect",
-                                           "Host", "Last-Event-ID", "Transfer-Encoding"};
+static const char *const header_names[] = {
+    "",     "Authorization", "X-Session-Id",      "Expect",
+    "Host", "Last-Event-ID", "Transfer-Encoding", "Content-Encoding"};
 
 struct wreq {
     uv_write_t w;
@@ -843,6 +845,8 @@ static int on_message_begin(llhttp_t *p)
     c->in_trailers = 0;
     c->te_len = 0;
     c->te_other = 0;
+    c->ce_len = 0;
+    c->ce_other = 0;
     c->head_raw = 0;
     c->chunk_ext_bytes = 0;
     c->val_end = NULL;
@@ -899,6 +903,9 @@ static int on_header_field_complete(llhttp_t *p)
     } else if (strcasecmp(c->field, "transfer-encoding") == 0) {
         c->field_which = HDR_TE; /* llhttp frames by it; the codings are judged here */
         c->te_len = 0;
+    } else if (strcasecmp(c->field, "content-encoding") == 0) {
+        c->field_which = HDR_CE; /* a list, maybe over several fields */
+        c->ce_len = 0;
     } else if (strcasecmp(c->field, "host") == 0)
         c->field_which = HDR_HOST;
     else if (strcasecmp(c->field, "last-event-id") == 0) {
@@ -906,7 +913,8 @@ static int on_header_field_complete(llhttp_t *p)
         c->req.has_last_event_id = 1;
     }
     c->value_overflow = 0;
-    if (c->field_which != HDR_NONE && c->field_which != HDR_EXPECT && c->field_which != HDR_TE) {
+    if (c->field_which != HDR_NONE && c->field_which != HDR_EXPECT && c->field_which != HDR_TE &&
+        c->field_which != HDR_CE) {
         unsigned bit = 1u << c->field_which;
         if (c->seen & bit) { /* two values for one singleton field: which one is meant? */
             c->err_status = 400;
@@ -920,6 +928,17 @@ static int on_header_field_complete(llhttp_t *p)
             c->req.n_host++;
     }
     return 0;
+}
+
+/* The Content-Encoding coding gathered so far (blanks left out), at its
+ * comma or the value's end: only identity is read (an empty element of the
+ * list is none); any other leaves the body coded, which nothing here
+ * decodes (415). */
+static void judge_content_coding(struct http_conn *c)
+{
+    if (c->ce_len > 0 && (c->ce_len != 8 || strncasecmp(c->ce, "identity", 8) != 0))
+        c->ce_other = 1;
+    c->ce_len = 0;
 }
 
 static void append_value(struct http_conn *c, char *dst, size_t cap, const char *at, size_t len)
@@ -1026,6 +1045,18 @@ static int on_header_value(llhttp_t *p, const char *at, size_t len)
                 c->te_other = 1; /* longer than chunked */
         }
         break;
+    case HDR_CE: /* each coding of the list judged at its comma or the value's end */
+        for (size_t i = 0; i < len; i++) {
+            if (at[i] == ',')
+                judge_content_coding(c);
+            else if (at[i] == ' ' || at[i] == '\t')
+                continue;
+            else if (c->ce_len + 1 < sizeof c->ce)
+                c->ce[c->ce_len++] = at[i];
+            else
+                c->ce_other = 1; /* longer than identity */
+        }
+        break;
     case HDR_EXPECT: /* judged whole at value complete: it may come in pieces */
         if (c->expect_len + len < sizeof c->expect) {
             memcpy(c->expect + c->expect_len, at, len);
@@ -1051,6 +1082,8 @@ static int on_header_value_complete(llhttp_t *p)
             c->req.expect_continue = 1;
         c->expect_len = 0;
     }
+    if (c->field_which == HDR_CE)
+        judge_content_coding(c);
     if (c->field_which == HDR_TE) {
         if (c->te_len != 7 || strncasecmp(c->te, "chunked", 7) != 0)
             c->te_other = 1; /* "gzip, chunked": the body would be read still coded */
@@ -1090,6 +1123,18 @@ static int check_framing(struct http_conn *c, llhttp_t *p)
         c->err_status = 501;
         snprintf(c->rej.message, sizeof c->rej.message,
                  "the only transfer coding served is chunked");
+        return -1;
+    }
+    /* RFC 9110 15.5.16: a content coding not accepted is a 415 that names
+     * the ones that are (here none but identity) */
+    if (c->ce_other) {
+        c->err_status = 415;
+        snprintf(c->rej.message, sizeof c->rej.message,
+                 "the request body has a Content-Encoding this server does not decode; send it "
+                 "uncoded");
+        snprintf(c->rej.code, sizeof c->rej.code, "unsupported_content_encoding");
+        snprintf(c->rej.extra_headers, sizeof c->rej.extra_headers,
+                 "Accept-Encoding: identity\r\n");
         return -1;
     }
     return 0;

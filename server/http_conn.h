@@ -193,7 +193,10 @@ struct http_conn {
     size_t expect_len;
     char te[16]; /* the Transfer-Encoding value so far, blanks left out */
     size_t te_len;
-    int te_other;           /* a coding other than chunked was named (501) */
+    int te_other; /* a coding other than chunked was named (501) */
+    char ce[16];  /* the Content-Encoding coding so far, blanks left out */
+    size_t ce_len;
+    int ce_other;           /* a content coding other than identity was named (415) */
     size_t head_raw;        /* bytes of execute calls that ended inside the head */
     size_t chunk_ext_bytes; /* chunk extension names and values so far */
     uint64_t exec_seq;      /* llhttp_execute calls so far */

@@ -145,6 +145,33 @@ def test_transfer_codings_other_than_chunked_are_501(server, codings):
     assert b"Connection: close" in raw, raw
 
 
+@pytest.mark.parametrize("fields", [[b"gzip"], [b"identity, gzip"], [b" Identity ", b"br"],
+                                    [b"x" * 40]])
+def test_a_content_coding_other_than_identity_is_415(server, fields):
+    # RFC 9110 15.5.16: a body whose content coding is not accepted is 415,
+    # with Accept-Encoding naming what is; it was read as JSON still coded
+    # (400 "control character at byte 0" for gzip's magic)
+    import gzip
+    body = gzip.compress(b'{"model":"smol","prompt":"Hi","max_tokens":1}')
+    head = b"".join(b"Content-Encoding: " + f + b"\r\n" for f in fields)
+    raw = server.raw(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                     b"Content-Type: application/json\r\n" + head +
+                     b"Content-Length: %d\r\n\r\n" % len(body) + body, timeout=10)
+    status, headers, resp = parse_response(raw)
+    assert status == 415, raw
+    assert b"Accept-Encoding: identity" in raw, raw
+    assert json.loads(resp)["error"]["code"] == "unsupported_content_encoding", raw
+
+
+@pytest.mark.parametrize("value", [b"identity", b"IDENTITY", b" identity , identity", b"", b","])
+def test_identity_content_coding_is_no_coding(server, value):
+    body = b'{"model":"smol","prompt":"Hi","max_tokens":1}'
+    raw = server.raw(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                     b"Content-Type: application/json\r\nContent-Encoding: " + value +
+                     b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body, timeout=30)
+    assert parse_response(raw)[0] == 200, raw
+
+
 def test_chunked_in_any_case_is_chunked(server):
     body = b'{"model":"smol","prompt":"Hi","max_tokens":1}'
     raw = server.raw(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"

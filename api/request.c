@@ -882,14 +882,22 @@ static int read_ids(const cJSON *arr, const struct api_parse_ctx *ctx, const cha
         double d = cJSON_IsNumber(it) ? it->valuedouble : -1;
         if (!isfinite(d)) {
             api_error_set(err, 400, param, "invalid_value",
-                          "Invalid value for '%s': %s %d is out of range (not finite).", param,
-                          noun, k);
+                          "Invalid value for '%s': the %s at index %d is out of range (not "
+                          "finite).",
+                          param, noun, k);
             return -1;
         }
-        if (!cJSON_IsNumber(it) || d != floor(d) || d < 0 || d >= (double)n_vocab) {
+        if (!cJSON_IsNumber(it)) {
+            api_error_set(err, 400, param, "invalid_type",
+                          "Invalid type for '%s': the %s at index %d is not a number.", param, noun,
+                          k);
+            return -1;
+        }
+        if (d != floor(d) || d < 0 || d >= (double)n_vocab) {
             api_error_set(err, 400, param, "invalid_value",
-                          "Invalid value for '%s': %s %d is not an id in [0, %lld).", param, noun,
-                          k, (long long)n_vocab);
+                          "Invalid value for '%s': the %s at index %d is %.17g, not an id in [0, "
+                          "%lld).",
+                          param, noun, k, d, (long long)n_vocab);
             return -1;
         }
         (*ids)[k++] = (int32_t)d;

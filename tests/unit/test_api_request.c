@@ -222,6 +222,14 @@ TEST(api_request_names_the_param_out_of_range)
     ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":[1,2,100]}", "prompt"); /* n_vocab is 100 */
     ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":[1,-2]}", "prompt");
     ASSERT_BAD(API_COMPLETIONS, "{\"prompt\":[]}", "prompt");
+    /* the bad item is named by its index, with its value: "token 1" read as
+     * the id 1 */
+    struct parsed p = parse(API_COMPLETIONS, "{\"prompt\":[5,1,100]}");
+    ASSERT(p.rc < 0);
+    ASSERT_STREQ(p.err.message,
+                 "Invalid value for 'prompt': the token at index 2 is 100, not an id in [0, 100).");
+    ASSERT_REJECTED(parse(API_COMPLETIONS, "{\"prompt\":[5,\"1\"]}"), 400, "prompt",
+                    "invalid_type");
 }
 
 /* n: 1 to 128 choices, at most --max-seqs (8 here), never on a session */

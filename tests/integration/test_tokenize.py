@@ -225,6 +225,7 @@ def test_a_client_s_flood_of_long_texts_does_not_hold_another_client_s_prompt(bi
     import random
     import socket
     import threading
+    import time
 
     from conftest import Server
 
@@ -265,29 +266,59 @@ def test_a_client_s_flood_of_long_texts_does_not_hold_another_client_s_prompt(bi
                 order.append((tag, raw.split(b" ", 2)[1]))
 
         flood = request("key-flood", text)
-        socks = [send(flood) for _ in range(24)]
-        readers = [threading.Thread(target=read, args=(k, "flood")) for k in socks]
-        for t in readers:
-            t.start()
-        try:
-            s.wait_metric("streamsink_requests_inflight", lambda v: v >= 12, timeout=60)
-        except AssertionError as e:  # what became of the flood, for whoever reads the failure
-            try:
-                counts = {k: v for k, v in s.metrics().items()
-                          if k.startswith("streamsink_requests")}
-            except Exception as m:  # (the server may be gone: say so, keep the first error)
-                counts = f"no scrape: {m!r}"
+        done_key = 'streamsink_requests_total{endpoint="/tokenize",status="200"}'
+
+        def one_round():
+            """The flood, then the short text while at least 12 flood texts are in
+            flight; the order the 25 answers came in."""
+            order.clear()
+            done_before = s.metrics().get(done_key, 0)
+            socks = [send(flood) for _ in range(24)]
+            readers = [threading.Thread(target=read, args=(k, "flood")) for k in socks]
+            for t in readers:
+                t.start()
+
+            def all_in_and_12_wait():  # every flood text queued, so a plain queue puts "other" last
+                m = s.metrics()
+                inflight = m.get("streamsink_requests_inflight", 0)
+                return inflight >= 12 and m.get(done_key, 0) - done_before + inflight >= 24
+
+            deadline = time.time() + 120
+            while not all_in_and_12_wait():
+                if time.time() > deadline:
+                    try:
+                        counts = {k: v for k, v in s.metrics().items()
+                                  if k.startswith("streamsink_requests")}
+                    except Exception as m:  # (the server may be gone: say so)
+                        counts = f"no scrape: {m!r}"
+                    with lock:
+                        raise AssertionError(f"the flood never had 12 texts in flight\n"
+                                             f"answered so far: {order}\n{counts}")
+                time.sleep(0.05)
+            other = threading.Thread(target=read, args=(send(request("key-other",
+                                                                     "a short text")),
+                                                        "other"))
+            other.start()
+            for t in readers + [other]:
+                t.join(240)
             with lock:
-                raise AssertionError(f"{e}\nanswered so far: {order}\n{counts}") from None
-        other = threading.Thread(target=read, args=(send(request("key-other", "a short text")),
-                                                    "other"))
-        other.start()
-        for t in readers + [other]:
-            t.join(120)
-        assert len(order) == 25 and all(st == b"200" for _, st in order), order
-        after = len(order) - 1 - [tag for tag, _ in order].index("other")
-        # all but the one running in fairness; none in a plain queue, behind them all
-        assert after >= 5, order
+                got = list(order)
+            assert len(got) == 25 and all(st == b"200" for _, st in got), got
+            return got
+
+        # A plain queue answers "other" after every flood text, in every round.
+        # A fair one answers it after the text running when it came and the
+        # one tied with it, unless the test itself was late by the seconds the
+        # flood takes to drain (a loaded CI host): that round is run again.
+        rounds = []
+        for _ in range(3):
+            got = one_round()
+            after = len(got) - 1 - [tag for tag, _ in got].index("other")
+            rounds.append((after, got))
+            # all but the one running in fairness; none in a plain queue, behind them all
+            if after >= 5:
+                break
+        assert rounds[-1][0] >= 5, rounds
     finally:
         assert s.stop() == 0, s.log()
 
@@ -333,13 +364,12 @@ def test_texts_whose_client_left_give_back_their_body_budget_at_once(binary, mod
             sock.close()
         s.wait_metric("streamsink_connections_open", lambda v: v <= 11, timeout=30)
         sock = send(big)
-        sock.settimeout(0.5)
-        try:
-            head = sock.recv(200)
-        except socket.timeout:
-            head = b"(no answer yet: taken)"
+        # Its answer, however late: 503 at once if the budget is held, 200 once
+        # its turn at the worker comes (a 503 later than a short wait passed).
+        sock.settimeout(120)
+        head = sock.recv(200)
         sock.close()
-        assert b" 503 " not in head, head
+        assert head.startswith(b"HTTP/1.1 200 "), head
         for sock in b:
             sock.close()
     finally:

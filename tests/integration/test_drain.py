@@ -64,6 +64,15 @@ def completion_request(stream=False, max_tokens=3, prompt="Hello", **extra):
             f"Content-Length: {len(body)}\r\n\r\n").encode() + body
 
 
+def wait_read(s):
+    """Returns once the server has read the bytes already sent on an open
+    connection: a /metrics round trip on a new connection, which the loop
+    accepts after that one (one accept pass, in order) and reads in the same
+    pass as that one's bytes or after. A fixed sleep did not: a server loop
+    late by that long had the signal first and closed the connection as idle."""
+    s.metrics()
+
+
 def wait_for_log(s, text, timeout=10):
     deadline = time.time() + timeout
     while text not in s.log() and time.time() < deadline:
@@ -85,7 +94,7 @@ def test_a_request_whose_headers_end_during_the_drain_is_refused_from_them(start
             f"Expect: 100-continue\r\nContent-Length: {len(body)}\r\n\r\n").encode()
     late = s.connect()
     late.sendall(head[:20])  # under way when the signal comes: not idle, not closed
-    time.sleep(0.3)
+    wait_read(s)
     s.proc.send_signal(signal.SIGTERM)
     wait_for_log(s, "draining")
     late.sendall(head[20:])
@@ -126,7 +135,7 @@ def test_a_request_still_arriving_at_the_signal_is_answered_on_an_idle_server(st
     req = completion_request()
     late = s.connect()
     late.sendall(req[:20])
-    time.sleep(0.3)
+    wait_read(s)
     s.proc.send_signal(signal.SIGTERM)
     wait_for_log(s, "draining")
     time.sleep(0.3)
@@ -141,7 +150,7 @@ def test_a_request_never_finished_gets_its_503_when_the_drain_times_out(start_se
     s = start_server("--drain-timeout", "1")
     late = s.connect()
     late.sendall(completion_request()[:30])
-    time.sleep(0.3)
+    wait_read(s)
     t0 = time.time()
     s.proc.send_signal(signal.SIGTERM)
     got = read_until_quiet(late, timeout=15, quiet=1)

@@ -222,6 +222,11 @@ size_t metrics_render(const struct metrics *m, const struct metrics_live *live,
               (double)live->write_queue_bytes);
         gauge(&o, "streamsink_write_queue_max_bytes",
               "The largest write queue of a single connection", (double)live->write_queue_max);
+        gauge(&o, "streamsink_request_body_bytes",
+              "Request body bytes held by all connections, against --max-body-total",
+              (double)live->body_bytes);
+        gauge(&o, "streamsink_request_body_total_limit_bytes", "--max-body-total",
+              (double)live->body_total);
         gauge(&o, "streamsink_write_queue_high_water_bytes",
               "Write queue size that pauses a sequence", (double)live->high_water);
         gauge(&o, "streamsink_write_queue_low_water_bytes",

@@ -60,6 +60,8 @@ struct metrics_live {
     int64_t requests_inflight; /* submitted to the engine, not finished */
     size_t write_queue_bytes;  /* bytes queued in user space, all connections */
     size_t write_queue_max;    /* the largest single connection's queue */
+    size_t body_bytes;         /* request body bytes held, all connections */
+    size_t body_total;         /* --max-body-total */
     size_t high_water;         /* configured marks, for reference */
     size_t low_water;
     int draining; /* SIGTERM received */

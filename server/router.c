@@ -104,6 +104,8 @@ static void live_stats(struct server *s, struct metrics_live *l)
             l->write_queue_max = q;
     }
     l->requests_inflight = s->inflight;
+    l->body_bytes = s->body_bytes;
+    l->body_total = (size_t)s->cfg.max_body_total;
     const struct streams *ss = &s->streams;
     for (const struct stream *st = ss->head; st; st = st->next) {
         l->streams++;

@@ -401,7 +401,10 @@ def test_authenticated_bodies_share_a_server_wide_budget(start_server):
             f"Content-Type: application/json\r\nContent-Length: 2500000\r\n\r\n").encode()
     a = s.connect()
     a.sendall(head + b"x" * 2000000)          # a body in progress holds its bytes
-    time.sleep(2.0)                           # read by the server before b starts
+    # read by the server before b starts (a sleep was a guess: a late server
+    # read the two bodies side by side and might refuse a)
+    s.wait_metric("streamsink_request_body_bytes", lambda v: v >= 2000000, timeout=60)
+    assert s.metrics()["streamsink_request_body_total_limit_bytes"] == 4000000
     b = s.connect()
     b.sendall(head + b"x" * 2000000)          # this one would pass the budget as it grows
     raw = read_until_quiet(b, 10, quiet=1.0)
@@ -410,6 +413,8 @@ def test_authenticated_bodies_share_a_server_wide_budget(start_server):
     status, headers, _ = parse_response(raw)
     assert status == 503, raw
     assert headers.get("retry-after")
+    # both gone, every byte they held is given back
+    s.wait_metric("streamsink_request_body_bytes", lambda v: v == 0, timeout=30)
 
 
 # ---- connection slots --------------------------------------------------------------------

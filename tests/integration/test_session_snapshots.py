@@ -175,35 +175,39 @@ def test_a_session_request_waiting_for_the_io_thread_holds_no_body(
     answers it. A save sent with a large body behind a slow directory
     recount (a DELETE's, whose stat of one snapshot takes 6 s through the
     LD_PRELOAD shim) held it in --max-body-total meanwhile, and a completion
-    that needed the room got 503."""
+    that needed the room got 503. The test waits for each request to be in
+    the engine rather than sleeping, and the stall is long (20 s) so that a
+    server or a client late by seconds still sends the completion inside it."""
+    stall_s = 20
     shim = build_fail_open_shim(tmp_path, stalls=True)
     d, args = sessions_written(binary, model, tmp_path, ("slow", "gone", "x"))
     flag = tmp_path / "stall-now"
     monkeypatch.setenv("LD_PRELOAD", str(shim))
     monkeypatch.setenv("STALL_NAME", "slow.snap")
     monkeypatch.setenv("STALL_FLAG", str(flag))
-    monkeypatch.setenv("STALL_S", "6")
+    monkeypatch.setenv("STALL_S", str(stall_s))
     budget = 1 << 20
     s = Server(binary, model, args + ["--max-body", str(budget), "--max-body-total", str(budget)])
     try:
         flag.touch()
-        t0 = time.time()
+        t0 = time.time()  # the stall starts after this, and lasts stall_s
         results = {}
         deleting = threading.Thread(
             target=lambda: results.update(delete=call(s, "DELETE", "/v1/sessions/gone")))
         deleting.start()
-        time.sleep(0.5)  # the DELETE's recount is stalled on slow.snap
+        wait_inflight(s, 1)  # the DELETE is in the engine: its recount goes first
         pad = b" " * (budget * 3 // 4)
         saving = threading.Thread(target=lambda: results.update(
             save=s.post("/v1/sessions/x/save", b"{}" + pad)))
         saving.start()
-        time.sleep(0.5)  # the save is read, and waits behind the recount
+        wait_inflight(s, 2)  # the save is read, and waits behind the recount
         status, _, body = s.post("/v1/completions", json.dumps(
             {"model": "smol", "prompt": "Hello", "max_tokens": 1}).encode() + pad[:budget // 2])
         waited = time.time() - t0
-        deleting.join(30)
-        saving.join(30)
-        assert waited < 5.5, "the completion came after the stall: nothing was tested"
+        deleting.join(stall_s + 60)
+        saving.join(stall_s + 60)
+        # answered before the stall could end: the save still waited behind it
+        assert waited < stall_s, "the completion came after the stall: nothing was tested"
         assert status == 200, body
         assert results["delete"][0] == 204 and results["save"][0] == 200, results
     finally:

@@ -173,7 +173,7 @@ def test_a_session_request_waiting_for_the_io_thread_holds_no_body(
     """A session request (GET, save, DELETE) needs nothing of its body: it
     is released when the request is read, not when the session IO thread
     answers it. A save sent with a large body behind a slow directory
-    recount (a DELETE's, whose stat of one snapshot takes 6 s through the
+    recount (a DELETE's, whose stat of one snapshot takes 20 s through the
     LD_PRELOAD shim) held it in --max-body-total meanwhile, and a completion
     that needed the room got 503. The test waits for each request to be in
     the engine rather than sleeping, and the stall is long (20 s) so that a

@@ -579,7 +579,10 @@ def test_a_turn_left_inside_its_prompt_is_fed_whole_before_a_drain_ends(binary, 
     if when == "after_a_chunk":
         s.wait_metric("streamsink_prompt_tokens_total", lambda v: v >= 256)  # a chunk is in
     else:
-        time.sleep(0.5)  # tokenized and admitted: the first step of seconds runs
+        # tokenized and admitted: the first step of seconds runs (a cancel
+        # that reaches the engine before it starts drops the turn, which a
+        # fixed 0.5 s sleep let happen on a loaded host)
+        wait_step_running(s)
         assert s.metrics()["streamsink_prompt_tokens_total"] == 0
     c.close()
     s.wait_metric("streamsink_requests_inflight", lambda v: v == 0)
@@ -678,6 +681,36 @@ def wait_io_held(server, timeout=30):
             return
         time.sleep(0.05)
     raise AssertionError("no thread of the server came to wait on the FIFO")
+
+
+def task_cpu_ticks(pid):
+    """CPU time (clock ticks) of each thread of process pid, by thread id."""
+    out = {}
+    for t in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{t}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[t] = int(fields[11]) + int(fields[12])  # utime + stime
+    return out
+
+
+def wait_step_running(server, cpu_s=0.3, timeout=60):
+    """Waits until the one request sent is in the engine and a thread of the
+    server has since used cpu_s of CPU time (the engine feeding its prompt:
+    tokenizing comes before the request is in the engine, and a scrape costs
+    milliseconds)."""
+    wait_inflight(server, 1)
+    tick = os.sysconf("SC_CLK_TCK")
+    before = task_cpu_ticks(server.proc.pid)
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        now = task_cpu_ticks(server.proc.pid)
+        if any(v - before.get(t, 0) >= cpu_s * tick for t, v in now.items()):
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"no thread of the server used {cpu_s} s of CPU in {timeout} s")
 
 
 def wait_inflight(server, n):

@@ -1208,7 +1208,7 @@ def test_a_slot_whose_session_cannot_be_saved_yet_is_waited_for_off_the_engine_t
             assert complete(s, "Hello", sid, max_tokens=2)[0] == 200
         body = {"model": "smol", "prompt": "The sea", "max_tokens": 4, "temperature": 0}
         start("needs a slot", "POST", "/v1/completions", body)
-        time.sleep(0.5)
+        wait_inflight(s, 2)  # it is in the engine, waiting (a sleep did not say so)
         st, r = call(s, "GET", "/v1/sessions/d", timeout=30)
         assert st == 200 and r["in_memory"] is True, r
         assert "needs a slot" not in got, got

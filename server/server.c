@@ -128,6 +128,10 @@ void server_stop_engine(struct server *s)
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal_while_stopping;
+    /* the kernel may hand the signal to any thread: the session IO thread's
+     * open or read of a hung file is resumed, not cut short with EINTR (the
+     * wait given up, the shutdown ended by one signal) */
+    sa.sa_flags = SA_RESTART;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);

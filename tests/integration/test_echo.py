@@ -299,14 +299,14 @@ def test_a_client_that_leaves_mid_echo_frees_its_slot(start_server):
     m = s.metrics()
     assert m["streamsink_active_sequences"] == 1
     stream.close()
-    deadline = time.time() + 10
-    while True:
+    deadline = time.time() + 60
+    while True:  # (the loop counts the request over after the engine frees its slot)
         m = s.metrics()
         if (m["streamsink_kv_slots_free"] == m["streamsink_kv_slots_total"]
-                and m["streamsink_active_sequences"] == 0):
+                and m["streamsink_active_sequences"] == 0
+                and m["streamsink_requests_inflight"] == 0):
             break
         assert time.time() < deadline, m
         time.sleep(0.05)
-    assert m["streamsink_requests_inflight"] == 0
     again = c.completions.create(model="smol", prompt=PROMPT, max_tokens=4, temperature=0)
     assert again.choices[0].text == want.choices[0].text
